@@ -1,0 +1,64 @@
+"""trioexec: a Trio-native task runtime whose tasks give their slot back while they wait."""
+
+from ._admission import Overflow as Overflow
+from ._errors import CapacityExceeded as CapacityExceeded
+from ._errors import ExecutorClosed as ExecutorClosed
+from ._errors import PermanentError as PermanentError
+from ._errors import StoreError as StoreError
+from ._errors import TaskDefinitionError as TaskDefinitionError
+from ._errors import TaskRejected as TaskRejected
+from ._errors import TaskTimeout as TaskTimeout
+from ._errors import TrioexecError as TrioexecError
+from ._errors import WorkflowError as WorkflowError
+from ._executor import Executor as Executor
+from ._executor import ExecutorConfig as ExecutorConfig
+from ._executor import ShutdownPolicy as ShutdownPolicy
+from ._executor import TaskCancelled as TaskCancelled
+from ._executor import TaskRef as TaskRef
+from ._executor import open_executor as open_executor
+from ._handle import TaskHandle as TaskHandle
+from ._metrics import ExecutorMetrics as ExecutorMetrics
+from ._records import SubStatus as SubStatus
+from ._records import TaskCompletion as TaskCompletion
+from ._records import TaskStatus as TaskStatus
+from ._slots import SlotPool as SlotPool
+from ._slots import SlotToken as SlotToken
+from ._spec import Backoff as Backoff
+from ._spec import TaskSpec as TaskSpec
+from ._spec import task as task
+
+__version__ = "0.1.0.dev0"
+
+__all__ = [
+    # slots
+    "SlotPool",
+    "SlotToken",
+    # tasks
+    "task",
+    "TaskSpec",
+    "Backoff",
+    "TaskHandle",
+    # executor
+    "open_executor",
+    "Executor",
+    "ExecutorConfig",
+    "TaskRef",
+    "Overflow",
+    "ShutdownPolicy",
+    "ExecutorMetrics",
+    # records
+    "TaskStatus",
+    "SubStatus",
+    "TaskCompletion",
+    # errors
+    "TrioexecError",
+    "TaskDefinitionError",
+    "WorkflowError",
+    "TaskRejected",
+    "CapacityExceeded",
+    "ExecutorClosed",
+    "TaskTimeout",
+    "TaskCancelled",
+    "PermanentError",
+    "StoreError",
+]

@@ -1,0 +1,67 @@
+"""Admission: a pure, await-free decision over counts. The executor applies it.
+
+Kept free of Trio so it can be tested exhaustively without an event loop, in the
+manner of httpcore's connection pool: decide synchronously, then park or act.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Overflow(enum.StrEnum):
+    """What `Executor.submit` does when pending + active + deferred is at capacity."""
+
+    BLOCK = "block"  #: wait for space (``submit_nowait`` rejects instead)
+    REJECT = "reject"  #: raise `TaskRejected`
+    DROP_NEWEST = "drop_newest"  #: the new submission completes at once as ``DROPPED``
+    DROP_OLDEST = "drop_oldest"  #: the oldest pending submission is dropped; the new one queues
+    FAIL_FAST = "fail_fast"  #: raise `CapacityExceeded` (reason ``capacity_exceeded``)
+
+
+class Admit(enum.Enum):
+    """The decision for one submission."""
+
+    ACCEPT = enum.auto()  # queue it
+    WAIT = enum.auto()  # park until space, then decide again
+    REJECT = enum.auto()  # raise TaskRejected
+    FAIL = enum.auto()  # raise CapacityExceeded
+    DROP_NEW = enum.auto()  # complete the new one as DROPPED
+    DROP_OLDEST = enum.auto()  # drop the oldest pending one, then accept
+
+
+def admit(
+    *,
+    pending: int,
+    active: int,
+    deferred: int,
+    capacity: int,
+    policy: Overflow,
+    can_wait: bool = True,
+) -> Admit:
+    """Decide what to do with one more submission.
+
+    ``capacity`` bounds pending + active + deferred. ``can_wait`` is False for
+    ``submit_nowait``, where ``BLOCK`` acts as ``REJECT``.
+    """
+    if pending + active + deferred < capacity:
+        return Admit.ACCEPT
+    if policy is Overflow.BLOCK:
+        return Admit.WAIT if can_wait else Admit.REJECT
+    if policy is Overflow.REJECT:
+        return Admit.REJECT
+    if policy is Overflow.FAIL_FAST:
+        return Admit.FAIL
+    if policy is Overflow.DROP_NEWEST:
+        return Admit.DROP_NEW
+    # DROP_OLDEST needs someone pending to drop; with nothing queued it rejects.
+    return Admit.DROP_OLDEST if pending > 0 else Admit.REJECT
+
+
+def rejection_reason(decision: Admit, policy: Overflow) -> str:
+    """The ``reason`` attribute of the health event a refusal emits."""
+    if decision is Admit.FAIL:
+        return "capacity_exceeded"
+    if decision is Admit.REJECT and policy is Overflow.DROP_OLDEST:
+        return "nothing_to_drop"
+    return "queue_full"

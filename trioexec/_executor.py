@@ -1,0 +1,782 @@
+"""`open_executor`: run submitted callables through a bounded pool of slots.
+
+Shape (chosen for speed; see docs/design): submissions wait in a bounded deque;
+a pool of worker tasks in the executor's nursery takes them one at a time, takes a
+slot (FIFO, the same line deferred tasks rejoin), and runs them. There is one
+worker per slot, not one Trio task per submission. When a task defers, its
+coroutine keeps its worker and a fresh worker is started for the freed slot; when
+the deferred task finishes, its worker retires if the pool is over strength.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import enum
+import functools
+import itertools
+import math
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Iterable
+from contextlib import asynccontextmanager
+from typing import Any, final
+
+import attrs
+import trio
+
+from ._admission import Admit, Overflow, admit
+from ._errors import CapacityExceeded, ExecutorClosed, TaskRejected, TaskTimeout, TrioexecError
+from ._handle import TaskHandle
+from ._metrics import ExecutorMetrics
+from ._records import SubStatus, TaskCompletion, TaskStatus
+from ._slots import SlotPool, SlotToken
+from ._spec import CallInfo, TaskSpec, call_info
+
+
+class ShutdownPolicy(enum.StrEnum):
+    """What happens to outstanding work when the executor shuts down."""
+
+    DRAIN = "drain"  #: refuse new work; run everything queued and deferred to the end
+    CANCEL_PENDING = "cancel_pending"  #: drop the queue; let running and deferred tasks finish
+    CANCEL = "cancel"  #: drop the queue and cancel running and deferred tasks
+
+
+class TaskCancelled(TrioexecError):
+    """`Executor.run` was asked for the value of a task that was cancelled."""
+
+
+# The task whose code is running now, for correlation/causation ids of tasks it submits.
+_current_ref: contextvars.ContextVar[TaskRef | None] = contextvars.ContextVar(
+    "trioexec_current_task", default=None
+)
+
+_TERMINAL_COUNTER = {
+    TaskStatus.COMPLETED: "_completed",
+    TaskStatus.FAILED: "_failed",
+    TaskStatus.CANCELLED: "_cancelled",
+    TaskStatus.TIMED_OUT: "_timed_out",
+    TaskStatus.DROPPED: "_dropped",
+    TaskStatus.REJECTED: "_rejected",
+}
+
+
+@attrs.frozen(kw_only=True)
+class ExecutorConfig:
+    """The options of `open_executor`, validated once."""
+
+    max_concurrent_tasks: int = 4
+    queue_capacity: int = 1024
+    overflow: Overflow = Overflow.BLOCK
+    shutdown_policy: ShutdownPolicy = ShutdownPolicy.DRAIN
+    thread_workers: int | None = None
+    event_capacity: int = 1024
+    task_budget: float | None = None
+
+    def __attrs_post_init__(self) -> None:
+        _check_int("max_concurrent_tasks", self.max_concurrent_tasks, minimum=1)
+        _check_int("queue_capacity", self.queue_capacity, minimum=0)
+        _check_int("event_capacity", self.event_capacity, minimum=1)
+        if self.thread_workers is not None:
+            _check_int("thread_workers", self.thread_workers, minimum=1)
+        if not isinstance(self.overflow, Overflow):
+            raise TypeError(f"overflow must be an Overflow, got {self.overflow!r}")
+        if not isinstance(self.shutdown_policy, ShutdownPolicy):
+            raise TypeError(
+                f"shutdown_policy must be a ShutdownPolicy, got {self.shutdown_policy!r}"
+            )
+        _check_seconds("task_budget", self.task_budget)
+
+    @property
+    def capacity(self) -> int:
+        """The admission bound over pending + active + deferred."""
+        return self.max_concurrent_tasks + self.queue_capacity
+
+
+def _check_int(name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+
+
+def _check_seconds(name: str, value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
+    if not (0 < value < math.inf):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+
+
+@final
+class TaskRef:
+    """One accepted (or refused) submission: its status now, and its completion later."""
+
+    __slots__ = (
+        "_args",
+        "_budget",
+        "_cancel_requested",
+        "_causation_id",
+        "_completion",
+        "_correlation_id",
+        "_done",
+        "_error",
+        "_executor",
+        "_finished_at",
+        "_fn",
+        "_handle",
+        "_info",
+        "_result",
+        "_scope",
+        "_started_at",
+        "_status",
+        "_submitted_at",
+        "_timeout",
+        "name",
+        "task_id",
+    )
+
+    def __init__(
+        self,
+        executor: Executor,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        info: CallInfo,
+        task_id: str,
+        name: str,
+        timeout: float | None,
+        budget: float | None,
+        correlation_id: str | None,
+        causation_id: str | None,
+    ) -> None:
+        self.task_id = task_id
+        self.name = name
+        self._executor = executor
+        self._fn = fn
+        self._args = args
+        self._info = info
+        self._timeout = timeout
+        self._budget = budget
+        self._correlation_id = correlation_id
+        self._causation_id = causation_id
+        self._status = TaskStatus.PENDING
+        self._cancel_requested = False
+        self._handle: TaskHandle | None = None
+        self._scope: trio.CancelScope | None = None
+        self._done: trio.Event | None = None
+        self._completion: TaskCompletion | None = None
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._submitted_at = time.time()
+        self._started_at: float | None = None
+        self._finished_at = 0.0
+
+    @property
+    def status(self) -> TaskStatus:
+        """The execution's `TaskStatus` now."""
+        return self._status
+
+    @property
+    def sub_status(self) -> SubStatus | None:
+        """`SubStatus.ACTIVE`/`DEFERRED` while RUNNING, else None."""
+        if self._status is not TaskStatus.RUNNING:
+            return None
+        handle = self._handle
+        return SubStatus.ACTIVE if handle is None else handle.sub_status
+
+    @property
+    def done(self) -> bool:
+        """True once the execution has its completion."""
+        return self._status not in (TaskStatus.PENDING, TaskStatus.RUNNING)
+
+    @property
+    def completion(self) -> TaskCompletion | None:
+        """The `TaskCompletion`, or None while the task has not finished."""
+        if self._completion is None and self.done:
+            self._completion = TaskCompletion(
+                task_id=self.task_id,
+                name=self.name,
+                status=self._status,
+                result=self._result,
+                error=self._error,
+                attempts=1 if self._started_at is not None else 0,
+                submitted_at=self._submitted_at,
+                started_at=self._started_at,
+                finished_at=self._finished_at,
+                deferred_seconds=0.0 if self._handle is None else self._handle.deferred_seconds,
+                budget_exceeded=False,
+                correlation_id=self._correlation_id,
+                causation_id=self._causation_id,
+            )
+            # The completion holds what a waiter needs; drop the call itself.
+            self._fn = self._args = None  # type: ignore[assignment]
+        return self._completion
+
+    async def wait(self) -> TaskCompletion:
+        """Wait until the task ends and return its `TaskCompletion`. A checkpoint.
+
+        Cancelling the wait does not cancel the task (use `cancel`).
+        """
+        if not self.done:
+            if self._done is None:
+                self._done = trio.Event()
+            await self._done.wait()
+        else:
+            await trio.lowlevel.checkpoint()
+        completion = self.completion
+        assert completion is not None
+        return completion
+
+    def cancel(self) -> None:
+        """Ask the task to stop: a pending task ends ``CANCELLED`` at once; a running
+        or deferred one has ``handle.cancelled()`` fire and its scope cancelled.
+        Never blocks; does nothing if the task already ended."""
+        self._executor._cancel_ref(self)
+
+    def __repr__(self) -> str:
+        return f"<TaskRef {self.task_id!r} {self.name!r} {self._status.value}>"
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    if isinstance(fn, TaskSpec):
+        return fn.id
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return str(getattr(fn, "__qualname__", None) or type(fn).__name__)
+
+
+@final
+class Executor:
+    """The object `open_executor` yields. See `open_executor` for the options."""
+
+    def __init__(self, nursery: trio.Nursery, config: ExecutorConfig) -> None:
+        self._nursery = nursery
+        self._config = config
+        self._capacity = config.capacity
+        self._overflow = config.overflow
+        self._pool = SlotPool(config.max_concurrent_tasks)
+        self._thread_limiter = trio.CapacityLimiter(
+            config.thread_workers or config.max_concurrent_tasks
+        )
+        self._id_prefix = uuid.uuid4().hex[:12] + "-"
+        self._ids = itertools.count(1)
+        self._pending: deque[TaskRef] = deque()
+        self._stale = 0  # cancelled refs still sitting in _pending
+        self._taken: set[TaskRef] = set()  # popped by a worker: waiting for a slot or running
+        self._work_lot = trio.lowlevel.ParkingLot()  # idle workers
+        self._space_lot = trio.lowlevel.ParkingLot()  # BLOCK submitters
+        self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
+        self._workers = 0  # workers not parked in a deferral
+        self._closing = False
+        # gauges
+        self._queue = 0  # accepted, not started: in _pending or waiting for a slot
+        self._active = 0
+        self._deferred = 0
+        # counters
+        self._submitted = 0
+        self._queued = 0
+        self._completed = 0
+        self._failed = 0
+        self._cancelled = 0
+        self._rejected = 0
+        self._dropped = 0
+        self._timed_out = 0
+        self._deferrals = 0
+        self._resumes = 0
+        self._cancel_requests = 0
+        self._cancels_observed = 0
+        self._budget_exceeded = 0
+        self._max_inflight = 0
+        self._max_outstanding = 0
+        self._max_deferred = 0
+
+    # ---------------------------------------------------------------- submission
+
+    @property
+    def slots(self) -> SlotPool:
+        """The executor's `SlotPool` (``max_concurrent_tasks`` slots)."""
+        return self._pool
+
+    @property
+    def closed(self) -> bool:
+        """True once shutdown has begun; submissions raise `ExecutorClosed`."""
+        return self._closing
+
+    async def submit(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        name: str | None = None,
+        task_id: str | None = None,
+        timeout: float | None = None,
+        budget: float | None = None,
+        correlation_id: str | None = None,
+    ) -> TaskRef:
+        """Submit ``fn(*args)`` and return its `TaskRef` once it is accepted.
+
+        A checkpoint. Under ``Overflow.BLOCK`` waits for space when the executor is
+        at capacity; if cancelled while waiting, nothing was submitted.
+
+        Raises:
+          ExecutorClosed: if shutdown has begun (also while waiting for space).
+          TaskRejected: under ``REJECT`` (or ``DROP_OLDEST`` with nothing to drop).
+          CapacityExceeded: under ``FAIL_FAST``.
+        """
+        await trio.lowlevel.checkpoint()
+        return await self._submit(fn, args, name, task_id, timeout, budget, correlation_id, True)
+
+    def submit_nowait(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        name: str | None = None,
+        task_id: str | None = None,
+        timeout: float | None = None,
+        budget: float | None = None,
+        correlation_id: str | None = None,
+    ) -> TaskRef:
+        """Like `submit`, but never blocks: under ``Overflow.BLOCK`` a full executor
+        raises `TaskRejected`."""
+        ref = self._new_ref(fn, args, name, task_id, timeout, budget, correlation_id)
+        decision = self._decide(can_wait=False)
+        self._apply(ref, decision)
+        return ref
+
+    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Submit ``fn(*args)``, wait for it, and return its value or raise its error.
+
+        Raises:
+          the task's own exception if it failed; `TaskTimeout` if it timed out;
+          `TaskCancelled` if it was cancelled; `TaskRejected` if it was dropped.
+        """
+        ref = await self.submit(fn, *args)
+        completion = await ref.wait()
+        return _unwrap(completion)
+
+    async def _submit(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        name: str | None,
+        task_id: str | None,
+        timeout: float | None,
+        budget: float | None,
+        correlation_id: str | None,
+        can_wait: bool,
+    ) -> TaskRef:
+        ref = self._new_ref(fn, args, name, task_id, timeout, budget, correlation_id)
+        decision = self._decide(can_wait)
+        while decision is Admit.WAIT:
+            await self._space_lot.park()
+            decision = self._decide(can_wait)
+        self._apply(ref, decision)
+        return ref
+
+    def _new_ref(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        name: str | None,
+        task_id: str | None,
+        timeout: float | None,
+        budget: float | None,
+        correlation_id: str | None,
+    ) -> TaskRef:
+        self._submitted += 1
+        if self._closing:
+            raise ExecutorClosed("the executor is shutting down; no new submissions")
+        if not callable(fn):
+            raise TypeError(f"submit needs a callable, got {fn!r}")
+        info = call_info(fn)
+        if isinstance(fn, TaskSpec):
+            timeout = fn.timeout if timeout is None else timeout
+            budget = fn.budget if budget is None else budget
+        if timeout is not None:
+            _check_seconds("timeout", timeout)
+        if budget is not None:
+            _check_seconds("budget", budget)
+        parent = _current_ref.get()
+        causation_id = None
+        if parent is not None:
+            causation_id = parent.task_id
+            if correlation_id is None:
+                correlation_id = parent._correlation_id
+        return TaskRef(
+            self,
+            fn,
+            args,
+            info,
+            task_id if task_id is not None else self._id_prefix + str(next(self._ids)),
+            name if name is not None else _describe(fn),
+            timeout,
+            budget if budget is not None else self._config.task_budget,
+            correlation_id,
+            causation_id,
+        )
+
+    def _decide(self, can_wait: bool) -> Admit:
+        if self._closing:
+            raise ExecutorClosed("the executor is shutting down; no new submissions")
+        return admit(
+            pending=self._queue,
+            active=self._active,
+            deferred=self._deferred,
+            capacity=self._capacity,
+            policy=self._overflow,
+            can_wait=can_wait,
+        )
+
+    def _apply(self, ref: TaskRef, decision: Admit) -> None:
+        if decision is Admit.ACCEPT:
+            self._enqueue(ref)
+        elif decision is Admit.DROP_NEW:
+            self._finish(ref, TaskStatus.DROPPED)
+        elif decision is Admit.DROP_OLDEST:
+            oldest = self._pop_pending()
+            assert oldest is not None
+            self._queue -= 1
+            self._finish(oldest, TaskStatus.DROPPED)
+            self._enqueue(ref)
+        else:
+            self._rejected += 1
+            cls = CapacityExceeded if decision is Admit.FAIL else TaskRejected
+            raise cls(
+                f"executor at capacity ({self._capacity}: {self._queue} pending, "
+                f"{self._active} active, {self._deferred} deferred); "
+                f"overflow={self._overflow.value}; task {ref.name!r} not accepted"
+            )
+
+    def _enqueue(self, ref: TaskRef) -> None:
+        self._queued += 1
+        self._queue += 1
+        self._pending.append(ref)
+        self._note_high_water()
+        if self._work_lot:
+            self._work_lot.unpark()
+        elif self._workers < self._pool.total:
+            self._spawn_worker()
+
+    def _note_high_water(self) -> None:
+        inflight = self._queue + self._active
+        if inflight > self._max_inflight:
+            self._max_inflight = inflight
+        outstanding = inflight + self._deferred
+        if outstanding > self._max_outstanding:
+            self._max_outstanding = outstanding
+
+    def _pop_pending(self) -> TaskRef | None:
+        pending = self._pending
+        while pending:
+            ref = pending.popleft()
+            if ref._status is TaskStatus.PENDING:
+                return ref
+            self._stale -= 1
+        return None
+
+    # ---------------------------------------------------------------- workers
+
+    def _spawn_worker(self) -> None:
+        self._workers += 1
+        self._nursery.start_soon(self._worker)
+
+    async def _worker(self) -> None:
+        token = SlotToken(self._pool)
+        try:
+            while True:
+                ref = self._pop_pending()
+                if ref is None:
+                    if self._closing:
+                        return
+                    await self._work_lot.park()
+                    continue
+                if self._space_lot:
+                    self._space_lot.unpark()
+                self._taken.add(ref)
+                await self._run(ref, token)
+                if self._workers > self._pool.total:
+                    return  # over strength after a deferral: retire
+        finally:
+            self._workers -= 1
+
+    async def _run(self, ref: TaskRef, token: SlotToken) -> None:
+        info = ref._info
+        handle = None
+        if info.handle_param is not None:
+            token = SlotToken(self._pool)
+            handle = TaskHandle(token, ref.task_id, _observer=self)
+            ref._handle = handle
+        scope = ref._scope = trio.CancelScope()
+        status = TaskStatus.CANCELLED
+        try:
+            with scope:
+                if not token._try_reclaim():
+                    await token.reclaim()
+                # Started: the slot is held.
+                self._queue -= 1
+                self._active += 1
+                ref._status = TaskStatus.RUNNING
+                ref._started_at = time.time()
+                if ref._timeout is not None:
+                    scope.deadline = trio.current_time() + ref._timeout
+                reset = _current_ref.set(ref)
+                try:
+                    fn, args = ref._fn, ref._args
+                    if handle is not None:
+                        assert info.handle_param is not None
+                        fn = functools.partial(fn, **{info.handle_param: handle})
+                    if info.is_async:
+                        ref._result = await fn(*args)
+                    else:
+                        ref._result = await trio.to_thread.run_sync(
+                            functools.partial(fn, *args), limiter=self._thread_limiter
+                        )
+                    status = TaskStatus.COMPLETED
+                except Exception as exc:
+                    ref._error = exc
+                    status = TaskStatus.FAILED
+                finally:
+                    _current_ref.reset(reset)
+            if (
+                scope.cancelled_caught
+                and status is TaskStatus.CANCELLED
+                and ref._timeout is not None
+                and trio.current_time() >= scope.deadline
+            ):
+                status = TaskStatus.TIMED_OUT
+                ref._error = TaskTimeout(
+                    f"task {ref.name!r} ({ref.task_id}) timed out after {ref._timeout}s"
+                )
+        except Exception as exc:  # what a cancel scope leaves of a group with Cancelled in it
+            ref._error = exc
+            status = TaskStatus.FAILED
+        finally:
+            token.release()
+            self._taken.discard(ref)
+            if ref._status is TaskStatus.RUNNING:
+                self._active -= 1
+            else:  # cancelled (by us or from outside) while waiting for a slot
+                self._queue -= 1
+            if not ref.done:
+                self._finish(ref, status)
+        await trio.lowlevel.checkpoint()
+
+    # ------------------------------------------------------ handle observer hooks
+
+    def _handle_deferred(self, handle: TaskHandle) -> None:
+        self._active -= 1
+        self._deferred += 1
+        self._deferrals += 1
+        if self._deferred > self._max_deferred:
+            self._max_deferred = self._deferred
+        # This worker stays with the parked coroutine; the freed slot needs another.
+        self._workers -= 1
+        if self._queue > len(self._work_lot) and self._workers < self._pool.total:
+            self._spawn_worker()
+        elif self._work_lot and self._pending:
+            self._work_lot.unpark()
+
+    def _handle_resumed(self, handle: TaskHandle) -> None:
+        self._deferred -= 1
+        self._active += 1
+        self._resumes += 1
+        self._workers += 1
+        self._note_high_water()
+
+    # ---------------------------------------------------------------- completion
+
+    def _finish(self, ref: TaskRef, status: TaskStatus) -> None:
+        ref._status = status
+        ref._finished_at = time.time()
+        setattr(self, _TERMINAL_COUNTER[status], getattr(self, _TERMINAL_COUNTER[status]) + 1)
+        if status is TaskStatus.CANCELLED and ref._cancel_requested:
+            self._cancels_observed += 1
+        done = ref._done
+        if done is not None:
+            done.set()
+        if self._idle_lot and self._is_idle():
+            self._idle_lot.unpark_all()
+
+    def _is_idle(self) -> bool:
+        return self._queue == 0 and self._active == 0 and self._deferred == 0
+
+    # ---------------------------------------------------------------- cancellation
+
+    def _cancel_ref(self, ref: TaskRef) -> None:
+        if ref.done or ref._cancel_requested:
+            return
+        self._cancel_requests += 1
+        ref._cancel_requested = True
+        scope = ref._scope
+        if scope is None:
+            # Still in the deque: end it now and leave a tombstone for the workers.
+            self._queue -= 1
+            self._stale += 1
+            self._finish(ref, TaskStatus.CANCELLED)
+            if self._space_lot:
+                self._space_lot.unpark()
+            if self._stale > 64 and self._stale * 2 > len(self._pending):
+                self._pending = deque(r for r in self._pending if not r.done)
+                self._stale = 0
+            return
+        if ref._handle is not None:
+            ref._handle._request_cancel()
+        scope.cancel()
+
+    def cancel_pending(self) -> int:
+        """End every task that has not started yet as ``CANCELLED``; return how many.
+
+        Never blocks. Running and deferred tasks are not touched.
+        """
+        count = 0
+        while (ref := self._pop_pending()) is not None:
+            self._cancel_requests += 1
+            ref._cancel_requested = True
+            self._queue -= 1
+            self._finish(ref, TaskStatus.CANCELLED)
+            count += 1
+        self._stale = 0
+        for ref in [r for r in self._taken if r._status is TaskStatus.PENDING]:
+            self._cancel_ref(ref)  # a worker holds it, waiting for a slot
+            count += 1
+        if self._space_lot:
+            self._space_lot.unpark_all()
+        return count
+
+    # ---------------------------------------------------------------- idle, stats, shutdown
+
+    async def wait_for_idle(self) -> None:
+        """Wait until nothing is pending, active or deferred. A checkpoint."""
+        if self._is_idle():
+            await trio.lowlevel.checkpoint()
+            return
+        await self._idle_lot.park()
+
+    def statistics(self) -> ExecutorMetrics:
+        """A frozen `ExecutorMetrics` snapshot. Never blocks."""
+        return ExecutorMetrics(
+            submitted_count=self._submitted,
+            queued_count=self._queued,
+            active_count=self._active,
+            deferred_count=self._deferred,
+            completed_count=self._completed,
+            failed_count=self._failed,
+            cancelled_count=self._cancelled,
+            rejected_count=self._rejected,
+            dropped_count=self._dropped,
+            timed_out_count=self._timed_out,
+            deferral_count=self._deferrals,
+            resumed_count=self._resumes,
+            cancellation_requested_count=self._cancel_requests,
+            cancellation_observed_count=self._cancels_observed,
+            timeout_budget_exceeded_count=self._budget_exceeded,
+            max_inflight_count=self._max_inflight,
+            max_outstanding_count=self._max_outstanding,
+            max_deferred_count=self._max_deferred,
+            queue_depth=self._queue,
+            events_dropped_count=0,
+        )
+
+    @property
+    def metrics(self) -> ExecutorMetrics:
+        """The same snapshot as `statistics`."""
+        return self.statistics()
+
+    async def shutdown(self, policy: ShutdownPolicy | None = None) -> None:
+        """Stop accepting work and finish according to ``policy`` (default: the
+        executor's ``shutdown_policy``); returns once nothing is outstanding."""
+        policy = self._config.shutdown_policy if policy is None else ShutdownPolicy(policy)
+        self._begin_shutdown(policy)
+        await self.wait_for_idle()
+        self._work_lot.unpark_all()
+
+    def _begin_shutdown(self, policy: ShutdownPolicy) -> None:
+        self._closing = True
+        self._space_lot.unpark_all()  # BLOCKed submitters see ExecutorClosed
+        if policy is not ShutdownPolicy.DRAIN:
+            self.cancel_pending()
+        if policy is ShutdownPolicy.CANCEL:
+            for ref in list(self._taken):
+                self._cancel_ref(ref)
+        self._work_lot.unpark_all()
+
+
+def _unwrap(completion: TaskCompletion) -> Any:
+    status = completion.status
+    if status is TaskStatus.COMPLETED:
+        return completion.result
+    if completion.error is not None:
+        raise completion.error
+    if status is TaskStatus.CANCELLED:
+        raise TaskCancelled(f"task {completion.name!r} ({completion.task_id}) was cancelled")
+    raise TaskRejected(f"task {completion.name!r} ({completion.task_id}) was {status.value}")
+
+
+@asynccontextmanager
+async def open_executor(
+    max_concurrent_tasks: int = 4,
+    queue_capacity: int = 1024,
+    overflow: Overflow = Overflow.BLOCK,
+    shutdown_policy: ShutdownPolicy = ShutdownPolicy.DRAIN,
+    thread_workers: int | None = None,
+    store: object = None,
+    event_capacity: int = 1024,
+    task_budget: float | None = None,
+    tasks: Iterable[object] = (),
+    recover: bool = False,
+    lease: float = 30.0,
+    max_recovery_attempts: int = 3,
+) -> AsyncIterator[Executor]:
+    """Open an executor whose tasks run in a nursery inside this block.
+
+    On leaving the block normally, the executor shuts down with ``shutdown_policy``
+    and waits for it; if the block raises, outstanding work is cancelled. Nothing
+    outlives the block. Errors from the body propagate unwrapped (never inside an
+    ExceptionGroup).
+
+    Example::
+
+        async with trioexec.open_executor(max_concurrent_tasks=4) as ex:
+            ref = await ex.submit(fetch, url)
+            print((await ref.wait()).result)
+    """
+    config = ExecutorConfig(
+        max_concurrent_tasks=max_concurrent_tasks,
+        queue_capacity=queue_capacity,
+        overflow=Overflow(overflow),
+        shutdown_policy=ShutdownPolicy(shutdown_policy),
+        thread_workers=thread_workers,
+        event_capacity=event_capacity,
+        task_budget=task_budget,
+    )
+    if store is not None or recover:
+        raise NotImplementedError("stores and recovery arrive with the persistence layer")
+    del tasks, lease, max_recovery_attempts
+    try:
+        async with trio.open_nursery() as nursery:
+            ex = Executor(nursery, config)
+            try:
+                yield ex
+            except BaseException:
+                ex._begin_shutdown(ShutdownPolicy.CANCEL)
+                raise
+            await ex.shutdown()
+    except BaseExceptionGroup as group:
+        _raise_single(group)
+        raise
+
+
+def _raise_single(group: BaseExceptionGroup[BaseException]) -> None:
+    """Re-raise the only exception inside (nested) single-member groups, with its
+    own context kept; return if the group holds more than one."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    if exc is group or isinstance(exc, BaseExceptionGroup):
+        return
+    context = exc.__context__
+    try:
+        raise exc
+    finally:
+        exc.__context__ = context
+        del exc, context

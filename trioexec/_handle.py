@@ -1,0 +1,266 @@
+"""`TaskHandle`: what a running task uses to give its slot back while it waits.
+
+``await handle.defer_until(condition)`` releases the task's slot, waits for the
+condition without one, and takes a slot back (FIFO) before returning. The task's
+coroutine is simply parked meanwhile, so its local state is untouched.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, final
+
+import trio
+from trio_util import AsyncValue
+
+from ._records import SubStatus
+from ._slots import SlotToken
+from ._spec import Backoff
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    Condition: TypeAlias = Any
+
+
+class _Observer(Protocol):
+    """The executor side of a handle: told of every sub-status change, synchronously."""
+
+    def _handle_deferred(self, handle: TaskHandle) -> None: ...
+    def _handle_resumed(self, handle: TaskHandle) -> None: ...
+
+
+def _check_poll_interval(poll_interval: float | Backoff) -> None:
+    if isinstance(poll_interval, Backoff):
+        return
+    if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float):
+        raise TypeError(f"poll_interval must be a number or a Backoff, got {poll_interval!r}")
+    if not (0 < poll_interval < math.inf):
+        raise ValueError(f"poll_interval must be a finite number > 0, got {poll_interval!r}")
+
+
+def _nth_interval(poll_interval: float | Backoff, n: int) -> float:
+    if isinstance(poll_interval, Backoff):
+        return poll_interval.delay(n)
+    return float(poll_interval)
+
+
+async def _truthy(predicate: Callable[[], object]) -> bool:
+    result = predicate()
+    if inspect.isawaitable(result):
+        result = await result
+    return bool(result)
+
+
+class _Waiter:
+    """A condition, classified once: how to check it now and how to wait for it."""
+
+    __slots__ = ("_condition", "_kind", "_poll_interval")
+
+    # kinds
+    VALUE = 0  # trio-util AsyncValue / AsyncBool: wait_value(bool)
+    WAITABLE = 1  # trio.Event or anything with an async wait()
+    PREDICATE = 2  # zero-argument callable -> bool | Awaitable[bool]
+
+    def __init__(self, condition: Any, poll_interval: float | Backoff) -> None:
+        _check_poll_interval(poll_interval)
+        self._condition = condition
+        self._poll_interval = poll_interval
+        if isinstance(condition, AsyncValue):
+            self._kind = self.VALUE
+        elif inspect.iscoroutinefunction(getattr(condition, "wait", None)):
+            self._kind = self.WAITABLE
+        elif callable(condition):
+            self._kind = self.PREDICATE
+        elif callable(getattr(condition, "is_set", None)):
+            # e.g. threading.Event: its wait() would block the event loop, so poll is_set().
+            self._condition = condition.is_set
+            self._kind = self.PREDICATE
+        else:
+            raise TypeError(
+                "defer_until needs a trio.Event, an object with an async wait(), "
+                f"a trio-util AsyncValue, or a zero-argument callable; got {condition!r}"
+            )
+
+    async def holds(self) -> bool:
+        """Check the condition now (the fast path). May await an async predicate."""
+        cond = self._condition
+        if self._kind == self.VALUE:
+            return bool(cond.value)
+        if self._kind == self.WAITABLE:
+            is_set = getattr(cond, "is_set", None)
+            return bool(is_set()) if callable(is_set) else False
+        return await _truthy(cond)
+
+    async def wait(self) -> None:
+        """Wait until the condition holds (it did not a moment ago)."""
+        cond = self._condition
+        if self._kind == self.VALUE:
+            await cond.wait_value(bool)
+        elif self._kind == self.WAITABLE:
+            await cond.wait()
+        else:
+            n = 0
+            while True:
+                n += 1
+                await trio.sleep(_nth_interval(self._poll_interval, n))
+                if await _truthy(cond):
+                    return
+
+
+@final
+class TaskHandle:
+    """Execution control for one running task, injected by the executor.
+
+    A task asks for it by having a parameter named ``handle`` or ``task_handle``
+    (or one annotated ``TaskHandle``). It can also be made by hand for tests:
+    ``TaskHandle(await pool.acquire(), task_id="t1")``.
+    """
+
+    __slots__ = (
+        "_cancel_event",
+        "_cancel_requested",
+        "_deferred_at",
+        "_deferred_seconds",
+        "_observer",
+        "_slot",
+        "_sub_status",
+        "_task_id",
+    )
+
+    def __init__(
+        self,
+        slot: SlotToken,
+        task_id: str = "",
+        *,
+        _observer: _Observer | None = None,
+    ) -> None:
+        self._slot = slot
+        self._task_id = task_id
+        self._observer = _observer
+        self._sub_status = SubStatus.ACTIVE
+        self._cancel_event: trio.Event | None = None
+        self._cancel_requested = False
+        self._deferred_at = 0.0
+        self._deferred_seconds = 0.0
+
+    @property
+    def task_id(self) -> str:
+        """The execution id."""
+        return self._task_id
+
+    @property
+    def slot(self) -> SlotToken:
+        """The task's `SlotToken`."""
+        return self._slot
+
+    @property
+    def sub_status(self) -> SubStatus:
+        """`SubStatus.ACTIVE` while holding (or queueing for) a slot, `SubStatus.DEFERRED`
+        while waiting in `defer_until` without one."""
+        return self._sub_status
+
+    @property
+    def deferred_seconds(self) -> float:
+        """Total time spent deferred so far, on Trio's clock."""
+        total = self._deferred_seconds
+        if self._sub_status is SubStatus.DEFERRED:
+            total += trio.current_time() - self._deferred_at
+        return total
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once the executor has asked this task to stop."""
+        return self._cancel_requested
+
+    async def cancelled(self) -> None:
+        """Return once the executor asks this task to stop (shutdown ``CANCEL``,
+        ``ref.cancel()``, a lost lease). A checkpoint; returns at once if it already has."""
+        if self._cancel_event is None:
+            self._cancel_event = trio.Event()
+            if self._cancel_requested:
+                self._cancel_event.set()
+        await self._cancel_event.wait()
+
+    def _request_cancel(self) -> None:
+        self._cancel_requested = True
+        if self._cancel_event is not None:
+            self._cancel_event.set()
+
+    async def defer_until(self, condition: Condition, poll_interval: float | Backoff = 1.0) -> None:
+        """Give the slot back until ``condition`` holds, then take one back (FIFO).
+
+        ``condition`` is a `trio.Event` or any object with an async ``wait()``
+        (woken at once, no polling), a trio-util ``AsyncValue``/``AsyncBool``
+        (waits until its value is truthy), or a zero-argument callable returning
+        a bool or an awaitable of one, checked now and then every
+        ``poll_interval`` seconds (a float > 0, or a `Backoff` for growing
+        intervals).
+
+        If the condition already holds, returns at once without releasing
+        anything. Otherwise the sub-status becomes ``DEFERRED``, the slot is
+        released, the condition awaited, the slot reclaimed and the sub-status
+        set back to ``ACTIVE``.
+
+        Always a checkpoint. If the wait is cancelled or the condition raises,
+        the slot is reclaimed (shielded) before the exception propagates, so
+        code after a ``with trio.move_on_after(...)`` block around this call
+        runs holding its slot.
+
+        Raises:
+          TypeError: for an unsupported condition or ``poll_interval`` type.
+          ValueError: for ``poll_interval <= 0``.
+          RuntimeError: if the handle's slot is not held when called.
+
+        Example::
+
+            await handle.defer_until(upload_done)                 # a trio.Event
+            await handle.defer_until(lambda: path.exists(), poll_interval=5)
+        """
+        waiter = _Waiter(condition, poll_interval)
+        if not self._slot.is_held:
+            raise RuntimeError(f"defer_until called on task {self._task_id!r} without its slot")
+        if await waiter.holds():
+            await trio.lowlevel.checkpoint()
+            return
+        self._enter(SubStatus.DEFERRED)
+        self._slot.release()
+        try:
+            await waiter.wait()
+        finally:
+            # The slot bound must hold for whatever runs next, including cleanup
+            # after a cancellation: wait for a slot even if we are being cancelled.
+            # Everyone holding a slot is either finishing or being cancelled too,
+            # so this wait ends.
+            with trio.CancelScope(shield=True):
+                await self._slot.reclaim()
+            self._enter(SubStatus.ACTIVE)
+
+    def defer_until_sync(self, condition: Condition, poll_interval: float | Backoff = 1.0) -> None:
+        """`defer_until` for a plain ``def`` task running in a worker thread.
+
+        Blocks only the calling thread (through `trio.from_thread.run`); the slot
+        is released and reclaimed exactly as in `defer_until`. A predicate is called
+        in the Trio thread, so it must be quick; a ``threading.Event`` is polled
+        through its ``is_set()``.
+        """
+        trio.from_thread.run(self.defer_until, condition, poll_interval)
+
+    def _enter(self, sub_status: SubStatus) -> None:
+        now = trio.current_time()
+        if sub_status is SubStatus.DEFERRED:
+            self._deferred_at = now
+        else:
+            self._deferred_seconds += now - self._deferred_at
+        self._sub_status = sub_status
+        observer = self._observer
+        if observer is not None:
+            if sub_status is SubStatus.DEFERRED:
+                observer._handle_deferred(self)
+            else:
+                observer._handle_resumed(self)
+
+    def __repr__(self) -> str:
+        return f"<TaskHandle {self._task_id!r} {self._sub_status.value}>"

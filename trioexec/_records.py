@@ -1,0 +1,58 @@
+"""State enums and the value objects that describe a finished task."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+
+class TaskStatus(enum.StrEnum):
+    """Where an execution is in its life. Terminal: everything but PENDING and RUNNING."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    TIMED_OUT = "timed_out"
+    DROPPED = "dropped"
+    REJECTED = "rejected"
+
+
+class SubStatus(enum.StrEnum):
+    """What a RUNNING execution is doing: holding a slot, or waiting without one."""
+
+    ACTIVE = "active"
+    DEFERRED = "deferred"
+
+
+@attrs.frozen(kw_only=True)
+class TaskCompletion:
+    """How one execution ended. Exactly one exists per accepted submission.
+
+    ``error`` is the exception object (or None); ``result`` the return value.
+    ``submitted_at``/``started_at``/``finished_at`` are wall-clock Unix seconds
+    (``started_at`` is None if the task never started); ``deferred_seconds`` is
+    measured on Trio's clock.
+    """
+
+    task_id: str
+    name: str
+    status: TaskStatus
+    result: Any = None
+    error: BaseException | None = None
+    attempts: int = 0
+    submitted_at: float = 0.0
+    started_at: float | None = None
+    finished_at: float = 0.0
+    deferred_seconds: float = 0.0
+    budget_exceeded: bool = False
+    correlation_id: str | None = None
+    causation_id: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the task returned normally."""
+        return self.status is TaskStatus.COMPLETED

@@ -1,0 +1,342 @@
+"""`@task`, `TaskSpec`, `Backoff`, and how a function asks for a `TaskHandle`.
+
+There is no global registry: a spec is a value, collected where it is used.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import math
+import random
+import weakref
+from collections.abc import Callable, Iterable
+from typing import Any, overload
+
+import attrs
+
+from ._errors import TaskDefinitionError
+
+HANDLE_PARAM_NAMES = ("handle", "task_handle")
+
+
+def _non_negative_finite(name: str, value: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TaskDefinitionError(f"{name} must be a number, got {value!r}")
+    if not (0 <= value < math.inf):
+        raise TaskDefinitionError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class Backoff:
+    """Growing delays: the n-th delay (n >= 1) is ``min(initial * factor**(n-1), max)``,
+    then multiplied by a uniform random factor in ``[1 - jitter, 1 + jitter]``.
+
+    Used for retry delays and as a growing ``poll_interval`` for `TaskHandle.defer_until`.
+
+    Example::
+
+        Backoff(initial=1.0, factor=2.0, max=60.0, jitter=0.1)  # ~1, 2, 4, ... 60 s
+    """
+
+    initial: float = 1.0
+    factor: float = 2.0
+    max: float = 60.0
+    jitter: float = 0.0
+
+    def __attrs_post_init__(self) -> None:
+        for name in ("initial", "factor", "max", "jitter"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TaskDefinitionError(f"Backoff.{name} must be a number, got {value!r}")
+        if not (0 < self.initial < math.inf):
+            raise TaskDefinitionError(f"Backoff.initial must be > 0, got {self.initial!r}")
+        if not (self.factor >= 1 and self.factor < math.inf):
+            raise TaskDefinitionError(f"Backoff.factor must be >= 1, got {self.factor!r}")
+        if not (self.max >= self.initial):
+            raise TaskDefinitionError(
+                f"Backoff.max must be >= initial ({self.initial!r}), got {self.max!r}"
+            )
+        if not (0 <= self.jitter < 1):
+            raise TaskDefinitionError(f"Backoff.jitter must be in [0, 1), got {self.jitter!r}")
+
+    def base_delay(self, n: int) -> float:
+        """The n-th delay (n >= 1) before jitter."""
+        if n < 1:
+            raise ValueError(f"delay number must be >= 1, got {n!r}")
+        # Stop multiplying once past max: factor**n overflows for large n.
+        delay = self.initial
+        for _ in range(n - 1):
+            delay *= self.factor
+            if delay >= self.max:
+                return self.max
+        return min(delay, self.max)
+
+    def delay(self, n: int, rng: random.Random | None = None) -> float:
+        """The n-th delay (n >= 1) with jitter applied."""
+        base = self.base_delay(n)
+        if not self.jitter:
+            return base
+        u = (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
+        return base * u
+
+
+def _annotation_is_handle(annotation: Any) -> bool:
+    if annotation is inspect.Parameter.empty:
+        return False
+    if isinstance(annotation, str):
+        # `from __future__ import annotations`: match the name, qualified or not,
+        # optionally wrapped in quotes or Optional-style unions are out of scope.
+        name = annotation.strip().strip("'\"")
+        return name == "TaskHandle" or name.endswith(".TaskHandle")
+    from ._handle import TaskHandle  # the handle module imports this one
+
+    return annotation is TaskHandle
+
+
+def _find_handle_param(fn: Callable[..., Any]) -> str | None:
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):  # builtins and some C callables have none
+        return None
+    found = None
+    for param in sig.parameters.values():
+        if param.name in HANDLE_PARAM_NAMES or _annotation_is_handle(param.annotation):
+            found = param
+            break
+    if found is None:
+        return None
+    if found.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL):
+        raise TaskDefinitionError(
+            f"{_describe(fn)}: handle parameter {found.name!r} must accept a keyword "
+            "(the executor passes the handle as handle=...)"
+        )
+    return found.name
+
+
+def _is_async_callable(fn: Callable[..., Any]) -> bool:
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if inspect.iscoroutinefunction(fn):
+        return True
+    call = getattr(fn, "__call__", None)  # noqa: B004 - we want the method itself
+    return call is not None and inspect.iscoroutinefunction(call)
+
+
+def _describe(fn: object) -> str:
+    return str(getattr(fn, "__qualname__", None) or repr(fn))
+
+
+@attrs.frozen
+class CallInfo:
+    """What the executor needs to know to call a function: is it async, and
+    under which keyword does it take a handle (None: it takes none)."""
+
+    is_async: bool
+    handle_param: str | None
+
+
+_info_cache: weakref.WeakKeyDictionary[Callable[..., Any], CallInfo] = weakref.WeakKeyDictionary()
+
+
+def call_info(fn: Callable[..., Any]) -> CallInfo:
+    """Inspect ``fn`` once (cached per function object) for async-ness and a handle
+    parameter. Works on undecorated functions, partials, bound methods and specs."""
+    if isinstance(fn, TaskSpec):
+        return fn._info
+    key: Callable[..., Any] = getattr(fn, "__func__", fn)  # bound methods are made afresh
+    try:
+        return _info_cache[key]
+    except (KeyError, TypeError):
+        pass
+    info = CallInfo(_is_async_callable(fn), _find_handle_param(fn))
+    # A bound method's signature only drops `self`, so the answer for the
+    # underlying function holds for every method bound from it.
+    with contextlib.suppress(TypeError):  # not weak-referenceable: just don't cache
+        _info_cache[key] = info
+    return info
+
+
+@attrs.frozen(kw_only=True)
+class TaskSpec:
+    """A task declaration made by `task`: the function and its options.
+
+    Still directly callable: ``await spec(context)`` calls the function.
+    """
+
+    fn: Callable[..., Any]
+    id: str
+    dependencies: tuple[str, ...] = ()
+    retries: int = 0
+    backoff: Backoff = attrs.field(factory=Backoff)
+    retry_on: tuple[type[BaseException], ...] = (Exception,)
+    timeout: float | None = None
+    budget: float | None = None
+    _info: CallInfo = attrs.field(alias="_info")
+
+    @property
+    def requires_handle(self) -> bool:
+        """True when the function takes a `TaskHandle` (parameter named ``handle``
+        or ``task_handle``, or annotated ``TaskHandle``)."""
+        return self._info.handle_param is not None
+
+    @property
+    def handle_param(self) -> str | None:
+        """The keyword the handle is passed as, or None."""
+        return self._info.handle_param
+
+    @property
+    def is_async(self) -> bool:
+        """True for ``async def`` functions; plain functions run in a worker thread."""
+        return self._info.is_async
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.fn(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<TaskSpec {self.id!r}>"
+
+
+_OPTION_NAMES = ("id", "dependencies", "retries", "backoff", "retry_on", "timeout", "budget")
+
+
+def _make_spec(fn: object, options: dict[str, Any]) -> TaskSpec:
+    if isinstance(fn, TaskSpec):
+        raise TaskDefinitionError(f"{fn.id!r} is already a TaskSpec; decorate the function once")
+    if not callable(fn):
+        raise TaskDefinitionError(f"@task needs a callable, got {fn!r}")
+    task_id = options["id"]
+    if task_id is None:
+        task_id = _describe(fn)
+    if not isinstance(task_id, str) or not task_id:
+        raise TaskDefinitionError(f"task id must be a non-empty string, got {task_id!r}")
+
+    deps = options["dependencies"]
+    if isinstance(deps, str) or not isinstance(deps, Iterable):
+        raise TaskDefinitionError(
+            f"{task_id}: dependencies must be a list of task ids, got {deps!r}"
+        )
+    deps = tuple(deps)
+    for dep in deps:
+        if not isinstance(dep, str) or not dep:
+            raise TaskDefinitionError(f"{task_id}: dependency ids must be strings, got {dep!r}")
+    if task_id in deps:
+        raise TaskDefinitionError(f"{task_id}: a task cannot depend on itself")
+    if len(set(deps)) != len(deps):
+        raise TaskDefinitionError(f"{task_id}: duplicate dependency in {list(deps)!r}")
+
+    retries = options["retries"]
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        raise TaskDefinitionError(f"{task_id}: retries must be an int >= 0, got {retries!r}")
+
+    backoff = options["backoff"]
+    if backoff is None:
+        backoff = Backoff()
+    elif not isinstance(backoff, Backoff):
+        raise TaskDefinitionError(f"{task_id}: backoff must be a Backoff, got {backoff!r}")
+
+    retry_on = options["retry_on"]
+    if isinstance(retry_on, type):
+        retry_on = (retry_on,)
+    if not isinstance(retry_on, tuple) or not all(
+        isinstance(t, type) and issubclass(t, BaseException) for t in retry_on
+    ):
+        raise TaskDefinitionError(
+            f"{task_id}: retry_on must be an exception class or a tuple of them, got {retry_on!r}"
+        )
+
+    for name in ("timeout", "budget"):
+        value = options[name]
+        if value is not None:
+            try:
+                _non_negative_finite(name, value)
+            except TaskDefinitionError as exc:
+                raise TaskDefinitionError(f"{task_id}: {exc}") from None
+            if value == 0:
+                raise TaskDefinitionError(f"{task_id}: {name} must be > 0, got {value!r}")
+
+    assert callable(fn)
+    return TaskSpec(
+        fn=fn,
+        id=task_id,
+        dependencies=deps,
+        retries=retries,
+        backoff=backoff,
+        retry_on=retry_on,
+        timeout=options["timeout"],
+        budget=options["budget"],
+        _info=CallInfo(_is_async_callable(fn), _find_handle_param(fn)),
+    )
+
+
+@overload
+def task(fn: Callable[..., Any], /) -> TaskSpec: ...
+@overload
+def task(
+    fn: None = None,
+    /,
+    *,
+    id: str | None = None,
+    dependencies: Iterable[str] = (),
+    retries: int = 0,
+    backoff: Backoff | None = None,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+    timeout: float | None = None,
+    budget: float | None = None,
+    **unknown: object,
+) -> Callable[[Callable[..., Any]], TaskSpec]: ...
+
+
+def task(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    id: str | None = None,
+    dependencies: Iterable[str] = (),
+    retries: int = 0,
+    backoff: Backoff | None = None,
+    retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
+    timeout: float | None = None,
+    budget: float | None = None,
+    **unknown: object,
+) -> TaskSpec | Callable[[Callable[..., Any]], TaskSpec]:
+    """Declare a task. Use bare (``@task``) or with options (``@task(id=..., retries=3)``).
+
+    Args:
+      id: the task's id (default: the function's ``__qualname__``).
+      dependencies: ids of tasks this one runs after, in a `Workflow`.
+      retries: re-runs allowed after the first attempt fails.
+      backoff: delays between attempts (`Backoff`); no slot is held while waiting.
+      retry_on: which exceptions retry; `PermanentError` and cancellation never do.
+      timeout: hard per-attempt limit in seconds, deferred time included.
+      budget: cooperative limit on active (slot-holding) seconds; exceeding it is
+        recorded, not enforced.
+
+    Returns a frozen `TaskSpec`, still callable like the function.
+
+    Raises:
+      TaskDefinitionError: at decoration time, for a non-callable, a bad option
+        value or an unknown option.
+    """
+    if unknown:
+        names = ", ".join(sorted(unknown))
+        raise TaskDefinitionError(
+            f"unknown @task option(s): {names} (known: {', '.join(_OPTION_NAMES)})"
+        )
+    options: dict[str, Any] = {
+        "id": id,
+        "dependencies": dependencies,
+        "retries": retries,
+        "backoff": backoff,
+        "retry_on": retry_on,
+        "timeout": timeout,
+        "budget": budget,
+    }
+    if fn is not None:
+        return _make_spec(fn, options)
+
+    def decorate(f: Callable[..., Any]) -> TaskSpec:
+        return _make_spec(f, options)
+
+    return decorate
