@@ -4,6 +4,7 @@ import threading
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from trio_util import AsyncBool, AsyncValue
 
@@ -98,9 +99,9 @@ async def test_trio_util_values_wake_on_truthy(make, autojump_clock):
         lambda: _set_event(),
         lambda: AsyncBool(True),
         lambda: AsyncValue("yes"),
-        lambda: (lambda: True),
+        lambda: lambda: True,
         lambda: _async_true,
-        lambda: (lambda: [1]),  # truthiness, not `is True`
+        lambda: lambda: [1],  # truthiness, not `is True`
     ],
 )
 async def test_fast_path_never_releases(make_ready, autojump_clock):
@@ -155,7 +156,7 @@ async def test_async_predicate_polled(autojump_clock):
     calls = []
 
     async def ready():
-        await trio.sleep(0)
+        await trio.lowlevel.checkpoint()
         calls.append(trio.current_time())
         return len(calls) == 3
 

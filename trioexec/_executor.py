@@ -179,7 +179,7 @@ class TaskRef:
 
     @property
     def sub_status(self) -> SubStatus | None:
-        """`SubStatus.ACTIVE`/`DEFERRED` while RUNNING, else None."""
+        """`SubStatus.ACTIVE` or `SubStatus.DEFERRED` while RUNNING, else None."""
         if self._status is not TaskStatus.RUNNING:
             return None
         handle = self._handle
@@ -347,8 +347,10 @@ class Executor:
         """Submit ``fn(*args)``, wait for it, and return its value or raise its error.
 
         Raises:
-          the task's own exception if it failed; `TaskTimeout` if it timed out;
-          `TaskCancelled` if it was cancelled; `TaskRejected` if it was dropped.
+          Exception: the task's own exception, as it is, if it failed.
+          TaskTimeout: if it timed out.
+          TaskCancelled: if it was cancelled.
+          TaskRejected: if it was dropped.
         """
         ref = await self.submit(fn, *args)
         completion = await ref.wait()
@@ -490,8 +492,6 @@ class Executor:
                         return
                     await self._work_lot.park()
                     continue
-                if self._space_lot:
-                    self._space_lot.unpark()
                 self._taken.add(ref)
                 await self._run(ref, token)
                 if self._workers > self._pool.total:
@@ -594,6 +594,8 @@ class Executor:
         done = ref._done
         if done is not None:
             done.set()
+        if self._space_lot:  # capacity counts this task until now
+            self._space_lot.unpark()
         if self._idle_lot and self._is_idle():
             self._idle_lot.unpark_all()
 
@@ -613,8 +615,6 @@ class Executor:
             self._queue -= 1
             self._stale += 1
             self._finish(ref, TaskStatus.CANCELLED)
-            if self._space_lot:
-                self._space_lot.unpark()
             if self._stale > 64 and self._stale * 2 > len(self._pending):
                 self._pending = deque(r for r in self._pending if not r.done)
                 self._stale = 0

@@ -44,9 +44,12 @@ class SlotPool:
 
     @property
     def total(self) -> int:
-        """The number of slots. Assign to resize at run time: growing wakes waiters
-        at once; shrinking lets current holders finish and admits nobody new until
-        fewer than the new total are in use."""
+        """The number of slots.
+
+        Assign to resize at run time. Growing wakes waiters at once; shrinking lets
+        current holders finish and admits nobody new until fewer than the new
+        total are in use. Below 1 raises `ValueError`.
+        """
         return int(self._limiter.total_tokens)
 
     @total.setter
