@@ -491,3 +491,53 @@ async def test_block_waits_for_space(autojump_clock):
         with pytest.raises(TaskRejected):
             ex.submit_nowait(trio.sleep, 1)
     assert ex.statistics().max_outstanding_count == 2
+
+
+async def test_a_task_that_swallows_its_cancellation_does_not_taint_the_next(autojump_clock):
+    """Workers share one cancel scope across jobs until a job is cancelled."""
+
+    async def stubborn():
+        try:
+            await trio.sleep_forever()
+        except trio.Cancelled:
+            return "swallowed"  # bad manners, but must not hurt the next task
+
+    async with open_executor(max_concurrent_tasks=1) as ex:
+        first = await ex.submit(stubborn)
+        nxt = await ex.submit(trio.sleep, 1, name="next")
+        await trio.testing.wait_all_tasks_blocked()
+        first.cancel()
+        assert (await first.wait()).result == "swallowed"
+        assert (await nxt.wait()).status is TaskStatus.COMPLETED
+
+
+async def test_timeout_then_the_next_job_runs_untimed(autojump_clock):
+    async with open_executor(max_concurrent_tasks=1) as ex:
+        slow = await ex.submit(trio.sleep, 10, timeout=2)
+        after = await ex.submit(trio.sleep, 50)
+        assert (await slow.wait()).status is TaskStatus.TIMED_OUT
+        c = await after.wait()
+    assert c.status is TaskStatus.COMPLETED
+
+
+async def test_group_with_cancelled_and_an_error_is_kept_on_record(autojump_clock):
+    async def messy():
+        async with trio.open_nursery() as n:
+
+            async def fail_on_cancel():
+                try:
+                    await trio.sleep_forever()
+                finally:
+                    raise ValueError("cleanup failed")
+
+            n.start_soon(fail_on_cancel)
+            await trio.sleep_forever()
+
+    async with open_executor(max_concurrent_tasks=1) as ex:
+        ref = await ex.submit(messy)
+        await trio.testing.wait_all_tasks_blocked()
+        ref.cancel()
+        c = await ref.wait()
+        assert c.status is TaskStatus.CANCELLED
+        assert isinstance(c.error, BaseExceptionGroup)
+        assert await ex.run(trio.sleep, 1) is None  # the worker survived

@@ -51,15 +51,6 @@ _current_ref: contextvars.ContextVar[TaskRef | None] = contextvars.ContextVar(
     "trioexec_current_task", default=None
 )
 
-_TERMINAL_COUNTER = {
-    TaskStatus.COMPLETED: "_completed",
-    TaskStatus.FAILED: "_failed",
-    TaskStatus.CANCELLED: "_cancelled",
-    TaskStatus.TIMED_OUT: "_timed_out",
-    TaskStatus.DROPPED: "_dropped",
-    TaskStatus.REJECTED: "_rejected",
-}
-
 
 @attrs.frozen(kw_only=True)
 class ExecutorConfig:
@@ -323,7 +314,6 @@ class Executor:
           TaskRejected: under ``REJECT`` (or ``DROP_OLDEST`` with nothing to drop).
           CapacityExceeded: under ``FAIL_FAST``.
         """
-        await trio.lowlevel.checkpoint()
         return await self._submit(fn, args, name, task_id, timeout, budget, correlation_id, True)
 
     def submit_nowait(
@@ -367,12 +357,19 @@ class Executor:
         correlation_id: str | None,
         can_wait: bool,
     ) -> TaskRef:
+        # Exactly one schedule point: parking for space is one; otherwise a
+        # cancel-shielded checkpoint after the (then certain) acceptance.
+        await trio.lowlevel.checkpoint_if_cancelled()
         ref = self._new_ref(fn, args, name, task_id, timeout, budget, correlation_id)
         decision = self._decide(can_wait)
-        while decision is Admit.WAIT:
-            await self._space_lot.park()
-            decision = self._decide(can_wait)
-        self._apply(ref, decision)
+        if decision is Admit.WAIT:
+            while decision is Admit.WAIT:
+                await self._space_lot.park()
+                decision = self._decide(can_wait)
+            self._apply(ref, decision)
+        else:
+            self._apply(ref, decision)
+            await trio.lowlevel.cancel_shielded_checkpoint()
         return ref
 
     def _new_ref(
@@ -483,74 +480,95 @@ class Executor:
         self._nursery.start_soon(self._worker)
 
     async def _worker(self) -> None:
+        # One cancel scope serves job after job until one of them is cancelled
+        # (ref.cancel() cancels the scope of the worker running it) or times out;
+        # then the worker takes a fresh scope. Entering a scope per job would be
+        # the largest cost of running a small task.
         token = SlotToken(self._pool)
         try:
             while True:
-                ref = self._pop_pending()
-                if ref is None:
-                    if self._closing:
-                        return
-                    await self._work_lot.park()
-                    continue
-                self._taken.add(ref)
-                await self._run(ref, token)
-                if self._workers > self._pool.total:
-                    return  # over strength after a deferral: retire
+                scope = trio.CancelScope()
+                try:
+                    with scope:
+                        if await self._work(scope, token):
+                            return
+                except Exception:
+                    # What a cancelled task's exception group leaves once our
+                    # Cancelled is taken out: the task is already recorded as
+                    # cancelled, with the group as its error.
+                    pass
         finally:
+            token.release()
             self._workers -= 1
 
-    async def _run(self, ref: TaskRef, token: SlotToken) -> None:
+    async def _work(self, scope: trio.CancelScope, token: SlotToken) -> bool:
+        """Run jobs in ``scope`` until it is cancelled (returns False: new scope
+        please) or the worker should stop (returns True)."""
+        while True:
+            ref = self._pop_pending()
+            if ref is None:
+                if self._closing:
+                    return True
+                await self._work_lot.park()
+                continue
+            ref._scope = scope
+            self._taken.add(ref)
+            await self._run(ref, token, scope)
+            if scope.cancel_called:
+                return False
+            if self._workers > self._pool.total:
+                return True  # over strength after a deferral: retire
+            await trio.lowlevel.checkpoint()
+
+    async def _run(self, ref: TaskRef, token: SlotToken, scope: trio.CancelScope) -> None:
         info = ref._info
         handle = None
         if info.handle_param is not None:
             token = SlotToken(self._pool)
-            handle = TaskHandle(token, ref.task_id, _observer=self)
-            ref._handle = handle
-        scope = ref._scope = trio.CancelScope()
+            handle = ref._handle = TaskHandle(token, ref.task_id, _observer=self)
         status = TaskStatus.CANCELLED
+        timeout = ref._timeout
         try:
-            with scope:
-                if not token._try_reclaim():
-                    await token.reclaim()
-                # Started: the slot is held.
-                self._queue -= 1
-                self._active += 1
-                ref._status = TaskStatus.RUNNING
-                ref._started_at = time.time()
-                if ref._timeout is not None:
-                    scope.deadline = trio.current_time() + ref._timeout
-                reset = _current_ref.set(ref)
-                try:
-                    fn, args = ref._fn, ref._args
-                    if handle is not None:
-                        assert info.handle_param is not None
-                        fn = functools.partial(fn, **{info.handle_param: handle})
-                    if info.is_async:
-                        ref._result = await fn(*args)
-                    else:
-                        ref._result = await trio.to_thread.run_sync(
-                            functools.partial(fn, *args), limiter=self._thread_limiter
-                        )
-                    status = TaskStatus.COMPLETED
-                except Exception as exc:
-                    ref._error = exc
-                    status = TaskStatus.FAILED
-                finally:
-                    _current_ref.reset(reset)
+            if not token._try_reclaim():
+                await token.reclaim()
+            # Started: the slot is held.
+            self._queue -= 1
+            self._active += 1
+            ref._status = TaskStatus.RUNNING
+            ref._started_at = time.time()
+            if timeout is not None:
+                scope.deadline = trio.current_time() + timeout
+            reset = _current_ref.set(ref)
+            try:
+                fn = ref._fn
+                if handle is not None:
+                    fn = functools.partial(fn, **{info.handle_param or "handle": handle})
+                if info.is_async:
+                    ref._result = await fn(*ref._args)
+                else:
+                    ref._result = await trio.to_thread.run_sync(
+                        functools.partial(fn, *ref._args), limiter=self._thread_limiter
+                    )
+                status = TaskStatus.COMPLETED
+            except Exception as exc:
+                ref._error = exc
+                status = TaskStatus.FAILED
+            except BaseExceptionGroup as group:  # holds a Cancelled: keep the rest on record
+                ref._error = group
+                raise
+            finally:
+                _current_ref.reset(reset)
+        finally:
             if (
-                scope.cancelled_caught
+                timeout is not None
                 and status is TaskStatus.CANCELLED
-                and ref._timeout is not None
                 and trio.current_time() >= scope.deadline
             ):
                 status = TaskStatus.TIMED_OUT
                 ref._error = TaskTimeout(
-                    f"task {ref.name!r} ({ref.task_id}) timed out after {ref._timeout}s"
+                    f"task {ref.name!r} ({ref.task_id}) timed out after {timeout}s"
                 )
-        except Exception as exc:  # what a cancel scope leaves of a group with Cancelled in it
-            ref._error = exc
-            status = TaskStatus.FAILED
-        finally:
+            scope.deadline = math.inf
             token.release()
             self._taken.discard(ref)
             if ref._status is TaskStatus.RUNNING:
@@ -559,7 +577,6 @@ class Executor:
                 self._queue -= 1
             if not ref.done:
                 self._finish(ref, status)
-        await trio.lowlevel.checkpoint()
 
     # ------------------------------------------------------ handle observer hooks
 
@@ -588,7 +605,16 @@ class Executor:
     def _finish(self, ref: TaskRef, status: TaskStatus) -> None:
         ref._status = status
         ref._finished_at = time.time()
-        setattr(self, _TERMINAL_COUNTER[status], getattr(self, _TERMINAL_COUNTER[status]) + 1)
+        if status is TaskStatus.COMPLETED:
+            self._completed += 1
+        elif status is TaskStatus.FAILED:
+            self._failed += 1
+        elif status is TaskStatus.CANCELLED:
+            self._cancelled += 1
+        elif status is TaskStatus.TIMED_OUT:
+            self._timed_out += 1
+        else:
+            self._dropped += 1
         if status is TaskStatus.CANCELLED and ref._cancel_requested:
             self._cancels_observed += 1
         done = ref._done
