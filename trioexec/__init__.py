@@ -10,6 +10,8 @@ from ._errors import TaskRejected as TaskRejected
 from ._errors import TaskTimeout as TaskTimeout
 from ._errors import TrioexecError as TrioexecError
 from ._errors import WorkflowError as WorkflowError
+from ._events import HealthEvent as HealthEvent
+from ._events import HealthEventKind as HealthEventKind
 from ._executor import Executor as Executor
 from ._executor import ExecutorConfig as ExecutorConfig
 from ._executor import ShutdownPolicy as ShutdownPolicy
@@ -46,6 +48,8 @@ __all__ = [
     "Overflow",
     "ShutdownPolicy",
     "ExecutorMetrics",
+    "HealthEvent",
+    "HealthEventKind",
     # records
     "TaskStatus",
     "SubStatus",

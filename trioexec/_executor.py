@@ -25,8 +25,9 @@ from typing import Any, final
 import attrs
 import trio
 
-from ._admission import Admit, Overflow, admit
+from ._admission import Admit, Overflow, admit, rejection_reason
 from ._errors import CapacityExceeded, ExecutorClosed, TaskRejected, TaskTimeout, TrioexecError
+from ._events import EventStream, HealthEventKind
 from ._handle import TaskHandle
 from ._metrics import ExecutorMetrics
 from ._records import SubStatus, TaskCompletion, TaskStatus
@@ -260,6 +261,7 @@ class Executor:
         self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
         self._workers = 0  # workers not parked in a deferral
         self._closing = False
+        self._events = EventStream(config.event_capacity)
         # gauges
         self._queue = 0  # accepted, not started: in _pending or waiting for a slot
         self._active = 0
@@ -430,21 +432,40 @@ class Executor:
         if decision is Admit.ACCEPT:
             self._enqueue(ref)
         elif decision is Admit.DROP_NEW:
+            self._publish_refusal(HealthEventKind.TASK_DROP, ref, "queue_full")
             self._finish(ref, TaskStatus.DROPPED)
         elif decision is Admit.DROP_OLDEST:
             oldest = self._pop_pending()
             assert oldest is not None
             self._queue -= 1
+            self._publish_refusal(HealthEventKind.TASK_DROP, oldest, "queue_full")
             self._finish(oldest, TaskStatus.DROPPED)
             self._enqueue(ref)
         else:
             self._rejected += 1
+            self._publish_refusal(
+                HealthEventKind.TASK_REJECT, ref, rejection_reason(decision, self._overflow)
+            )
             cls = CapacityExceeded if decision is Admit.FAIL else TaskRejected
             raise cls(
                 f"executor at capacity ({self._capacity}: {self._queue} pending, "
                 f"{self._active} active, {self._deferred} deferred); "
                 f"overflow={self._overflow.value}; task {ref.name!r} not accepted"
             )
+
+    def _publish_refusal(self, kind: HealthEventKind, ref: TaskRef, reason: str) -> None:
+        self._events.publish(
+            kind,
+            ref.task_id,
+            policy=self._overflow,
+            reason=reason,
+            attributes={
+                "pending_depth": self._queue,
+                "active_count": self._active,
+                "deferred_count": self._deferred,
+                "capacity": self._capacity,
+            },
+        )
 
     def _enqueue(self, ref: TaskRef) -> None:
         self._queued += 1
@@ -586,6 +607,7 @@ class Executor:
         self._deferrals += 1
         if self._deferred > self._max_deferred:
             self._max_deferred = self._deferred
+        self._events.publish(HealthEventKind.TASK_DEFERRED, handle.task_id)
         # This worker stays with the parked coroutine; the freed slot needs another.
         self._workers -= 1
         if self._queue > len(self._work_lot) and self._workers < self._pool.total:
@@ -598,6 +620,7 @@ class Executor:
         self._active += 1
         self._resumes += 1
         self._workers += 1
+        self._events.publish(HealthEventKind.TASK_RESUMED, handle.task_id)
         self._note_high_water()
 
     # ---------------------------------------------------------------- completion
@@ -615,6 +638,13 @@ class Executor:
             self._timed_out += 1
         else:
             self._dropped += 1
+        if status is TaskStatus.FAILED or status is TaskStatus.TIMED_OUT:
+            self._events.publish(
+                HealthEventKind.TASK_FAILED,
+                ref.task_id,
+                reason=status.value,
+                attributes={"error": repr(ref._error), "name": ref.name},
+            )
         if status is TaskStatus.CANCELLED and ref._cancel_requested:
             self._cancels_observed += 1
         done = ref._done
@@ -700,8 +730,18 @@ class Executor:
             max_outstanding_count=self._max_outstanding,
             max_deferred_count=self._max_deferred,
             queue_depth=self._queue,
-            events_dropped_count=0,
+            events_dropped_count=self._events.dropped,
         )
+
+    @property
+    def events(self) -> EventStream:
+        """The bounded `HealthEvent` stream: ``async for event in ex.events``.
+
+        Buffers from the executor's start; when the reader lags, the oldest unread
+        events are dropped and counted (``events_dropped_count``). Iteration ends
+        after the executor has closed and the buffer is empty.
+        """
+        return self._events
 
     @property
     def metrics(self) -> ExecutorMetrics:
@@ -786,10 +826,20 @@ async def open_executor(
             except BaseException:
                 ex._begin_shutdown(ShutdownPolicy.CANCEL)
                 raise
+            finally:
+                nursery.start_soon(_close_events_when_done, ex)
             await ex.shutdown()
     except BaseExceptionGroup as group:
         _raise_single(group)
         raise
+
+
+async def _close_events_when_done(ex: Executor) -> None:
+    # Runs last in the nursery: once nothing is outstanding, no event can come.
+    try:
+        await ex.wait_for_idle()
+    finally:
+        ex._events.close()
 
 
 def _raise_single(group: BaseExceptionGroup[BaseException]) -> None:

@@ -1,0 +1,148 @@
+"""`HealthEvent` and the bounded stream the executor publishes them on.
+
+Events are observers only: publishing never blocks or fails. When the reader falls
+behind, the oldest unread events are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Any, final
+
+import attrs
+import trio
+
+from ._admission import Overflow
+
+
+class HealthEventKind(enum.StrEnum):
+    """What a `HealthEvent` reports."""
+
+    TASK_REJECT = "task_reject"
+    TASK_DROP = "task_drop"
+    TASK_DEFERRED = "task_deferred"
+    TASK_RESUMED = "task_resumed"
+    TASK_FAILED = "task_failed"
+    TASK_RETRY_SCHEDULED = "task_retry_scheduled"
+    TASK_ABANDONED = "task_abandoned"
+    WORKFLOW_PROGRESS = "workflow_progress"
+
+
+_COALESCING = frozenset({HealthEventKind.TASK_REJECT, HealthEventKind.TASK_DROP})
+
+
+@attrs.frozen(kw_only=True)
+class HealthEvent:
+    """One observation. ``at`` is wall-clock Unix seconds. Reject and drop events
+    carry ``pending_depth``, ``active_count``, ``deferred_count`` and ``capacity`` in
+    ``attributes``; ``occurrence_count`` says how many like it were merged into it
+    while it was unread."""
+
+    kind: HealthEventKind
+    task_id: str | None = None
+    policy: Overflow | None = None
+    reason: str | None = None
+    attributes: dict[str, Any] = attrs.field(factory=dict)
+    occurrence_count: int = 1
+    at: float = 0.0
+
+
+@final
+class EventStream:
+    """A bounded buffer of `HealthEvent` read with ``async for``.
+
+    Iteration ends once the executor has closed and the buffer is empty. Meant for
+    one reader; several readers share the events between them.
+    """
+
+    def __init__(self, capacity: int, clock: Callable[[], float] = time.time) -> None:
+        self._capacity = capacity
+        self._clock = clock
+        # Boxes, so an unread reject/drop event can be replaced by its merged successor.
+        self._buffer: deque[list[HealthEvent]] = deque()
+        self._unread: dict[tuple[Any, ...], list[HealthEvent]] = {}
+        self._lot = trio.lowlevel.ParkingLot()
+        self._closed = False
+        self.dropped = 0
+
+    def publish(
+        self,
+        kind: HealthEventKind,
+        task_id: str | None = None,
+        *,
+        policy: Overflow | None = None,
+        reason: str | None = None,
+        attributes: dict[str, Any] | None = None,
+    ) -> None:
+        """Add an event. Never blocks; drops the oldest unread event when full."""
+        key = None
+        if kind in _COALESCING:
+            key = (kind, policy, reason)
+            box = self._unread.get(key)
+            if box is not None:
+                old = box[0]
+                box[0] = attrs.evolve(
+                    old,
+                    task_id=task_id,
+                    attributes=attributes or {},
+                    occurrence_count=old.occurrence_count + 1,
+                    at=self._clock(),
+                )
+                return
+        event = HealthEvent(
+            kind=kind,
+            task_id=task_id,
+            policy=policy,
+            reason=reason,
+            attributes=attributes or {},
+            at=self._clock(),
+        )
+        if len(self._buffer) >= self._capacity:
+            self._forget(self._buffer.popleft())
+            self.dropped += 1
+        box = [event]
+        self._buffer.append(box)
+        if key is not None:
+            self._unread[key] = box
+        if self._lot:
+            self._lot.unpark_all()
+
+    def _forget(self, box: list[HealthEvent]) -> None:
+        event = box[0]
+        if event.kind in _COALESCING:
+            key = (event.kind, event.policy, event.reason)
+            if self._unread.get(key) is box:
+                del self._unread[key]
+
+    def close(self) -> None:
+        """No more events will come; readers finish once the buffer is empty."""
+        self._closed = True
+        self._lot.unpark_all()
+
+    def get_nowait(self) -> HealthEvent | None:
+        """The oldest unread event, or None."""
+        if not self._buffer:
+            return None
+        box = self._buffer.popleft()
+        self._forget(box)
+        return box[0]
+
+    def __len__(self) -> int:
+        return len(self._buffer)
+
+    def __aiter__(self) -> EventStream:
+        return self
+
+    async def __anext__(self) -> HealthEvent:
+        """Wait for the next event (a checkpoint); StopAsyncIteration once closed and empty."""
+        while True:
+            event = self.get_nowait()
+            if event is not None:
+                await trio.lowlevel.checkpoint()
+                return event
+            if self._closed:
+                raise StopAsyncIteration
+            await self._lot.park()
