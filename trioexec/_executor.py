@@ -26,7 +26,14 @@ import attrs
 import trio
 
 from ._admission import Admit, Overflow, admit, rejection_reason
-from ._errors import CapacityExceeded, ExecutorClosed, TaskRejected, TaskTimeout, TrioexecError
+from ._errors import (
+    CapacityExceeded,
+    ExecutorClosed,
+    PermanentError,
+    TaskRejected,
+    TaskTimeout,
+    TrioexecError,
+)
 from ._events import EventStream, HealthEventKind
 from ._handle import TaskHandle
 from ._metrics import ExecutorMetrics
@@ -106,8 +113,11 @@ class TaskRef:
     """One accepted (or refused) submission: its status now, and its completion later."""
 
     __slots__ = (
+        "_active_seconds",
         "_args",
+        "_attempts",
         "_budget",
+        "_budget_exceeded",
         "_cancel_requested",
         "_causation_id",
         "_completion",
@@ -153,6 +163,9 @@ class TaskRef:
         self._correlation_id = correlation_id
         self._causation_id = causation_id
         self._status = TaskStatus.PENDING
+        self._attempts = 0
+        self._active_seconds = 0.0
+        self._budget_exceeded = False
         self._cancel_requested = False
         self._handle: TaskHandle | None = None
         self._scope: trio.CancelScope | None = None
@@ -192,12 +205,12 @@ class TaskRef:
                 status=self._status,
                 result=self._result,
                 error=self._error,
-                attempts=1 if self._started_at is not None else 0,
+                attempts=self._attempts,
                 submitted_at=self._submitted_at,
                 started_at=self._started_at,
                 finished_at=self._finished_at,
                 deferred_seconds=0.0 if self._handle is None else self._handle.deferred_seconds,
-                budget_exceeded=False,
+                budget_exceeded=self._budget_exceeded,
                 correlation_id=self._correlation_id,
                 causation_id=self._causation_id,
             )
@@ -542,64 +555,121 @@ class Executor:
             await trio.lowlevel.checkpoint()
 
     async def _run(self, ref: TaskRef, token: SlotToken, scope: trio.CancelScope) -> None:
+        """Run one accepted task to its completion: attempts, retries, bookkeeping."""
         info = ref._info
         handle = None
         if info.handle_param is not None:
             token = SlotToken(self._pool)
             handle = ref._handle = TaskHandle(token, ref.task_id, _observer=self)
+        spec = ref._fn if isinstance(ref._fn, TaskSpec) else None
         status = TaskStatus.CANCELLED
-        timeout = ref._timeout
         try:
-            if not token._try_reclaim():
-                await token.reclaim()
-            # Started: the slot is held.
-            self._queue -= 1
-            self._active += 1
-            ref._status = TaskStatus.RUNNING
-            ref._started_at = time.time()
-            if timeout is not None:
-                scope.deadline = trio.current_time() + timeout
-            reset = _current_ref.set(ref)
-            try:
-                fn = ref._fn
-                if handle is not None:
-                    fn = functools.partial(fn, **{info.handle_param or "handle": handle})
-                if info.is_async:
-                    ref._result = await fn(*ref._args)
-                else:
-                    ref._result = await trio.to_thread.run_sync(
-                        functools.partial(fn, *ref._args), limiter=self._thread_limiter
-                    )
-                status = TaskStatus.COMPLETED
-            except Exception as exc:
-                ref._error = exc
-                status = TaskStatus.FAILED
-            except BaseExceptionGroup as group:  # holds a Cancelled: keep the rest on record
-                ref._error = group
-                raise
-            finally:
-                _current_ref.reset(reset)
-        finally:
-            if (
-                timeout is not None
-                and status is TaskStatus.CANCELLED
-                and trio.current_time() >= scope.deadline
-            ):
-                status = TaskStatus.TIMED_OUT
-                ref._error = TaskTimeout(
-                    f"task {ref.name!r} ({ref.task_id}) timed out after {timeout}s"
+            while True:
+                if not token._try_reclaim():
+                    await token.reclaim()
+                status = await self._attempt(ref, handle)
+                if spec is None or not _should_retry(spec, ref, status):
+                    break
+                # Back to pending, without a slot, until the next attempt.
+                token.release()
+                self._active -= 1
+                self._queue += 1
+                ref._status = TaskStatus.PENDING
+                delay = spec.backoff.delay(ref._attempts)
+                self._events.publish(
+                    HealthEventKind.TASK_RETRY_SCHEDULED,
+                    ref.task_id,
+                    reason=status.value,
+                    attributes={
+                        "attempt": ref._attempts,
+                        "delay": delay,
+                        "error": repr(ref._error),
+                    },
                 )
-            scope.deadline = math.inf
+                self._worker_parked()
+                try:
+                    await trio.sleep(delay)
+                finally:
+                    self._worker_unparked()
+                ref._error = None
+                status = TaskStatus.CANCELLED
+        finally:
             token.release()
             self._taken.discard(ref)
             if ref._status is TaskStatus.RUNNING:
                 self._active -= 1
-            else:  # cancelled (by us or from outside) while waiting for a slot
+            else:  # cancelled while waiting for a slot or a retry
                 self._queue -= 1
             if not ref.done:
                 self._finish(ref, status)
 
+    async def _attempt(self, ref: TaskRef, handle: TaskHandle | None) -> TaskStatus:
+        """One call of the task's function, holding a slot. Returns how it ended;
+        cancellation of the task as a whole propagates."""
+        self._queue -= 1
+        self._active += 1
+        ref._status = TaskStatus.RUNNING
+        ref._attempts += 1
+        if ref._started_at is None:
+            ref._started_at = time.time()
+        info = ref._info
+        fn = ref._fn
+        if handle is not None:
+            fn = functools.partial(fn, **{info.handle_param or "handle": handle})
+        budget = ref._budget
+        if budget is not None:
+            t0 = trio.current_time()
+            deferred0 = handle.deferred_seconds if handle is not None else 0.0
+        reset = _current_ref.set(ref)
+        try:
+            timeout = ref._timeout
+            if timeout is None:
+                ref._result = await self._call(fn, ref._args, info.is_async)
+            else:
+                with trio.move_on_after(timeout) as attempt_scope:
+                    ref._result = await self._call(fn, ref._args, info.is_async)
+                if attempt_scope.cancelled_caught:
+                    ref._error = TaskTimeout(
+                        f"task {ref.name!r} ({ref.task_id}) timed out after {timeout}s"
+                    )
+                    return TaskStatus.TIMED_OUT
+            ref._error = None
+            return TaskStatus.COMPLETED
+        except Exception as exc:
+            ref._error = exc
+            return TaskStatus.FAILED
+        except BaseExceptionGroup as group:  # holds a Cancelled: keep the rest on record
+            ref._error = group
+            raise
+        finally:
+            _current_ref.reset(reset)
+            if budget is not None:
+                deferred = (handle.deferred_seconds if handle is not None else 0.0) - deferred0
+                ref._active_seconds += trio.current_time() - t0 - deferred
+                if ref._active_seconds > budget and not ref._budget_exceeded:
+                    ref._budget_exceeded = True
+                    self._budget_exceeded += 1
+
+    async def _call(self, fn: Callable[..., Any], args: tuple[Any, ...], is_async: bool) -> Any:
+        if is_async:
+            return await fn(*args)
+        return await trio.to_thread.run_sync(
+            functools.partial(fn, *args), limiter=self._thread_limiter
+        )
+
     # ------------------------------------------------------ handle observer hooks
+
+    def _worker_parked(self) -> None:
+        """This worker stays with a task that holds no slot now (deferred, or
+        between attempts); the freed slot needs another worker."""
+        self._workers -= 1
+        if self._queue > len(self._work_lot) and self._workers < self._pool.total:
+            self._spawn_worker()
+        elif self._work_lot and self._pending:
+            self._work_lot.unpark()
+
+    def _worker_unparked(self) -> None:
+        self._workers += 1
 
     def _handle_deferred(self, handle: TaskHandle) -> None:
         self._active -= 1
@@ -608,18 +678,13 @@ class Executor:
         if self._deferred > self._max_deferred:
             self._max_deferred = self._deferred
         self._events.publish(HealthEventKind.TASK_DEFERRED, handle.task_id)
-        # This worker stays with the parked coroutine; the freed slot needs another.
-        self._workers -= 1
-        if self._queue > len(self._work_lot) and self._workers < self._pool.total:
-            self._spawn_worker()
-        elif self._work_lot and self._pending:
-            self._work_lot.unpark()
+        self._worker_parked()
 
     def _handle_resumed(self, handle: TaskHandle) -> None:
         self._deferred -= 1
         self._active += 1
         self._resumes += 1
-        self._workers += 1
+        self._worker_unparked()
         self._events.publish(HealthEventKind.TASK_RESUMED, handle.task_id)
         self._note_high_water()
 
@@ -765,6 +830,15 @@ class Executor:
             for ref in list(self._taken):
                 self._cancel_ref(ref)
         self._work_lot.unpark_all()
+
+
+def _should_retry(spec: TaskSpec, ref: TaskRef, status: TaskStatus) -> bool:
+    if status is not TaskStatus.FAILED and status is not TaskStatus.TIMED_OUT:
+        return False
+    if ref._attempts > spec.retries or ref._cancel_requested:
+        return False
+    error = ref._error
+    return isinstance(error, spec.retry_on) and not isinstance(error, PermanentError)
 
 
 def _unwrap(completion: TaskCompletion) -> Any:
