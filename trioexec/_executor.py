@@ -586,13 +586,13 @@ class Executor:
                         "error": repr(ref._error),
                     },
                 )
+                ref._error = None
+                status = TaskStatus.CANCELLED  # should the delay be cancelled
                 self._worker_parked()
                 try:
                     await trio.sleep(delay)
                 finally:
                     self._worker_unparked()
-                ref._error = None
-                status = TaskStatus.CANCELLED
         finally:
             token.release()
             self._taken.discard(ref)
