@@ -1,6 +1,7 @@
 """trioexec: a Trio-native task runtime whose tasks give their slot back while they wait."""
 
 from ._admission import Overflow as Overflow
+from ._deterministic import DeterministicExecutor as DeterministicExecutor
 from ._errors import CapacityExceeded as CapacityExceeded
 from ._errors import ExecutorClosed as ExecutorClosed
 from ._errors import PermanentError as PermanentError
@@ -44,6 +45,7 @@ __all__ = [
     "open_executor",
     "Executor",
     "ExecutorConfig",
+    "DeterministicExecutor",
     "TaskRef",
     "Overflow",
     "ShutdownPolicy",

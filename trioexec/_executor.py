@@ -255,7 +255,8 @@ def _describe(fn: Callable[..., Any]) -> str:
 class Executor:
     """The object `open_executor` yields. See `open_executor` for the options."""
 
-    def __init__(self, nursery: trio.Nursery, config: ExecutorConfig) -> None:
+    def __init__(self, nursery: trio.Nursery | None, config: ExecutorConfig) -> None:
+        # nursery=None: no workers; something else (DeterministicExecutor) runs jobs.
         self._nursery = nursery
         self._config = config
         self._capacity = config.capacity
@@ -510,6 +511,8 @@ class Executor:
     # ---------------------------------------------------------------- workers
 
     def _spawn_worker(self) -> None:
+        if self._nursery is None:
+            return
         self._workers += 1
         self._nursery.start_soon(self._worker)
 
