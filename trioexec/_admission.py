@@ -38,11 +38,14 @@ def admit(
     capacity: int,
     policy: Overflow,
     can_wait: bool = True,
+    droppable: int | None = None,
 ) -> Admit:
     """Decide what to do with one more submission.
 
     ``capacity`` bounds pending + active + deferred. ``can_wait`` is False for
-    ``submit_nowait``, where ``BLOCK`` acts as ``REJECT``.
+    ``submit_nowait``, where ``BLOCK`` acts as ``REJECT``. ``droppable`` is how
+    many pending submissions ``DROP_OLDEST`` may drop (those that never started;
+    default: all pending).
     """
     if pending + active + deferred < capacity:
         return Admit.ACCEPT
@@ -55,7 +58,9 @@ def admit(
     if policy is Overflow.DROP_NEWEST:
         return Admit.DROP_NEW
     # DROP_OLDEST needs someone pending to drop; with nothing queued it rejects.
-    return Admit.DROP_OLDEST if pending > 0 else Admit.REJECT
+    if droppable is None:
+        droppable = pending
+    return Admit.DROP_OLDEST if droppable > 0 else Admit.REJECT
 
 
 def rejection_reason(decision: Admit, policy: Overflow) -> str:

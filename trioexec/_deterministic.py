@@ -107,14 +107,19 @@ class DeterministicExecutor:
                 ex.cancel_pending()
                 completions.extend(r.completion for r in cancelled if r.completion)
                 break
+            if len(ex._pending) == ex._stale:
+                break
+            token = SlotToken(ex._pool)
+            await token.reclaim()
             ref = ex._pop_pending()
-            if ref is None:
+            if ref is None:  # cancelled while we took the slot
+                token.release()
                 break
             scope = trio.CancelScope()
             ref._scope = scope
             ex._taken.add(ref)
             with scope:
-                await ex._run(ref, SlotToken(ex._pool), scope)
+                await ex._run(ref, token, scope)
             ran += 1
             completion = ref.completion
             assert completion is not None

@@ -139,9 +139,11 @@ class EventStream:
     async def __anext__(self) -> HealthEvent:
         """Wait for the next event (a checkpoint); StopAsyncIteration once closed and empty."""
         while True:
+            # Like MemoryReceiveChannel: a cancelled read takes nothing.
+            await trio.lowlevel.checkpoint_if_cancelled()
             event = self.get_nowait()
             if event is not None:
-                await trio.lowlevel.checkpoint()
+                await trio.lowlevel.cancel_shielded_checkpoint()
                 return event
             if self._closed:
                 raise StopAsyncIteration

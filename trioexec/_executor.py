@@ -269,15 +269,16 @@ class Executor:
         self._ids = itertools.count(1)
         self._pending: deque[TaskRef] = deque()
         self._stale = 0  # cancelled refs still sitting in _pending
-        self._taken: set[TaskRef] = set()  # popped by a worker: waiting for a slot or running
+        self._taken: set[TaskRef] = set()  # started: running, deferred, or between attempts
         self._work_lot = trio.lowlevel.ParkingLot()  # idle workers
-        self._space_lot = trio.lowlevel.ParkingLot()  # BLOCK submitters
+        self._space_lot = trio.lowlevel.ParkingLot()  # BLOCK submitters, FIFO
+        self._reserved = 0  # freed places handed to woken BLOCK submitters
         self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
         self._workers = 0  # workers not parked in a deferral
         self._closing = False
         self._events = EventStream(config.event_capacity)
         # gauges
-        self._queue = 0  # accepted, not started: in _pending or waiting for a slot
+        self._queue = 0  # accepted and waiting: in _pending, or between attempts
         self._active = 0
         self._deferred = 0
         # counters
@@ -297,6 +298,7 @@ class Executor:
         self._max_inflight = 0
         self._max_outstanding = 0
         self._max_deferred = 0
+        self._pool._listeners.append(self._slots_resized)
 
     # ---------------------------------------------------------------- submission
 
@@ -381,7 +383,11 @@ class Executor:
         if decision is Admit.WAIT:
             while decision is Admit.WAIT:
                 await self._space_lot.park()
-                decision = self._decide(can_wait)
+                # Woken by _finish, which handed us the place it freed (or by
+                # shutdown, which raises below).
+                if self._reserved:
+                    self._reserved -= 1
+                decision = self._decide(can_wait, woken=True)
             self._apply(ref, decision)
         else:
             self._apply(ref, decision)
@@ -430,16 +436,20 @@ class Executor:
             causation_id,
         )
 
-    def _decide(self, can_wait: bool) -> Admit:
+    def _decide(self, can_wait: bool, woken: bool = False) -> Admit:
         if self._closing:
             raise ExecutorClosed("the executor is shutting down; no new submissions")
+        if not woken and self._space_lot:
+            # Blocked submitters are ahead in line: nobody overtakes them.
+            return Admit.WAIT if can_wait else Admit.REJECT
         return admit(
             pending=self._queue,
             active=self._active,
             deferred=self._deferred,
-            capacity=self._capacity,
+            capacity=self._capacity - self._reserved,
             policy=self._overflow,
             can_wait=can_wait,
+            droppable=len(self._pending) - self._stale,
         )
 
     def _apply(self, ref: TaskRef, decision: Admit) -> None:
@@ -447,7 +457,7 @@ class Executor:
             self._enqueue(ref)
         elif decision is Admit.DROP_NEW:
             self._publish_refusal(HealthEventKind.TASK_DROP, ref, "queue_full")
-            self._finish(ref, TaskStatus.DROPPED)
+            self._finish(ref, TaskStatus.DROPPED, freed=False)
         elif decision is Admit.DROP_OLDEST:
             oldest = self._pop_pending()
             assert oldest is not None
@@ -491,6 +501,12 @@ class Executor:
         elif self._workers < self._pool.total:
             self._spawn_worker()
 
+    def _slots_resized(self) -> None:
+        # A larger pool needs workers for queued tasks now, not at the next submit.
+        missing = min(self._pool.total - self._workers, len(self._pending) - self._stale)
+        for _ in range(missing):
+            self._spawn_worker()
+
     def _note_high_water(self) -> None:
         inflight = self._queue + self._active
         if inflight > self._max_inflight:
@@ -518,58 +534,64 @@ class Executor:
 
     async def _worker(self) -> None:
         # One cancel scope serves job after job until one of them is cancelled
-        # (ref.cancel() cancels the scope of the worker running it) or times out;
-        # then the worker takes a fresh scope. Entering a scope per job would be
-        # the largest cost of running a small task.
+        # (ref.cancel() cancels the scope of the worker running it); then the
+        # worker takes a fresh scope. Entering a scope per job would be the
+        # largest cost of running a small task.
+        try:
+            while True:
+                with trio.CancelScope() as scope:
+                    if await self._work(scope):
+                        return
+        finally:
+            self._workers -= 1
+
+    async def _work(self, scope: trio.CancelScope) -> bool:
+        """Run jobs in ``scope`` until it is cancelled (returns False: new scope
+        please) or the worker should stop (returns True).
+
+        A worker queues for a slot *before* it takes a job, so a task is pending
+        exactly while it is in the deque, and queued work and resuming tasks
+        stand in the one FIFO line for slots.
+        """
         token = SlotToken(self._pool)
         try:
             while True:
-                scope = trio.CancelScope()
-                try:
-                    with scope:
-                        if await self._work(scope, token):
-                            return
-                except Exception:
-                    # What a cancelled task's exception group leaves once our
-                    # Cancelled is taken out: the task is already recorded as
-                    # cancelled, with the group as its error.
-                    pass
+                if len(self._pending) == self._stale:
+                    if self._closing:
+                        return True
+                    await self._work_lot.park()
+                    continue
+                if not token._try_reclaim():
+                    await token.reclaim()
+                ref = self._pop_pending()
+                if ref is None:  # taken by another worker or cancelled meanwhile
+                    token.release()
+                    continue
+                ref._scope = scope
+                self._taken.add(ref)
+                job_token = token
+                if ref._info.handle_param is not None:
+                    token = SlotToken(self._pool)  # the held one goes with the handle
+                await self._run(ref, job_token, scope)
+                if scope.cancel_called:
+                    return False
+                if self._workers > self._pool.total:
+                    return True  # over strength after a deferral or a shrink: retire
+                await trio.lowlevel.checkpoint()
         finally:
             token.release()
-            self._workers -= 1
-
-    async def _work(self, scope: trio.CancelScope, token: SlotToken) -> bool:
-        """Run jobs in ``scope`` until it is cancelled (returns False: new scope
-        please) or the worker should stop (returns True)."""
-        while True:
-            ref = self._pop_pending()
-            if ref is None:
-                if self._closing:
-                    return True
-                await self._work_lot.park()
-                continue
-            ref._scope = scope
-            self._taken.add(ref)
-            await self._run(ref, token, scope)
-            if scope.cancel_called:
-                return False
-            if self._workers > self._pool.total:
-                return True  # over strength after a deferral: retire
-            await trio.lowlevel.checkpoint()
 
     async def _run(self, ref: TaskRef, token: SlotToken, scope: trio.CancelScope) -> None:
         """Run one accepted task to its completion: attempts, retries, bookkeeping."""
         info = ref._info
         handle = None
         if info.handle_param is not None:
-            token = SlotToken(self._pool)
             handle = ref._handle = TaskHandle(token, ref.task_id, _observer=self)
+            handle._in_thread = not info.is_async
         spec = ref._fn if isinstance(ref._fn, TaskSpec) else None
         status = TaskStatus.CANCELLED
         try:
-            while True:
-                if not token._try_reclaim():
-                    await token.reclaim()
+            while True:  # the slot is held at the top of each attempt
                 status = await self._attempt(ref, handle)
                 if spec is None or not _should_retry(spec, ref, status):
                     break
@@ -596,12 +618,14 @@ class Executor:
                     await trio.sleep(delay)
                 finally:
                     self._worker_unparked()
+                if not token._try_reclaim():
+                    await token.reclaim()
         finally:
             token.release()
             self._taken.discard(ref)
             if ref._status is TaskStatus.RUNNING:
                 self._active -= 1
-            else:  # cancelled while waiting for a slot or a retry
+            else:  # cancelled between attempts
                 self._queue -= 1
             if not ref.done:
                 self._finish(ref, status)
@@ -641,9 +665,15 @@ class Executor:
         except Exception as exc:
             ref._error = exc
             return TaskStatus.FAILED
-        except BaseExceptionGroup as group:  # holds a Cancelled: keep the rest on record
+        except BaseExceptionGroup as group:
+            # Holds a Cancelled: keep the whole group on record, and let only the
+            # cancellation travel on, so the task's own errors never escape into
+            # the executor's nursery.
             ref._error = group
-            raise
+            cancelled, _ = group.split(trio.Cancelled)
+            if cancelled is None:
+                raise
+            raise cancelled from None
         finally:
             _current_ref.reset(reset)
             if budget is not None:
@@ -675,6 +705,9 @@ class Executor:
         self._workers += 1
 
     def _handle_deferred(self, handle: TaskHandle) -> None:
+        if handle._in_thread:
+            # The deferred task's thread is blocked: lend its thread token out.
+            self._thread_limiter.total_tokens += 1
         self._active -= 1
         self._deferred += 1
         self._deferrals += 1
@@ -684,6 +717,8 @@ class Executor:
         self._worker_parked()
 
     def _handle_resumed(self, handle: TaskHandle) -> None:
+        if handle._in_thread:
+            self._thread_limiter.total_tokens -= 1
         self._deferred -= 1
         self._active += 1
         self._resumes += 1
@@ -693,7 +728,12 @@ class Executor:
 
     # ---------------------------------------------------------------- completion
 
-    def _finish(self, ref: TaskRef, status: TaskStatus) -> None:
+    def _finish(self, ref: TaskRef, status: TaskStatus, *, freed: bool = True) -> None:
+        """Record the one completion of ``ref`` and wake whoever waits on it.
+
+        ``freed``: the task counted against capacity until now (False only for a
+        submission dropped on arrival).
+        """
         ref._status = status
         ref._finished_at = time.time()
         if status is TaskStatus.COMPLETED:
@@ -702,26 +742,28 @@ class Executor:
             self._failed += 1
         elif status is TaskStatus.CANCELLED:
             self._cancelled += 1
+            if ref._cancel_requested:
+                self._cancels_observed += 1
         elif status is TaskStatus.TIMED_OUT:
             self._timed_out += 1
         else:
             self._dropped += 1
+        done = ref._done
+        if done is not None:
+            done.set()
+        if freed and self._space_lot:
+            # Hand the freed place to the longest-waiting BLOCK submitter.
+            self._space_lot.unpark()
+            self._reserved += 1
+        if self._idle_lot and self._is_idle():
+            self._idle_lot.unpark_all()
         if status is TaskStatus.FAILED or status is TaskStatus.TIMED_OUT:
             self._events.publish(
                 HealthEventKind.TASK_FAILED,
                 ref.task_id,
                 reason=status.value,
-                attributes={"error": repr(ref._error), "name": ref.name},
+                attributes={"error": _safe_repr(ref._error), "name": ref.name},
             )
-        if status is TaskStatus.CANCELLED and ref._cancel_requested:
-            self._cancels_observed += 1
-        done = ref._done
-        if done is not None:
-            done.set()
-        if self._space_lot:  # capacity counts this task until now
-            self._space_lot.unpark()
-        if self._idle_lot and self._is_idle():
-            self._idle_lot.unpark_all()
 
     def _is_idle(self) -> bool:
         return self._queue == 0 and self._active == 0 and self._deferred == 0
@@ -750,7 +792,8 @@ class Executor:
     def cancel_pending(self) -> int:
         """End every task that has not started yet as ``CANCELLED``; return how many.
 
-        Never blocks. Running and deferred tasks are not touched.
+        Never blocks. Running and deferred tasks, and tasks waiting between
+        attempts, are not touched.
         """
         count = 0
         while (ref := self._pop_pending()) is not None:
@@ -760,11 +803,6 @@ class Executor:
             self._finish(ref, TaskStatus.CANCELLED)
             count += 1
         self._stale = 0
-        for ref in [r for r in self._taken if r._status is TaskStatus.PENDING]:
-            self._cancel_ref(ref)  # a worker holds it, waiting for a slot
-            count += 1
-        if self._space_lot:
-            self._space_lot.unpark_all()
         return count
 
     # ---------------------------------------------------------------- idle, stats, shutdown
@@ -827,12 +865,20 @@ class Executor:
     def _begin_shutdown(self, policy: ShutdownPolicy) -> None:
         self._closing = True
         self._space_lot.unpark_all()  # BLOCKed submitters see ExecutorClosed
+        self._reserved = 0
         if policy is not ShutdownPolicy.DRAIN:
             self.cancel_pending()
         if policy is ShutdownPolicy.CANCEL:
             for ref in list(self._taken):
                 self._cancel_ref(ref)
         self._work_lot.unpark_all()
+
+
+def _safe_repr(obj: object) -> str:
+    try:
+        return repr(obj)
+    except Exception as exc:  # a user exception with a broken __repr__
+        return f"<unrepresentable {type(obj).__name__}: {type(exc).__name__}>"
 
 
 def _should_retry(spec: TaskSpec, ref: TaskRef, status: TaskStatus) -> bool:
@@ -905,7 +951,11 @@ async def open_executor(
                 raise
             finally:
                 nursery.start_soon(_close_events_when_done, ex)
-            await ex.shutdown()
+            try:
+                await ex.shutdown()
+            except BaseException:  # e.g. cancelled from outside while draining
+                ex._begin_shutdown(ShutdownPolicy.CANCEL)
+                raise
     except BaseExceptionGroup as group:
         _raise_single(group)
         raise

@@ -124,6 +124,7 @@ class TaskHandle:
         "_cancel_requested",
         "_deferred_at",
         "_deferred_seconds",
+        "_in_thread",
         "_observer",
         "_slot",
         "_sub_status",
@@ -145,6 +146,7 @@ class TaskHandle:
         self._cancel_requested = False
         self._deferred_at = 0.0
         self._deferred_seconds = 0.0
+        self._in_thread = False  # set by the executor for sync tasks in worker threads
 
     @property
     def task_id(self) -> str:
@@ -158,8 +160,9 @@ class TaskHandle:
 
     @property
     def sub_status(self) -> SubStatus:
-        """`SubStatus.ACTIVE` while holding (or queueing for) a slot, `SubStatus.DEFERRED`
-        while waiting in `defer_until` without one."""
+        """`SubStatus.DEFERRED` from the moment `defer_until` gives the slot back
+        until it holds one again (queueing to reclaim included); otherwise
+        `SubStatus.ACTIVE`."""
         return self._sub_status
 
     @property

@@ -8,6 +8,7 @@ for the first time and tasks resuming after a deferral stand in the same line.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import final
 
@@ -31,11 +32,13 @@ class SlotPool:
             ...  # runs holding one of the four slots
     """
 
-    __slots__ = ("_limiter",)
+    __slots__ = ("_limiter", "_listeners")
 
     def __init__(self, total: int) -> None:
         _check_total(total)
         self._limiter = trio.CapacityLimiter(total)
+        # Told (synchronously) after every resize; the executor starts workers.
+        self._listeners: list[Callable[[], None]] = []
 
     @property
     def limiter(self) -> trio.CapacityLimiter:
@@ -56,6 +59,8 @@ class SlotPool:
     def total(self, new_total: int) -> None:
         _check_total(new_total)
         self._limiter.total_tokens = new_total
+        for listener in self._listeners:
+            listener()
 
     @property
     def in_use(self) -> int:
@@ -90,9 +95,9 @@ class SlotPool:
 
 
 def _check_total(total: int) -> None:
-    if isinstance(total, bool) or not isinstance(total, int):
+    if isinstance(total, bool) or not isinstance(total, int | float):
         raise TypeError(f"slot total must be an int, got {total!r}")
-    if total < 1:
+    if not isinstance(total, int) or total < 1:
         raise ValueError(f"slot total must be >= 1, got {total!r}")
 
 
