@@ -8,7 +8,7 @@ policies, retries, timeouts, budgets, metrics and events behave as in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, final
 
 import trio
@@ -19,6 +19,7 @@ from ._executor import Executor, ExecutorConfig, ShutdownPolicy, TaskRef
 from ._metrics import ExecutorMetrics
 from ._records import TaskCompletion, TaskStatus
 from ._slots import SlotToken
+from ._spec import collect_specs
 
 
 @final
@@ -45,7 +46,7 @@ class DeterministicExecutor:
         store: object = None,
         event_capacity: int = 1024,
         task_budget: float | None = None,
-        tasks: object = (),
+        tasks: Iterable[object] = (),
         recover: bool = False,
         lease: float = 30.0,
         max_recovery_attempts: int = 3,
@@ -61,7 +62,8 @@ class DeterministicExecutor:
         )
         if store is not None or recover:
             raise NotImplementedError("stores and recovery arrive with the persistence layer")
-        del tasks, lease, max_recovery_attempts
+        collect_specs(tasks)  # validated now; recovery will use them
+        del lease, max_recovery_attempts
         self._ex = Executor(None, config)
 
     def submit_nowait(

@@ -39,7 +39,7 @@ from ._handle import TaskHandle
 from ._metrics import ExecutorMetrics
 from ._records import SubStatus, TaskCompletion, TaskStatus
 from ._slots import SlotPool, SlotToken
-from ._spec import CallInfo, TaskSpec, call_info
+from ._spec import CallInfo, TaskSpec, call_info, collect_specs
 
 
 class ShutdownPolicy(enum.StrEnum):
@@ -940,7 +940,8 @@ async def open_executor(
     )
     if store is not None or recover:
         raise NotImplementedError("stores and recovery arrive with the persistence layer")
-    del tasks, lease, max_recovery_attempts
+    collect_specs(tasks)  # validated now; recovery will use them
+    del lease, max_recovery_attempts
     try:
         async with trio.open_nursery() as nursery:
             ex = Executor(nursery, config)

@@ -340,3 +340,20 @@ def task(
         return _make_spec(f, options)
 
     return decorate
+
+
+def collect_specs(items: Iterable[object]) -> dict[str, TaskSpec]:
+    """Index the specs a caller hands over (the executor's ``tasks=``) by id.
+
+    Raises:
+      TaskDefinitionError: for a duplicate id (naming it) or an item that is not
+        a `TaskSpec`.
+    """
+    specs: dict[str, TaskSpec] = {}
+    for item in items:
+        if not isinstance(item, TaskSpec):
+            raise TaskDefinitionError(f"tasks= takes TaskSpecs made with @task, got {item!r}")
+        if item.id in specs:
+            raise TaskDefinitionError(f"duplicate task id {item.id!r} in tasks=")
+        specs[item.id] = item
+    return specs
