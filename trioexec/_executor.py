@@ -299,6 +299,8 @@ class Executor:
         self._max_outstanding = 0
         self._max_deferred = 0
         self._pool._listeners.append(self._slots_resized)
+        self._last_fn: object = None
+        self._last_info = CallInfo(True, None)
 
     # ---------------------------------------------------------------- submission
 
@@ -409,7 +411,11 @@ class Executor:
             raise ExecutorClosed("the executor is shutting down; no new submissions")
         if not callable(fn):
             raise TypeError(f"submit needs a callable, got {fn!r}")
-        info = call_info(fn)
+        if fn is self._last_fn:  # producers tend to submit one function many times
+            info = self._last_info
+        else:
+            info = self._last_info = call_info(fn)
+            self._last_fn = fn
         if isinstance(fn, TaskSpec):
             timeout = fn.timeout if timeout is None else timeout
             budget = fn.budget if budget is None else budget
@@ -439,6 +445,11 @@ class Executor:
     def _decide(self, can_wait: bool, woken: bool = False) -> Admit:
         if self._closing:
             raise ExecutorClosed("the executor is shutting down; no new submissions")
+        if (
+            self._queue + self._active + self._deferred < self._capacity - self._reserved
+            and not self._space_lot
+        ):
+            return Admit.ACCEPT  # the common case, without the general decision
         if not woken and self._space_lot:
             # Blocked submitters are ahead in line: nobody overtakes them.
             return Admit.WAIT if can_wait else Admit.REJECT
