@@ -171,7 +171,8 @@ async def main() -> None:
     block = by_policy[Overflow.BLOCK]
     assert block.stats.queued_count == block.stats.completed_count == JOBS, block.stats
     assert block.stats.rejected_count == block.stats.dropped_count == 0, block.stats
-    assert not block.raised and not block.events, (block.raised, block.events)
+    assert not block.raised, block.raised
+    assert not block.events, block.events
     # Slowed to the executor's pace: 30 jobs, 2 at a time, 10 ms each.
     assert block.producer_seconds >= (JOBS - CAPACITY) / SLOTS * WORK * 0.9, block
 
@@ -181,7 +182,8 @@ async def main() -> None:
     ]:
         o = by_policy[policy]
         s = o.stats
-        assert s.rejected_count > 0 and s.dropped_count == 0, (policy, s)
+        assert s.rejected_count > 0, (policy, s)
+        assert s.dropped_count == 0, (policy, s)
         assert s.completed_count == s.queued_count == JOBS - s.rejected_count, (policy, s)
         assert o.raised == Counter({error: s.rejected_count}), (policy, o.raised)
         assert [(e.kind, e.reason) for e in o.events] == [
@@ -191,7 +193,8 @@ async def main() -> None:
 
     newest = by_policy[Overflow.DROP_NEWEST]
     s = newest.stats
-    assert s.dropped_count > 0 and s.rejected_count == 0, s
+    assert s.dropped_count > 0, s
+    assert s.rejected_count == 0, s
     assert s.completed_count == s.queued_count == JOBS - s.dropped_count, s
     # The queue kept the oldest work: the first jobs ran, the later ones were dropped.
     ran = [n for n, st in newest.statuses.items() if st is TaskStatus.COMPLETED]
@@ -199,11 +202,13 @@ async def main() -> None:
 
     oldest = by_policy[Overflow.DROP_OLDEST]
     s = oldest.stats
-    assert s.dropped_count > 0 and s.rejected_count == 0, s
+    assert s.dropped_count > 0, s
+    assert s.rejected_count == 0, s
     assert s.queued_count == JOBS, s  # each new one was queued ...
     assert s.completed_count == JOBS - s.dropped_count, s  # ... at an older one's expense
     # The queue kept the newest work: the last QUEUE jobs ran (plus those already running).
-    assert all(oldest.statuses[n] is TaskStatus.COMPLETED for n in range(JOBS - QUEUE + 1, JOBS + 1))
+    last = range(JOBS - QUEUE + 1, JOBS + 1)
+    assert all(oldest.statuses[n] is TaskStatus.COMPLETED for n in last), oldest.statuses
     for o in (newest, oldest):
         assert not o.raised, o.raised
         assert [e.kind for e in o.events] == [trioexec.HealthEventKind.TASK_DROP], o.events
