@@ -109,7 +109,7 @@ async def test_full_executor(policy, nowait, exc, new_status, oldest_status, kin
         assert ev.policy is policy
         assert ev.reason == reason
         assert ev.attributes == {
-            "pending_depth": 1 if kind == "task_reject" or new_status is TaskStatus.DROPPED else 0,
+            "pending_depth": 1,  # the counts as the refusal found them
             "active_count": 1,
             "deferred_count": 0,
             "capacity": 2,

@@ -472,8 +472,8 @@ class Executor:
         elif decision is Admit.DROP_OLDEST:
             oldest = self._pop_pending()
             assert oldest is not None
-            self._queue -= 1
             self._publish_refusal(HealthEventKind.TASK_DROP, oldest, "queue_full")
+            self._queue -= 1
             self._finish(oldest, TaskStatus.DROPPED)
             self._enqueue(ref)
         else:
