@@ -21,6 +21,7 @@ from ._executor import TaskRef as TaskRef
 from ._executor import open_executor as open_executor
 from ._handle import TaskHandle as TaskHandle
 from ._metrics import ExecutorMetrics as ExecutorMetrics
+from ._records import ExecutionRecord as ExecutionRecord
 from ._records import SubStatus as SubStatus
 from ._records import TaskCompletion as TaskCompletion
 from ._records import TaskStatus as TaskStatus
@@ -29,6 +30,9 @@ from ._slots import SlotToken as SlotToken
 from ._spec import Backoff as Backoff
 from ._spec import TaskSpec as TaskSpec
 from ._spec import task as task
+from ._store import MemoryStore as MemoryStore
+from ._store import SQLiteStore as SQLiteStore
+from ._store import Store as Store
 
 __version__ = "0.1.0.dev0"
 
@@ -56,6 +60,11 @@ __all__ = [
     "TaskStatus",
     "SubStatus",
     "TaskCompletion",
+    "ExecutionRecord",
+    # persistence
+    "Store",
+    "MemoryStore",
+    "SQLiteStore",
     # errors
     "TrioexecError",
     "TaskDefinitionError",

@@ -56,3 +56,36 @@ class TaskCompletion:
     def ok(self) -> bool:
         """True when the task returned normally."""
         return self.status is TaskStatus.COMPLETED
+
+
+@attrs.frozen(kw_only=True)
+class ExecutionRecord:
+    """One execution as a store has it (see `Store.executions`).
+
+    Times are wall-clock Unix seconds from the store's clock. ``sub_status`` is set
+    only while ``status`` is RUNNING. ``lease_expires_at`` is the owner's lease
+    (one lease per executor, renewed by its heartbeat).
+    """
+
+    task_id: str
+    name: str
+    run_id: str | None = None
+    status: TaskStatus = TaskStatus.PENDING
+    sub_status: SubStatus | None = None
+    attempt: int = 0
+    recovery_attempts: int = 0
+    owner: str | None = None
+    lease_expires_at: float | None = None
+    version: int = 1
+    submitted_at: float | None = None
+    started_at: float | None = None
+    finished_at: float | None = None
+    deferred_since: float | None = None
+    error: str | None = None
+    spec_id: str | None = None
+    args: str | None = None  # JSON array of the arguments; None if they were not JSON
+
+    @property
+    def recreatable(self) -> bool:
+        """True if recovery can run it again: a registered spec id and JSON arguments."""
+        return self.spec_id is not None and self.args is not None

@@ -1,0 +1,107 @@
+"""The `Store` seam: the few synchronous operations the executor needs, and the
+change records it hands over in batches (group commit)."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import attrs
+
+from .._records import ExecutionRecord, SubStatus, TaskStatus
+
+# A change is a plain tuple, cheap to build on the hot path:
+#   ("submit", task_id, version, name, run_id, spec_id, args, owner, submitted_at)
+#   ("start", task_id, version, attempt, started_at)
+#   ("sub", task_id, version, sub_status, deferred_since)     sub_status: SubStatus
+#   ("retry", task_id, version, error)                         back to pending
+#   ("finish", task_id, version, status, finished_at, error)   status: TaskStatus
+Change = tuple[object, ...]
+
+LIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
+
+
+@attrs.frozen
+class Recovery:
+    """What one recovery pass did."""
+
+    claimed: list[ExecutionRecord]  #: now ours (pending, version bumped): run them again
+    orphaned: list[ExecutionRecord]  #: failed 'orphaned': cannot be re-created
+    abandoned: list[ExecutionRecord]  #: failed 'abandoned': recovered too often
+
+
+class Store(Protocol):
+    """What an executor needs from a store. All calls are synchronous and short."""
+
+    clock: Callable[[], float]
+
+    @property
+    def inline(self) -> bool:
+        """True: call from the Trio thread (no worker thread; autojump-friendly)."""
+        ...
+
+    def write(self, changes: Sequence[Change]) -> list[str]:
+        """Apply ``changes`` in order, in one transaction. Returns the task ids whose
+        change was fenced out (their version moved on: another owner has them)."""
+        ...
+
+    def heartbeat(self, owner: str, lease_expires_at: float) -> None:
+        """Create or renew ``owner``'s one lease."""
+        ...
+
+    def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
+        """Of ``live`` (task id -> version this owner runs), those no longer ours."""
+        ...
+
+    def recover(
+        self,
+        owner: str,
+        now: float,
+        recreatable: Callable[[ExecutionRecord], bool],
+        max_recovery_attempts: int,
+    ) -> Recovery:
+        """Atomically claim the live executions of owners whose lease expired before
+        ``now``: the re-creatable ones become ``owner``'s (pending, version + 1,
+        ``recovery_attempts`` + 1), the rest fail ``orphaned``; past
+        ``max_recovery_attempts`` they fail ``abandoned``. Never touches finished rows."""
+        ...
+
+    def release_owner(self, owner: str) -> None:
+        """Forget ``owner``'s lease (a clean shutdown)."""
+        ...
+
+    def executions(
+        self,
+        *,
+        status: TaskStatus | str | None = None,
+        sub_status: SubStatus | str | None = None,
+        deferred_longer_than: float | datetime.timedelta | None = None,
+        run_id: str | None = None,
+    ) -> list[ExecutionRecord]:
+        """Executions matching every given filter, oldest submission first."""
+        ...
+
+    def execution(self, task_id: str) -> ExecutionRecord | None:
+        """One execution, or None."""
+        ...
+
+    def close(self) -> None:
+        """Release the store's resources; idempotent."""
+        ...
+
+
+def seconds(value: float | datetime.timedelta) -> float:
+    """``deferred_longer_than`` as float seconds."""
+    if isinstance(value, datetime.timedelta):
+        return value.total_seconds()
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"deferred_longer_than must be seconds or a timedelta, got {value!r}")
+    return float(value)
+
+
+def abandoned_error(attempts: int) -> str:
+    return f"abandoned after {attempts} recovery attempts (owner lease expired each time)"
+
+
+ORPHANED = "orphaned: its owner's lease expired and it cannot be re-created"

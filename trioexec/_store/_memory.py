@@ -1,0 +1,195 @@
+"""`MemoryStore`: the store contract kept in dicts. Nothing on disk; same answers
+as `SQLiteStore` (a state-machine test holds them side by side)."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, final
+
+from .._records import ExecutionRecord, SubStatus, TaskStatus
+from ._base import LIVE, ORPHANED, Change, Recovery, abandoned_error, seconds
+
+
+@final
+class MemoryStore:
+    """An in-memory store: for tests, and for executors that only want the
+    recording (sub-status, queries) without a file.
+
+    Args:
+      clock: the wall clock for persisted times (``trioexec.testing.FakeWallClock``
+        follows Trio's mock clock).
+    """
+
+    inline = True
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self.clock = clock
+        self._rows: dict[str, dict[str, Any]] = {}
+        self._owners: dict[str, float] = {}
+        self._closed = False
+
+    def write(self, changes: Sequence[Change]) -> list[str]:
+        fenced: list[str] = []
+        rows = self._rows
+        for change in changes:
+            kind, task_id, version = change[0], change[1], change[2]
+            assert isinstance(task_id, str)
+            if kind == "submit":
+                if task_id in rows:
+                    fenced.append(task_id)
+                    continue
+                _, _, _, name, run_id, spec_id, args, owner, submitted_at = change
+                rows[task_id] = {
+                    "task_id": task_id,
+                    "name": name,
+                    "run_id": run_id,
+                    "status": TaskStatus.PENDING,
+                    "sub_status": None,
+                    "attempt": 0,
+                    "recovery_attempts": 0,
+                    "owner": owner,
+                    "version": version,
+                    "submitted_at": submitted_at,
+                    "started_at": None,
+                    "finished_at": None,
+                    "deferred_since": None,
+                    "error": None,
+                    "spec_id": spec_id,
+                    "args": args,
+                }
+                continue
+            row = rows.get(task_id)
+            if row is None or row["version"] != version or row["status"] not in LIVE:
+                fenced.append(task_id)
+                continue
+            if kind == "start":
+                row["status"] = TaskStatus.RUNNING
+                row["sub_status"] = SubStatus.ACTIVE
+                row["attempt"] = change[3]
+                if row["started_at"] is None:
+                    row["started_at"] = change[4]
+            elif kind == "sub":
+                row["sub_status"] = change[3]
+                row["deferred_since"] = change[4]
+            elif kind == "retry":
+                row["status"] = TaskStatus.PENDING
+                row["sub_status"] = None
+                row["deferred_since"] = None
+                row["error"] = change[3]
+            elif kind == "finish":
+                row["status"] = change[3]
+                row["sub_status"] = None
+                row["deferred_since"] = None
+                row["finished_at"] = change[4]
+                row["error"] = change[5]
+            else:  # pragma: no cover - a bug in the executor
+                raise ValueError(f"unknown change {change!r}")
+        return fenced
+
+    def heartbeat(self, owner: str, lease_expires_at: float) -> None:
+        self._owners[owner] = lease_expires_at
+
+    def release_owner(self, owner: str) -> None:
+        self._owners.pop(owner, None)
+
+    def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
+        lost = []
+        for task_id, version in live.items():
+            row = self._rows.get(task_id)
+            if row is None:
+                continue  # not flushed yet: cannot have been taken
+            if row["owner"] != owner or row["version"] != version:
+                lost.append(task_id)
+        return lost
+
+    def recover(
+        self,
+        owner: str,
+        now: float,
+        recreatable: Callable[[ExecutionRecord], bool],
+        max_recovery_attempts: int,
+    ) -> Recovery:
+        claimed, orphaned, abandoned = [], [], []
+        for row in self._rows.values():
+            if row["status"] not in LIVE or row["owner"] == owner:
+                continue
+            lease = self._owners.get(row["owner"])
+            if lease is not None and lease >= now:
+                continue
+            record = self._record(row)
+            if row["recovery_attempts"] >= max_recovery_attempts:
+                self._fail(row, now, abandoned_error(row["recovery_attempts"]))
+                abandoned.append(self._record(row))
+            elif not recreatable(record):
+                self._fail(row, now, ORPHANED)
+                orphaned.append(self._record(row))
+            else:
+                row.update(
+                    owner=owner,
+                    version=row["version"] + 1,
+                    status=TaskStatus.PENDING,
+                    sub_status=None,
+                    deferred_since=None,
+                    recovery_attempts=row["recovery_attempts"] + 1,
+                )
+                claimed.append(self._record(row))
+        return Recovery(claimed, orphaned, abandoned)
+
+    @staticmethod
+    def _fail(row: dict[str, Any], now: float, error: str) -> None:
+        row.update(
+            status=TaskStatus.FAILED,
+            sub_status=None,
+            deferred_since=None,
+            finished_at=now,
+            error=error,
+        )
+
+    def executions(
+        self,
+        *,
+        status: TaskStatus | str | None = None,
+        sub_status: SubStatus | str | None = None,
+        deferred_longer_than: float | datetime.timedelta | None = None,
+        run_id: str | None = None,
+    ) -> list[ExecutionRecord]:
+        want_status = None if status is None else TaskStatus(status)
+        want_sub = None if sub_status is None else SubStatus(sub_status)
+        cutoff = None
+        if deferred_longer_than is not None:
+            cutoff = self.clock() - seconds(deferred_longer_than)
+        out = []
+        for row in self._rows.values():
+            if want_status is not None and row["status"] is not want_status:
+                continue
+            if want_sub is not None and row["sub_status"] is not want_sub:
+                continue
+            if cutoff is not None and (
+                row["sub_status"] is not SubStatus.DEFERRED or row["deferred_since"] > cutoff
+            ):
+                continue
+            if run_id is not None and row["run_id"] != run_id:
+                continue
+            out.append(self._record(row))
+        return out
+
+    def execution(self, task_id: str) -> ExecutionRecord | None:
+        row = self._rows.get(task_id)
+        return None if row is None else self._record(row)
+
+    def _record(self, row: dict[str, Any]) -> ExecutionRecord:
+        return ExecutionRecord(**row, lease_expires_at=self._owners.get(row["owner"]))
+
+    def close(self) -> None:
+        self._closed = True
+
+    def __enter__(self) -> MemoryStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<MemoryStore {len(self._rows)} executions>"

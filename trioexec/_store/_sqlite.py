@@ -1,0 +1,421 @@
+"""`SQLiteStore`: executions in a SQLite file (WAL), schema by sqlite-utils migrations.
+
+The only module that imports ``sqlite3``/``sqlite_utils``. Every ``sqlite3.Error``
+becomes a `StoreError` naming the file, here and nowhere else.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import sqlite3
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, final
+
+import sqlite_utils
+from sqlite_utils.migrations import Migrations
+
+from .._errors import StoreError
+from .._records import ExecutionRecord, SubStatus, TaskStatus
+from ._base import ORPHANED, Change, Recovery, abandoned_error, seconds
+
+SCHEMA_VERSION = 1
+MIGRATIONS = Migrations("trioexec")
+
+
+@MIGRATIONS(name="0001_initial")
+def _initial(db: sqlite_utils.Database) -> None:
+    db["trioexec_meta"].create({"key": str, "value": str}, pk="key")  # type: ignore[union-attr]
+    db["executions"].create(  # type: ignore[union-attr]
+        {
+            "task_id": str,
+            "name": str,
+            "run_id": str,
+            "status": str,
+            "sub_status": str,
+            "attempt": int,
+            "recovery_attempts": int,
+            "owner": str,
+            "version": int,
+            "submitted_at": float,
+            "started_at": float,
+            "finished_at": float,
+            "deferred_since": float,
+            "error": str,
+            "spec_id": str,
+            "args": str,
+        },
+        pk="task_id",
+        not_null={"name", "status", "attempt", "recovery_attempts", "version"},
+        defaults={"attempt": 0, "recovery_attempts": 0, "version": 1},
+    )
+    db["owners"].create({"owner": str, "lease_expires_at": float}, pk="owner")  # type: ignore[union-attr]
+    db.execute("CREATE INDEX executions_status ON executions (status, owner)")
+    db.execute(
+        "CREATE INDEX executions_deferred ON executions (sub_status, deferred_since)"
+        " WHERE sub_status IS NOT NULL"
+    )
+    db.execute("CREATE INDEX executions_run ON executions (run_id) WHERE run_id IS NOT NULL")
+    db.execute(
+        "INSERT INTO trioexec_meta (key, value) VALUES ('schema_version', ?)",
+        [str(SCHEMA_VERSION)],
+    )
+
+
+_COLUMNS = (
+    "e.task_id, e.name, e.run_id, e.status, e.sub_status, e.attempt, e.recovery_attempts,"
+    " e.owner, o.lease_expires_at, e.version, e.submitted_at, e.started_at, e.finished_at,"
+    " e.deferred_since, e.error, e.spec_id, e.args"
+)
+_SELECT = f"SELECT {_COLUMNS} FROM executions e LEFT JOIN owners o ON o.owner = e.owner"
+
+
+def _record(row: tuple[Any, ...]) -> ExecutionRecord:
+    return ExecutionRecord(
+        task_id=row[0],
+        name=row[1],
+        run_id=row[2],
+        status=TaskStatus(row[3]),
+        sub_status=None if row[4] is None else SubStatus(row[4]),
+        attempt=row[5],
+        recovery_attempts=row[6],
+        owner=row[7],
+        lease_expires_at=row[8],
+        version=row[9],
+        submitted_at=row[10],
+        started_at=row[11],
+        finished_at=row[12],
+        deferred_since=row[13],
+        error=row[14],
+        spec_id=row[15],
+        args=row[16],
+    )
+
+
+@final
+class SQLiteStore:
+    """Executions in a SQLite file, shared safely by several processes.
+
+    WAL journal, ``synchronous=NORMAL`` (a commit survives a crash of the process;
+    the last commits before a power cut may not), ``busy_timeout`` 10 s. The schema is
+    created or migrated on open.
+
+    Args:
+      path: the database file (created if missing).
+      clock: the wall clock for persisted times.
+      inline: write from the Trio thread instead of a worker thread. For tests
+        under Trio's autojump clock, where threads would stall virtual time.
+
+    Raises:
+      StoreError: naming the path, if the file is corrupt, not a SQLite database,
+        a SQLite database that is not trioexec's ("foreign"), written by a newer
+        trioexec, or cannot be opened (for example a read-only directory).
+
+    Example::
+
+        with trioexec.SQLiteStore("runs.db") as store:
+            async with trioexec.open_executor(store=store) as ex:
+                ...
+            print(store.executions(sub_status="deferred"))
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        clock: Callable[[], float] = time.time,
+        inline: bool = False,
+    ) -> None:
+        self.path = os.fspath(path)
+        self.clock = clock
+        self.inline = inline
+        self._write_conn: sqlite3.Connection | None = None
+        self._read_conn: sqlite3.Connection | None = None
+        with self._errors("cannot open"):
+            self._write_conn = self._connect()
+            self._write_conn.execute("PRAGMA journal_mode=WAL")
+            self._migrate(sqlite_utils.Database(self._write_conn))
+            self._read_conn = self._connect()
+
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(
+            self.path, check_same_thread=False, isolation_level=None, timeout=10.0
+        )
+        conn.execute("PRAGMA synchronous=NORMAL")
+        return conn
+
+    def _migrate(self, db: sqlite_utils.Database) -> None:
+        conn = db.conn
+        conn.execute("BEGIN IMMEDIATE")  # two processes opening a new file: one migrates
+        try:
+            tables = set(db.table_names())
+            if tables and "trioexec_meta" not in tables:
+                shown = ", ".join(sorted(tables)[:5])
+                raise StoreError(
+                    f"{self.path}: not a trioexec database (it has tables {shown}, "
+                    "but no trioexec schema); refusing to touch it"
+                )
+            if "trioexec_meta" in tables:
+                row = conn.execute(
+                    "SELECT value FROM trioexec_meta WHERE key = 'schema_version'"
+                ).fetchone()
+                found = int(row[0]) if row else 0
+                if found > SCHEMA_VERSION:
+                    raise StoreError(
+                        f"{self.path}: written by a newer trioexec (schema version {found}; "
+                        f"this trioexec knows up to {SCHEMA_VERSION})"
+                    )
+                known = {m.name for m in MIGRATIONS._migrations}
+                unknown = {m.name for m in MIGRATIONS.applied(db)} - known
+                if unknown:
+                    raise StoreError(
+                        f"{self.path}: written by a newer trioexec "
+                        f"(unknown migrations {sorted(unknown)})"
+                    )
+            MIGRATIONS.apply(db)
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            raise
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except StoreError:
+            self._close_quietly()
+            raise
+        except sqlite3.DatabaseError as exc:
+            self._close_quietly()
+            message = str(exc)
+            if "not a database" in message or "malformed" in message:
+                raise StoreError(
+                    f"{self.path}: not a usable SQLite database (corrupt?): {message}"
+                ) from None
+            raise StoreError(f"{self.path}: {doing}: {message}") from None
+
+    @contextlib.contextmanager
+    def _using(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreError(f"{self.path}: {doing}: {exc}") from None
+
+    def _close_quietly(self) -> None:
+        for conn in (self._write_conn, self._read_conn):
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+        self._write_conn = self._read_conn = None
+
+    @property
+    def _w(self) -> sqlite3.Connection:
+        if self._write_conn is None:
+            raise StoreError(f"{self.path}: the store is closed")
+        return self._write_conn
+
+    @property
+    def _r(self) -> sqlite3.Connection:
+        if self._read_conn is None:
+            raise StoreError(f"{self.path}: the store is closed")
+        return self._read_conn
+
+    @contextlib.contextmanager
+    def _transaction(self, doing: str) -> Iterator[sqlite3.Connection]:
+        conn = self._w
+        with self._using(doing):
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
+
+    # ------------------------------------------------------------------ writes
+
+    def write(self, changes: Sequence[Change]) -> list[str]:
+        fenced: list[str] = []
+        with self._transaction("write") as conn:
+            for change in changes:
+                kind, task_id, version = change[0], change[1], change[2]
+                if kind == "submit":
+                    _, _, _, name, run_id, spec_id, args, owner, submitted_at = change
+                    cur = conn.execute(
+                        "INSERT OR IGNORE INTO executions (task_id, name, run_id, status,"
+                        " owner, version, submitted_at, spec_id, args)"
+                        " VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
+                        (task_id, name, run_id, owner, version, submitted_at, spec_id, args),
+                    )
+                elif kind == "start":
+                    cur = conn.execute(
+                        "UPDATE executions SET status = 'running', sub_status = 'active',"
+                        " attempt = ?, started_at = coalesce(started_at, ?)"
+                        " WHERE task_id = ? AND version = ? AND status IN ('pending', 'running')",
+                        (change[3], change[4], task_id, version),
+                    )
+                elif kind == "sub":
+                    cur = conn.execute(
+                        "UPDATE executions SET sub_status = ?, deferred_since = ?"
+                        " WHERE task_id = ? AND version = ? AND status IN ('pending', 'running')",
+                        (_value(change[3]), change[4], task_id, version),
+                    )
+                elif kind == "retry":
+                    cur = conn.execute(
+                        "UPDATE executions SET status = 'pending', sub_status = NULL,"
+                        " deferred_since = NULL, error = ?"
+                        " WHERE task_id = ? AND version = ? AND status IN ('pending', 'running')",
+                        (change[3], task_id, version),
+                    )
+                elif kind == "finish":
+                    cur = conn.execute(
+                        "UPDATE executions SET status = ?, sub_status = NULL,"
+                        " deferred_since = NULL, finished_at = ?, error = ?"
+                        " WHERE task_id = ? AND version = ? AND status IN ('pending', 'running')",
+                        (_value(change[3]), change[4], change[5], task_id, version),
+                    )
+                else:  # pragma: no cover - a bug in the executor
+                    raise ValueError(f"unknown change {change!r}")
+                if cur.rowcount != 1:
+                    fenced.append(str(task_id))
+        return fenced
+
+    def heartbeat(self, owner: str, lease_expires_at: float) -> None:
+        with self._transaction("heartbeat") as conn:
+            conn.execute(
+                "INSERT INTO owners (owner, lease_expires_at) VALUES (?, ?)"
+                " ON CONFLICT (owner) DO UPDATE SET lease_expires_at = excluded.lease_expires_at",
+                (owner, lease_expires_at),
+            )
+
+    def release_owner(self, owner: str) -> None:
+        with self._transaction("release owner") as conn:
+            conn.execute("DELETE FROM owners WHERE owner = ?", (owner,))
+
+    def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
+        if not live:
+            return []
+        with self._using("check ownership"):
+            mine = dict(
+                self._r.execute(
+                    "SELECT task_id, version FROM executions"
+                    " WHERE owner = ? AND status IN ('pending', 'running')",
+                    (owner,),
+                ).fetchall()
+            )
+            lost = [t for t, v in live.items() if mine.get(t, v) != v]
+            missing = [t for t in live if t not in mine]
+            if missing:
+                # Either not flushed yet (fine) or taken by someone else (lost).
+                for start in range(0, len(missing), 500):
+                    chunk = missing[start : start + 500]
+                    marks = ",".join("?" * len(chunk))
+                    lost.extend(
+                        row[0]
+                        for row in self._r.execute(
+                            f"SELECT task_id FROM executions WHERE task_id IN ({marks})",
+                            chunk,
+                        )
+                    )
+        return lost
+
+    def recover(
+        self,
+        owner: str,
+        now: float,
+        recreatable: Callable[[ExecutionRecord], bool],
+        max_recovery_attempts: int,
+    ) -> Recovery:
+        claimed, orphaned, abandoned = [], [], []
+        with self._transaction("recover") as conn:
+            rows = conn.execute(
+                f"{_SELECT} WHERE e.status IN ('pending', 'running') AND e.owner IS NOT ?"
+                " AND (o.lease_expires_at IS NULL OR o.lease_expires_at < ?)"
+                " ORDER BY e.rowid",
+                (owner, now),
+            ).fetchall()
+            for row in rows:
+                record = _record(row)
+                if record.recovery_attempts >= max_recovery_attempts:
+                    error = abandoned_error(record.recovery_attempts)
+                    self._fail(conn, record, now, error)
+                    abandoned.append(self._one(conn, record.task_id))
+                elif not recreatable(record):
+                    self._fail(conn, record, now, ORPHANED)
+                    orphaned.append(self._one(conn, record.task_id))
+                else:
+                    conn.execute(
+                        "UPDATE executions SET owner = ?, version = version + 1,"
+                        " status = 'pending', sub_status = NULL, deferred_since = NULL,"
+                        " recovery_attempts = recovery_attempts + 1"
+                        " WHERE task_id = ? AND version = ?",
+                        (owner, record.task_id, record.version),
+                    )
+                    claimed.append(self._one(conn, record.task_id))
+        return Recovery(claimed, orphaned, abandoned)
+
+    @staticmethod
+    def _fail(conn: sqlite3.Connection, record: ExecutionRecord, now: float, error: str) -> None:
+        conn.execute(
+            "UPDATE executions SET status = 'failed', sub_status = NULL, deferred_since = NULL,"
+            " finished_at = ?, error = ? WHERE task_id = ? AND version = ?",
+            (now, error, record.task_id, record.version),
+        )
+
+    @staticmethod
+    def _one(conn: sqlite3.Connection, task_id: str) -> ExecutionRecord:
+        return _record(conn.execute(f"{_SELECT} WHERE e.task_id = ?", (task_id,)).fetchone())
+
+    # ------------------------------------------------------------------ reads
+
+    def executions(
+        self,
+        *,
+        status: TaskStatus | str | None = None,
+        sub_status: SubStatus | str | None = None,
+        deferred_longer_than: float | datetime.timedelta | None = None,
+        run_id: str | None = None,
+    ) -> list[ExecutionRecord]:
+        where: list[str] = []
+        params: list[object] = []
+        if status is not None:
+            where.append("e.status = ?")
+            params.append(TaskStatus(status).value)
+        if sub_status is not None:
+            where.append("e.sub_status = ?")
+            params.append(SubStatus(sub_status).value)
+        if deferred_longer_than is not None:
+            where.append("e.sub_status = 'deferred' AND e.deferred_since <= ?")
+            params.append(self.clock() - seconds(deferred_longer_than))
+        if run_id is not None:
+            where.append("e.run_id = ?")
+            params.append(run_id)
+        sql = _SELECT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY e.rowid"
+        with self._using("query executions"):
+            return [_record(row) for row in self._r.execute(sql, params)]
+
+    def execution(self, task_id: str) -> ExecutionRecord | None:
+        with self._using("query execution"):
+            row = self._r.execute(f"{_SELECT} WHERE e.task_id = ?", (task_id,)).fetchone()
+        return None if row is None else _record(row)
+
+    def close(self) -> None:
+        """Close both connections; idempotent."""
+        self._close_quietly()
+
+    def __enter__(self) -> SQLiteStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<SQLiteStore {self.path!r}>"
+
+
+def _value(v: object) -> object:
+    return getattr(v, "value", v)
