@@ -14,6 +14,7 @@ import contextvars
 import enum
 import functools
 import itertools
+import json
 import math
 import time
 import uuid
@@ -37,9 +38,10 @@ from ._errors import (
 from ._events import EventStream, HealthEventKind
 from ._handle import TaskHandle
 from ._metrics import ExecutorMetrics
-from ._records import SubStatus, TaskCompletion, TaskStatus
+from ._records import ExecutionRecord, SubStatus, TaskCompletion, TaskStatus
 from ._slots import SlotPool, SlotToken
 from ._spec import CallInfo, TaskSpec, call_info, collect_specs
+from ._store import Change, Store
 
 
 class ShutdownPolicy(enum.StrEnum):
@@ -129,12 +131,14 @@ class TaskRef:
         "_fn",
         "_handle",
         "_info",
+        "_pending_ack",
         "_result",
         "_scope",
         "_started_at",
         "_status",
         "_submitted_at",
         "_timeout",
+        "_version",
         "name",
         "task_id",
     )
@@ -170,10 +174,12 @@ class TaskRef:
         self._handle: TaskHandle | None = None
         self._scope: trio.CancelScope | None = None
         self._done: trio.Event | None = None
+        self._pending_ack = executor._store is not None  # until its completion is durable
         self._completion: TaskCompletion | None = None
         self._result: Any = None
         self._error: BaseException | None = None
-        self._submitted_at = time.time()
+        self._submitted_at = executor._wall()
+        self._version = 1
         self._started_at: float | None = None
         self._finished_at = 0.0
 
@@ -223,7 +229,7 @@ class TaskRef:
 
         Cancelling the wait does not cancel the task (use `cancel`).
         """
-        if not self.done:
+        if not self.done or self._pending_ack:
             if self._done is None:
                 self._done = trio.Event()
             await self._done.wait()
@@ -255,9 +261,27 @@ def _describe(fn: Callable[..., Any]) -> str:
 class Executor:
     """The object `open_executor` yields. See `open_executor` for the options."""
 
-    def __init__(self, nursery: trio.Nursery | None, config: ExecutorConfig) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery | None,
+        config: ExecutorConfig,
+        store: Store | None = None,
+        specs: dict[str, TaskSpec] | None = None,
+    ) -> None:
         # nursery=None: no workers; something else (DeterministicExecutor) runs jobs.
         self._nursery = nursery
+        self._store = store
+        self._specs = specs or {}
+        self._wall: Callable[[], float] = time.time if store is None else store.clock
+        self.owner = uuid.uuid4().hex
+        self._journal: list[Change] = []  # changes not yet handed to the store
+        self._notify: list[TaskRef] = []  # completions to acknowledge once durable
+        self._journal_lot = trio.lowlevel.ParkingLot()  # the writer, idle
+        self._flush_lot = trio.lowlevel.ParkingLot()  # flush() callers
+        self._write_lock = trio.Lock()  # one write at a time: writer, heartbeat, final flush
+        self._logged = 0  # changes appended so far
+        self._durable = 0  # changes committed so far
+        self._live: dict[str, TaskRef] = {}  # with a store: accepted and not finished
         self._config = config
         self._capacity = config.capacity
         self._overflow = config.overflow
@@ -468,6 +492,8 @@ class Executor:
             self._enqueue(ref)
         elif decision is Admit.DROP_NEW:
             self._publish_refusal(HealthEventKind.TASK_DROP, ref, "queue_full")
+            if self._store is not None:
+                self._log_submit(ref)
             self._finish(ref, TaskStatus.DROPPED, freed=False)
         elif decision is Admit.DROP_OLDEST:
             oldest = self._pop_pending()
@@ -502,15 +528,46 @@ class Executor:
             },
         )
 
-    def _enqueue(self, ref: TaskRef) -> None:
+    def _enqueue(self, ref: TaskRef, *, recovered: bool = False) -> None:
         self._queued += 1
         self._queue += 1
         self._pending.append(ref)
+        if self._store is not None:
+            self._live[ref.task_id] = ref
+            if not recovered:
+                self._log_submit(ref)
         self._note_high_water()
         if self._work_lot:
             self._work_lot.unpark()
         elif self._workers < self._pool.total:
             self._spawn_worker()
+
+    def _log(self, change: Change) -> None:
+        self._journal.append(change)
+        self._logged += 1
+        if self._journal_lot:
+            self._journal_lot.unpark()
+
+    def _log_submit(self, ref: TaskRef) -> None:
+        fn = ref._fn
+        spec_id = fn.id if isinstance(fn, TaskSpec) else None
+        try:
+            args = json.dumps(ref._args) if spec_id is not None else None
+        except (TypeError, ValueError):
+            args = None  # not JSON: recorded, but recovery cannot re-create it
+        self._log(
+            (
+                "submit",
+                ref.task_id,
+                ref._version,
+                ref.name,
+                None,
+                spec_id,
+                args,
+                self.owner,
+                ref._submitted_at,
+            )
+        )
 
     def _slots_resized(self) -> None:
         # A larger pool needs workers for queued tasks now, not at the next submit.
@@ -612,6 +669,8 @@ class Executor:
                 self._queue += 1
                 ref._status = TaskStatus.PENDING
                 delay = spec.backoff.delay(ref._attempts)
+                if self._store is not None:
+                    self._log(("retry", ref.task_id, ref._version, _safe_repr(ref._error)))
                 self._events.publish(
                     HealthEventKind.TASK_RETRY_SCHEDULED,
                     ref.task_id,
@@ -648,8 +707,10 @@ class Executor:
         self._active += 1
         ref._status = TaskStatus.RUNNING
         ref._attempts += 1
+        if self._store is not None:
+            self._log(("start", ref.task_id, ref._version, ref._attempts, self._wall()))
         if ref._started_at is None:
-            ref._started_at = time.time()
+            ref._started_at = self._wall()
         info = ref._info
         fn = ref._fn
         if handle is not None:
@@ -725,6 +786,9 @@ class Executor:
         if self._deferred > self._max_deferred:
             self._max_deferred = self._deferred
         self._events.publish(HealthEventKind.TASK_DEFERRED, handle.task_id)
+        ref = self._live.get(handle.task_id)
+        if ref is not None:
+            self._log(("sub", ref.task_id, ref._version, SubStatus.DEFERRED, self._wall()))
         self._worker_parked()
 
     def _handle_resumed(self, handle: TaskHandle) -> None:
@@ -735,6 +799,9 @@ class Executor:
         self._resumes += 1
         self._worker_unparked()
         self._events.publish(HealthEventKind.TASK_RESUMED, handle.task_id)
+        ref = self._live.get(handle.task_id)
+        if ref is not None:
+            self._log(("sub", ref.task_id, ref._version, SubStatus.ACTIVE, None))
         self._note_high_water()
 
     # ---------------------------------------------------------------- completion
@@ -746,7 +813,7 @@ class Executor:
         submission dropped on arrival).
         """
         ref._status = status
-        ref._finished_at = time.time()
+        ref._finished_at = self._wall()
         if status is TaskStatus.COMPLETED:
             self._completed += 1
         elif status is TaskStatus.FAILED:
@@ -759,9 +826,16 @@ class Executor:
             self._timed_out += 1
         else:
             self._dropped += 1
-        done = ref._done
-        if done is not None:
-            done.set()
+        if self._store is None:
+            done = ref._done
+            if done is not None:
+                done.set()
+        else:
+            # Acknowledged (ref.wait() returns) only once the record is durable.
+            self._live.pop(ref.task_id, None)
+            error = None if ref._error is None else _safe_repr(ref._error)
+            self._log(("finish", ref.task_id, ref._version, status, ref._finished_at, error))
+            self._notify.append(ref)
         if freed and self._space_lot:
             # Hand the freed place to the longest-waiting BLOCK submitter.
             self._space_lot.unpark()
@@ -815,6 +889,142 @@ class Executor:
             count += 1
         self._stale = 0
         return count
+
+    # ---------------------------------------------------------------- persistence
+
+    async def flush(self) -> None:
+        """Wait until every transition so far is durable in the store. A checkpoint.
+
+        Without a store, returns at once. What waits for durability on its own:
+        `TaskRef.wait` (and so `run`) returns only once the task's completion is
+        durable, and leaving `open_executor` flushes everything. Submissions and
+        sub-status changes are written in the background (group commit); call
+        ``flush`` when another process must see them now.
+        """
+        target = self._logged
+        while self._durable < target:
+            await self._flush_lot.park()
+        await trio.lowlevel.checkpoint()
+
+    async def _write_journal(self) -> None:
+        """Hand everything journaled so far to the store in one transaction."""
+        store = self._store
+        assert store is not None
+        async with self._write_lock:
+            batch, self._journal = self._journal, []
+            notify, self._notify = self._notify, []
+            if not batch:
+                return
+            if store.inline:
+                fenced = store.write(batch)
+            else:
+                fenced = await trio.to_thread.run_sync(store.write, batch)
+            self._durable += len(batch)
+        for ref in notify:
+            ref._pending_ack = False
+            if ref._done is not None:
+                ref._done.set()
+        if self._flush_lot:
+            self._flush_lot.unpark_all()
+        for task_id in fenced:
+            self._lease_lost(task_id)
+
+    async def _writer(self) -> None:
+        # Group commit: whatever accumulates while one transaction is being written
+        # goes into the next one.
+        while True:
+            if not self._journal:
+                await self._journal_lot.park()
+                continue
+            await self._write_journal()
+
+    async def _store_call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        store = self._store
+        assert store is not None
+        async with self._write_lock:
+            if store.inline:
+                return fn(*args)
+            return await trio.to_thread.run_sync(functools.partial(fn, *args))
+
+    async def _heartbeat(self, lease: float) -> None:
+        """One lease for all of this executor's executions, renewed at a third of it."""
+        store = self._store
+        assert store is not None
+        while True:
+            await trio.sleep(lease / 3)
+            await self._store_call(store.heartbeat, self.owner, self._wall() + lease)
+            live = {t: r._version for t, r in self._live.items()}
+            for task_id in await self._store_call(store.taken_over, self.owner, live):
+                self._lease_lost(task_id)
+
+    def _lease_lost(self, task_id: str) -> None:
+        """Another owner has this execution now: stop running it here, no retry."""
+        ref = self._live.pop(task_id, None)
+        if ref is None or ref.done:
+            return
+        ref._error = TaskCancelled(
+            f"lease_lost: task {ref.name!r} ({task_id}) was taken over by another executor"
+        )
+        ref._cancel_requested = True
+        self._cancel_requests += 1
+        if ref._scope is None:  # still queued here
+            self._queue -= 1
+            self._stale += 1
+            self._finish(ref, TaskStatus.CANCELLED)
+        else:
+            if ref._handle is not None:
+                ref._handle._request_cancel()
+            ref._scope.cancel()
+
+    async def _recover(self, max_recovery_attempts: int) -> None:
+        """Claim the executions of owners whose lease expired, and run them here."""
+        store = self._store
+        assert store is not None
+        specs = self._specs
+
+        def recreatable(record: ExecutionRecord) -> bool:
+            return record.args is not None and record.spec_id in specs
+
+        if self._closing:
+            return
+        result = await self._store_call(
+            store.recover, self.owner, self._wall(), recreatable, max_recovery_attempts
+        )
+        for record in result.abandoned:
+            self._events.publish(
+                HealthEventKind.TASK_ABANDONED,
+                record.task_id,
+                reason="abandoned",
+                attributes={"name": record.name, "recovery_attempts": record.recovery_attempts},
+            )
+        for record in result.claimed:
+            if self.closed:  # (a property: the store call above awaited)
+                return  # left claimed under our lease: recovered again once it lapses
+            assert record.spec_id is not None
+            assert record.args is not None
+            spec = specs[record.spec_id]
+            ref = self._new_ref(
+                spec, tuple(json.loads(record.args)), record.name, record.task_id, None, None, None
+            )
+            ref._version = record.version
+            ref._attempts = record.attempt
+            ref._submitted_at = record.submitted_at or ref._submitted_at
+            self._submitted -= 1  # a recovered execution is not a new submission
+            self._enqueue(ref, recovered=True)
+
+    async def _close_store(self) -> None:
+        """Write what is left and give up the lease (if nothing of ours is live)."""
+        store = self._store
+        assert store is not None
+        with trio.move_on_after(60, shield=True):
+            await self._write_journal()
+            if not self._live and not self._journal:
+                await self._store_call(store.release_owner, self.owner)
+
+    async def _recovery_loop(self, lease: float, max_recovery_attempts: int) -> None:
+        while True:
+            await trio.sleep(lease)
+            await self._recover(max_recovery_attempts)
 
     # ---------------------------------------------------------------- idle, stats, shutdown
 
@@ -919,7 +1129,7 @@ async def open_executor(
     overflow: Overflow = Overflow.BLOCK,
     shutdown_policy: ShutdownPolicy = ShutdownPolicy.DRAIN,
     thread_workers: int | None = None,
-    store: object = None,
+    store: Store | None = None,
     event_capacity: int = 1024,
     task_budget: float | None = None,
     tasks: Iterable[object] = (),
@@ -933,6 +1143,12 @@ async def open_executor(
     and waits for it; if the block raises, outstanding work is cancelled. Nothing
     outlives the block. Errors from the body propagate unwrapped (never inside an
     ExceptionGroup).
+
+    With a ``store``, every execution is recorded (group commit by one writer
+    task); the executor holds one lease (``lease`` seconds, renewed at a third of
+    it) for all its executions; ``recover=True`` re-runs the executions of
+    executors whose lease expired (on entry, then every ``lease``), re-creating
+    them from ``tasks``. See `Executor.flush` for what waits for durability.
 
     Example::
 
@@ -949,25 +1165,45 @@ async def open_executor(
         event_capacity=event_capacity,
         task_budget=task_budget,
     )
-    if store is not None or recover:
-        raise NotImplementedError("stores and recovery arrive with the persistence layer")
-    collect_specs(tasks)  # validated now; recovery will use them
-    del lease, max_recovery_attempts
+    specs = collect_specs(tasks)
+    _check_seconds("lease", lease)
+    _check_int("max_recovery_attempts", max_recovery_attempts, minimum=0)
+    if store is not None and not callable(getattr(store, "write", None)):
+        raise TypeError(f"store must be a trioexec Store (e.g. SQLiteStore), got {store!r}")
+    if recover and store is None:
+        raise ValueError("recover=True needs a store to recover from")
     try:
-        async with trio.open_nursery() as nursery:
-            ex = Executor(nursery, config)
+        # Two nurseries: the workers in the inner one, the store's writer and the
+        # heartbeat in the outer one, so the last completions are written after
+        # the last worker has finished, whatever ended the block.
+        async with trio.open_nursery() as infra:
+            ex = Executor(None, config, store, specs)
+            if store is not None:
+                await ex._store_call(store.heartbeat, ex.owner, ex._wall() + lease)
+                infra.start_soon(ex._writer)
+                infra.start_soon(ex._heartbeat, lease)
             try:
-                yield ex
-            except BaseException:
-                ex._begin_shutdown(ShutdownPolicy.CANCEL)
-                raise
+                async with trio.open_nursery() as nursery:
+                    ex._nursery = nursery
+                    if recover:
+                        await ex._recover(max_recovery_attempts)
+                        infra.start_soon(ex._recovery_loop, lease, max_recovery_attempts)
+                    try:
+                        yield ex
+                    except BaseException:
+                        ex._begin_shutdown(ShutdownPolicy.CANCEL)
+                        raise
+                    finally:
+                        nursery.start_soon(_close_events_when_done, ex)
+                    try:
+                        await ex.shutdown()
+                    except BaseException:  # e.g. cancelled from outside while draining
+                        ex._begin_shutdown(ShutdownPolicy.CANCEL)
+                        raise
             finally:
-                nursery.start_soon(_close_events_when_done, ex)
-            try:
-                await ex.shutdown()
-            except BaseException:  # e.g. cancelled from outside while draining
-                ex._begin_shutdown(ShutdownPolicy.CANCEL)
-                raise
+                if store is not None:
+                    await ex._close_store()
+                infra.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         _raise_single(group)
         raise

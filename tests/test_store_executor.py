@@ -1,0 +1,345 @@
+"""The executor with a store: what is recorded, when it is durable, leases, recovery."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import trio
+import trio.testing
+
+from trioexec import (
+    HealthEventKind,
+    MemoryStore,
+    SQLiteStore,
+    SubStatus,
+    TaskHandle,
+    TaskStatus,
+    open_executor,
+    task,
+)
+from trioexec.testing import FakeWallClock
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def make_store(request, tmp_path):
+    stores = []
+
+    def make(**kw):
+        if request.param == "memory":
+            s = MemoryStore(**kw)
+        else:
+            s = SQLiteStore(tmp_path / "runs.db", inline=True, **kw)
+        stores.append(s)
+        return s
+
+    yield make
+    for s in stores:
+        s.close()
+
+
+async def test_sub_status_sequence_through_the_store(make_store, autojump_clock):
+    store = make_store(clock=FakeWallClock(start=1000))
+    ev = trio.Event()
+    seen = []
+
+    async def job(handle: TaskHandle):
+        await trio.sleep(1)
+        await handle.defer_until(ev)
+        await trio.sleep(1)
+        return "done"
+
+    def look(ref):
+        rec = store.execution(ref.task_id)
+        seen.append(None if rec is None else (rec.status, rec.sub_status))
+
+    async with open_executor(store=store) as ex:
+        ref = await ex.submit(job)
+        look(ref)  # not flushed yet: nothing
+        await ex.flush()
+        look(ref)
+        await trio.sleep(0.5)
+        await ex.flush()
+        look(ref)
+        await trio.sleep(1)
+        await ex.flush()
+        look(ref)
+        assert ref.sub_status is SubStatus.DEFERRED
+        rec = store.execution(ref.task_id)
+        assert rec.deferred_since == 1001
+        ev.set()
+        await trio.testing.wait_all_tasks_blocked()
+        await ex.flush()
+        look(ref)
+        c = await ref.wait()
+        look(ref)  # wait() returned: the completion is durable
+    assert c.ok
+    R, A, D = TaskStatus.RUNNING, SubStatus.ACTIVE, SubStatus.DEFERRED
+    assert seen == [
+        None,
+        (TaskStatus.RUNNING, A),
+        (R, A),
+        (R, D),
+        (R, A),
+        (TaskStatus.COMPLETED, None),
+    ]
+    rec = store.execution(ref.task_id)
+    assert rec.attempt == 1
+    assert (rec.submitted_at, rec.started_at, rec.finished_at) == (1000, 1000, 1001 + 1.5)
+    assert rec.deferred_since is None
+    assert rec.owner == ex.owner
+
+
+async def test_every_outcome_is_recorded(make_store, autojump_clock):
+    store = make_store()
+
+    async def boom():
+        raise KeyError("lost key")
+
+    @task(retries=1)
+    async def flaky():
+        raise OSError("flaky")
+
+    async with open_executor(
+        store=store, max_concurrent_tasks=1, queue_capacity=1, overflow="drop_newest"
+    ) as ex:
+        await ex.submit(trio.sleep, 5)
+        await ex.submit(trio.sleep, 5)
+        refs = {"dropped": await ex.submit(trio.sleep, 1)}  # full: dropped on arrival
+        await ex.wait_for_idle()
+        refs["failed"] = await ex.submit(boom)
+        refs["flaky"] = await ex.submit(flaky)
+        await ex.wait_for_idle()
+        refs["timed_out"] = await ex.submit(trio.sleep, 10, timeout=1)
+        refs["completed"] = await ex.submit(trio.sleep, 0)
+        await ex.wait_for_idle()
+        refs["cancelled"] = await ex.submit(trio.sleep_forever)
+        await trio.testing.wait_all_tasks_blocked()
+        refs["cancelled"].cancel()
+    for ref in refs.values():
+        await ref.wait()
+    got = {k: store.execution(r.task_id) for k, r in refs.items()}
+    assert {k: r.status for k, r in got.items()} == {
+        "failed": TaskStatus.FAILED,
+        "flaky": TaskStatus.FAILED,
+        "dropped": TaskStatus.DROPPED,
+        "timed_out": TaskStatus.TIMED_OUT,
+        "completed": TaskStatus.COMPLETED,
+        "cancelled": TaskStatus.CANCELLED,
+    }
+    assert all(r.sub_status is None for r in got.values())
+    assert "lost key" in got["failed"].error
+    assert got["flaky"].attempt == 2
+    assert "TaskTimeout" in got["timed_out"].error
+    assert got["flaky"].spec_id == flaky.id
+    assert json.loads(got["flaky"].args) == []
+
+
+async def test_queries(make_store, autojump_clock):
+    store = make_store(clock=FakeWallClock(start=0))
+    events = [trio.Event() for _ in range(3)]
+
+    async def waiter(i, handle):
+        await handle.defer_until(events[i])
+
+    async with open_executor(store=store) as ex:
+        refs = []
+        for i in range(3):
+            refs.append(await ex.submit(waiter, i))
+            await trio.sleep(10)
+        await ex.flush()
+        deferred = store.executions(sub_status="deferred")
+        assert [r.task_id for r in deferred] == [r.task_id for r in refs]
+        assert [r.task_id for r in store.executions(deferred_longer_than=15)] == [
+            r.task_id for r in refs[:2]
+        ]
+        import datetime
+
+        assert len(store.executions(deferred_longer_than=datetime.timedelta(seconds=25))) == 1
+        assert store.executions(status=TaskStatus.COMPLETED) == []
+        assert len(store.executions(status="running", sub_status=SubStatus.DEFERRED)) == 3
+        assert store.executions(run_id="nope") == []
+        for e in events:
+            e.set()
+    assert len(store.executions(status="completed")) == 3
+    assert store.execution("missing") is None
+
+
+async def test_lease_lost_cancels_and_does_not_retry(make_store, autojump_clock):
+    store = make_store(clock=FakeWallClock(start=0))
+
+    @task(retries=3)
+    async def long_job(handle: TaskHandle):
+        await handle.defer_until(trio.Event())
+
+    async with open_executor(store=store, lease=3) as ex:
+        ref = await ex.submit(long_job)
+        await ex.flush()
+        # Another executor takes it over (as if ours had stopped heartbeating).
+        rec = store.recover("thief", 10**6, lambda r: True, 3)
+        assert [r.task_id for r in rec.claimed] == [ref.task_id]
+        c = await ref.wait()
+    assert c.status is TaskStatus.CANCELLED
+    assert "lease_lost" in str(c.error)
+    assert c.attempts == 1
+    row = store.execution(ref.task_id)
+    assert (row.owner, row.status, row.version) == ("thief", TaskStatus.PENDING, 2)
+
+
+def _dead_owner_rows(store, spec, n, *, owner="dead", args=(1,)):
+    changes = []
+    for i in range(n):
+        tid = f"{owner}-{i}"
+        changes.append(("submit", tid, 1, spec.id, None, spec.id, json.dumps(args), owner, 0.0))
+        changes.append(("start", tid, 1, 1, 0.0))
+    store.write(changes)
+    store.heartbeat(owner, 5.0)  # long expired at t >= 5
+    return [f"{owner}-{i}" for i in range(n)]
+
+
+async def test_recovery_reruns_orphans_and_abandons(make_store, autojump_clock):
+    store = make_store(clock=FakeWallClock(start=100))
+    ran = []
+
+    @task(id="work")
+    async def work(x):
+        ran.append(x)
+        return x * 2
+
+    @task(id="unregistered")
+    async def other(x):  # pragma: no cover - never re-created
+        return x
+
+    reruns = _dead_owner_rows(store, work, 3, args=(21,))
+    orphans = _dead_owner_rows(store, other, 1, owner="dead2")
+    nonjson = ["dead3-0"]
+    store.write(
+        [
+            ("submit", "dead3-0", 1, "x", None, "work", None, "dead3", 0.0),
+            ("submit", "done-0", 1, "x", None, "work", "[1]", "dead4", 0.0),
+            ("finish", "done-0", 1, TaskStatus.COMPLETED, 1.0, None),
+        ]
+    )
+    async with open_executor(store=store, recover=True, tasks=[work], lease=10) as ex:
+        await ex.wait_for_idle()
+        events = []
+        while (e := ex.events.get_nowait()) is not None:
+            events.append(e)
+    assert ran == [21, 21, 21]
+    for tid in reruns:
+        rec = store.execution(tid)
+        assert rec.status is TaskStatus.COMPLETED
+        assert rec.recovery_attempts == 1
+        assert rec.version == 2
+        assert rec.attempt == 2  # the interrupted attempt, then ours
+    for tid in orphans + nonjson:
+        rec = store.execution(tid)
+        assert rec.status is TaskStatus.FAILED
+        assert rec.error.startswith("orphaned")
+    assert store.execution("done-0").status is TaskStatus.COMPLETED  # never touched
+    assert store.execution("done-0").version == 1
+    assert not [e for e in events if e.kind is HealthEventKind.TASK_ABANDONED]
+
+
+async def test_recovery_abandons_after_max_attempts(make_store, autojump_clock):
+    store = make_store(clock=FakeWallClock(start=100))
+
+    @task(id="work")
+    async def work(x):  # pragma: no cover - abandoned, never run
+        return x
+
+    store.write(
+        [
+            ("submit", "t", 1, "work", None, "work", "[1]", "a", 0.0),
+            ("start", "t", 1, 1, 0.0),
+        ]
+    )
+    # Three earlier recoveries, each by an owner that died too.
+    for n, owner in enumerate(["b", "c", "d"], start=1):
+        rec = store.recover(owner, 10.0 * n, lambda r: True, 3)
+        assert [r.recovery_attempts for r in rec.claimed] == [n]
+    async with open_executor(
+        store=store, recover=True, tasks=[work], max_recovery_attempts=3
+    ) as ex:
+        await ex.wait_for_idle()
+        ev = ex.events.get_nowait()
+    rec = store.execution("t")
+    assert rec.status is TaskStatus.FAILED
+    assert rec.error.startswith("abandoned")
+    assert (ev.kind, ev.task_id) == (HealthEventKind.TASK_ABANDONED, "t")
+
+
+async def test_recovery_waits_for_the_lease_to_lapse(make_store, autojump_clock):
+    store = make_store(clock=FakeWallClock(start=0))
+    ran = []
+
+    @task(id="work")
+    async def work(x):
+        ran.append((x, trio.current_time()))
+
+    store.write([("submit", "t", 1, "work", None, "work", "[7]", "crashed", 0.0)])
+    store.heartbeat("crashed", 25.0)  # its lease runs until t=25
+    async with open_executor(store=store, recover=True, tasks=[work], lease=10) as ex:
+        await trio.sleep(5)
+        assert ran == []
+        await trio.sleep(40)
+        assert ex.statistics().completed_count == 1
+    assert ran == [(7, 30.0)]  # the pass every `lease` seconds after t=25
+
+
+async def test_two_executors_one_store_never_share(make_store, autojump_clock):
+    store = make_store(clock=FakeWallClock(start=0))
+    running: dict[str, int] = {}
+    overlaps = []
+
+    @task(id="work")
+    async def work(i):
+        running[i] = running.get(i, 0) + 1
+        if running[i] > 1:
+            overlaps.append(i)
+        await trio.sleep(1)
+        running[i] -= 1
+
+    store.write(
+        [
+            ("submit", f"t{i}", 1, "work", None, "work", json.dumps([i]), "dead", 0.0)
+            for i in range(50)
+        ]
+    )
+    store.heartbeat("dead", -1.0)
+    async with trio.open_nursery() as n:
+        for _ in range(2):
+
+            async def one():
+                async with open_executor(store=store, recover=True, tasks=[work]) as ex:
+                    await ex.wait_for_idle()
+
+            n.start_soon(one)
+    assert overlaps == []
+    assert all(r.status is TaskStatus.COMPLETED for r in store.executions())
+    assert len(store.executions(status="completed")) == 50
+
+
+async def test_leaving_releases_the_lease(make_store, autojump_clock):
+    store = make_store(clock=FakeWallClock(start=0))
+    async with open_executor(store=store) as ex:
+        await ex.run(trio.sleep, 1)
+        await ex.flush()
+        assert store.execution  # the store is usable meanwhile
+        owner = ex.owner
+    assert store.recover("x", 10.0**9, lambda r: True, 3).claimed == []
+    del owner
+
+
+async def test_flush_without_store_returns():
+    async with open_executor() as ex:
+        await ex.flush()
+
+
+async def test_recover_needs_store():
+    with pytest.raises(ValueError, match="store"):
+        async with open_executor(recover=True):
+            pass  # pragma: no cover
+    with pytest.raises(TypeError, match="Store"):
+        async with open_executor(store="runs.db"):
+            pass  # pragma: no cover
