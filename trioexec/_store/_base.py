@@ -22,6 +22,60 @@ Change = tuple[object, ...]
 LIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
 
 
+def new_row(change: Change) -> dict[str, object]:
+    """The row a ``submit`` change creates."""
+    _, task_id, version, name, run_id, spec_id, args, owner, submitted_at = change
+    return {
+        "task_id": task_id,
+        "name": name,
+        "run_id": run_id,
+        "status": TaskStatus.PENDING,
+        "sub_status": None,
+        "attempt": 0,
+        "recovery_attempts": 0,
+        "owner": owner,
+        "version": version,
+        "submitted_at": submitted_at,
+        "started_at": None,
+        "finished_at": None,
+        "deferred_since": None,
+        "error": None,
+        "spec_id": spec_id,
+        "args": args,
+    }
+
+
+def apply_change(row: dict[str, object] | None, change: Change) -> bool:
+    """Apply a non-submit change to ``row`` in place, as every store must.
+    Returns False (and changes nothing) if it is fenced out."""
+    if row is None or row["version"] != change[2] or row["status"] not in LIVE:
+        return False
+    kind = change[0]
+    if kind == "start":
+        row["status"] = TaskStatus.RUNNING
+        row["sub_status"] = SubStatus.ACTIVE
+        row["attempt"] = change[3]
+        if row["started_at"] is None:
+            row["started_at"] = change[4]
+    elif kind == "sub":
+        row["sub_status"] = change[3]
+        row["deferred_since"] = change[4]
+    elif kind == "retry":
+        row["status"] = TaskStatus.PENDING
+        row["sub_status"] = None
+        row["deferred_since"] = None
+        row["error"] = change[3]
+    elif kind == "finish":
+        row["status"] = change[3]
+        row["sub_status"] = None
+        row["deferred_since"] = None
+        row["finished_at"] = change[4]
+        row["error"] = change[5]
+    else:  # pragma: no cover - a bug in the executor
+        raise ValueError(f"unknown change {change!r}")
+    return True
+
+
 @attrs.frozen
 class Recovery:
     """What one recovery pass did."""

@@ -9,7 +9,16 @@ from collections.abc import Callable, Sequence
 from typing import Any, final
 
 from .._records import ExecutionRecord, SubStatus, TaskStatus
-from ._base import LIVE, ORPHANED, Change, Recovery, abandoned_error, seconds
+from ._base import (
+    LIVE,
+    ORPHANED,
+    Change,
+    Recovery,
+    abandoned_error,
+    apply_change,
+    new_row,
+    seconds,
+)
 
 
 @final
@@ -34,58 +43,15 @@ class MemoryStore:
         fenced: list[str] = []
         rows = self._rows
         for change in changes:
-            kind, task_id, version = change[0], change[1], change[2]
+            task_id = change[1]
             assert isinstance(task_id, str)
-            if kind == "submit":
+            if change[0] == "submit":
                 if task_id in rows:
                     fenced.append(task_id)
-                    continue
-                _, _, _, name, run_id, spec_id, args, owner, submitted_at = change
-                rows[task_id] = {
-                    "task_id": task_id,
-                    "name": name,
-                    "run_id": run_id,
-                    "status": TaskStatus.PENDING,
-                    "sub_status": None,
-                    "attempt": 0,
-                    "recovery_attempts": 0,
-                    "owner": owner,
-                    "version": version,
-                    "submitted_at": submitted_at,
-                    "started_at": None,
-                    "finished_at": None,
-                    "deferred_since": None,
-                    "error": None,
-                    "spec_id": spec_id,
-                    "args": args,
-                }
-                continue
-            row = rows.get(task_id)
-            if row is None or row["version"] != version or row["status"] not in LIVE:
+                else:
+                    rows[task_id] = new_row(change)
+            elif not apply_change(rows.get(task_id), change):
                 fenced.append(task_id)
-                continue
-            if kind == "start":
-                row["status"] = TaskStatus.RUNNING
-                row["sub_status"] = SubStatus.ACTIVE
-                row["attempt"] = change[3]
-                if row["started_at"] is None:
-                    row["started_at"] = change[4]
-            elif kind == "sub":
-                row["sub_status"] = change[3]
-                row["deferred_since"] = change[4]
-            elif kind == "retry":
-                row["status"] = TaskStatus.PENDING
-                row["sub_status"] = None
-                row["deferred_since"] = None
-                row["error"] = change[3]
-            elif kind == "finish":
-                row["status"] = change[3]
-                row["sub_status"] = None
-                row["deferred_since"] = None
-                row["finished_at"] = change[4]
-                row["error"] = change[5]
-            else:  # pragma: no cover - a bug in the executor
-                raise ValueError(f"unknown change {change!r}")
         return fenced
 
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:

@@ -19,7 +19,7 @@ from sqlite_utils.migrations import Migrations
 
 from .._errors import StoreError
 from .._records import ExecutionRecord, SubStatus, TaskStatus
-from ._base import ORPHANED, Change, Recovery, abandoned_error, seconds
+from ._base import ORPHANED, Change, Recovery, abandoned_error, apply_change, new_row, seconds
 
 SCHEMA_VERSION = 1
 MIGRATIONS = Migrations("trioexec")
@@ -241,48 +241,52 @@ class SQLiteStore:
     def write(self, changes: Sequence[Change]) -> list[str]:
         fenced: list[str] = []
         with self._transaction("write") as conn:
+            # An execution first submitted in this batch is folded in memory (the
+            # same transition rules as MemoryStore) and inserted once, final state
+            # and all: under load most batches hold submit, start and finish of
+            # the same short tasks.
+            submitted = [c[1] for c in changes if c[0] == "submit"]
+            existing = self._existing(conn, submitted) if submitted else set()
+            fresh: dict[object, dict[str, object]] = {}
             for change in changes:
-                kind, task_id, version = change[0], change[1], change[2]
+                task_id = change[1]
+                kind = change[0]
                 if kind == "submit":
-                    _, _, _, name, run_id, spec_id, args, owner, submitted_at = change
-                    cur = conn.execute(
-                        "INSERT OR IGNORE INTO executions (task_id, name, run_id, status,"
-                        " owner, version, submitted_at, spec_id, args)"
-                        " VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?)",
-                        (task_id, name, run_id, owner, version, submitted_at, spec_id, args),
-                    )
-                elif kind == "start":
-                    cur = conn.execute(
-                        "UPDATE executions SET status = 'running', sub_status = 'active',"
-                        " attempt = ?, started_at = coalesce(started_at, ?)"
-                        " WHERE task_id = ? AND version = ? AND status IN ('pending', 'running')",
-                        (change[3], change[4], task_id, version),
-                    )
-                elif kind == "sub":
-                    cur = conn.execute(
-                        "UPDATE executions SET sub_status = ?, deferred_since = ?"
-                        " WHERE task_id = ? AND version = ? AND status IN ('pending', 'running')",
-                        (_value(change[3]), change[4], task_id, version),
-                    )
-                elif kind == "retry":
-                    cur = conn.execute(
-                        "UPDATE executions SET status = 'pending', sub_status = NULL,"
-                        " deferred_since = NULL, error = ?"
-                        " WHERE task_id = ? AND version = ? AND status IN ('pending', 'running')",
-                        (change[3], task_id, version),
-                    )
-                elif kind == "finish":
-                    cur = conn.execute(
-                        "UPDATE executions SET status = ?, sub_status = NULL,"
-                        " deferred_since = NULL, finished_at = ?, error = ?"
-                        " WHERE task_id = ? AND version = ? AND status IN ('pending', 'running')",
-                        (_value(change[3]), change[4], change[5], task_id, version),
-                    )
-                else:  # pragma: no cover - a bug in the executor
-                    raise ValueError(f"unknown change {change!r}")
-                if cur.rowcount != 1:
+                    if task_id in existing or task_id in fresh:
+                        fenced.append(str(task_id))
+                    else:
+                        fresh[task_id] = new_row(change)
+                elif task_id in fresh:
+                    if not apply_change(fresh[task_id], change):
+                        fenced.append(str(task_id))
+                elif conn.execute(_UPDATES[str(kind)], _update_args(change)).rowcount != 1:
                     fenced.append(str(task_id))
+            if fresh:
+                conn.executemany(
+                    "INSERT INTO executions (task_id, name, run_id, status, sub_status,"
+                    " attempt, recovery_attempts, owner, version, submitted_at, started_at,"
+                    " finished_at, deferred_since, error, spec_id, args)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [
+                        tuple(_value(row[column]) for column in _ROW_COLUMNS)
+                        for row in fresh.values()
+                    ],
+                )
         return fenced
+
+    @staticmethod
+    def _existing(conn: sqlite3.Connection, task_ids: list[object]) -> set[object]:
+        found: set[object] = set()
+        for start in range(0, len(task_ids), 500):
+            chunk = task_ids[start : start + 500]
+            marks = ",".join("?" * len(chunk))
+            found.update(
+                row[0]
+                for row in conn.execute(
+                    f"SELECT task_id FROM executions WHERE task_id IN ({marks})", chunk
+                )
+            )
+        return found
 
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:
         with self._transaction("heartbeat") as conn:
@@ -419,3 +423,38 @@ class SQLiteStore:
 
 def _value(v: object) -> object:
     return getattr(v, "value", v)
+
+
+_ROW_COLUMNS = (
+    "task_id",
+    "name",
+    "run_id",
+    "status",
+    "sub_status",
+    "attempt",
+    "recovery_attempts",
+    "owner",
+    "version",
+    "submitted_at",
+    "started_at",
+    "finished_at",
+    "deferred_since",
+    "error",
+    "spec_id",
+    "args",
+)
+_GUARD = " WHERE task_id = ? AND version = ? AND status IN ('pending', 'running')"
+_UPDATES = {
+    "start": "UPDATE executions SET status = 'running', sub_status = 'active', attempt = ?,"
+    " started_at = coalesce(started_at, ?)" + _GUARD,
+    "sub": "UPDATE executions SET sub_status = ?, deferred_since = ?" + _GUARD,
+    "retry": "UPDATE executions SET status = 'pending', sub_status = NULL,"
+    " deferred_since = NULL, error = ?" + _GUARD,
+    "finish": "UPDATE executions SET status = ?, sub_status = NULL, deferred_since = NULL,"
+    " finished_at = ?, error = ?" + _GUARD,
+}
+
+
+def _update_args(change: Change) -> tuple[object, ...]:
+    """The parameters of a non-submit change's UPDATE: its fields, then the guard."""
+    return (*(_value(v) for v in change[3:]), change[1], change[2])
