@@ -112,3 +112,23 @@ async def test_defer_waits_inline_and_retries_work(autojump_clock):
 async def test_bad_max_tasks():
     with pytest.raises(ValueError, match="max_tasks"):
         await DeterministicExecutor().run_ready(max_tasks=-1)
+
+
+async def test_with_an_inline_store_records_every_task(tmp_path):
+    from trioexec import MemoryStore, SQLiteStore
+
+    store = MemoryStore()
+    ex = DeterministicExecutor(store=store)
+    refs = [ex.submit_nowait(trio.sleep, 0) for _ in range(3)]
+    await ex.run_ready(max_tasks=2)
+    assert [store.execution(r.task_id).status for r in refs] == [
+        TaskStatus.COMPLETED,
+        TaskStatus.COMPLETED,
+        TaskStatus.PENDING,
+    ]
+    assert (await refs[0].wait()).ok  # acknowledged: durable
+
+    with SQLiteStore(tmp_path / "d.db") as threaded, pytest.raises(ValueError, match="inline"):
+        DeterministicExecutor(store=threaded)
+    with pytest.raises(ValueError, match="recover"):
+        DeterministicExecutor(store=MemoryStore(), recover=True)

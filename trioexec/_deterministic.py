@@ -8,6 +8,7 @@ policies, retries, timeouts, budgets, metrics and events behave as in
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from typing import Any, final
 
@@ -20,14 +21,16 @@ from ._metrics import ExecutorMetrics
 from ._records import TaskCompletion, TaskStatus
 from ._slots import SlotToken
 from ._spec import collect_specs
+from ._store import Store
 
 
 @final
 class DeterministicExecutor:
     """Queue with `submit_nowait`, run with ``await run_ready()``.
 
-    Takes the same options as `open_executor` (``store``, ``recover`` and the
-    lease options are accepted for symmetry and not used yet).
+    Takes the same options as `open_executor`. A ``store`` must be inline (it is
+    written in the caller's task after each task); ``recover`` is not supported and
+    the lease options are accepted for symmetry.
 
     Example::
 
@@ -43,7 +46,7 @@ class DeterministicExecutor:
         overflow: Overflow = Overflow.BLOCK,
         shutdown_policy: ShutdownPolicy = ShutdownPolicy.DRAIN,
         thread_workers: int | None = None,
-        store: object = None,
+        store: Store | None = None,
         event_capacity: int = 1024,
         task_budget: float | None = None,
         tasks: Iterable[object] = (),
@@ -60,11 +63,17 @@ class DeterministicExecutor:
             event_capacity=event_capacity,
             task_budget=task_budget,
         )
-        if store is not None or recover:
-            raise NotImplementedError("stores and recovery arrive with the persistence layer")
-        collect_specs(tasks)  # validated now; recovery will use them
+        if recover:
+            raise ValueError("DeterministicExecutor does not recover; use open_executor")
+        if store is not None and not store.inline:
+            raise ValueError(
+                "DeterministicExecutor writes in the caller's task: give it an inline store "
+                "(MemoryStore, or SQLiteStore(path, inline=True))"
+            )
         del lease, max_recovery_attempts
-        self._ex = Executor(None, config)
+        self._ex = Executor(None, config, store, collect_specs(tasks))
+        if store is not None:
+            store.heartbeat(self._ex.owner, math.inf)  # never expires: nothing to recover
 
     def submit_nowait(
         self,
@@ -107,6 +116,8 @@ class DeterministicExecutor:
             if cancel is not None and cancel.is_set():
                 cancelled = [r for r in ex._pending if r._status is TaskStatus.PENDING]
                 ex.cancel_pending()
+                if ex._store is not None:
+                    ex._write_journal_inline()
                 completions.extend(r.completion for r in cancelled if r.completion)
                 break
             if len(ex._pending) == ex._stale:
@@ -123,6 +134,8 @@ class DeterministicExecutor:
             with scope:
                 await ex._run(ref, token, scope)
             ran += 1
+            if ex._store is not None:
+                ex._write_journal_inline()
             completion = ref.completion
             assert completion is not None
             completions.append(completion)

@@ -920,6 +920,22 @@ class Executor:
             else:
                 fenced = await trio.to_thread.run_sync(store.write, batch)
             self._durable += len(batch)
+        self._written(notify, fenced)
+
+    def _write_journal_inline(self) -> None:
+        """`_write_journal` for callers that run everything in one task
+        (DeterministicExecutor, with an inline store)."""
+        store = self._store
+        assert store is not None
+        assert store.inline
+        batch, self._journal = self._journal, []
+        notify, self._notify = self._notify, []
+        if batch:
+            fenced = store.write(batch)
+            self._durable += len(batch)
+            self._written(notify, fenced)
+
+    def _written(self, notify: list[TaskRef], fenced: list[str]) -> None:
         for ref in notify:
             ref._pending_ack = False
             if ref._done is not None:
