@@ -343,3 +343,22 @@ async def test_recover_needs_store():
     with pytest.raises(TypeError, match="Store"):
         async with open_executor(store="runs.db"):
             pass  # pragma: no cover
+
+
+async def test_recovery_keeps_to_the_admission_bound(make_store, autojump_clock):
+    store = make_store(clock=FakeWallClock(start=100))
+
+    @task(id="work")
+    async def work(x):
+        await trio.sleep(1)
+
+    _dead_owner_rows(store, work, 20, args=(0,))
+    async with open_executor(
+        store=store, recover=True, tasks=[work], max_concurrent_tasks=2, queue_capacity=2
+    ) as ex:
+        with trio.fail_after(100):
+            while len(store.executions(status="completed")) < 20:
+                await trio.sleep(1)
+                assert ex.statistics().max_outstanding_count <= 4
+    assert ex.statistics().completed_count == 20
+    assert trio.current_time() < 30  # passes come back as room frees, not every lease

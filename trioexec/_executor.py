@@ -282,6 +282,7 @@ class Executor:
         self._logged = 0  # changes appended so far
         self._durable = 0  # changes committed so far
         self._live: dict[str, TaskRef] = {}  # with a store: accepted and not finished
+        self._space_freed = trio.Event()  # set when a task ends (recovery waits on it)
         self._config = config
         self._capacity = config.capacity
         self._overflow = config.overflow
@@ -836,6 +837,8 @@ class Executor:
             error = None if ref._error is None else _safe_repr(ref._error)
             self._log(("finish", ref.task_id, ref._version, status, ref._finished_at, error))
             self._notify.append(ref)
+        if not self._space_freed.is_set():
+            self._space_freed.set()
         if freed and self._space_lot:
             # Hand the freed place to the longest-waiting BLOCK submitter.
             self._space_lot.unpark()
@@ -992,8 +995,11 @@ class Executor:
                 ref._handle._request_cancel()
             ref._scope.cancel()
 
-    async def _recover(self, max_recovery_attempts: int) -> None:
-        """Claim the executions of owners whose lease expired, and run them here."""
+    async def _recover(self, max_recovery_attempts: int) -> bool:
+        """Claim the executions of owners whose lease expired, and run them here:
+        as many as there is room for, so recovery keeps to the admission bound and
+        several recovering executors share a dead one's backlog. Returns True if
+        it filled the room (more may be waiting)."""
         store = self._store
         assert store is not None
         specs = self._specs
@@ -1002,9 +1008,10 @@ class Executor:
             return record.args is not None and record.spec_id in specs
 
         if self._closing:
-            return
+            return False
+        room = max(0, self._capacity - self._queue - self._active - self._deferred)
         result = await self._store_call(
-            store.recover, self.owner, self._wall(), recreatable, max_recovery_attempts
+            store.recover, self.owner, self._wall(), recreatable, max_recovery_attempts, room
         )
         for record in result.abandoned:
             self._events.publish(
@@ -1015,7 +1022,7 @@ class Executor:
             )
         for record in result.claimed:
             if self.closed:  # (a property: the store call above awaited)
-                return  # left claimed under our lease: recovered again once it lapses
+                return False  # left claimed under our lease: recovered once it lapses
             assert record.spec_id is not None
             assert record.args is not None
             spec = specs[record.spec_id]
@@ -1027,6 +1034,7 @@ class Executor:
             ref._submitted_at = record.submitted_at or ref._submitted_at
             self._submitted -= 1  # a recovered execution is not a new submission
             self._enqueue(ref, recovered=True)
+        return len(result.claimed) >= room
 
     async def _close_store(self) -> None:
         """Write what is left and give up the lease (if nothing of ours is live)."""
@@ -1037,10 +1045,16 @@ class Executor:
             if not self._live and not self._journal:
                 await self._store_call(store.release_owner, self.owner)
 
-    async def _recovery_loop(self, lease: float, max_recovery_attempts: int) -> None:
+    async def _recovery_loop(self, lease: float, max_recovery_attempts: int, more: bool) -> None:
         while True:
-            await trio.sleep(lease)
-            await self._recover(max_recovery_attempts)
+            if more:
+                # The last pass filled the room: come back as soon as half of it frees.
+                while self._queue + self._active + self._deferred > self._capacity // 2:
+                    await self._space_freed.wait()
+                    self._space_freed = trio.Event()
+            else:
+                await trio.sleep(lease)
+            more = await self._recover(max_recovery_attempts)
 
     # ---------------------------------------------------------------- idle, stats, shutdown
 
@@ -1202,8 +1216,8 @@ async def open_executor(
                 async with trio.open_nursery() as nursery:
                     ex._nursery = nursery
                     if recover:
-                        await ex._recover(max_recovery_attempts)
-                        infra.start_soon(ex._recovery_loop, lease, max_recovery_attempts)
+                        more = await ex._recover(max_recovery_attempts)
+                        infra.start_soon(ex._recovery_loop, lease, max_recovery_attempts, more)
                     try:
                         yield ex
                     except BaseException:

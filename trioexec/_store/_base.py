@@ -114,11 +114,13 @@ class Store(Protocol):
         now: float,
         recreatable: Callable[[ExecutionRecord], bool],
         max_recovery_attempts: int,
+        limit: int | None = None,
     ) -> Recovery:
         """Atomically claim the live executions of owners whose lease expired before
-        ``now``: the re-creatable ones become ``owner``'s (pending, version + 1,
-        ``recovery_attempts`` + 1), the rest fail ``orphaned``; past
-        ``max_recovery_attempts`` they fail ``abandoned``. Never touches finished rows."""
+        ``now``, oldest first: the re-creatable ones become ``owner``'s (pending,
+        version + 1, ``recovery_attempts`` + 1), at most ``limit`` of them; the rest
+        fail ``orphaned``; past ``max_recovery_attempts`` they fail ``abandoned``.
+        Never touches finished rows."""
         ...
 
     def release_owner(self, owner: str) -> None:

@@ -76,8 +76,11 @@ class MemoryStore:
         now: float,
         recreatable: Callable[[ExecutionRecord], bool],
         max_recovery_attempts: int,
+        limit: int | None = None,
     ) -> Recovery:
-        claimed, orphaned, abandoned = [], [], []
+        claimed: list[ExecutionRecord] = []
+        orphaned: list[ExecutionRecord] = []
+        abandoned: list[ExecutionRecord] = []
         for row in self._rows.values():
             if row["status"] not in LIVE or row["owner"] == owner:
                 continue
@@ -91,7 +94,7 @@ class MemoryStore:
             elif not recreatable(record):
                 self._fail(row, now, ORPHANED)
                 orphaned.append(self._record(row))
-            else:
+            elif limit is None or len(claimed) < limit:
                 row.update(
                     owner=owner,
                     version=row["version"] + 1,

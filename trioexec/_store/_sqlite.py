@@ -333,8 +333,11 @@ class SQLiteStore:
         now: float,
         recreatable: Callable[[ExecutionRecord], bool],
         max_recovery_attempts: int,
+        limit: int | None = None,
     ) -> Recovery:
-        claimed, orphaned, abandoned = [], [], []
+        claimed: list[ExecutionRecord] = []
+        orphaned: list[ExecutionRecord] = []
+        abandoned: list[ExecutionRecord] = []
         with self._transaction("recover") as conn:
             rows = conn.execute(
                 f"{_SELECT} WHERE e.status IN ('pending', 'running') AND e.owner IS NOT ?"
@@ -351,7 +354,7 @@ class SQLiteStore:
                 elif not recreatable(record):
                     self._fail(conn, record, now, ORPHANED)
                     orphaned.append(self._one(conn, record.task_id))
-                else:
+                elif limit is None or len(claimed) < limit:
                     conn.execute(
                         "UPDATE executions SET owner = ?, version = version + 1,"
                         " status = 'pending', sub_status = NULL, deferred_since = NULL,"
