@@ -1,6 +1,8 @@
 """trioexec: a Trio-native task runtime whose tasks give their slot back while they wait."""
 
 from ._admission import Overflow as Overflow
+from ._coordinator import WorkflowResult as WorkflowResult
+from ._coordinator import WorkflowRun as WorkflowRun
 from ._deterministic import DeterministicExecutor as DeterministicExecutor
 from ._errors import CapacityExceeded as CapacityExceeded
 from ._errors import ExecutorClosed as ExecutorClosed
@@ -33,6 +35,12 @@ from ._spec import task as task
 from ._store import MemoryStore as MemoryStore
 from ._store import SQLiteStore as SQLiteStore
 from ._store import Store as Store
+from ._workflow import Context as Context
+from ._workflow import ExecutionStatus as ExecutionStatus
+from ._workflow import RunStatus as RunStatus
+from ._workflow import StepState as StepState
+from ._workflow import Workflow as Workflow
+from ._workflow import WorkflowStatus as WorkflowStatus
 
 __version__ = "0.1.0.dev0"
 
@@ -65,6 +73,15 @@ __all__ = [
     "Store",
     "MemoryStore",
     "SQLiteStore",
+    # workflows
+    "Workflow",
+    "Context",
+    "WorkflowRun",
+    "WorkflowResult",
+    "WorkflowStatus",
+    "ExecutionStatus",
+    "RunStatus",
+    "StepState",
     # errors
     "TrioexecError",
     "TaskDefinitionError",

@@ -19,7 +19,7 @@ import math
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, final
 
@@ -27,6 +27,7 @@ import attrs
 import trio
 
 from ._admission import Admit, Overflow, admit, rejection_reason
+from ._coordinator import WorkflowResult, WorkflowRun
 from ._errors import (
     CapacityExceeded,
     ExecutorClosed,
@@ -42,6 +43,7 @@ from ._records import ExecutionRecord, SubStatus, TaskCompletion, TaskStatus
 from ._slots import SlotPool, SlotToken
 from ._spec import CallInfo, TaskSpec, call_info, collect_specs
 from ._store import Change, Store
+from ._workflow import Workflow
 
 
 class ShutdownPolicy(enum.StrEnum):
@@ -133,6 +135,7 @@ class TaskRef:
         "_info",
         "_pending_ack",
         "_result",
+        "_run_id",
         "_scope",
         "_started_at",
         "_status",
@@ -180,6 +183,7 @@ class TaskRef:
         self._error: BaseException | None = None
         self._submitted_at = executor._wall()
         self._version = 1
+        self._run_id: str | None = None
         self._started_at: float | None = None
         self._finished_at = 0.0
 
@@ -301,6 +305,8 @@ class Executor:
         self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
         self._workers = 0  # workers not parked in a deferral
         self._closing = False
+        self._drain_runs = True  # under DRAIN, started workflow runs may still submit steps
+        self._runs = 0  # workflow runs not finished
         self._events = EventStream(config.event_capacity)
         # gauges
         self._queue = 0  # accepted and waiting: in _pending, or between attempts
@@ -401,12 +407,14 @@ class Executor:
         budget: float | None,
         correlation_id: str | None,
         can_wait: bool,
+        *,
+        run_id: str | None = None,
     ) -> TaskRef:
         # Exactly one schedule point: parking for space is one; otherwise a
         # cancel-shielded checkpoint after the (then certain) acceptance.
         await trio.lowlevel.checkpoint_if_cancelled()
-        ref = self._new_ref(fn, args, name, task_id, timeout, budget, correlation_id)
-        decision = self._decide(can_wait)
+        ref = self._new_ref(fn, args, name, task_id, timeout, budget, correlation_id, run_id)
+        decision = self._decide(can_wait, internal=run_id is not None)
         if decision is Admit.WAIT:
             while decision is Admit.WAIT:
                 await self._space_lot.park()
@@ -414,7 +422,7 @@ class Executor:
                 # shutdown, which raises below).
                 if self._reserved:
                     self._reserved -= 1
-                decision = self._decide(can_wait, woken=True)
+                decision = self._decide(can_wait, woken=True, internal=run_id is not None)
             self._apply(ref, decision)
         else:
             self._apply(ref, decision)
@@ -430,9 +438,10 @@ class Executor:
         timeout: float | None,
         budget: float | None,
         correlation_id: str | None,
+        run_id: str | None = None,
     ) -> TaskRef:
         self._submitted += 1
-        if self._closing:
+        if self._closing and not (run_id is not None and self._drain_runs):
             raise ExecutorClosed("the executor is shutting down; no new submissions")
         if not callable(fn):
             raise TypeError(f"submit needs a callable, got {fn!r}")
@@ -454,7 +463,7 @@ class Executor:
             causation_id = parent.task_id
             if correlation_id is None:
                 correlation_id = parent._correlation_id
-        return TaskRef(
+        ref = TaskRef(
             self,
             fn,
             args,
@@ -466,9 +475,11 @@ class Executor:
             correlation_id,
             causation_id,
         )
+        ref._run_id = run_id
+        return ref
 
-    def _decide(self, can_wait: bool, woken: bool = False) -> Admit:
-        if self._closing:
+    def _decide(self, can_wait: bool, woken: bool = False, internal: bool = False) -> Admit:
+        if self._closing and not (internal and self._drain_runs):
             raise ExecutorClosed("the executor is shutting down; no new submissions")
         if (
             self._queue + self._active + self._deferred < self._capacity - self._reserved
@@ -562,7 +573,7 @@ class Executor:
                 ref.task_id,
                 ref._version,
                 ref.name,
-                None,
+                ref._run_id,
                 spec_id,
                 args,
                 self.owner,
@@ -854,7 +865,7 @@ class Executor:
             )
 
     def _is_idle(self) -> bool:
-        return self._queue == 0 and self._active == 0 and self._deferred == 0
+        return self._queue == 0 and self._active == 0 and self._deferred == 0 and self._runs == 0
 
     # ---------------------------------------------------------------- cancellation
 
@@ -892,6 +903,50 @@ class Executor:
             count += 1
         self._stale = 0
         return count
+
+    # ---------------------------------------------------------------- workflows
+
+    async def start_workflow(
+        self,
+        workflow: Workflow,
+        context: Mapping[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+    ) -> WorkflowRun:
+        """Start a run of ``workflow`` and return its `WorkflowRun` at once.
+
+        A coordinator task (in the executor's nursery) submits each step through
+        the executor's slots as soon as its dependencies are complete; steps may
+        defer, and independent branches run concurrently. A checkpoint.
+
+        Raises:
+          ExecutorClosed: if shutdown has begun.
+        """
+        if self._closing:
+            raise ExecutorClosed("the executor is shutting down; no new workflow runs")
+        if self._nursery is None:
+            raise TypeError("workflows need an executor from open_executor")
+        run = WorkflowRun(self, workflow, context, run_id)
+        self._runs += 1
+        await self._nursery.start(run._coordinate)
+        return run
+
+    async def run_workflow(
+        self,
+        workflow: Workflow,
+        context: Mapping[str, Any] | None = None,
+        *,
+        run_id: str | None = None,
+    ) -> WorkflowResult:
+        """`start_workflow` and wait for the `WorkflowResult` (a failed run is
+        returned, not raised)."""
+        run = await self.start_workflow(workflow, context, run_id=run_id)
+        return await run.wait()
+
+    def _run_finished(self, run: WorkflowRun) -> None:
+        self._runs -= 1
+        if self._idle_lot and self._is_idle():
+            self._idle_lot.unpark_all()
 
     # ---------------------------------------------------------------- persistence
 
@@ -1115,6 +1170,8 @@ class Executor:
 
     def _begin_shutdown(self, policy: ShutdownPolicy) -> None:
         self._closing = True
+        if policy is not ShutdownPolicy.DRAIN:
+            self._drain_runs = False
         self._space_lot.unpark_all()  # BLOCKed submitters see ExecutorClosed
         self._reserved = 0
         if policy is not ShutdownPolicy.DRAIN:

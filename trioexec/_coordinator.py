@@ -1,0 +1,194 @@
+"""The workflow coordinator: submits each step through the executor's slots as
+soon as its dependencies are complete, passes contexts along, and finalizes the run.
+
+One coordinator task per run, a child of the executor's nursery; one small task
+per step in flight, which submits the step and waits for its completion.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+import trio
+
+from ._errors import TrioexecError
+from ._events import HealthEventKind
+from ._records import SubStatus, TaskCompletion, TaskStatus
+from ._workflow import (
+    Context,
+    RunStatus,
+    StepState,
+    Workflow,
+    WorkflowStatus,
+    is_finished,
+    merged_input,
+    ready,
+    status,
+)
+
+if TYPE_CHECKING:
+    from ._executor import Executor, TaskRef
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowResult:
+    """How a run ended. A failed run is returned, not raised.
+
+    ``context`` is the final merged context (every completed step's output,
+    merged in topological order); ``steps`` maps each step that ran to its
+    `TaskCompletion`; ``error`` is the first failing step's error.
+    """
+
+    run_id: str
+    workflow: str
+    status: RunStatus
+    context: dict[str, Any]
+    steps: dict[str, TaskCompletion]
+    error: BaseException | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when every step completed."""
+        return self.status is RunStatus.COMPLETED
+
+
+@final
+class WorkflowRun:
+    """A run of a `Workflow` in an executor (from `Executor.start_workflow`)."""
+
+    def __init__(
+        self,
+        executor: Executor,
+        workflow: Workflow,
+        context: Mapping[str, Any] | None,
+        run_id: str | None = None,
+    ) -> None:
+        self.run_id = run_id or uuid.uuid4().hex
+        self.workflow = workflow
+        self._ex = executor
+        self._initial = Context(context).to_dict()
+        self._states = dict.fromkeys(workflow.order, StepState.PENDING)
+        self._refs: dict[str, TaskRef] = {}
+        self._outputs: dict[str, dict[str, Any]] = {}
+        self._completions: dict[str, TaskCompletion] = {}
+        self._errors: dict[str, BaseException | None] = {}
+        self._nursery: trio.Nursery | None = None
+        self._done = trio.Event()
+        self._result: WorkflowResult | None = None
+
+    # ------------------------------------------------------------------ public
+
+    def status(self) -> WorkflowStatus:
+        """The run's `WorkflowStatus` now. Never blocks."""
+        states = dict(self._states)
+        deferred = 0
+        for sid, ref in self._refs.items():
+            if states[sid] is StepState.READY and ref.status is TaskStatus.RUNNING:
+                states[sid] = StepState.RUNNING
+            if ref.sub_status is SubStatus.DEFERRED:
+                deferred += 1
+        return status(self.run_id, self.workflow, states, deferred)
+
+    async def wait(self) -> WorkflowResult:
+        """Wait until the run has ended; return its `WorkflowResult`. A checkpoint."""
+        await self._done.wait()
+        assert self._result is not None
+        return self._result
+
+    @property
+    def result(self) -> WorkflowResult | None:
+        """The result once the run has ended, else None."""
+        return self._result
+
+    def __repr__(self) -> str:
+        return f"<WorkflowRun {self.workflow.name!r} {self.run_id}>"
+
+    # ------------------------------------------------------------------ coordinator
+
+    async def _coordinate(
+        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                self._advance()
+        finally:
+            self._finalize()
+            self._ex._run_finished(self)
+
+    def _advance(self) -> None:
+        assert self._nursery is not None
+        for sid in ready(self.workflow, self._states):
+            self._states[sid] = StepState.READY
+            self._nursery.start_soon(self._run_step, sid, name=f"{self.workflow.name}.{sid}")
+        self._publish()
+
+    async def _run_step(self, sid: str) -> None:
+        spec = self.workflow.steps[sid]
+        context = Context(merged_input(self.workflow, sid, self._initial, self._outputs))
+        try:
+            ref = await self._ex._submit(
+                spec, (context,), sid, None, None, None, self.run_id, True, run_id=self.run_id
+            )
+        except TrioexecError as exc:  # refused (full, closed): the step fails
+            self._errors.setdefault(sid, exc)
+            self._step_failed(sid)
+            return
+        self._refs[sid] = ref
+        self._publish()
+        completion = await ref.wait()
+        self._completions[sid] = completion
+        if completion.ok:
+            self._outputs[sid] = context.to_dict()
+            self._states[sid] = StepState.COMPLETED
+            self._advance()
+        else:
+            self._errors.setdefault(sid, completion.error)
+            self._step_failed(sid)
+
+    def _step_failed(self, sid: str) -> None:
+        self._states[sid] = StepState.FAILED
+        for dependent in self.workflow.dependents(sid):
+            if self._states[dependent] is StepState.PENDING:
+                self._states[dependent] = StepState.SKIPPED
+        self._advance()
+
+    def _publish(self) -> None:
+        st = self.status()
+        self._ex._events.publish(
+            HealthEventKind.WORKFLOW_PROGRESS,
+            None,
+            reason=st.execution_status.value,
+            attributes=st.as_attributes(),
+        )
+
+    def _finalize(self) -> None:
+        completions = self._completions
+        if not is_finished(self._states) or any(
+            c.status is TaskStatus.CANCELLED for c in completions.values()
+        ):
+            run_status = RunStatus.CANCELLED
+        elif any(state is StepState.FAILED for state in self._states.values()):
+            run_status = RunStatus.FAILED
+        else:
+            run_status = RunStatus.COMPLETED
+        final: dict[str, Any] = dict(self._initial)
+        for sid in self.workflow.order:
+            if sid in self._outputs:
+                final.update(self._outputs[sid])
+        error = next(
+            (self._errors[sid] for sid in self.workflow.order if sid in self._errors), None
+        )
+        self._result = WorkflowResult(
+            run_id=self.run_id,
+            workflow=self.workflow.name,
+            status=run_status,
+            context=final,
+            steps={sid: completions[sid] for sid in self.workflow.order if sid in completions},
+            error=error,
+        )
+        self._done.set()

@@ -1,0 +1,319 @@
+"""Workflows: a DAG of `TaskSpec` steps, the `Context` that flows along it, and the
+pure functions (readiness, status) the coordinator is built on.
+
+The coordinator itself lives in ``_coordinator.py``; nothing here awaits.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from typing import Any, final
+
+import attrs
+
+from ._errors import WorkflowError
+from ._spec import TaskSpec
+
+
+class StepState(enum.StrEnum):
+    """Where one step of a run is."""
+
+    PENDING = "pending"  #: dependencies not complete yet
+    READY = "ready"  #: dependencies complete; submitted or about to be (may wait for a slot)
+    RUNNING = "running"  #: started (active or deferred)
+    COMPLETED = "completed"
+    FAILED = "failed"  #: failed after its retries (or timed out, or was cancelled)
+    SKIPPED = "skipped"  #: a dependency failed: it will not run
+
+
+class ExecutionStatus(enum.StrEnum):
+    """What a run as a whole is doing, derived in this order of precedence."""
+
+    READY_STEPS_AVAILABLE = "ready_steps_available"
+    STEPS_IN_PROGRESS = "steps_in_progress"
+    BLOCKED_BY_FAILURES = "blocked_by_failures"
+    COMPLETE = "complete"
+    AWAITING_DEPENDENCIES = "awaiting_dependencies"
+
+
+class RunStatus(enum.StrEnum):
+    """How a run ended (or that it has not yet)."""
+
+    RUNNING = "running"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+_RECOMMENDED = {
+    ExecutionStatus.READY_STEPS_AVAILABLE: "execute_ready_steps",
+    ExecutionStatus.STEPS_IN_PROGRESS: "wait_for_completion",
+    ExecutionStatus.BLOCKED_BY_FAILURES: "handle_failures",
+    ExecutionStatus.COMPLETE: "finalize_run",
+    ExecutionStatus.AWAITING_DEPENDENCIES: "wait_for_dependencies",
+}
+
+_DONE = frozenset({StepState.COMPLETED, StepState.FAILED, StepState.SKIPPED})
+
+
+@final
+class Workflow:
+    """A named DAG of steps, validated when it is made.
+
+    Args:
+      name: the workflow's name (also what recovery matches persisted runs by).
+      specs: the steps, `TaskSpec` values made with `task`; their
+        ``dependencies`` name other steps of this workflow.
+
+    Raises:
+      WorkflowError: for an empty workflow, a duplicate step id, a dependency on
+        an unknown step, or a cycle (the message shows the cycle's path).
+
+    Example::
+
+        wf = Workflow("etl", [fetch, wait_for_data, transform, load])
+    """
+
+    __slots__ = ("_order", "_specs", "name")
+
+    def __init__(self, name: str, specs: Iterable[TaskSpec]) -> None:
+        if not isinstance(name, str) or not name:
+            raise WorkflowError(f"a workflow needs a non-empty name, got {name!r}")
+        self.name = name
+        steps: dict[str, TaskSpec] = {}
+        for spec in specs:
+            if not isinstance(spec, TaskSpec):
+                raise WorkflowError(
+                    f"workflow {name!r}: steps must be TaskSpecs made with @task, got {spec!r}"
+                )
+            if spec.id in steps:
+                raise WorkflowError(f"workflow {name!r}: duplicate step id {spec.id!r}")
+            steps[spec.id] = spec
+        if not steps:
+            raise WorkflowError(f"workflow {name!r} is empty: it needs at least one step")
+        for spec in steps.values():
+            for dep in spec.dependencies:
+                if dep not in steps:
+                    raise WorkflowError(
+                        f"workflow {name!r}: step {spec.id!r} depends on unknown step {dep!r}"
+                    )
+        self._specs = steps
+        self._order = _topological_order(name, steps)
+
+    @property
+    def steps(self) -> Mapping[str, TaskSpec]:
+        """Step id -> spec, in the order given."""
+        return self._specs
+
+    @property
+    def order(self) -> tuple[str, ...]:
+        """The step ids in a topological order (dependencies first, ties by the
+        order given)."""
+        return self._order
+
+    def dependents(self, step_id: str) -> list[str]:
+        """Every step that depends on ``step_id``, directly or not."""
+        out: list[str] = []
+        seen = {step_id}
+        frontier = [step_id]
+        while frontier:
+            current = frontier.pop()
+            for sid, spec in self._specs.items():
+                if current in spec.dependencies and sid not in seen:
+                    seen.add(sid)
+                    out.append(sid)
+                    frontier.append(sid)
+        return out
+
+    def __repr__(self) -> str:
+        return f"<Workflow {self.name!r}: {' -> '.join(self._order)}>"
+
+
+def _topological_order(name: str, steps: Mapping[str, TaskSpec]) -> tuple[str, ...]:
+    # Depth-first, so a cycle can be reported as the path that closes it.
+    order: list[str] = []
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    path: list[str] = []
+
+    def visit(sid: str) -> None:
+        mark = state.get(sid)
+        if mark == 2:
+            return
+        if mark == 1:
+            cycle = [*path[path.index(sid) :], sid]
+            raise WorkflowError(f"workflow {name!r} has a cycle: {' -> '.join(cycle)}")
+        state[sid] = 1
+        path.append(sid)
+        for dep in steps[sid].dependencies:
+            visit(dep)
+        path.pop()
+        state[sid] = 2
+        order.append(sid)
+
+    for sid in steps:
+        visit(sid)
+    return tuple(order)
+
+
+def _check_json(key: str, value: object) -> None:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(
+            f"context[{key!r}] must be JSON-serialisable, got {type(value).__name__}: {exc}"
+        ) from None
+
+
+@final
+class Context(MutableMapping[str, Any]):
+    """The mapping a step reads its inputs from and writes its outputs to.
+
+    Values must be JSON-serialisable (a bad value raises `TypeError` at the
+    write, naming the key). A step sees the merge of its dependencies' contexts
+    (for a key two dependencies both set, the one listed later in the step's
+    ``dependencies`` wins); what it writes flows to its dependents.
+    """
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, Any] | None = None) -> None:
+        self._data: dict[str, Any] = {}
+        if data:
+            for key, value in data.items():
+                self[key] = value
+
+    def __getitem__(self, key: str) -> Any:
+        return self._data[key]
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if not isinstance(key, str):
+            raise TypeError(f"context keys must be strings, got {key!r}")
+        _check_json(key, value)
+        self._data[key] = value
+
+    def __delitem__(self, key: str) -> None:
+        del self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def to_dict(self) -> dict[str, Any]:
+        """A plain copy, detached from this context."""
+        return json.loads(json.dumps(self._data))  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"Context({self._data!r})"
+
+
+def merged_input(
+    workflow: Workflow,
+    step_id: str,
+    initial: Mapping[str, Any],
+    outputs: Mapping[str, Mapping[str, Any]],
+) -> dict[str, Any]:
+    """What ``step_id`` starts from: the run's initial context for a root step,
+    else its dependencies' output contexts merged in ``dependencies`` order."""
+    deps = workflow.steps[step_id].dependencies
+    if not deps:
+        return dict(initial)
+    merged: dict[str, Any] = {}
+    for dep in deps:
+        merged.update(outputs[dep])
+    return merged
+
+
+def ready(workflow: Workflow, states: Mapping[str, StepState]) -> list[str]:
+    """Steps that can start now: PENDING, with every dependency COMPLETED."""
+    return [
+        sid
+        for sid in workflow.order
+        if states[sid] is StepState.PENDING
+        and all(states[d] is StepState.COMPLETED for d in workflow.steps[sid].dependencies)
+    ]
+
+
+@attrs.frozen(kw_only=True)
+class WorkflowStatus:
+    """A run's progress, as published in ``workflow_progress`` events."""
+
+    run_id: str
+    workflow: str
+    execution_status: ExecutionStatus
+    health_status: str  #: "healthy", "degraded" (a failure, others still going), "blocked"
+    total_steps: int
+    completed_steps: int
+    ready_steps: int  #: dependencies complete, not started (queued for a slot included)
+    in_progress_steps: int  #: started and not finished (deferred ones included)
+    deferred_steps: int
+    failed_steps: int
+    skipped_steps: int
+    completion_percentage: float  #: 0-100: completed steps over all steps
+    recommended_action: str
+
+    def as_attributes(self) -> dict[str, Any]:
+        """The fields as a plain dict (what a ``workflow_progress`` event carries)."""
+        out = attrs.asdict(self)
+        out["execution_status"] = self.execution_status.value
+        return out
+
+
+def status(
+    run_id: str,
+    workflow: Workflow,
+    states: Mapping[str, StepState],
+    deferred: int = 0,
+) -> WorkflowStatus:
+    """Derive a run's `WorkflowStatus` from its step states (pure).
+
+    ``execution_status`` takes the first that applies: ready steps, steps in
+    progress, blocked by failures, complete, awaiting dependencies.
+    """
+    counts = dict.fromkeys(StepState, 0)
+    for state in states.values():
+        counts[state] += 1
+    ready_now = counts[StepState.READY] + len(ready(workflow, states))
+    in_progress = counts[StepState.RUNNING]
+    failed = counts[StepState.FAILED]
+    total = len(states)
+    finished = counts[StepState.COMPLETED] + failed + counts[StepState.SKIPPED]
+    if ready_now:
+        execution = ExecutionStatus.READY_STEPS_AVAILABLE
+    elif in_progress:
+        execution = ExecutionStatus.STEPS_IN_PROGRESS
+    elif failed:
+        execution = ExecutionStatus.BLOCKED_BY_FAILURES
+    elif finished == total:
+        execution = ExecutionStatus.COMPLETE
+    else:
+        execution = ExecutionStatus.AWAITING_DEPENDENCIES
+    if not failed:
+        health = "healthy"
+    elif execution is ExecutionStatus.BLOCKED_BY_FAILURES:
+        health = "blocked"
+    else:
+        health = "degraded"
+    return WorkflowStatus(
+        run_id=run_id,
+        workflow=workflow.name,
+        execution_status=execution,
+        health_status=health,
+        total_steps=total,
+        completed_steps=counts[StepState.COMPLETED],
+        ready_steps=ready_now,
+        in_progress_steps=in_progress,
+        deferred_steps=deferred,
+        failed_steps=failed,
+        skipped_steps=counts[StepState.SKIPPED],
+        completion_percentage=round(100.0 * counts[StepState.COMPLETED] / total, 2),
+        recommended_action=_RECOMMENDED[execution],
+    )
+
+
+def is_finished(states: Mapping[str, StepState]) -> bool:
+    """True once no step can change any more."""
+    return all(state in _DONE for state in states.values())
