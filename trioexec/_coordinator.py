@@ -7,6 +7,7 @@ per step in flight, which submits the step and waits for its completion.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, final
@@ -17,6 +18,7 @@ import trio
 from ._errors import TrioexecError
 from ._events import HealthEventKind
 from ._records import SubStatus, TaskCompletion, TaskStatus
+from ._store import RunRecord
 from ._workflow import (
     Context,
     RunStatus,
@@ -65,12 +67,14 @@ class WorkflowRun:
         workflow: Workflow,
         context: Mapping[str, Any] | None,
         run_id: str | None = None,
+        restored: RunRecord | None = None,
     ) -> None:
         self.run_id = run_id or uuid.uuid4().hex
         self.workflow = workflow
         self._ex = executor
         self._initial = Context(context).to_dict()
         self._states = dict.fromkeys(workflow.order, StepState.PENDING)
+        self._resumed = restored is not None
         self._refs: dict[str, TaskRef] = {}
         self._outputs: dict[str, dict[str, Any]] = {}
         self._completions: dict[str, TaskCompletion] = {}
@@ -78,6 +82,18 @@ class WorkflowRun:
         self._nursery: trio.Nursery | None = None
         self._done = trio.Event()
         self._result: WorkflowResult | None = None
+        if restored is not None:
+            # Completed steps keep their outputs and are not run again; failed and
+            # skipped ones stay so; the rest (interrupted or not started) run.
+            for sid, (state, output) in restored.steps.items():
+                if sid not in self._states:
+                    continue  # the workflow changed since: forget unknown steps
+                step_state = StepState(state)
+                if step_state is StepState.COMPLETED and output is not None:
+                    self._outputs[sid] = json.loads(output)
+                    self._states[sid] = step_state
+                elif step_state in (StepState.FAILED, StepState.SKIPPED):
+                    self._states[sid] = step_state
 
     # ------------------------------------------------------------------ public
 
@@ -111,6 +127,10 @@ class WorkflowRun:
     async def _coordinate(
         self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
+        if not self._resumed:
+            self._ex._log_run(
+                ("run", self.run_id, 0, self.workflow.name, json.dumps(self._initial))
+            )
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -143,8 +163,12 @@ class WorkflowRun:
         completion = await ref.wait()
         self._completions[sid] = completion
         if completion.ok:
-            self._outputs[sid] = context.to_dict()
+            output = context.to_dict()
+            self._outputs[sid] = output
             self._states[sid] = StepState.COMPLETED
+            self._ex._log_run(
+                ("step", self.run_id, 0, sid, StepState.COMPLETED, json.dumps(output), ref.task_id)
+            )
             self._advance()
         else:
             self._errors.setdefault(sid, completion.error)
@@ -152,9 +176,16 @@ class WorkflowRun:
 
     def _step_failed(self, sid: str) -> None:
         self._states[sid] = StepState.FAILED
+        ref = self._refs.get(sid)
+        self._ex._log_run(
+            ("step", self.run_id, 0, sid, StepState.FAILED, None, ref and ref.task_id)
+        )
         for dependent in self.workflow.dependents(sid):
             if self._states[dependent] is StepState.PENDING:
                 self._states[dependent] = StepState.SKIPPED
+                self._ex._log_run(
+                    ("step", self.run_id, 0, dependent, StepState.SKIPPED, None, None)
+                )
         self._advance()
 
     def _publish(self) -> None:
@@ -191,4 +222,8 @@ class WorkflowRun:
             steps={sid: completions[sid] for sid in self.workflow.order if sid in completions},
             error=error,
         )
+        if run_status is not RunStatus.CANCELLED or is_finished(self._states):
+            # A run cut short by a shutdown stays 'running' in the store, so that
+            # recovery resumes it; one that ended is recorded as ended.
+            self._ex._log_run(("run_end", self.run_id, 0, run_status, self._ex._wall()))
         self._done.set()

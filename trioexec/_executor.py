@@ -32,6 +32,7 @@ from ._errors import (
     CapacityExceeded,
     ExecutorClosed,
     PermanentError,
+    TaskDefinitionError,
     TaskRejected,
     TaskTimeout,
     TrioexecError,
@@ -42,7 +43,7 @@ from ._metrics import ExecutorMetrics
 from ._records import ExecutionRecord, SubStatus, TaskCompletion, TaskStatus
 from ._slots import SlotPool, SlotToken
 from ._spec import CallInfo, TaskSpec, call_info, collect_specs
-from ._store import Change, Store
+from ._store import Change, RunRecord, Store
 from ._workflow import Workflow
 
 
@@ -271,11 +272,14 @@ class Executor:
         config: ExecutorConfig,
         store: Store | None = None,
         specs: dict[str, TaskSpec] | None = None,
+        workflows: dict[str, Workflow] | None = None,
     ) -> None:
         # nursery=None: no workers; something else (DeterministicExecutor) runs jobs.
         self._nursery = nursery
         self._store = store
         self._specs = specs or {}
+        self._workflows = workflows or {}
+        self._active_runs: dict[str, WorkflowRun] = {}
         self._wall: Callable[[], float] = time.time if store is None else store.clock
         self.owner = uuid.uuid4().hex
         self._journal: list[Change] = []  # changes not yet handed to the store
@@ -928,8 +932,15 @@ class Executor:
             raise TypeError("workflows need an executor from open_executor")
         run = WorkflowRun(self, workflow, context, run_id)
         self._runs += 1
+        self._active_runs[run.run_id] = run
         await self._nursery.start(run._coordinate)
         return run
+
+    @property
+    def workflow_runs(self) -> Mapping[str, WorkflowRun]:
+        """The runs in progress in this executor (started here or resumed by
+        recovery), by run id."""
+        return self._active_runs
 
     async def run_workflow(
         self,
@@ -943,8 +954,18 @@ class Executor:
         run = await self.start_workflow(workflow, context, run_id=run_id)
         return await run.wait()
 
+    def _log_run(self, change: Change) -> None:
+        """Journal a workflow-run change (with a store). A 'run' change gets its
+        owner and creation time here."""
+        if self._store is None:
+            return
+        if change[0] == "run":
+            change = (*change, self.owner, self._wall())
+        self._log(change)
+
     def _run_finished(self, run: WorkflowRun) -> None:
         self._runs -= 1
+        self._active_runs.pop(run.run_id, None)
         if self._idle_lot and self._is_idle():
             self._idle_lot.unpark_all()
 
@@ -1089,7 +1110,21 @@ class Executor:
             ref._submitted_at = record.submitted_at or ref._submitted_at
             self._submitted -= 1  # a recovered execution is not a new submission
             self._enqueue(ref, recovered=True)
+        if self._workflows and not self.closed:
+            runs = await self._store_call(
+                store.claim_runs, self.owner, self._wall(), list(self._workflows)
+            )
+            for record in runs:
+                self._resume_run(record)
         return len(result.claimed) >= room
+
+    def _resume_run(self, record: RunRecord) -> None:
+        assert self._nursery is not None
+        workflow = self._workflows[record.workflow]
+        run = WorkflowRun(self, workflow, json.loads(record.context), record.run_id, record)
+        self._runs += 1
+        self._active_runs[run.run_id] = run
+        self._nursery.start_soon(run._coordinate)
 
     async def _close_store(self) -> None:
         """Write what is left and give up the lease (if nothing of ours is live)."""
@@ -1252,7 +1287,14 @@ async def open_executor(
         event_capacity=event_capacity,
         task_budget=task_budget,
     )
-    specs = collect_specs(tasks)
+    items = list(tasks)
+    workflows: dict[str, Workflow] = {}
+    for item in items:
+        if isinstance(item, Workflow):
+            if item.name in workflows:
+                raise TaskDefinitionError(f"duplicate workflow name {item.name!r} in tasks=")
+            workflows[item.name] = item
+    specs = collect_specs(i for i in items if not isinstance(i, Workflow))
     _check_seconds("lease", lease)
     _check_int("max_recovery_attempts", max_recovery_attempts, minimum=0)
     if store is not None and not callable(getattr(store, "write", None)):
@@ -1264,7 +1306,7 @@ async def open_executor(
         # heartbeat in the outer one, so the last completions are written after
         # the last worker has finished, whatever ended the block.
         async with trio.open_nursery() as infra:
-            ex = Executor(None, config, store, specs)
+            ex = Executor(None, config, store, specs, workflows)
             if store is not None:
                 await ex._store_call(store.heartbeat, ex.owner, ex._wall() + lease)
                 infra.start_soon(ex._writer)

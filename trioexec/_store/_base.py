@@ -4,7 +4,7 @@ change records it hands over in batches (group commit)."""
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Protocol
 
 import attrs
@@ -17,7 +17,12 @@ from .._records import ExecutionRecord, SubStatus, TaskStatus
 #   ("sub", task_id, version, sub_status, deferred_since)     sub_status: SubStatus
 #   ("retry", task_id, version, error)                         back to pending
 #   ("finish", task_id, version, status, finished_at, error)   status: TaskStatus
+# and for workflow runs (the second field is the run id; the third is unused):
+#   ("run", run_id, 0, workflow, context_json, owner, created_at)
+#   ("step", run_id, 0, step_id, state, output_json, task_id)  state: a StepState value
+#   ("run_end", run_id, 0, status, finished_at)                status: a RunStatus value
 Change = tuple[object, ...]
+RUN_KINDS = frozenset({"run", "step", "run_end"})
 
 LIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
 
@@ -76,6 +81,23 @@ def apply_change(row: dict[str, object] | None, change: Change) -> bool:
     return True
 
 
+@attrs.frozen(kw_only=True)
+class RunRecord:
+    """A workflow run as a store has it: enough to resume it."""
+
+    run_id: str
+    workflow: str
+    status: str
+    context: str  #: the initial context, JSON
+    owner: str | None
+    created_at: float | None
+    finished_at: float | None
+    steps: dict[str, tuple[str, str | None]]  #: step id -> (state, output JSON or None)
+
+
+SUPERSEDED = "superseded: its workflow run was resumed by another executor"
+
+
 @attrs.frozen
 class Recovery:
     """What one recovery pass did."""
@@ -121,6 +143,20 @@ class Store(Protocol):
         version + 1, ``recovery_attempts`` + 1), at most ``limit`` of them; the rest
         fail ``orphaned``; past ``max_recovery_attempts`` they fail ``abandoned``.
         Never touches finished rows."""
+        ...
+
+    def claim_runs(self, owner: str, now: float, workflows: Collection[str]) -> list[RunRecord]:
+        """Atomically take over the unfinished runs (of the named workflows) whose
+        owner's lease expired before ``now``; their live step executions are
+        cancelled as superseded (the steps will run again)."""
+        ...
+
+    def run(self, run_id: str) -> RunRecord | None:
+        """One workflow run, or None."""
+        ...
+
+    def runs(self, *, status: str | None = None) -> list[RunRecord]:
+        """Workflow runs, oldest first."""
         ...
 
     def release_owner(self, owner: str) -> None:

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import datetime
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, final
 
 from .._records import ExecutionRecord, SubStatus, TaskStatus
 from ._base import (
     LIVE,
     ORPHANED,
+    RUN_KINDS,
+    SUPERSEDED,
     Change,
     Recovery,
+    RunRecord,
     abandoned_error,
     apply_change,
     new_row,
@@ -37,6 +40,7 @@ class MemoryStore:
         self.clock = clock
         self._rows: dict[str, dict[str, Any]] = {}
         self._owners: dict[str, float] = {}
+        self._runs: dict[str, dict[str, Any]] = {}
         self._closed = False
 
     def write(self, changes: Sequence[Change]) -> list[str]:
@@ -45,7 +49,9 @@ class MemoryStore:
         for change in changes:
             task_id = change[1]
             assert isinstance(task_id, str)
-            if change[0] == "submit":
+            if change[0] in RUN_KINDS:
+                self._write_run(change)
+            elif change[0] == "submit":
                 if task_id in rows:
                     fenced.append(task_id)
                 else:
@@ -53,6 +59,72 @@ class MemoryStore:
             elif not apply_change(rows.get(task_id), change):
                 fenced.append(task_id)
         return fenced
+
+    def _write_run(self, change: Change) -> None:
+        kind, run_id = change[0], change[1]
+        if kind == "run":
+            _, _, _, workflow, context, owner, created_at = change
+            self._runs.setdefault(
+                str(run_id),
+                {
+                    "run_id": run_id,
+                    "workflow": workflow,
+                    "status": "running",
+                    "context": context,
+                    "owner": owner,
+                    "created_at": created_at,
+                    "finished_at": None,
+                    "steps": {},
+                },
+            )
+            return
+        run = self._runs.get(str(run_id))
+        if run is None:
+            return
+        if kind == "step":
+            _, _, _, step_id, state, output, _task_id = change
+            run["steps"][step_id] = (state, output)
+        else:
+            run["status"] = change[3]
+            run["finished_at"] = change[4]
+
+    def claim_runs(self, owner: str, now: float, workflows: Collection[str]) -> list[RunRecord]:
+        claimed = []
+        for run in self._runs.values():
+            if run["status"] != "running" or run["workflow"] not in workflows:
+                continue
+            if run["owner"] == owner:
+                continue
+            lease = self._owners.get(run["owner"])
+            if lease is not None and lease >= now:
+                continue
+            run["owner"] = owner
+            for row in self._rows.values():
+                if row["run_id"] == run["run_id"] and row["status"] in LIVE:
+                    row.update(
+                        status=TaskStatus.CANCELLED,
+                        sub_status=None,
+                        deferred_since=None,
+                        finished_at=now,
+                        error=SUPERSEDED,
+                    )
+            claimed.append(self._run_record(run))
+        return claimed
+
+    def run(self, run_id: str) -> RunRecord | None:
+        run = self._runs.get(run_id)
+        return None if run is None else self._run_record(run)
+
+    def runs(self, *, status: str | None = None) -> list[RunRecord]:
+        return [
+            self._run_record(r)
+            for r in self._runs.values()
+            if status is None or r["status"] == status
+        ]
+
+    @staticmethod
+    def _run_record(run: dict[str, Any]) -> RunRecord:
+        return RunRecord(**{**run, "steps": dict(run["steps"])})
 
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:
         self._owners[owner] = lease_expires_at
@@ -82,8 +154,8 @@ class MemoryStore:
         orphaned: list[ExecutionRecord] = []
         abandoned: list[ExecutionRecord] = []
         for row in self._rows.values():
-            if row["status"] not in LIVE or row["owner"] == owner:
-                continue
+            if row["status"] not in LIVE or row["owner"] == owner or row["run_id"] is not None:
+                continue  # (a workflow step is resumed with its run, by claim_runs)
             lease = self._owners.get(row["owner"])
             if lease is not None and lease >= now:
                 continue

@@ -11,7 +11,7 @@ import datetime
 import os
 import sqlite3
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, final
 
 import sqlite_utils
@@ -19,9 +19,20 @@ from sqlite_utils.migrations import Migrations
 
 from .._errors import StoreError
 from .._records import ExecutionRecord, SubStatus, TaskStatus
-from ._base import ORPHANED, Change, Recovery, abandoned_error, apply_change, new_row, seconds
+from ._base import (
+    ORPHANED,
+    RUN_KINDS,
+    SUPERSEDED,
+    Change,
+    Recovery,
+    RunRecord,
+    abandoned_error,
+    apply_change,
+    new_row,
+    seconds,
+)
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIGRATIONS = Migrations("trioexec")
 
 
@@ -62,6 +73,30 @@ def _initial(db: sqlite_utils.Database) -> None:
         "INSERT INTO trioexec_meta (key, value) VALUES ('schema_version', ?)",
         [str(SCHEMA_VERSION)],
     )
+
+
+@MIGRATIONS(name="0002_workflow_runs")
+def _workflow_runs(db: sqlite_utils.Database) -> None:
+    db["workflow_runs"].create(  # type: ignore[union-attr]
+        {
+            "run_id": str,
+            "workflow": str,
+            "status": str,
+            "context": str,
+            "owner": str,
+            "created_at": float,
+            "finished_at": float,
+        },
+        pk="run_id",
+        not_null={"workflow", "status", "context"},
+    )
+    db["workflow_steps"].create(  # type: ignore[union-attr]
+        {"run_id": str, "step_id": str, "state": str, "output": str, "task_id": str},
+        pk=("run_id", "step_id"),
+        not_null={"state"},
+    )
+    db.execute("CREATE INDEX workflow_runs_status ON workflow_runs (status, workflow)")
+    db.execute("UPDATE trioexec_meta SET value = '2' WHERE key = 'schema_version'")
 
 
 _COLUMNS = (
@@ -251,7 +286,9 @@ class SQLiteStore:
             for change in changes:
                 task_id = change[1]
                 kind = change[0]
-                if kind == "submit":
+                if kind in RUN_KINDS:
+                    _write_run(conn, change)
+                elif kind == "submit":
                     if task_id in existing or task_id in fresh:
                         fenced.append(str(task_id))
                     else:
@@ -287,6 +324,75 @@ class SQLiteStore:
                 )
             )
         return found
+
+    def claim_runs(self, owner: str, now: float, workflows: Collection[str]) -> list[RunRecord]:
+        names = sorted(workflows)
+        if not names:
+            return []
+        marks = ",".join("?" * len(names))
+        with self._transaction("claim workflow runs") as conn:
+            run_ids = [
+                row[0]
+                for row in conn.execute(
+                    "SELECT r.run_id FROM workflow_runs r LEFT JOIN owners o ON o.owner = r.owner"
+                    f" WHERE r.status = 'running' AND r.workflow IN ({marks})"
+                    " AND r.owner IS NOT ?"
+                    " AND (o.lease_expires_at IS NULL OR o.lease_expires_at < ?)"
+                    " ORDER BY r.rowid",
+                    (*names, owner, now),
+                )
+            ]
+            for run_id in run_ids:
+                conn.execute("UPDATE workflow_runs SET owner = ? WHERE run_id = ?", (owner, run_id))
+                conn.execute(
+                    "UPDATE executions SET status = 'cancelled', sub_status = NULL,"
+                    " deferred_since = NULL, finished_at = ?, error = ?"
+                    " WHERE run_id = ? AND status IN ('pending', 'running')",
+                    (now, SUPERSEDED, run_id),
+                )
+            return [self._run(conn, run_id) for run_id in run_ids]
+
+    @staticmethod
+    def _run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
+        row = conn.execute(
+            "SELECT run_id, workflow, status, context, owner, created_at, finished_at"
+            " FROM workflow_runs WHERE run_id = ?",
+            (run_id,),
+        ).fetchone()
+        steps = {
+            step_id: (state, output)
+            for step_id, state, output in conn.execute(
+                "SELECT step_id, state, output FROM workflow_steps WHERE run_id = ? ORDER BY rowid",
+                (run_id,),
+            )
+        }
+        return RunRecord(
+            run_id=row[0],
+            workflow=row[1],
+            status=row[2],
+            context=row[3],
+            owner=row[4],
+            created_at=row[5],
+            finished_at=row[6],
+            steps=steps,
+        )
+
+    def run(self, run_id: str) -> RunRecord | None:
+        with self._using("query workflow run"):
+            found = self._r.execute(
+                "SELECT 1 FROM workflow_runs WHERE run_id = ?", (run_id,)
+            ).fetchone()
+            return None if found is None else self._run(self._r, run_id)
+
+    def runs(self, *, status: str | None = None) -> list[RunRecord]:
+        with self._using("query workflow runs"):
+            sql = "SELECT run_id FROM workflow_runs"
+            params: tuple[object, ...] = ()
+            if status is not None:
+                sql += " WHERE status = ?"
+                params = (status,)
+            ids = [row[0] for row in self._r.execute(sql + " ORDER BY rowid", params)]
+            return [self._run(self._r, run_id) for run_id in ids]
 
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:
         with self._transaction("heartbeat") as conn:
@@ -341,6 +447,7 @@ class SQLiteStore:
         with self._transaction("recover") as conn:
             rows = conn.execute(
                 f"{_SELECT} WHERE e.status IN ('pending', 'running') AND e.owner IS NOT ?"
+                " AND e.run_id IS NULL"  # a workflow step is resumed with its run
                 " AND (o.lease_expires_at IS NULL OR o.lease_expires_at < ?)"
                 " ORDER BY e.rowid",
                 (owner, now),
@@ -422,6 +529,30 @@ class SQLiteStore:
 
     def __repr__(self) -> str:
         return f"<SQLiteStore {self.path!r}>"
+
+
+def _write_run(conn: sqlite3.Connection, change: Change) -> None:
+    kind = change[0]
+    if kind == "run":
+        _, run_id, _, workflow, context, owner, created_at = change
+        conn.execute(
+            "INSERT OR IGNORE INTO workflow_runs (run_id, workflow, status, context, owner,"
+            " created_at) VALUES (?, ?, 'running', ?, ?, ?)",
+            (run_id, workflow, context, owner, created_at),
+        )
+    elif kind == "step":
+        _, run_id, _, step_id, state, output, task_id = change
+        conn.execute(
+            "INSERT INTO workflow_steps (run_id, step_id, state, output, task_id)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, step_id) DO UPDATE SET"
+            " state = excluded.state, output = excluded.output, task_id = excluded.task_id",
+            (run_id, step_id, _value(state), output, task_id),
+        )
+    else:
+        conn.execute(
+            "UPDATE workflow_runs SET status = ?, finished_at = ? WHERE run_id = ?",
+            (_value(change[3]), change[4], change[1]),
+        )
 
 
 def _value(v: object) -> object:

@@ -1,0 +1,111 @@
+"""Workflow runs in a store: persisted steps and outputs, resumed by recovery."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+from trioexec import (
+    MemoryStore,
+    RunStatus,
+    SQLiteStore,
+    TaskHandle,
+    TaskStatus,
+    Workflow,
+    open_executor,
+    task,
+)
+from trioexec.testing import FakeWallClock
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def store(request, tmp_path):
+    s = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "wf.db", inline=True)
+    yield s
+    s.close()
+
+
+def pipeline(calls, gate):
+    @task(id="extract")
+    async def extract(ctx):
+        calls.append("extract")
+        ctx["rows"] = [1, 2, 3]
+
+    @task(id="wait", dependencies=["extract"])
+    async def wait(ctx, handle: TaskHandle):
+        calls.append("wait")
+        await handle.defer_until(gate)
+        ctx["landed"] = True
+
+    @task(id="load", dependencies=["wait"])
+    async def load(ctx):
+        calls.append("load")
+        ctx["total"] = sum(ctx["rows"])
+
+    return Workflow("etl", [extract, wait, load])
+
+
+async def test_run_and_steps_are_persisted(store, autojump_clock):
+    calls: list[str] = []
+    gate = trio.Event()
+    gate.set()
+    wf = pipeline(calls, gate)
+    async with open_executor(store=store) as ex:
+        result = await ex.run_workflow(wf, {"job": 1})
+    assert result.ok
+    rec = store.run(result.run_id)
+    assert rec.workflow == "etl"
+    assert rec.status == "completed"
+    assert {sid: state for sid, (state, _) in rec.steps.items()} == dict.fromkeys(
+        ["extract", "wait", "load"], "completed"
+    )
+    steps = store.executions(run_id=result.run_id)
+    assert [s.name for s in steps] == ["extract", "wait", "load"]
+    assert all(s.status is TaskStatus.COMPLETED for s in steps)
+
+
+async def test_interrupted_run_resumes_without_redoing_finished_steps(store, autojump_clock):
+    store.clock = FakeWallClock(start=0)
+    calls: list[str] = []
+    gate = trio.Event()
+    wf = pipeline(calls, gate)
+
+    with trio.move_on_after(5):  # the first executor is cut short while 'wait' defers
+        async with open_executor(store=store, lease=3) as ex:
+            run = await ex.start_workflow(wf, {"job": 1})
+            await trio.sleep_forever()
+    assert calls == ["extract", "wait"]
+    assert store.run(run.run_id).status == "running"
+
+    gate.set()
+    async with open_executor(store=store, recover=True, tasks=[wf], lease=3) as ex2:
+        await ex2.wait_for_idle()
+        [resumed] = [r for r in store.runs() if r.run_id == run.run_id]
+        del resumed
+    assert calls == ["extract", "wait", "wait", "load"]  # extract not re-run
+    rec = store.run(run.run_id)
+    assert rec.status == "completed"
+    assert rec.owner == ex2.owner
+    # The interrupted execution of 'wait' was superseded, not resurrected.
+    waits = [e for e in store.executions(run_id=run.run_id) if e.name == "wait"]
+    assert [w.status for w in waits] == [TaskStatus.CANCELLED, TaskStatus.COMPLETED]
+
+
+async def test_resumed_run_restores_outputs_into_the_context(store, autojump_clock):
+    store.clock = FakeWallClock(start=0)
+    calls: list[str] = []
+    gate = trio.Event()
+    wf = pipeline(calls, gate)
+    with trio.move_on_after(5):
+        async with open_executor(store=store, lease=3) as ex:
+            await ex.start_workflow(wf, {"job": 1})
+            await trio.sleep_forever()
+    gate.set()
+    results = []
+    async with open_executor(store=store, recover=True, tasks=[wf], lease=3) as ex2:
+        for run in list(ex2.workflow_runs.values()):
+            results.append(await run.wait())
+    [result] = results
+    assert result.status is RunStatus.COMPLETED
+    assert result.context == {"job": 1, "rows": [1, 2, 3], "landed": True, "total": 6}
