@@ -67,9 +67,8 @@ async def main() -> None:
 
             print("\nresults:", *results, sep="\n  ")
             rows = store.executions()
-            print(
-                f"\nstore: {len(rows)} executions, statuses {sorted({r.status.value for r in rows})}"
-            )
+            statuses = sorted({r.status.value for r in rows})
+            print(f"\nstore: {len(rows)} executions, statuses {statuses}")
             assert all(r.status is TaskStatus.COMPLETED and r.sub_status is None for r in rows)
 
 
