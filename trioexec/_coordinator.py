@@ -159,7 +159,6 @@ class WorkflowRun:
             self._step_failed(sid)
             return
         self._refs[sid] = ref
-        self._publish()
         completion = await ref.wait()
         self._completions[sid] = completion
         if completion.ok:
