@@ -18,6 +18,7 @@ import trio
 from ._errors import TrioexecError
 from ._events import HealthEventKind
 from ._records import SubStatus, TaskCompletion, TaskStatus
+from ._spec import TaskSpec
 from ._store import RunRecord
 from ._workflow import (
     Context,
@@ -79,6 +80,8 @@ class WorkflowRun:
         self._outputs: dict[str, dict[str, Any]] = {}
         self._completions: dict[str, TaskCompletion] = {}
         self._errors: dict[str, BaseException | None] = {}
+        self._attempt_outputs: dict[str, dict[str, Any]] = {}  # set by a successful attempt
+        self._last_published: WorkflowStatus | None = None
         self._nursery: trio.Nursery | None = None
         self._done = trio.Event()
         self._result: WorkflowResult | None = None
@@ -102,7 +105,10 @@ class WorkflowRun:
         states = dict(self._states)
         deferred = 0
         for sid, ref in self._refs.items():
-            if states[sid] is StepState.READY and ref.status is TaskStatus.RUNNING:
+            # Started (running, deferred, or between retry attempts): in progress.
+            if states[sid] is StepState.READY and (
+                ref.status is TaskStatus.RUNNING or ref._attempts > 0
+            ):
                 states[sid] = StepState.RUNNING
             if ref.sub_status is SubStatus.DEFERRED:
                 deferred += 1
@@ -147,12 +153,49 @@ class WorkflowRun:
             self._nursery.start_soon(self._run_step, sid, name=f"{self.workflow.name}.{sid}")
         self._publish()
 
-    async def _run_step(self, sid: str) -> None:
+    def _step_spec(self, sid: str) -> TaskSpec:
+        """The step's spec with a function that runs each attempt on a fresh copy of
+        the step's input and keeps the context it leaves as the step's output.
+
+        So a failed attempt's writes never reach the next attempt, siblings never
+        share nested values, and a context that is no longer JSON fails the step
+        (inside the attempt, where retries apply) instead of the coordinator.
+        """
         spec = self.workflow.steps[sid]
-        context = Context(merged_input(self.workflow, sid, self._initial, self._outputs))
+        fn = spec.fn
+        outputs = self._attempt_outputs
+
+        if spec.is_async:
+
+            async def run_async(input_json: str, **handle: Any) -> Any:
+                context = Context._trusted(json.loads(input_json))
+                result = await fn(context, **handle)
+                outputs[sid] = context.to_dict()
+                return result
+
+            return attrs.evolve(spec, fn=run_async)
+
+        def run_sync(input_json: str, **handle: Any) -> Any:
+            context = Context._trusted(json.loads(input_json))
+            result = fn(context, **handle)
+            outputs[sid] = context.to_dict()
+            return result
+
+        return attrs.evolve(spec, fn=run_sync)
+
+    async def _run_step(self, sid: str) -> None:
+        step_input = json.dumps(merged_input(self.workflow, sid, self._initial, self._outputs))
         try:
             ref = await self._ex._submit(
-                spec, (context,), sid, None, None, None, self.run_id, True, run_id=self.run_id
+                self._step_spec(sid),
+                (step_input,),
+                sid,
+                None,
+                None,
+                None,
+                self.run_id,
+                True,
+                run_id=self.run_id,
             )
         except TrioexecError as exc:  # refused (full, closed): the step fails
             self._errors.setdefault(sid, exc)
@@ -162,7 +205,7 @@ class WorkflowRun:
         completion = await ref.wait()
         self._completions[sid] = completion
         if completion.ok:
-            output = context.to_dict()
+            output = self._attempt_outputs.pop(sid)
             self._outputs[sid] = output
             self._states[sid] = StepState.COMPLETED
             self._ex._log_run(
@@ -188,7 +231,11 @@ class WorkflowRun:
         self._advance()
 
     def _publish(self) -> None:
+        """Publish a ``workflow_progress`` event if the status has changed."""
         st = self.status()
+        if st == self._last_published:
+            return
+        self._last_published = st
         self._ex._events.publish(
             HealthEventKind.WORKFLOW_PROGRESS,
             None,

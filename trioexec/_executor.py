@@ -672,6 +672,7 @@ class Executor:
         if info.handle_param is not None:
             handle = ref._handle = TaskHandle(token, ref.task_id, _observer=self)
             handle._in_thread = not info.is_async
+            handle._ref = ref
         spec = ref._fn if isinstance(ref._fn, TaskSpec) else None
         status = TaskStatus.CANCELLED
         try:
@@ -725,6 +726,8 @@ class Executor:
         ref._attempts += 1
         if self._store is not None:
             self._log(("start", ref.task_id, ref._version, ref._attempts, self._wall()))
+        if ref._run_id is not None:
+            self._step_changed(ref)
         if ref._started_at is None:
             ref._started_at = self._wall()
         info = ref._info
@@ -802,9 +805,12 @@ class Executor:
         if self._deferred > self._max_deferred:
             self._max_deferred = self._deferred
         self._events.publish(HealthEventKind.TASK_DEFERRED, handle.task_id)
-        ref = self._live.get(handle.task_id)
+        ref = handle._ref
         if ref is not None:
-            self._log(("sub", ref.task_id, ref._version, SubStatus.DEFERRED, self._wall()))
+            if self._store is not None:
+                self._log(("sub", ref.task_id, ref._version, SubStatus.DEFERRED, self._wall()))
+            if ref._run_id is not None:
+                self._step_changed(ref)
         self._worker_parked()
 
     def _handle_resumed(self, handle: TaskHandle) -> None:
@@ -815,9 +821,12 @@ class Executor:
         self._resumes += 1
         self._worker_unparked()
         self._events.publish(HealthEventKind.TASK_RESUMED, handle.task_id)
-        ref = self._live.get(handle.task_id)
+        ref = handle._ref
         if ref is not None:
-            self._log(("sub", ref.task_id, ref._version, SubStatus.ACTIVE, None))
+            if self._store is not None:
+                self._log(("sub", ref.task_id, ref._version, SubStatus.ACTIVE, None))
+            if ref._run_id is not None:
+                self._step_changed(ref)
         self._note_high_water()
 
     # ---------------------------------------------------------------- completion
@@ -962,6 +971,12 @@ class Executor:
         if change[0] == "run":
             change = (*change, self.owner, self._wall())
         self._log(change)
+
+    def _step_changed(self, ref: TaskRef) -> None:
+        """A workflow step started, deferred or resumed: its run may publish."""
+        run = self._active_runs.get(ref._run_id or "")
+        if run is not None:
+            run._publish()
 
     def _run_finished(self, run: WorkflowRun) -> None:
         self._runs -= 1

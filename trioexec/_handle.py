@@ -126,6 +126,7 @@ class TaskHandle:
         "_deferred_seconds",
         "_in_thread",
         "_observer",
+        "_ref",
         "_slot",
         "_sub_status",
         "_task_id",
@@ -147,6 +148,7 @@ class TaskHandle:
         self._deferred_at = 0.0
         self._deferred_seconds = 0.0
         self._in_thread = False  # set by the executor for sync tasks in worker threads
+        self._ref: Any = None  # the executor's TaskRef for this task
 
     @property
     def task_id(self) -> str:

@@ -7,6 +7,7 @@ The coordinator itself lives in ``_coordinator.py``; nothing here awaits.
 from __future__ import annotations
 
 import enum
+import heapq
 import json
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any, final
@@ -154,7 +155,25 @@ def _topological_order(name: str, steps: Mapping[str, TaskSpec]) -> tuple[str, .
 
     for sid in steps:
         visit(sid)
-    return tuple(order)
+    # The depth-first walk found any cycle; now the order itself: dependencies
+    # first, ties broken by the order the steps were given in.
+    position = {sid: i for i, sid in enumerate(steps)}
+    waiting = {sid: len(spec.dependencies) for sid, spec in steps.items()}
+    dependents: dict[str, list[str]] = {sid: [] for sid in steps}
+    for sid, spec in steps.items():
+        for dep in spec.dependencies:
+            dependents[dep].append(sid)
+    heap = [(position[sid], sid) for sid, n in waiting.items() if n == 0]
+    heapq.heapify(heap)
+    result: list[str] = []
+    while heap:
+        _, sid = heapq.heappop(heap)
+        result.append(sid)
+        for child in dependents[sid]:
+            waiting[child] -= 1
+            if waiting[child] == 0:
+                heapq.heappush(heap, (position[child], child))
+    return tuple(result)
 
 
 def _check_json(key: str, value: object) -> None:
@@ -184,6 +203,13 @@ class Context(MutableMapping[str, Any]):
             for key, value in data.items():
                 self[key] = value
 
+    @classmethod
+    def _trusted(cls, data: dict[str, Any]) -> Context:
+        """Wrap ``data`` (already JSON, e.g. just decoded) without checking it again."""
+        context = cls.__new__(cls)
+        context._data = data
+        return context
+
     def __getitem__(self, key: str) -> Any:
         return self._data[key]
 
@@ -203,8 +229,18 @@ class Context(MutableMapping[str, Any]):
         return len(self._data)
 
     def to_dict(self) -> dict[str, Any]:
-        """A plain copy, detached from this context."""
-        return json.loads(json.dumps(self._data))  # type: ignore[no-any-return]
+        """A plain copy, detached from this context.
+
+        Raises:
+          TypeError: naming the key, if a value was made non-JSON in place
+            (``context["items"].append({1})``), which the write check cannot see.
+        """
+        try:
+            return json.loads(json.dumps(self._data))  # type: ignore[no-any-return]
+        except (TypeError, ValueError):
+            for key, value in self._data.items():
+                _check_json(key, value)
+            raise
 
     def __repr__(self) -> str:
         return f"Context({self._data!r})"
