@@ -170,8 +170,10 @@ class SQLiteStore:
         self._read_conn: sqlite3.Connection | None = None
         with self._errors("cannot open"):
             self._write_conn = self._connect()
+            db = sqlite_utils.Database(self._write_conn)
+            self._check(db)  # before anything writes: a foreign file is left as it was
             self._write_conn.execute("PRAGMA journal_mode=WAL")
-            self._migrate(sqlite_utils.Database(self._write_conn))
+            self._migrate(db)
             self._read_conn = self._connect()
 
     def _connect(self) -> sqlite3.Connection:
@@ -181,34 +183,38 @@ class SQLiteStore:
         conn.execute("PRAGMA synchronous=NORMAL")
         return conn
 
+    def _check(self, db: sqlite_utils.Database) -> None:
+        """Refuse a foreign or newer file (reads only)."""
+        tables = set(db.table_names())
+        if tables and "trioexec_meta" not in tables:
+            shown = ", ".join(sorted(tables)[:5])
+            raise StoreError(
+                f"{self.path}: not a trioexec database (it has tables {shown}, "
+                "but no trioexec schema); refusing to touch it"
+            )
+        if "trioexec_meta" in tables:
+            row = db.conn.execute(
+                "SELECT value FROM trioexec_meta WHERE key = 'schema_version'"
+            ).fetchone()
+            found = int(row[0]) if row else 0
+            if found > SCHEMA_VERSION:
+                raise StoreError(
+                    f"{self.path}: written by a newer trioexec (schema version {found}; "
+                    f"this trioexec knows up to {SCHEMA_VERSION})"
+                )
+            known = {m.name for m in MIGRATIONS._migrations}
+            unknown = {m.name for m in MIGRATIONS.applied(db)} - known
+            if unknown:
+                raise StoreError(
+                    f"{self.path}: written by a newer trioexec "
+                    f"(unknown migrations {sorted(unknown)})"
+                )
+
     def _migrate(self, db: sqlite_utils.Database) -> None:
         conn = db.conn
         conn.execute("BEGIN IMMEDIATE")  # two processes opening a new file: one migrates
         try:
-            tables = set(db.table_names())
-            if tables and "trioexec_meta" not in tables:
-                shown = ", ".join(sorted(tables)[:5])
-                raise StoreError(
-                    f"{self.path}: not a trioexec database (it has tables {shown}, "
-                    "but no trioexec schema); refusing to touch it"
-                )
-            if "trioexec_meta" in tables:
-                row = conn.execute(
-                    "SELECT value FROM trioexec_meta WHERE key = 'schema_version'"
-                ).fetchone()
-                found = int(row[0]) if row else 0
-                if found > SCHEMA_VERSION:
-                    raise StoreError(
-                        f"{self.path}: written by a newer trioexec (schema version {found}; "
-                        f"this trioexec knows up to {SCHEMA_VERSION})"
-                    )
-                known = {m.name for m in MIGRATIONS._migrations}
-                unknown = {m.name for m in MIGRATIONS.applied(db)} - known
-                if unknown:
-                    raise StoreError(
-                        f"{self.path}: written by a newer trioexec "
-                        f"(unknown migrations {sorted(unknown)})"
-                    )
+            self._check(db)  # again, under the lock
             MIGRATIONS.apply(db)
             conn.execute("COMMIT")
         except BaseException:
