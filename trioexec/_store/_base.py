@@ -63,6 +63,8 @@ def apply_change(row: dict[str, object] | None, change: Change) -> bool:
         if row["started_at"] is None:
             row["started_at"] = change[4]
     elif kind == "sub":
+        if row["status"] is not TaskStatus.RUNNING:
+            return False  # a sub-status exists only while running
         row["sub_status"] = change[3]
         row["deferred_since"] = change[4]
     elif kind == "retry":

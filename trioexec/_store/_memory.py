@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, final
 
+from .._errors import StoreError
 from .._records import ExecutionRecord, SubStatus, TaskStatus
 from ._base import (
     LIVE,
@@ -44,6 +45,7 @@ class MemoryStore:
         self._closed = False
 
     def write(self, changes: Sequence[Change]) -> list[str]:
+        self._check_open()
         fenced: list[str] = []
         rows = self._rows
         for change in changes:
@@ -89,6 +91,7 @@ class MemoryStore:
             run["finished_at"] = change[4]
 
     def claim_runs(self, owner: str, now: float, workflows: Collection[str]) -> list[RunRecord]:
+        self._check_open()
         claimed = []
         for run in self._runs.values():
             if run["status"] != "running" or run["workflow"] not in workflows:
@@ -112,10 +115,12 @@ class MemoryStore:
         return claimed
 
     def run(self, run_id: str) -> RunRecord | None:
+        self._check_open()
         run = self._runs.get(run_id)
         return None if run is None else self._run_record(run)
 
     def runs(self, *, status: str | None = None) -> list[RunRecord]:
+        self._check_open()
         return [
             self._run_record(r)
             for r in self._runs.values()
@@ -127,18 +132,21 @@ class MemoryStore:
         return RunRecord(**{**run, "steps": dict(run["steps"])})
 
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:
+        self._check_open()
         self._owners[owner] = lease_expires_at
 
     def release_owner(self, owner: str) -> None:
+        self._check_open()
         self._owners.pop(owner, None)
 
     def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
+        self._check_open()
         lost = []
         for task_id, version in live.items():
             row = self._rows.get(task_id)
             if row is None:
                 continue  # not flushed yet: cannot have been taken
-            if row["owner"] != owner or row["version"] != version:
+            if row["owner"] != owner or row["version"] != version or row["status"] not in LIVE:
                 lost.append(task_id)
         return lost
 
@@ -150,6 +158,7 @@ class MemoryStore:
         max_recovery_attempts: int,
         limit: int | None = None,
     ) -> Recovery:
+        self._check_open()
         claimed: list[ExecutionRecord] = []
         orphaned: list[ExecutionRecord] = []
         abandoned: list[ExecutionRecord] = []
@@ -196,6 +205,7 @@ class MemoryStore:
         deferred_longer_than: float | datetime.timedelta | None = None,
         run_id: str | None = None,
     ) -> list[ExecutionRecord]:
+        self._check_open()
         want_status = None if status is None else TaskStatus(status)
         want_sub = None if sub_status is None else SubStatus(sub_status)
         cutoff = None
@@ -217,11 +227,16 @@ class MemoryStore:
         return out
 
     def execution(self, task_id: str) -> ExecutionRecord | None:
+        self._check_open()
         row = self._rows.get(task_id)
         return None if row is None else self._record(row)
 
     def _record(self, row: dict[str, Any]) -> ExecutionRecord:
         return ExecutionRecord(**row, lease_expires_at=self._owners.get(row["owner"]))
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreError("memory store: the store is closed")
 
     def close(self) -> None:
         self._closed = True

@@ -587,7 +587,8 @@ _GUARD = " WHERE task_id = ? AND version = ? AND status IN ('pending', 'running'
 _UPDATES = {
     "start": "UPDATE executions SET status = 'running', sub_status = 'active', attempt = ?,"
     " started_at = coalesce(started_at, ?)" + _GUARD,
-    "sub": "UPDATE executions SET sub_status = ?, deferred_since = ?" + _GUARD,
+    "sub": "UPDATE executions SET sub_status = ?, deferred_since = ?"
+    " WHERE task_id = ? AND version = ? AND status = 'running'",
     "retry": "UPDATE executions SET status = 'pending', sub_status = NULL,"
     " deferred_since = NULL, error = ?" + _GUARD,
     "finish": "UPDATE executions SET status = ?, sub_status = NULL, deferred_since = NULL,"

@@ -1,0 +1,344 @@
+"""`SQLiteStore` on real files: what it refuses to open (and leaves untouched),
+what survives reopening and is shared between connections, WAL, and indexes."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import sqlite3
+
+import pytest
+
+from trioexec import SQLiteStore, StoreError, SubStatus, TaskStatus
+
+
+def submit(task_id, *, run_id=None, owner="A", at=1.0):
+    return ("submit", task_id, 1, "job", run_id, None, None, owner, at)
+
+
+def make_store_file(path):
+    """A good trioexec file with one execution in it, closed (WAL checkpointed)."""
+    with SQLiteStore(path, inline=True) as store:
+        store.write([submit("t1")])
+
+
+def sql(path, statement, params=()):
+    """Run one statement on ``path`` with a plain sqlite3 connection of our own."""
+    conn = sqlite3.connect(path)
+    try:
+        with conn:
+            return conn.execute(statement, params).fetchall()
+    finally:
+        conn.close()
+
+
+def assert_refused(path, *words):
+    """Opening ``path`` raises StoreError naming the path and saying what is wrong."""
+    with pytest.raises(StoreError) as info:
+        SQLiteStore(path, inline=True)
+    message = str(info.value)
+    assert str(path) in message
+    for word in words:
+        assert word in message
+    # Not a raw sqlite3 traceback chained underneath.
+    assert info.value.__cause__ is None
+    assert info.value.__context__ is None or info.value.__suppress_context__
+    return message
+
+
+# ------------------------------------------------------------ refusing to open
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        pytest.param(random.Random(1).randbytes(8192), id="random-bytes"),
+        pytest.param(
+            b"SQLite format 3\x00" + random.Random(2).randbytes(4096 - 16), id="header-only"
+        ),
+    ],
+)
+def test_corrupt_file_is_refused_and_left_alone(tmp_path, content):
+    path = tmp_path / "runs.db"
+    path.write_bytes(content)
+    assert_refused(path, "corrupt")
+    assert path.read_bytes() == content
+    assert list(tmp_path.iterdir()) == [path]  # no -wal/-shm files either
+
+
+@pytest.mark.parametrize("cut", ["truncated", "pages-overwritten"])
+def test_damaged_trioexec_file_is_refused_and_left_alone(tmp_path, cut):
+    path = tmp_path / "runs.db"
+    with SQLiteStore(path, inline=True) as store:
+        store.write([submit(f"t{i}") for i in range(2000)])
+    good = path.read_bytes()
+    assert len(good) > 3 * 4096
+    if cut == "truncated":
+        damaged = good[: len(good) // 3]
+    else:  # keep the 100-byte header, garble the rest of the first pages
+        damaged = good[:100] + random.Random(3).randbytes(8192) + good[8292:]
+    path.write_bytes(damaged)
+    assert_refused(path, "corrupt")
+    assert path.read_bytes() == damaged
+
+
+def test_foreign_database_is_refused_and_left_alone(tmp_path):
+    # A rollback-journal file: switching it to WAL would rewrite its header.
+    path = tmp_path / "app.db"
+    sql(path, "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    sql(path, "INSERT INTO users (name) VALUES ('ada')")
+    before = path.read_bytes()
+    assert_refused(path, "not a trioexec database", "users")
+    assert path.read_bytes() == before
+    assert list(tmp_path.iterdir()) == [path]  # not switched to WAL: no -wal/-shm
+
+
+def test_foreign_wal_database_is_refused_and_left_alone(tmp_path):
+    path = tmp_path / "app.db"
+    sql(path, "PRAGMA journal_mode=WAL")
+    sql(path, "CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
+    before = path.read_bytes()
+    assert_refused(path, "not a trioexec database", "users")
+    assert path.read_bytes() == before
+
+
+def test_newer_schema_is_refused_and_left_alone(tmp_path):
+    path = tmp_path / "runs.db"
+    make_store_file(path)
+    sql(path, "UPDATE trioexec_meta SET value = '999' WHERE key = 'schema_version'")
+    before = path.read_bytes()
+    assert_refused(path, "newer trioexec", "999")
+    assert path.read_bytes() == before
+    assert sql(path, "SELECT value FROM trioexec_meta") == [("999",)]
+
+
+def test_unknown_applied_migration_is_refused_and_left_alone(tmp_path):
+    path = tmp_path / "runs.db"
+    make_store_file(path)
+    sql(
+        path,
+        "INSERT INTO _sqlite_migrations (migration_set, name, applied_at)"
+        " VALUES ('trioexec', '0099_from_the_future', '2030-01-01 00:00:00+00:00')",
+    )
+    before = path.read_bytes()
+    assert_refused(path, "newer trioexec", "0099_from_the_future")
+    assert path.read_bytes() == before
+
+
+def test_migrations_of_other_sets_are_not_ours_to_judge(tmp_path):
+    path = tmp_path / "runs.db"
+    make_store_file(path)
+    sql(
+        path,
+        "INSERT INTO _sqlite_migrations (migration_set, name, applied_at)"
+        " VALUES ('someone-else', '0099_theirs', '2030-01-01 00:00:00+00:00')",
+    )
+    with SQLiteStore(path, inline=True) as store:
+        assert [r.task_id for r in store.executions()] == ["t1"]
+
+
+def test_path_under_a_missing_directory_is_refused(tmp_path):
+    path = tmp_path / "no" / "such" / "dir" / "runs.db"
+    assert_refused(path, "cannot open")
+    assert not (tmp_path / "no").exists()
+
+
+def test_path_that_is_a_directory_is_refused(tmp_path):
+    path = tmp_path / "a-directory"
+    path.mkdir()
+    assert_refused(path, "cannot open")
+    assert list(path.iterdir()) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="needs /proc (read-only fs)")
+def test_path_on_a_read_only_filesystem_is_refused():
+    # Root can write into chmod-ed directories, but not into /proc.
+    path = "/proc/trioexec-test.db"
+    assert_refused(path, "cannot open")
+    assert not os.path.exists(path)
+
+
+# ------------------------------------------------------------ data and lifecycle
+
+
+def test_reopening_keeps_the_data(tmp_path):
+    path = tmp_path / "runs.db"
+    with SQLiteStore(path, inline=True, clock=lambda: 50.0) as store:
+        store.heartbeat("A", 80.0)
+        store.write([submit("t1", run_id="r"), submit("t2")])
+        store.write([("start", "t1", 1, 1, 10.0), ("sub", "t1", 1, SubStatus.DEFERRED, 20.0)])
+        store.write([("finish", "t2", 1, TaskStatus.FAILED, 30.0, "ValueError('x')")])
+        before = store.executions()
+    schema = sql(path, "SELECT * FROM trioexec_meta ORDER BY key")
+    migrations = sql(path, "SELECT * FROM _sqlite_migrations ORDER BY id")
+    with SQLiteStore(path, inline=True, clock=lambda: 50.0) as store:
+        assert store.executions() == before
+        assert store.executions(deferred_longer_than=30) == [before[0]]
+        assert before[0].lease_expires_at == 80.0
+        assert before[1].error == "ValueError('x')"
+    # Reopening migrated nothing again.
+    assert sql(path, "SELECT * FROM trioexec_meta ORDER BY key") == schema
+    assert sql(path, "SELECT * FROM _sqlite_migrations ORDER BY id") == migrations
+
+
+def test_two_stores_on_one_file_see_each_others_commits(tmp_path):
+    path = tmp_path / "runs.db"
+    with (
+        SQLiteStore(path, inline=True) as one,
+        SQLiteStore(path, inline=True) as two,
+    ):
+        one.write([submit("t1")])
+        assert [r.task_id for r in two.executions()] == ["t1"]
+        assert two.write([submit("t1")]) == ["t1"]  # a duplicate, wherever it comes from
+        two.write([("start", "t1", 1, 1, 2.0)])
+        record = one.execution("t1")
+        assert record is not None
+        assert record.status is TaskStatus.RUNNING
+        two.heartbeat("A", 99.0)
+        assert one.executions(sub_status=SubStatus.ACTIVE)[0].lease_expires_at == 99.0
+        # The second store claims it; the first one's writes are fenced from then on.
+        two.release_owner("A")
+        recovery = two.recover("B", 100.0, lambda r: True, 3)
+        assert [r.task_id for r in recovery.claimed] == ["t1"]
+        assert one.taken_over("A", {"t1": 1}) == ["t1"]
+        assert one.write([("finish", "t1", 1, TaskStatus.COMPLETED, 101.0, None)]) == ["t1"]
+
+
+def test_close_is_idempotent_and_use_after_close_raises(tmp_path):
+    path = tmp_path / "runs.db"
+    store = SQLiteStore(path, inline=True)
+    store.write([submit("t1")])
+    store.close()
+    store.close()
+    calls = [
+        lambda: store.write([submit("t2")]),
+        lambda: store.heartbeat("A", 1.0),
+        lambda: store.release_owner("A"),
+        lambda: store.taken_over("A", {"t1": 1}),
+        lambda: store.recover("B", 1.0, lambda r: True, 3),
+        lambda: store.executions(),
+        lambda: store.execution("t1"),
+    ]
+    for call in calls:
+        with pytest.raises(StoreError, match=re.escape(str(path)) + ".*closed"):
+            call()
+
+
+def test_context_manager_closes(tmp_path):
+    path = tmp_path / "runs.db"
+    with SQLiteStore(path, inline=True) as store:
+        store.write([submit("t1")])
+    with pytest.raises(StoreError, match="closed"):
+        store.executions()
+    # Closed for real: the last connection checkpointed the WAL away.
+    assert not (tmp_path / "runs.db-wal").exists()
+
+
+def test_wal_mode(tmp_path):
+    path = tmp_path / "runs.db"
+    with SQLiteStore(path, inline=True):
+        assert sql(path, "PRAGMA journal_mode") == [("wal",)]
+
+
+# ------------------------------------------------------------ indexes
+
+
+class Statements:
+    """Records the SQL (parameters expanded) run on connections opened while
+    installed, but only while ``on``."""
+
+    def __init__(self):
+        self.on = False
+        self.seen = []
+
+    def __call__(self, statement):
+        if self.on:
+            self.seen.append(statement)
+
+    def during(self, call):
+        self.seen, self.on = [], True
+        try:
+            call()
+        finally:
+            self.on = False
+        return [s for s in self.seen if "executions" in s]
+
+
+@pytest.fixture(scope="module")
+def big_store(tmp_path_factory):
+    """100k executions, 1000 of them running (half deferred), in runs 0-99."""
+    statements = Statements()
+    connect = sqlite3.connect
+
+    def tracing_connect(*args, **kwargs):
+        conn = connect(*args, **kwargs)
+        conn.set_trace_callback(statements)
+        return conn
+
+    path = tmp_path_factory.mktemp("big") / "big.db"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sqlite3, "connect", tracing_connect)
+        store = SQLiteStore(path, inline=True, clock=lambda: 1_000.0)
+    n = 100_000
+    assert store.write([submit(f"t{i:06d}", run_id=f"run-{i % 100}") for i in range(n)]) == []
+    running = [f"t{i:06d}" for i in range(0, n, 100)]
+    store.write(
+        [("start", t, 1, 1, 500.0) for t in running]
+        + [("sub", t, 1, SubStatus.DEFERRED, 600.0) for t in running[::2]]
+    )
+    yield store, statements, path
+    store.close()
+
+
+def full_scans(path, statements):
+    conn = sqlite3.connect(path)
+    try:
+        plans = {s: conn.execute(f"EXPLAIN QUERY PLAN {s}").fetchall() for s in statements}
+    finally:
+        conn.close()
+    return {
+        s: [row[3] for row in plan if re.match(r"SCAN (e|executions)\b", row[3])]
+        for s, plan in plans.items()
+        if any(re.match(r"SCAN (e|executions)\b", row[3]) for row in plan)
+    }
+
+
+@pytest.mark.parametrize(
+    ("query", "expected"),
+    [
+        ({"status": TaskStatus.RUNNING}, 1000),
+        ({"status": "completed"}, 0),
+        ({"sub_status": SubStatus.DEFERRED}, 500),
+        ({"sub_status": "active"}, 500),
+        ({"deferred_longer_than": 300.0}, 500),
+        ({"deferred_longer_than": 500.0}, 0),
+        ({"run_id": "run-7"}, 1000),
+        ({"status": TaskStatus.RUNNING, "sub_status": SubStatus.DEFERRED}, 500),
+        ({"status": TaskStatus.PENDING, "run_id": "run-0"}, 0),
+        ({"status": TaskStatus.PENDING, "run_id": "run-1"}, 1000),
+    ],
+    ids=repr,
+)
+def test_filtered_queries_use_an_index(big_store, query, expected):
+    store, statements, path = big_store
+    seen = statements.during(lambda: store.executions(**query))
+    assert seen, "no statement recorded: is the store still using sqlite3.connect?"
+    assert len(store.executions(**query)) == expected
+    assert full_scans(path, seen) == {}
+
+
+def test_the_periodic_lease_queries_use_an_index(big_store):
+    store, statements, path = big_store
+    live = {f"t{i:06d}": 1 for i in range(0, 100_000, 100)}
+    seen = statements.during(lambda: store.taken_over("A", live))
+    seen += statements.during(lambda: store.recover("A", 2_000.0, lambda r: True, 3))
+    assert seen
+    assert full_scans(path, seen) == {}
+
+
+def test_the_unfiltered_query_is_a_scan(big_store):
+    # The check above can fail: without filters the plan is a full scan.
+    store, statements, path = big_store
+    seen = statements.during(lambda: store.executions())
+    assert list(full_scans(path, seen).values()) == [["SCAN e"]]
