@@ -57,3 +57,10 @@ def docs(session: nox.Session) -> None:
     """Build the Sphinx docs with warnings as errors."""
     session.install("-e", ".[docs]")
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Same-run speed comparisons against raw Trio (never a pass/fail gate)."""
+    session.install("-e", ".")
+    session.run("python", str(HERE / "benchmarks" / "quick.py"), *session.posargs)
