@@ -32,7 +32,7 @@ from ._base import (
     seconds,
 )
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 MIGRATIONS = Migrations("trioexec")
 
 
@@ -97,6 +97,48 @@ def _workflow_runs(db: sqlite_utils.Database) -> None:
     )
     db.execute("CREATE INDEX workflow_runs_status ON workflow_runs (status, workflow)")
     db.execute("UPDATE trioexec_meta SET value = '2' WHERE key = 'schema_version'")
+
+
+@MIGRATIONS(name="0003_durable")
+def _durable(db: sqlite_utils.Database) -> None:
+    db["durable_promises"].create(  # type: ignore[union-attr]
+        {
+            "id": str,
+            "state": str,
+            "data": str,
+            "timeout_at": float,
+            "ikc": str,
+            "iku": str,
+            "tags": str,
+            "created_at": float,
+            "settled_at": float,
+        },
+        pk="id",
+        not_null={"state", "timeout_at", "tags", "created_at"},
+    )
+    db["durable_tasks"].create(  # type: ignore[union-attr]
+        {
+            "id": str,
+            "state": str,
+            "version": int,
+            "target": str,
+            "pid": str,
+            "ttl": float,
+            "lease_expires_at": float,
+            "timeout_at": float,
+        },
+        pk="id",
+        not_null={"state", "version"},
+    )
+    db["durable_callbacks"].create(  # type: ignore[union-attr]
+        {"promise_id": str, "task_id": str}, pk=("promise_id", "task_id")
+    )
+    db.execute("CREATE INDEX durable_promises_pending ON durable_promises (state, timeout_at)")
+    db.execute("CREATE INDEX durable_tasks_state ON durable_tasks (state, target)")
+    db.execute("CREATE INDEX durable_tasks_lease ON durable_tasks (state, lease_expires_at)")
+    db.execute("CREATE INDEX durable_tasks_retry ON durable_tasks (state, timeout_at)")
+    db.execute("CREATE INDEX durable_callbacks_task ON durable_callbacks (task_id)")
+    db.execute("UPDATE trioexec_meta SET value = '3' WHERE key = 'schema_version'")
 
 
 _COLUMNS = (
@@ -532,6 +574,11 @@ class SQLiteStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+    def _durable_connection(self) -> sqlite3.Connection:
+        """A connection of its own for `trioexec.durable` (same file, same schema)."""
+        with self._errors("cannot open"):
+            return self._connect()
 
     def __repr__(self) -> str:
         return f"<SQLiteStore {self.path!r}>"

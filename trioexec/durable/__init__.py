@@ -1,0 +1,25 @@
+"""Durable promises and leased tasks shared by many worker processes (Resonate's model)."""
+
+from ._records import Conflict as Conflict
+from ._records import NotFound as NotFound
+from ._records import PromiseCreate as PromiseCreate
+from ._records import PromiseRecord as PromiseRecord
+from ._records import PromiseSettle as PromiseSettle
+from ._records import PromiseState as PromiseState
+from ._records import Suspend as Suspend
+from ._records import TaskRecord as TaskRecord
+from ._records import TaskState as TaskState
+from ._store import DurableStore as DurableStore
+
+__all__ = [
+    "DurableStore",
+    "PromiseRecord",
+    "TaskRecord",
+    "PromiseState",
+    "TaskState",
+    "Suspend",
+    "PromiseCreate",
+    "PromiseSettle",
+    "Conflict",
+    "NotFound",
+]

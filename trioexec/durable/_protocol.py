@@ -1,0 +1,534 @@
+"""The promise/task protocol (Resonate's), written once over a small table layer.
+
+Every operation runs in one transaction of the backend: it first applies what time
+has done (promises past their timeout settle as rejected-timed-out, leases past
+their expiry return tasks to pending with the same version), then acts. Settling
+a promise resumes the tasks suspended on it in the same transaction: no polling.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+from ._records import (
+    Conflict,
+    NotFound,
+    PromiseCreate,
+    PromiseRecord,
+    PromiseSettle,
+    PromiseState,
+    Suspend,
+    TaskRecord,
+    TaskState,
+)
+
+Row = dict[str, Any]
+
+
+class Tables(Protocol):
+    """Row access for the protocol. Rows are plain dicts; ``put_*`` writes back."""
+
+    def transaction(self) -> AbstractContextManager[None]: ...
+    def promise(self, id: str) -> Row | None: ...
+    def put_promise(self, row: Row) -> None: ...
+    def task(self, id: str) -> Row | None: ...
+    def put_task(self, row: Row) -> None: ...
+    def add_callback(self, promise_id: str, task_id: str) -> None: ...
+    def tasks_awaiting(self, promise_id: str) -> list[str]: ...
+    def awaited_by(self, task_id: str) -> list[str]: ...
+    def drop_callbacks(self, task_id: str) -> None: ...
+    def timed_out_promises(self, now: float) -> list[Row]: ...
+    def expired_leases(self, now: float) -> list[Row]: ...
+    def due_pending_tasks(self, now: float) -> list[Row]: ...
+    def search_promises(
+        self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
+    ) -> list[Row]: ...
+    def search_tasks(
+        self, state: str | None, target: str | None, limit: int, cursor: str | None
+    ) -> list[Row]: ...
+    def all_promises(self) -> Iterator[Row]: ...
+    def all_tasks(self) -> Iterator[Row]: ...
+    def all_callbacks(self) -> Iterator[tuple[str, str]]: ...
+
+
+def _json(data: Any) -> str | None:
+    return None if data is None else json.dumps(data)
+
+
+def promise_record(row: Row) -> PromiseRecord:
+    return PromiseRecord(
+        id=row["id"],
+        state=PromiseState(row["state"]),
+        data=row["data"],
+        timeout_at=row["timeout_at"],
+        idempotency_key_create=row["ikc"],
+        idempotency_key_settle=row["iku"],
+        tags=dict(row["tags"]),
+        created_at=row["created_at"],
+        settled_at=row["settled_at"],
+    )
+
+
+class Core:
+    """The protocol over ``tables``, synchronous. `DurableStore` wraps it in async calls.
+
+    Args:
+      retry_timeout: how long a pending task waits to be claimed before it is
+        offered again (its "retry timeout", re-armed each time it passes).
+    """
+
+    def __init__(
+        self, tables: Tables, clock: Callable[[], float], retry_timeout: float = 30.0
+    ) -> None:
+        self.tables = tables
+        self.clock = clock
+        self.retry_timeout = retry_timeout
+
+    # ------------------------------------------------------------------ time
+
+    def _tick(self, now: float) -> None:
+        t = self.tables
+        for row in t.timed_out_promises(now):
+            self._settle(row, PromiseState.REJECTED_TIMEDOUT, None, None, now)
+        for row in t.expired_leases(now):
+            self._to_pending(row, now)
+        for row in t.due_pending_tasks(now):
+            row["timeout_at"] = now + self.retry_timeout  # offered again
+            t.put_task(row)
+
+    def _to_pending(self, task: Row, now: float) -> None:
+        task.update(
+            state=TaskState.PENDING.value,
+            pid=None,
+            lease_expires_at=None,
+            timeout_at=now + self.retry_timeout,
+        )
+        self.tables.put_task(task)
+
+    def _settle(
+        self, row: Row, state: PromiseState, data: str | None, iku: str | None, now: float
+    ) -> None:
+        t = self.tables
+        row.update(state=state.value, data=data, iku=iku, settled_at=now)
+        t.put_promise(row)
+        # Resume every task suspended on it (and forget all its other callbacks).
+        for task_id in t.tasks_awaiting(row["id"]):
+            task = t.task(task_id)
+            t.drop_callbacks(task_id)
+            if task is not None and task["state"] == TaskState.SUSPENDED.value:
+                self._to_pending(task, now)
+        # Its own task has nothing left to do.
+        own = t.task(row["id"])
+        if own is not None and own["state"] != TaskState.FULFILLED.value:
+            t.drop_callbacks(own["id"])
+            own.update(
+                state=TaskState.FULFILLED.value, pid=None, lease_expires_at=None, timeout_at=None
+            )
+            t.put_task(own)
+
+    # ------------------------------------------------------------------ promises
+
+    def create_promise(
+        self,
+        id: str,
+        timeout: float,
+        *,
+        idempotency_key: str | None = None,
+        data: Any = None,
+        tags: dict[str, str] | None = None,
+        target: str | None = None,
+    ) -> PromiseRecord:
+        _check_timeout(timeout)
+        with self.tables.transaction():
+            now = self.clock()
+            self._tick(now)
+            return promise_record(
+                self._create(id, timeout, idempotency_key, data, tags, target, now)
+            )
+
+    def _create(
+        self,
+        id: str,
+        timeout: float,
+        ikc: str | None,
+        data: Any,
+        tags: dict[str, str] | None,
+        target: str | None,
+        now: float,
+    ) -> Row:
+        t = self.tables
+        existing = t.promise(id)
+        if existing is not None:
+            if ikc is not None and existing["ikc"] == ikc:
+                return existing  # the same create, repeated
+            raise Conflict(f"promise {id!r} already exists")
+        row: Row = {
+            "id": id,
+            "state": PromiseState.PENDING.value,
+            "data": _json(data),
+            "timeout_at": now + timeout,
+            "ikc": ikc,
+            "iku": None,
+            "tags": dict(tags or {}),
+            "created_at": now,
+            "settled_at": None,
+        }
+        if target is not None:
+            row["tags"]["resonate:target"] = target
+        t.put_promise(row)
+        if target is not None:
+            t.put_task(
+                {
+                    "id": id,
+                    "state": TaskState.PENDING.value,
+                    "version": 0,
+                    "target": target,
+                    "pid": None,
+                    "ttl": None,
+                    "lease_expires_at": None,
+                    "timeout_at": now + self.retry_timeout,
+                }
+            )
+        if timeout == 0:
+            self._settle(row, PromiseState.REJECTED_TIMEDOUT, None, None, now)
+        return row
+
+    def settle_promise(
+        self,
+        id: str,
+        state: PromiseState,
+        *,
+        idempotency_key: str | None = None,
+        data: Any = None,
+    ) -> PromiseRecord:
+        with self.tables.transaction():
+            now = self.clock()
+            self._tick(now)
+            return promise_record(self._settle_checked(id, state, idempotency_key, data, now))
+
+    def _settle_checked(
+        self, id: str, state: PromiseState, iku: str | None, data: Any, now: float
+    ) -> Row:
+        if state is PromiseState.PENDING or state is PromiseState.REJECTED_TIMEDOUT:
+            raise ValueError(f"a promise cannot be settled as {state.value!r}")
+        row = self.tables.promise(id)
+        if row is None:
+            raise NotFound(f"no promise {id!r}")
+        if row["state"] != PromiseState.PENDING.value:
+            if iku is not None and row["iku"] == iku and row["state"] == state.value:
+                return row  # the same settle, repeated
+            raise Conflict(f"promise {id!r} is already {row['state']}")
+        self._settle(row, state, _json(data), iku, now)
+        return row
+
+    def get_promise(self, id: str) -> PromiseRecord | None:
+        with self.tables.transaction():
+            self._tick(self.clock())
+            row = self.tables.promise(id)
+            return None if row is None else promise_record(row)
+
+    def search_promises(
+        self,
+        *,
+        state: PromiseState | str | None = None,
+        tag: tuple[str, str] | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> tuple[list[PromiseRecord], str | None]:
+        _check_limit(limit)
+        with self.tables.transaction():
+            self._tick(self.clock())
+            want = None if state is None else PromiseState(state).value
+            rows = self.tables.search_promises(want, tag, limit + 1, cursor)
+        page = [promise_record(r) for r in rows[:limit]]
+        return page, (page[-1].id if len(rows) > limit else None)
+
+    # ------------------------------------------------------------------ tasks
+
+    def _task(self, id: str) -> Row:
+        row = self.tables.task(id)
+        if row is None:
+            raise NotFound(f"no task {id!r}")
+        return row
+
+    def _acquired(self, id: str, version: int) -> Row:
+        task = self._task(id)
+        if task["state"] != TaskState.ACQUIRED.value or task["version"] != version:
+            raise Conflict(
+                f"task {id!r} is {task['state']} at version {task['version']}, "
+                f"not acquired at version {version}"
+            )
+        return task
+
+    def task_record(self, row: Row) -> TaskRecord:
+        awaiting: tuple[str, ...] = ()
+        if row["state"] == TaskState.SUSPENDED.value:
+            awaiting = tuple(sorted(self.tables.awaited_by(row["id"])))
+        return TaskRecord(
+            id=row["id"],
+            state=TaskState(row["state"]),
+            version=row["version"],
+            target=row["target"],
+            pid=row["pid"],
+            ttl=row["ttl"],
+            lease_expires_at=row["lease_expires_at"],
+            timeout_at=row["timeout_at"],
+            awaiting=awaiting,
+        )
+
+    def create_task(
+        self,
+        id: str,
+        *,
+        pid: str,
+        ttl: float,
+        timeout: float,
+        data: Any = None,
+        target: str,
+    ) -> TaskRecord:
+        _check_timeout(timeout)
+        _check_ttl(ttl)
+        with self.tables.transaction():
+            now = self.clock()
+            self._tick(now)
+            if self.tables.promise(id) is not None:
+                raise Conflict(f"promise {id!r} already exists")
+            self._create(id, timeout, None, data, None, target, now)
+            task = self._task(id)
+            if task["state"] == TaskState.PENDING.value:
+                task.update(
+                    state=TaskState.ACQUIRED.value,
+                    version=1,
+                    pid=pid,
+                    ttl=ttl,
+                    lease_expires_at=now + ttl,
+                    timeout_at=None,
+                )
+                self.tables.put_task(task)
+            return self.task_record(task)
+
+    def acquire(self, id: str, version: int, *, pid: str, ttl: float) -> TaskRecord:
+        _check_ttl(ttl)
+        with self.tables.transaction():
+            now = self.clock()
+            self._tick(now)
+            task = self._task(id)
+            if task["state"] != TaskState.PENDING.value or task["version"] != version:
+                raise Conflict(
+                    f"task {id!r} is {task['state']} at version {task['version']}, "
+                    f"not pending at version {version}"
+                )
+            task.update(
+                state=TaskState.ACQUIRED.value,
+                version=version + 1,
+                pid=pid,
+                ttl=ttl,
+                lease_expires_at=now + ttl,
+                timeout_at=None,
+            )
+            self.tables.put_task(task)
+            return self.task_record(task)
+
+    def heartbeat(self, pid: str, tasks: Sequence[tuple[str, int]]) -> int:
+        """Renew the lease of each (id, version) this pid holds; skip the rest.
+        Returns how many were renewed."""
+        with self.tables.transaction():
+            now = self.clock()
+            self._tick(now)
+            renewed = 0
+            for id, version in tasks:
+                task = self.tables.task(id)
+                if (
+                    task is None
+                    or task["state"] != TaskState.ACQUIRED.value
+                    or task["version"] != version
+                    or task["pid"] != pid
+                ):
+                    continue
+                task["lease_expires_at"] = now + task["ttl"]
+                self.tables.put_task(task)
+                renewed += 1
+            return renewed
+
+    def suspend(self, id: str, version: int, awaited: Sequence[str]) -> Suspend:
+        if not awaited:
+            raise ValueError("suspend needs at least one awaited promise id")
+        with self.tables.transaction():
+            now = self.clock()
+            self._tick(now)
+            task = self._acquired(id, version)
+            rows = []
+            for pid in awaited:
+                row = self.tables.promise(pid)
+                if row is None:
+                    raise NotFound(f"no promise {pid!r}")
+                rows.append(row)
+            if any(r["state"] != PromiseState.PENDING.value for r in rows):
+                return Suspend.ALREADY_SETTLED
+            for pid in dict.fromkeys(awaited):
+                self.tables.add_callback(pid, id)
+            task.update(
+                state=TaskState.SUSPENDED.value, pid=None, lease_expires_at=None, timeout_at=None
+            )
+            self.tables.put_task(task)
+            return Suspend.SUSPENDED
+
+    def resume(self, id: str, version: int) -> TaskRecord:
+        with self.tables.transaction():
+            now = self.clock()
+            self._tick(now)
+            task = self._task(id)
+            if task["state"] != TaskState.SUSPENDED.value or task["version"] != version:
+                raise Conflict(f"task {id!r} is {task['state']} at version {task['version']}")
+            self.tables.drop_callbacks(id)
+            self._to_pending(task, now)
+            return self.task_record(task)
+
+    def release(self, id: str, version: int) -> TaskRecord:
+        with self.tables.transaction():
+            now = self.clock()
+            self._tick(now)
+            task = self._acquired(id, version)
+            self._to_pending(task, now)
+            return self.task_record(task)
+
+    def fulfill(
+        self, id: str, version: int, *, data: Any = None, rejected: bool = False
+    ) -> PromiseRecord:
+        with self.tables.transaction():
+            now = self.clock()
+            self._tick(now)
+            self._acquired(id, version)
+            row = self.tables.promise(id)
+            if row is None or row["state"] != PromiseState.PENDING.value:
+                raise Conflict(f"promise {id!r} is not pending")
+            state = PromiseState.REJECTED if rejected else PromiseState.RESOLVED
+            self._settle(row, state, _json(data), None, now)
+            return promise_record(row)
+
+    def fence(self, id: str, version: int, action: PromiseCreate | PromiseSettle) -> PromiseRecord:
+        with self.tables.transaction():
+            now = self.clock()
+            self._tick(now)
+            self._acquired(id, version)
+            own = self.tables.promise(id)
+            if own is None or own["state"] != PromiseState.PENDING.value:
+                raise Conflict(f"task {id!r}: its promise is not pending")
+            if isinstance(action, PromiseCreate):
+                _check_timeout(action.timeout)
+                row = self._create(
+                    action.id,
+                    action.timeout,
+                    action.idempotency_key,
+                    action.data,
+                    action.tags,
+                    None,
+                    now,
+                )
+            else:
+                row = self._settle_checked(
+                    action.id, action.state, action.idempotency_key, action.data, now
+                )
+            return promise_record(row)
+
+    def halt(self, id: str) -> TaskRecord:
+        with self.tables.transaction():
+            now = self.clock()
+            self._tick(now)
+            task = self._task(id)
+            if task["state"] == TaskState.FULFILLED.value:
+                raise Conflict(f"task {id!r} is fulfilled")
+            if task["state"] != TaskState.HALTED.value:
+                self.tables.drop_callbacks(id)
+                task.update(
+                    state=TaskState.HALTED.value, pid=None, lease_expires_at=None, timeout_at=None
+                )
+                self.tables.put_task(task)
+            return self.task_record(task)
+
+    def continue_(self, id: str) -> TaskRecord:
+        with self.tables.transaction():
+            now = self.clock()
+            self._tick(now)
+            task = self._task(id)
+            if task["state"] != TaskState.HALTED.value:
+                raise Conflict(f"task {id!r} is {task['state']}, not halted")
+            self._to_pending(task, now)
+            return self.task_record(task)
+
+    def get_task(self, id: str) -> TaskRecord | None:
+        with self.tables.transaction():
+            self._tick(self.clock())
+            row = self.tables.task(id)
+            return None if row is None else self.task_record(row)
+
+    def search_tasks(
+        self,
+        *,
+        state: TaskState | str | None = None,
+        target: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> tuple[list[TaskRecord], str | None]:
+        _check_limit(limit)
+        with self.tables.transaction():
+            self._tick(self.clock())
+            want = None if state is None else TaskState(state).value
+            rows = self.tables.search_tasks(want, target, limit + 1, cursor)
+            page = [self.task_record(r) for r in rows[:limit]]
+        return page, (page[-1].id if len(rows) > limit else None)
+
+    # ------------------------------------------------------------------ invariants
+
+    def check_invariants(self) -> list[str]:
+        """The seed's seven task-store invariants that do not hold (empty: healthy)."""
+        t = self.tables
+        violated: set[str] = set()
+        with t.transaction():
+            promises = {r["id"] for r in t.all_promises()}
+            callbacks = list(t.all_callbacks())
+            awaited_by: dict[str, list[str]] = {}
+            for promise_id, task_id in callbacks:
+                awaited_by.setdefault(task_id, []).append(promise_id)
+            settled = {
+                r["id"] for r in t.all_promises() if r["state"] != PromiseState.PENDING.value
+            }
+            for task in t.all_tasks():
+                state = task["state"]
+                if task["id"] not in promises:
+                    violated.add("orphan_tasks")
+                if state == TaskState.PENDING.value and task["timeout_at"] is None:
+                    violated.add("pending_task_no_ttimeout")
+                if state == TaskState.ACQUIRED.value and task["lease_expires_at"] is None:
+                    violated.add("acquired_task_no_lease")
+                if state == TaskState.SUSPENDED.value:
+                    mine = awaited_by.get(task["id"], [])
+                    if not mine:
+                        violated.add("suspended_no_callback")
+                    if any(p in settled for p in mine):
+                        violated.add("suspended_with_consumed_callbacks")
+                    if task["timeout_at"] is not None or task["lease_expires_at"] is not None:
+                        violated.add("suspended_task_has_ttimeout")
+                if state == TaskState.FULFILLED.value and (
+                    task["timeout_at"] is not None or task["lease_expires_at"] is not None
+                ):
+                    violated.add("fulfilled_task_has_ttimeout")
+        return sorted(violated)
+
+
+def _check_timeout(timeout: float) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
+        raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+
+
+def _check_ttl(ttl: float) -> None:
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
+        raise ValueError(f"ttl must be a number of seconds > 0, got {ttl!r}")
+
+
+def _check_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an int >= 1, got {limit!r}")

@@ -1,0 +1,98 @@
+"""Durable promise and task records, their states, and the protocol's errors."""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import attrs
+
+from .._errors import TrioexecError
+
+
+class Conflict(TrioexecError):
+    """The operation lost a race: a stale task version, a task or promise in the
+    wrong state, or a different idempotency key on a settled promise (Resonate's 409)."""
+
+
+class NotFound(TrioexecError, LookupError):
+    """No promise or task with that id."""
+
+
+class PromiseState(enum.StrEnum):
+    PENDING = "pending"
+    RESOLVED = "resolved"
+    REJECTED = "rejected"
+    REJECTED_CANCELED = "rejected_canceled"
+    REJECTED_TIMEDOUT = "rejected_timedout"
+
+
+class TaskState(enum.StrEnum):
+    PENDING = "pending"
+    ACQUIRED = "acquired"
+    SUSPENDED = "suspended"
+    HALTED = "halted"
+    FULFILLED = "fulfilled"
+
+
+class Suspend(enum.StrEnum):
+    """What `tasks.suspend` did."""
+
+    SUSPENDED = "suspended"
+    ALREADY_SETTLED = "already_settled"  #: an awaited promise had settled (Resonate's 300)
+
+
+@attrs.frozen(kw_only=True)
+class PromiseRecord:
+    """A durable promise. ``data`` is JSON text (or None); times are wall-clock."""
+
+    id: str
+    state: PromiseState
+    data: str | None = None
+    timeout_at: float
+    idempotency_key_create: str | None = None
+    idempotency_key_settle: str | None = None
+    tags: dict[str, str] = attrs.field(factory=dict)
+    created_at: float
+    settled_at: float | None = None
+
+    @property
+    def pending(self) -> bool:
+        return self.state is PromiseState.PENDING
+
+
+@attrs.frozen(kw_only=True)
+class TaskRecord:
+    """The claim on a promise's work. ``version`` is the OCC token every mutating
+    call presents; only ``acquire`` increments it."""
+
+    id: str
+    state: TaskState
+    version: int
+    target: str | None = None
+    pid: str | None = None
+    ttl: float | None = None
+    lease_expires_at: float | None = None  #: set exactly while ACQUIRED
+    timeout_at: float | None = None  #: retry timeout, set exactly while PENDING
+    awaiting: tuple[str, ...] = ()  #: promise ids a SUSPENDED task waits for
+
+
+@attrs.frozen(kw_only=True)
+class PromiseCreate:
+    """`tasks.fence` action: create a promise, guarded by the task's version."""
+
+    id: str
+    timeout: float
+    idempotency_key: str | None = None
+    data: Any = None
+    tags: dict[str, str] | None = None
+
+
+@attrs.frozen(kw_only=True)
+class PromiseSettle:
+    """`tasks.fence` action: settle a promise, guarded by the task's version."""
+
+    id: str
+    state: PromiseState
+    idempotency_key: str | None = None
+    data: Any = None

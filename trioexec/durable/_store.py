@@ -1,0 +1,260 @@
+"""`DurableStore`: durable promises and leased tasks, async, on a trioexec store."""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar, final
+
+import trio
+
+from .._store import MemoryStore, SQLiteStore
+from .._store._durable_tables import DictTables, SQLiteTables
+from ._protocol import Core
+from ._records import (
+    PromiseCreate,
+    PromiseRecord,
+    PromiseSettle,
+    PromiseState,
+    Suspend,
+    TaskRecord,
+    TaskState,
+)
+
+T = TypeVar("T")
+
+
+@final
+class DurableStore:
+    """Durable promises (``ds.promises``) and leased tasks (``ds.tasks``).
+
+    Args:
+      path_or_store: a SQLite file path (shared safely by many processes), a
+        `SQLiteStore` (its file is used), or a `MemoryStore` (for tests: in memory,
+        calls run inline, its clock is used unless ``clock`` is given).
+      clock: the wall clock for timeouts and leases.
+      retry_timeout: how long a pending task waits to be claimed before it is
+        offered again.
+
+    Every operation is async and one transaction. Example::
+
+        ds = DurableStore("app.db")
+        await ds.promises.create("approval-7", timeout=3600)
+        await ds.promises.resolve("approval-7", data={"approved": True})
+    """
+
+    def __init__(
+        self,
+        path_or_store: str | os.PathLike[str] | SQLiteStore | MemoryStore,
+        *,
+        clock: Callable[[], float] | None = None,
+        retry_timeout: float = 30.0,
+    ) -> None:
+        self._owned: SQLiteStore | None = None
+        self._limiter = trio.CapacityLimiter(1)  # one connection: one call at a time
+        if isinstance(path_or_store, MemoryStore):
+            self.inline = True
+            self._conn = None
+            tables: Any = DictTables()
+            clock = clock or path_or_store.clock
+        else:
+            if isinstance(path_or_store, SQLiteStore):
+                store = path_or_store
+            else:
+                store = self._owned = SQLiteStore(path_or_store, clock=clock or time.time)
+            self.inline = store.inline
+            self._conn = store._durable_connection()
+            tables = SQLiteTables(self._conn, store.path)
+            clock = clock or store.clock
+        self.clock = clock
+        self._core = Core(tables, clock, retry_timeout)
+        self.promises = Promises(self)
+        self.tasks = Tasks(self)
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        if self.inline:
+            await trio.lowlevel.checkpoint()
+            return fn(*args, **kwargs)
+        return await trio.to_thread.run_sync(
+            functools.partial(fn, *args, **kwargs), limiter=self._limiter
+        )
+
+    async def check_invariants(self) -> list[str]:
+        """Names of the seed's store invariants that are violated (empty: healthy)."""
+        return await self._call(self._core.check_invariants)
+
+    def close(self) -> None:
+        """Close the connection (and the store this object opened); idempotent."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+        if self._owned is not None:
+            self._owned.close()
+            self._owned = None
+
+    def __enter__(self) -> DurableStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+@final
+class Promises:
+    """``ds.promises``: create, settle, get and search durable promises."""
+
+    def __init__(self, ds: DurableStore) -> None:
+        self._ds = ds
+
+    async def create(
+        self,
+        id: str,
+        timeout: float,
+        *,
+        idempotency_key: str | None = None,
+        data: Any = None,
+        tags: dict[str, str] | None = None,
+        target: str | None = None,
+    ) -> PromiseRecord:
+        """Create a pending promise settling as rejected-timed-out ``timeout`` seconds
+        from now. With ``target``, its task is created pending for that target.
+        Repeating it with the same ``idempotency_key`` returns the same promise;
+        otherwise an existing id raises `Conflict`."""
+        core = self._ds._core
+        return await self._ds._call(
+            core.create_promise,
+            id,
+            timeout,
+            idempotency_key=idempotency_key,
+            data=data,
+            tags=tags,
+            target=target,
+        )
+
+    async def _settle(
+        self, id: str, state: PromiseState, idempotency_key: str | None, data: Any
+    ) -> PromiseRecord:
+        core = self._ds._core
+        return await self._ds._call(
+            core.settle_promise, id, state, idempotency_key=idempotency_key, data=data
+        )
+
+    async def resolve(
+        self, id: str, *, idempotency_key: str | None = None, data: Any = None
+    ) -> PromiseRecord:
+        """Resolve a pending promise (tasks suspended on it become pending).
+        Repeating with the same key returns the same; otherwise a settled promise
+        raises `Conflict`."""
+        return await self._settle(id, PromiseState.RESOLVED, idempotency_key, data)
+
+    async def reject(
+        self, id: str, *, idempotency_key: str | None = None, data: Any = None
+    ) -> PromiseRecord:
+        """Reject a pending promise; see `resolve`."""
+        return await self._settle(id, PromiseState.REJECTED, idempotency_key, data)
+
+    async def cancel(
+        self, id: str, *, idempotency_key: str | None = None, data: Any = None
+    ) -> PromiseRecord:
+        """Cancel a pending promise (rejected-canceled); see `resolve`."""
+        return await self._settle(id, PromiseState.REJECTED_CANCELED, idempotency_key, data)
+
+    async def get(self, id: str) -> PromiseRecord | None:
+        """The promise, or None."""
+        return await self._ds._call(self._ds._core.get_promise, id)
+
+    async def search(
+        self,
+        *,
+        state: PromiseState | str | None = None,
+        tag: tuple[str, str] | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> tuple[list[PromiseRecord], str | None]:
+        """A page of promises by id, and the cursor for the next page (None: last)."""
+        core = self._ds._core
+        return await self._ds._call(
+            core.search_promises, state=state, tag=tag, limit=limit, cursor=cursor
+        )
+
+
+@final
+class Tasks:
+    """``ds.tasks``: the leased-task protocol. Mutating calls present ``(id, version)``;
+    a stale version raises `Conflict`."""
+
+    def __init__(self, ds: DurableStore) -> None:
+        self._ds = ds
+
+    async def create(
+        self, id: str, *, pid: str, ttl: float, timeout: float, data: Any = None, target: str
+    ) -> TaskRecord:
+        """Create a promise and its task, the task already acquired by ``pid``."""
+        core = self._ds._core
+        return await self._ds._call(
+            core.create_task, id, pid=pid, ttl=ttl, timeout=timeout, data=data, target=target
+        )
+
+    async def acquire(self, id: str, version: int, *, pid: str, ttl: float) -> TaskRecord:
+        """Claim a pending task: version + 1, a lease of ``ttl`` seconds."""
+        return await self._ds._call(self._ds._core.acquire, id, version, pid=pid, ttl=ttl)
+
+    async def heartbeat(self, pid: str, tasks: Sequence[tuple[str, int]]) -> int:
+        """Renew the leases of all the (id, version) this pid holds, in one call."""
+        return await self._ds._call(self._ds._core.heartbeat, pid, list(tasks))
+
+    async def suspend(self, id: str, version: int, awaited: Sequence[str]) -> Suspend:
+        """Wait (without a lease) for any of ``awaited`` to settle; returns
+        `Suspend.ALREADY_SETTLED` without suspending if one already has."""
+        return await self._ds._call(self._ds._core.suspend, id, version, list(awaited))
+
+    async def resume(self, id: str, version: int) -> TaskRecord:
+        """Move a suspended task back to pending by hand (settling an awaited
+        promise does it by itself)."""
+        return await self._ds._call(self._ds._core.resume, id, version)
+
+    async def release(self, id: str, version: int) -> TaskRecord:
+        """Give up the claim: back to pending, same version."""
+        return await self._ds._call(self._ds._core.release, id, version)
+
+    async def fulfill(
+        self, id: str, version: int, *, data: Any = None, rejected: bool = False
+    ) -> PromiseRecord:
+        """Settle the task's promise (resolved, or rejected) and finish the task."""
+        core = self._ds._core
+        return await self._ds._call(core.fulfill, id, version, data=data, rejected=rejected)
+
+    async def fence(
+        self, id: str, version: int, action: PromiseCreate | PromiseSettle
+    ) -> PromiseRecord:
+        """Create or settle a promise only if this task is still acquired at ``version``
+        and its own promise is pending."""
+        return await self._ds._call(self._ds._core.fence, id, version, action)
+
+    async def halt(self, id: str) -> TaskRecord:
+        """Block the task from being claimed or resumed."""
+        return await self._ds._call(self._ds._core.halt, id)
+
+    async def continue_(self, id: str) -> TaskRecord:
+        """Undo `halt`: back to pending."""
+        return await self._ds._call(self._ds._core.continue_, id)
+
+    async def get(self, id: str) -> TaskRecord | None:
+        """The task, or None."""
+        return await self._ds._call(self._ds._core.get_task, id)
+
+    async def search(
+        self,
+        *,
+        state: TaskState | str | None = None,
+        target: str | None = None,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> tuple[list[TaskRecord], str | None]:
+        """A page of tasks by id, and the cursor for the next page (None: last)."""
+        core = self._ds._core
+        return await self._ds._call(
+            core.search_tasks, state=state, target=target, limit=limit, cursor=cursor
+        )
