@@ -10,9 +10,17 @@ from ._records import Suspend as Suspend
 from ._records import TaskRecord as TaskRecord
 from ._records import TaskState as TaskState
 from ._store import DurableStore as DurableStore
+from ._worker import DurableHandle as DurableHandle
+from ._worker import PromiseRejected as PromiseRejected
+from ._worker import Worker as Worker
+from ._worker import open_worker as open_worker
 
 __all__ = [
     "DurableStore",
+    "open_worker",
+    "Worker",
+    "DurableHandle",
+    "PromiseRejected",
     "PromiseRecord",
     "TaskRecord",
     "PromiseState",
