@@ -332,6 +332,29 @@ class Core:
             self.tables.put_task(task)
             return self.task_record(task)
 
+    def claim(self, target: str, *, pid: str, ttl: float, limit: int) -> list[TaskRecord]:
+        """Acquire up to ``limit`` pending tasks of ``target`` in one transaction (each
+        exactly as `acquire` would: version + 1, a lease of ``ttl``). What a worker
+        uses: workers never race for the same task, and a claim costs one commit."""
+        _check_ttl(ttl)
+        _check_limit(limit)
+        with self.tables.transaction():
+            now = self.clock()
+            self._tick(now)
+            claimed = []
+            for task in self.tables.search_tasks(TaskState.PENDING.value, target, limit, None):
+                task.update(
+                    state=TaskState.ACQUIRED.value,
+                    version=task["version"] + 1,
+                    pid=pid,
+                    ttl=ttl,
+                    lease_expires_at=now + ttl,
+                    timeout_at=None,
+                )
+                self.tables.put_task(task)
+                claimed.append(self.task_record(task))
+            return claimed
+
     def heartbeat(self, pid: str, tasks: Sequence[tuple[str, int]]) -> int:
         """Renew the lease of each (id, version) this pid holds; skip the rest.
         Returns how many were renewed."""

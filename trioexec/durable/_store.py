@@ -201,6 +201,12 @@ class Tasks:
         """Claim a pending task: version + 1, a lease of ``ttl`` seconds."""
         return await self._ds._call(self._ds._core.acquire, id, version, pid=pid, ttl=ttl)
 
+    async def claim(self, target: str, *, pid: str, ttl: float, limit: int) -> list[TaskRecord]:
+        """Acquire up to ``limit`` pending tasks of ``target`` at once (a worker's
+        batched `acquire`)."""
+        core = self._ds._core
+        return await self._ds._call(core.claim, target, pid=pid, ttl=ttl, limit=limit)
+
     async def heartbeat(self, pid: str, tasks: Sequence[tuple[str, int]]) -> int:
         """Renew the leases of all the (id, version) this pid holds, in one call."""
         return await self._ds._call(self._ds._core.heartbeat, pid, list(tasks))

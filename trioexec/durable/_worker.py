@@ -131,16 +131,11 @@ class Worker:
             room = ex.slots.total * 2 - len(self._held)
             claimed = 0
             if room > 0:
-                page, _ = await self.ds.tasks.search(
-                    state="pending", target=self.target, limit=room
+                # One transaction claims a batch: workers never race for a task.
+                batch = await self.ds.tasks.claim(
+                    self.target, pid=self.pid, ttl=self._lease, limit=room
                 )
-                for record in page:
-                    try:
-                        record = await self.ds.tasks.acquire(
-                            record.id, record.version, pid=self.pid, ttl=self._lease
-                        )
-                    except (Conflict, NotFound):
-                        continue  # another worker was faster
+                for record in batch:
                     self._held[record.id] = record.version
                     self.claimed += 1
                     claimed += 1
