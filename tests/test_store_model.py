@@ -217,6 +217,7 @@ class StoresAgree(RuleBasedStateMachine):
         order), write them to both stores in one batch, and check what was fenced."""
         changes: list[tuple[Any, ...]] = []
         expected: list[str] = []
+        refused: set[str] = set()  # a refused submit fences the rest of that id's batch
         for spec in specs:
             kind = spec[0]
             if kind == "run":  # ("run", run_id, workflow, owner): a workflow run starts
@@ -234,6 +235,7 @@ class StoresAgree(RuleBasedStateMachine):
                     self.rows[task_id] = Row(task_id, name, run_id, owner, self.now, spec_id, args)
                 else:
                     expected.append(task_id)
+                    refused.add(task_id)
                 continue
             delta = spec[2]
             # The executor only starts pending executions and moves the sub-status
@@ -260,7 +262,7 @@ class StoresAgree(RuleBasedStateMachine):
             else:
                 change = ("finish", task_id, version, spec[3], self.now, spec[4])
             changes.append(change)
-            if row is None or not row.apply(change):
+            if task_id in refused or row is None or not row.apply(change):
                 expected.append(task_id)
         assert self.both("write", changes) == expected, changes
         event(f"write: {len(changes) - len(expected)} applied, {len(expected)} fenced")

@@ -205,16 +205,22 @@ class WorkflowRun:
         completion = await ref.wait()
         self._completions[sid] = completion
         if completion.ok:
-            output = self._attempt_outputs.pop(sid)
-            self._outputs[sid] = output
+            self._outputs[sid] = self._attempt_outputs.pop(sid)
             self._states[sid] = StepState.COMPLETED
-            self._ex._log_run(
-                ("step", self.run_id, 0, sid, StepState.COMPLETED, json.dumps(output), ref.task_id)
-            )
             self._advance()
         else:
             self._errors.setdefault(sid, completion.error)
             self._step_failed(sid)
+
+    def _record_completed_step(self, ref: TaskRef) -> None:
+        """Journal a step's completion with its output (called by the executor, in
+        the same batch as the step execution's own completion)."""
+        sid = ref.name
+        output = self._attempt_outputs.get(sid)
+        if output is not None:
+            self._ex._log_run(
+                ("step", self.run_id, 0, sid, StepState.COMPLETED, json.dumps(output), ref.task_id)
+            )
 
     def _step_failed(self, sid: str) -> None:
         self._states[sid] = StepState.FAILED

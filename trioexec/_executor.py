@@ -461,6 +461,8 @@ class Executor:
             _check_seconds("timeout", timeout)
         if budget is not None:
             _check_seconds("budget", budget)
+        if task_id is not None and task_id in self._live:
+            raise ValueError(f"task id {task_id!r} is already running in this executor")
         parent = _current_ref.get()
         causation_id = None
         if parent is not None:
@@ -860,6 +862,12 @@ class Executor:
             self._live.pop(ref.task_id, None)
             error = None if ref._error is None else _safe_repr(ref._error)
             self._log(("finish", ref.task_id, ref._version, status, ref._finished_at, error))
+            if ref._run_id is not None and status is TaskStatus.COMPLETED:
+                # A completed step's record goes into the same transaction as its
+                # execution's, so a crash cannot leave one without the other.
+                run = self._active_runs.get(ref._run_id)
+                if run is not None:
+                    run._record_completed_step(ref)
             self._notify.append(ref)
         if not self._space_freed.is_set():
             self._space_freed.set()
@@ -1009,10 +1017,16 @@ class Executor:
             notify, self._notify = self._notify, []
             if not batch:
                 return
-            if store.inline:
-                fenced = store.write(batch)
-            else:
-                fenced = await trio.to_thread.run_sync(store.write, batch)
+            try:
+                if store.inline:
+                    fenced = store.write(batch)
+                else:
+                    fenced = await trio.to_thread.run_sync(store.write, batch)
+            except BaseException:
+                # Nothing was written (one transaction): keep it all, in order.
+                self._journal[:0] = batch
+                self._notify[:0] = notify
+                raise
             self._durable += len(batch)
         self._written(notify, fenced)
 
@@ -1030,14 +1044,19 @@ class Executor:
             self._written(notify, fenced)
 
     def _written(self, notify: list[TaskRef], fenced: list[str]) -> None:
+        if fenced:
+            lost = set(fenced)
+            for ref in notify:
+                if ref.task_id in lost:
+                    self._overruled(ref)
+            for task_id in lost:
+                self._lease_lost(task_id)
         for ref in notify:
             ref._pending_ack = False
             if ref._done is not None:
                 ref._done.set()
         if self._flush_lot:
             self._flush_lot.unpark_all()
-        for task_id in fenced:
-            self._lease_lost(task_id)
 
     async def _writer(self) -> None:
         # Group commit: whatever accumulates while one transaction is being written
@@ -1067,11 +1086,35 @@ class Executor:
             for task_id in await self._store_call(store.taken_over, self.owner, live):
                 self._lease_lost(task_id)
 
+    def _overruled(self, ref: TaskRef) -> None:
+        """``ref`` ended here, but its completion was fenced out: another owner has
+        the execution (or its record never existed). Its waiter learns that, not a
+        result that was never recorded."""
+        counters = {
+            TaskStatus.COMPLETED: "_completed",
+            TaskStatus.FAILED: "_failed",
+            TaskStatus.TIMED_OUT: "_timed_out",
+            TaskStatus.DROPPED: "_dropped",
+        }
+        name = counters.get(ref._status)
+        if name is None:
+            return  # already cancelled
+        setattr(self, name, getattr(self, name) - 1)
+        self._cancelled += 1
+        ref._status = TaskStatus.CANCELLED
+        ref._result = None
+        ref._completion = None
+        ref._error = TaskCancelled(
+            f"lease_lost: task {ref.name!r} ({ref.task_id}) is another executor's now; "
+            "its result here was not recorded"
+        )
+
     def _lease_lost(self, task_id: str) -> None:
         """Another owner has this execution now: stop running it here, no retry."""
         ref = self._live.pop(task_id, None)
         if ref is None or ref.done:
             return
+        ref._version = -1  # nothing more of it can be written
         ref._error = TaskCancelled(
             f"lease_lost: task {ref.name!r} ({task_id}) was taken over by another executor"
         )
@@ -1100,10 +1143,14 @@ class Executor:
 
         if self._closing:
             return False
-        room = max(0, self._capacity - self._queue - self._active - self._deferred)
-        result = await self._store_call(
-            store.recover, self.owner, self._wall(), recreatable, max_recovery_attempts, room
-        )
+        room = max(0, self._capacity - self._reserved - self._queue - self._active - self._deferred)
+        self._reserved += room  # submissions meanwhile must not take recovery's room
+        try:
+            result = await self._store_call(
+                store.recover, self.owner, self._wall(), recreatable, max_recovery_attempts, room
+            )
+        finally:
+            self._reserved -= room
         for record in result.abandoned:
             self._events.publish(
                 HealthEventKind.TASK_ABANDONED,
@@ -1112,7 +1159,7 @@ class Executor:
                 attributes={"name": record.name, "recovery_attempts": record.recovery_attempts},
             )
         for record in result.claimed:
-            if self.closed:  # (a property: the store call above awaited)
+            if self._is_closing():  # (the store call above awaited)
                 return False  # left claimed under our lease: recovered once it lapses
             assert record.spec_id is not None
             assert record.args is not None
@@ -1130,8 +1177,15 @@ class Executor:
                 store.claim_runs, self.owner, self._wall(), list(self._workflows)
             )
             for record in runs:
+                if self._is_closing():
+                    break  # claimed under our lease, which lapses: recovered again later
                 self._resume_run(record)
         return len(result.claimed) >= room
+
+    def _is_closing(self) -> bool:
+        # A method, not the attribute: type checkers keep `self._closing` narrowed
+        # across awaits, though shutdown can begin during one.
+        return self._closing
 
     def _resume_run(self, record: RunRecord) -> None:
         assert self._nursery is not None
@@ -1322,10 +1376,13 @@ async def open_executor(
         # the last worker has finished, whatever ended the block.
         async with trio.open_nursery() as infra:
             ex = Executor(None, config, store, specs, workflows)
+            # The writer and the heartbeat keep going, whatever cancels the block,
+            # until every task has ended and the rest is written: a lease must not
+            # lapse while a task that cannot be interrupted (a thread) still runs.
+            keepalive = trio.CancelScope(shield=True)
             if store is not None:
                 await ex._store_call(store.heartbeat, ex.owner, ex._wall() + lease)
-                infra.start_soon(ex._writer)
-                infra.start_soon(ex._heartbeat, lease)
+                await infra.start(_store_services, ex, lease, keepalive)
             try:
                 async with trio.open_nursery() as nursery:
                     ex._nursery = nursery
@@ -1347,10 +1404,24 @@ async def open_executor(
             finally:
                 if store is not None:
                     await ex._close_store()
+                keepalive.cancel()
                 infra.cancel_scope.cancel()
     except BaseExceptionGroup as group:
         _raise_single(group)
         raise
+
+
+async def _store_services(
+    ex: Executor,
+    lease: float,
+    scope: trio.CancelScope,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    with scope:
+        async with trio.open_nursery() as services:
+            services.start_soon(ex._writer)
+            services.start_soon(ex._heartbeat, lease)
+            task_status.started()
 
 
 async def _close_events_when_done(ex: Executor) -> None:

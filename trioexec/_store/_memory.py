@@ -47,6 +47,7 @@ class MemoryStore:
     def write(self, changes: Sequence[Change]) -> list[str]:
         self._check_open()
         fenced: list[str] = []
+        refused: set[str] = set()  # ids whose submit was refused: the rest of theirs too
         rows = self._rows
         for change in changes:
             task_id = change[1]
@@ -56,9 +57,10 @@ class MemoryStore:
             elif change[0] == "submit":
                 if task_id in rows:
                     fenced.append(task_id)
+                    refused.add(task_id)
                 else:
                     rows[task_id] = new_row(change)
-            elif not apply_change(rows.get(task_id), change):
+            elif task_id in refused or not apply_change(rows.get(task_id), change):
                 fenced.append(task_id)
         return fenced
 

@@ -331,6 +331,7 @@ class SQLiteStore:
             submitted = [c[1] for c in changes if c[0] == "submit"]
             existing = self._existing(conn, submitted) if submitted else set()
             fresh: dict[object, dict[str, object]] = {}
+            refused: set[object] = set()  # ids whose submit was refused: the rest too
             for change in changes:
                 task_id = change[1]
                 kind = change[0]
@@ -339,8 +340,11 @@ class SQLiteStore:
                 elif kind == "submit":
                     if task_id in existing or task_id in fresh:
                         fenced.append(str(task_id))
+                        refused.add(task_id)
                     else:
                         fresh[task_id] = new_row(change)
+                elif task_id in refused:
+                    fenced.append(str(task_id))
                 elif task_id in fresh:
                     if not apply_change(fresh[task_id], change):
                         fenced.append(str(task_id))
