@@ -129,6 +129,7 @@ class Run:
     status: str = "running"
     finished_at: float | None = None
     steps: dict[str, tuple[str, str | None]] = attrs.Factory(dict)
+    recovery_attempts: int = 0
 
 
 # A change as hypothesis draws it, resolved against the model when the rule runs: the
@@ -534,21 +535,34 @@ class StoresAgree(RuleBasedStateMachine):
         self.claim_runs_at(owner, self.now, workflows)
 
     def claim_runs_at(self, owner: str, now: float, workflows: set[str]) -> None:
-        expected = []
+        expected: dict[str, list[str]] = {"claimed": [], "orphaned": [], "abandoned": []}
         for run_id, run in self.runs.items():
-            if run.status != "running" or run.workflow not in workflows or run.owner == owner:
+            if run.status != "running" or run.owner == owner:
                 continue
             if self.lease_held(run.owner, now):
                 continue
-            expected.append(run_id)
+            if run.workflow not in workflows or run.recovery_attempts >= MAX_RECOVERY_ATTEMPTS:
+                kind = "orphaned" if run.workflow not in workflows else "abandoned"
+                expected[kind].append(run_id)
+                run.status = "failed"
+                run.finished_at = now
+                error = StartsWith("orphaned" if kind == "orphaned" else "abandoned")
+                for row in self.rows.values():
+                    if row.run_id == run_id and row.status in LIVE:
+                        row.end(TaskStatus.FAILED, now, error)
+                continue
+            expected["claimed"].append(run_id)
             run.owner = owner
+            run.recovery_attempts += 1
             for row in self.rows.values():
                 if row.run_id == run_id and row.status in LIVE:  # the step runs again
                     row.end(TaskStatus.CANCELLED, now, StartsWith("superseded"))
-        claimed = self.both("claim_runs", owner, now, workflows)
-        assert [attrs.asdict(r) for r in claimed] == [attrs.asdict(self.runs[r]) for r in expected]
-        if expected:
-            event("claim_runs: claimed")
+        result = self.both("claim_runs", owner, now, workflows, MAX_RECOVERY_ATTEMPTS)
+        for kind, ids in expected.items():
+            got = [attrs.asdict(r) for r in getattr(result, kind)]
+            assert got == [attrs.asdict(self.runs[r]) for r in ids], kind
+            if ids:
+                event(f"claim_runs: {kind}")
 
     # ------------------------------------------------------------------ checks
 

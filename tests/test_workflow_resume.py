@@ -109,3 +109,48 @@ async def test_resumed_run_restores_outputs_into_the_context(store, autojump_clo
     [result] = results
     assert result.status is RunStatus.COMPLETED
     assert result.context == {"job": 1, "rows": [1, 2, 3], "landed": True, "total": 6}
+
+
+async def test_a_run_of_an_unregistered_workflow_is_orphaned(store, autojump_clock):
+    store.clock = FakeWallClock(start=0)
+    calls: list[str] = []
+    wf = pipeline(calls, trio.Event())
+    with trio.move_on_after(5):
+        async with open_executor(store=store, lease=3) as ex:
+            run = await ex.start_workflow(wf, {"job": 1})
+            await trio.sleep_forever()
+    other = Workflow("other", [task(id="x")(lambda ctx: None)])
+    async with open_executor(store=store, recover=True, tasks=[other], lease=3) as ex2:
+        await trio.sleep(10)
+        assert not ex2.workflow_runs
+    rec = store.run(run.run_id)
+    assert rec.status == "failed"
+    live = [e for e in store.executions(run_id=run.run_id) if e.status is TaskStatus.RUNNING]
+    assert live == []  # no step of it is left RUNNING
+
+
+async def test_a_run_resumed_too_often_is_abandoned(store, autojump_clock):
+    store.clock = FakeWallClock(start=0)
+    calls: list[str] = []
+    gate = trio.Event()
+    wf = pipeline(calls, gate)
+    with trio.move_on_after(5):
+        async with open_executor(store=store, lease=3) as ex:
+            run = await ex.start_workflow(wf, {"job": 1})
+            await trio.sleep_forever()
+    for _ in range(2):  # each resumer dies too
+        with trio.move_on_after(10):
+            async with open_executor(
+                store=store, recover=True, tasks=[wf], lease=3, max_recovery_attempts=2
+            ):
+                await trio.sleep_forever()
+    async with open_executor(
+        store=store, recover=True, tasks=[wf], lease=3, max_recovery_attempts=2
+    ) as ex3:
+        await trio.sleep(10)
+        events = []
+        while (e := ex3.events.get_nowait()) is not None:
+            events.append(e)
+    rec = store.run(run.run_id)
+    assert (rec.status, rec.recovery_attempts) == ("failed", 2)
+    assert [e.attributes["run_id"] for e in events if e.kind == "task_abandoned"] == [run.run_id]

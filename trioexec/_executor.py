@@ -1172,11 +1172,22 @@ class Executor:
             ref._submitted_at = record.submitted_at or ref._submitted_at
             self._submitted -= 1  # a recovered execution is not a new submission
             self._enqueue(ref, recovered=True)
-        if self._workflows and not self.closed:
+        if not self.closed:
             runs = await self._store_call(
-                store.claim_runs, self.owner, self._wall(), list(self._workflows)
+                store.claim_runs,
+                self.owner,
+                self._wall(),
+                list(self._workflows),
+                max_recovery_attempts,
             )
-            for record in runs:
+            for run in runs.abandoned:
+                self._events.publish(
+                    HealthEventKind.TASK_ABANDONED,
+                    None,
+                    reason="abandoned",
+                    attributes={"run_id": run.run_id, "workflow": run.workflow},
+                )
+            for record in runs.claimed:
                 if self._is_closing():
                     break  # claimed under our lease, which lapses: recovered again later
                 self._resume_run(record)

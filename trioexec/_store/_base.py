@@ -95,9 +95,20 @@ class RunRecord:
     created_at: float | None
     finished_at: float | None
     steps: dict[str, tuple[str, str | None]]  #: step id -> (state, output JSON or None)
+    recovery_attempts: int = 0
 
 
 SUPERSEDED = "superseded: its workflow run was resumed by another executor"
+RUN_ORPHANED = "orphaned: its owner's lease expired and its workflow is not registered here"
+
+
+@attrs.frozen
+class RunRecovery:
+    """What one `Store.claim_runs` pass did."""
+
+    claimed: list[RunRecord]  #: now ours: resume them
+    orphaned: list[RunRecord]  #: failed: their workflow is unknown to the claimer
+    abandoned: list[RunRecord]  #: failed: resumed too often
 
 
 @attrs.frozen
@@ -147,10 +158,18 @@ class Store(Protocol):
         Never touches finished rows."""
         ...
 
-    def claim_runs(self, owner: str, now: float, workflows: Collection[str]) -> list[RunRecord]:
-        """Atomically take over the unfinished runs (of the named workflows) whose
-        owner's lease expired before ``now``; their live step executions are
-        cancelled as superseded (the steps will run again)."""
+    def claim_runs(
+        self,
+        owner: str,
+        now: float,
+        workflows: Collection[str],
+        max_recovery_attempts: int,
+    ) -> RunRecovery:
+        """Atomically deal with the unfinished runs whose owner's lease expired
+        before ``now``: those of the named workflows are taken over (their live step
+        executions cancelled as superseded; ``recovery_attempts`` + 1); past
+        ``max_recovery_attempts``, or of a workflow not named, the run and its live
+        steps fail ('abandoned...' / 'orphaned')."""
         ...
 
     def run(self, run_id: str) -> RunRecord | None:

@@ -14,10 +14,12 @@ from ._base import (
     LIVE,
     ORPHANED,
     RUN_KINDS,
+    RUN_ORPHANED,
     SUPERSEDED,
     Change,
     Recovery,
     RunRecord,
+    RunRecovery,
     abandoned_error,
     apply_change,
     new_row,
@@ -79,6 +81,7 @@ class MemoryStore:
                     "created_at": created_at,
                     "finished_at": None,
                     "steps": {},
+                    "recovery_attempts": 0,
                 },
             )
             return
@@ -92,29 +95,49 @@ class MemoryStore:
             run["status"] = change[3]
             run["finished_at"] = change[4]
 
-    def claim_runs(self, owner: str, now: float, workflows: Collection[str]) -> list[RunRecord]:
+    def claim_runs(
+        self,
+        owner: str,
+        now: float,
+        workflows: Collection[str],
+        max_recovery_attempts: int,
+    ) -> RunRecovery:
         self._check_open()
-        claimed = []
+        claimed, orphaned, abandoned = [], [], []
         for run in self._runs.values():
-            if run["status"] != "running" or run["workflow"] not in workflows:
-                continue
-            if run["owner"] == owner:
+            if run["status"] != "running" or run["owner"] == owner:
                 continue
             lease = self._owners.get(run["owner"])
             if lease is not None and lease >= now:
                 continue
-            run["owner"] = owner
-            for row in self._rows.values():
-                if row["run_id"] == run["run_id"] and row["status"] in LIVE:
-                    row.update(
-                        status=TaskStatus.CANCELLED,
-                        sub_status=None,
-                        deferred_since=None,
-                        finished_at=now,
-                        error=SUPERSEDED,
-                    )
-            claimed.append(self._run_record(run))
-        return claimed
+            if run["workflow"] not in workflows:
+                self._end_run(run, now, RUN_ORPHANED)
+                orphaned.append(self._run_record(run))
+            elif run["recovery_attempts"] >= max_recovery_attempts:
+                self._end_run(run, now, abandoned_error(run["recovery_attempts"]))
+                abandoned.append(self._run_record(run))
+            else:
+                run["owner"] = owner
+                run["recovery_attempts"] += 1
+                self._end_steps(run["run_id"], TaskStatus.CANCELLED, now, SUPERSEDED)
+                claimed.append(self._run_record(run))
+        return RunRecovery(claimed, orphaned, abandoned)
+
+    def _end_run(self, run: dict[str, Any], now: float, error: str) -> None:
+        run["status"] = "failed"
+        run["finished_at"] = now
+        self._end_steps(run["run_id"], TaskStatus.FAILED, now, error)
+
+    def _end_steps(self, run_id: str, status: TaskStatus, now: float, error: str) -> None:
+        for row in self._rows.values():
+            if row["run_id"] == run_id and row["status"] in LIVE:
+                row.update(
+                    status=status,
+                    sub_status=None,
+                    deferred_since=None,
+                    finished_at=now,
+                    error=error,
+                )
 
     def run(self, run_id: str) -> RunRecord | None:
         self._check_open()

@@ -22,17 +22,19 @@ from .._records import ExecutionRecord, SubStatus, TaskStatus
 from ._base import (
     ORPHANED,
     RUN_KINDS,
+    RUN_ORPHANED,
     SUPERSEDED,
     Change,
     Recovery,
     RunRecord,
+    RunRecovery,
     abandoned_error,
     apply_change,
     new_row,
     seconds,
 )
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 MIGRATIONS = Migrations("trioexec")
 
 
@@ -139,6 +141,12 @@ def _durable(db: sqlite_utils.Database) -> None:
     db.execute("CREATE INDEX durable_tasks_retry ON durable_tasks (state, timeout_at)")
     db.execute("CREATE INDEX durable_callbacks_task ON durable_callbacks (task_id)")
     db.execute("UPDATE trioexec_meta SET value = '3' WHERE key = 'schema_version'")
+
+
+@MIGRATIONS(name="0004_run_recovery_attempts")
+def _run_recovery_attempts(db: sqlite_utils.Database) -> None:
+    db.execute("ALTER TABLE workflow_runs ADD COLUMN recovery_attempts INTEGER NOT NULL DEFAULT 0")
+    db.execute("UPDATE trioexec_meta SET value = '4' WHERE key = 'schema_version'")
 
 
 _COLUMNS = (
@@ -377,38 +385,63 @@ class SQLiteStore:
             )
         return found
 
-    def claim_runs(self, owner: str, now: float, workflows: Collection[str]) -> list[RunRecord]:
-        names = sorted(workflows)
-        if not names:
-            return []
-        marks = ",".join("?" * len(names))
+    def claim_runs(
+        self,
+        owner: str,
+        now: float,
+        workflows: Collection[str],
+        max_recovery_attempts: int,
+    ) -> RunRecovery:
+        known = set(workflows)
+        claimed: list[RunRecord] = []
+        orphaned: list[RunRecord] = []
+        abandoned: list[RunRecord] = []
         with self._transaction("claim workflow runs") as conn:
-            run_ids = [
-                row[0]
-                for row in conn.execute(
-                    "SELECT r.run_id FROM workflow_runs r LEFT JOIN owners o ON o.owner = r.owner"
-                    f" WHERE r.status = 'running' AND r.workflow IN ({marks})"
-                    " AND r.owner IS NOT ?"
-                    " AND (o.lease_expires_at IS NULL OR o.lease_expires_at < ?)"
-                    " ORDER BY r.rowid",
-                    (*names, owner, now),
-                )
-            ]
-            for run_id in run_ids:
-                conn.execute("UPDATE workflow_runs SET owner = ? WHERE run_id = ?", (owner, run_id))
+            rows = conn.execute(
+                "SELECT r.run_id, r.workflow, r.recovery_attempts FROM workflow_runs r"
+                " LEFT JOIN owners o ON o.owner = r.owner"
+                " WHERE r.status = 'running' AND r.owner IS NOT ?"
+                " AND (o.lease_expires_at IS NULL OR o.lease_expires_at < ?)"
+                " ORDER BY r.rowid",
+                (owner, now),
+            ).fetchall()
+            for run_id, workflow, attempts in rows:
+                if workflow not in known or attempts >= max_recovery_attempts:
+                    error = RUN_ORPHANED if workflow not in known else abandoned_error(attempts)
+                    conn.execute(
+                        "UPDATE workflow_runs SET status = 'failed', finished_at = ?"
+                        " WHERE run_id = ?",
+                        (now, run_id),
+                    )
+                    self._end_steps(conn, run_id, "failed", now, error)
+                    (orphaned if workflow not in known else abandoned).append(
+                        self._run(conn, run_id)
+                    )
+                    continue
                 conn.execute(
-                    "UPDATE executions SET status = 'cancelled', sub_status = NULL,"
-                    " deferred_since = NULL, finished_at = ?, error = ?"
-                    " WHERE run_id = ? AND status IN ('pending', 'running')",
-                    (now, SUPERSEDED, run_id),
+                    "UPDATE workflow_runs SET owner = ?, recovery_attempts = recovery_attempts + 1"
+                    " WHERE run_id = ?",
+                    (owner, run_id),
                 )
-            return [self._run(conn, run_id) for run_id in run_ids]
+                self._end_steps(conn, run_id, "cancelled", now, SUPERSEDED)
+                claimed.append(self._run(conn, run_id))
+        return RunRecovery(claimed, orphaned, abandoned)
+
+    @staticmethod
+    def _end_steps(
+        conn: sqlite3.Connection, run_id: str, status: str, now: float, error: str
+    ) -> None:
+        conn.execute(
+            "UPDATE executions SET status = ?, sub_status = NULL, deferred_since = NULL,"
+            " finished_at = ?, error = ? WHERE run_id = ? AND status IN ('pending', 'running')",
+            (status, now, error, run_id),
+        )
 
     @staticmethod
     def _run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
         row = conn.execute(
-            "SELECT run_id, workflow, status, context, owner, created_at, finished_at"
-            " FROM workflow_runs WHERE run_id = ?",
+            "SELECT run_id, workflow, status, context, owner, created_at, finished_at,"
+            " recovery_attempts FROM workflow_runs WHERE run_id = ?",
             (run_id,),
         ).fetchone()
         steps = {
@@ -427,6 +460,7 @@ class SQLiteStore:
             created_at=row[5],
             finished_at=row[6],
             steps=steps,
+            recovery_attempts=row[7],
         )
 
     def run(self, run_id: str) -> RunRecord | None:
