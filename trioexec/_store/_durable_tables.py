@@ -263,7 +263,11 @@ class SQLiteTables:
             where.append("state = ?")
             params.append(state)
         if tag is not None:
-            where.append("json_extract(tags, '$.' || json_quote(?)) = ?")
+            # json_each, not a JSON path: a path has no escapes for '"' in a key.
+            where.append(
+                "EXISTS (SELECT 1 FROM json_each(durable_promises.tags) j"
+                " WHERE j.key = ? AND j.value = ?)"
+            )
             params.extend(tag)
         rows = self.conn.execute(
             f"SELECT {', '.join(_P_COLS)} FROM durable_promises WHERE {' AND '.join(where)}"

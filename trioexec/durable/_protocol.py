@@ -192,7 +192,7 @@ class Core:
                     "timeout_at": now + self.retry_timeout,
                 }
             )
-        if timeout == 0:
+        if row["timeout_at"] <= now:  # born timed out (the same rule as _tick)
             self._settle(row, PromiseState.REJECTED_TIMEDOUT, None, None, now)
         return row
 
@@ -210,8 +210,9 @@ class Core:
             return promise_record(self._settle_checked(id, state, idempotency_key, data, now))
 
     def _settle_checked(
-        self, id: str, state: PromiseState, iku: str | None, data: Any, now: float
+        self, id: str, state: PromiseState | str, iku: str | None, data: Any, now: float
     ) -> Row:
+        state = PromiseState(state)
         if state is PromiseState.PENDING or state is PromiseState.REJECTED_TIMEDOUT:
             raise ValueError(f"a promise cannot be settled as {state.value!r}")
         row = self.tables.promise(id)

@@ -57,7 +57,8 @@ class DurableStore:
         if isinstance(path_or_store, MemoryStore):
             self.inline = True
             self._conn = None
-            tables: Any = DictTables()
+            # Every DurableStore on one MemoryStore sees the same promises and tasks.
+            tables: Any = path_or_store.__dict__.setdefault("_durable_tables", DictTables())
             clock = clock or path_or_store.clock
         else:
             if isinstance(path_or_store, SQLiteStore):
