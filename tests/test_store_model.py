@@ -518,17 +518,29 @@ class StoresAgree(RuleBasedStateMachine):
     ) -> None:
         if self.runs:  # the executor writes a run before any of its steps
             run_id = data.draw(st.sampled_from(sorted(self.runs)))
-            change = ("step", run_id, 0, step_id, state, output, task_id)
-            assert self.both("write", [change]) == []
-            self.runs[run_id].steps[step_id] = (state, output)
+            run = self.runs[run_id]
+            # Mostly the run's owner; sometimes one it was taken from (fenced).
+            owner = data.draw(st.sampled_from([run.owner, run.owner, *OWNERS]))
+            change = ("step", run_id, owner, step_id, state, output, task_id)
+            if owner == run.owner:
+                assert self.both("write", [change]) == []
+                run.steps[step_id] = (state, output)
+            else:
+                assert self.both("write", [change]) == [run_id]
 
     @rule(data=st.data(), status=st.sampled_from([s for s in RunStatus if s != "running"]))
     def end_run(self, data: st.DataObject, status: RunStatus) -> None:
         if self.runs:
             run_id = data.draw(st.sampled_from(sorted(self.runs)))
-            assert self.both("write", [("run_end", run_id, 0, status, self.now)]) == []
-            self.runs[run_id].status = status
-            self.runs[run_id].finished_at = self.now
+            run = self.runs[run_id]
+            owner = data.draw(st.sampled_from([run.owner, run.owner, *OWNERS]))
+            fenced = self.both("write", [("run_end", run_id, owner, status, self.now)])
+            if owner == run.owner:
+                assert fenced == []
+                run.status = status
+                run.finished_at = self.now
+            else:
+                assert fenced == [run_id]
 
     @rule(owner=st.sampled_from(OWNERS), workflows=st.sets(st.sampled_from(WORKFLOWS)))
     def claim_runs(self, owner: str, workflows: set[str]) -> None:

@@ -147,3 +147,36 @@ async def test_a_completed_step_is_recorded_with_its_execution(store, autojump_c
     # In whichever batch charge's execution finished, its step record is there too.
     finishing = [k for k in snapshots if ("finish", None) in k and ("step", "charge") in k]
     assert finishing
+
+
+@pytest.mark.parametrize("first_step_seconds", [1, 20])
+async def test_a_taken_over_run_is_fenced_and_its_old_coordinator_stops(
+    first_step_seconds, autojump_clock
+):
+    store = MemoryStore(clock=FakeWallClock(start=0))
+    ran = []
+
+    @task(id="s1")
+    async def s1(ctx):
+        ran.append("s1")
+        await trio.sleep(first_step_seconds)
+        ctx["s1"] = True
+
+    @task(id="s2", dependencies=["s1"])
+    async def s2(ctx):
+        ran.append("s2")
+        ctx["s2"] = True
+
+    wf = Workflow("wf", [s1, s2])
+    async with open_executor(store=store, lease=30, tasks=[wf]) as a:
+        run = await a.start_workflow(wf)
+        await a.flush()
+        store.heartbeat(a.owner, -1.0)  # A looks dead to others (a stalled renewal)
+        async with open_executor(store=store, recover=True, tasks=[wf], lease=30) as b:
+            pass  # B resumes the run and drains it
+        result_a = await run.wait()
+    rec = store.run(run.run_id)
+    assert (rec.status, rec.owner) == ("completed", b.owner)
+    assert result_a.status.value == "cancelled"  # A stopped; wrote nothing over B's
+    assert {k: v[0] for k, v in rec.steps.items()} == {"s1": "completed", "s2": "completed"}
+    assert ran.count("s2") == 1

@@ -82,6 +82,7 @@ class WorkflowRun:
         self._errors: dict[str, BaseException | None] = {}
         self._attempt_outputs: dict[str, dict[str, Any]] = {}  # set by a successful attempt
         self._last_published: WorkflowStatus | None = None
+        self._is_lost = False
         self._nursery: trio.Nursery | None = None
         self._done = trio.Event()
         self._result: WorkflowResult | None = None
@@ -236,6 +237,15 @@ class WorkflowRun:
                 )
         self._advance()
 
+    def _lost(self) -> None:
+        """Another executor has taken this run over: stop coordinating it here,
+        and write nothing more of it."""
+        self._is_lost = True
+        for ref in self._refs.values():
+            ref.cancel()
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+
     def _publish(self) -> None:
         """Publish a ``workflow_progress`` event if the status has changed."""
         st = self.status()
@@ -274,7 +284,9 @@ class WorkflowRun:
             steps={sid: completions[sid] for sid in self.workflow.order if sid in completions},
             error=error,
         )
-        if run_status is not RunStatus.CANCELLED or is_finished(self._states):
+        if not self._is_lost and (
+            run_status is not RunStatus.CANCELLED or is_finished(self._states)
+        ):
             # A run cut short by a shutdown stays 'running' in the store, so that
             # recovery resumes it; one that ended is recorded as ended.
             self._ex._log_run(("run_end", self.run_id, 0, run_status, self._ex._wall()))

@@ -978,6 +978,8 @@ class Executor:
             return
         if change[0] == "run":
             change = (*change, self.owner, self._wall())
+        else:  # step/run_end: guarded by our ownership of the run
+            change = (change[0], change[1], self.owner, *change[3:])
         self._log(change)
 
     def _step_changed(self, ref: TaskRef) -> None:
@@ -1046,6 +1048,8 @@ class Executor:
     def _written(self, notify: list[TaskRef], fenced: list[str]) -> None:
         if fenced:
             lost = set(fenced)
+            for run_id in lost & self._active_runs.keys():
+                self._active_runs[run_id]._lost()
             for ref in notify:
                 if ref.task_id in lost:
                     self._overruled(ref)
@@ -1085,6 +1089,12 @@ class Executor:
             live = {t: r._version for t, r in self._live.items()}
             for task_id in await self._store_call(store.taken_over, self.owner, live):
                 self._lease_lost(task_id)
+            if self._active_runs:
+                runs = list(self._active_runs)
+                for run_id in await self._store_call(store.runs_taken_over, self.owner, runs):
+                    run = self._active_runs.get(run_id)
+                    if run is not None:
+                        run._lost()
 
     def _overruled(self, ref: TaskRef) -> None:
         """``ref`` ended here, but its completion was fenced out: another owner has

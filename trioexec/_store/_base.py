@@ -17,10 +17,11 @@ from .._records import ExecutionRecord, SubStatus, TaskStatus
 #   ("sub", task_id, version, sub_status, deferred_since)     sub_status: SubStatus
 #   ("retry", task_id, version, error)                         back to pending
 #   ("finish", task_id, version, status, finished_at, error)   status: TaskStatus
-# and for workflow runs (the second field is the run id; the third is unused):
+# and for workflow runs (the second field is the run id; the third the writing owner:
+# "step" and "run_end" apply only while that owner has the run, else the run id is fenced):
 #   ("run", run_id, 0, workflow, context_json, owner, created_at)
-#   ("step", run_id, 0, step_id, state, output_json, task_id)  state: a StepState value
-#   ("run_end", run_id, 0, status, finished_at)                status: a RunStatus value
+#   ("step", run_id, owner, step_id, state, output_json, task_id)  state: a StepState value
+#   ("run_end", run_id, owner, status, finished_at)                status: a RunStatus value
 Change = tuple[object, ...]
 RUN_KINDS = frozenset({"run", "step", "run_end"})
 
@@ -174,6 +175,10 @@ class Store(Protocol):
 
     def run(self, run_id: str) -> RunRecord | None:
         """One workflow run, or None."""
+        ...
+
+    def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
+        """Of ``run_ids`` (runs ``owner`` coordinates), those another owner has now."""
         ...
 
     def runs(self, *, status: str | None = None) -> list[RunRecord]:

@@ -44,11 +44,13 @@ class MemoryStore:
         self._rows: dict[str, dict[str, Any]] = {}
         self._owners: dict[str, float] = {}
         self._runs: dict[str, dict[str, Any]] = {}
+        self._fenced: list[str] = []  # the current write's fenced ids
         self._closed = False
 
     def write(self, changes: Sequence[Change]) -> list[str]:
         self._check_open()
         fenced: list[str] = []
+        self._fenced = fenced
         refused: set[str] = set()  # ids whose submit was refused: the rest of theirs too
         rows = self._rows
         for change in changes:
@@ -86,7 +88,8 @@ class MemoryStore:
             )
             return
         run = self._runs.get(str(run_id))
-        if run is None:
+        if run is None or run["owner"] != change[2]:
+            self._fenced.append(str(run_id))  # not (or no longer) this owner's run
             return
         if kind == "step":
             _, _, _, step_id, state, output, _task_id = change
@@ -138,6 +141,10 @@ class MemoryStore:
                     finished_at=now,
                     error=error,
                 )
+
+    def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
+        self._check_open()
+        return [r for r in run_ids if r in self._runs and self._runs[r]["owner"] != owner]
 
     def run(self, run_id: str) -> RunRecord | None:
         self._check_open()

@@ -344,7 +344,8 @@ class SQLiteStore:
                 task_id = change[1]
                 kind = change[0]
                 if kind in RUN_KINDS:
-                    _write_run(conn, change)
+                    if not _write_run(conn, change):
+                        fenced.append(str(task_id))
                 elif kind == "submit":
                     if task_id in existing or task_id in fresh:
                         fenced.append(str(task_id))
@@ -462,6 +463,23 @@ class SQLiteStore:
             steps=steps,
             recovery_attempts=row[7],
         )
+
+    def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
+        ids = list(run_ids)
+        lost: list[str] = []
+        with self._using("check run ownership"):
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                lost.extend(
+                    row[0]
+                    for row in self._r.execute(
+                        f"SELECT run_id FROM workflow_runs WHERE run_id IN ({marks})"
+                        " AND owner IS NOT ?",
+                        (*chunk, owner),
+                    )
+                )
+        return lost
 
     def run(self, run_id: str) -> RunRecord | None:
         with self._using("query workflow run"):
@@ -622,7 +640,8 @@ class SQLiteStore:
         return f"<SQLiteStore {self.path!r}>"
 
 
-def _write_run(conn: sqlite3.Connection, change: Change) -> None:
+def _write_run(conn: sqlite3.Connection, change: Change) -> bool:
+    """Apply a run change; False if fenced (the run is not the writer's)."""
     kind = change[0]
     if kind == "run":
         _, run_id, _, workflow, context, owner, created_at = change
@@ -631,7 +650,13 @@ def _write_run(conn: sqlite3.Connection, change: Change) -> None:
             " created_at) VALUES (?, ?, 'running', ?, ?, ?)",
             (run_id, workflow, context, owner, created_at),
         )
-    elif kind == "step":
+        return True
+    owned = conn.execute(
+        "SELECT 1 FROM workflow_runs WHERE run_id = ? AND owner = ?", (change[1], change[2])
+    ).fetchone()
+    if owned is None:
+        return False
+    if kind == "step":
         _, run_id, _, step_id, state, output, task_id = change
         conn.execute(
             "INSERT INTO workflow_steps (run_id, step_id, state, output, task_id)"
@@ -644,6 +669,7 @@ def _write_run(conn: sqlite3.Connection, change: Change) -> None:
             "UPDATE workflow_runs SET status = ?, finished_at = ? WHERE run_id = ?",
             (_value(change[3]), change[4], change[1]),
         )
+    return True
 
 
 def _value(v: object) -> object:
