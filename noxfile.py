@@ -32,7 +32,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on the package."""
-    session.install("-e", ".", "mypy")
+    session.install("-e", ".[cli]", "mypy")
     session.run("mypy", "--strict", "trioexec")
 
 
@@ -48,8 +48,8 @@ def examples(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def demo(session: nox.Session) -> None:
     """The four-slot deferral story: tasks waiting on the outside world give their slot back."""
-    session.install("-e", ".")
-    session.run("python", str(HERE / "examples" / "deferral.py"), *session.posargs)
+    session.install("-e", ".[cli]")
+    session.run("trioexec", "demo", *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -1,0 +1,5 @@
+"""``python -m trioexec``: the ``trioexec`` command."""
+
+from .cli import run
+
+run()

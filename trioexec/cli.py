@@ -1,0 +1,602 @@
+"""The ``trioexec`` command: a demo, and views of a trioexec database.
+
+The only module that imports the CLI libraries (click, rich). Every failure a person
+can cause (bad arguments, a missing or corrupt database) ends in one line on stderr
+and a non-zero exit, never a traceback.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import random
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import click
+import trio
+import trio.testing
+from rich.console import Console, Group
+from rich.live import Live
+from rich.panel import Panel
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+import trioexec
+from trioexec import SQLiteStore, StoreError, SubStatus, TaskHandle, TaskStatus
+
+EXIT_USAGE = 2
+EXIT_PROBLEM = 1
+
+console = Console()
+err = Console(stderr=True)
+
+
+def fail(message: str, code: int = EXIT_PROBLEM) -> None:
+    err.print(f"[bold red]trioexec:[/] {message}", highlight=False, soft_wrap=True)
+    raise SystemExit(code)
+
+
+@contextmanager
+def open_store(path: str) -> Iterator[SQLiteStore]:
+    """An existing database, or one clear line and exit 1."""
+    if not os.path.exists(path):
+        fail(f"{path}: no such database file")
+    try:
+        store = SQLiteStore(path)
+    except StoreError as exc:
+        fail(str(exc))
+    try:
+        yield store
+    except StoreError as exc:
+        fail(str(exc))
+    finally:
+        store.close()
+
+
+def parse_age(text: str) -> float:
+    """'90', '90s', '10m', '2h', '1d' -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    raw = text.strip().lower()
+    try:
+        if raw and raw[-1] in units:
+            return float(raw[:-1]) * units[raw[-1]]
+        return float(raw)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a duration like 90s, 10m, 2h") from None
+
+
+def ago(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def stamp(t: float | None) -> str:
+    if t is None:
+        return ""
+    return datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S")
+
+
+def emit_json(rows: Sequence[Any]) -> None:
+    def plain(value: Any) -> Any:
+        if hasattr(value, "__attrs_attrs__"):
+            import attrs
+
+            return {k: plain(v) for k, v in attrs.asdict(value, recurse=False).items()}
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        return getattr(value, "value", value)
+
+    click.echo(json.dumps([plain(r) for r in rows], indent=2, default=str))
+
+
+# --------------------------------------------------------------------------- the CLI
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(trioexec.__version__, prog_name="trioexec")
+def main() -> None:
+    """trioexec: tasks that give their slot back while they wait.
+
+    Start with `trioexec demo`; the other commands look at the SQLite database an
+    executor (or the demo) writes, from any other process.
+    """
+
+
+# --------------------------------------------------------------------------- demo
+
+KINDS = ("webhook", "file", "approval", "api")
+
+
+def demo_workload(n_tasks: int, slots: int, seed: int = 7) -> tuple[list[float], list[float]]:
+    """(waits, works): twice as many waiters as slots wait on the outside world for
+    3-8 s, then do a little work; the rest only work."""
+    rng = random.Random(seed)
+    n_waiters = min(n_tasks, 2 * slots)
+    waits = [round(rng.uniform(3.0, 8.0), 2) for _ in range(n_waiters)]
+    works = [round(rng.uniform(0.3, 0.7), 2) for _ in range(n_tasks)]
+    return waits, works
+
+
+async def run_workload(
+    slots: int,
+    waits: list[float],
+    works: list[float],
+    *,
+    defer: bool,
+    store: SQLiteStore | None = None,
+    on_start: Callable[[trioexec.Executor, dict[str, Any]], None] | None = None,
+) -> float:
+    """Run the demo workload; return its makespan (seconds on Trio's clock)."""
+    t0 = trio.current_time()
+    events = [trio.Event() for _ in waits]
+    state: dict[str, Any] = {"t0": t0, "deferred": {}, "done": 0, "kinds": {}}
+
+    async def outside_world() -> None:
+        for i, at in sorted(enumerate(waits), key=lambda e: e[1]):
+            await trio.sleep_until(t0 + at)
+            events[i].set()
+
+    async def waiter(i: int, handle: TaskHandle) -> None:
+        local_state = {"request": i}  # what the task keeps across the wait
+        state["kinds"][handle.task_id] = KINDS[i % 4]
+        if defer:
+            state["deferred"][handle.task_id] = trio.current_time()
+            try:
+                await handle.defer_until(events[i])
+            finally:
+                state["deferred"].pop(handle.task_id, None)
+        else:
+            await events[i].wait()  # holding the slot all along
+        await trio.sleep(works[i])
+        assert local_state == {"request": i}
+        state["done"] += 1
+
+    async def compute(seconds: float) -> None:
+        await trio.sleep(seconds)
+        state["done"] += 1
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(outside_world)
+        async with trioexec.open_executor(max_concurrent_tasks=slots, store=store) as ex:
+            if on_start is not None:
+                on_start(ex, state)
+            for i in range(len(waits)):
+                await ex.submit(waiter, i, name=f"{KINDS[i % 4]}-{i}")
+            for seconds in works[len(waits) :]:
+                await ex.submit(compute, seconds, name="compute")
+    return trio.current_time() - t0
+
+
+def simulate(slots: int, waits: list[float], works: list[float], defer: bool) -> float:
+    """The same workload under Trio's mock clock: an exact makespan, instantly."""
+    result: list[float] = []
+
+    async def go() -> None:
+        result.append(await run_workload(slots, waits, works, defer=defer))
+
+    trio.run(go, clock=trio.testing.MockClock(autojump_threshold=0))
+    return result[0]
+
+
+def demo_view(ex: trioexec.Executor, state: dict[str, Any], total: int) -> Group:
+    m = ex.statistics()
+    now = trio.current_time()
+    slots = ex.slots
+    bar = Text()
+    for i in range(slots.total):
+        bar.append("█ " if i < slots.in_use else "· ", style="green" if i < slots.in_use else "dim")
+    elapsed = now - state["t0"]
+    head = Table.grid(padding=(0, 2))
+    head.add_row("slots in use", bar, f"{slots.in_use}/{slots.total}")
+    head.add_row("queued", str(m.queue_depth), "")
+    head.add_row("deferred", str(m.deferred_count), "(holding no slot)")
+    head.add_row(
+        "done", f"{state['done']}/{total}", f"{state['done'] / max(elapsed, 1e-9):.1f} tasks/s"
+    )
+    progress = ProgressBar(total=total, completed=state["done"], width=40)
+    waiting = Table(title="deferred tasks", title_justify="left", box=None, padding=(0, 2))
+    waiting.add_column("task")
+    waiting.add_column("waiting for")
+    waiting.add_column("for", justify="right")
+    for task_id, since in sorted(state["deferred"].items(), key=lambda e: e[1])[:8]:
+        waiting.add_row(task_id[-6:], state["kinds"].get(task_id, "?"), f"{now - since:.1f}s")
+    return Group(Panel(Group(head, progress), title=f"trioexec demo — {elapsed:4.1f}s"), waiting)
+
+
+@main.command()
+@click.option(
+    "--db", type=click.Path(dir_okay=False), help="SQLite file to write (default: a temp file)."
+)
+@click.option("--slots", type=click.IntRange(1, 64), default=4, show_default=True)
+@click.option("--tasks", type=click.IntRange(4, 10_000), default=48, show_default=True)
+def demo(db: str | None, slots: int, tasks: int) -> None:
+    """The four-slot story: tasks waiting on the outside world give their slot back.
+
+    Twice as many tasks as slots wait on a webhook, a file, an approval or an API
+    for 3-8 s; the rest only compute. With deferral the waiters hold no slot while they
+    wait, so the compute tasks flow through. The summary compares the makespan with
+    the same workload holding its slots while waiting (simulated on Trio's mock clock).
+    """
+    waits, works = demo_workload(tasks, slots)
+    path = db or os.path.join(tempfile.mkdtemp(prefix="trioexec-demo-"), "demo.db")
+    try:
+        store = SQLiteStore(path)
+    except StoreError as exc:
+        fail(str(exc))
+    console.print(
+        f"[bold]trioexec demo[/]: {tasks} tasks, {slots} slots; {len(waits)} of them wait on "
+        f"the outside world (3-8 s). Recording to [cyan]{path}[/] — look with "
+        f"`trioexec status {path}` or `trioexec watch {path}` from another shell."
+    )
+    live_box: dict[str, Any] = {}
+
+    async def real() -> float:
+        def started(ex: trioexec.Executor, state: dict[str, Any]) -> None:
+            live_box["ex"], live_box["state"] = ex, state
+
+        async def refresh(live: Live | None) -> None:
+            last_line = 0.0
+            while True:
+                await trio.sleep(0.1)
+                if "ex" not in live_box:
+                    continue
+                if live is not None:
+                    live.update(demo_view(live_box["ex"], live_box["state"], tasks))
+                elif trio.current_time() - last_line >= 1.0:
+                    last_line = trio.current_time()
+                    m = live_box["ex"].statistics()
+                    st = live_box["state"]
+                    elapsed = trio.current_time() - st["t0"]
+                    click.echo(
+                        f"{elapsed:5.1f}s  slots {live_box['ex'].slots.in_use}"
+                        f"/{slots}  deferred {m.deferred_count:3d}  queued {m.queue_depth:3d}"
+                        f"  done {st['done']}/{tasks}"
+                    )
+
+        live = (
+            Live(console=console, refresh_per_second=10, transient=False)
+            if console.is_terminal
+            else None
+        )
+        async with trio.open_nursery() as n:
+            if live is not None:
+                live.start()
+            n.start_soon(refresh, live)
+            try:
+                makespan = await run_workload(
+                    slots, waits, works, defer=True, store=store, on_start=started
+                )
+            finally:
+                if live is not None and "ex" in live_box:
+                    live.update(demo_view(live_box["ex"], live_box["state"], tasks))
+                    live.stop()
+            n.cancel_scope.cancel()
+        return makespan
+
+    try:
+        makespan = trio.run(real)
+        counts = {s: len(store.executions(status=s)) for s in TaskStatus}
+    finally:
+        store.close()
+    held = simulate(slots, waits, works, defer=False)
+    ideal = simulate(slots, waits, works, defer=True)
+    table = Table(title="summary", title_justify="left")
+    table.add_column("run")
+    table.add_column("makespan", justify="right")
+    table.add_row("with defer_until (this run, real time)", f"{makespan:.1f}s")
+    table.add_row("with defer_until (simulated)", f"{ideal:.1f}s")
+    table.add_row("holding slots while waiting (simulated)", f"{held:.1f}s")
+    console.print(table)
+    console.print(
+        f"Deferral finished the same {tasks} tasks in {ideal:.1f}s instead of {held:.1f}s "
+        f"({held / ideal:.1f}x faster): while {len(waits)} tasks waited, their slots ran "
+        f"the others. Store: {counts[TaskStatus.COMPLETED]} completed, "
+        f"{sum(v for k, v in counts.items() if k is not TaskStatus.COMPLETED)} other — {path}"
+    )
+
+
+# --------------------------------------------------------------------------- status / watch
+
+
+def execution_table(rows: list[trioexec.ExecutionRecord], now: float, limit: int) -> Table:
+    table = Table(box=None, padding=(0, 2))
+    for column in ("task", "name", "status", "sub-status", "attempt", "deferred for", "error"):
+        table.add_column(column)
+    for r in rows[:limit]:
+        deferred = now - r.deferred_since if r.deferred_since is not None else None
+        table.add_row(
+            r.task_id,
+            r.name,
+            r.status.value,
+            r.sub_status.value if r.sub_status else "",
+            str(r.attempt),
+            ago(deferred),
+            (r.error or "")[:40],
+        )
+    return table
+
+
+@main.command()
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.option("--status", "status_", type=click.Choice([s.value for s in TaskStatus]))
+@click.option("--sub-status", type=click.Choice([s.value for s in SubStatus]))
+@click.option("--older-than", help="only tasks deferred longer than this (90s, 10m, 2h)")
+@click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="print JSON for scripts")
+def status(
+    db: str,
+    status_: str | None,
+    sub_status: str | None,
+    older_than: str | None,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Executions in DB, with their status and sub-status (oldest first)."""
+    age = parse_age(older_than) if older_than else None
+    with open_store(db) as store:
+        rows = store.executions(status=status_, sub_status=sub_status, deferred_longer_than=age)
+        if as_json:
+            emit_json(rows)
+            return
+        counts = {s: len(store.executions(status=s)) for s in TaskStatus}
+    summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
+    console.print(f"[bold]{db}[/]: {summary or 'no executions'}")
+    console.print(execution_table(rows, time.time(), limit))
+    if len(rows) > limit:
+        console.print(f"... and {len(rows) - limit} more (--limit)")
+
+
+def watch_view(store: SQLiteStore, db: str) -> Group:
+    now = time.time()
+    counts = {s: len(store.executions(status=s)) for s in TaskStatus}
+    running = store.executions(status=TaskStatus.RUNNING)
+    active = sum(1 for r in running if r.sub_status is SubStatus.ACTIVE)
+    deferred = sorted(
+        (r for r in running if r.sub_status is SubStatus.DEFERRED),
+        key=lambda r: r.deferred_since or now,
+    )
+    head = Table.grid(padding=(0, 2))
+    head.add_row("active", str(active))
+    head.add_row("deferred", str(len(deferred)))
+    head.add_row("pending", str(counts[TaskStatus.PENDING]))
+    head.add_row("completed", str(counts[TaskStatus.COMPLETED]))
+    head.add_row(
+        "failed/cancelled/timed out",
+        f"{counts[TaskStatus.FAILED]}/{counts[TaskStatus.CANCELLED]}/{counts[TaskStatus.TIMED_OUT]}",
+    )
+    return Group(
+        Panel(head, title=f"trioexec watch {db} — {stamp(now)}"),
+        Text("deferred, longest first:", style="bold"),
+        execution_table(deferred, now, 10),
+    )
+
+
+@main.command()
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.option("--interval", type=click.FloatRange(0.05), default=0.5, show_default=True)
+@click.option("--once", is_flag=True, help="print one view and exit")
+def watch(db: str, interval: float, once: bool) -> None:
+    """A live view of DB, refreshed from the database (another process writes it)."""
+    with open_store(db) as store:
+        if once or not console.is_terminal:
+            console.print(watch_view(store, db))
+            return
+        try:
+            with Live(watch_view(store, db), console=console, refresh_per_second=4) as live:
+                while True:
+                    time.sleep(interval)
+                    live.update(watch_view(store, db))
+        except KeyboardInterrupt:
+            pass
+
+
+# --------------------------------------------------------------------------- runs
+
+
+@main.command()
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.argument("run_id", required=False)
+@click.option("--json", "as_json", is_flag=True, help="print JSON for scripts")
+def runs(db: str, run_id: str | None, as_json: bool) -> None:
+    """Workflow runs in DB with their progress (or one run's steps)."""
+    with open_store(db) as store:
+        records = store.runs() if run_id is None else [r for r in [store.run(run_id)] if r]
+        if run_id is not None and not records:
+            fail(f"{db}: no workflow run {run_id!r}")
+        steps = {r.run_id: store.executions(run_id=r.run_id) for r in records}
+    if as_json:
+        emit_json(records)
+        return
+    table = Table(box=None, padding=(0, 2))
+    for column in ("run", "workflow", "status", "progress", "steps done", "recoveries"):
+        table.add_column(column)
+    for r in records:
+        done = sum(1 for state, _ in r.steps.values() if state == "completed")
+        names = {e.name for e in steps[r.run_id]} | set(r.steps)
+        total = max(len(names), 1)
+        table.add_row(
+            r.run_id,
+            r.workflow,
+            r.status,
+            ProgressBar(total=total, completed=done, width=20),
+            f"{done}/{total}",
+            str(r.recovery_attempts),
+        )
+    console.print(table)
+    if run_id is not None:
+        for r in records:
+            console.print(execution_table(steps[r.run_id], time.time(), 100))
+
+
+# --------------------------------------------------------------------------- durable
+
+
+PROMISE_STATES = ["pending", "resolved", "rejected", "rejected_canceled", "rejected_timedout"]
+TASK_STATES = ["pending", "acquired", "suspended", "halted", "fulfilled"]
+
+
+class _DefaultList(click.Group):
+    """`trioexec promises DB` means `trioexec promises list DB`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args = ["list", *args]
+        return super().parse_args(ctx, args)
+
+
+def open_durable(db: str) -> Any:
+    from trioexec.durable import DurableStore
+
+    if not os.path.exists(db):
+        fail(f"{db}: no such database file")
+    try:
+        return DurableStore(db)
+    except StoreError as exc:
+        fail(str(exc))
+
+
+@main.group(cls=_DefaultList)
+def promises() -> None:
+    """Durable promises: list them, or resolve/reject one (e.g. approve from a shell)."""
+
+
+@promises.command("list")
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.option("--state", type=click.Choice(PROMISE_STATES))
+@click.option("--limit", type=click.IntRange(1), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def promises_list(db: str, state: str | None, limit: int, as_json: bool) -> None:
+    """Promises in DB, by id."""
+    with open_durable(db) as ds:
+        rows, _ = trio.run(lambda: ds.promises.search(state=state, limit=limit))
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table(box=None, padding=(0, 2))
+    for column in ("id", "state", "data", "times out", "tags"):
+        table.add_column(column)
+    for p in rows:
+        table.add_row(
+            p.id, p.state.value, (p.data or "")[:40], stamp(p.timeout_at), json.dumps(p.tags)
+        )
+    console.print(table)
+
+
+def _settle(db: str, id: str, data: str | None, how: str) -> None:
+    from trioexec.durable import Conflict, NotFound
+
+    try:
+        value = None if data is None else json.loads(data)
+    except json.JSONDecodeError as exc:
+        fail(f"--data is not JSON: {exc}", EXIT_USAGE)
+    with open_durable(db) as ds:
+        settle = getattr(ds.promises, how)
+        try:
+            record = trio.run(lambda: settle(id, data=value))
+        except (Conflict, NotFound) as exc:
+            fail(f"{db}: {exc}")
+    console.print(f"promise {record.id}: {record.state.value}")
+
+
+@promises.command("resolve")
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.argument("id")
+@click.option("--data", help="the value, as JSON")
+def promises_resolve(db: str, id: str, data: str | None) -> None:
+    """Resolve promise ID (tasks waiting on it resume)."""
+    _settle(db, id, data, "resolve")
+
+
+@promises.command("reject")
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.argument("id")
+@click.option("--data", help="the reason, as JSON")
+def promises_reject(db: str, id: str, data: str | None) -> None:
+    """Reject promise ID."""
+    _settle(db, id, data, "reject")
+
+
+@main.command()
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.option(
+    "--state", type=click.Choice(["pending", "acquired", "suspended", "halted", "fulfilled"])
+)
+@click.option("--target")
+@click.option("--limit", type=click.IntRange(1), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def tasks(db: str, state: str | None, target: str | None, limit: int, as_json: bool) -> None:
+    """Durable tasks in DB, by id."""
+    with open_durable(db) as ds:
+        rows, _ = trio.run(lambda: ds.tasks.search(state=state, target=target, limit=limit))
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table(box=None, padding=(0, 2))
+    for column in ("id", "state", "version", "target", "holder", "lease until", "awaiting"):
+        table.add_column(column)
+    for t in rows:
+        table.add_row(
+            t.id,
+            t.state.value,
+            str(t.version),
+            t.target or "",
+            t.pid or "",
+            stamp(t.lease_expires_at),
+            ", ".join(t.awaiting),
+        )
+    console.print(table)
+
+
+@main.command()
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def check(db: str, as_json: bool) -> None:
+    """Check DB's invariants; exit 1 if any is violated."""
+    problems: list[str] = []
+    with open_store(db) as store:
+        for r in store.executions():
+            running = r.status is TaskStatus.RUNNING
+            if (r.sub_status is not None) != running:
+                problems.append(
+                    f"sub_status_truth: {r.task_id} is {r.status.value}"
+                    f" with sub-status {r.sub_status}"
+                )
+            if r.status not in (TaskStatus.PENDING, TaskStatus.RUNNING) and r.finished_at is None:
+                problems.append(f"finished_without_time: {r.task_id}")
+    with open_durable(db) as ds:
+        problems += [f"durable: {name}" for name in trio.run(ds.check_invariants)]
+    if as_json:
+        click.echo(json.dumps({"ok": not problems, "violations": problems}))
+    elif problems:
+        for p in problems:
+            err.print(f"[red]violated[/] {p}", highlight=False)
+    else:
+        console.print(f"{db}: all invariants hold")
+    if problems:
+        raise SystemExit(EXIT_PROBLEM)
+
+
+def run() -> None:
+    """Console-script entry point: click's own errors exit 2 with one usage line."""
+    try:
+        main(standalone_mode=True)
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()
