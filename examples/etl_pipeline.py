@@ -22,14 +22,11 @@ import trio
 import trioexec
 from trioexec import HealthEventKind, TaskHandle, Workflow, task
 
-WORKDIR = tempfile.mkdtemp(prefix="etl-")
-UPLOAD = os.path.join(WORKDIR, "orders.json")
-
 
 @task(id="extract")
 async def extract(ctx: trioexec.Context) -> None:
     await trio.sleep(0.1)
-    ctx["expected_file"] = UPLOAD
+    ctx["expected_file"] = ctx["workdir"] + "/orders.json"
     ctx["source"] = "orders-api"
 
 
@@ -89,7 +86,8 @@ async def main() -> None:
     # One slot: the file wait must give it back, or upload could never run.
     async with trio.open_nursery() as nursery, trioexec.open_executor(max_concurrent_tasks=1) as ex:
         nursery.start_soon(show_progress, ex, t0)
-        result = await ex.run_workflow(pipeline, {"job": "nightly"})
+        with tempfile.TemporaryDirectory(prefix="etl-") as workdir:
+            result = await ex.run_workflow(pipeline, {"job": "nightly", "workdir": workdir})
     print()
     print("status: ", result.status.value)
     print("loaded: ", result.context["loaded"])

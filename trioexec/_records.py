@@ -87,5 +87,5 @@ class ExecutionRecord:
 
     @property
     def recreatable(self) -> bool:
-        """True if recovery can run it again: a registered spec id and JSON arguments."""
+        """True if recovery can run it again (a registered spec id and JSON arguments)."""
         return self.spec_id is not None and self.args is not None

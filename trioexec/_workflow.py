@@ -26,7 +26,7 @@ class StepState(enum.StrEnum):
     RUNNING = "running"  #: started (active or deferred)
     COMPLETED = "completed"
     FAILED = "failed"  #: failed after its retries (or timed out, or was cancelled)
-    SKIPPED = "skipped"  #: a dependency failed: it will not run
+    SKIPPED = "skipped"  #: a dependency failed, so it will not run
 
 
 class ExecutionStatus(enum.StrEnum):
@@ -288,7 +288,7 @@ class WorkflowStatus:
     deferred_steps: int
     failed_steps: int
     skipped_steps: int
-    completion_percentage: float  #: 0-100: completed steps over all steps
+    completion_percentage: float  #: completed steps over all steps, from 0 to 100
     recommended_action: str
 
     def as_attributes(self) -> dict[str, Any]:
