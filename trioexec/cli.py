@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 import os
 import random
 import tempfile
@@ -64,11 +65,14 @@ def parse_age(text: str) -> float:
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
     raw = text.strip().lower()
     try:
-        if raw and raw[-1] in units:
-            return float(raw[:-1]) * units[raw[-1]]
-        return float(raw)
+        value = float(raw[:-1]) * units[raw[-1]] if raw and raw[-1] in units else float(raw)
     except ValueError:
-        raise click.BadParameter(f"{text!r} is not a duration like 90s, 10m, 2h") from None
+        value = math.nan
+    if not (0 <= value < math.inf):
+        raise click.BadParameter(
+            f"{text!r} is not a duration like 90s, 10m, 2h", param_hint="'--older-than'"
+        )
+    return value
 
 
 def ago(seconds: float | None) -> str:
@@ -313,9 +317,15 @@ def demo(db: str | None, slots: int, tasks: int) -> None:
 
 
 def execution_table(rows: list[trioexec.ExecutionRecord], now: float, limit: int) -> Table:
-    table = Table(box=None, padding=(0, 2))
-    for column in ("task", "name", "status", "sub-status", "attempt", "deferred for", "error"):
-        table.add_column(column)
+    table = Table(box=None, padding=(0, 1))
+    # Ids and states must stay whole (people copy them); the rest gives way.
+    table.add_column("task", no_wrap=True)
+    table.add_column("name", overflow="fold", ratio=1)
+    table.add_column("status", no_wrap=True)
+    table.add_column("sub-status", no_wrap=True)
+    table.add_column("try", no_wrap=True)
+    table.add_column("deferred", no_wrap=True)
+    table.add_column("error", overflow="ellipsis", no_wrap=True, ratio=1)
     for r in rows[:limit]:
         deferred = now - r.deferred_since if r.deferred_since is not None else None
         table.add_row(
@@ -346,7 +356,7 @@ def status(
     as_json: bool,
 ) -> None:
     """Executions in DB, with their status and sub-status (oldest first)."""
-    age = parse_age(older_than) if older_than else None
+    age = parse_age(older_than) if older_than is not None else None
     with open_store(db) as store:
         rows = store.executions(status=status_, sub_status=sub_status, deferred_longer_than=age)
         if as_json:
@@ -423,7 +433,7 @@ def runs(db: str, run_id: str | None, as_json: bool) -> None:
         return
     table = Table(box=None, padding=(0, 2))
     for column in ("run", "workflow", "status", "progress", "steps done", "recoveries"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for r in records:
         done = sum(1 for state, _ in r.steps.values() if state == "completed")
         names = {e.name for e in steps[r.run_id]} | set(r.steps)
@@ -453,7 +463,7 @@ class _DefaultList(click.Group):
     """`trioexec promises DB` means `trioexec promises list DB`."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        if args and args[0] not in self.commands and not args[0].startswith("-"):
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
             args = ["list", *args]
         return super().parse_args(ctx, args)
 
@@ -488,7 +498,7 @@ def promises_list(db: str, state: str | None, limit: int, as_json: bool) -> None
         return
     table = Table(box=None, padding=(0, 2))
     for column in ("id", "state", "data", "times out", "tags"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for p in rows:
         table.add_row(
             p.id, p.state.value, (p.data or "")[:40], stamp(p.timeout_at), json.dumps(p.tags)
@@ -547,7 +557,7 @@ def tasks(db: str, state: str | None, target: str | None, limit: int, as_json: b
         return
     table = Table(box=None, padding=(0, 2))
     for column in ("id", "state", "version", "target", "holder", "lease until", "awaiting"):
-        table.add_column(column)
+        table.add_column(column, overflow="fold")
     for t in rows:
         table.add_row(
             t.id,
@@ -579,6 +589,19 @@ def check(db: str, as_json: bool) -> None:
                 problems.append(f"finished_without_time: {r.task_id}")
     with open_durable(db) as ds:
         problems += [f"durable: {name}" for name in trio.run(ds.check_invariants)]
+
+        async def read_all() -> None:  # every row must be one this trioexec can read
+            for search in (ds.tasks.search, ds.promises.search):
+                cursor = None
+                while True:
+                    _, cursor = await search(limit=500, cursor=cursor)
+                    if cursor is None:
+                        break
+
+        try:
+            trio.run(read_all)
+        except (ValueError, KeyError) as exc:
+            problems.append(f"durable: unreadable row: {exc}")
     if as_json:
         click.echo(json.dumps({"ok": not problems, "violations": problems}))
     elif problems:
@@ -590,12 +613,35 @@ def check(db: str, as_json: bool) -> None:
         raise SystemExit(EXIT_PROBLEM)
 
 
-def run() -> None:
-    """Console-script entry point: click's own errors exit 2 with one usage line."""
+def _interrupted(exc: BaseException) -> bool:
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is not None
+
+
+def run(args: Sequence[str] | None = None) -> None:
+    """Console-script entry point. Every failure is one line on stderr: usage errors
+    exit 2, problems with the database (unreadable rows included) exit 1, Ctrl-C 130."""
     try:
-        main(standalone_mode=True)
-    except KeyboardInterrupt:
-        fail("interrupted", 130)
+        code = main.main(args=args, prog_name="trioexec", standalone_mode=False)
+    except click.UsageError as exc:
+        hint = (
+            f" (see 'trioexec {exc.ctx.command_path.split(' ', 1)[-1]} --help')" if exc.ctx else ""
+        )
+        fail(f"{exc.format_message()}{hint}", EXIT_USAGE)
+    except click.ClickException as exc:
+        fail(exc.format_message(), exc.exit_code)
+    except click.Abort:
+        fail("aborted", EXIT_PROBLEM)
+    except (StoreError, ValueError, KeyError) as exc:
+        # A row this trioexec cannot read, a locked or broken table, ...
+        fail(f"cannot read the database: {type(exc).__name__}: {exc}")
+    except BaseException as exc:
+        if _interrupted(exc):
+            fail("interrupted", 130)
+        raise
+    if isinstance(code, int) and code:
+        raise SystemExit(code)
 
 
 if __name__ == "__main__":  # pragma: no cover
