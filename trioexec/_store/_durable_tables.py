@@ -223,34 +223,23 @@ class SQLiteTables:
         self.conn.execute("DELETE FROM durable_callbacks WHERE task_id = ?", (task_id,))
 
     def timed_out_promises(self, now: float) -> list[Row]:
-        return [
-            self._promise(r)
-            for r in self.conn.execute(
-                f"SELECT {', '.join(_P_COLS)} FROM durable_promises"
-                " WHERE state = 'pending' AND timeout_at <= ? ORDER BY id",
-                (now,),
-            )
-        ]
+        return [self._promise(r) for r in self._due("durable_promises", _P_COLS, "timeout_at", now)]
 
     def expired_leases(self, now: float) -> list[Row]:
-        return [
-            self._task(r)
-            for r in self.conn.execute(
-                f"SELECT {', '.join(_T_COLS)} FROM durable_tasks"
-                " WHERE state = 'acquired' AND lease_expires_at <= ? ORDER BY id",
-                (now,),
-            )
-        ]
+        rows = self._due("durable_tasks", _T_COLS, "lease_expires_at", now, "acquired")
+        return [self._task(r) for r in rows]
 
     def due_pending_tasks(self, now: float) -> list[Row]:
-        return [
-            self._task(r)
-            for r in self.conn.execute(
-                f"SELECT {', '.join(_T_COLS)} FROM durable_tasks"
-                " WHERE state = 'pending' AND timeout_at <= ? ORDER BY id",
-                (now,),
-            )
-        ]
+        return [self._task(r) for r in self._due("durable_tasks", _T_COLS, "timeout_at", now)]
+
+    def _due(
+        self, table: str, cols: tuple[str, ...], when: str, now: float, state: str = "pending"
+    ) -> list[tuple[Any, ...]]:
+        """Rows of ``table`` in ``state`` whose ``when`` column has come (<= now)."""
+        return self.conn.execute(
+            f"SELECT {', '.join(cols)} FROM {table} WHERE state = ? AND {when} <= ? ORDER BY id",
+            (state, now),
+        ).fetchall()
 
     def search_promises(
         self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None

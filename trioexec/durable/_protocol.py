@@ -99,6 +99,17 @@ class Core:
             row["timeout_at"] = now + self.retry_timeout  # offered again
             t.put_task(row)
 
+    def _acquire_row(self, task: Row, version: int, pid: str, ttl: float, now: float) -> None:
+        task.update(
+            state=TaskState.ACQUIRED.value,
+            version=version,
+            pid=pid,
+            ttl=ttl,
+            lease_expires_at=now + ttl,
+            timeout_at=None,
+        )
+        self.tables.put_task(task)
+
     def _to_pending(self, task: Row, now: float) -> None:
         task.update(
             state=TaskState.PENDING.value,
@@ -300,15 +311,7 @@ class Core:
             self._create(id, timeout, None, data, None, target, now)
             task = self._task(id)
             if task["state"] == TaskState.PENDING.value:
-                task.update(
-                    state=TaskState.ACQUIRED.value,
-                    version=1,
-                    pid=pid,
-                    ttl=ttl,
-                    lease_expires_at=now + ttl,
-                    timeout_at=None,
-                )
-                self.tables.put_task(task)
+                self._acquire_row(task, 1, pid, ttl, now)
             return self.task_record(task)
 
     def acquire(self, id: str, version: int, *, pid: str, ttl: float) -> TaskRecord:
@@ -322,15 +325,7 @@ class Core:
                     f"task {id!r} is {task['state']} at version {task['version']}, "
                     f"not pending at version {version}"
                 )
-            task.update(
-                state=TaskState.ACQUIRED.value,
-                version=version + 1,
-                pid=pid,
-                ttl=ttl,
-                lease_expires_at=now + ttl,
-                timeout_at=None,
-            )
-            self.tables.put_task(task)
+            self._acquire_row(task, version + 1, pid, ttl, now)
             return self.task_record(task)
 
     def claim(self, target: str, *, pid: str, ttl: float, limit: int) -> list[TaskRecord]:
@@ -344,15 +339,7 @@ class Core:
             self._tick(now)
             claimed = []
             for task in self.tables.search_tasks(TaskState.PENDING.value, target, limit, None):
-                task.update(
-                    state=TaskState.ACQUIRED.value,
-                    version=task["version"] + 1,
-                    pid=pid,
-                    ttl=ttl,
-                    lease_expires_at=now + ttl,
-                    timeout_at=None,
-                )
-                self.tables.put_task(task)
+                self._acquire_row(task, task["version"] + 1, pid, ttl, now)
                 claimed.append(self.task_record(task))
             return claimed
 
