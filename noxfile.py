@@ -63,4 +63,5 @@ def docs(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Same-run speed comparisons against raw Trio (never a pass/fail gate)."""
     session.install("-e", ".")
-    session.run("python", str(HERE / "benchmarks" / "quick.py"), *session.posargs)
+    for script in ("quick.py", "polling.py", "durable_claims.py"):
+        session.run("python", str(HERE / "benchmarks" / script))

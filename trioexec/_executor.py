@@ -40,6 +40,7 @@ from ._errors import (
 from ._events import EventStream, HealthEventKind
 from ._handle import TaskHandle
 from ._metrics import ExecutorMetrics
+from ._poller import Poller
 from ._records import ExecutionRecord, SubStatus, TaskCompletion, TaskStatus
 from ._slots import SlotPool, SlotToken
 from ._spec import CallInfo, TaskSpec, call_info, collect_specs
@@ -291,6 +292,7 @@ class Executor:
         self._durable = 0  # changes committed so far
         self._live: dict[str, TaskRef] = {}  # with a store: accepted and not finished
         self._space_freed = trio.Event()  # set when a task ends (recovery waits on it)
+        self._shared_poller: Poller | None = None  # started on first use
         self._config = config
         self._capacity = config.capacity
         self._overflow = config.overflow
@@ -784,6 +786,14 @@ class Executor:
         )
 
     # ------------------------------------------------------ handle observer hooks
+
+    def _poller(self) -> Poller | None:
+        """The executor's one poller for deferred tasks' sync predicates (None
+        without a nursery: DeterministicExecutor polls inline)."""
+        if self._shared_poller is None and self._nursery is not None:
+            self._shared_poller = Poller()
+            self._nursery.start_soon(self._shared_poller.run)
+        return self._shared_poller
 
     def _worker_parked(self) -> None:
         """This worker stays with a task that holds no slot now (deferred, or
@@ -1292,6 +1302,8 @@ class Executor:
         self._begin_shutdown(policy)
         await self.wait_for_idle()
         self._work_lot.unpark_all()
+        if self._shared_poller is not None:
+            self._shared_poller.close()
 
     def _begin_shutdown(self, policy: ShutdownPolicy) -> None:
         self._closing = True

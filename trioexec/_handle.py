@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, final
 import trio
 from trio_util import AsyncValue
 
+from ._poller import Poller
 from ._records import SubStatus
 from ._slots import SlotToken
 from ._spec import Backoff
@@ -57,7 +58,7 @@ async def _truthy(predicate: Callable[[], object]) -> bool:
 class _Waiter:
     """A condition, classified once: how to check it now and how to wait for it."""
 
-    __slots__ = ("_condition", "_kind", "_poll_interval")
+    __slots__ = ("_condition", "_kind", "_poll_interval", "_sync")
 
     # kinds
     VALUE = 0  # trio-util AsyncValue / AsyncBool: wait_value(bool)
@@ -68,6 +69,7 @@ class _Waiter:
         _check_poll_interval(poll_interval)
         self._condition = condition
         self._poll_interval = poll_interval
+        self._sync = False  # a predicate that returned a plain value when first checked
         if isinstance(condition, AsyncValue):
             self._kind = self.VALUE
         elif inspect.iscoroutinefunction(getattr(condition, "wait", None)):
@@ -92,15 +94,23 @@ class _Waiter:
         if self._kind == self.WAITABLE:
             is_set = getattr(cond, "is_set", None)
             return bool(is_set()) if callable(is_set) else False
-        return await _truthy(cond)
+        result = cond()
+        if inspect.isawaitable(result):
+            result = await result
+        else:
+            self._sync = True
+        return bool(result)
 
-    async def wait(self) -> None:
-        """Wait until the condition holds (it did not a moment ago)."""
+    async def wait(self, poller_for: Callable[[], Poller | None] | None) -> None:
+        """Wait until the condition holds (it did not a moment ago). A sync
+        predicate is handed to the poller ``poller_for()`` gives, if any."""
         cond = self._condition
         if self._kind == self.VALUE:
             await cond.wait_value(bool)
         elif self._kind == self.WAITABLE:
             await cond.wait()
+        elif self._sync and poller_for is not None and (poller := poller_for()) is not None:
+            await poller.wait(cond, self._poll_interval)
         else:
             n = 0
             while True:
@@ -233,7 +243,8 @@ class TaskHandle:
         self._enter(SubStatus.DEFERRED)
         self._slot.release()
         try:
-            await waiter.wait()
+            # An executor offers a shared poller (asked for only if it is needed).
+            await waiter.wait(getattr(self._observer, "_poller", None))
         finally:
             # The slot bound must hold for whatever runs next, including cleanup
             # after a cancellation: wait for a slot even if we are being cancelled.
