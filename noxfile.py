@@ -63,5 +63,5 @@ def docs(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Same-run speed comparisons against raw Trio (never a pass/fail gate)."""
     session.install("-e", ".")
-    for script in ("quick.py", "polling.py", "durable_claims.py"):
+    for script in ("quick.py", "deferral.py", "polling.py", "durable_claims.py"):
         session.run("python", str(HERE / "benchmarks" / script))
