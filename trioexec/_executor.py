@@ -745,7 +745,11 @@ class Executor:
         reset = _current_ref.set(ref)
         try:
             timeout = ref._timeout
-            if timeout is None:
+            if timeout is None and info.is_async:
+                # The common case, without a coroutine of our own in between: it
+                # would cost a frame per running (and per deferred) task.
+                ref._result = await fn(*ref._args)
+            elif timeout is None:
                 ref._result = await self._call(fn, ref._args, info.is_async)
             else:
                 with trio.move_on_after(timeout) as attempt_scope:
