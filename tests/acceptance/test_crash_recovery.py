@@ -12,14 +12,12 @@ import collections
 import importlib.util
 import json
 import os
-import select
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import trio
+from lineproc import LineProcess
 
 from trioexec import SQLiteStore, SubStatus, TaskStatus, open_executor
 
@@ -41,63 +39,11 @@ crash_worker = _load_worker()
 WORK = crash_worker.WORK  # the same spec id the subprocesses register
 
 
-class Worker:
-    """A ``crash_worker.py`` subprocess whose stdout is read line by line, with a deadline."""
+class Worker(LineProcess):
+    """A ``crash_worker.py`` subprocess."""
 
     def __init__(self, args: list[str], stderr_path: Path) -> None:
-        self.stderr_path = stderr_path
-        self._stderr = stderr_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), *args],
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            stdin=subprocess.DEVNULL,
-        )
-        self._buffer = b""
-        self.lines: list[str] = []
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def expect(self, word: str, timeout: float = 20.0) -> list[str]:
-        """Read stdout until a line starting with ``word``; return that line's fields."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while True:
-            while b"\n" in self._buffer:
-                raw, self._buffer = self._buffer.split(b"\n", 1)
-                line = raw.decode()
-                self.lines.append(line)
-                if line.split(" ", 1)[0] == word:
-                    return line.split()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.fail(f"no {word!r} line within {timeout}s")
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                self.proc.wait()
-                self.fail(f"exited with {self.proc.returncode} before printing {word!r}")
-            self._buffer += chunk
-
-    def fail(self, why: str) -> None:
-        self._stderr.flush()
-        pytest.fail(
-            f"worker {self.pid} {why}; stdout so far: {self.lines!r}\n"
-            f"stderr:\n{self.stderr_path.read_text(errors='replace')}"
-        )
-
-    def cleanup(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self._stderr.close()
+        super().__init__(WORKER, args, stderr_path)
 
 
 @pytest.fixture

@@ -12,15 +12,13 @@ from __future__ import annotations
 import collections
 import importlib.util
 import json
-import os
-import select
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import trio
+from lineproc import LineProcess
 
 from trioexec.durable import DurableStore, PromiseState, TaskState
 
@@ -51,69 +49,16 @@ MAX_CONCURRENT = durable_worker.MAX_CONCURRENT
 DEADLINE = 60.0  # bounds every wait; the test takes far less
 
 
-class Proc:
-    """A ``durable_worker.py`` subprocess whose stdout is read line by line, with a deadline."""
+class Proc(LineProcess):
+    """A ``durable_worker.py`` subprocess; closing its stdin asks it to stop."""
 
     def __init__(self, args: list[str], stderr_path: Path) -> None:
-        self.stderr_path = stderr_path
-        self._stderr = stderr_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, str(WORKER), *args],
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            stdin=subprocess.PIPE,
-        )
-        self._buffer = b""
-        self.lines: list[str] = []
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def expect(self, word: str, timeout: float = DEADLINE) -> list[str]:
-        """Read stdout until a line starting with ``word``; return that line's fields."""
-        assert self.proc.stdout is not None
-        fd = self.proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
-        while True:
-            while b"\n" in self._buffer:
-                raw, self._buffer = self._buffer.split(b"\n", 1)
-                line = raw.decode()
-                self.lines.append(line)
-                if line.split(" ", 1)[0] == word:
-                    return line.split()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self.fail(f"no {word!r} line within {timeout}s")
-            ready, _, _ = select.select([fd], [], [], remaining)
-            if not ready:
-                continue
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                self.proc.wait()
-                self.fail(f"exited with {self.proc.returncode} before printing {word!r}")
-            self._buffer += chunk
+        super().__init__(WORKER, args, stderr_path, stdin=subprocess.PIPE, timeout=DEADLINE)
 
     def stop(self) -> None:
         """Close its stdin: the worker leaves its block cleanly and prints DONE."""
         assert self.proc.stdin is not None
         self.proc.stdin.close()
-
-    def fail(self, why: str) -> None:
-        self._stderr.flush()
-        pytest.fail(
-            f"worker {self.pid} {why}; stdout so far: {self.lines!r}\n"
-            f"stderr:\n{self.stderr_path.read_text(errors='replace')}"
-        )
-
-    def cleanup(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-        for pipe in (self.proc.stdout, self.proc.stdin):
-            if pipe is not None and not pipe.closed:
-                pipe.close()
-        self._stderr.close()
 
 
 @pytest.fixture
