@@ -7,7 +7,7 @@ import contextlib
 import copy
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._errors import StoreError
@@ -82,36 +82,19 @@ class DictTables:
     def search_promises(
         self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
     ) -> list[Row]:
-        out = []
-        for id in sorted(self.promises):
-            row = self.promises[id]
-            if cursor is not None and id <= cursor:
-                continue
-            if state is not None and row["state"] != state:
-                continue
-            if tag is not None and row["tags"].get(tag[0]) != tag[1]:
-                continue
-            out.append(dict(row, tags=dict(row["tags"])))
-            if len(out) == limit:
-                break
-        return out
+        def match(row: Row) -> bool:
+            return tag is None or row["tags"].get(tag[0]) == tag[1]
+
+        rows = _page(self.promises, state, match, limit, cursor)
+        return [dict(r, tags=dict(r["tags"])) for r in rows]
 
     def search_tasks(
         self, state: str | None, target: str | None, limit: int, cursor: str | None
     ) -> list[Row]:
-        out = []
-        for id in sorted(self.tasks):
-            row = self.tasks[id]
-            if cursor is not None and id <= cursor:
-                continue
-            if state is not None and row["state"] != state:
-                continue
-            if target is not None and row["target"] != target:
-                continue
-            out.append(dict(row))
-            if len(out) == limit:
-                break
-        return out
+        def match(row: Row) -> bool:
+            return target is None or row["target"] == target
+
+        return [dict(r) for r in _page(self.tasks, state, match, limit, cursor)]
 
     def all_promises(self) -> Iterator[Row]:
         return iter([dict(r) for r in self.promises.values()])
@@ -121,6 +104,26 @@ class DictTables:
 
     def all_callbacks(self) -> Iterator[tuple[str, str]]:
         return iter(list(self.callbacks))
+
+
+def _page(
+    rows: dict[str, Row],
+    state: str | None,
+    match: Callable[[Row], bool],
+    limit: int,
+    cursor: str | None,
+) -> list[Row]:
+    """Up to ``limit`` rows by id after ``cursor``, in ``state``, that ``match``."""
+    out = []
+    for id in sorted(rows):
+        row = rows[id]
+        if cursor is not None and id <= cursor:
+            continue
+        if (state is None or row["state"] == state) and match(row):
+            out.append(row)
+            if len(out) == limit:
+                break
+    return out
 
 
 _P_COLS = ("id", "state", "data", "timeout_at", "ikc", "iku", "tags", "created_at", "settled_at")
@@ -244,30 +247,33 @@ class SQLiteTables:
     def search_promises(
         self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
     ) -> list[Row]:
-        where, params = ["1"], []
-        if cursor is not None:
-            where.append("id > ?")
-            params.append(cursor)
-        if state is not None:
-            where.append("state = ?")
-            params.append(state)
-        if tag is not None:
-            # json_each, not a JSON path: a path has no escapes for '"' in a key.
-            where.append(
-                "EXISTS (SELECT 1 FROM json_each(durable_promises.tags) j"
-                " WHERE j.key = ? AND j.value = ?)"
-            )
-            params.extend(tag)
-        rows = self.conn.execute(
-            f"SELECT {', '.join(_P_COLS)} FROM durable_promises WHERE {' AND '.join(where)}"
-            " ORDER BY id LIMIT ?",
-            (*params, limit),
+        # json_each, not a JSON path: a path has no escapes for '"' in a key.
+        extra = (
+            "EXISTS (SELECT 1 FROM json_each(durable_promises.tags) j"
+            " WHERE j.key = ? AND j.value = ?)",
+            tag,
         )
+        rows = self._page("durable_promises", _P_COLS, state, extra, limit, cursor)
         return [self._promise(r) for r in rows]
 
     def search_tasks(
         self, state: str | None, target: str | None, limit: int, cursor: str | None
     ) -> list[Row]:
+        extra = ("target = ?", None if target is None else (target,))
+        rows = self._page("durable_tasks", _T_COLS, state, extra, limit, cursor)
+        return [self._task(r) for r in rows]
+
+    def _page(
+        self,
+        table: str,
+        cols: tuple[str, ...],
+        state: str | None,
+        extra: tuple[str, tuple[str, ...] | None],
+        limit: int,
+        cursor: str | None,
+    ) -> list[tuple[Any, ...]]:
+        """Rows by id after ``cursor``, in ``state``, matching ``extra`` (a condition
+        and its parameters; None parameters: no condition)."""
         where, params = ["1"], []
         if cursor is not None:
             where.append("id > ?")
@@ -275,15 +281,15 @@ class SQLiteTables:
         if state is not None:
             where.append("state = ?")
             params.append(state)
-        if target is not None:
-            where.append("target = ?")
-            params.append(target)
-        rows = self.conn.execute(
-            f"SELECT {', '.join(_T_COLS)} FROM durable_tasks WHERE {' AND '.join(where)}"
+        condition, extra_params = extra
+        if extra_params is not None:
+            where.append(condition)
+            params.extend(extra_params)
+        return self.conn.execute(
+            f"SELECT {', '.join(cols)} FROM {table} WHERE {' AND '.join(where)}"
             " ORDER BY id LIMIT ?",
             (*params, limit),
-        )
-        return [self._task(r) for r in rows]
+        ).fetchall()
 
     def all_promises(self) -> Iterator[Row]:
         rows = self.conn.execute(f"SELECT {', '.join(_P_COLS)} FROM durable_promises").fetchall()
