@@ -16,11 +16,10 @@ import trio
 
 from ._admission import Overflow
 from ._events import EventStream
-from ._executor import Executor, ExecutorConfig, ShutdownPolicy, TaskRef
+from ._executor import Executor, ExecutorConfig, ShutdownPolicy, TaskRef, split_tasks
 from ._metrics import ExecutorMetrics
 from ._records import TaskCompletion, TaskStatus
 from ._slots import SlotToken
-from ._spec import collect_specs
 from ._store import Store
 
 
@@ -57,8 +56,8 @@ class DeterministicExecutor:
         config = ExecutorConfig(
             max_concurrent_tasks=max_concurrent_tasks,
             queue_capacity=queue_capacity,
-            overflow=Overflow(overflow),
-            shutdown_policy=ShutdownPolicy(shutdown_policy),
+            overflow=overflow,
+            shutdown_policy=shutdown_policy,
             thread_workers=thread_workers,
             event_capacity=event_capacity,
             task_budget=task_budget,
@@ -71,7 +70,7 @@ class DeterministicExecutor:
                 "(MemoryStore, or SQLiteStore(path, inline=True))"
             )
         del lease, max_recovery_attempts
-        self._ex = Executor(None, config, store, collect_specs(tasks))
+        self._ex = Executor(None, config, store, *split_tasks(tasks))
         if store is not None:
             store.heartbeat(self._ex.owner, math.inf)  # never expires: nothing to recover
 

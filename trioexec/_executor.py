@@ -72,8 +72,10 @@ class ExecutorConfig:
 
     max_concurrent_tasks: int = 4
     queue_capacity: int = 1024
-    overflow: Overflow = Overflow.BLOCK
-    shutdown_policy: ShutdownPolicy = ShutdownPolicy.DRAIN
+    overflow: Overflow = attrs.field(default=Overflow.BLOCK, converter=Overflow)
+    shutdown_policy: ShutdownPolicy = attrs.field(
+        default=ShutdownPolicy.DRAIN, converter=ShutdownPolicy
+    )
     thread_workers: int | None = None
     event_capacity: int = 1024
     task_budget: float | None = None
@@ -84,12 +86,6 @@ class ExecutorConfig:
         _check_int("event_capacity", self.event_capacity, minimum=1)
         if self.thread_workers is not None:
             _check_int("thread_workers", self.thread_workers, minimum=1)
-        if not isinstance(self.overflow, Overflow):
-            raise TypeError(f"overflow must be an Overflow, got {self.overflow!r}")
-        if not isinstance(self.shutdown_policy, ShutdownPolicy):
-            raise TypeError(
-                f"shutdown_policy must be a ShutdownPolicy, got {self.shutdown_policy!r}"
-            )
         _check_seconds("task_budget", self.task_budget)
 
     @property
@@ -1339,6 +1335,18 @@ def _should_retry(spec: TaskSpec, ref: TaskRef, status: TaskStatus) -> bool:
     return isinstance(error, spec.retry_on) and not isinstance(error, PermanentError)
 
 
+def split_tasks(tasks: Iterable[object]) -> tuple[dict[str, TaskSpec], dict[str, Workflow]]:
+    """``tasks=`` as specs by id and workflows by name (duplicates are errors)."""
+    items = list(tasks)
+    workflows: dict[str, Workflow] = {}
+    for item in items:
+        if isinstance(item, Workflow):
+            if item.name in workflows:
+                raise TaskDefinitionError(f"duplicate workflow name {item.name!r} in tasks=")
+            workflows[item.name] = item
+    return collect_specs(i for i in items if not isinstance(i, Workflow)), workflows
+
+
 def _unwrap(completion: TaskCompletion) -> Any:
     status = completion.status
     if status is TaskStatus.COMPLETED:
@@ -1387,20 +1395,13 @@ async def open_executor(
     config = ExecutorConfig(
         max_concurrent_tasks=max_concurrent_tasks,
         queue_capacity=queue_capacity,
-        overflow=Overflow(overflow),
-        shutdown_policy=ShutdownPolicy(shutdown_policy),
+        overflow=overflow,
+        shutdown_policy=shutdown_policy,
         thread_workers=thread_workers,
         event_capacity=event_capacity,
         task_budget=task_budget,
     )
-    items = list(tasks)
-    workflows: dict[str, Workflow] = {}
-    for item in items:
-        if isinstance(item, Workflow):
-            if item.name in workflows:
-                raise TaskDefinitionError(f"duplicate workflow name {item.name!r} in tasks=")
-            workflows[item.name] = item
-    specs = collect_specs(i for i in items if not isinstance(i, Workflow))
+    specs, workflows = split_tasks(tasks)
     _check_seconds("lease", lease)
     _check_int("max_recovery_attempts", max_recovery_attempts, minimum=0)
     if store is not None and not callable(getattr(store, "write", None)):
