@@ -321,11 +321,14 @@ async def test_shutdown_cancel_policy_on_exit(autojump_clock):
 
 async def test_wait_for_idle(autojump_clock):
     async with open_executor(max_concurrent_tasks=2) as ex:
+        t0 = trio.current_time()
         await ex.wait_for_idle()  # idle already: returns at once
+        assert trio.current_time() == t0
         for i in range(4):
             await ex.submit(trio.sleep, i + 1)
         await ex.wait_for_idle()
-        assert trio.current_time() == pytest.approx(trio.current_time())
+        # Two slots: 1 s and 2 s start at once; 3 s starts at 1, 4 s at 2 -> idle at 6.
+        assert trio.current_time() - t0 == 6
         m = ex.statistics()
         assert (m.completed_count, m.active_count, m.queue_depth) == (4, 0, 0)
 

@@ -321,13 +321,14 @@ async def test_two_executors_one_store_never_share(make_store, autojump_clock):
 
 async def test_leaving_releases_the_lease(make_store, autojump_clock):
     store = make_store(clock=FakeWallClock(start=0))
-    async with open_executor(store=store) as ex:
-        await ex.run(trio.sleep, 1)
-        await ex.flush()
-        assert store.execution  # the store is usable meanwhile
-        owner = ex.owner
-    assert store.recover("x", 10.0**9, lambda r: True, 3).claimed == []
-    del owner
+    async with open_executor(store=store, lease=30) as ex:
+        ref = await ex.submit(trio.sleep, 1)
+        await ref.wait()
+        held = store.execution(ref.task_id)
+        assert (held.owner, held.lease_expires_at) == (ex.owner, 30.0)  # renewed at entry
+    released = store.execution(ref.task_id)
+    assert released.owner == ex.owner
+    assert released.lease_expires_at is None  # the owner's lease row is gone
 
 
 async def test_flush_without_store_returns():
