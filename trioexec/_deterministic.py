@@ -130,8 +130,8 @@ class DeterministicExecutor:
             scope = trio.CancelScope()
             ref._scope = scope
             ex._taken.add(ref)
-            with scope:
-                await ex._run(ref, token, scope)
+            with token, scope:
+                await ex._run(ref, token)
             ran += 1
             if ex._store is not None:
                 ex._write_journal_inline()

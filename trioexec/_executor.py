@@ -331,6 +331,7 @@ class Executor:
         self._max_inflight = 0
         self._max_outstanding = 0
         self._max_deferred = 0
+        self._slots_total = config.max_concurrent_tasks
         self._pool._listeners.append(self._slots_resized)
         self._last_fn: object = None
         self._last_info = CallInfo(True, None)
@@ -555,7 +556,7 @@ class Executor:
         self._note_high_water()
         if self._work_lot:
             self._work_lot.unpark()
-        elif self._workers < self._pool.total:
+        elif self._workers < self._slots_total:
             self._spawn_worker()
 
     def _log(self, change: Change) -> None:
@@ -587,7 +588,8 @@ class Executor:
 
     def _slots_resized(self) -> None:
         # A larger pool needs workers for queued tasks now, not at the next submit.
-        missing = min(self._pool.total - self._workers, len(self._pending) - self._stale)
+        self._slots_total = self._pool.total
+        missing = min(self._slots_total - self._workers, len(self._pending) - self._stale)
         for _ in range(missing):
             self._spawn_worker()
 
@@ -635,38 +637,52 @@ class Executor:
 
         A worker queues for a slot *before* it takes a job, so a task is pending
         exactly while it is in the deque, and queued work and resuming tasks
-        stand in the one FIFO line for slots.
+        stand in the one FIFO line for slots. Between jobs it keeps its slot
+        unless someone is queued for one or the deque is empty.
         """
-        token = SlotToken(self._pool)
+        pool = self._pool
+        token = SlotToken(pool)
         try:
             while True:
                 if len(self._pending) == self._stale:
+                    token.release()
                     if self._closing:
                         return True
                     await self._work_lot.park()
                     continue
-                if not token._try_reclaim():
+                if not token._held:
+                    if not token._try_reclaim():
+                        await token.reclaim()
+                elif pool._queued:  # someone stands in line for a slot: after them
+                    token.release()
                     await token.reclaim()
                 ref = self._pop_pending()
                 if ref is None:  # taken by another worker or cancelled meanwhile
-                    token.release()
                     continue
                 ref._scope = scope
                 self._taken.add(ref)
-                job_token = token
-                if ref._info.handle_param is not None:
-                    token = SlotToken(self._pool)  # the held one goes with the handle
-                await self._run(ref, job_token, scope)
-                if scope.cancel_called:
-                    return False
-                if self._workers > self._pool.total:
+                if ref._info.handle_param is None:
+                    await self._run(ref, token)
+                else:
+                    # The held token goes with the handle; this worker takes a new one.
+                    job_token, token = token, SlotToken(pool)
+                    try:
+                        await self._run(ref, job_token)
+                    finally:
+                        job_token.release()
+                if ref._cancel_requested:
+                    return False  # the scope may be cancelled
+                if self._workers > self._slots_total:
                     return True  # over strength after a deferral or a shrink: retire
+                if len(self._pending) == self._stale:
+                    token.release()  # nothing queued: free the slot before yielding
                 await trio.lowlevel.checkpoint()
         finally:
             token.release()
 
-    async def _run(self, ref: TaskRef, token: SlotToken, scope: trio.CancelScope) -> None:
-        """Run one accepted task to its completion: attempts, retries, bookkeeping."""
+    async def _run(self, ref: TaskRef, token: SlotToken) -> None:
+        """Run one accepted task to its completion: attempts, retries, bookkeeping.
+        ``token`` holds a slot now and still does when this returns normally."""
         info = ref._info
         handle = None
         if info.handle_param is not None:
@@ -708,7 +724,6 @@ class Executor:
                 if not token._try_reclaim():
                     await token.reclaim()
         finally:
-            token.release()
             self._taken.discard(ref)
             if ref._status is TaskStatus.RUNNING:
                 self._active -= 1
@@ -799,7 +814,7 @@ class Executor:
         """This worker stays with a task that holds no slot now (deferred, or
         between attempts); the freed slot needs another worker."""
         self._workers -= 1
-        if self._queue > len(self._work_lot) and self._workers < self._pool.total:
+        if self._queue > len(self._work_lot) and self._workers < self._slots_total:
             self._spawn_worker()
         elif self._work_lot and self._pending:
             self._work_lot.unpark()

@@ -32,11 +32,14 @@ class SlotPool:
             ...  # runs holding one of the four slots
     """
 
-    __slots__ = ("_limiter", "_listeners")
+    __slots__ = ("_limiter", "_listeners", "_queued")
 
     def __init__(self, total: int) -> None:
         _check_total(total)
         self._limiter = trio.CapacityLimiter(total)
+        # Tokens inside `reclaim` now: a holder that could keep its slot for more
+        # work gives it up instead while anyone is queued (FIFO).
+        self._queued = 0
         # Told (synchronously) after every resize; the executor starts workers.
         self._listeners: list[Callable[[], None]] = []
 
@@ -149,7 +152,12 @@ class SlotToken:
         """
         if self._held:
             raise RuntimeError("this SlotToken already holds a slot")
-        await self._pool._limiter.acquire_on_behalf_of(self)
+        pool = self._pool
+        pool._queued += 1
+        try:
+            await pool._limiter.acquire_on_behalf_of(self)
+        finally:
+            pool._queued -= 1
         self._held = True
 
     def _try_reclaim(self) -> bool:
