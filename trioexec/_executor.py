@@ -301,7 +301,7 @@ class Executor:
         self._pending: deque[TaskRef] = deque()
         self._stale = 0  # cancelled refs still sitting in _pending
         self._taken: set[TaskRef] = set()  # started: running, deferred, or between attempts
-        self._work_lot = trio.lowlevel.ParkingLot()  # idle workers
+        self._idle_workers: list[trio.lowlevel.Task] = []  # parked, waiting for work
         self._space_lot = trio.lowlevel.ParkingLot()  # BLOCK submitters, FIFO
         self._reserved = 0  # freed places handed to woken BLOCK submitters
         self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
@@ -335,6 +335,7 @@ class Executor:
         self._pool._listeners.append(self._slots_resized)
         self._last_fn: object = None
         self._last_info = CallInfo(True, None)
+        self._last_name = ""
 
     # ---------------------------------------------------------------- submission
 
@@ -448,11 +449,11 @@ class Executor:
             raise ExecutorClosed("the executor is shutting down; no new submissions")
         if not callable(fn):
             raise TypeError(f"submit needs a callable, got {fn!r}")
-        if fn is self._last_fn:  # producers tend to submit one function many times
-            info = self._last_info
-        else:
-            info = self._last_info = call_info(fn)
+        if fn is not self._last_fn:  # producers tend to submit one function many times
+            self._last_info = call_info(fn)
+            self._last_name = _describe(fn)
             self._last_fn = fn
+        info = self._last_info
         if isinstance(fn, TaskSpec):
             timeout = fn.timeout if timeout is None else timeout
             budget = fn.budget if budget is None else budget
@@ -474,7 +475,7 @@ class Executor:
             args,
             info,
             task_id if task_id is not None else self._id_prefix + str(next(self._ids)),
-            name if name is not None else _describe(fn),
+            name if name is not None else self._last_name,
             timeout,
             budget if budget is not None else self._config.task_budget,
             correlation_id,
@@ -554,8 +555,8 @@ class Executor:
             if not recovered:
                 self._log_submit(ref)
         self._note_high_water()
-        if self._work_lot:
-            self._work_lot.unpark()
+        if self._idle_workers:
+            trio.lowlevel.reschedule(self._idle_workers.pop())
         elif self._workers < self._slots_total:
             self._spawn_worker()
 
@@ -648,7 +649,7 @@ class Executor:
                     token.release()
                     if self._closing:
                         return True
-                    await self._work_lot.park()
+                    await self._wait_for_work()
                     continue
                 if not token._held:
                     if not token._try_reclaim():
@@ -674,11 +675,28 @@ class Executor:
                     return False  # the scope may be cancelled
                 if self._workers > self._slots_total:
                     return True  # over strength after a deferral or a shrink: retire
-                if len(self._pending) == self._stale:
-                    token.release()  # nothing queued: free the slot before yielding
-                await trio.lowlevel.checkpoint()
+                if len(self._pending) != self._stale:
+                    # More work: yield between jobs (parking for work would be
+                    # the schedule point otherwise).
+                    await trio.lowlevel.checkpoint()
         finally:
             token.release()
+
+    async def _wait_for_work(self) -> None:
+        # A ParkingLot would do, at twice the cost of this on the hot path.
+        task = trio.lowlevel.current_task()
+        idle = self._idle_workers
+        idle.append(task)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            idle.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    def _wake_idle_workers(self) -> None:
+        while self._idle_workers:
+            trio.lowlevel.reschedule(self._idle_workers.pop())
 
     async def _run(self, ref: TaskRef, token: SlotToken) -> None:
         """Run one accepted task to its completion: attempts, retries, bookkeeping.
@@ -729,7 +747,7 @@ class Executor:
                 self._active -= 1
             else:  # cancelled between attempts
                 self._queue -= 1
-            if not ref.done:
+            if ref._status is TaskStatus.RUNNING or ref._status is TaskStatus.PENDING:
                 self._finish(ref, status)
 
     async def _attempt(self, ref: TaskRef, handle: TaskHandle | None) -> TaskStatus:
@@ -814,10 +832,10 @@ class Executor:
         """This worker stays with a task that holds no slot now (deferred, or
         between attempts); the freed slot needs another worker."""
         self._workers -= 1
-        if self._queue > len(self._work_lot) and self._workers < self._slots_total:
+        if self._queue > len(self._idle_workers) and self._workers < self._slots_total:
             self._spawn_worker()
-        elif self._work_lot and self._pending:
-            self._work_lot.unpark()
+        elif self._idle_workers and self._pending:
+            trio.lowlevel.reschedule(self._idle_workers.pop())
 
     def _worker_unparked(self) -> None:
         self._workers += 1
@@ -1316,7 +1334,7 @@ class Executor:
         policy = self._config.shutdown_policy if policy is None else ShutdownPolicy(policy)
         self._begin_shutdown(policy)
         await self.wait_for_idle()
-        self._work_lot.unpark_all()
+        self._wake_idle_workers()
         if self._shared_poller is not None:
             self._shared_poller.close()
 
@@ -1331,7 +1349,7 @@ class Executor:
         if policy is ShutdownPolicy.CANCEL:
             for ref in list(self._taken):
                 self._cancel_ref(ref)
-        self._work_lot.unpark_all()
+        self._wake_idle_workers()
 
 
 def _safe_repr(obj: object) -> str:
