@@ -187,17 +187,7 @@ class WorkflowRun:
     async def _run_step(self, sid: str) -> None:
         step_input = json.dumps(merged_input(self.workflow, sid, self._initial, self._outputs))
         try:
-            ref = await self._ex._submit(
-                self._step_spec(sid),
-                (step_input,),
-                sid,
-                None,
-                None,
-                None,
-                self.run_id,
-                True,
-                run_id=self.run_id,
-            )
+            ref = await self._ex._submit_step(self._step_spec(sid), (step_input,), self.run_id)
         except TrioexecError as exc:  # refused (full, closed): the step fails
             self._errors.setdefault(sid, exc)
             self._step_failed(sid)

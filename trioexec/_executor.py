@@ -369,7 +369,18 @@ class Executor:
           TaskRejected: under ``REJECT`` (or ``DROP_OLDEST`` with nothing to drop).
           CapacityExceeded: under ``FAIL_FAST``.
         """
-        return await self._submit(fn, args, name, task_id, timeout, budget, correlation_id, True)
+        # Exactly one schedule point: parking for space is one; otherwise a
+        # cancel-shielded checkpoint after the (then certain) acceptance.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        ref = self._new_ref(fn, args, name, task_id, timeout, budget, correlation_id)
+        if (  # the common case, without the general decision
+            self._queue + self._active + self._deferred < self._capacity - self._reserved
+            and not self._space_lot
+        ):
+            self._enqueue(ref)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return ref
+        return await self._admit(ref, internal=False)
 
     def submit_nowait(
         self,
@@ -401,24 +412,15 @@ class Executor:
         completion = await ref.wait()
         return _unwrap(completion)
 
-    async def _submit(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        name: str | None,
-        task_id: str | None,
-        timeout: float | None,
-        budget: float | None,
-        correlation_id: str | None,
-        can_wait: bool,
-        *,
-        run_id: str | None = None,
-    ) -> TaskRef:
-        # Exactly one schedule point: parking for space is one; otherwise a
-        # cancel-shielded checkpoint after the (then certain) acceptance.
+    async def _submit_step(self, fn: TaskSpec, args: tuple[Any, ...], run_id: str) -> TaskRef:
+        """`submit` for a workflow run's step (allowed while a DRAIN lets started
+        runs finish)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        ref = self._new_ref(fn, args, name, task_id, timeout, budget, correlation_id, run_id)
-        decision = self._decide(can_wait, internal=run_id is not None)
+        ref = self._new_ref(fn, args, fn.id, None, None, None, run_id, run_id)
+        return await self._admit(ref, internal=True)
+
+    async def _admit(self, ref: TaskRef, *, internal: bool) -> TaskRef:
+        decision = self._decide(True, internal=internal)
         if decision is Admit.WAIT:
             while decision is Admit.WAIT:
                 await self._space_lot.park()
@@ -426,7 +428,7 @@ class Executor:
                 # shutdown, which raises below).
                 if self._reserved:
                     self._reserved -= 1
-                decision = self._decide(can_wait, woken=True, internal=run_id is not None)
+                decision = self._decide(True, woken=True, internal=internal)
             self._apply(ref, decision)
         else:
             self._apply(ref, decision)
@@ -662,7 +664,14 @@ class Executor:
                     continue
                 ref._scope = scope
                 self._taken.add(ref)
-                if ref._info.handle_param is None:
+                if ref._info.handle_param is None and not isinstance(ref._fn, TaskSpec):
+                    # One attempt, no handle: the common case, a frame shorter.
+                    status = TaskStatus.CANCELLED
+                    try:
+                        status = await self._attempt(ref, None)
+                    finally:
+                        self._ended(ref, status)
+                elif ref._info.handle_param is None:
                     await self._run(ref, token)
                 else:
                     # The held token goes with the handle; this worker takes a new one.
@@ -742,13 +751,18 @@ class Executor:
                 if not token._try_reclaim():
                     await token.reclaim()
         finally:
-            self._taken.discard(ref)
-            if ref._status is TaskStatus.RUNNING:
-                self._active -= 1
-            else:  # cancelled between attempts
-                self._queue -= 1
-            if ref._status is TaskStatus.RUNNING or ref._status is TaskStatus.PENDING:
-                self._finish(ref, status)
+            self._ended(ref, status)
+
+    def _ended(self, ref: TaskRef, status: TaskStatus) -> None:
+        """A worker is done with ``ref``: its last attempt ended with ``status``
+        (CANCELLED if cancelled between attempts)."""
+        self._taken.discard(ref)
+        if ref._status is TaskStatus.RUNNING:
+            self._active -= 1
+        else:  # cancelled between attempts
+            self._queue -= 1
+        if ref._status is TaskStatus.RUNNING or ref._status is TaskStatus.PENDING:
+            self._finish(ref, status)
 
     async def _attempt(self, ref: TaskRef, handle: TaskHandle | None) -> TaskStatus:
         """One call of the task's function, holding a slot. Returns how it ended;
