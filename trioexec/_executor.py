@@ -779,8 +779,6 @@ class Executor:
             ref._started_at = self._wall()
         info = ref._info
         fn = ref._fn
-        if handle is not None:
-            fn = functools.partial(fn, **{info.handle_param or "handle": handle})
         budget = ref._budget
         if budget is not None:
             t0 = trio.current_time()
@@ -791,8 +789,15 @@ class Executor:
             if timeout is None and info.is_async:
                 # The common case, without a coroutine of our own in between: it
                 # would cost a frame per running (and per deferred) task.
-                ref._result = await fn(*ref._args)
-            elif timeout is None:
+                if handle is None:
+                    ref._result = await fn(*ref._args)
+                else:
+                    ref._result = await fn(*ref._args, **{info.handle_param or "handle": handle})
+                ref._error = None
+                return TaskStatus.COMPLETED
+            if handle is not None:
+                fn = functools.partial(fn, **{info.handle_param or "handle": handle})
+            if timeout is None:
                 ref._result = await self._call(fn, ref._args, info.is_async)
             else:
                 with trio.move_on_after(timeout) as attempt_scope:
