@@ -61,8 +61,10 @@ class EventStream:
     def __init__(self, capacity: int, clock: Callable[[], float] = time.time) -> None:
         self._capacity = capacity
         self._clock = clock
-        # Boxes, so an unread reject/drop event can be replaced by its merged successor.
-        self._buffer: deque[list[HealthEvent]] = deque()
+        # Boxes, so an unread reject/drop event can be replaced by its merged
+        # successor; or (kind, task_id, at) of a plain event, made into a
+        # HealthEvent only if it is read (most are not: see `note`).
+        self._buffer: deque[list[HealthEvent] | tuple[HealthEventKind, str, float]] = deque()
         self._unread: dict[tuple[Any, ...], list[HealthEvent]] = {}
         self._lot = trio.lowlevel.ParkingLot()
         self._closed = False
@@ -110,7 +112,19 @@ class EventStream:
         if self._lot:
             self._lot.unpark_all()
 
-    def _forget(self, box: list[HealthEvent]) -> None:
+    def note(self, kind: HealthEventKind, task_id: str) -> None:
+        """`publish` an event with no policy, reason or attributes (not a coalescing
+        kind): the cheap path for one per deferral and resumption."""
+        if len(self._buffer) >= self._capacity:
+            self._forget(self._buffer.popleft())
+            self.dropped += 1
+        self._buffer.append((kind, task_id, self._clock()))
+        if self._lot:
+            self._lot.unpark_all()
+
+    def _forget(self, box: list[HealthEvent] | tuple[HealthEventKind, str, float]) -> None:
+        if isinstance(box, tuple):
+            return
         event = box[0]
         if event.kind in _COALESCING:
             key = (event.kind, event.policy, event.reason)
@@ -127,6 +141,9 @@ class EventStream:
         if not self._buffer:
             return None
         box = self._buffer.popleft()
+        if isinstance(box, tuple):
+            kind, task_id, at = box
+            return HealthEvent(kind=kind, task_id=task_id, at=at)
         self._forget(box)
         return box[0]
 

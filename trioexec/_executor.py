@@ -622,21 +622,7 @@ class Executor:
         self._nursery.start_soon(self._worker)
 
     async def _worker(self) -> None:
-        # One cancel scope serves job after job until one of them is cancelled
-        # (ref.cancel() cancels the scope of the worker running it); then the
-        # worker takes a fresh scope. Entering a scope per job would be the
-        # largest cost of running a small task.
-        try:
-            while True:
-                with trio.CancelScope() as scope:
-                    if await self._work(scope):
-                        return
-        finally:
-            self._workers -= 1
-
-    async def _work(self, scope: trio.CancelScope) -> bool:
-        """Run jobs in ``scope`` until it is cancelled (returns False: new scope
-        please) or the worker should stop (returns True).
+        """Run jobs until the worker should stop.
 
         A worker queues for a slot *before* it takes a job, so a task is pending
         exactly while it is in the deque, and queued work and resuming tasks
@@ -647,49 +633,56 @@ class Executor:
         token = SlotToken(pool)
         try:
             while True:
-                if len(self._pending) == self._stale:
-                    token.release()
-                    if self._closing:
-                        return True
-                    await self._wait_for_work()
-                    continue
-                if not token._held:
-                    if not token._try_reclaim():
-                        await token.reclaim()
-                elif pool._queued:  # someone stands in line for a slot: after them
-                    token.release()
-                    await token.reclaim()
-                ref = self._pop_pending()
-                if ref is None:  # taken by another worker or cancelled meanwhile
-                    continue
-                ref._scope = scope
-                self._taken.add(ref)
-                if ref._info.handle_param is None and not isinstance(ref._fn, TaskSpec):
-                    # One attempt, no handle: the common case, a frame shorter.
-                    status = TaskStatus.CANCELLED
-                    try:
-                        status = await self._attempt(ref, None)
-                    finally:
-                        self._ended(ref, status)
-                elif ref._info.handle_param is None:
-                    await self._run(ref, token)
-                else:
-                    # The held token goes with the handle; this worker takes a new one.
-                    job_token, token = token, SlotToken(pool)
-                    try:
-                        await self._run(ref, job_token)
-                    finally:
-                        job_token.release()
-                if ref._cancel_requested:
-                    return False  # the scope may be cancelled
-                if self._workers > self._slots_total:
-                    return True  # over strength after a deferral or a shrink: retire
-                if len(self._pending) != self._stale:
-                    # More work: yield between jobs (parking for work would be
-                    # the schedule point otherwise).
-                    await trio.lowlevel.checkpoint()
+                # One cancel scope serves job after job until one of them is
+                # cancelled (ref.cancel() cancels the scope of the worker running
+                # it); then the worker takes a fresh scope. Entering a scope per
+                # job would be the largest cost of running a small task.
+                with trio.CancelScope() as scope:
+                    while True:
+                        if len(self._pending) == self._stale:
+                            token.release()
+                            if self._closing:
+                                return
+                            await self._wait_for_work()
+                            continue
+                        if not token._held:
+                            if not token._try_reclaim():
+                                await token.reclaim()
+                        elif pool._queued:  # someone stands in line for a slot: after them
+                            token.release()
+                            await token.reclaim()
+                        ref = self._pop_pending()
+                        if ref is None:  # taken by another worker or cancelled meanwhile
+                            continue
+                        ref._scope = scope
+                        self._taken.add(ref)
+                        handle = None
+                        job_token = token
+                        if ref._info.handle_param is not None:
+                            # The held token goes with the handle; this worker takes a new one.
+                            handle = self._new_handle(ref, job_token)
+                            token = SlotToken(pool)
+                        status = TaskStatus.CANCELLED  # if cancelled, even between attempts
+                        try:
+                            if isinstance(ref._fn, TaskSpec):
+                                status = await self._retrying(ref, job_token, handle)
+                            else:  # one attempt: the common case, a frame shorter
+                                status = await self._attempt(ref, handle)
+                        finally:
+                            self._ended(ref, status)
+                            if handle is not None:
+                                job_token.release()
+                        if ref._cancel_requested:
+                            break  # the scope may be cancelled: take a fresh one
+                        if self._workers > self._slots_total:
+                            return  # over strength after a deferral or a shrink: retire
+                        if len(self._pending) != self._stale:
+                            # More work: yield between jobs (parking for work would
+                            # be the schedule point otherwise).
+                            await trio.lowlevel.checkpoint()
         finally:
             token.release()
+            self._workers -= 1
 
     async def _wait_for_work(self) -> None:
         # A ParkingLot would do, at twice the cost of this on the hot path.
@@ -708,50 +701,56 @@ class Executor:
             trio.lowlevel.reschedule(self._idle_workers.pop())
 
     async def _run(self, ref: TaskRef, token: SlotToken) -> None:
-        """Run one accepted task to its completion: attempts, retries, bookkeeping.
-        ``token`` holds a slot now and still does when this returns normally."""
-        info = ref._info
-        handle = None
-        if info.handle_param is not None:
-            handle = ref._handle = TaskHandle(token, ref.task_id, _observer=self)
-            handle._in_thread = not info.is_async
-            handle._ref = ref
-        spec = ref._fn if isinstance(ref._fn, TaskSpec) else None
-        status = TaskStatus.CANCELLED
+        """Run one accepted task to its completion, holding ``token``'s slot (the
+        worker loop has this inline, to keep a frame off every running task)."""
+        handle = None if ref._info.handle_param is None else self._new_handle(ref, token)
+        status = TaskStatus.CANCELLED  # if cancelled, even between attempts
         try:
-            while True:  # the slot is held at the top of each attempt
+            if isinstance(ref._fn, TaskSpec):
+                status = await self._retrying(ref, token, handle)
+            else:
                 status = await self._attempt(ref, handle)
-                if spec is None or not _should_retry(spec, ref, status):
-                    break
-                # Back to pending, without a slot, until the next attempt.
-                token.release()
-                self._active -= 1
-                self._queue += 1
-                ref._status = TaskStatus.PENDING
-                delay = spec.backoff.delay(ref._attempts)
-                if self._store is not None:
-                    self._log(("retry", ref.task_id, ref._version, _safe_repr(ref._error)))
-                self._events.publish(
-                    HealthEventKind.TASK_RETRY_SCHEDULED,
-                    ref.task_id,
-                    reason=status.value,
-                    attributes={
-                        "attempt": ref._attempts,
-                        "delay": delay,
-                        "error": repr(ref._error),
-                    },
-                )
-                ref._error = None
-                status = TaskStatus.CANCELLED  # should the delay be cancelled
-                self._worker_parked()
-                try:
-                    await trio.sleep(delay)
-                finally:
-                    self._worker_unparked()
-                if not token._try_reclaim():
-                    await token.reclaim()
         finally:
             self._ended(ref, status)
+
+    def _new_handle(self, ref: TaskRef, token: SlotToken) -> TaskHandle:
+        handle = ref._handle = TaskHandle(token, ref.task_id, _observer=self)
+        handle._in_thread = not ref._info.is_async
+        handle._ref = ref
+        return handle
+
+    async def _retrying(self, ref: TaskRef, token: SlotToken, handle: TaskHandle | None) -> TaskStatus:
+        """The attempts of a spec's task, retried as its ``retries`` and ``backoff``
+        say, without a slot in between (``token`` holds the slot at the top of
+        each). Returns how the last one ended; cancellation propagates."""
+        spec = ref._fn
+        assert isinstance(spec, TaskSpec)
+        while True:
+            status = await self._attempt(ref, handle)
+            if not _should_retry(spec, ref, status):
+                return status
+            # Back to pending, without a slot, until the next attempt.
+            token.release()
+            self._active -= 1
+            self._queue += 1
+            ref._status = TaskStatus.PENDING
+            delay = spec.backoff.delay(ref._attempts)
+            if self._store is not None:
+                self._log(("retry", ref.task_id, ref._version, _safe_repr(ref._error)))
+            self._events.publish(
+                HealthEventKind.TASK_RETRY_SCHEDULED,
+                ref.task_id,
+                reason=status.value,
+                attributes={"attempt": ref._attempts, "delay": delay, "error": repr(ref._error)},
+            )
+            ref._error = None
+            self._worker_parked()
+            try:
+                await trio.sleep(delay)
+            finally:
+                self._worker_unparked()
+            if not token._try_reclaim():
+                await token.reclaim()
 
     def _ended(self, ref: TaskRef, status: TaskStatus) -> None:
         """A worker is done with ``ref``: its last attempt ended with ``status``
@@ -868,7 +867,7 @@ class Executor:
         self._deferrals += 1
         if self._deferred > self._max_deferred:
             self._max_deferred = self._deferred
-        self._events.publish(HealthEventKind.TASK_DEFERRED, handle.task_id)
+        self._events.note(HealthEventKind.TASK_DEFERRED, handle._task_id)
         ref = handle._ref
         if ref is not None:
             if self._store is not None:
@@ -884,7 +883,7 @@ class Executor:
         self._active += 1
         self._resumes += 1
         self._worker_unparked()
-        self._events.publish(HealthEventKind.TASK_RESUMED, handle.task_id)
+        self._events.note(HealthEventKind.TASK_RESUMED, handle._task_id)
         ref = handle._ref
         if ref is not None:
             if self._store is not None:
