@@ -234,17 +234,27 @@ class TaskHandle:
             await handle.defer_until(upload_done)                 # a trio.Event
             await handle.defer_until(lambda: path.exists(), poll_interval=5)
         """
-        waiter = _Waiter(condition, poll_interval)
-        if not self._slot.is_held:
+        if not self._slot._held:
             raise RuntimeError(f"defer_until called on task {self._task_id!r} without its slot")
-        if await waiter.holds():
-            await trio.lowlevel.checkpoint()
-            return
+        if type(condition) is trio.Event:  # the common case, without a _Waiter
+            _check_poll_interval(poll_interval)
+            if condition.is_set():
+                await trio.lowlevel.checkpoint()
+                return
+            waiter = None
+        else:
+            waiter = _Waiter(condition, poll_interval)
+            if await waiter.holds():
+                await trio.lowlevel.checkpoint()
+                return
         self._enter(SubStatus.DEFERRED)
         self._slot.release()
         try:
-            # An executor offers a shared poller (asked for only if it is needed).
-            await waiter.wait(getattr(self._observer, "_poller", None))
+            if waiter is None:
+                await condition.wait()
+            else:
+                # An executor offers a shared poller (asked for only if it is needed).
+                await waiter.wait(getattr(self._observer, "_poller", None))
         finally:
             # The slot bound must hold for whatever runs next, including cleanup
             # after a cancellation: wait for a slot even if we are being cancelled.
