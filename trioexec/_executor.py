@@ -21,7 +21,7 @@ import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, final
+from typing import Any, NoReturn, final
 
 import attrs
 import trio
@@ -135,6 +135,7 @@ class TaskRef:
         "_result",
         "_run_id",
         "_scope",
+        "_simple",
         "_started_at",
         "_status",
         "_submitted_at",
@@ -165,6 +166,10 @@ class TaskRef:
         self._info = info
         self._timeout = timeout
         self._budget = budget
+        # One plain async call (no retries, timeout or budget): the worker's fast path.
+        self._simple = (
+            info.is_async and timeout is None and budget is None and not isinstance(fn, TaskSpec)
+        )
         self._correlation_id = correlation_id
         self._causation_id = causation_id
         self._status = TaskStatus.PENDING
@@ -619,7 +624,7 @@ class Executor:
         if self._nursery is None:
             return
         self._workers += 1
-        self._nursery.start_soon(self._worker)
+        self._nursery.start_soon(self._worker, name="trioexec worker")  # a shared name string
 
     async def _worker(self) -> None:
         """Run jobs until the worker should stop.
@@ -664,9 +669,28 @@ class Executor:
                             token = SlotToken(pool)
                         status = TaskStatus.CANCELLED  # if cancelled, even between attempts
                         try:
-                            if isinstance(ref._fn, TaskSpec):
+                            if ref._simple:
+                                # One plain async call, inline: a running or deferred
+                                # task carries no frame of ours but the worker's.
+                                self._begin_attempt(ref)
+                                reset = _current_ref.set(ref)
+                                try:
+                                    if handle is None:
+                                        ref._result = await ref._fn(*ref._args)
+                                    else:
+                                        param = ref._info.handle_param or "handle"
+                                        ref._result = await ref._fn(*ref._args, **{param: handle})
+                                    status = TaskStatus.COMPLETED
+                                except Exception as exc:
+                                    ref._error = exc
+                                    status = TaskStatus.FAILED
+                                except BaseExceptionGroup as group:
+                                    _reraise_cancellation(ref, group)
+                                finally:
+                                    _current_ref.reset(reset)
+                            elif isinstance(ref._fn, TaskSpec):
                                 status = await self._retrying(ref, job_token, handle)
-                            else:  # one attempt: the common case, a frame shorter
+                            else:
                                 status = await self._attempt(ref, handle)
                         finally:
                             self._ended(ref, status)
@@ -719,7 +743,9 @@ class Executor:
         handle._ref = ref
         return handle
 
-    async def _retrying(self, ref: TaskRef, token: SlotToken, handle: TaskHandle | None) -> TaskStatus:
+    async def _retrying(
+        self, ref: TaskRef, token: SlotToken, handle: TaskHandle | None
+    ) -> TaskStatus:
         """The attempts of a spec's task, retried as its ``retries`` and ``backoff``
         say, without a slot in between (``token`` holds the slot at the top of
         each). Returns how the last one ended; cancellation propagates."""
@@ -763,9 +789,7 @@ class Executor:
         if ref._status is TaskStatus.RUNNING or ref._status is TaskStatus.PENDING:
             self._finish(ref, status)
 
-    async def _attempt(self, ref: TaskRef, handle: TaskHandle | None) -> TaskStatus:
-        """One call of the task's function, holding a slot. Returns how it ended;
-        cancellation of the task as a whole propagates."""
+    def _begin_attempt(self, ref: TaskRef) -> None:
         self._queue -= 1
         self._active += 1
         ref._status = TaskStatus.RUNNING
@@ -776,6 +800,12 @@ class Executor:
             self._step_changed(ref)
         if ref._started_at is None:
             ref._started_at = self._wall()
+
+    async def _attempt(self, ref: TaskRef, handle: TaskHandle | None) -> TaskStatus:
+        """One call of the task's function, holding a slot. Returns how it ended;
+        cancellation of the task as a whole propagates. (The worker loop runs a
+        plain async call without timeout or budget inline instead.)"""
+        self._begin_attempt(ref)
         info = ref._info
         fn = ref._fn
         budget = ref._budget
@@ -785,15 +815,6 @@ class Executor:
         reset = _current_ref.set(ref)
         try:
             timeout = ref._timeout
-            if timeout is None and info.is_async:
-                # The common case, without a coroutine of our own in between: it
-                # would cost a frame per running (and per deferred) task.
-                if handle is None:
-                    ref._result = await fn(*ref._args)
-                else:
-                    ref._result = await fn(*ref._args, **{info.handle_param or "handle": handle})
-                ref._error = None
-                return TaskStatus.COMPLETED
             if handle is not None:
                 fn = functools.partial(fn, **{info.handle_param or "handle": handle})
             if timeout is None:
@@ -812,14 +833,7 @@ class Executor:
             ref._error = exc
             return TaskStatus.FAILED
         except BaseExceptionGroup as group:
-            # Holds a Cancelled: keep the whole group on record, and let only the
-            # cancellation travel on, so the task's own errors never escape into
-            # the executor's nursery.
-            ref._error = group
-            cancelled, _ = group.split(trio.Cancelled)
-            if cancelled is None:
-                raise
-            raise cancelled from None
+            _reraise_cancellation(ref, group)
         finally:
             _current_ref.reset(reset)
             if budget is not None:
@@ -1368,6 +1382,17 @@ class Executor:
             for ref in list(self._taken):
                 self._cancel_ref(ref)
         self._wake_idle_workers()
+
+
+def _reraise_cancellation(ref: TaskRef, group: BaseExceptionGroup[BaseException]) -> NoReturn:
+    """A task ended with a group holding a Cancelled: keep the whole group on
+    record, and let only the cancellation travel on, so the task's own errors
+    never escape into the executor's nursery."""
+    ref._error = group
+    cancelled, _ = group.split(trio.Cancelled)
+    if cancelled is None:
+        raise group
+    raise cancelled from None
 
 
 def _safe_repr(obj: object) -> str:
