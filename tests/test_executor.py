@@ -218,6 +218,47 @@ async def test_causation_and_correlation_inherited():
     assert c.causation_id == p.task_id
 
 
+async def test_causation_from_child_tasks_threads_and_other_executors():
+    """Submissions from a task's child Trio tasks and from its worker thread
+    (trio.from_thread) name it as their cause; so does another executor's
+    submission from inside it. A submission from outside any task names none."""
+    refs = {}
+
+    async def leaf():
+        return None
+
+    async def spawner(ex):
+        async with trio.open_nursery() as n:
+            n.start_soon(lambda: _submit_into(refs, "from_child", ex))
+
+    def threaded(ex):
+        refs["from_thread"] = trio.from_thread.run(ex.submit, leaf)
+
+    async def across(other):
+        refs["across"] = await other.submit(leaf)
+
+    async with open_executor() as ex, open_executor() as other:
+        refs["spawner"] = await ex.submit(spawner, ex, correlation_id="c-1")
+        refs["threaded"] = await ex.submit(threaded, ex)
+        refs["across_parent"] = await ex.submit(across, other)
+        refs["root"] = await ex.submit(leaf)
+        await ex.wait_for_idle()
+        await other.wait_for_idle()
+    done = {k: await r.wait() for k, r in refs.items()}
+    assert done["from_child"].causation_id == done["spawner"].task_id
+    assert done["from_child"].correlation_id == "c-1"
+    assert done["from_thread"].causation_id == done["threaded"].task_id
+    assert done["across"].causation_id == done["across_parent"].task_id
+    assert done["root"].causation_id is None
+
+
+async def _submit_into(refs, key, ex):
+    async def leaf():
+        return None
+
+    refs[key] = await ex.submit(leaf)
+
+
 async def test_timeout_is_hard_and_counts_deferral(autojump_clock):
     async def slow(handle):
         await handle.defer_until(trio.Event())

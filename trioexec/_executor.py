@@ -10,7 +10,6 @@ the deferred task finishes, its worker retires if the pool is over strength.
 
 from __future__ import annotations
 
-import contextvars
 import enum
 import functools
 import itertools
@@ -60,10 +59,23 @@ class TaskCancelled(TrioexecError):
     """`Executor.run` was asked for the value of a task that was cancelled."""
 
 
-# The task whose code is running now, for correlation/causation ids of tasks it submits.
-_current_ref: contextvars.ContextVar[TaskRef | None] = contextvars.ContextVar(
-    "trioexec_current_task", default=None
-)
+# The execution each worker's Trio task is running an attempt of now (any executor),
+# for the correlation/causation ids of tasks it submits. A dict entry, not a
+# context variable: setting one of those costs ~200 bytes per running task.
+_running: dict[trio.lowlevel.Task, TaskRef] = {}
+
+
+def _current_ref() -> TaskRef | None:
+    """The execution whose code is calling: the one a worker of this Trio task, or
+    of the nearest ancestor task, is running (so child tasks of a task and code
+    in its threads count as it; `trio.from_thread` runs in the host task)."""
+    task = trio.lowlevel.current_task()
+    while (ref := _running.get(task)) is None:
+        nursery = task.parent_nursery
+        if nursery is None:
+            return None
+        task = nursery.parent_task
+    return ref
 
 
 @attrs.frozen(kw_only=True)
@@ -470,7 +482,7 @@ class Executor:
             _check_seconds("budget", budget)
         if task_id is not None and task_id in self._live:
             raise ValueError(f"task id {task_id!r} is already running in this executor")
-        parent = _current_ref.get()
+        parent = _current_ref()
         causation_id = None
         if parent is not None:
             causation_id = parent.task_id
@@ -636,6 +648,7 @@ class Executor:
         """
         pool = self._pool
         token = SlotToken(pool)
+        me = trio.lowlevel.current_task()
         try:
             while True:
                 # One cancel scope serves job after job until one of them is
@@ -673,7 +686,7 @@ class Executor:
                                 # One plain async call, inline: a running or deferred
                                 # task carries no frame of ours but the worker's.
                                 self._begin_attempt(ref)
-                                reset = _current_ref.set(ref)
+                                _running[me] = ref
                                 try:
                                     if handle is None:
                                         ref._result = await ref._fn(*ref._args)
@@ -687,7 +700,7 @@ class Executor:
                                 except BaseExceptionGroup as group:
                                     _reraise_cancellation(ref, group)
                                 finally:
-                                    _current_ref.reset(reset)
+                                    del _running[me]
                             elif isinstance(ref._fn, TaskSpec):
                                 status = await self._retrying(ref, job_token, handle)
                             else:
@@ -812,7 +825,9 @@ class Executor:
         if budget is not None:
             t0 = trio.current_time()
             deferred0 = handle.deferred_seconds if handle is not None else 0.0
-        reset = _current_ref.set(ref)
+        me = trio.lowlevel.current_task()
+        outer = _running.get(me)  # DeterministicExecutor runs jobs in its caller's task
+        _running[me] = ref
         try:
             timeout = ref._timeout
             if handle is not None:
@@ -835,7 +850,10 @@ class Executor:
         except BaseExceptionGroup as group:
             _reraise_cancellation(ref, group)
         finally:
-            _current_ref.reset(reset)
+            if outer is None:
+                del _running[me]
+            else:
+                _running[me] = outer
             if budget is not None:
                 deferred = (handle.deferred_seconds if handle is not None else 0.0) - deferred0
                 ref._active_seconds += trio.current_time() - t0 - deferred
