@@ -61,7 +61,8 @@ def docs(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Same-run speed comparisons against raw Trio (never a pass/fail gate)."""
+    """The performance suite: every figure a ratio against a baseline measured in
+    the same run (never a pass/fail gate). ``nox -s bench -- --quick`` for a smoke
+    run; other arguments (``--only 1,3``, ``--repeat 2``, ``--json PATH``) pass on."""
     session.install("-e", ".")
-    for script in ("quick.py", "deferral.py", "polling.py", "durable_claims.py"):
-        session.run("python", str(HERE / "benchmarks" / script))
+    session.run("python", str(HERE / "benchmarks" / "suite.py"), *session.posargs)
