@@ -120,6 +120,15 @@ class _Waiter:
                     return
 
 
+async def _reclaim_shielded(slot: SlotToken) -> None:
+    """Take a slot back even while being cancelled: the slot bound must hold for
+    whatever runs next, cleanup after a cancellation included. Everyone holding
+    a slot is either finishing or being cancelled too, so this wait ends. (Only
+    the exceptional paths pay for the shielding scope.)"""
+    with trio.CancelScope(shield=True):
+        await slot.reclaim()
+
+
 @final
 class TaskHandle:
     """Execution control for one running task, injected by the executor.
@@ -248,21 +257,25 @@ class TaskHandle:
                 await trio.lowlevel.checkpoint()
                 return
         self._enter(SubStatus.DEFERRED)
-        self._slot.release()
+        slot = self._slot
+        slot.release()
         try:
             if waiter is None:
                 await condition.wait()
             else:
                 # An executor offers a shared poller (asked for only if it is needed).
                 await waiter.wait(getattr(self._observer, "_poller", None))
-        finally:
-            # The slot bound must hold for whatever runs next, including cleanup
-            # after a cancellation: wait for a slot even if we are being cancelled.
-            # Everyone holding a slot is either finishing or being cancelled too,
-            # so this wait ends.
-            with trio.CancelScope(shield=True):
-                await self._slot.reclaim()
+        except BaseException:
+            await _reclaim_shielded(slot)
             self._enter(SubStatus.ACTIVE)
+            raise
+        try:
+            await slot.reclaim()
+        except trio.Cancelled:  # cancelled while queueing: no slot was taken
+            await _reclaim_shielded(slot)
+            self._enter(SubStatus.ACTIVE)
+            raise
+        self._enter(SubStatus.ACTIVE)
 
     def defer_until_sync(self, condition: Condition, poll_interval: float | Backoff = 1.0) -> None:
         """`defer_until` for a plain ``def`` task running in a worker thread.
