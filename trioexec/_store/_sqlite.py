@@ -367,7 +367,10 @@ class SQLiteStore:
                 # One statement for all the rows: sqlite3's executemany would let
                 # go of the GIL and wait to get it back for every row, while the
                 # Trio thread wants it (statuses are StrEnums: JSON text).
-                conn.execute(_INSERT_ROWS, (json.dumps(list(fresh.values())),))
+                if _JSON_ARROW:
+                    conn.execute(_INSERT_ROWS, (json.dumps(list(fresh.values())),))
+                else:
+                    conn.executemany(_INSERT_EACH, fresh.values())
         return fenced
 
     @staticmethod
@@ -729,6 +732,11 @@ _INSERT_ROWS = (
     + ", ".join(f"value ->> {i}" for i in range(len(_ROW_COLUMNS)))
     + " FROM json_each(?)"
 )
+_INSERT_EACH = (
+    f"INSERT INTO executions ({', '.join(_ROW_COLUMNS)})"
+    f" VALUES ({', '.join('?' * len(_ROW_COLUMNS))})"
+)
+_JSON_ARROW = sqlite3.sqlite_version_info >= (3, 38)  # the ->> operator
 _GUARD = " WHERE task_id = ? AND version = ? AND status IN ('pending', 'running')"
 _UPDATES = {
     "start": "UPDATE executions SET status = 'running', sub_status = 'active', attempt = ?,"
