@@ -374,4 +374,5 @@ def test_folded_batch_insert_both_ways(tmp_path, monkeypatch, json_insert):
     )
     assert (a.spec_id, a.args, a.name, a.run_id) == ("spec", '[1, "x"]', "task a", None)
     assert (b.status, b.sub_status, b.run_id) == (TaskStatus.RUNNING, SubStatus.DEFERRED, "run-1")
-    assert isinstance(b.attempt, int) and isinstance(a.finished_at, float)
+    assert isinstance(b.attempt, int)
+    assert isinstance(a.finished_at, float)
