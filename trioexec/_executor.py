@@ -69,6 +69,8 @@ def _current_ref() -> TaskRef | None:
     """The execution whose code is calling: the one a worker of this Trio task, or
     of the nearest ancestor task, is running (so child tasks of a task and code
     in its threads count as it; `trio.from_thread` runs in the host task)."""
+    if not _running:
+        return None
     task = trio.lowlevel.current_task()
     while (ref := _running.get(task)) is None:
         nursery = task.parent_nursery
@@ -573,7 +575,11 @@ class Executor:
             self._live[ref.task_id] = ref
             if not recovered:
                 self._log_submit(ref)
-        self._note_high_water()
+        inflight = self._queue + self._active
+        if inflight > self._max_inflight:
+            self._max_inflight = inflight
+        if inflight + self._deferred > self._max_outstanding:
+            self._max_outstanding = inflight + self._deferred
         if self._idle_workers:
             trio.lowlevel.reschedule(self._idle_workers.pop())
         elif self._workers < self._slots_total:
@@ -962,8 +968,8 @@ class Executor:
                 if run is not None:
                     run._record_completed_step(ref)
             self._notify.append(ref)
-        if not self._space_freed.is_set():
-            self._space_freed.set()
+            if not self._space_freed.is_set():
+                self._space_freed.set()  # (recovery only happens with a store)
         if freed and self._space_lot:
             # Hand the freed place to the longest-waiting BLOCK submitter.
             self._space_lot.unpark()
