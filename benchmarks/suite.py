@@ -239,8 +239,9 @@ def sqlite_raw(single: int, batches: int, batch: int = 1000) -> Result:
 def deferral_mix(k: int, mode: str, compute: int, iterations: int, delay: float) -> Result:
     """Scenario 2: ``k`` waiters (``mode`` defer/hold) submitted, then ``compute`` CPU tasks.
 
-    The waiters' events are set ``delay`` seconds after the first compute submit.
-    Compute time runs from that submit until the last compute task completed.
+    The clock starts once the waiters wait (all deferred, or the slots held); their
+    events are set ``delay`` seconds after that, and compute time runs from then
+    until the last compute task completed.
     """
     out: Result = {}
 
@@ -275,6 +276,13 @@ def deferral_mix(k: int, mode: str, compute: int, iterations: int, delay: float)
         ) as ex:
             for ev in events:
                 await ex.submit(waiter, ev)
+            # The clock starts once the waiters wait: deferred, or holding the slots.
+            while (
+                ex.statistics().deferred_count < k
+                if mode == "defer"
+                else ex.statistics().active_count < min(k, SLOTS)
+            ):
+                await trio.testing.wait_all_tasks_blocked()
             async with trio.open_nursery() as nursery:
                 t0 = time.perf_counter()
                 if k:
