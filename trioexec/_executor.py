@@ -301,6 +301,7 @@ class Executor:
         self._journal: list[Change] = []  # changes not yet handed to the store
         self._notify: list[TaskRef] = []  # completions to acknowledge once durable
         self._journal_lot = trio.lowlevel.ParkingLot()  # the writer, idle
+        self._writer_idle = False  # parked there (cheaper to test per change)
         self._flush_lot = trio.lowlevel.ParkingLot()  # flush() callers
         self._write_lock = trio.Lock()  # one write at a time: writer, heartbeat, final flush
         self._logged = 0  # changes appended so far
@@ -324,6 +325,7 @@ class Executor:
         self._space_lot = trio.lowlevel.ParkingLot()  # BLOCK submitters, FIFO
         self._reserved = 0  # freed places handed to woken BLOCK submitters
         self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
+        self._idle_waiters = 0  # parked there (an int is cheaper to test per task)
         self._workers = 0  # workers not parked in a deferral
         self._closing = False
         self._drain_runs = True  # under DRAIN, started workflow runs may still submit steps
@@ -588,7 +590,8 @@ class Executor:
     def _log(self, change: Change) -> None:
         self._journal.append(change)
         self._logged += 1
-        if self._journal_lot:
+        if self._writer_idle:
+            self._writer_idle = False
             self._journal_lot.unpark()
 
     def _log_submit(self, ref: TaskRef) -> None:
@@ -974,7 +977,7 @@ class Executor:
             # Hand the freed place to the longest-waiting BLOCK submitter.
             self._space_lot.unpark()
             self._reserved += 1
-        if self._idle_lot and self._is_idle():
+        if self._idle_waiters and self._is_idle():
             self._idle_lot.unpark_all()
         if status is TaskStatus.FAILED or status is TaskStatus.TIMED_OUT:
             self._events.publish(
@@ -1090,7 +1093,7 @@ class Executor:
     def _run_finished(self, run: WorkflowRun) -> None:
         self._runs -= 1
         self._active_runs.pop(run.run_id, None)
-        if self._idle_lot and self._is_idle():
+        if self._idle_waiters and self._is_idle():
             self._idle_lot.unpark_all()
 
     # ---------------------------------------------------------------- persistence
@@ -1166,7 +1169,11 @@ class Executor:
         # goes into the next one.
         while True:
             if not self._journal:
-                await self._journal_lot.park()
+                self._writer_idle = True
+                try:
+                    await self._journal_lot.park()
+                finally:
+                    self._writer_idle = False
                 continue
             await self._write_journal()
 
@@ -1342,7 +1349,11 @@ class Executor:
         if self._is_idle():
             await trio.lowlevel.checkpoint()
             return
-        await self._idle_lot.park()
+        self._idle_waiters += 1
+        try:
+            await self._idle_lot.park()
+        finally:
+            self._idle_waiters -= 1
 
     def statistics(self) -> ExecutorMetrics:
         """A frozen `ExecutorMetrics` snapshot. Never blocks."""
