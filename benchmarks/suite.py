@@ -396,6 +396,16 @@ def park_bare(n: int) -> Result:
     return out
 
 
+async def measure_window(out: Result, seconds: float, checks: Callable[[], int]) -> None:
+    """Time and CPU of ``seconds`` of real time (the polling workload runs meanwhile),
+    starting `PHASE_OFFSET` in, and how many predicate checks it saw."""
+    await trio.sleep(PHASE_OFFSET)
+    checks0 = checks()
+    with stopwatch(out):
+        await trio.sleep(seconds)
+    out["checks"] = checks() - checks0
+
+
 @case
 def poll_loops(n: int, seconds: float) -> Result:
     """n tasks looping on ``trio.sleep(1)`` + a predicate; CPU over a window of ``seconds``."""
@@ -423,11 +433,7 @@ def poll_loops(n: int, seconds: float) -> Result:
             for _ in range(n):
                 nursery.start_soon(waiter)
             await all_started.wait()
-            await trio.sleep(PHASE_OFFSET)
-            calls0 = calls
-            with stopwatch(out):
-                await trio.sleep(seconds)
-            out["checks"] = calls - calls0
+            await measure_window(out, seconds, lambda: calls)
             stop = True
             nursery.cancel_scope.cancel()
 
@@ -456,11 +462,7 @@ def poll_defer(n: int, seconds: float) -> Result:
             for _ in range(n):
                 await ex.submit(waiter)
             await wait_until_deferred(ex, n)
-            await trio.sleep(PHASE_OFFSET)
-            calls0 = calls
-            with stopwatch(out):
-                await trio.sleep(seconds)
-            out["checks"] = calls - calls0
+            await measure_window(out, seconds, lambda: calls)
             stop = True
         out["completed"] = ex.statistics().completed_count
 

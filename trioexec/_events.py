@@ -102,23 +102,21 @@ class EventStream:
             attributes=attributes or {},
             at=self._clock(),
         )
-        if len(self._buffer) >= self._capacity:
-            self._forget(self._buffer.popleft())
-            self.dropped += 1
         box = [event]
-        self._buffer.append(box)
+        self._push(box)
         if key is not None:
             self._unread[key] = box
-        if self._lot:
-            self._lot.unpark_all()
 
     def note(self, kind: HealthEventKind, task_id: str) -> None:
         """`publish` an event with no policy, reason or attributes (not a coalescing
         kind): the cheap path for one per deferral and resumption."""
+        self._push((kind, task_id, self._clock()))
+
+    def _push(self, box: list[HealthEvent] | tuple[HealthEventKind, str, float]) -> None:
         if len(self._buffer) >= self._capacity:
             self._forget(self._buffer.popleft())
             self.dropped += 1
-        self._buffer.append((kind, task_id, self._clock()))
+        self._buffer.append(box)
         if self._lot:
             self._lot.unpark_all()
 

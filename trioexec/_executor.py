@@ -301,7 +301,6 @@ class Executor:
         self._journal: list[Change] = []  # changes not yet handed to the store
         self._notify: list[TaskRef] = []  # completions to acknowledge once durable
         self._journal_lot = trio.lowlevel.ParkingLot()  # the writer, idle
-        self._writer_idle = False  # parked there (cheaper to test per change)
         self._flush_lot = trio.lowlevel.ParkingLot()  # flush() callers
         self._write_lock = trio.Lock()  # one write at a time: writer, heartbeat, final flush
         self._logged = 0  # changes appended so far
@@ -325,7 +324,6 @@ class Executor:
         self._space_lot = trio.lowlevel.ParkingLot()  # BLOCK submitters, FIFO
         self._reserved = 0  # freed places handed to woken BLOCK submitters
         self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
-        self._idle_waiters = 0  # parked there (an int is cheaper to test per task)
         self._workers = 0  # workers not parked in a deferral
         self._closing = False
         self._drain_runs = True  # under DRAIN, started workflow runs may still submit steps
@@ -394,10 +392,7 @@ class Executor:
         # cancel-shielded checkpoint after the (then certain) acceptance.
         await trio.lowlevel.checkpoint_if_cancelled()
         ref = self._new_ref(fn, args, name, task_id, timeout, budget, correlation_id)
-        if (  # the common case, without the general decision
-            self._queue + self._active + self._deferred < self._capacity - self._reserved
-            and not self._space_lot
-        ):
+        if self._fits():  # the common case, without the general decision
             self._enqueue(ref)
             await trio.lowlevel.cancel_shielded_checkpoint()
             return ref
@@ -510,10 +505,7 @@ class Executor:
     def _decide(self, can_wait: bool, woken: bool = False, internal: bool = False) -> Admit:
         if self._closing and not (internal and self._drain_runs):
             raise ExecutorClosed("the executor is shutting down; no new submissions")
-        if (
-            self._queue + self._active + self._deferred < self._capacity - self._reserved
-            and not self._space_lot
-        ):
+        if self._fits():
             return Admit.ACCEPT  # the common case, without the general decision
         if not woken and self._space_lot:
             # Blocked submitters are ahead in line: nobody overtakes them.
@@ -526,6 +518,13 @@ class Executor:
             policy=self._overflow,
             can_wait=can_wait,
             droppable=len(self._pending) - self._stale,
+        )
+
+    def _fits(self) -> bool:
+        """Room for one more, and no blocked submitter ahead in line."""
+        return (
+            self._queue + self._active + self._deferred < self._capacity - self._reserved
+            and not self._space_lot
         )
 
     def _apply(self, ref: TaskRef, decision: Admit) -> None:
@@ -577,11 +576,7 @@ class Executor:
             self._live[ref.task_id] = ref
             if not recovered:
                 self._log_submit(ref)
-        inflight = self._queue + self._active
-        if inflight > self._max_inflight:
-            self._max_inflight = inflight
-        if inflight + self._deferred > self._max_outstanding:
-            self._max_outstanding = inflight + self._deferred
+        self._note_high_water()
         if self._idle_workers:
             trio.lowlevel.reschedule(self._idle_workers.pop())
         elif self._workers < self._slots_total:
@@ -590,8 +585,7 @@ class Executor:
     def _log(self, change: Change) -> None:
         self._journal.append(change)
         self._logged += 1
-        if self._writer_idle:
-            self._writer_idle = False
+        if self._journal_lot:
             self._journal_lot.unpark()
 
     def _log_submit(self, ref: TaskRef) -> None:
@@ -977,7 +971,7 @@ class Executor:
             # Hand the freed place to the longest-waiting BLOCK submitter.
             self._space_lot.unpark()
             self._reserved += 1
-        if self._idle_waiters and self._is_idle():
+        if self._idle_lot and self._is_idle():
             self._idle_lot.unpark_all()
         if status is TaskStatus.FAILED or status is TaskStatus.TIMED_OUT:
             self._events.publish(
@@ -1093,7 +1087,7 @@ class Executor:
     def _run_finished(self, run: WorkflowRun) -> None:
         self._runs -= 1
         self._active_runs.pop(run.run_id, None)
-        if self._idle_waiters and self._is_idle():
+        if self._idle_lot and self._is_idle():
             self._idle_lot.unpark_all()
 
     # ---------------------------------------------------------------- persistence
@@ -1169,11 +1163,7 @@ class Executor:
         # goes into the next one.
         while True:
             if not self._journal:
-                self._writer_idle = True
-                try:
-                    await self._journal_lot.park()
-                finally:
-                    self._writer_idle = False
+                await self._journal_lot.park()
                 continue
             await self._write_journal()
 
@@ -1349,11 +1339,7 @@ class Executor:
         if self._is_idle():
             await trio.lowlevel.checkpoint()
             return
-        self._idle_waiters += 1
-        try:
-            await self._idle_lot.park()
-        finally:
-            self._idle_waiters -= 1
+        await self._idle_lot.park()
 
     def statistics(self) -> ExecutorMetrics:
         """A frozen `ExecutorMetrics` snapshot. Never blocks."""
