@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Collection, Sequence
-from typing import Protocol
+from typing import Literal, Protocol
 
 import attrs
 
@@ -26,6 +26,12 @@ Change = tuple[object, ...]
 RUN_KINDS = frozenset({"run", "step", "run_end"})
 
 LIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
+
+#: How `Store.executions` orders its answer: ``"oldest"`` submission first (the
+#: default), ``"newest"`` first, or ``"longest_deferred"`` (earliest ``deferred_since``
+#: first, executions that are not deferred last; submission order breaks ties).
+Order = Literal["oldest", "newest", "longest_deferred"]
+ORDERS: tuple[Order, ...] = ("oldest", "newest", "longest_deferred")
 
 
 def new_row(change: Change) -> dict[str, object]:
@@ -196,8 +202,11 @@ class Store(Protocol):
         sub_status: SubStatus | str | None = None,
         deferred_longer_than: float | datetime.timedelta | None = None,
         run_id: str | None = None,
+        limit: int | None = None,
+        order: Order = "oldest",
     ) -> list[ExecutionRecord]:
-        """Executions matching every given filter, oldest submission first."""
+        """Executions matching every given filter, in ``order`` (oldest submission
+        first by default), at most ``limit`` of them (None: all)."""
         ...
 
     def execution(self, task_id: str) -> ExecutionRecord | None:
@@ -216,6 +225,14 @@ def seconds(value: float | datetime.timedelta) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"deferred_longer_than must be seconds or a timedelta, got {value!r}")
     return float(value)
+
+
+def check_query(limit: int | None, order: str) -> None:
+    """Refuse a ``limit`` or ``order`` that `Store.executions` cannot honour."""
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
 
 
 def abandoned_error(attempts: int) -> str:

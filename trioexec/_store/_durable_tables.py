@@ -7,6 +7,7 @@ import contextlib
 import copy
 import json
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -18,21 +19,28 @@ _PENDING = PromiseState.PENDING.value
 
 
 class DictTables:
-    """In memory. A transaction works on copies, so a failed operation changes nothing."""
+    """In memory. A transaction works on copies, so a failed operation changes nothing,
+    and holds a lock, so threads sharing the tables take turns."""
 
     def __init__(self) -> None:
         self.promises: dict[str, Row] = {}
         self.tasks: dict[str, Row] = {}
         self.callbacks: dict[tuple[str, str], None] = {}  # (promise id, task id), ordered
+        self._lock = threading.Lock()
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
-        saved = (copy.deepcopy(self.promises), copy.deepcopy(self.tasks), dict(self.callbacks))
-        try:
-            yield
-        except BaseException:
-            self.promises, self.tasks, self.callbacks = saved
-            raise
+        with self._lock:
+            saved = (
+                copy.deepcopy(self.promises),
+                copy.deepcopy(self.tasks),
+                dict(self.callbacks),
+            )
+            try:
+                yield
+            except BaseException:
+                self.promises, self.tasks, self.callbacks = saved
+                raise
 
     def promise(self, id: str) -> Row | None:
         row = self.promises.get(id)
@@ -128,24 +136,81 @@ def _page(
 
 _P_COLS = ("id", "state", "data", "timeout_at", "ikc", "iku", "tags", "created_at", "settled_at")
 _T_COLS = ("id", "state", "version", "target", "pid", "ttl", "lease_expires_at", "timeout_at")
+_PROMISE_STATES = frozenset(s.value for s in PromiseState)
+_TASK_STATES = frozenset(s.value for s in TaskState)
+# What the protocol calls while it applies time at the start of an operation (`Core._tick`):
+# timed-out promises settle (resuming their waiters), expired leases and due pending
+# tasks are re-armed. `due_pending_tasks` is its last query; only `put_task` follows.
+_TICK_CALLS = frozenset(
+    {
+        "timed_out_promises",
+        "expired_leases",
+        "due_pending_tasks",
+        "put_promise",
+        "put_task",
+        "task",
+        "tasks_awaiting",
+        "drop_callbacks",
+    }
+)
+
+
+class _Overlay:
+    """A read-only transaction's view of what applying time would have written: kept
+    here, read back by the rest of the operation, never written to the file."""
+
+    def __init__(self) -> None:
+        self.promises: dict[str, Row] = {}
+        self.tasks: dict[str, Row] = {}
+        self.dropped: set[str] = set()  # task ids whose callbacks were dropped
+        self.ticking = True  # still applying time: writes go here
+        self.after_due = False
 
 
 class SQLiteTables:
     """The durable_* tables of a trioexec database, on one connection.
 
     Every protocol operation is one ``BEGIN IMMEDIATE`` transaction, so operations
-    from several processes on one file are serialised by SQLite.
+    from several processes on one file are serialised by SQLite, and (on a connection
+    from `SQLiteStore._durable_connection`) it holds the store's lock, so they never
+    interleave with the store's own writes in this process, and checks that the file
+    was not deleted or replaced underneath.
+
+    On a read-only store's connection, a transaction only reads (``BEGIN``: one
+    snapshot, no lock). The effects of time that every operation applies first
+    (timed-out promises settle, expired leases lapse) are kept in memory for the rest
+    of the operation, so a search answers what a writer's search would; any other
+    write raises ``StoreError("<path>: opened read-only")``.
     """
 
     def __init__(self, conn: sqlite3.Connection, path: str) -> None:
         self.conn = conn
         self.path = path
+        self._store: Any = getattr(conn, "store", None)  # the SQLiteStore that opened it
+        self._read_only = bool(self._store is not None and self._store.read_only)
+        self._overlay: _Overlay | None = None
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
+        if self._read_only:
+            with self._transaction("BEGIN"):
+                self._overlay = _Overlay()
+                try:
+                    yield
+                finally:
+                    self._overlay = None
+        elif self._store is not None:
+            with self._store._exclusive(), self._transaction("BEGIN IMMEDIATE"):
+                yield
+        else:
+            with self._transaction("BEGIN IMMEDIATE"):
+                yield
+
+    @contextlib.contextmanager
+    def _transaction(self, begin: str) -> Iterator[None]:
         conn = self.conn
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            conn.execute(begin)
         except sqlite3.Error as exc:
             raise StoreError(f"{self.path}: durable store: {exc}") from None
         try:
@@ -160,23 +225,65 @@ class SQLiteTables:
                 conn.execute("ROLLBACK")
             raise
 
-    @staticmethod
-    def _promise(row: tuple[Any, ...]) -> Row:
+    # ------------------------------------------------------------------ read-only
+
+    def _note(self, call: str) -> _Overlay | None:
+        """The read-only overlay (None on a writable store), ending its time phase
+        at the first call that is not part of applying time."""
+        overlay = self._overlay
+        if overlay is not None and overlay.ticking:
+            if call not in _TICK_CALLS or (overlay.after_due and call != "put_task"):
+                overlay.ticking = False
+            elif call == "due_pending_tasks":
+                overlay.after_due = True
+        return overlay
+
+    def _keep(self, call: str) -> _Overlay | None:
+        """Where a write goes on a read-only store (its overlay), or None: write it."""
+        overlay = self._note(call)
+        if self._read_only and (overlay is None or not overlay.ticking):
+            raise StoreError(f"{self.path}: opened read-only")
+        return overlay
+
+    # ------------------------------------------------------------------ rows
+
+    def _promise(self, row: tuple[Any, ...]) -> Row:
         out = dict(zip(_P_COLS, row, strict=True))
-        out["tags"] = json.loads(out["tags"])
+        try:
+            if out["state"] not in _PROMISE_STATES:
+                raise ValueError(f"unknown state {out['state']!r}")
+            out["tags"] = json.loads(out["tags"])
+            if not isinstance(out["tags"], dict):
+                raise ValueError(f"tags are not a JSON object: {out['tags']!r}")
+        except (TypeError, ValueError) as exc:
+            raise StoreError(
+                f"{self.path}: durable promise {out['id']!r} has an unreadable row: {exc}"
+            ) from None
         return out
 
-    @staticmethod
-    def _task(row: tuple[Any, ...]) -> Row:
-        return dict(zip(_T_COLS, row, strict=True))
+    def _task(self, row: tuple[Any, ...]) -> Row:
+        out = dict(zip(_T_COLS, row, strict=True))
+        if out["state"] not in _TASK_STATES:
+            raise StoreError(
+                f"{self.path}: durable task {out['id']!r} has an unreadable row:"
+                f" unknown state {out['state']!r}"
+            )
+        return out
 
     def promise(self, id: str) -> Row | None:
+        overlay = self._note("promise")
+        if overlay is not None and id in overlay.promises:
+            return _copy_promise(overlay.promises[id])
         row = self.conn.execute(
             f"SELECT {', '.join(_P_COLS)} FROM durable_promises WHERE id = ?", (id,)
         ).fetchone()
         return None if row is None else self._promise(row)
 
     def put_promise(self, row: Row) -> None:
+        overlay = self._keep("put_promise")
+        if overlay is not None:
+            overlay.promises[row["id"]] = _copy_promise(row)
+            return
         values = [row[c] for c in _P_COLS]
         values[_P_COLS.index("tags")] = json.dumps(row["tags"], sort_keys=True)
         self.conn.execute(
@@ -186,12 +293,19 @@ class SQLiteTables:
         )
 
     def task(self, id: str) -> Row | None:
+        overlay = self._note("task")
+        if overlay is not None and id in overlay.tasks:
+            return dict(overlay.tasks[id])
         row = self.conn.execute(
             f"SELECT {', '.join(_T_COLS)} FROM durable_tasks WHERE id = ?", (id,)
         ).fetchone()
         return None if row is None else self._task(row)
 
     def put_task(self, row: Row) -> None:
+        overlay = self._keep("put_task")
+        if overlay is not None:
+            overlay.tasks[row["id"]] = dict(row)
+            return
         self.conn.execute(
             f"INSERT OR REPLACE INTO durable_tasks ({', '.join(_T_COLS)})"
             f" VALUES ({', '.join('?' * len(_T_COLS))})",
@@ -199,21 +313,27 @@ class SQLiteTables:
         )
 
     def add_callback(self, promise_id: str, task_id: str) -> None:
+        self._keep("add_callback")  # never part of applying time: refused if read-only
         self.conn.execute(
             "INSERT OR IGNORE INTO durable_callbacks (promise_id, task_id) VALUES (?, ?)",
             (promise_id, task_id),
         )
 
     def tasks_awaiting(self, promise_id: str) -> list[str]:
-        return [
+        overlay = self._note("tasks_awaiting")
+        found = [
             r[0]
             for r in self.conn.execute(
                 "SELECT task_id FROM durable_callbacks WHERE promise_id = ? ORDER BY rowid",
                 (promise_id,),
             )
         ]
+        return found if overlay is None else [t for t in found if t not in overlay.dropped]
 
     def awaited_by(self, task_id: str) -> list[str]:
+        overlay = self._note("awaited_by")
+        if overlay is not None and task_id in overlay.dropped:
+            return []
         return [
             r[0]
             for r in self.conn.execute(
@@ -223,17 +343,35 @@ class SQLiteTables:
         ]
 
     def drop_callbacks(self, task_id: str) -> None:
+        overlay = self._keep("drop_callbacks")
+        if overlay is not None:
+            overlay.dropped.add(task_id)
+            return
         self.conn.execute("DELETE FROM durable_callbacks WHERE task_id = ?", (task_id,))
 
     def timed_out_promises(self, now: float) -> list[Row]:
-        return [self._promise(r) for r in self._due("durable_promises", _P_COLS, "timeout_at", now)]
+        overlay = self._note("timed_out_promises")
+        rows = [self._promise(r) for r in self._due("durable_promises", _P_COLS, "timeout_at", now)]
+        if overlay is None:
+            return rows
+        return _merge(rows, overlay.promises, lambda r: _due_at(r, "pending", "timeout_at", now))
 
     def expired_leases(self, now: float) -> list[Row]:
+        overlay = self._note("expired_leases")
         rows = self._due("durable_tasks", _T_COLS, "lease_expires_at", now, "acquired")
-        return [self._task(r) for r in rows]
+        tasks = [self._task(r) for r in rows]
+        if overlay is None:
+            return tasks
+        return _merge(
+            tasks, overlay.tasks, lambda r: _due_at(r, "acquired", "lease_expires_at", now)
+        )
 
     def due_pending_tasks(self, now: float) -> list[Row]:
-        return [self._task(r) for r in self._due("durable_tasks", _T_COLS, "timeout_at", now)]
+        overlay = self._note("due_pending_tasks")
+        tasks = [self._task(r) for r in self._due("durable_tasks", _T_COLS, "timeout_at", now)]
+        if overlay is None:
+            return tasks
+        return _merge(tasks, overlay.tasks, lambda r: _due_at(r, "pending", "timeout_at", now))
 
     def _due(
         self, table: str, cols: tuple[str, ...], when: str, now: float, state: str = "pending"
@@ -247,21 +385,47 @@ class SQLiteTables:
     def search_promises(
         self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
     ) -> list[Row]:
+        overlay = self._note("search_promises")
         # json_each, not a JSON path: a path has no escapes for '"' in a key.
         extra = (
             "EXISTS (SELECT 1 FROM json_each(durable_promises.tags) j"
             " WHERE j.key = ? AND j.value = ?)",
             tag,
         )
-        rows = self._page("durable_promises", _P_COLS, state, extra, limit, cursor)
-        return [self._promise(r) for r in rows]
+        more = 0 if overlay is None else len(overlay.promises)
+        rows = self._page("durable_promises", _P_COLS, state, extra, limit + more, cursor)
+        promises = [self._promise(r) for r in rows]
+        if overlay is None:
+            return promises
+
+        def match(row: Row) -> bool:
+            return (
+                (cursor is None or row["id"] > cursor)
+                and (state is None or row["state"] == state)
+                and (tag is None or row["tags"].get(tag[0]) == tag[1])
+            )
+
+        return _merge(promises, overlay.promises, match)[:limit]
 
     def search_tasks(
         self, state: str | None, target: str | None, limit: int, cursor: str | None
     ) -> list[Row]:
+        overlay = self._note("search_tasks")
         extra = ("target = ?", None if target is None else (target,))
-        rows = self._page("durable_tasks", _T_COLS, state, extra, limit, cursor)
-        return [self._task(r) for r in rows]
+        more = 0 if overlay is None else len(overlay.tasks)
+        rows = self._page("durable_tasks", _T_COLS, state, extra, limit + more, cursor)
+        tasks = [self._task(r) for r in rows]
+        if overlay is None:
+            return tasks
+
+        def match(row: Row) -> bool:
+            return (
+                (cursor is None or row["id"] > cursor)
+                and (state is None or row["state"] == state)
+                and (target is None or row["target"] == target)
+            )
+
+        return _merge(tasks, overlay.tasks, match)[:limit]
 
     def _page(
         self,
@@ -292,15 +456,44 @@ class SQLiteTables:
         ).fetchall()
 
     def all_promises(self) -> Iterator[Row]:
+        overlay = self._note("all_promises")
         rows = self.conn.execute(f"SELECT {', '.join(_P_COLS)} FROM durable_promises").fetchall()
-        return iter([self._promise(r) for r in rows])
+        promises = [self._promise(r) for r in rows]
+        if overlay is not None:
+            promises = _merge(promises, overlay.promises, lambda r: True)
+        return iter(promises)
 
     def all_tasks(self) -> Iterator[Row]:
+        overlay = self._note("all_tasks")
         rows = self.conn.execute(f"SELECT {', '.join(_T_COLS)} FROM durable_tasks").fetchall()
-        return iter([self._task(r) for r in rows])
+        tasks = [self._task(r) for r in rows]
+        if overlay is not None:
+            tasks = _merge(tasks, overlay.tasks, lambda r: True)
+        return iter(tasks)
 
     def all_callbacks(self) -> Iterator[tuple[str, str]]:
+        overlay = self._note("all_callbacks")
         rows = self.conn.execute(
             "SELECT promise_id, task_id FROM durable_callbacks ORDER BY rowid"
         ).fetchall()
-        return iter([(r[0], r[1]) for r in rows])
+        dropped = set() if overlay is None else overlay.dropped
+        return iter([(r[0], r[1]) for r in rows if r[1] not in dropped])
+
+
+def _copy_promise(row: Row) -> Row:
+    return dict(row, tags=dict(row["tags"]))
+
+
+def _due_at(row: Row, state: str, when: str, now: float) -> bool:
+    return bool(row["state"] == state and row[when] is not None and row[when] <= now)
+
+
+def _merge(rows: list[Row], overlay: dict[str, Row], keep: Callable[[Row], bool]) -> list[Row]:
+    """``rows`` (read from the file) with the overlay's versions in their place: those
+    the overlay holds are replaced by its copy if it still ``keep``s, and the overlay's
+    other kept rows join in; by id."""
+    if not overlay:
+        return rows
+    merged = {r["id"]: r for r in rows if r["id"] not in overlay}
+    merged.update({id: dict(r) for id, r in overlay.items() if keep(r)})
+    return [merged[id] for id in sorted(merged)]

@@ -3,9 +3,11 @@ as `SQLiteStore` (a state-machine test holds them side by side)."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, final
 
 from .._errors import StoreError
@@ -17,11 +19,13 @@ from ._base import (
     RUN_ORPHANED,
     SUPERSEDED,
     Change,
+    Order,
     Recovery,
     RunRecord,
     RunRecovery,
     abandoned_error,
     apply_change,
+    check_query,
     new_row,
     seconds,
 )
@@ -31,6 +35,9 @@ from ._base import (
 class MemoryStore:
     """An in-memory store: for tests, and for executors that only want the
     recording (sub-status, queries) without a file.
+
+    Several executors and threads may share one: every call holds the store's lock
+    for its (short) duration.
 
     Args:
       clock: the wall clock for persisted times (``trioexec.testing.FakeWallClock``
@@ -46,27 +53,35 @@ class MemoryStore:
         self._runs: dict[str, dict[str, Any]] = {}
         self._fenced: list[str] = []  # the current write's fenced ids
         self._closed = False
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock:
+            if self._closed:
+                raise StoreError("memory store: the store is closed")
+            yield
 
     def write(self, changes: Sequence[Change]) -> list[str]:
-        self._check_open()
-        fenced: list[str] = []
-        self._fenced = fenced
-        refused: set[str] = set()  # ids whose submit was refused: the rest of theirs too
-        rows = self._rows
-        for change in changes:
-            task_id = change[1]
-            assert isinstance(task_id, str)
-            if change[0] in RUN_KINDS:
-                self._write_run(change)
-            elif change[0] == "submit":
-                if task_id in rows:
+        with self._locked():
+            fenced: list[str] = []
+            self._fenced = fenced
+            refused: set[str] = set()  # ids whose submit was refused: the rest of theirs too
+            rows = self._rows
+            for change in changes:
+                task_id = change[1]
+                assert isinstance(task_id, str)
+                if change[0] in RUN_KINDS:
+                    self._write_run(change)
+                elif change[0] == "submit":
+                    if task_id in rows:
+                        fenced.append(task_id)
+                        refused.add(task_id)
+                    else:
+                        rows[task_id] = new_row(change)
+                elif task_id in refused or not apply_change(rows.get(task_id), change):
                     fenced.append(task_id)
-                    refused.add(task_id)
-                else:
-                    rows[task_id] = new_row(change)
-            elif task_id in refused or not apply_change(rows.get(task_id), change):
-                fenced.append(task_id)
-        return fenced
+            return fenced
 
     def _write_run(self, change: Change) -> None:
         kind, run_id = change[0], change[1]
@@ -105,26 +120,26 @@ class MemoryStore:
         workflows: Collection[str],
         max_recovery_attempts: int,
     ) -> RunRecovery:
-        self._check_open()
-        claimed, orphaned, abandoned = [], [], []
-        for run in self._runs.values():
-            if run["status"] != "running" or run["owner"] == owner:
-                continue
-            lease = self._owners.get(run["owner"])
-            if lease is not None and lease >= now:
-                continue
-            if run["workflow"] not in workflows:
-                self._end_run(run, now, RUN_ORPHANED)
-                orphaned.append(self._run_record(run))
-            elif run["recovery_attempts"] >= max_recovery_attempts:
-                self._end_run(run, now, abandoned_error(run["recovery_attempts"]))
-                abandoned.append(self._run_record(run))
-            else:
-                run["owner"] = owner
-                run["recovery_attempts"] += 1
-                self._end_steps(run["run_id"], TaskStatus.CANCELLED, now, SUPERSEDED)
-                claimed.append(self._run_record(run))
-        return RunRecovery(claimed, orphaned, abandoned)
+        with self._locked():
+            claimed, orphaned, abandoned = [], [], []
+            for run in self._runs.values():
+                if run["status"] != "running" or run["owner"] == owner:
+                    continue
+                lease = self._owners.get(run["owner"])
+                if lease is not None and lease >= now:
+                    continue
+                if run["workflow"] not in workflows:
+                    self._end_run(run, now, RUN_ORPHANED)
+                    orphaned.append(self._run_record(run))
+                elif run["recovery_attempts"] >= max_recovery_attempts:
+                    self._end_run(run, now, abandoned_error(run["recovery_attempts"]))
+                    abandoned.append(self._run_record(run))
+                else:
+                    run["owner"] = owner
+                    run["recovery_attempts"] += 1
+                    self._end_steps(run["run_id"], TaskStatus.CANCELLED, now, SUPERSEDED)
+                    claimed.append(self._run_record(run))
+            return RunRecovery(claimed, orphaned, abandoned)
 
     def _end_run(self, run: dict[str, Any], now: float, error: str) -> None:
         run["status"] = "failed"
@@ -143,44 +158,44 @@ class MemoryStore:
                 )
 
     def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
-        self._check_open()
-        return [r for r in run_ids if r in self._runs and self._runs[r]["owner"] != owner]
+        with self._locked():
+            return [r for r in run_ids if r in self._runs and self._runs[r]["owner"] != owner]
 
     def run(self, run_id: str) -> RunRecord | None:
-        self._check_open()
-        run = self._runs.get(run_id)
-        return None if run is None else self._run_record(run)
+        with self._locked():
+            run = self._runs.get(run_id)
+            return None if run is None else self._run_record(run)
 
     def runs(self, *, status: str | None = None) -> list[RunRecord]:
-        self._check_open()
-        return [
-            self._run_record(r)
-            for r in self._runs.values()
-            if status is None or r["status"] == status
-        ]
+        with self._locked():
+            return [
+                self._run_record(r)
+                for r in self._runs.values()
+                if status is None or r["status"] == status
+            ]
 
     @staticmethod
     def _run_record(run: dict[str, Any]) -> RunRecord:
         return RunRecord(**{**run, "steps": dict(run["steps"])})
 
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:
-        self._check_open()
-        self._owners[owner] = lease_expires_at
+        with self._locked():
+            self._owners[owner] = lease_expires_at
 
     def release_owner(self, owner: str) -> None:
-        self._check_open()
-        self._owners.pop(owner, None)
+        with self._locked():
+            self._owners.pop(owner, None)
 
     def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
-        self._check_open()
-        lost = []
-        for task_id, version in live.items():
-            row = self._rows.get(task_id)
-            if row is None:
-                continue  # not flushed yet: cannot have been taken
-            if row["owner"] != owner or row["version"] != version or row["status"] not in LIVE:
-                lost.append(task_id)
-        return lost
+        with self._locked():
+            lost = []
+            for task_id, version in live.items():
+                row = self._rows.get(task_id)
+                if row is None:
+                    continue  # not flushed yet: cannot have been taken
+                if row["owner"] != owner or row["version"] != version or row["status"] not in LIVE:
+                    lost.append(task_id)
+            return lost
 
     def recover(
         self,
@@ -190,34 +205,34 @@ class MemoryStore:
         max_recovery_attempts: int,
         limit: int | None = None,
     ) -> Recovery:
-        self._check_open()
-        claimed: list[ExecutionRecord] = []
-        orphaned: list[ExecutionRecord] = []
-        abandoned: list[ExecutionRecord] = []
-        for row in self._rows.values():
-            if row["status"] not in LIVE or row["owner"] == owner or row["run_id"] is not None:
-                continue  # (a workflow step is resumed with its run, by claim_runs)
-            lease = self._owners.get(row["owner"])
-            if lease is not None and lease >= now:
-                continue
-            record = self._record(row)
-            if row["recovery_attempts"] >= max_recovery_attempts:
-                self._fail(row, now, abandoned_error(row["recovery_attempts"]))
-                abandoned.append(self._record(row))
-            elif not recreatable(record):
-                self._fail(row, now, ORPHANED)
-                orphaned.append(self._record(row))
-            elif limit is None or len(claimed) < limit:
-                row.update(
-                    owner=owner,
-                    version=row["version"] + 1,
-                    status=TaskStatus.PENDING,
-                    sub_status=None,
-                    deferred_since=None,
-                    recovery_attempts=row["recovery_attempts"] + 1,
-                )
-                claimed.append(self._record(row))
-        return Recovery(claimed, orphaned, abandoned)
+        with self._locked():
+            claimed: list[ExecutionRecord] = []
+            orphaned: list[ExecutionRecord] = []
+            abandoned: list[ExecutionRecord] = []
+            for row in self._rows.values():
+                if row["status"] not in LIVE or row["owner"] == owner or row["run_id"] is not None:
+                    continue  # (a workflow step is resumed with its run, by claim_runs)
+                lease = self._owners.get(row["owner"])
+                if lease is not None and lease >= now:
+                    continue
+                record = self._record(row)
+                if row["recovery_attempts"] >= max_recovery_attempts:
+                    self._fail(row, now, abandoned_error(row["recovery_attempts"]))
+                    abandoned.append(self._record(row))
+                elif not recreatable(record):
+                    self._fail(row, now, ORPHANED)
+                    orphaned.append(self._record(row))
+                elif limit is None or len(claimed) < limit:
+                    row.update(
+                        owner=owner,
+                        version=row["version"] + 1,
+                        status=TaskStatus.PENDING,
+                        sub_status=None,
+                        deferred_since=None,
+                        recovery_attempts=row["recovery_attempts"] + 1,
+                    )
+                    claimed.append(self._record(row))
+            return Recovery(claimed, orphaned, abandoned)
 
     @staticmethod
     def _fail(row: dict[str, Any], now: float, error: str) -> None:
@@ -236,42 +251,80 @@ class MemoryStore:
         sub_status: SubStatus | str | None = None,
         deferred_longer_than: float | datetime.timedelta | None = None,
         run_id: str | None = None,
+        limit: int | None = None,
+        order: Order = "oldest",
     ) -> list[ExecutionRecord]:
-        self._check_open()
+        check_query(limit, order)
+        match = self._matcher(status, sub_status, deferred_longer_than, run_id)
+        with self._locked():
+            rows = self._rows.values()
+            if order == "longest_deferred":
+                found = sorted(
+                    filter(match, rows),
+                    key=lambda r: (r["deferred_since"] is None, r["deferred_since"] or 0.0),
+                )[:limit]
+            else:
+                found = []
+                for row in reversed(rows) if order == "newest" else rows:
+                    if len(found) == limit:
+                        break
+                    if match(row):
+                        found.append(row)
+            return [self._record(row) for row in found]
+
+    def counts(
+        self,
+        *,
+        sub_status: SubStatus | str | None = None,
+        deferred_longer_than: float | datetime.timedelta | None = None,
+        run_id: str | None = None,
+    ) -> dict[TaskStatus, int]:
+        """How many executions match the filters, per status (zeros included)."""
+        match = self._matcher(None, sub_status, deferred_longer_than, run_id)
+        counts = dict.fromkeys(TaskStatus, 0)
+        with self._locked():
+            for row in self._rows.values():
+                if match(row):
+                    counts[row["status"]] += 1
+        return counts
+
+    def _matcher(
+        self,
+        status: TaskStatus | str | None,
+        sub_status: SubStatus | str | None,
+        deferred_longer_than: float | datetime.timedelta | None,
+        run_id: str | None,
+    ) -> Callable[[dict[str, Any]], bool]:
         want_status = None if status is None else TaskStatus(status)
         want_sub = None if sub_status is None else SubStatus(sub_status)
         cutoff = None
         if deferred_longer_than is not None:
             cutoff = self.clock() - seconds(deferred_longer_than)
-        out = []
-        for row in self._rows.values():
-            if want_status is not None and row["status"] is not want_status:
-                continue
-            if want_sub is not None and row["sub_status"] is not want_sub:
-                continue
-            if cutoff is not None and (
-                row["sub_status"] is not SubStatus.DEFERRED or row["deferred_since"] > cutoff
-            ):
-                continue
-            if run_id is not None and row["run_id"] != run_id:
-                continue
-            out.append(self._record(row))
-        return out
+
+        def match(row: dict[str, Any]) -> bool:
+            return (
+                (want_status is None or row["status"] is want_status)
+                and (want_sub is None or row["sub_status"] is want_sub)
+                and (
+                    cutoff is None
+                    or (row["sub_status"] is SubStatus.DEFERRED and row["deferred_since"] <= cutoff)
+                )
+                and (run_id is None or row["run_id"] == run_id)
+            )
+
+        return match
 
     def execution(self, task_id: str) -> ExecutionRecord | None:
-        self._check_open()
-        row = self._rows.get(task_id)
-        return None if row is None else self._record(row)
+        with self._locked():
+            row = self._rows.get(task_id)
+            return None if row is None else self._record(row)
 
     def _record(self, row: dict[str, Any]) -> ExecutionRecord:
         return ExecutionRecord(**row, lease_expires_at=self._owners.get(row["owner"]))
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise StoreError("memory store: the store is closed")
-
     def close(self) -> None:
-        self._closed = True
+        with self._lock:
+            self._closed = True
 
     def __enter__(self) -> MemoryStore:
         return self

@@ -9,9 +9,14 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import math
 import os
 import sqlite3
+import stat
+import threading
 import time
+import urllib.parse
+import weakref
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, final
 
@@ -27,10 +32,12 @@ from ._base import (
     RUN_ORPHANED,
     SUPERSEDED,
     Change,
+    Order,
     Recovery,
     RunRecord,
     RunRecovery,
     abandoned_error,
+    check_query,
     seconds,
 )
 
@@ -156,14 +163,28 @@ _COLUMNS = (
 )
 _SELECT = f"SELECT {_COLUMNS} FROM executions e LEFT JOIN owners o ON o.owner = e.owner"
 
+#: How long a writer waits for another connection's write lock before giving up.
+WRITE_BUSY_TIMEOUT = 10.0
+#: How long a read-only store waits: WAL readers never need the write lock, so only
+#: a checkpoint or a crashed writer's recovery can hold them up, and briefly.
+READ_ONLY_BUSY_TIMEOUT = 1.0
 
-def _record(row: tuple[Any, ...]) -> ExecutionRecord:
+
+def _record(row: tuple[Any, ...], path: str) -> ExecutionRecord:
+    try:
+        status = TaskStatus(row[3])
+        sub_status = None if row[4] is None else SubStatus(row[4])
+    except ValueError:
+        raise StoreError(
+            f"{path}: execution {row[0]!r} has an unreadable row"
+            f" (status {row[3]!r}, sub-status {row[4]!r})"
+        ) from None
     return ExecutionRecord(
         task_id=row[0],
         name=row[1],
         run_id=row[2],
-        status=TaskStatus(row[3]),
-        sub_status=None if row[4] is None else SubStatus(row[4]),
+        status=status,
+        sub_status=sub_status,
         attempt=row[5],
         recovery_attempts=row[6],
         owner=row[7],
@@ -179,19 +200,49 @@ def _record(row: tuple[Any, ...]) -> ExecutionRecord:
     )
 
 
+class _Connection(sqlite3.Connection):
+    """A connection a `SQLiteStore` opened. The durable tables find the store through
+    ``store``: its lock, its file check, and whether it is read-only."""
+
+    store: SQLiteStore | None = None
+
+
+def _uri(path: str, **params: str) -> str:
+    """A ``file:`` URI naming the absolute ``path``: every byte that means something
+    in a URI (``?``, ``#``, ``%``, spaces, quotes, non-ASCII) percent-encoded."""
+    quoted = urllib.parse.quote(os.fsencode(path), safe="/")
+    return f"file://{quoted}?{urllib.parse.urlencode(params)}"
+
+
 @final
 class SQLiteStore:
-    """Executions in a SQLite file, shared safely by several processes.
+    """Executions in a SQLite file, shared safely by several processes, and by
+    several executors and threads of one process.
 
     WAL journal, ``synchronous=NORMAL`` (a commit survives a crash of the process;
-    the last commits before a power cut may not), ``busy_timeout`` 10 s. The schema is
-    created or migrated on open.
+    the last commits before a power cut may not). The schema is created or migrated
+    on open. Writes (group-committed batches, heartbeats, recovery, the durable tables)
+    take the store's lock, so they never interleave; each thread reads through a
+    connection of its own, so a read (`execution`, `executions`, `run`, ...) never
+    waits behind a write batch another thread is committing. Before every write
+    transaction the store checks that ``path`` still names the file it opened: a
+    database deleted or replaced underneath raises `StoreError` instead of losing
+    the writes into an unlinked file.
 
     Args:
-      path: the database file (created if missing).
+      path: the database file (created if missing, unless ``read_only``).
       clock: the wall clock for persisted times.
       inline: write from the Trio thread instead of a worker thread. For tests
         under Trio's autojump clock, where threads would stall virtual time.
+      read_only: a view that never writes: the file is opened with ``mode=ro``; it
+        is never created, migrated, switched to WAL or write-locked, and reading
+        works while another process holds the write lock. A file that does not
+        exist, is empty, or has no trioexec schema raises `StoreError`; so does a
+        file written by an older trioexec (its schema needs migrating: open it once
+        read-write first). Every write method raises ``StoreError("<path>: opened
+        read-only")``.
+      busy_timeout: seconds to wait for another connection's lock before raising
+        `StoreError` (default 10 s; 1 s when ``read_only``).
 
     Raises:
       StoreError: naming the path, if the file is corrupt, not a SQLite database,
@@ -212,29 +263,104 @@ class SQLiteStore:
         *,
         clock: Callable[[], float] = time.time,
         inline: bool = False,
+        read_only: bool = False,
+        busy_timeout: float | None = None,
     ) -> None:
         self.path = os.fspath(path)
         self.clock = clock
         self.inline = inline
-        self._write_conn: sqlite3.Connection | None = None
-        self._read_conn: sqlite3.Connection | None = None
+        self.read_only = read_only
+        if busy_timeout is None:
+            busy_timeout = READ_ONLY_BUSY_TIMEOUT if read_only else WRITE_BUSY_TIMEOUT
+        if isinstance(busy_timeout, bool) or not (
+            isinstance(busy_timeout, int | float) and 0 <= busy_timeout < math.inf
+        ):
+            raise ValueError(f"busy_timeout must be seconds >= 0, got {busy_timeout!r}")
+        self._busy_timeout = float(busy_timeout)
+        # Absolute: a later chdir must not point the store at another file.
+        self._file = os.path.abspath(self.path)
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened
+        self._lock = threading.Lock()  # the write connection, and durable writes
+        self._write_conn: _Connection | None = None
+        self._local = threading.local()  # .conn: this thread's read connection
+        self._readers: weakref.WeakSet[_Connection] = weakref.WeakSet()
+        self._readers_lock = threading.Lock()  # _readers and _closed
+        self._closed = False
         with self._errors("cannot open"):
-            self._write_conn = self._connect()
-            db = sqlite_utils.Database(self._write_conn)
-            self._check(db)  # before anything writes: a foreign file is left as it was
-            self._write_conn.execute("PRAGMA journal_mode=WAL")
-            self._migrate(db)
-            self._read_conn = self._connect()
+            if read_only:
+                self._open_read_only()
+            else:
+                self._open_writer()
 
-    def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
-            self.path, check_same_thread=False, isolation_level=None, timeout=10.0
-        )
-        conn.execute("PRAGMA synchronous=NORMAL")
+    def _open_writer(self) -> None:
+        self._write_conn = conn = self._connect(read_only=False)
+        db = sqlite_utils.Database(conn)
+        self._check(db)  # before anything writes: a foreign file is left as it was
+        conn.execute("PRAGMA journal_mode=WAL")
+        self._migrate(db)
+        self._identity = self._stat()
+        self._reader()  # the opening thread's, at once: a file it cannot read fails here
+
+    def _open_read_only(self) -> None:
+        try:
+            st = os.stat(self._file)
+        except FileNotFoundError:
+            raise StoreError(f"{self.path}: no such database file") from None
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot open: {exc.strerror}") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise StoreError(f"{self.path}: is a directory, not a database file")
+        if st.st_size == 0 and not os.path.exists(self._file + "-wal"):
+            raise StoreError(f"{self.path}: not a trioexec database (empty file)")
+        self._identity = (st.st_dev, st.st_ino)
+        found = self._check(sqlite_utils.Database(self._reader()))
+        if found == 0:
+            raise StoreError(f"{self.path}: not a trioexec database (no trioexec schema)")
+        if found < SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: written by an older trioexec (schema version {found}; this "
+                f"trioexec reads {SCHEMA_VERSION}): open it once read-write to migrate it"
+            )
+
+    def _connect(self, *, read_only: bool) -> _Connection:
+        if read_only:
+            conn = sqlite3.connect(
+                _uri(self._file, mode="ro"),
+                uri=True,
+                factory=_Connection,
+                check_same_thread=False,
+                isolation_level=None,
+                timeout=self._busy_timeout,
+            )
+            conn.execute("PRAGMA query_only=ON")
+        else:
+            conn = sqlite3.connect(
+                self._file,
+                factory=_Connection,
+                check_same_thread=False,
+                isolation_level=None,
+                timeout=self._busy_timeout,
+            )
+            conn.execute("PRAGMA synchronous=NORMAL")
+        conn.store = self
         return conn
 
-    def _check(self, db: sqlite_utils.Database) -> None:
-        """Refuse a foreign or newer file (reads only)."""
+    def _reader(self) -> _Connection:
+        """This thread's read connection (opened on first use)."""
+        conn: _Connection | None = getattr(self._local, "conn", None)
+        if conn is None or self._closed:
+            with self._readers_lock:
+                if self._closed:
+                    raise StoreError(f"{self.path}: the store is closed")
+                if conn is None:
+                    conn = self._connect(read_only=self.read_only)
+                    self._readers.add(conn)
+                    self._local.conn = conn
+        return conn
+
+    def _check(self, db: sqlite_utils.Database) -> int:
+        """Refuse a foreign or newer file (reads only). Returns the schema version
+        (0: no trioexec schema yet)."""
         tables = set(db.table_names())
         if tables and "trioexec_meta" not in tables:
             shown = ", ".join(sorted(tables)[:5])
@@ -242,23 +368,29 @@ class SQLiteStore:
                 f"{self.path}: not a trioexec database (it has tables {shown}, "
                 "but no trioexec schema); refusing to touch it"
             )
-        if "trioexec_meta" in tables:
-            row = db.conn.execute(
-                "SELECT value FROM trioexec_meta WHERE key = 'schema_version'"
-            ).fetchone()
+        if "trioexec_meta" not in tables:
+            return 0
+        row = db.conn.execute(
+            "SELECT value FROM trioexec_meta WHERE key = 'schema_version'"
+        ).fetchone()
+        try:
             found = int(row[0]) if row else 0
-            if found > SCHEMA_VERSION:
-                raise StoreError(
-                    f"{self.path}: written by a newer trioexec (schema version {found}; "
-                    f"this trioexec knows up to {SCHEMA_VERSION})"
-                )
-            known = {m.name for m in MIGRATIONS._migrations}
-            unknown = {m.name for m in MIGRATIONS.applied(db)} - known
-            if unknown:
-                raise StoreError(
-                    f"{self.path}: written by a newer trioexec "
-                    f"(unknown migrations {sorted(unknown)})"
-                )
+        except (TypeError, ValueError):
+            raise StoreError(
+                f"{self.path}: unreadable schema version {row[0]!r} in trioexec_meta"
+            ) from None
+        if found > SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: written by a newer trioexec (schema version {found}; "
+                f"this trioexec knows up to {SCHEMA_VERSION})"
+            )
+        known = {m.name for m in MIGRATIONS._migrations}
+        unknown = {m.name for m in MIGRATIONS.applied(db)} - known
+        if unknown:
+            raise StoreError(
+                f"{self.path}: written by a newer trioexec (unknown migrations {sorted(unknown)})"
+            )
+        return found
 
     def _migrate(self, db: sqlite_utils.Database) -> None:
         conn = db.conn
@@ -272,60 +404,109 @@ class SQLiteStore:
                 conn.execute("ROLLBACK")
             raise
 
+    def _stat(self) -> tuple[int, int]:
+        st = os.stat(self._file)
+        return (st.st_dev, st.st_ino)
+
+    def _check_same_file(self) -> None:
+        """Raise unless ``path`` still names the file this store opened. SQLite would
+        go on writing into a deleted (unlinked) or replaced file, and lose it all."""
+        try:
+            same = self._stat() == self._identity
+        except FileNotFoundError:
+            same = False
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot check the database file: {exc}") from None
+        if not same:
+            raise StoreError(
+                f"{self.path}: the database file was deleted or replaced while open; "
+                "refusing to write into the old file (the writes would be lost): "
+                "close this store and open the file again"
+            )
+
+    def _describe(self, doing: str, exc: sqlite3.Error) -> str:
+        message = str(exc)
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in message:
+            return (
+                f"{self.path}: {doing}: database is locked (another connection has held"
+                f" its lock for over {self._busy_timeout:g} s)"
+            )
+        return f"{self.path}: {doing}: {message}"
+
     @contextlib.contextmanager
     def _errors(self, doing: str) -> Iterator[None]:
         try:
             yield
         except StoreError:
-            self._close_quietly()
+            self._close_all()
             raise
         except sqlite3.DatabaseError as exc:
-            self._close_quietly()
+            self._close_all()
             message = str(exc)
             if "not a database" in message or "malformed" in message:
                 raise StoreError(
                     f"{self.path}: not a usable SQLite database (corrupt?): {message}"
                 ) from None
-            raise StoreError(f"{self.path}: {doing}: {message}") from None
+            raise StoreError(self._describe(doing, exc)) from None
 
     @contextlib.contextmanager
     def _using(self, doing: str) -> Iterator[None]:
         try:
             yield
         except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: {doing}: {exc}") from None
+            raise StoreError(self._describe(doing, exc)) from None
 
-    def _close_quietly(self) -> None:
-        for conn in (self._write_conn, self._read_conn):
+    def _close_all(self) -> None:
+        with self._readers_lock:
+            self._closed = True
+            conns = [*self._readers, self._write_conn]
+            self._readers.clear()
+            self._write_conn = None
+        for conn in conns:
             if conn is not None:
                 with contextlib.suppress(sqlite3.Error):
                     conn.close()
-        self._write_conn = self._read_conn = None
 
-    @property
-    def _w(self) -> sqlite3.Connection:
-        if self._write_conn is None:
-            raise StoreError(f"{self.path}: the store is closed")
-        return self._write_conn
+    @contextlib.contextmanager
+    def _reading(self, doing: str, *, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
+        """This thread's read connection; with ``snapshot``, the statements inside
+        see one state of the database (a read transaction: never a write lock)."""
+        with self._using(doing):
+            conn = self._reader()
+            if not snapshot:
+                yield conn
+                return
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")  # nothing to keep; never leave a snapshot open
 
-    @property
-    def _r(self) -> sqlite3.Connection:
-        if self._read_conn is None:
-            raise StoreError(f"{self.path}: the store is closed")
-        return self._read_conn
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold the store's lock, on the file this store opened: around every write."""
+        if self.read_only:
+            raise StoreError(f"{self.path}: opened read-only")
+        with self._lock:
+            self._check_same_file()
+            yield
 
     @contextlib.contextmanager
     def _transaction(self, doing: str) -> Iterator[sqlite3.Connection]:
-        conn = self._w
-        with self._using(doing):
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
-                raise
+        with self._exclusive():
+            conn = self._write_conn
+            if conn is None or self._closed:
+                raise StoreError(f"{self.path}: the store is closed")
+            with self._using(doing):
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
 
     # ------------------------------------------------------------------ writes
 
@@ -468,13 +649,13 @@ class SQLiteStore:
     def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
         ids = list(run_ids)
         lost: list[str] = []
-        with self._using("check run ownership"):
+        with self._reading("check run ownership") as conn:
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 marks = ",".join("?" * len(chunk))
                 lost.extend(
                     row[0]
-                    for row in self._r.execute(
+                    for row in conn.execute(
                         f"SELECT run_id FROM workflow_runs WHERE run_id IN ({marks})"
                         " AND owner IS NOT ?",
                         (*chunk, owner),
@@ -483,21 +664,23 @@ class SQLiteStore:
         return lost
 
     def run(self, run_id: str) -> RunRecord | None:
-        with self._using("query workflow run"):
-            found = self._r.execute(
+        """One workflow run, or None: a few primary-key reads on this thread's read
+        connection (never waits behind a write)."""
+        with self._reading("query workflow run", snapshot=True) as conn:
+            found = conn.execute(
                 "SELECT 1 FROM workflow_runs WHERE run_id = ?", (run_id,)
             ).fetchone()
-            return None if found is None else self._run(self._r, run_id)
+            return None if found is None else self._run(conn, run_id)
 
     def runs(self, *, status: str | None = None) -> list[RunRecord]:
-        with self._using("query workflow runs"):
+        with self._reading("query workflow runs", snapshot=True) as conn:
             sql = "SELECT run_id FROM workflow_runs"
             params: tuple[object, ...] = ()
             if status is not None:
                 sql += " WHERE status = ?"
                 params = (status,)
-            ids = [row[0] for row in self._r.execute(sql + " ORDER BY rowid", params)]
-            return [self._run(self._r, run_id) for run_id in ids]
+            ids = [row[0] for row in conn.execute(sql + " ORDER BY rowid", params)]
+            return [self._run(conn, run_id) for run_id in ids]
 
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:
         with self._transaction("heartbeat") as conn:
@@ -514,9 +697,9 @@ class SQLiteStore:
     def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
         if not live:
             return []
-        with self._using("check ownership"):
+        with self._reading("check ownership") as conn:
             mine = dict(
-                self._r.execute(
+                conn.execute(
                     "SELECT task_id, version FROM executions"
                     " WHERE owner = ? AND status IN ('pending', 'running')",
                     (owner,),
@@ -531,7 +714,7 @@ class SQLiteStore:
                     marks = ",".join("?" * len(chunk))
                     lost.extend(
                         row[0]
-                        for row in self._r.execute(
+                        for row in conn.execute(
                             f"SELECT task_id FROM executions WHERE task_id IN ({marks})",
                             chunk,
                         )
@@ -558,7 +741,7 @@ class SQLiteStore:
                 (owner, now),
             ).fetchall()
             for row in rows:
-                record = _record(row)
+                record = _record(row, self.path)
                 if record.recovery_attempts >= max_recovery_attempts:
                     error = abandoned_error(record.recovery_attempts)
                     self._fail(conn, record, now, error)
@@ -585,9 +768,9 @@ class SQLiteStore:
             (now, error, record.task_id, record.version),
         )
 
-    @staticmethod
-    def _one(conn: sqlite3.Connection, task_id: str) -> ExecutionRecord:
-        return _record(conn.execute(f"{_SELECT} WHERE e.task_id = ?", (task_id,)).fetchone())
+    def _one(self, conn: sqlite3.Connection, task_id: str) -> ExecutionRecord:
+        row = conn.execute(f"{_SELECT} WHERE e.task_id = ?", (task_id,)).fetchone()
+        return _record(row, self.path)
 
     # ------------------------------------------------------------------ reads
 
@@ -598,7 +781,69 @@ class SQLiteStore:
         sub_status: SubStatus | str | None = None,
         deferred_longer_than: float | datetime.timedelta | None = None,
         run_id: str | None = None,
+        limit: int | None = None,
+        order: Order = "oldest",
     ) -> list[ExecutionRecord]:
+        """Executions matching every given filter, in ``order`` (see `Order`), at most
+        ``limit`` of them: sorted and cut in SQL, on an index where the filters allow.
+
+        Raises:
+          StoreError: naming the path and the task id, for a row this trioexec
+            cannot read (an unknown status, say).
+        """
+        check_query(limit, order)
+        where, params = self._where(status, sub_status, deferred_longer_than, run_id)
+        if order == "oldest":
+            by = "e.rowid"
+        elif order == "newest":
+            by = "e.rowid DESC"
+        elif sub_status is not None and SubStatus(sub_status) is SubStatus.DEFERRED:
+            by = "e.deferred_since, e.rowid"  # all deferred (no NULLs): the index's order
+        elif deferred_longer_than is not None:
+            by = "e.deferred_since, e.rowid"
+        else:
+            by = "e.deferred_since IS NULL, e.deferred_since, e.rowid"
+        sql = f"{_SELECT}{where} ORDER BY {by}"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        with self._reading("query executions") as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [_record(row, self.path) for row in rows]
+
+    def counts(
+        self,
+        *,
+        sub_status: SubStatus | str | None = None,
+        deferred_longer_than: float | datetime.timedelta | None = None,
+        run_id: str | None = None,
+    ) -> dict[TaskStatus, int]:
+        """How many executions match the filters, per status (every status present,
+        zeros included): one ``GROUP BY`` on the status index, no rows loaded."""
+        where, params = self._where(None, sub_status, deferred_longer_than, run_id)
+        sql = f"SELECT e.status, count(*) FROM executions e{where} GROUP BY e.status"
+        counts = dict.fromkeys(TaskStatus, 0)
+        with self._reading("count executions") as conn:
+            for value, n in conn.execute(sql, params).fetchall():
+                try:
+                    counts[TaskStatus(value)] = n
+                except ValueError:
+                    bad = conn.execute(
+                        "SELECT task_id FROM executions WHERE status IS ? LIMIT 1", (value,)
+                    ).fetchone()
+                    raise StoreError(
+                        f"{self.path}: execution {bad[0]!r} has an unreadable row"
+                        f" (status {value!r})"
+                    ) from None
+        return counts
+
+    def _where(
+        self,
+        status: TaskStatus | str | None,
+        sub_status: SubStatus | str | None,
+        deferred_longer_than: float | datetime.timedelta | None,
+        run_id: str | None,
+    ) -> tuple[str, list[object]]:
         where: list[str] = []
         params: list[object] = []
         if status is not None:
@@ -613,18 +858,20 @@ class SQLiteStore:
         if run_id is not None:
             where.append("e.run_id = ?")
             params.append(run_id)
-        sql = _SELECT + (" WHERE " + " AND ".join(where) if where else "") + " ORDER BY e.rowid"
-        with self._using("query executions"):
-            return [_record(row) for row in self._r.execute(sql, params)]
+        return (" WHERE " + " AND ".join(where) if where else ""), params
 
     def execution(self, task_id: str) -> ExecutionRecord | None:
-        with self._using("query execution"):
-            row = self._r.execute(f"{_SELECT} WHERE e.task_id = ?", (task_id,)).fetchone()
-        return None if row is None else _record(row)
+        """One execution, or None: a primary-key read on this thread's read
+        connection, so it never waits behind a write batch."""
+        with self._reading("query execution") as conn:
+            row = conn.execute(f"{_SELECT} WHERE e.task_id = ?", (task_id,)).fetchone()
+        return None if row is None else _record(row, self.path)
 
     def close(self) -> None:
-        """Close both connections; idempotent."""
-        self._close_quietly()
+        """Close every connection (each thread's reader and the writer); idempotent.
+        Waits for a write in progress in another thread to end first."""
+        with self._lock:
+            self._close_all()
 
     def __enter__(self) -> SQLiteStore:
         return self
@@ -633,9 +880,12 @@ class SQLiteStore:
         self.close()
 
     def _durable_connection(self) -> sqlite3.Connection:
-        """A connection of its own for `trioexec.durable` (same file, same schema)."""
-        with self._errors("cannot open"):
-            return self._connect()
+        """A connection of its own for `trioexec.durable` (same file, same schema;
+        read-only if the store is). Its transactions take this store's lock."""
+        if self._closed:
+            raise StoreError(f"{self.path}: the store is closed")
+        with self._using("cannot open"):
+            return self._connect(read_only=self.read_only)
 
     def __repr__(self) -> str:
         return f"<SQLiteStore {self.path!r}>"
