@@ -3,14 +3,24 @@ what survives reopening and is shared between connections, WAL, and indexes."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import os
 import random
 import re
+import shutil
 import sqlite3
+import subprocess
+import sys
+import time
 
 import pytest
+import sqlite_utils
+import trio
 
 from trioexec import SQLiteStore, StoreError, SubStatus, TaskStatus
+from trioexec._store._sqlite import MIGRATIONS
+from trioexec.durable import DurableStore, PromiseState
 
 
 def submit(task_id, *, run_id=None, owner="A", at=1.0):
@@ -376,3 +386,372 @@ def test_folded_batch_insert_both_ways(tmp_path, monkeypatch, json_insert):
     assert (b.status, b.sub_status, b.run_id) == (TaskStatus.RUNNING, SubStatus.DEFERRED, "run-1")
     assert isinstance(b.attempt, int)
     assert isinstance(a.finished_at, float)
+
+
+# ------------------------------------------------------------ issue 13: files that change
+
+
+def durable_call(ds, method, *args, **kwargs):
+    """One DurableStore call, run to completion (``method`` like 'promises.get')."""
+    group, name = method.split(".")
+    return trio.run(functools.partial(getattr(getattr(ds, group), name), *args, **kwargs))
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+def test_a_database_deleted_or_replaced_while_open_refuses_to_write(tmp_path, how):
+    """Before the fix SQLite went on writing into the unlinked (or the old) inode:
+    every later write was lost without a word."""
+    path = tmp_path / "runs.db"
+    store = SQLiteStore(path, inline=True)
+    store.write([submit("t1")])
+    ds = DurableStore(store)
+    if how == "deleted":
+        path.unlink()
+    else:
+        make_store_file(tmp_path / "restored.db")
+        os.replace(tmp_path / "restored.db", path)
+    calls = {
+        "write": lambda: store.write([submit("t2")]),
+        "heartbeat": lambda: store.heartbeat("A", 99.0),
+        "recover": lambda: store.recover("B", 1.0, lambda r: True, 3),
+        "claim_runs": lambda: store.claim_runs("B", 1.0, ["etl"], 3),
+        "release_owner": lambda: store.release_owner("A"),
+        "durable": lambda: durable_call(ds, "promises.create", "p1", 60),
+    }
+    for name, call in calls.items():
+        with pytest.raises(StoreError) as info:
+            call()
+        assert str(info.value).startswith(f"{path}: the database file was deleted or replaced")
+        assert info.value.__cause__ is None, name
+    ds.close()
+    store.close()
+    if how == "replaced":  # the file now at the path was never written to
+        with SQLiteStore(path, inline=True) as fresh:
+            assert [r.task_id for r in fresh.executions()] == ["t1"]
+            assert fresh.executions()[0].lease_expires_at is None
+
+
+@pytest.mark.parametrize("read_only", [False, True], ids=["read-write", "read-only"])
+def test_an_unparsable_schema_version_is_a_store_error(tmp_path, read_only):
+    """Before the fix: a raw ValueError from int('abc')."""
+    path = tmp_path / "runs.db"
+    make_store_file(path)
+    sql(path, "UPDATE trioexec_meta SET value = 'abc' WHERE key = 'schema_version'")
+    before = path.read_bytes()
+    with pytest.raises(StoreError) as info:
+        SQLiteStore(path, read_only=read_only)
+    assert str(info.value) == f"{path}: unreadable schema version 'abc' in trioexec_meta"
+    assert path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("column", "value"), [("status", "bogus"), ("sub_status", "x")], ids=["status", "sub-status"]
+)
+@pytest.mark.parametrize("read_only", [False, True], ids=["read-write", "read-only"])
+def test_an_unreadable_execution_row_is_a_store_error_naming_it(
+    tmp_path, column, value, read_only
+):
+    """Before the fix: a raw ValueError from the enum, naming neither file nor row."""
+    path = tmp_path / "runs.db"
+    with SQLiteStore(path) as store:
+        store.write([submit("t1"), submit("t2"), ("start", "t2", 1, 1, 2.0)])
+    sql(path, f"UPDATE executions SET {column} = ? WHERE task_id = 't2'", (value,))
+    with SQLiteStore(path, read_only=read_only) as store:
+        calls = [store.executions, lambda: store.execution("t2")]
+        calls += [lambda: store.executions(limit=5, order="newest")]
+        if column == "status":
+            calls.append(store.counts)
+        elif not read_only:  # still running: recovery reads it
+            calls.append(lambda: store.recover("B", 10.0, lambda r: True, 3))
+        for call in calls:
+            with pytest.raises(StoreError) as info:
+                call()
+            assert str(info.value).startswith(f"{path}: execution 't2' has an unreadable row")
+            assert repr(value) in str(info.value)
+        assert store.execution("t1").status is TaskStatus.PENDING  # the rest still reads
+
+
+@pytest.mark.parametrize(
+    ("breakage", "row", "calls"),
+    [
+        pytest.param(
+            "UPDATE durable_promises SET state = 'bogus' WHERE id = 'p2'",
+            "durable promise 'p2'",
+            [("promises.get", "p2"), ("promises.search",)],
+            id="promise-state",
+        ),
+        pytest.param(
+            "UPDATE durable_promises SET tags = 'not json' WHERE id = 'p2'",
+            "durable promise 'p2'",
+            [("promises.get", "p2"), ("promises.search",)],
+            id="promise-tags",
+        ),
+        pytest.param(
+            "UPDATE durable_tasks SET state = 'bogus' WHERE id = 'p2'",
+            "durable task 'p2'",
+            [("tasks.get", "p2"), ("tasks.search",)],
+            id="task-state",
+        ),
+    ],
+)
+@pytest.mark.parametrize("read_only", [False, True], ids=["read-write", "read-only"])
+def test_an_unreadable_durable_row_is_a_store_error_naming_it(
+    tmp_path, breakage, row, calls, read_only
+):
+    """Before the fix: a raw ValueError (or JSONDecodeError) from the row reader."""
+    path = tmp_path / "runs.db"
+    with DurableStore(path) as ds:
+        durable_call(ds, "promises.create", "p1", 3600)
+        durable_call(ds, "promises.create", "p2", 3600, target="mailer")
+    sql(path, breakage)
+    with SQLiteStore(path, read_only=read_only) as store, DurableStore(store) as ds:
+        for method, *args in calls:
+            with pytest.raises(StoreError) as info:
+                durable_call(ds, method, *args)
+            assert str(info.value).startswith(f"{path}: {row} has an unreadable row")
+        assert durable_call(ds, "promises.get", "p1").id == "p1"
+
+
+# ------------------------------------------------------------ issue 13: read-only views
+
+HOLD_WRITE_LOCK = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("locked", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+"""
+
+
+@contextlib.contextmanager
+def write_lock_held(path):
+    """Another process holds ``path``'s write lock (an open ``BEGIN IMMEDIATE``)
+    for as long as the block runs."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD_WRITE_LOCK, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout.readline() == "locked\n"
+        yield proc
+    finally:
+        proc.stdin.close()
+        proc.wait(timeout=30)
+        proc.stdout.close()
+
+
+def files(directory):
+    """The directory's content as far as the data goes: SQLite's shared-memory index
+    (``-shm``), and an empty ``-wal``, are what any reader of a WAL database sets up
+    (and a later writer reuses); they hold no data."""
+    return {
+        p.name: p.read_bytes()
+        for p in directory.iterdir()
+        if not p.name.endswith("-shm") and not (p.name.endswith("-wal") and not p.stat().st_size)
+    }
+
+
+def test_read_only_never_creates_a_file(tmp_path):
+    with pytest.raises(StoreError) as info:
+        SQLiteStore(tmp_path / "missing.db", read_only=True)
+    assert str(info.value) == f"{tmp_path / 'missing.db'}: no such database file"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_read_only_leaves_an_empty_file_empty(tmp_path):
+    """Before the fix a view of a 0-byte file turned it into a trioexec database."""
+    path = tmp_path / "empty.db"
+    path.touch()
+    with pytest.raises(StoreError) as info:
+        SQLiteStore(path, read_only=True)
+    assert str(info.value) == f"{path}: not a trioexec database (empty file)"
+    assert files(tmp_path) == {"empty.db": b""}
+
+
+@pytest.mark.parametrize(
+    ("prepare", "words"),
+    [
+        pytest.param(
+            lambda p: p.write_bytes(random.Random(1).randbytes(8192)), ["corrupt"], id="corrupt"
+        ),
+        pytest.param(
+            lambda p: sql(p, "CREATE TABLE invoices (id INTEGER PRIMARY KEY)"),
+            ["not a trioexec database", "invoices"],
+            id="foreign",
+        ),
+        pytest.param(
+            lambda p: sql(p, "PRAGMA user_version = 1"),
+            ["not a trioexec database (no trioexec schema)"],
+            id="no-tables",
+        ),
+        pytest.param(
+            lambda p: (
+                make_store_file(p),
+                sql(p, "UPDATE trioexec_meta SET value = '999' WHERE key = 'schema_version'"),
+            ),
+            ["newer trioexec", "999"],
+            id="newer",
+        ),
+    ],
+)
+def test_read_only_refuses_what_it_cannot_read_and_leaves_it_alone(tmp_path, prepare, words):
+    path = tmp_path / "runs.db"
+    prepare(path)
+    before = files(tmp_path)
+    with pytest.raises(StoreError) as info:
+        SQLiteStore(path, read_only=True)
+    assert str(info.value).startswith(f"{path}: ")
+    for word in words:
+        assert word in str(info.value)
+    assert files(tmp_path) == before
+
+
+def test_read_only_refuses_an_older_schema_until_a_writer_migrates_it(tmp_path):
+    path = tmp_path / "runs.db"
+    db = sqlite_utils.Database(path)
+    MIGRATIONS.apply(db, stop_before="0004_run_recovery_attempts")
+    db.close()
+    before = path.read_bytes()
+    with pytest.raises(StoreError) as info:
+        SQLiteStore(path, read_only=True)
+    assert str(info.value) == (
+        f"{path}: written by an older trioexec (schema version 3; this trioexec reads 4):"
+        " open it once read-write to migrate it"
+    )
+    assert path.read_bytes() == before
+    SQLiteStore(path).close()  # a writer migrates it
+    with SQLiteStore(path, read_only=True) as store:
+        assert store.executions() == []
+
+
+def test_read_only_store_refuses_every_write_and_changes_nothing(tmp_path):
+    path = tmp_path / "runs.db"
+    with SQLiteStore(path, inline=True) as store:
+        store.heartbeat("A", 99.0)
+        store.write([submit("t1"), ("start", "t1", 1, 1, 2.0)])
+    with DurableStore(path) as ds:
+        durable_call(ds, "promises.create", "p1", 3600)
+    before = files(tmp_path)
+    with SQLiteStore(path, read_only=True) as store, DurableStore(store) as ds:
+        writes = {
+            "write": lambda: store.write([submit("t2")]),
+            "heartbeat": lambda: store.heartbeat("A", 1.0),
+            "recover": lambda: store.recover("B", 1e9, lambda r: True, 3),
+            "claim_runs": lambda: store.claim_runs("B", 1e9, ["etl"], 3),
+            "release_owner": lambda: store.release_owner("A"),
+            "promises.create": lambda: durable_call(ds, "promises.create", "p2", 60),
+            "promises.resolve": lambda: durable_call(ds, "promises.resolve", "p1"),
+            "tasks.create": lambda: durable_call(
+                ds, "tasks.create", "p3", pid="w", ttl=5, timeout=60, target="x"
+            ),
+        }
+        for name, call in writes.items():
+            with pytest.raises(StoreError) as info:
+                call()
+            assert str(info.value) == f"{path}: opened read-only", name
+        # Not merely refused by the store: the connection itself cannot write.
+        with pytest.raises(sqlite3.OperationalError, match=r"readonly"):
+            store._reader().execute("DELETE FROM executions")
+        # Reads work.
+        assert store.execution("t1").lease_expires_at == 99.0
+        assert store.taken_over("A", {"t1": 1}) == []
+        assert store.counts()[TaskStatus.RUNNING] == 1
+        assert durable_call(ds, "promises.get", "p1").state is PromiseState.PENDING
+        assert trio.run(ds.check_invariants) == []
+    assert files(tmp_path) == before
+
+
+def build_durable_times(path):
+    """Promises and tasks the durable clock (at 1000) will have moved on: a timed-out
+    promise with a task suspended on it, a timed-out promise with its own task, an
+    expired lease, a pending task whose retry timeout passed, and live ones."""
+    now = [0.0]
+    with DurableStore(path, clock=lambda: now[0], retry_timeout=500) as ds:
+        durable_call(ds, "promises.create", "gate", 100)  # times out at 100
+        durable_call(ds, "promises.create", "later", 5000)
+        durable_call(ds, "promises.create", "own", 100, target="mailer")  # its task too
+        job = durable_call(ds, "tasks.create", "job", pid="w1", ttl=50, timeout=5000, target="m")
+        assert durable_call(ds, "tasks.suspend", "job", job.version, ["gate"]) == "suspended"
+        durable_call(ds, "tasks.create", "leased", pid="w2", ttl=50, timeout=5000, target="m")
+        durable_call(ds, "promises.create", "queued", 5000, target="reporter")  # due at 500
+        for i in range(5):
+            durable_call(ds, "promises.create", f"z{i}", 5000, tags={"team": "ops"})
+
+
+def test_read_only_durable_view_sees_time_pass_without_writing(tmp_path):
+    """A read-only DurableStore answers what a writer would (timeouts, expired
+    leases), from memory: the file keeps what it had."""
+    path, copy = tmp_path / "ro.db", tmp_path / "rw.db"
+    build_durable_times(path)
+    shutil.copy(path, copy)
+    raw = sql(path, "SELECT id, state FROM durable_promises ORDER BY id")
+
+    def answers(ds):
+        out = [durable_call(ds, "promises.get", i) for i in ("gate", "own", "later", "nope")]
+        out += [durable_call(ds, "tasks.get", i) for i in ("job", "own", "leased", "queued")]
+        for state in (None, "pending", "rejected_timedout"):
+            out.append(durable_call(ds, "promises.search", state=state))
+            out.append(durable_call(ds, "promises.search", state=state, limit=2))
+            out.append(durable_call(ds, "promises.search", state=state, limit=2, cursor="job"))
+        out.append(durable_call(ds, "promises.search", tag=("team", "ops"), limit=3))
+        for state in (None, "pending", "acquired", "suspended", "fulfilled"):
+            out.append(durable_call(ds, "tasks.search", state=state))
+            out.append(durable_call(ds, "tasks.search", state=state, limit=1, cursor="job"))
+        out.append(durable_call(ds, "tasks.search", target="m"))
+        out.append(trio.run(ds.check_invariants))
+        return out
+
+    with (
+        SQLiteStore(path, read_only=True) as store,
+        DurableStore(store, clock=lambda: 1000.0, retry_timeout=500) as ds,
+    ):
+        seen = answers(ds)
+        assert seen == answers(ds)  # nothing was kept between operations
+    with DurableStore(copy, clock=lambda: 1000.0, retry_timeout=500) as ds:
+        assert seen == answers(ds)
+    assert seen[0].state is PromiseState.REJECTED_TIMEDOUT
+    assert seen[4].state == "pending"  # "job" was resumed when its gate timed out
+    assert sql(path, "SELECT id, state FROM durable_promises ORDER BY id") == raw
+    assert ("gate", "pending") in raw
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "with space.db",
+        "what?.db",
+        "hash#tag.db",
+        "per%41cent.db",
+        "per%.db",
+        "[brackets].db",
+        "quo'te\"s.db",
+        "emoji-\N{PARTY POPPER}.db",
+        "a?mode=rwc&x=1.db",
+    ],
+)
+def test_read_only_opens_paths_that_mean_something_in_a_uri(tmp_path, name):
+    path = tmp_path / name
+    make_store_file(path)
+    before = files(tmp_path)
+    with SQLiteStore(path, read_only=True) as store:
+        assert [r.task_id for r in store.executions()] == ["t1"]
+    assert files(tmp_path) == before
+
+
+def test_read_only_reads_while_another_process_holds_the_write_lock(tmp_path):
+    """Before the fix a view took the write lock to migrate, so it waited 10 s
+    behind any writer and failed."""
+    path = tmp_path / "runs.db"
+    make_store_file(path)
+    with DurableStore(path) as ds:
+        durable_call(ds, "promises.create", "p1", 3600)
+    with write_lock_held(path):
+        started = time.monotonic()
+        with SQLiteStore(path, read_only=True) as store, DurableStore(store) as ds:
+            assert [r.task_id for r in store.executions(limit=10)] == ["t1"]
+            assert store.counts()[TaskStatus.PENDING] == 1
+            assert [p.id for p in durable_call(ds, "promises.search")[0]] == ["p1"]
+            assert trio.run(ds.check_invariants) == []
+        assert time.monotonic() - started < 5.0  # a writer's open would wait 10 s
