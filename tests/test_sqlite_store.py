@@ -448,9 +448,7 @@ def test_an_unparsable_schema_version_is_a_store_error(tmp_path, read_only):
     ("column", "value"), [("status", "bogus"), ("sub_status", "x")], ids=["status", "sub-status"]
 )
 @pytest.mark.parametrize("read_only", [False, True], ids=["read-write", "read-only"])
-def test_an_unreadable_execution_row_is_a_store_error_naming_it(
-    tmp_path, column, value, read_only
-):
+def test_an_unreadable_execution_row_is_a_store_error_naming_it(tmp_path, column, value, read_only):
     """Before the fix: a raw ValueError from the enum, naming neither file nor row."""
     path = tmp_path / "runs.db"
     with SQLiteStore(path) as store:

@@ -96,8 +96,7 @@ def test_threads_share_one_store(shared):
     start = threading.Barrier(THREADS)
     errors: list[BaseException] = []
     threads = [
-        threading.Thread(target=hammer, args=(shared, me, start, errors))
-        for me in range(THREADS)
+        threading.Thread(target=hammer, args=(shared, me, start, errors)) for me in range(THREADS)
     ]
     for thread in threads:
         thread.start()
