@@ -18,7 +18,7 @@ import math
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, NoReturn, final
 
@@ -31,6 +31,7 @@ from ._errors import (
     CapacityExceeded,
     ExecutorClosed,
     PermanentError,
+    StoreError,
     TaskDefinitionError,
     TaskRejected,
     TaskTimeout,
@@ -249,11 +250,21 @@ class TaskRef:
         """Wait until the task ends and return its `TaskCompletion`. A checkpoint.
 
         Cancelling the wait does not cancel the task (use `cancel`).
+
+        Raises:
+          StoreError: the executor's store failed before this completion was
+            durable (the executor has stopped; the wait never hangs).
         """
         if not self.done or self._pending_ack:
-            if self._done is None:
-                self._done = trio.Event()
-            await self._done.wait()
+            if self._executor._failure is None:
+                if self._done is None:
+                    self._done = trio.Event()
+                await self._done.wait()
+            else:
+                await trio.lowlevel.checkpoint()
+            if self._executor._failure is not None and (not self.done or self._pending_ack):
+                # The store failed before this completion was durable.
+                raise self._executor._failure_error()
         else:
             await trio.lowlevel.checkpoint()
         completion = self.completion
@@ -303,6 +314,7 @@ class Executor:
         self._journal_lot = trio.lowlevel.ParkingLot()  # the writer, idle
         self._flush_lot = trio.lowlevel.ParkingLot()  # flush() callers
         self._write_lock = trio.Lock()  # one write at a time: writer, heartbeat, final flush
+        self._failure: StoreError | None = None  # the store failed: the executor has stopped
         self._logged = 0  # changes appended so far
         self._durable = 0  # changes committed so far
         self._live: dict[str, TaskRef] = {}  # with a store: accepted and not finished
@@ -1103,6 +1115,8 @@ class Executor:
         """
         target = self._logged
         while self._durable < target:
+            if self._failure is not None:
+                raise self._failure_error()
             await self._flush_lot.park()
         await trio.lowlevel.checkpoint()
 
@@ -1166,6 +1180,42 @@ class Executor:
                 await self._journal_lot.park()
                 continue
             await self._write_journal()
+
+    async def _guarded(self, service: Callable[..., Awaitable[object]], *args: Any) -> None:
+        """Run one of the store's services (writer, heartbeat, recovery); a failure
+        of the store stops the executor instead of escaping into its nursery."""
+        try:
+            await service(*args)
+        except Exception as exc:
+            self._store_failed(exc)
+
+    def _store_failed(self, exc: Exception) -> None:
+        """The store failed: stop everything and wake every waiter, who learns
+        of it as one `StoreError` naming the store."""
+        if self._failure is not None:
+            return
+        if not isinstance(exc, StoreError):
+            where = getattr(self._store, "path", None) or repr(self._store)
+            wrapped = StoreError(f"{where}: {type(exc).__name__}: {_safe_repr(exc)}")
+            wrapped.__cause__ = exc
+            exc = wrapped
+        self._failure = exc
+        self._begin_shutdown(ShutdownPolicy.CANCEL)
+        if self._nursery is not None:
+            self._nursery.cancel_scope.cancel()
+        for ref in [*self._live.values(), *self._notify]:
+            if ref._done is not None:
+                ref._done.set()
+        self._flush_lot.unpark_all()
+        self._idle_lot.unpark_all()
+
+    def _failure_error(self) -> StoreError:
+        """A fresh `StoreError` for one more caller (each gets its own traceback)."""
+        failure = self._failure
+        assert failure is not None
+        error = StoreError(*failure.args)
+        error.__cause__ = failure.__cause__
+        return error
 
     async def _store_call(self, fn: Callable[..., Any], *args: Any) -> Any:
         store = self._store
@@ -1313,13 +1363,18 @@ class Executor:
         self._nursery.start_soon(run._coordinate)
 
     async def _close_store(self) -> None:
-        """Write what is left and give up the lease (if nothing of ours is live)."""
+        """Write what is left and give up the lease (if nothing of ours is live).
+        After a store failure the rest is still tried once (the failure may have
+        passed: a lock held too long); a failure here is recorded like any other."""
         store = self._store
         assert store is not None
         with trio.move_on_after(60, shield=True):
-            await self._write_journal()
-            if not self._live and not self._journal:
-                await self._store_call(store.release_owner, self.owner)
+            try:
+                await self._write_journal()
+                if self._failure is None and not self._live and not self._journal:
+                    await self._store_call(store.release_owner, self.owner)
+            except Exception as exc:
+                self._store_failed(exc)
 
     async def _recovery_loop(self, lease: float, max_recovery_attempts: int, more: bool) -> None:
         while True:
@@ -1444,6 +1499,20 @@ def split_tasks(tasks: Iterable[object]) -> tuple[dict[str, TaskSpec], dict[str,
     return collect_specs(i for i in items if not isinstance(i, Workflow)), workflows
 
 
+def _same_leaves(a: BaseException, b: BaseException) -> bool:
+    """``a`` is ``b``, or a group derived from ``b`` with the same leaves."""
+    if a is b:
+        return True
+    if not (isinstance(a, BaseExceptionGroup) and isinstance(b, BaseExceptionGroup)):
+        return False
+    return (
+        type(a) is type(b)
+        and a.message == b.message
+        and len(a.exceptions) == len(b.exceptions)
+        and all(_same_leaves(x, y) for x, y in zip(a.exceptions, b.exceptions, strict=True))
+    )
+
+
 def _unwrap(completion: TaskCompletion) -> Any:
     status = completion.status
     if status is TaskStatus.COMPLETED:
@@ -1505,6 +1574,7 @@ async def open_executor(
         raise TypeError(f"store must be a trioexec Store (e.g. SQLiteStore), got {store!r}")
     if recover and store is None:
         raise ValueError("recover=True needs a store to recover from")
+    body_error: list[BaseException] = []  # what the body raised, if anything
     try:
         # Two nurseries: the workers in the inner one, the store's writer and the
         # heartbeat in the outer one, so the last completions are written after
@@ -1519,14 +1589,17 @@ async def open_executor(
                 await ex._store_call(store.heartbeat, ex.owner, ex._wall() + lease)
                 await infra.start(_store_services, ex, lease, keepalive)
             try:
-                async with trio.open_nursery() as nursery:
+                async with _one_level(body_error), trio.open_nursery() as nursery:
                     ex._nursery = nursery
                     if recover:
                         more = await ex._recover(max_recovery_attempts)
-                        infra.start_soon(ex._recovery_loop, lease, max_recovery_attempts, more)
+                        infra.start_soon(
+                            ex._guarded, ex._recovery_loop, lease, max_recovery_attempts, more
+                        )
                     try:
                         yield ex
-                    except BaseException:
+                    except BaseException as exc:
+                        body_error.append(exc)
                         ex._begin_shutdown(ShutdownPolicy.CANCEL)
                         raise
                     finally:
@@ -1537,13 +1610,18 @@ async def open_executor(
                         ex._begin_shutdown(ShutdownPolicy.CANCEL)
                         raise
             finally:
-                if store is not None:
-                    await ex._close_store()
-                keepalive.cancel()
-                infra.cancel_scope.cancel()
+                try:
+                    if store is not None:
+                        await ex._close_store()
+                finally:
+                    keepalive.cancel()
+                    infra.cancel_scope.cancel()
     except BaseExceptionGroup as group:
-        _raise_single(group)
+        _raise_single(group, body_error)
         raise
+    if ex._failure is not None:
+        # Whatever the body was doing was cancelled by the failure: this is the error.
+        raise ex._failure
 
 
 async def _store_services(
@@ -1554,8 +1632,8 @@ async def _store_services(
 ) -> None:
     with scope:
         async with trio.open_nursery() as services:
-            services.start_soon(ex._writer)
-            services.start_soon(ex._heartbeat, lease)
+            services.start_soon(ex._guarded, ex._writer)
+            services.start_soon(ex._guarded, ex._heartbeat, lease)
             task_status.started()
 
 
@@ -1567,14 +1645,31 @@ async def _close_events_when_done(ex: Executor) -> None:
         ex._events.close()
 
 
-def _raise_single(group: BaseExceptionGroup[BaseException]) -> None:
-    """Re-raise the only exception inside (nested) single-member groups, with its
-    own context kept; return if the group holds more than one."""
-    exc: BaseException = group
-    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
-        exc = exc.exceptions[0]
-    if exc is group or isinstance(exc, BaseExceptionGroup):
+@asynccontextmanager
+async def _one_level(body_error: list[BaseException]) -> AsyncIterator[None]:
+    """Take away the one group layer the nursery inside this block adds around a
+    lone exception (the body's, say), and no more: a user's own group passes."""
+    try:
+        yield
+    except BaseExceptionGroup as group:
+        _raise_single(group, body_error)
+        raise
+
+
+def _raise_single(
+    group: BaseExceptionGroup[BaseException], body_error: list[BaseException]
+) -> None:
+    """Re-raise the only exception of ``group`` (one nursery's layer), with its
+    own context kept; return if the group holds more than one.
+
+    A group the body raised comes back from Trio's cancel scopes as a copy
+    (``split`` derives a new group); the user gets their own object back.
+    """
+    if len(group.exceptions) != 1:
         return
+    exc = group.exceptions[0]
+    if body_error and _same_leaves(exc, body_error[0]):
+        exc = body_error[0]
     context = exc.__context__
     try:
         raise exc
