@@ -1,24 +1,119 @@
-"""Developer tasks: ``nox -s tests``, ``lint``, ``typecheck``, ``examples``, ``demo``."""
+"""Developer tasks: ``nox -s tests``, ``lint``, ``typecheck``, ``examples``, ``demo``, ``soak``."""
 
 from __future__ import annotations
 
+import os
 import pathlib
+import random
+import shutil
+import subprocess
+import time
 
 import nox
 
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests", "lint", "typecheck", "examples"]
 nox.options.reuse_existing_virtualenvs = True
+# Interpreters this machine lacks are skipped, never an error, and never downloaded:
+# `tests` runs on the supported Pythons that are installed here.
+nox.options.error_on_missing_interpreters = False
+if hasattr(nox.options, "download_python"):
+    nox.options.download_python = "never"
 
 HERE = pathlib.Path(__file__).parent
-PYTHON = "3.11"
+SUPPORTED = ("3.11", "3.12", "3.13", "3.14")
+
+
+def _runs(python: str) -> bool:
+    """True if ``python`` on PATH starts (a pyenv shim for a version that is not
+    selected exists on PATH but exits with an error)."""
+    exe = shutil.which(python)
+    if exe is None:
+        return False
+    try:
+        done = subprocess.run([exe, "-c", ""], capture_output=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def _installed_pythons() -> list[str]:
+    """The supported versions that run here. pyenv exposes only its selected
+    versions through its shims, so the other installed ones are put on PATH
+    (ahead of the shims) for nox to find."""
+    root = pathlib.Path(os.environ.get("PYENV_ROOT") or pathlib.Path.home() / ".pyenv")
+    found = []
+    for version in SUPPORTED:
+        if not _runs(f"python{version}"):
+            for prefix in sorted((root / "versions").glob(f"{version}.*"), reverse=True):
+                if (prefix / "bin" / f"python{version}").exists():
+                    os.environ["PATH"] = f"{prefix / 'bin'}{os.pathsep}{os.environ['PATH']}"
+                    break
+        if _runs(f"python{version}"):
+            found.append(version)
+    return found
+
+
+PYTHONS = _installed_pythons() or [SUPPORTED[0]]  # none found: nox reports it missing
+PYTHON = PYTHONS[0]  # the oldest one present, for the single-interpreter sessions
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """Run the test suite on every supported Python installed here (no wall-clock
+    sleeps but the random-kill test's; a few minutes at most). The ``slow`` tests
+    are left to ``soak``."""
+    session.install("-e", ".[test]")
+    session.run("pytest", *session.posargs)
 
 
 @nox.session(python=PYTHON)
-def tests(session: nox.Session) -> None:
-    """Run the test suite (no wall-clock sleeps; a few minutes at most)."""
+def soak(session: nox.Session) -> None:
+    """The long runs, bounded: ~10 minutes on two cores (``TRIOEXEC_SOAK_MINUTES``).
+
+    Three fifths of the budget go to random-kill campaigns (``pytest -m slow``:
+    ``TRIOEXEC_KILL_ROUNDS`` rounds each, seeds from ``TRIOEXEC_KILL_SEED``); the rest
+    to the hypothesis tests: the durable model with ``TRIOEXEC_DURABLE_EXAMPLES``
+    (default 2,000) examples, then passes of every hypothesis test under new seeds
+    (``--hypothesis-seed``: each pass is another full set of examples; the tests
+    fix their own ``max_examples``, which no settings profile overrides) until the
+    budget is spent. Arguments after ``--`` go to every pytest call.
+    """
     session.install("-e", ".[test]")
-    session.run("pytest", *session.posargs)
+    budget = float(os.environ.get("TRIOEXEC_SOAK_MINUTES") or "10") * 60
+    end = time.monotonic() + budget
+    kill_env = {
+        "TRIOEXEC_SOAK_MINUTES": f"{budget * 0.6 / 60:.2f}",
+        "TRIOEXEC_KILL_ROUNDS": os.environ.get("TRIOEXEC_KILL_ROUNDS") or "30",
+    }
+    session.run("pytest", "-m", "slow", "-p", "no:cacheprovider", *session.posargs, env=kill_env)
+
+    examples = os.environ.get("TRIOEXEC_DURABLE_EXAMPLES") or "2000"
+    session.run(
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_durable_model.py",
+        *session.posargs,
+        env={"TRIOEXEC_DURABLE_EXAMPLES": examples},
+    )
+    seed = int(os.environ.get("TRIOEXEC_HYPOTHESIS_SEED") or random.randrange(2**32))
+    longest = 0.0
+    for n in range(1000):
+        if time.monotonic() + longest > end:
+            break
+        began = time.monotonic()
+        session.log(f"hypothesis pass {n + 1}: --hypothesis-seed={seed + n}")
+        session.run(
+            "pytest",
+            "-m",
+            "hypothesis",
+            "-p",
+            "no:cacheprovider",
+            f"--hypothesis-seed={seed + n}",
+            *session.posargs,
+        )
+        longest = max(longest, time.monotonic() - began)
 
 
 @nox.session(python=PYTHON)
