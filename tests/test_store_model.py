@@ -6,6 +6,7 @@ here. Then, as targeted tests, the disagreements and contract gaps it cannot rea
 from __future__ import annotations
 
 import datetime
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -597,6 +598,16 @@ class StoresAgree(RuleBasedStateMachine):
             assert repr(from_memory) == repr(from_sqlite), query
             if from_memory and "deferred_longer_than" in query:
                 event(f"deferred_longer_than={query['deferred_longer_than']} matched")
+        # Sorted and cut in SQL, in Python for the memory store: the same answer.
+        for query in (
+            {"order": "newest", "limit": 3},
+            {"order": "longest_deferred"},
+            {"order": "longest_deferred", "sub_status": "deferred", "limit": 2},
+            {"order": "longest_deferred", "status": TaskStatus.RUNNING, "limit": 3},
+        ):
+            assert self.memory.executions(**query) == self.sqlite.executions(**query), query
+        for filters in ({"sub_status": SubStatus.DEFERRED}, {"deferred_longer_than": 2.5}):
+            assert self.memory.counts(**filters) == self.sqlite.counts(**filters), filters
         for task_id in (*self.rows, "never-submitted"):
             one = self.memory.execution(task_id)
             assert one == self.sqlite.execution(task_id), task_id
@@ -606,6 +617,18 @@ class StoresAgree(RuleBasedStateMachine):
     def stores_follow_the_model(self) -> None:
         expected = [row.record(self.leases) for row in self.rows.values()]
         assert self.memory.executions() == expected  # oldest submission first
+        assert self.memory.executions(order="newest") == expected[::-1]
+        assert self.sqlite.executions(order="newest", limit=2) == expected[::-1][:2]
+        longest = sorted(  # stable: submission order breaks ties
+            expected, key=lambda r: (r.deferred_since is None, r.deferred_since or 0.0)
+        )
+        assert self.memory.executions(order="longest_deferred") == longest
+        assert self.sqlite.executions(order="longest_deferred", limit=4) == longest[:4]
+        counts = dict.fromkeys(TaskStatus, 0)
+        for r in expected:
+            counts[r.status] += 1
+        assert self.memory.counts() == counts
+        assert self.sqlite.counts() == counts
         # deferred_longer_than right at (and around) how long each row has waited.
         waits = {self.now - r.deferred_since for r in expected if r.deferred_since is not None}
         for wait in sorted(waits | {2.5}):
@@ -708,6 +731,51 @@ def test_sub_status_is_never_set_on_a_pending_execution(make_store):
     assert record is not None
     assert record.status is TaskStatus.PENDING
     assert record.sub_status is None
+
+
+@pytest.mark.parametrize(
+    "make_store",
+    ["memory", "sqlite"],
+    indirect=True,
+)
+def test_executions_limit_order_and_counts(make_store):
+    """What the CLI's views ask for: the first (or last) few rows, the longest
+    waits first, and how many there are per status, without loading every row."""
+    store = make_store(clock=lambda: 100.0)
+    changes = []
+    for i, since in enumerate([50.0, None, 20.0, None, 20.0, 70.0]):
+        t = f"t{i}"
+        changes.append(("submit", t, 1, "job", None, None, None, "A", float(i)))
+        changes.append(("start", t, 1, 1, float(i)))
+        if since is not None:
+            changes.append(("sub", t, 1, SubStatus.DEFERRED, since))
+    changes.append(("finish", "t3", 1, TaskStatus.FAILED, 9.0, "boom"))
+    store.write(changes)
+
+    def ids(**query):
+        return [r.task_id for r in store.executions(**query)]
+
+    assert ids() == ["t0", "t1", "t2", "t3", "t4", "t5"]
+    assert ids(limit=2) == ["t0", "t1"]
+    assert ids(limit=0) == []
+    assert ids(order="newest", limit=3) == ["t5", "t4", "t3"]
+    assert ids(order="longest_deferred") == ["t2", "t4", "t0", "t5", "t1", "t3"]
+    assert ids(sub_status="deferred", order="longest_deferred", limit=3) == ["t2", "t4", "t0"]
+    assert ids(deferred_longer_than=40, order="longest_deferred") == ["t2", "t4", "t0"]
+    assert ids(status="running", order="newest", limit=1) == ["t5"]
+    assert store.counts() == {
+        **dict.fromkeys(TaskStatus, 0),
+        TaskStatus.RUNNING: 5,
+        TaskStatus.FAILED: 1,
+    }
+    assert store.counts(sub_status="deferred")[TaskStatus.RUNNING] == 4
+    assert store.counts(deferred_longer_than=40)[TaskStatus.RUNNING] == 3
+    assert sum(store.counts(run_id="no-such-run").values()) == 0
+    for bad in (-1, 1.5, True, "3"):
+        with pytest.raises(ValueError, match=re.escape(repr(bad))):
+            store.executions(limit=bad)
+    with pytest.raises(ValueError, match="'sideways'"):
+        store.executions(order="sideways")
 
 
 @pytest.mark.parametrize(
