@@ -191,12 +191,17 @@ async def final(
                 n += await _submit(ex, store, batch, log, gates)
             await ex.flush()
             print(f"ACK {n}", flush=True)
-            with trio.fail_after(deadline):
+            with trio.move_on_after(deadline) as waiting:
                 # The dead owners' leases lapse <= LEASE after their kill; the
                 # recovery pass every LEASE seconds then claims their executions.
                 while store.executions(status="pending") or store.executions(status="running"):
                     await trio.sleep(0.05)
                 await ex.wait_for_idle()
+            if waiting.cancelled_caught:
+                stuck = store.executions(status="pending") + store.executions(status="running")
+                print(f"STUCK {len(stuck)} after {deadline}s: {stuck!r}", file=sys.stderr)
+                print(f"executor: {ex.statistics()!r}", file=sys.stderr, flush=True)
+                os._exit(3)  # leaving the block would wait for what is stuck
         print(f"DONE {ex.owner} {ex.statistics().completed_count}", flush=True)
     finally:
         store.close()

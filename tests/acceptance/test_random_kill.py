@@ -536,12 +536,20 @@ class Campaign:
         _, _, completed = ex.expect("DONE", DEADLINE + 10)
         assert ex.proc.wait(timeout=10) == 0, ex.describe()
 
-        async def settled(ds: DurableStore) -> None:
-            with trio.fail_after(DEADLINE):
+        async def settled(ds: DurableStore) -> list[Any]:
+            with trio.move_on_after(DEADLINE):
                 while (await ds.promises.search(state="pending", limit=1))[0]:
                     await trio.sleep(0.05)
+                return []
+            return [
+                (promise, await ds.tasks.get(promise.id))
+                for promise in await _all_pages(
+                    lambda **kw: ds.promises.search(state="pending", **kw)
+                )
+            ]
 
-        trio.run(_with_durable, self.ddb, settled)
+        stuck = trio.run(_with_durable, self.ddb, settled)
+        assert not stuck, f"durable tasks not settled {DEADLINE}s into the final run: {stuck}"
         dw.stop()
         _, claimed, fulfilled, _ = dw.expect("DONE", DEADLINE)
         assert int(claimed) >= int(fulfilled), dw.describe()
