@@ -2,7 +2,10 @@
 
 The only module that imports the CLI libraries (click, rich). Every failure a person
 can cause (bad arguments, a missing or corrupt database) ends in one line on stderr
-and a non-zero exit, never a traceback.
+and a non-zero exit, never a traceback. The views (``status``, ``watch``, ``runs``,
+``tasks``, ``promises`` without an action, ``check``) open the database read-only:
+they never create, migrate or lock it. Everything that comes from the database is
+printed as plain text, never parsed as rich markup.
 """
 
 from __future__ import annotations
@@ -12,44 +15,66 @@ import json
 import math
 import os
 import random
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
+# click is also a dependency of sqlite-utils, so it is there wherever trioexec imports;
+# rich comes only with the `cli` extra: without it, `run` says so in one line.
 import click
 import trio
 import trio.testing
-from rich.console import Console, Group
-from rich.live import Live
-from rich.panel import Panel
-from rich.progress_bar import ProgressBar
-from rich.table import Table
-from rich.text import Text
 
 import trioexec
 from trioexec import SQLiteStore, StoreError, SubStatus, TaskHandle, TaskStatus
 
+try:
+    from rich.console import Console, Group
+    from rich.live import Live
+    from rich.panel import Panel
+    from rich.progress_bar import ProgressBar
+    from rich.table import Table
+    from rich.text import Text
+except ModuleNotFoundError as exc:  # pragma: no cover - tested in a fresh venv
+    MISSING_EXTRA: str | None = exc.name or "rich"
+else:
+    MISSING_EXTRA = None
+
+if TYPE_CHECKING:
+    from trioexec.durable import DurableStore
+
 EXIT_USAGE = 2
 EXIT_PROBLEM = 1
+#: The demo writes a few hundred rows: a database another process keeps locked for
+#: seconds is not one to demo on, and saying so soon beats a long silence.
+DEMO_BUSY_TIMEOUT = 2.0
 
-console = Console()
-err = Console(stderr=True)
+if MISSING_EXTRA is None:
+    console = Console()
+    err = Console(stderr=True)
 
 
-def fail(message: str, code: int = EXIT_PROBLEM) -> None:
-    err.print(f"[bold red]trioexec:[/] {message}", highlight=False, soft_wrap=True)
+def fail(message: str, code: int = EXIT_PROBLEM) -> NoReturn:
+    # Text, not markup: messages carry paths and ids (a task named "batch[/]").
+    err.print(
+        Text.assemble(("trioexec:", "bold red"), " ", message), highlight=False, soft_wrap=True
+    )
     raise SystemExit(code)
+
+
+def cell(value: object) -> Text:
+    """A table cell showing ``value`` as it is (no markup, no emoji codes)."""
+    return Text("" if value is None else str(value))
 
 
 @contextmanager
 def open_store(path: str) -> Iterator[SQLiteStore]:
-    """An existing database, or one clear line and exit 1."""
-    if not os.path.exists(path):
-        fail(f"{path}: no such database file")
+    """An existing database opened read-only, or one clear line and exit 1."""
     try:
-        store = SQLiteStore(path)
+        store = SQLiteStore(path, read_only=True)
     except StoreError as exc:
         fail(str(exc))
     try:
@@ -217,7 +242,9 @@ def demo_view(ex: trioexec.Executor, state: dict[str, Any], total: int) -> Group
     waiting.add_column("waiting for")
     waiting.add_column("for", justify="right")
     for task_id, since in sorted(state["deferred"].items(), key=lambda e: e[1])[:8]:
-        waiting.add_row(task_id[-6:], state["kinds"].get(task_id, "?"), f"{now - since:.1f}s")
+        waiting.add_row(
+            cell(task_id[-6:]), cell(state["kinds"].get(task_id, "?")), f"{now - since:.1f}s"
+        )
     return Group(Panel(Group(head, progress), title=f"trioexec demo — {elapsed:4.1f}s"), waiting)
 
 
@@ -238,13 +265,17 @@ def demo(db: str | None, slots: int, tasks: int) -> None:
     waits, works = demo_workload(tasks, slots)
     path = db or os.path.join(tempfile.mkdtemp(prefix="trioexec-demo-"), "demo.db")
     try:
-        store = SQLiteStore(path)
+        store = SQLiteStore(path, busy_timeout=DEMO_BUSY_TIMEOUT)
     except StoreError as exc:
         fail(str(exc))
     console.print(
-        f"[bold]trioexec demo[/]: {tasks} tasks, {slots} slots; {len(waits)} of them wait on "
-        f"the outside world (3-8 s). Recording to [cyan]{path}[/] — look with "
-        f"`trioexec status {path}` or `trioexec watch {path}` from another shell."
+        Text.assemble(
+            ("trioexec demo", "bold"),
+            f": {tasks} tasks, {slots} slots; {len(waits)} of them wait on the outside world"
+            " (3-8 s). Recording to ",
+            (path, "cyan"),
+            f" — look with `trioexec status {path}` or `trioexec watch {path}` from another shell.",
+        )
     )
     live_box: dict[str, Any] = {}
 
@@ -293,7 +324,7 @@ def demo(db: str | None, slots: int, tasks: int) -> None:
 
     try:
         makespan = trio.run(real)
-        counts = {s: len(store.executions(status=s)) for s in TaskStatus}
+        counts = store.counts()
     finally:
         store.close()
     held = simulate(slots, waits, works, defer=False)
@@ -306,17 +337,19 @@ def demo(db: str | None, slots: int, tasks: int) -> None:
     table.add_row("holding slots while waiting (simulated)", f"{held:.1f}s")
     console.print(table)
     console.print(
-        f"Deferral finished the same {tasks} tasks in {ideal:.1f}s instead of {held:.1f}s "
-        f"({held / ideal:.1f}x faster): while {len(waits)} tasks waited, their slots ran "
-        f"the others. Store: {counts[TaskStatus.COMPLETED]} completed, "
-        f"{sum(v for k, v in counts.items() if k is not TaskStatus.COMPLETED)} other — {path}"
+        Text(
+            f"Deferral finished the same {tasks} tasks in {ideal:.1f}s instead of {held:.1f}s "
+            f"({held / ideal:.1f}x faster): while {len(waits)} tasks waited, their slots ran "
+            f"the others. Store: {counts[TaskStatus.COMPLETED]} completed, "
+            f"{sum(v for k, v in counts.items() if k is not TaskStatus.COMPLETED)} other — {path}"
+        )
     )
 
 
 # --------------------------------------------------------------------------- status / watch
 
 
-def execution_table(rows: list[trioexec.ExecutionRecord], now: float, limit: int) -> Table:
+def execution_table(rows: list[trioexec.ExecutionRecord], now: float) -> Table:
     table = Table(box=None, padding=(0, 1))
     # Ids and states must stay whole (people copy them); the rest gives way.
     table.add_column("task", no_wrap=True)
@@ -326,16 +359,16 @@ def execution_table(rows: list[trioexec.ExecutionRecord], now: float, limit: int
     table.add_column("try", no_wrap=True)
     table.add_column("deferred", no_wrap=True)
     table.add_column("error", overflow="ellipsis", no_wrap=True, ratio=1)
-    for r in rows[:limit]:
+    for r in rows:
         deferred = now - r.deferred_since if r.deferred_since is not None else None
         table.add_row(
-            r.task_id,
-            r.name,
-            r.status.value,
-            r.sub_status.value if r.sub_status else "",
-            str(r.attempt),
-            ago(deferred),
-            (r.error or "")[:40],
+            cell(r.task_id),
+            cell(r.name),
+            cell(r.status.value),
+            cell(r.sub_status.value if r.sub_status else ""),
+            cell(r.attempt),
+            cell(ago(deferred)),
+            cell((r.error or "")[:40]),
         )
     return table
 
@@ -355,33 +388,44 @@ def status(
     limit: int,
     as_json: bool,
 ) -> None:
-    """Executions in DB, with their status and sub-status (oldest first)."""
+    """Executions in DB, with their status and sub-status (oldest first, at most
+    --limit of them; --json too)."""
     age = parse_age(older_than) if older_than is not None else None
     with open_store(db) as store:
-        rows = store.executions(status=status_, sub_status=sub_status, deferred_longer_than=age)
+        # Cut and counted in SQL: a view of a million rows reads --limit of them.
+        rows = store.executions(
+            status=status_, sub_status=sub_status, deferred_longer_than=age, limit=limit
+        )
         if as_json:
             emit_json(rows)
             return
-        counts = {s: len(store.executions(status=s)) for s in TaskStatus}
+        counts = store.counts()
+        if status_ is None and sub_status is None and age is None:
+            matching = sum(counts.values())
+        else:
+            found = store.counts(sub_status=sub_status, deferred_longer_than=age)
+            matching = found[TaskStatus(status_)] if status_ else sum(found.values())
     summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
-    console.print(f"[bold]{db}[/]: {summary or 'no executions'}")
-    console.print(execution_table(rows, time.time(), limit))
-    if len(rows) > limit:
-        console.print(f"... and {len(rows) - limit} more (--limit)")
+    console.print(Text.assemble((db, "bold"), f": {summary or 'no executions'}"))
+    console.print(execution_table(rows, time.time()))
+    if matching > len(rows):
+        console.print(f"... and {matching - len(rows)} more (--limit)")
 
 
 def watch_view(store: SQLiteStore, db: str) -> Group:
     now = time.time()
-    counts = {s: len(store.executions(status=s)) for s in TaskStatus}
-    running = store.executions(status=TaskStatus.RUNNING)
-    active = sum(1 for r in running if r.sub_status is SubStatus.ACTIVE)
-    deferred = sorted(
-        (r for r in running if r.sub_status is SubStatus.DEFERRED),
-        key=lambda r: r.deferred_since or now,
+    counts = store.counts()
+    active = store.counts(sub_status=SubStatus.ACTIVE)[TaskStatus.RUNNING]
+    deferred = store.counts(sub_status=SubStatus.DEFERRED)[TaskStatus.RUNNING]
+    longest = store.executions(
+        status=TaskStatus.RUNNING,
+        sub_status=SubStatus.DEFERRED,
+        order="longest_deferred",
+        limit=10,
     )
     head = Table.grid(padding=(0, 2))
     head.add_row("active", str(active))
-    head.add_row("deferred", str(len(deferred)))
+    head.add_row("deferred", str(deferred))
     head.add_row("pending", str(counts[TaskStatus.PENDING]))
     head.add_row("completed", str(counts[TaskStatus.COMPLETED]))
     head.add_row(
@@ -389,9 +433,9 @@ def watch_view(store: SQLiteStore, db: str) -> Group:
         f"{counts[TaskStatus.FAILED]}/{counts[TaskStatus.CANCELLED]}/{counts[TaskStatus.TIMED_OUT]}",
     )
     return Group(
-        Panel(head, title=f"trioexec watch {db} — {stamp(now)}"),
+        Panel(head, title=Text(f"trioexec watch {db} — {stamp(now)}")),
         Text("deferred, longest first:", style="bold"),
-        execution_table(deferred, now, 10),
+        execution_table(longest, now),
     )
 
 
@@ -439,9 +483,9 @@ def runs(db: str, run_id: str | None, as_json: bool) -> None:
         names = {e.name for e in steps[r.run_id]} | set(r.steps)
         total = max(len(names), 1)
         table.add_row(
-            r.run_id,
-            r.workflow,
-            r.status,
+            cell(r.run_id),
+            cell(r.workflow),
+            cell(r.status),
             ProgressBar(total=total, completed=done, width=20),
             f"{done}/{total}",
             str(r.recovery_attempts),
@@ -449,7 +493,7 @@ def runs(db: str, run_id: str | None, as_json: bool) -> None:
     console.print(table)
     if run_id is not None:
         for r in records:
-            console.print(execution_table(steps[r.run_id], time.time(), 100))
+            console.print(execution_table(steps[r.run_id][:100], time.time()))
 
 
 # --------------------------------------------------------------------------- durable
@@ -468,15 +512,24 @@ class _DefaultList(click.Group):
         return super().parse_args(ctx, args)
 
 
-def open_durable(db: str) -> Any:
+@contextmanager
+def open_durable(db: str, *, read_only: bool = True) -> Iterator[DurableStore]:
+    """The durable tables of an existing database (read-only unless asked), or one
+    clear line and exit 1."""
     from trioexec.durable import DurableStore
 
-    if not os.path.exists(db):
+    if read_only:
+        with open_store(db) as store, DurableStore(store) as ds:
+            yield ds
+        return
+    if not os.path.exists(db):  # a writer would create it
         fail(f"{db}: no such database file")
     try:
-        return DurableStore(db)
+        writable = DurableStore(db)
     except StoreError as exc:
         fail(str(exc))
+    with writable:
+        yield writable
 
 
 @main.group(cls=_DefaultList)
@@ -501,7 +554,11 @@ def promises_list(db: str, state: str | None, limit: int, as_json: bool) -> None
         table.add_column(column, overflow="fold")
     for p in rows:
         table.add_row(
-            p.id, p.state.value, (p.data or "")[:40], stamp(p.timeout_at), json.dumps(p.tags)
+            cell(p.id),
+            cell(p.state.value),
+            cell((p.data or "")[:40]),
+            cell(stamp(p.timeout_at)),
+            cell(json.dumps(p.tags, ensure_ascii=False)),
         )
     console.print(table)
 
@@ -513,13 +570,13 @@ def _settle(db: str, id: str, data: str | None, how: str) -> None:
         value = None if data is None else json.loads(data)
     except json.JSONDecodeError as exc:
         fail(f"--data is not JSON: {exc}", EXIT_USAGE)
-    with open_durable(db) as ds:
+    with open_durable(db, read_only=False) as ds:
         settle = getattr(ds.promises, how)
         try:
             record = trio.run(lambda: settle(id, data=value))
         except (Conflict, NotFound) as exc:
             fail(f"{db}: {exc}")
-    console.print(f"promise {record.id}: {record.state.value}")
+    console.print(Text(f"promise {record.id}: {record.state.value}"))
 
 
 @promises.command("resolve")
@@ -560,13 +617,13 @@ def tasks(db: str, state: str | None, target: str | None, limit: int, as_json: b
         table.add_column(column, overflow="fold")
     for t in rows:
         table.add_row(
-            t.id,
-            t.state.value,
-            str(t.version),
-            t.target or "",
-            t.pid or "",
-            stamp(t.lease_expires_at),
-            ", ".join(t.awaiting),
+            cell(t.id),
+            cell(t.state.value),
+            cell(t.version),
+            cell(t.target),
+            cell(t.pid),
+            cell(stamp(t.lease_expires_at)),
+            cell(", ".join(t.awaiting)),
         )
     console.print(table)
 
@@ -576,8 +633,10 @@ def tasks(db: str, state: str | None, target: str | None, limit: int, as_json: b
 @click.option("--json", "as_json", is_flag=True)
 def check(db: str, as_json: bool) -> None:
     """Check DB's invariants; exit 1 if any is violated."""
+    from trioexec.durable import DurableStore
+
     problems: list[str] = []
-    with open_store(db) as store:
+    with open_store(db) as store, DurableStore(store) as ds:
         for r in store.executions():
             running = r.status is TaskStatus.RUNNING
             if (r.sub_status is not None) != running:
@@ -587,7 +646,6 @@ def check(db: str, as_json: bool) -> None:
                 )
             if r.status not in (TaskStatus.PENDING, TaskStatus.RUNNING) and r.finished_at is None:
                 problems.append(f"finished_without_time: {r.task_id}")
-    with open_durable(db) as ds:
         problems += [f"durable: {name}" for name in trio.run(ds.check_invariants)]
 
         async def read_all() -> None:  # every row must be one this trioexec can read
@@ -606,9 +664,9 @@ def check(db: str, as_json: bool) -> None:
         click.echo(json.dumps({"ok": not problems, "violations": problems}))
     elif problems:
         for p in problems:
-            err.print(f"[red]violated[/] {p}", highlight=False)
+            err.print(Text.assemble(("violated", "red"), " ", p), highlight=False)
     else:
-        console.print(f"{db}: all invariants hold")
+        console.print(Text(f"{db}: all invariants hold"))
     if problems:
         raise SystemExit(EXIT_PROBLEM)
 
@@ -619,9 +677,26 @@ def _interrupted(exc: BaseException) -> bool:
     return isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is not None
 
 
+def _store_error(exc: BaseException) -> StoreError | None:
+    """The StoreError ``exc`` is, or the first of a group made only of StoreErrors
+    (the demo's nurseries wrap the executor's)."""
+    if isinstance(exc, StoreError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup) and exc.split(StoreError)[1] is None:
+        return _store_error(exc.exceptions[0])
+    return None
+
+
 def run(args: Sequence[str] | None = None) -> None:
     """Console-script entry point. Every failure is one line on stderr: usage errors
-    exit 2, problems with the database (unreadable rows included) exit 1, Ctrl-C 130."""
+    (and a missing `cli` extra) exit 2, problems with the database (unreadable rows,
+    a locked file) exit 1, Ctrl-C 130."""
+    if MISSING_EXTRA is not None:
+        sys.stderr.write(
+            f"trioexec: the command line needs the 'cli' extra (no module named"
+            f" {MISSING_EXTRA!r}): pip install 'trioexec[cli]'\n"
+        )
+        raise SystemExit(EXIT_USAGE)
     try:
         code = main.main(args=args, prog_name="trioexec", standalone_mode=False)
     except click.UsageError as exc:
@@ -639,6 +714,9 @@ def run(args: Sequence[str] | None = None) -> None:
     except BaseException as exc:
         if _interrupted(exc):
             fail("interrupted", 130)
+        store_error = _store_error(exc)
+        if store_error is not None:
+            fail(str(store_error))
         raise
     if isinstance(code, int) and code:
         raise SystemExit(code)
