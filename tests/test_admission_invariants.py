@@ -53,7 +53,9 @@ async def scenario(slots, queue_capacity, policy, shutdown, ops):
                     await handle.defer_until(lambda: trio.current_time() >= deadline, 1)
                 finally:
                     active_now += 1
-                    assert active_now <= slots
+                    # A task cancelled while deferred ends at once, without a slot
+                    # (issue 13): only code holding one counts against the bound.
+                    assert active_now <= slots or not handle.slot.is_held
         finally:
             active_now -= 1
 
@@ -125,7 +127,10 @@ async def scenario(slots, queue_capacity, policy, shutdown, ops):
     ):
         assert m.dropped_count == 0
     assert (m.active_count, m.deferred_count, m.queue_depth) == (0, 0, 0)
-    assert m.deferral_count == m.resumed_count
+    # A deferral ends in a resume, or (cancelled) in the task's end.
+    assert m.resumed_count <= m.deferral_count
+    if shutdown is not ShutdownPolicy.CANCEL and not any(o[0] == "cancel" for o in ops):
+        assert m.deferral_count == m.resumed_count
     assert m.cancellation_observed_count <= m.cancellation_requested_count
     assert peak <= slots
     assert ex.slots.in_use == 0

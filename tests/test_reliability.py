@@ -5,11 +5,13 @@ Numbers in the test names are the issue's defect numbers.
 
 from __future__ import annotations
 
-import math
+import functools
+import threading
 
 import pytest
 import trio
 import trio.testing
+from faults import FaultyStore
 
 import trioexec
 from trioexec import (
@@ -20,8 +22,6 @@ from trioexec import (
     TaskStatus,
     open_executor,
 )
-
-from faults import FaultyStore
 
 # ----------------------------------------------------------------- 1, 2: store failures
 
@@ -83,7 +83,7 @@ async def test_02_wait_after_the_failure_raises_at_once(autojump_clock):
             store.fail_on.add("write")
             await trio.sleep(1)
     with trio.fail_after(1):
-        with pytest.raises(StoreError, match="faulty.db"):
+        with pytest.raises(StoreError, match=r"faulty\.db"):
             await ref.wait()
         with pytest.raises(StoreError):
             await ex.flush()
@@ -132,3 +132,226 @@ async def test_07_a_single_error_is_still_unwrapped():
     with pytest.raises(KeyError):
         async with open_executor(store=MemoryStore()):
             raise KeyError("k")
+
+
+# ----------------------------------------------------------------- 13: handle injection
+
+
+async def test_13_a_handle_argument_the_caller_passes_is_not_replaced():
+    class FileHandle:
+        pass
+
+    mine = FileHandle()
+
+    async def copy(handle, size=1):
+        return handle
+
+    def copy_sync(path, handle):
+        return handle
+
+    async with open_executor() as ex:
+        assert await ex.run(copy, mine) is mine  # positionally
+        assert await ex.run(functools.partial(copy, handle=mine)) is mine  # by keyword
+        assert await ex.run(copy_sync, "p", mine) is mine
+        injected = await ex.run(copy)  # not supplied: injected
+        assert isinstance(injected, TaskHandle)
+
+
+async def test_13_an_annotated_handle_is_injected_under_any_name():
+    async def job(x, ctl: TaskHandle):
+        return x, ctl
+
+    async with open_executor() as ex:
+        x, ctl = await ex.run(job, 1)
+    assert x == 1
+    assert isinstance(ctl, TaskHandle)
+
+
+# ----------------------------------------------------------------- 5: deferred tasks end at once
+
+
+async def _fill_slots(ex: trioexec.Executor, seconds: float) -> None:
+    for _ in range(ex.slots.total):
+        await ex.submit(trio.sleep, seconds)
+
+
+async def test_05_a_deferred_task_whose_timeout_expires_ends_at_once(autojump_clock):
+    never = trio.Event()
+
+    async def waits(handle: TaskHandle):
+        await handle.defer_until(never)
+
+    async with open_executor(max_concurrent_tasks=2) as ex:
+        ref = await ex.submit(waits, timeout=1)
+        await trio.testing.wait_all_tasks_blocked()
+        await _fill_slots(ex, 100)  # every slot busy for 100 s
+        start = trio.current_time()
+        completion = await ref.wait()
+        assert completion.status is TaskStatus.TIMED_OUT
+        assert trio.current_time() - start <= 1  # before the fix: at t=100
+        assert completion.deferred_seconds == pytest.approx(1)
+        m = ex.statistics()
+        assert (m.active_count, m.deferred_count) == (2, 0)
+        assert ex.slots.in_use == 2
+
+
+async def test_05_a_cancelled_deferred_task_ends_at_once(autojump_clock):
+    never = trio.Event()
+    cleanup_ran = []
+
+    async def waits(handle: TaskHandle):
+        try:
+            await handle.defer_until(never)
+        finally:
+            cleanup_ran.append(handle.slot.is_held)
+
+    async with open_executor(max_concurrent_tasks=1) as ex:
+        ref = await ex.submit(waits)
+        await trio.testing.wait_all_tasks_blocked()
+        await _fill_slots(ex, 100)
+        await trio.sleep(1)
+        ref.cancel()
+        with trio.fail_after(1):  # before the fix: waited for the slot until t=101
+            completion = await ref.wait()
+        assert completion.status is TaskStatus.CANCELLED
+        assert cleanup_ran == [False]
+        assert ex.statistics().deferred_count == 0
+        assert ex.slots.in_use == 1
+
+
+async def test_05_a_full_pool_of_deferred_tasks_shuts_down_with_cancel(autojump_clock):
+    # The slot holders (shielded: think of threads) end only once the deferred
+    # tasks have: before the fix those waited for a slot to end, a deadlock.
+    never = trio.Event()
+    deferred_ended = trio.Event()
+
+    async def waits(handle: TaskHandle):
+        await handle.defer_until(never)
+
+    async def holds():
+        with trio.CancelScope(shield=True):
+            await deferred_ended.wait()
+
+    async def watch(refs):
+        for ref in refs:
+            await ref.wait()
+        deferred_ended.set()
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as outside:
+            async with open_executor(
+                max_concurrent_tasks=2, shutdown_policy=trioexec.ShutdownPolicy.CANCEL
+            ) as ex:
+                deferred = [await ex.submit(waits) for _ in range(3)]
+                await trio.testing.wait_all_tasks_blocked()
+                holders = [await ex.submit(holds) for _ in range(2)]
+                await trio.testing.wait_all_tasks_blocked()
+                assert ex.slots.in_use == 2
+                outside.start_soon(watch, deferred)
+    assert all(r.status is TaskStatus.CANCELLED for r in deferred)
+    assert all(r.status is TaskStatus.COMPLETED for r in holders)
+
+
+async def test_05_an_inner_timeout_still_takes_the_slot_back(autojump_clock):
+    # A cancel scope inside the task (not the task's own end): the code after it
+    # runs holding a slot, as before.
+    never = trio.Event()
+
+    async def waits(handle: TaskHandle):
+        with trio.move_on_after(1):
+            await handle.defer_until(never)
+        return handle.slot.is_held, trio.current_time()
+
+    async with open_executor(max_concurrent_tasks=1) as ex:
+        ref = await ex.submit(waits)
+        await trio.testing.wait_all_tasks_blocked()
+        await ex.submit(trio.sleep, 5)
+        held, at = (await ref.wait()).result
+    assert held
+    assert at == pytest.approx(5)
+
+
+async def test_05_timeout_while_queueing_for_the_slot_after_the_wait(autojump_clock):
+    ready = trio.Event()
+
+    async def waits(handle: TaskHandle):
+        await handle.defer_until(ready)
+
+    async with open_executor(max_concurrent_tasks=1) as ex:
+        ref = await ex.submit(waits, timeout=3)
+        await trio.testing.wait_all_tasks_blocked()
+        await ex.submit(trio.sleep, 100)
+        await trio.sleep(1)
+        ready.set()  # it now queues for the slot, which is busy until t=100
+        completion = await ref.wait()
+        assert completion.status is TaskStatus.TIMED_OUT
+        assert trio.current_time() == pytest.approx(3)
+
+
+# ----------------------------------------------------------------- 6: sync tasks
+
+
+async def test_06_timeout_applies_to_a_sync_task():
+    release = threading.Event()
+
+    def blocks():
+        release.wait(10)
+
+    try:
+        async with open_executor(max_concurrent_tasks=1) as ex:
+            with trio.fail_after(5):
+                completion = await (await ex.submit(blocks, timeout=0.05)).wait()
+            assert completion.status is TaskStatus.TIMED_OUT
+            assert isinstance(completion.error, trioexec.TaskTimeout)
+            assert ex.slots.in_use == 0
+            release.set()
+            assert await ex.run(lambda: "next") == "next"
+    finally:
+        release.set()
+
+
+async def test_06_thread_workers_bound_threads_after_a_sync_deferral():
+    lock = threading.Lock()
+    running = 0
+    peak = 0
+    go = trio.Event()
+    busy_started = trio.Event()
+    release_busy = trio.Event()
+
+    def enter():
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+
+    def leave():
+        nonlocal running
+        with lock:
+            running -= 1
+
+    def deferring(handle):
+        handle.defer_until_sync(go)  # the thread is blocked, its token lent out
+        enter()
+        leave()
+
+    def busy():
+        enter()
+        trio.from_thread.run_sync(busy_started.set)
+        trio.from_thread.run(release_busy.wait)
+        leave()
+
+    async with open_executor(max_concurrent_tasks=4, thread_workers=1) as ex:
+        first = await ex.submit(deferring)
+        async for event in ex.events:
+            if event.kind is trioexec.HealthEventKind.TASK_DEFERRED:
+                break
+        other = await ex.submit(busy)  # takes the lent thread token
+        await busy_started.wait()
+        go.set()  # the first resumes while the busy task holds the one thread
+        await trio.testing.wait_all_tasks_blocked()
+        assert first.status is TaskStatus.RUNNING  # its thread waits for a token
+        release_busy.set()
+        assert (await first.wait()).ok
+        assert (await other.wait()).ok
+    assert peak == 1  # before the fix: 2
+    assert ex._thread_limiter.total_tokens == 1

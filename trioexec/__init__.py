@@ -8,6 +8,7 @@ from ._errors import CapacityExceeded as CapacityExceeded
 from ._errors import ExecutorClosed as ExecutorClosed
 from ._errors import PermanentError as PermanentError
 from ._errors import StoreError as StoreError
+from ._errors import TaskCancelled as TaskCancelled
 from ._errors import TaskDefinitionError as TaskDefinitionError
 from ._errors import TaskRejected as TaskRejected
 from ._errors import TaskTimeout as TaskTimeout
@@ -18,7 +19,6 @@ from ._events import HealthEventKind as HealthEventKind
 from ._executor import Executor as Executor
 from ._executor import ExecutorConfig as ExecutorConfig
 from ._executor import ShutdownPolicy as ShutdownPolicy
-from ._executor import TaskCancelled as TaskCancelled
 from ._executor import TaskRef as TaskRef
 from ._executor import open_executor as open_executor
 from ._handle import TaskHandle as TaskHandle

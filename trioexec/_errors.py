@@ -31,6 +31,11 @@ class TaskTimeout(TrioexecError):
     """A task attempt ran past its hard ``timeout``."""
 
 
+class TaskCancelled(TrioexecError):
+    """A task was cancelled: `Executor.run` was asked for its value, or the
+    thread of a sync task learns that its attempt is over."""
+
+
 class PermanentError(TrioexecError):
     """Raised by task code to say: this failure will not go away, do not retry."""
 

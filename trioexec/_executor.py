@@ -32,10 +32,10 @@ from ._errors import (
     ExecutorClosed,
     PermanentError,
     StoreError,
+    TaskCancelled,
     TaskDefinitionError,
     TaskRejected,
     TaskTimeout,
-    TrioexecError,
 )
 from ._events import EventStream, HealthEventKind
 from ._handle import TaskHandle
@@ -54,10 +54,6 @@ class ShutdownPolicy(enum.StrEnum):
     DRAIN = "drain"  #: refuse new work; run everything queued and deferred to the end
     CANCEL_PENDING = "cancel_pending"  #: drop the queue; let running and deferred tasks finish
     CANCEL = "cancel"  #: drop the queue and cancel running and deferred tasks
-
-
-class TaskCancelled(TrioexecError):
-    """`Executor.run` was asked for the value of a task that was cancelled."""
 
 
 # The execution each worker's Trio task is running an attempt of now (any executor),
@@ -139,6 +135,7 @@ class TaskRef:
         "_causation_id",
         "_completion",
         "_correlation_id",
+        "_deadline",
         "_done",
         "_error",
         "_executor",
@@ -192,6 +189,7 @@ class TaskRef:
         self._active_seconds = 0.0
         self._budget_exceeded = False
         self._cancel_requested = False
+        self._deadline = math.inf  # the running attempt's timeout, on Trio's clock
         self._handle: TaskHandle | None = None
         self._scope: trio.CancelScope | None = None
         self._done: trio.Event | None = None
@@ -320,6 +318,7 @@ class Executor:
         self._live: dict[str, TaskRef] = {}  # with a store: accepted and not finished
         self._space_freed = trio.Event()  # set when a task ends (recovery waits on it)
         self._shared_poller: Poller | None = None  # started on first use
+        self._lent_threads: set[TaskHandle] = set()  # deferred sync tasks' thread tokens
         self._config = config
         self._capacity = config.capacity
         self._overflow = config.overflow
@@ -484,6 +483,9 @@ class Executor:
             self._last_name = _describe(fn)
             self._last_fn = fn
         info = self._last_info
+        position = info.handle_position
+        if position is not None and len(args) > position:
+            info = info.for_args(args)  # the caller passes that argument: no handle
         if isinstance(fn, TaskSpec):
             timeout = fn.timeout if timeout is None else timeout
             budget = fn.budget if budget is None else budget
@@ -805,11 +807,17 @@ class Executor:
                 self._worker_unparked()
             if not token._try_reclaim():
                 await token.reclaim()
+            if handle is not None and handle._attempt_over:
+                # The last attempt's thread may live on (abandoned): it keeps its handle.
+                handle = self._new_handle(ref, token)
 
     def _ended(self, ref: TaskRef, status: TaskStatus) -> None:
         """A worker is done with ``ref``: its last attempt ended with ``status``
         (CANCELLED if cancelled between attempts)."""
         self._taken.discard(ref)
+        handle = ref._handle
+        if handle is not None and handle._sub_status is SubStatus.DEFERRED:
+            self._deferral_abandoned(handle)  # it ends without taking a slot back
         if ref._status is TaskStatus.RUNNING:
             self._active -= 1
         else:  # cancelled between attempts
@@ -851,7 +859,8 @@ class Executor:
                 ref._result = await self._call(fn, ref._args, info.is_async)
             else:
                 with trio.move_on_after(timeout) as attempt_scope:
-                    ref._result = await self._call(fn, ref._args, info.is_async)
+                    ref._deadline = attempt_scope.deadline
+                    ref._result = await self._call(fn, ref._args, info.is_async, abandon=True)
                 if attempt_scope.cancelled_caught:
                     ref._error = TaskTimeout(
                         f"task {ref.name!r} ({ref.task_id}) timed out after {timeout}s"
@@ -869,6 +878,12 @@ class Executor:
                 del _running[me]
             else:
                 _running[me] = outer
+            ref._deadline = math.inf
+            if handle is not None:
+                if not info.is_async:
+                    handle._end_attempt()  # its thread may live on, abandoned
+                if handle._sub_status is SubStatus.DEFERRED:
+                    self._deferral_abandoned(handle)
             if budget is not None:
                 deferred = (handle.deferred_seconds if handle is not None else 0.0) - deferred0
                 ref._active_seconds += trio.current_time() - t0 - deferred
@@ -876,11 +891,17 @@ class Executor:
                     ref._budget_exceeded = True
                     self._budget_exceeded += 1
 
-    async def _call(self, fn: Callable[..., Any], args: tuple[Any, ...], is_async: bool) -> Any:
+    async def _call(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], is_async: bool, abandon: bool = False
+    ) -> Any:
         if is_async:
             return await fn(*args)
+        # With a timeout the thread is abandoned when it expires: the attempt ends
+        # then, and the thread keeps its thread token until it really returns.
+        # (Without one, a thread is waited for, and calls back into Trio from it
+        # run in the task itself: causation ids and cancellation follow it.)
         return await trio.to_thread.run_sync(
-            functools.partial(fn, *args), limiter=self._thread_limiter
+            functools.partial(fn, *args), limiter=self._thread_limiter, abandon_on_cancel=abandon
         )
 
     # ------------------------------------------------------ handle observer hooks
@@ -907,7 +928,9 @@ class Executor:
 
     def _handle_deferred(self, handle: TaskHandle) -> None:
         if handle._in_thread:
-            # The deferred task's thread is blocked: lend its thread token out.
+            # The deferred task's thread is blocked: lend its thread token out
+            # (taken back in _thread_resumed before the thread goes on).
+            self._lent_threads.add(handle)
             self._thread_limiter.total_tokens += 1
         self._active -= 1
         self._deferred += 1
@@ -924,8 +947,6 @@ class Executor:
         self._worker_parked()
 
     def _handle_resumed(self, handle: TaskHandle) -> None:
-        if handle._in_thread:
-            self._thread_limiter.total_tokens -= 1
         self._deferred -= 1
         self._active += 1
         self._resumes += 1
@@ -938,6 +959,39 @@ class Executor:
             if ref._run_id is not None:
                 self._step_changed(ref)
         self._note_high_water()
+
+    async def _thread_resumed(self, handle: TaskHandle) -> None:
+        """A sync task's deferral ended: its thread may go on only once a thread
+        token is free again (``thread_workers`` bounds running threads)."""
+        if handle not in self._lent_threads:
+            return
+        limiter = self._thread_limiter
+        try:
+            await limiter.acquire_on_behalf_of(handle)
+        finally:
+            self._thread_lend_ended(handle)
+        limiter.release_on_behalf_of(handle)
+
+    def _thread_lend_ended(self, handle: TaskHandle) -> None:
+        if handle in self._lent_threads:
+            self._lent_threads.discard(handle)
+            self._thread_limiter.total_tokens -= 1
+
+    def _reclaim_deadline(self, handle: TaskHandle) -> float:
+        """Until when a deferred task whose wait was cancelled may queue for its
+        slot: never if the task itself is ending; else until its timeout."""
+        ref = handle._ref
+        if ref is None:
+            return math.inf
+        return -math.inf if ref._cancel_requested else float(ref._deadline)
+
+    def _deferral_abandoned(self, handle: TaskHandle) -> None:
+        """A task ends (or its attempt does) while deferred: it took no slot back."""
+        handle._close_deferral()
+        self._thread_lend_ended(handle)
+        self._deferred -= 1
+        self._active += 1
+        self._worker_unparked()
 
     # ---------------------------------------------------------------- completion
 

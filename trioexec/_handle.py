@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Protocol, final
 import trio
 from trio_util import AsyncValue
 
+from ._errors import TaskCancelled
 from ._poller import Poller
 from ._records import SubStatus
 from ._slots import SlotToken
@@ -31,6 +32,9 @@ class _Observer(Protocol):
 
     def _handle_deferred(self, handle: TaskHandle) -> None: ...
     def _handle_resumed(self, handle: TaskHandle) -> None: ...
+    def _reclaim_deadline(self, handle: TaskHandle) -> float: ...
+    async def _thread_resumed(self, handle: TaskHandle) -> None: ...
+    def _thread_lend_ended(self, handle: TaskHandle) -> None: ...
 
 
 def _check_poll_interval(poll_interval: float | Backoff) -> None:
@@ -120,15 +124,6 @@ class _Waiter:
                     return
 
 
-async def _reclaim_shielded(slot: SlotToken) -> None:
-    """Take a slot back even while being cancelled: the slot bound must hold for
-    whatever runs next, cleanup after a cancellation included. Everyone holding
-    a slot is either finishing or being cancelled too, so this wait ends. (Only
-    the exceptional paths pay for the shielding scope.)"""
-    with trio.CancelScope(shield=True):
-        await slot.reclaim()
-
-
 @final
 class TaskHandle:
     """Execution control for one running task, injected by the executor.
@@ -139,16 +134,19 @@ class TaskHandle:
     """
 
     __slots__ = (
+        "_attempt_over",
         "_cancel_event",
         "_cancel_requested",
         "_deferred_at",
         "_deferred_seconds",
         "_in_thread",
         "_observer",
+        "_reclaim_scope",
         "_ref",
         "_slot",
         "_sub_status",
         "_task_id",
+        "_thread_scope",
     )
 
     def __init__(
@@ -168,6 +166,9 @@ class TaskHandle:
         self._deferred_seconds = 0.0
         self._in_thread = False  # set by the executor for sync tasks in worker threads
         self._ref: Any = None  # the executor's TaskRef for this task
+        self._reclaim_scope: trio.CancelScope | None = None  # reclaiming after a cancel
+        self._thread_scope: trio.CancelScope | None = None  # defer_until_sync's wait
+        self._attempt_over = False  # the executor ended the attempt (its thread abandoned)
 
     @property
     def task_id(self) -> str:
@@ -212,6 +213,17 @@ class TaskHandle:
         self._cancel_requested = True
         if self._cancel_event is not None:
             self._cancel_event.set()
+        if self._reclaim_scope is not None:
+            self._reclaim_scope.cancel()  # the task ends: no slot needed for that
+
+    def _end_attempt(self) -> None:
+        """The executor is done with this attempt (it ended, or its thread was
+        abandoned): a `defer_until_sync` still waiting in that thread stops."""
+        self._attempt_over = True
+        if self._thread_scope is not None:
+            self._thread_scope.cancel()
+        if self._reclaim_scope is not None:
+            self._reclaim_scope.cancel()
 
     async def defer_until(self, condition: Condition, poll_interval: float | Backoff = 1.0) -> None:
         """Give the slot back until ``condition`` holds, then take one back (FIFO).
@@ -266,26 +278,75 @@ class TaskHandle:
                 # An executor offers a shared poller (asked for only if it is needed).
                 await waiter.wait(getattr(self._observer, "_poller", None))
         except BaseException:
-            await _reclaim_shielded(slot)
-            self._enter(SubStatus.ACTIVE)
+            await self._reclaim_unless_ending(slot)
             raise
         try:
             await slot.reclaim()
         except trio.Cancelled:  # cancelled while queueing: no slot was taken
-            await _reclaim_shielded(slot)
-            self._enter(SubStatus.ACTIVE)
+            await self._reclaim_unless_ending(slot)
             raise
         self._enter(SubStatus.ACTIVE)
+
+    async def _reclaim_unless_ending(self, slot: SlotToken) -> None:
+        """The wait was cancelled or failed: take a slot back even while being
+        cancelled, so that code after a ``move_on_after`` around the wait runs
+        holding one. Unless the task itself is ending (cancelled by its
+        executor, its timeout expired, its attempt over): then it ends at once,
+        deferred, without waiting for a slot to come free. (Only the exceptional
+        paths pay for this scope.)"""
+        observer = self._observer
+        deadline = math.inf
+        if self._attempt_over:
+            deadline = -math.inf
+        elif (reclaim_deadline := getattr(observer, "_reclaim_deadline", None)) is not None:
+            deadline = reclaim_deadline(self)
+        with trio.CancelScope(shield=True, deadline=deadline) as self._reclaim_scope:
+            await slot.reclaim()
+        self._reclaim_scope = None
+        if slot._held:
+            self._enter(SubStatus.ACTIVE)
+        # else: still DEFERRED; the executor closes the deferral as the task ends
 
     def defer_until_sync(self, condition: Condition, poll_interval: float | Backoff = 1.0) -> None:
         """`defer_until` for a plain ``def`` task running in a worker thread.
 
         Blocks only the calling thread (through `trio.from_thread.run`); the slot
-        is released and reclaimed exactly as in `defer_until`. A predicate is called
-        in the Trio thread, so it must be quick; a ``threading.Event`` is polled
-        through its ``is_set()``.
+        is released and reclaimed exactly as in `defer_until`, and so is the
+        task's thread (``thread_workers``): it waits for one to be free again
+        before it returns. A predicate is called in the Trio thread, so it must
+        be quick; a ``threading.Event`` is polled through its ``is_set()``.
+
+        Raises:
+          TaskCancelled: the attempt ended meanwhile (cancelled, timed out): the
+            thread has been abandoned and should just unwind.
         """
-        trio.from_thread.run(self.defer_until, condition, poll_interval)
+        trio.from_thread.run(self._defer_from_thread, condition, poll_interval)
+
+    async def _defer_from_thread(
+        self, condition: Condition, poll_interval: float | Backoff
+    ) -> None:
+        # Runs in a Trio system task (the thread may be abandoned), so the
+        # executor cancels this scope when the attempt ends.
+        observer = self._observer
+        with trio.CancelScope() as self._thread_scope:
+            if self._attempt_over:
+                self._thread_scope.cancel()
+            try:
+                await self.defer_until(condition, poll_interval)
+            except BaseException:
+                if self._in_thread and observer is not None:
+                    observer._thread_lend_ended(self)
+                raise
+            if self._in_thread and observer is not None:
+                await observer._thread_resumed(self)
+        if self._thread_scope.cancelled_caught:
+            raise TaskCancelled(f"task {self._task_id!r}: its attempt is over (cancelled)")
+        self._thread_scope = None
+
+    def _close_deferral(self) -> None:
+        """The task ends while deferred (no slot taken back): stop the clock."""
+        self._deferred_seconds += trio.current_time() - self._deferred_at
+        self._sub_status = SubStatus.ACTIVE
 
     def _enter(self, sub_status: SubStatus) -> None:
         now = trio.current_time()

@@ -95,24 +95,33 @@ def _annotation_is_handle(annotation: Any) -> bool:
     return annotation is TaskHandle
 
 
-def _find_handle_param(fn: Callable[..., Any]) -> str | None:
+def _find_handle_param(fn: Callable[..., Any]) -> tuple[str | None, int | None]:
+    """The handle parameter's name and, if it can also be given positionally,
+    its position (so a caller who passes that argument gets no handle injected)."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):  # builtins and some C callables have none
-        return None
+        return None, None
+    # A partial's keywords are the caller's own arguments: never overwritten.
+    bound = fn.keywords if isinstance(fn, functools.partial) else {}
     found = None
     for param in sig.parameters.values():
+        if param.name in bound:
+            continue
         if param.name in HANDLE_PARAM_NAMES or _annotation_is_handle(param.annotation):
             found = param
             break
     if found is None:
-        return None
+        return None, None
     if found.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.VAR_POSITIONAL):
         raise TaskDefinitionError(
             f"{_describe(fn)}: handle parameter {found.name!r} must accept a keyword "
             "(the executor passes the handle as handle=...)"
         )
-    return found.name
+    position = None
+    if found.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+        position = list(sig.parameters).index(found.name)
+    return found.name, position
 
 
 def _is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -135,6 +144,16 @@ class CallInfo:
 
     is_async: bool
     handle_param: str | None
+    #: the handle parameter's position when it can be passed positionally: a call
+    #: with more arguments than that supplies it itself, and gets no handle
+    handle_position: int | None = None
+
+    def for_args(self, args: tuple[Any, ...]) -> CallInfo:
+        """This info for a call with ``args``: without the handle if they supply it."""
+        position = self.handle_position
+        if position is not None and len(args) > position:
+            return CallInfo(self.is_async, None)
+        return self
 
 
 _info_cache: weakref.WeakKeyDictionary[Callable[..., Any], CallInfo] = weakref.WeakKeyDictionary()
@@ -150,7 +169,7 @@ def call_info(fn: Callable[..., Any]) -> CallInfo:
         return _info_cache[key]
     except (KeyError, TypeError):
         pass
-    info = CallInfo(_is_async_callable(fn), _find_handle_param(fn))
+    info = CallInfo(_is_async_callable(fn), *_find_handle_param(fn))
     # A bound method's signature only drops `self`, so the answer for the
     # underlying function holds for every method bound from it.
     with contextlib.suppress(TypeError):  # not weak-referenceable: just don't cache
@@ -266,7 +285,7 @@ def _make_spec(fn: object, options: dict[str, Any]) -> TaskSpec:
         retry_on=retry_on,
         timeout=options["timeout"],
         budget=options["budget"],
-        _info=CallInfo(_is_async_callable(fn), _find_handle_param(fn)),
+        _info=CallInfo(_is_async_callable(fn), *_find_handle_param(fn)),
     )
 
 
