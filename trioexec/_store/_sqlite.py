@@ -204,7 +204,13 @@ class _Connection(sqlite3.Connection):
     """A connection a `SQLiteStore` opened. The durable tables find the store through
     ``store``: its lock, its file check, and whether it is read-only."""
 
-    store: SQLiteStore | None = None
+    # Weak: the store holds its connections, and a store dropped without close()
+    # should still close them at once, not wait for the cycle collector.
+    _store_ref: weakref.ref[SQLiteStore] | None = None
+
+    @property
+    def store(self) -> SQLiteStore | None:
+        return None if self._store_ref is None else self._store_ref()
 
 
 def _uri(path: str, **params: str) -> str:
@@ -342,7 +348,7 @@ class SQLiteStore:
                 timeout=self._busy_timeout,
             )
             conn.execute("PRAGMA synchronous=NORMAL")
-        conn.store = self
+        conn._store_ref = weakref.ref(self)
         return conn
 
     def _reader(self) -> _Connection:
