@@ -454,6 +454,9 @@ class SQLiteStore:
                     f"{self.path}: not a usable SQLite database (corrupt?): {message}"
                 ) from None
             raise StoreError(self._describe(doing, exc)) from None
+        except OSError as exc:
+            self._close_all()
+            raise StoreError(f"{self.path}: {doing}: {exc.strerror or exc}") from None
 
     @contextlib.contextmanager
     def _using(self, doing: str) -> Iterator[None]:
@@ -491,7 +494,8 @@ class SQLiteStore:
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
-        """Hold the store's lock, on the file this store opened: around every write."""
+        """Hold the store's lock, on the file this store opened: around every write of
+        the durable tables (their own connection, this store's lock)."""
         if self.read_only:
             raise StoreError(f"{self.path}: opened read-only")
         with self._lock:
@@ -500,10 +504,13 @@ class SQLiteStore:
 
     @contextlib.contextmanager
     def _transaction(self, doing: str) -> Iterator[sqlite3.Connection]:
-        with self._exclusive():
+        if self.read_only:
+            raise StoreError(f"{self.path}: opened read-only")
+        with self._lock:
             conn = self._write_conn
             if conn is None or self._closed:
                 raise StoreError(f"{self.path}: the store is closed")
+            self._check_same_file()  # once per batch: a stat, cheap beside the commit
             with self._using(doing):
                 conn.execute("BEGIN IMMEDIATE")
                 try:
