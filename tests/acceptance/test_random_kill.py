@@ -62,7 +62,7 @@ MAX_DELAY = 2.5  # a kill comes up to this long after the child announced itself
 EARLY_KILL = 0.15  # ... or, with this chance, at a random moment of its start-up
 EARLY_WINDOW = 0.8  # seconds after the spawn
 DEADLINE = 60.0  # bounds every wait for a child or for the final recovery
-DEFAULT_ROUNDS = 5
+DEFAULT_ROUNDS = 8
 SOAK_ROUNDS = 30
 SOAK_MINUTES = 8.0
 TARGET = "kill"  # kill_durable.TARGET
@@ -328,13 +328,13 @@ class Campaign:
         for i in range(rng.randint(6, 16)):
             tid = f"d{r}-{i:02d}"
             kind = rng.choices(DURABLE_KINDS, DURABLE_WEIGHTS)[0]
-            param: dict[str, Any] = {"n": next(self._n), "kind": kind, "hold": 0.0}
-            param["hold"] = rng.choice((0.0, rng.uniform(0.0, 0.3)))
+            data: dict[str, Any] = {"n": next(self._n), "kind": kind}
+            data["hold"] = rng.choice((0.0, rng.uniform(0.0, 0.3)))
             if kind == "gate":
-                param["gate"] = rng.choice(promises).name
+                data["gate"] = rng.choice(promises).name
             elif kind == "defer":
-                param["defer"] = rng.uniform(0.2, 2.0)  # "until" is set at creation
-            self.durable[tid] = param
+                data["defer"] = rng.uniform(0.2, 2.0)  # "until" is set at creation
+            self.durable[tid] = data
             (early if rng.random() < 0.6 else late).append(tid)
         actions.append((0.0, lambda: self._create_durable(early)))
         actions.append((rng.uniform(0.3, MAX_DELAY), lambda: self._create_durable(late)))
@@ -597,6 +597,8 @@ class Campaign:
             what = f"durable task {tid} {param}: {promise}; {task}; runs {runs.get(tid)}"
             assert task.state is TaskState.FULFILLED, what
             assert tid in runs, what
+            versions = [run.version for run in runs[tid]]
+            assert versions == sorted(set(versions)), f"versions out of order: {what}"
             terminal = ("fail",) if param["kind"] == "fail" else ("done",)
             self._check_sequence(runs[tid], what, terminal=terminal)
             last = runs[tid][-1]
