@@ -10,6 +10,7 @@ import threading
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 from faults import FaultyStore
 
@@ -355,3 +356,227 @@ async def test_06_thread_workers_bound_threads_after_a_sync_deferral():
         assert (await other.wait()).ok
     assert peak == 1  # before the fix: 2
     assert ex._thread_limiter.total_tokens == 1
+
+
+# ----------------------------------------------------------------- 3: back-pressure from the store
+
+
+async def test_03_a_stalled_store_bounds_the_backlog(autojump_clock, monkeypatch):
+    from trioexec import _executor
+
+    monkeypatch.setattr(_executor, "JOURNAL_LIMIT", 100)
+    gate = trio.Event()
+    original = _executor.Executor._write_journal
+
+    async def slow_write(self):
+        await gate.wait()  # the store "stalls" until the gate opens
+        await original(self)
+
+    monkeypatch.setattr(_executor.Executor, "_write_journal", slow_write)
+
+    async def noop():
+        pass
+
+    async with open_executor(
+        store=MemoryStore(), max_concurrent_tasks=4, queue_capacity=10_000, overflow="reject"
+    ) as ex:
+        accepted = 0
+        with pytest.raises(trioexec.TaskRejected, match="changes behind"):
+            for _ in range(10_000):
+                ex.submit_nowait(noop)
+                accepted += 1
+                if accepted % 10 == 0:
+                    await trio.lowlevel.checkpoint()
+        assert accepted <= 100
+        assert len(ex._journal) < 100 + 4 * 10  # bounded, not one per submission
+        assert ex.statistics().rejected_count == 1
+        gate.set()
+        await ex.flush()
+        assert await ex.run(noop) is None  # caught up: accepted again
+
+
+async def test_03_block_waits_for_the_store_to_catch_up(autojump_clock, monkeypatch):
+    from trioexec import _executor
+
+    monkeypatch.setattr(_executor, "JOURNAL_LIMIT", 50)
+    gate = trio.Event()
+    original = _executor.Executor._write_journal
+
+    async def slow_write(self):
+        await gate.wait()
+        await original(self)
+
+    monkeypatch.setattr(_executor.Executor, "_write_journal", slow_write)
+
+    async def noop():
+        pass
+
+    peak = 0
+    async with open_executor(store=MemoryStore(), queue_capacity=10_000) as ex:
+
+        async def producer():
+            nonlocal peak
+            for _ in range(500):
+                await ex.submit(noop)
+                peak = max(peak, len(ex._journal))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(producer)
+            await trio.sleep(5)
+            assert ex.statistics().queued_count < 60  # waiting for the store
+            gate.set()
+        assert ex.statistics().queued_count == 500
+    assert peak < 50 + 4 * 10
+
+
+# ----------------------------------------------------------------- 8: shutdown from inside
+
+
+async def test_08_shutdown_called_by_a_task_returns(autojump_clock):
+    async def stopper(ex):
+        await ex.shutdown()
+        return "returned"
+
+    with trio.fail_after(10):  # before the fix: waited for itself forever
+        async with open_executor() as ex:
+            ref = await ex.submit(stopper, ex)
+            assert (await ref.wait()).result == "returned"
+            assert ex.closed
+            with pytest.raises(trioexec.ExecutorClosed):
+                await ex.submit(trio.sleep, 0)
+
+
+async def test_08_drain_lets_running_tasks_fan_out(autojump_clock):
+    done = []
+
+    async def leaf(i):
+        await trio.sleep(1)
+        done.append(i)
+
+    async def fan_out(ex):
+        await trio.sleep(2)  # still running when the block exits and the drain begins
+        for i in range(3):
+            await ex.submit(leaf, i)
+        ex.submit_nowait(leaf, 3)
+
+    async with open_executor(max_concurrent_tasks=2, queue_capacity=10) as ex:
+        ref = await ex.submit(fan_out, ex)
+    assert ref.status is TaskStatus.COMPLETED, ref.completion
+    assert sorted(done) == [0, 1, 2, 3]
+
+
+async def test_08_outside_submissions_during_a_drain_are_refused(autojump_clock):
+    async with open_executor() as ex:
+        await ex.submit(trio.sleep, 5)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ex.shutdown)
+            await trio.testing.wait_all_tasks_blocked()
+            with pytest.raises(trioexec.ExecutorClosed):
+                await ex.submit(trio.sleep, 0)
+
+
+# ----------------------------------------------------------------- 9: ties in the given order
+
+
+@pytest.mark.parametrize("seed", range(20))
+async def test_09_ready_root_steps_start_in_the_workflow_order(seed):
+    started = []
+
+    def step(sid):
+        @trioexec.task(id=sid)
+        async def run(context):
+            started.append(sid)
+
+        return run
+
+    wf = trioexec.Workflow("ties", [step(s) for s in "abcdef"])
+    async with open_executor(max_concurrent_tasks=1) as ex:
+        result = await ex.run_workflow(wf)
+    assert result.ok
+    assert started == list("abcdef")  # before the fix: often another order
+
+
+@pytest.mark.parametrize("seed", range(5))
+async def test_09_pending_tasks_start_in_submission_order(seed):
+    started = []
+
+    async def job(i):
+        started.append(i)
+        await trio.lowlevel.checkpoint()
+
+    async with open_executor(max_concurrent_tasks=3) as ex:
+        for i in range(30):
+            ex.submit_nowait(job, i)
+    assert started == list(range(30))
+
+
+# ----------------------------------------------------------------- 12: accounting
+
+
+async def test_12_shutdown_during_recovery_keeps_the_reservation_balanced(tmp_path, autojump_clock):
+    # A submitter handed a freed place, then shutdown, then the submitter
+    # consumes it: the count of held-back places never goes negative.
+    async with open_executor(max_concurrent_tasks=1, queue_capacity=0) as ex:
+        await ex.submit(trio.sleep, 1)
+
+        async def blocked():
+            with pytest.raises(trioexec.ExecutorClosed):
+                await ex.submit(trio.sleep, 0)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(blocked)
+            nursery.start_soon(blocked)
+            await trio.testing.wait_all_tasks_blocked()
+            ex._reserved += 3  # recovery holding three places back meanwhile
+            await trio.sleep(1)  # the slot frees: a place is handed to the first
+            ex._begin_shutdown(trioexec.ShutdownPolicy.DRAIN)
+        assert ex._reserved == 3  # before the fix: shutdown reset it to 0, then -3
+        ex._reserved -= 3
+
+
+async def test_12_wait_for_idle_does_not_return_early(autojump_clock):
+    async with open_executor(max_concurrent_tasks=1) as ex:
+        held = await ex.slots.acquire()  # nothing can start meanwhile
+        only = ex.submit_nowait(trio.sleep, 1)
+        returned = []
+
+        async def idle():
+            await ex.wait_for_idle()
+            returned.append(trio.current_time())
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(idle)
+            await trio.testing.wait_all_tasks_blocked()
+            only.cancel()  # idle for an instant...
+            ex.submit_nowait(trio.sleep, 1)  # ...and not any more
+            await trio.testing.wait_all_tasks_blocked()
+            assert returned == []  # before the fix: it had returned
+            held.release()
+        assert returned == [pytest.approx(1)]
+
+
+async def test_12_cancel_pending_shutdown_leaves_a_run_cancelled(autojump_clock):
+    gate = trio.Event()
+
+    @trioexec.task(id="first")
+    async def first(context):
+        await gate.wait()
+
+    @trioexec.task(id="second", dependencies=["first"])
+    async def second(context):
+        pass
+
+    wf = trioexec.Workflow("cut", [first, second])
+    async with open_executor(
+        max_concurrent_tasks=1, shutdown_policy=trioexec.ShutdownPolicy.CANCEL_PENDING
+    ) as ex:
+        run = await ex.start_workflow(wf)
+        await trio.testing.wait_all_tasks_blocked()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(ex.shutdown)
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()  # first ends; second may not start any more
+    result = await run.wait()
+    assert result.status is trioexec.RunStatus.CANCELLED  # before the fix: FAILED
+    assert result.steps["first"].ok
+    assert "second" not in result.steps

@@ -39,14 +39,20 @@ def admit(
     policy: Overflow,
     can_wait: bool = True,
     droppable: int | None = None,
+    backlogged: bool = False,
 ) -> Admit:
     """Decide what to do with one more submission.
 
     ``capacity`` bounds pending + active + deferred. ``can_wait`` is False for
     ``submit_nowait``, where ``BLOCK`` acts as ``REJECT``. ``droppable`` is how
     many pending submissions ``DROP_OLDEST`` may drop (those that never started;
-    default: all pending).
+    default: all pending). ``backlogged``: the store is too far behind; only
+    ``BLOCK`` waits, every other policy refuses (dropping would write more).
     """
+    if backlogged:
+        if policy is Overflow.BLOCK:
+            return Admit.WAIT if can_wait else Admit.REJECT
+        return Admit.FAIL if policy is Overflow.FAIL_FAST else Admit.REJECT
     if pending + active + deferred < capacity:
         return Admit.ACCEPT
     if policy is Overflow.BLOCK:
@@ -63,8 +69,10 @@ def admit(
     return Admit.DROP_OLDEST if droppable > 0 else Admit.REJECT
 
 
-def rejection_reason(decision: Admit, policy: Overflow) -> str:
+def rejection_reason(decision: Admit, policy: Overflow, *, backlogged: bool = False) -> str:
     """The ``reason`` attribute of the health event a refusal emits."""
+    if backlogged:
+        return "store_backlog"
     if decision is Admit.FAIL:
         return "capacity_exceeded"
     if decision is Admit.REJECT and policy is Overflow.DROP_OLDEST:

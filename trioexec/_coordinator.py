@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 import trio
 
-from ._errors import TrioexecError
+from ._errors import ExecutorClosed, TrioexecError
 from ._events import HealthEventKind
 from ._records import SubStatus, TaskCompletion, TaskStatus
 from ._spec import TaskSpec
@@ -84,6 +84,7 @@ class WorkflowRun:
         self._last_published: WorkflowStatus | None = None
         self._is_lost = False
         self._nursery: trio.Nursery | None = None
+        self._last_turn: trio.Event | None = None  # set once the last step is submitted
         self._done = trio.Event()
         self._result: WorkflowResult | None = None
         if restored is not None:
@@ -151,7 +152,13 @@ class WorkflowRun:
         assert self._nursery is not None
         for sid in ready(self.workflow, self._states):
             self._states[sid] = StepState.READY
-            self._nursery.start_soon(self._run_step, sid, name=f"{self.workflow.name}.{sid}")
+            # Steps submit one after another, in the workflow's order (each waits
+            # for the one before it to be submitted): Trio's scheduling order
+            # never decides which ready step starts first.
+            turn, self._last_turn = self._last_turn, trio.Event()
+            self._nursery.start_soon(
+                self._run_step, sid, turn, self._last_turn, name=f"{self.workflow.name}.{sid}"
+            )
         self._publish()
 
     def _step_spec(self, sid: str) -> TaskSpec:
@@ -184,14 +191,21 @@ class WorkflowRun:
 
         return attrs.evolve(spec, fn=run_sync)
 
-    async def _run_step(self, sid: str) -> None:
-        step_input = json.dumps(merged_input(self.workflow, sid, self._initial, self._outputs))
+    async def _run_step(self, sid: str, turn: trio.Event | None, submitted: trio.Event) -> None:
         try:
+            if turn is not None:
+                await turn.wait()
+            step_input = json.dumps(merged_input(self.workflow, sid, self._initial, self._outputs))
             ref = await self._ex._submit_step(self._step_spec(sid), (step_input,), self.run_id)
-        except TrioexecError as exc:  # refused (full, closed): the step fails
+        except ExecutorClosed:  # shut down before it started: the run is cut short
+            self._states[sid] = StepState.PENDING
+            return
+        except TrioexecError as exc:  # refused (full): the step fails
             self._errors.setdefault(sid, exc)
             self._step_failed(sid)
             return
+        finally:
+            submitted.set()
         self._refs[sid] = ref
         completion = await ref.wait()
         self._completions[sid] = completion

@@ -23,6 +23,7 @@ from contextlib import asynccontextmanager
 from typing import Any, NoReturn, final
 
 import attrs
+import outcome
 import trio
 
 from ._admission import Admit, Overflow, admit, rejection_reason
@@ -55,6 +56,12 @@ class ShutdownPolicy(enum.StrEnum):
     CANCEL_PENDING = "cancel_pending"  #: drop the queue; let running and deferred tasks finish
     CANCEL = "cancel"  #: drop the queue and cancel running and deferred tasks
 
+
+# Back-pressure from the store: changes journaled but not yet written, beyond
+# which submissions wait (BLOCK) or are refused. Tasks already accepted still
+# journal their transitions, so the backlog stays within this plus a few
+# changes per accepted task (~200 bytes each).
+JOURNAL_LIMIT = 50_000
 
 # The execution each worker's Trio task is running an attempt of now (any executor),
 # for the correlation/causation ids of tasks it submits. A dict entry, not a
@@ -332,8 +339,8 @@ class Executor:
         self._stale = 0  # cancelled refs still sitting in _pending
         self._taken: set[TaskRef] = set()  # started: running, deferred, or between attempts
         self._idle_workers: list[trio.lowlevel.Task] = []  # parked, waiting for work
-        self._space_lot = trio.lowlevel.ParkingLot()  # BLOCK submitters, FIFO
-        self._reserved = 0  # freed places handed to woken BLOCK submitters
+        self._space_waiters: deque[trio.lowlevel.Task] = deque()  # BLOCK submitters, FIFO
+        self._reserved = 0  # places held back: handed to woken submitters, or recovery's
         self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
         self._workers = 0  # workers not parked in a deferral
         self._closing = False
@@ -449,18 +456,53 @@ class Executor:
     async def _admit(self, ref: TaskRef, *, internal: bool) -> TaskRef:
         decision = self._decide(True, internal=internal)
         if decision is Admit.WAIT:
+            front = False
             while decision is Admit.WAIT:
-                await self._space_lot.park()
-                # Woken by _finish, which handed us the place it freed (or by
-                # shutdown, which raises below).
-                if self._reserved:
-                    self._reserved -= 1
+                if await self._wait_for_space(front):
+                    self._reserved -= 1  # _finish handed us the place it freed
+                # (or the store caught up, or shutdown began: decide again)
                 decision = self._decide(True, woken=True, internal=internal)
+                front = True  # still first in line
             self._apply(ref, decision)
+            self._wake_next_submitter()
         else:
             self._apply(ref, decision)
             await trio.lowlevel.cancel_shielded_checkpoint()
         return ref
+
+    async def _wait_for_space(self, front: bool) -> bool:
+        """Park, first in line or last, until woken: True if handed a freed place."""
+        task = trio.lowlevel.current_task()
+        waiters = self._space_waiters
+        if front:
+            waiters.appendleft(task)
+        else:
+            waiters.append(task)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            waiters.remove(task)
+            self._wake_next_submitter()  # the one behind may fit now
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        woken: bool = await trio.lowlevel.wait_task_rescheduled(abort)
+        return woken
+
+    def _wake_next_submitter(self, *, handing_place: bool = False) -> None:
+        """Wake the longest-waiting BLOCK submitter: with a freed place handed to
+        it (``_finish``), or to decide again if there may be room now."""
+        if not self._space_waiters:
+            return
+        if handing_place:
+            self._reserved += 1
+        elif not self._has_room():
+            return
+        trio.lowlevel.reschedule(self._space_waiters.popleft(), outcome.Value(handing_place))
+
+    def _has_room(self) -> bool:
+        return (
+            self._queue + self._active + self._deferred < self._capacity - self._reserved
+            and len(self._journal) < JOURNAL_LIMIT
+        )
 
     def _new_ref(
         self,
@@ -474,7 +516,7 @@ class Executor:
         run_id: str | None = None,
     ) -> TaskRef:
         self._submitted += 1
-        if self._closing and not (run_id is not None and self._drain_runs):
+        if self._closing and not self._may_submit_while_closing(run_id is not None):
             raise ExecutorClosed("the executor is shutting down; no new submissions")
         if not callable(fn):
             raise TypeError(f"submit needs a callable, got {fn!r}")
@@ -516,12 +558,22 @@ class Executor:
         ref._run_id = run_id
         return ref
 
+    def _may_submit_while_closing(self, internal: bool) -> bool:
+        """Under DRAIN, started workflow runs (``internal``) and running tasks of
+        this executor may still submit (fan-out) until the drain ends."""
+        if not self._drain_runs:
+            return False
+        if internal:
+            return True
+        caller = _current_ref()
+        return caller is not None and caller._executor is self
+
     def _decide(self, can_wait: bool, woken: bool = False, internal: bool = False) -> Admit:
-        if self._closing and not (internal and self._drain_runs):
+        if self._closing and not self._may_submit_while_closing(internal):
             raise ExecutorClosed("the executor is shutting down; no new submissions")
         if self._fits():
             return Admit.ACCEPT  # the common case, without the general decision
-        if not woken and self._space_lot:
+        if not woken and self._space_waiters:
             # Blocked submitters are ahead in line: nobody overtakes them.
             return Admit.WAIT if can_wait else Admit.REJECT
         return admit(
@@ -532,13 +584,16 @@ class Executor:
             policy=self._overflow,
             can_wait=can_wait,
             droppable=len(self._pending) - self._stale,
+            backlogged=len(self._journal) >= JOURNAL_LIMIT,
         )
 
     def _fits(self) -> bool:
-        """Room for one more, and no blocked submitter ahead in line."""
+        """Room for one more, the store keeping up, and no blocked submitter
+        ahead in line."""
         return (
             self._queue + self._active + self._deferred < self._capacity - self._reserved
-            and not self._space_lot
+            and len(self._journal) < JOURNAL_LIMIT
+            and not self._space_waiters
         )
 
     def _apply(self, ref: TaskRef, decision: Admit) -> None:
@@ -558,10 +613,15 @@ class Executor:
             self._enqueue(ref)
         else:
             self._rejected += 1
-            self._publish_refusal(
-                HealthEventKind.TASK_REJECT, ref, rejection_reason(decision, self._overflow)
-            )
+            backlog = len(self._journal)
+            reason = rejection_reason(decision, self._overflow, backlogged=backlog >= JOURNAL_LIMIT)
+            self._publish_refusal(HealthEventKind.TASK_REJECT, ref, reason)
             cls = CapacityExceeded if decision is Admit.FAIL else TaskRejected
+            if reason == "store_backlog":
+                raise cls(
+                    f"the store is {backlog} changes behind (limit {JOURNAL_LIMIT}); "
+                    f"overflow={self._overflow.value}; task {ref.name!r} not accepted"
+                )
             raise cls(
                 f"executor at capacity ({self._capacity}: {self._queue} pending, "
                 f"{self._active} active, {self._deferred} deferred); "
@@ -1033,10 +1093,9 @@ class Executor:
             self._notify.append(ref)
             if not self._space_freed.is_set():
                 self._space_freed.set()  # (recovery only happens with a store)
-        if freed and self._space_lot:
+        if freed and self._space_waiters:
             # Hand the freed place to the longest-waiting BLOCK submitter.
-            self._space_lot.unpark()
-            self._reserved += 1
+            self._wake_next_submitter(handing_place=True)
         if self._idle_lot and self._is_idle():
             self._idle_lot.unpark_all()
         if status is TaskStatus.FAILED or status is TaskStatus.TIMED_OUT:
@@ -1225,6 +1284,7 @@ class Executor:
                 ref._done.set()
         if self._flush_lot:
             self._flush_lot.unpark_all()
+        self._wake_next_submitter()  # the store caught up: there may be room
 
     async def _writer(self) -> None:
         # Group commit: whatever accumulates while one transaction is being written
@@ -1448,7 +1508,8 @@ class Executor:
         if self._is_idle():
             await trio.lowlevel.checkpoint()
             return
-        await self._idle_lot.park()
+        while not self._is_idle() and self._failure is None:
+            await self._idle_lot.park()
 
     def statistics(self) -> ExecutorMetrics:
         """A frozen `ExecutorMetrics` snapshot. Never blocks."""
@@ -1495,6 +1556,11 @@ class Executor:
         executor's ``shutdown_policy``); returns once nothing is outstanding."""
         policy = self._config.shutdown_policy if policy is None else ShutdownPolicy(policy)
         self._begin_shutdown(policy)
+        caller = _current_ref()
+        if caller is not None and caller._executor is self:
+            # Called by one of our own tasks: it cannot wait for itself to end.
+            await trio.lowlevel.checkpoint()
+            return
         await self.wait_for_idle()
         self._wake_idle_workers()
         if self._shared_poller is not None:
@@ -1504,8 +1570,11 @@ class Executor:
         self._closing = True
         if policy is not ShutdownPolicy.DRAIN:
             self._drain_runs = False
-        self._space_lot.unpark_all()  # BLOCKed submitters see ExecutorClosed
-        self._reserved = 0
+        # BLOCKed submitters decide again: ExecutorClosed (or, fan-out under
+        # DRAIN, back in line). A place handed to one is its own to give back.
+        waiters, self._space_waiters = self._space_waiters, deque()
+        for task in waiters:
+            trio.lowlevel.reschedule(task, outcome.Value(False))
         if policy is not ShutdownPolicy.DRAIN:
             self.cancel_pending()
         if policy is ShutdownPolicy.CANCEL:
