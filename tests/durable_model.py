@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -63,12 +64,12 @@ def _number(value: Any) -> bool:
 
 
 def _timeout_ok(timeout: Any) -> None:
-    if not _number(timeout) or not timeout >= 0:
+    if not _number(timeout) or not 0 <= timeout < math.inf:
         raise ValueError(f"bad timeout {timeout!r}")
 
 
 def _ttl_ok(ttl: Any) -> None:
-    if not _number(ttl) or not ttl > 0:
+    if not _number(ttl) or not 0 < ttl < math.inf:
         raise ValueError(f"bad ttl {ttl!r}")
 
 
@@ -78,7 +79,7 @@ def _limit_ok(limit: Any) -> None:
 
 
 def _encode(data: Any) -> str | None:
-    return None if data is None else json.dumps(data)
+    return None if data is None else json.dumps(data, allow_nan=False)
 
 
 class Model:
@@ -392,12 +393,13 @@ class Model:
             return self._promise_record(id)
 
     def fence(self, id: str, version: int, action: PromiseCreate | PromiseSettle) -> PromiseRecord:
+        if isinstance(action, PromiseCreate):
+            _timeout_ok(action.timeout)  # a bad argument before any state is looked at
         with self._op() as now:
             self._held(id, version)
             if self.promises[id]["state"] is not PENDING:
                 raise Conflict(id)
             if isinstance(action, PromiseCreate):
-                _timeout_ok(action.timeout)
                 self._new_promise(
                     action.id,
                     action.timeout,

@@ -10,6 +10,7 @@ file, another process, and a deliberately corrupted file.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import sys
 import textwrap
@@ -756,3 +757,129 @@ async def test_check_invariants_names_a_corruption(
         finally:
             conn.close()
         assert await ds.check_invariants() == [invariant]
+
+
+# ---------------------------------------------------------------------- issue 13 #16e
+
+BAD_IDS = [None, "", 7, b"p", ("p",), "lone \ud800 surrogate"]
+BAD_TIMEOUTS = [-1, -0.5, float("nan"), float("inf"), True, False, "5", None, [1]]
+
+
+@pytest.mark.parametrize("bad", BAD_IDS)
+async def test_unusable_ids_are_value_errors_naming_them(
+    ds: DurableStore, autojump_clock: Any, bad: Any
+) -> None:
+    await ds.promises.create("ok", 60, target="t")
+    await ds.promises.create("plain", 60)
+    calls = [
+        lambda: ds.promises.create(bad, 60),
+        (lambda: ds.promises.create("p", 60, target=bad)) if bad is not None else None,
+        (lambda: ds.promises.create("p", 60, idempotency_key=bad)) if bad is not None else None,
+        lambda: ds.promises.resolve(bad),
+        lambda: ds.promises.reject(bad),
+        lambda: ds.promises.cancel(bad),
+        lambda: ds.promises.get(bad),
+        lambda: ds.tasks.create(bad, pid="w", ttl=5, timeout=60, target="t"),
+        lambda: ds.tasks.create("p", pid=bad, ttl=5, timeout=60, target="t"),
+        lambda: ds.tasks.acquire(bad, 0, pid="w", ttl=5),
+        lambda: ds.tasks.acquire("ok", 0, pid=bad, ttl=5),
+        lambda: ds.tasks.claim(bad, pid="w", ttl=5, limit=1),
+        lambda: ds.tasks.heartbeat("w", [(bad, 1)]),
+        lambda: ds.tasks.suspend(bad, 1, ["plain"]),
+        lambda: ds.tasks.suspend("ok", 1, [bad]),
+        lambda: ds.tasks.resume(bad, 1),
+        lambda: ds.tasks.release(bad, 1),
+        lambda: ds.tasks.fulfill(bad, 1),
+        lambda: ds.tasks.fence(bad, 1, PromiseCreate(id="x", timeout=5)),
+        lambda: ds.tasks.fence("ok", 1, PromiseCreate(id=bad, timeout=5)),
+        lambda: ds.tasks.halt(bad),
+        lambda: ds.tasks.continue_(bad),
+        lambda: ds.tasks.get(bad),
+    ]
+    for call in calls:
+        if call is None:
+            continue
+        with pytest.raises(ValueError, match=r"must be a non-empty str|lone surrogate") as info:
+            await call()
+        assert repr(bad) in str(info.value)
+    assert [p.id for p in (await ds.promises.search())[0]] == ["ok", "plain"]
+    assert await ds.check_invariants() == []
+
+
+@pytest.mark.parametrize("bad", BAD_TIMEOUTS)
+async def test_unusable_timeouts_are_value_errors_naming_them(
+    ds: DurableStore, autojump_clock: Any, bad: Any
+) -> None:
+    await ds.promises.create("ok", 60, target="t")
+    await ds.tasks.acquire("ok", 0, pid="w", ttl=5)
+    for call in (
+        lambda: ds.promises.create("p", bad),
+        lambda: ds.tasks.create("q", pid="w", ttl=5, timeout=bad, target="t"),
+        lambda: ds.tasks.fence("ok", 1, PromiseCreate(id="r", timeout=bad)),
+    ):
+        with pytest.raises(ValueError, match="timeout") as info:
+            await call()
+        assert repr(bad) in str(info.value)
+    if bad != 0:  # False is 0; ttl must be > 0 anyway
+        with pytest.raises(ValueError, match="ttl") as info:
+            await ds.tasks.create("q", pid="w", ttl=bad, timeout=5, target="t")
+        assert repr(bad) in str(info.value)
+    assert await ds.promises.get("p") is None
+    assert await ds.tasks.get("q") is None
+
+
+async def test_data_that_is_not_json_is_a_value_error(
+    ds: DurableStore, autojump_clock: Any
+) -> None:
+    for bad in (object(), float("nan"), {1j: 2}):
+        with pytest.raises(ValueError, match="JSON"):
+            await ds.promises.create("p", 60, data=bad)
+    assert await ds.promises.get("p") is None
+
+
+async def test_suspend_refuses_a_str_for_the_awaited_list(
+    ds: DurableStore, autojump_clock: Any
+) -> None:
+    await ds.promises.create("t", 60, target="t")
+    await ds.promises.create("ab", 60)
+    await ds.tasks.acquire("t", 0, pid="w", ttl=5)
+    with pytest.raises(ValueError, match="'ab'"):
+        await ds.tasks.suspend("t", 1, "ab")
+
+
+@pytest.mark.parametrize(
+    "id", ["job[0]", "it's", "O'Brien's \"quote\"", "\U0001f600 emoji", "a[b]'c\U0001f680%_*"]
+)
+async def test_ids_with_brackets_quotes_and_emoji_work_end_to_end(
+    ds: DurableStore, autojump_clock: Any, id: str
+) -> None:
+    from trioexec.durable import open_worker
+
+    approval = f"approval {id}"
+    await ds.promises.create(approval, 600, tags={id: id})
+    await ds.promises.create(id, 600, target=id, data={"n": id}, idempotency_key=id)
+    assert (await ds.promises.create(id, 600, target=id, idempotency_key=id)).id == id
+
+    async def handler(param: Any, handle: Any) -> Any:
+        return [param["n"], await handle.await_promise(approval)]
+
+    async with open_worker(ds, id, handler, pid=id) as worker:
+        with trio.fail_after(100):
+            while (await ds.tasks.get(id)).state is not TaskState.SUSPENDED:
+                await trio.sleep(0.1)
+        assert (await ds.tasks.get(id)).awaiting == (approval,)
+        await ds.promises.resolve(approval, data=id, idempotency_key=id)
+        with trio.fail_after(100):
+            while (p := await ds.promises.get(id)).pending:
+                await trio.sleep(0.1)
+    assert p.state is PromiseState.RESOLVED
+    assert json.loads(p.data) == [id, id]
+    assert worker.suspended == 1
+    assert [r.id for r in (await ds.promises.search(tag=(id, id)))[0]] == [approval]
+    assert [r.id for r in (await ds.tasks.search(target=id))[0]] == [id]
+    first, second = sorted([id, approval])  # by code point, on both backends
+    page, cursor = await ds.promises.search(limit=1)
+    assert [r.id for r in page] == [first]
+    assert cursor == first
+    assert [r.id for r in (await ds.promises.search(cursor=cursor))[0]] == [second]
+    assert await ds.check_invariants() == []

@@ -9,6 +9,7 @@ a promise resumes the tasks suspended on it in the same transaction: no polling.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
@@ -54,8 +55,48 @@ class Tables(Protocol):
     def all_callbacks(self) -> Iterator[tuple[str, str]]: ...
 
 
-def _json(data: Any) -> str | None:
-    return None if data is None else json.dumps(data)
+def encode(data: Any, what: str = "data") -> str | None:
+    """``data`` as JSON text (None stays None). Strict JSON: NaN and infinities are
+    refused like any other value JSON cannot carry.
+
+    Raises:
+      ValueError: naming ``what`` and the offending type.
+    """
+    if data is None:
+        return None
+    try:
+        return json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(
+            f"{what} must be JSON-serialisable, got {type(data).__qualname__}: {exc}"
+        ) from None
+
+
+_json = encode
+
+
+def check_id(value: object, what: str = "id") -> str:
+    """``value`` if it is a usable promise/task id (or pid, target, key): a non-empty
+    str that SQLite can store (no lone surrogates).
+
+    Raises:
+      ValueError: naming the value.
+    """
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty str, got {value!r}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"{what} {value!r} contains a lone surrogate (not storable text)"
+            ) from None
+    return value
+
+
+def _check_optional_id(value: object, what: str) -> None:
+    if value is not None:
+        check_id(value, what)
 
 
 def promise_record(row: Row) -> PromiseRecord:
@@ -170,6 +211,10 @@ class Core:
         target: str | None,
         now: float,
     ) -> Row:
+        check_id(id, "promise id")
+        _check_optional_id(ikc, "idempotency_key")
+        _check_optional_id(target, "target")
+        _check_tags(tags)
         t = self.tables
         existing = t.promise(id)
         if existing is not None:
@@ -223,6 +268,8 @@ class Core:
     def _settle_checked(
         self, id: str, state: PromiseState | str, iku: str | None, data: Any, now: float
     ) -> Row:
+        check_id(id, "promise id")
+        _check_optional_id(iku, "idempotency_key")
         state = PromiseState(state)
         if state is PromiseState.PENDING or state is PromiseState.REJECTED_TIMEDOUT:
             raise ValueError(f"a promise cannot be settled as {state.value!r}")
@@ -237,6 +284,7 @@ class Core:
         return row
 
     def get_promise(self, id: str) -> PromiseRecord | None:
+        check_id(id, "promise id")
         with self.tables.transaction():
             self._tick(self.clock())
             row = self.tables.promise(id)
@@ -251,6 +299,7 @@ class Core:
         cursor: str | None = None,
     ) -> tuple[list[PromiseRecord], str | None]:
         _check_limit(limit)
+        _check_optional_id(cursor, "cursor")
         with self.tables.transaction():
             self._tick(self.clock())
             want = None if state is None else PromiseState(state).value
@@ -261,6 +310,7 @@ class Core:
     # ------------------------------------------------------------------ tasks
 
     def _task(self, id: str) -> Row:
+        check_id(id, "task id")
         row = self.tables.task(id)
         if row is None:
             raise NotFound(f"no task {id!r}")
@@ -301,8 +351,11 @@ class Core:
         data: Any = None,
         target: str,
     ) -> TaskRecord:
+        check_id(id, "task id")
         _check_timeout(timeout)
         _check_ttl(ttl)
+        check_id(pid, "pid")
+        check_id(target, "target")
         with self.tables.transaction():
             now = self.clock()
             self._tick(now)
@@ -316,6 +369,7 @@ class Core:
 
     def acquire(self, id: str, version: int, *, pid: str, ttl: float) -> TaskRecord:
         _check_ttl(ttl)
+        check_id(pid, "pid")
         with self.tables.transaction():
             now = self.clock()
             self._tick(now)
@@ -332,20 +386,34 @@ class Core:
         """Acquire up to ``limit`` pending tasks of ``target`` in one transaction (each
         exactly as `acquire` would: version + 1, a lease of ``ttl``). What a worker
         uses: workers never race for the same task, and a claim costs one commit."""
+        return [task for task, _ in self.claim_work(target, pid=pid, ttl=ttl, limit=limit)]
+
+    def claim_work(
+        self, target: str, *, pid: str, ttl: float, limit: int
+    ) -> list[tuple[TaskRecord, str | None]]:
+        """`claim`, each task with its promise's data (JSON text): all a worker needs
+        to start the work, in one transaction."""
         _check_ttl(ttl)
         _check_limit(limit)
+        check_id(target, "target")
+        check_id(pid, "pid")
         with self.tables.transaction():
             now = self.clock()
             self._tick(now)
             claimed = []
             for task in self.tables.search_tasks(TaskState.PENDING.value, target, limit, None):
                 self._acquire_row(task, task["version"] + 1, pid, ttl, now)
-                claimed.append(self.task_record(task))
+                promise = self.tables.promise(task["id"])
+                data = None if promise is None else promise["data"]
+                claimed.append((self.task_record(task), data))
             return claimed
 
     def heartbeat(self, pid: str, tasks: Sequence[tuple[str, int]]) -> int:
         """Renew the lease of each (id, version) this pid holds; skip the rest.
         Returns how many were renewed."""
+        check_id(pid, "pid")
+        for id, _ in tasks:
+            check_id(id, "task id")
         with self.tables.transaction():
             now = self.clock()
             self._tick(now)
@@ -365,8 +433,12 @@ class Core:
             return renewed
 
     def suspend(self, id: str, version: int, awaited: Sequence[str]) -> Suspend:
+        if isinstance(awaited, str):
+            raise ValueError(f"awaited must be a list of promise ids, got the str {awaited!r}")
         if not awaited:
             raise ValueError("suspend needs at least one awaited promise id")
+        for promise_id in awaited:
+            check_id(promise_id, "awaited promise id")
         with self.tables.transaction():
             now = self.clock()
             self._tick(now)
@@ -421,6 +493,14 @@ class Core:
             return promise_record(row)
 
     def fence(self, id: str, version: int, action: PromiseCreate | PromiseSettle) -> PromiseRecord:
+        check_id(id, "task id")
+        if isinstance(action, PromiseCreate):
+            check_id(action.id, "promise id")
+            _check_timeout(action.timeout)
+        elif isinstance(action, PromiseSettle):
+            check_id(action.id, "promise id")
+        else:
+            raise ValueError(f"action must be a PromiseCreate or a PromiseSettle, got {action!r}")
         with self.tables.transaction():
             now = self.clock()
             self._tick(now)
@@ -429,7 +509,6 @@ class Core:
             if own is None or own["state"] != PromiseState.PENDING.value:
                 raise Conflict(f"task {id!r}: its promise is not pending")
             if isinstance(action, PromiseCreate):
-                _check_timeout(action.timeout)
                 row = self._create(
                     action.id,
                     action.timeout,
@@ -471,6 +550,7 @@ class Core:
             return self.task_record(task)
 
     def get_task(self, id: str) -> TaskRecord | None:
+        check_id(id, "task id")
         with self.tables.transaction():
             self._tick(self.clock())
             row = self.tables.task(id)
@@ -485,6 +565,8 @@ class Core:
         cursor: str | None = None,
     ) -> tuple[list[TaskRecord], str | None]:
         _check_limit(limit)
+        _check_optional_id(target, "target")
+        _check_optional_id(cursor, "cursor")
         with self.tables.transaction():
             self._tick(self.clock())
             want = None if state is None else TaskState(state).value
@@ -531,15 +613,28 @@ class Core:
 
 
 def _check_timeout(timeout: float) -> None:
-    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0:
-        raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 <= timeout < math.inf
+    ):
+        raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
 
 
 def _check_ttl(ttl: float) -> None:
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not ttl > 0:
-        raise ValueError(f"ttl must be a number of seconds > 0, got {ttl!r}")
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < math.inf:
+        raise ValueError(f"ttl must be a finite number of seconds > 0, got {ttl!r}")
 
 
 def _check_limit(limit: int) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+
+
+def _check_tags(tags: object) -> None:
+    if tags is None:
+        return
+    if not isinstance(tags, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in tags.items()
+    ):
+        raise ValueError(f"tags must be a dict of str to str, got {tags!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -52,6 +53,14 @@ class DurableStore:
         clock: Callable[[], float] | None = None,
         retry_timeout: float = 30.0,
     ) -> None:
+        if (
+            isinstance(retry_timeout, bool)
+            or not isinstance(retry_timeout, int | float)
+            or not 0 < retry_timeout < math.inf
+        ):
+            raise ValueError(
+                f"retry_timeout must be a finite number of seconds > 0, got {retry_timeout!r}"
+            )
         self._owned: SQLiteStore | None = None
         self._limiter = trio.CapacityLimiter(1)  # one connection: one call at a time
         if isinstance(path_or_store, MemoryStore):
@@ -208,6 +217,13 @@ class Tasks:
         core = self._ds._core
         return await self._ds._call(core.claim, target, pid=pid, ttl=ttl, limit=limit)
 
+    async def _claim_work(
+        self, target: str, *, pid: str, ttl: float, limit: int
+    ) -> list[tuple[TaskRecord, str | None]]:
+        # The worker's claim: `claim`, with each task's promise data (JSON text).
+        core = self._ds._core
+        return await self._ds._call(core.claim_work, target, pid=pid, ttl=ttl, limit=limit)
+
     async def heartbeat(self, pid: str, tasks: Sequence[tuple[str, int]]) -> int:
         """Renew the leases of all the (id, version) this pid holds, in one call."""
         return await self._ds._call(self._ds._core.heartbeat, pid, list(tasks))
@@ -215,7 +231,8 @@ class Tasks:
     async def suspend(self, id: str, version: int, awaited: Sequence[str]) -> Suspend:
         """Wait (without a lease) for any of ``awaited`` to settle; returns
         `Suspend.ALREADY_SETTLED` without suspending if one already has."""
-        return await self._ds._call(self._ds._core.suspend, id, version, list(awaited))
+        awaited = awaited if isinstance(awaited, str) else list(awaited)  # a str: ValueError
+        return await self._ds._call(self._ds._core.suspend, id, version, awaited)
 
     async def resume(self, id: str, version: int) -> TaskRecord:
         """Move a suspended task back to pending by hand (settling an awaited
