@@ -1,30 +1,48 @@
 """`open_worker`: claim a target's pending durable tasks and run them through an executor.
 
 Each claimed task runs as an executor task (slots, deferral, metrics, events all
-apply). One heartbeat per worker renews every lease it holds. A handler that awaits
-a still-pending durable promise suspends its task: the handler is abandoned, its
-slot and lease are given up, and the task is delivered again, from the top, once
-the promise settles (handlers are written to be re-entrant).
+apply); a plain ``def`` handler runs in one of the executor's worker threads. One
+heartbeat per worker renews every lease it holds. A handler that awaits a
+still-pending durable promise suspends its task: the handler is unwound, its slot
+and lease are given up, and the task is delivered again, from the top, once the
+promise settles (handlers are written to be re-entrant).
+
+A lease this worker can no longer vouch for is lost at once: when the heartbeat
+finds the task is not this worker's at that version any more, or when the lease
+runs out on this worker's own clock before a heartbeat renewed it (the heartbeat
+may be stuck). The local attempt is then cancelled and nothing it produces is
+written: another worker may be running the task already.
 """
 
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
+import math
 import os
 import socket
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, final
+from typing import Any, NoReturn, final
 
 import trio
 
 from .._errors import TrioexecError
-from .._executor import Executor, ShutdownPolicy, open_executor
+from .._executor import Executor, ShutdownPolicy, TaskRef, open_executor
 from .._handle import TaskHandle
 from .._spec import call_info
-from ._records import Conflict, NotFound, PromiseRecord, PromiseState, Suspend, TaskRecord
+from ._protocol import check_id, encode
+from ._records import (
+    Conflict,
+    NotFound,
+    PromiseRecord,
+    PromiseState,
+    Suspend,
+    TaskRecord,
+    TaskState,
+)
 from ._store import DurableStore
 
 
@@ -38,7 +56,8 @@ class PromiseRejected(TrioexecError):
 
 
 class _Suspended(BaseException):
-    """Unwinds a handler whose task was suspended (not an error; never seen outside)."""
+    """Unwinds a handler that awaits a pending promise (not an error; the worker
+    catches it, at any depth of the handler's task tree, and never lets it out)."""
 
 
 def _value(record: PromiseRecord) -> Any:
@@ -47,46 +66,124 @@ def _value(record: PromiseRecord) -> Any:
     raise PromiseRejected(record)
 
 
+def _safe_repr(obj: object) -> str:
+    try:
+        return repr(obj)
+    except Exception as exc:  # a user exception with a broken __repr__
+        return f"<unrepresentable {type(obj).__name__}: {type(exc).__name__}>"
+
+
+def _leftover(exc: BaseException, *, cancelled_here: bool) -> BaseException | None:
+    """A handler that asked to suspend ended with ``exc``: what of it must still
+    propagate (None: nothing). Dropped: the suspension signals, the `trio.Cancelled`
+    of the siblings they cancelled, and errors raised while unwinding (a re-run
+    meets a real one again). Kept: a Cancelled when the task itself is being
+    cancelled (``cancelled_here``), and KeyboardInterrupt and the like."""
+
+    def keep(e: BaseException) -> bool:
+        if isinstance(e, BaseExceptionGroup | _Suspended | Exception):
+            return False  # a group: look inside it
+        if isinstance(e, trio.Cancelled):
+            return cancelled_here
+        return True
+
+    if isinstance(exc, BaseExceptionGroup):
+        return exc.subgroup(keep)
+    return exc if keep(exc) else None
+
+
+def _check_seconds(value: object, what: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
+
+
 @final
 class DurableHandle:
     """What a worker's handler gets as ``handle``: the executor's `TaskHandle`
-    features (``defer_until`` ...) plus `await_promise`."""
+    features (``defer_until`` ...) plus `await_promise`.
+
+    A plain ``def`` handler runs in a worker thread: it uses the blocking
+    ``*_sync`` methods (`await_promise_sync`, `defer_until_sync`), which block only
+    its thread.
+    """
 
     def __init__(self, worker: Worker, record: TaskRecord, task: TaskHandle) -> None:
         self._worker = worker
         self.task_id = record.id
         self.version = record.version
         self.task = task
+        self._awaited: list[str] = []  # pending promises this run asked to suspend on
+
+    @property
+    def cancel_requested(self) -> bool:
+        """True once the worker has asked this run to stop (its lease was lost, or
+        the worker is closing). A thread can poll it."""
+        return self.task.cancel_requested
 
     async def defer_until(self, condition: Any, poll_interval: Any = 1.0) -> None:
         """`TaskHandle.defer_until`: give the slot back while waiting in-process.
         The lease is kept (the heartbeat renews it)."""
         await self.task.defer_until(condition, poll_interval)
 
+    def defer_until_sync(self, condition: Any, poll_interval: Any = 1.0) -> None:
+        """`defer_until` for a ``def`` handler: blocks only its thread."""
+        self.task.defer_until_sync(condition, poll_interval)
+
     async def await_promise(self, id: str) -> Any:
         """The value of durable promise ``id``.
 
         If it is settled, returns its value at once (or raises `PromiseRejected`).
         If it is pending, the task suspends: this call never returns, the handler
-        is abandoned, and the task is delivered again from the top once the
-        promise settles.
+        is unwound (from any depth: a child task of a nursery in the handler
+        suspends the whole handler; siblings are cancelled), and the task is
+        delivered again from the top once the promise settles. Several children
+        awaiting pending promises suspend the task on all those that were reached
+        before the unwinding cancelled the rest; any of them settling re-delivers it.
+
+        Raises:
+          NotFound: there is no promise ``id``.
+          PromiseRejected: the promise was rejected, canceled or timed out.
+          ValueError: ``id`` is not a usable id.
         """
-        ds = self._worker.ds
-        record = await ds.promises.get(id)
+        check_id(id, "promise id")
+        record = await self._worker.ds.promises.get(id)
         if record is None:
             raise NotFound(f"no promise {id!r}")
         if record.pending:
-            answer = await ds.tasks.suspend(self.task_id, self.version, [id])
-            if answer is Suspend.SUSPENDED:
-                raise _Suspended
-            record = await ds.promises.get(id)
-            assert record is not None
+            self._awaited.append(id)  # the worker suspends on it once the handler unwound
+            raise _Suspended(id)
         return _value(record)
+
+    def await_promise_sync(self, id: str) -> Any:
+        """`await_promise` for a ``def`` handler (in its worker thread): blocks only
+        the thread; on a pending promise it raises the suspension signal, which
+        the handler must let through (like `await_promise`, it never returns then)."""
+        return trio.from_thread.run(self.await_promise, id)
+
+
+@final
+class _Lease:
+    """A task this worker holds: its version, the last moment (on Trio's clock) by
+    which its lease is surely still ours, and its executor task."""
+
+    __slots__ = ("deadline", "ref", "settling", "version")
+
+    def __init__(self, version: int, deadline: float) -> None:
+        self.version = version
+        self.deadline = deadline
+        self.ref: TaskRef | None = None
+        self.settling = False  # a fulfil or suspend is in flight: that call decides
 
 
 @final
 class Worker:
-    """The object `open_worker` yields."""
+    """The object `open_worker` yields.
+
+    Counters: ``claimed`` (tasks acquired), ``fulfilled`` (promises this worker
+    settled from a handler's outcome), ``suspended`` (runs that suspended on a
+    pending promise), ``lost`` (runs cancelled or discarded because the lease
+    was lost: their outcome was not recorded).
+    """
 
     def __init__(
         self,
@@ -105,10 +202,13 @@ class Worker:
         self._handlers = handlers
         self._lease = lease
         self._poll_interval = poll_interval
-        self._held: dict[str, int] = {}  # task id -> version, while this worker holds it
+        self._held: dict[str, _Lease] = {}  # task id -> its lease, while this worker holds it
         self.claimed = 0
         self.fulfilled = 0
         self.suspended = 0
+        self.lost = 0
+
+    # ------------------------------------------------------------ the loops
 
     def _handler_for(self, data: Any) -> tuple[Callable[..., Any], Any]:
         handlers = self._handlers
@@ -120,28 +220,51 @@ class Worker:
                 f"when the worker has several handlers; got {data!r}"
             )
         name = data["handler"]
-        if name not in handlers:
+        if not isinstance(name, str) or name not in handlers:
             raise LookupError(f"no handler {name!r} (known: {sorted(handlers)})")
         return handlers[name], data.get("param")
 
+    def _job(self, record: TaskRecord, data: str | None) -> tuple[Any, ...]:
+        """What to submit for ``record``: the run (async, or a plain def for the
+        executor to run in a thread) and its arguments."""
+        try:
+            handler, param = self._handler_for(None if data is None else json.loads(data))
+            is_async = call_info(handler).is_async
+        except Exception as exc:  # no such handler, or one that cannot be called
+            error = exc
+
+            async def fail(param: Any) -> NoReturn:
+                raise error
+
+            handler, param, is_async = fail, None, True
+        return (self._run_async if is_async else self._run_sync), record, handler, param
+
     async def _claim_loop(self) -> None:
         ex = self.executor
-        idle = 0.005
+        idle = min(0.005, self._poll_interval)
         while True:
             room = ex.slots.total * 2 - len(self._held)
             claimed = 0
             if room > 0:
                 # One transaction claims a batch: workers never race for a task.
-                batch = await self.ds.tasks.claim(
+                sent = trio.current_time()
+                batch = await self.ds.tasks._claim_work(
                     self.target, pid=self.pid, ttl=self._lease, limit=room
                 )
-                for record in batch:
-                    self._held[record.id] = record.version
+                for record, data in batch:
+                    # The store's lease runs from a moment after ``sent``.
+                    lease = self._held[record.id] = _Lease(record.version, sent + self._lease)
                     self.claimed += 1
                     claimed += 1
-                    await ex.submit(self._run, record, name=f"durable:{record.id}")
+                    # The name is for people; the executor bounds it, ids are unbounded.
+                    name = f"durable:{record.id}"[:200]
+                    ref = await ex.submit(*self._job(record, data), name=name)
+                    if self._held.get(record.id) is lease:
+                        lease.ref = ref
+                    else:  # lost while being submitted
+                        ref.cancel()
             if claimed:
-                idle = 0.005
+                idle = min(0.005, self._poll_interval)
                 await trio.lowlevel.checkpoint()
             else:
                 await trio.sleep(idle)
@@ -150,46 +273,202 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         while True:
             await trio.sleep(self._lease / 3)
-            if self._held:
-                await self.ds.tasks.heartbeat(self.pid, list(self._held.items()))
+            if not self._held:
+                continue
+            sent = trio.current_time()
+            pairs = [(id, lease.version) for id, lease in self._held.items()]
+            renewed = await self.ds.tasks.heartbeat(self.pid, pairs)
+            if renewed < len(pairs):
+                # Some are not ours any more (or were just settled here). A task that
+                # is not acquired by this pid at this version never will be again.
+                for id, version in pairs:
+                    lease = self._held.get(id)
+                    if lease is None or lease.version != version or lease.settling:
+                        continue
+                    task = await self.ds.tasks.get(id)
+                    if (
+                        task is None
+                        or task.state is not TaskState.ACQUIRED
+                        or task.version != version
+                        or task.pid != self.pid
+                    ):
+                        self._lose(id, version)
+            for id, version in pairs:
+                lease = self._held.get(id)
+                if lease is not None and lease.version == version:
+                    lease.deadline = max(lease.deadline, sent + self._lease)
 
-    async def _run(self, record: TaskRecord, handle: TaskHandle) -> Any:
-        # Cancelled (the worker is closing): the task stays held, and is released.
-        promise = await self.ds.promises.get(record.id)
-        data = None if promise is None or promise.data is None else json.loads(promise.data)
-        try:
-            handler, param = self._handler_for(data)
+    async def _lease_watch(self) -> None:
+        """Lose every lease that runs out on this worker's clock before the heartbeat
+        renewed it: another worker may claim the task from then on."""
+        while True:
+            now = trio.current_time()
+            soonest = now + self._lease  # no lease claimed from now on ends sooner
+            for id, lease in list(self._held.items()):
+                if lease.settling:
+                    continue
+                if lease.deadline <= now:
+                    self._lose(id, lease.version)
+                else:
+                    soonest = min(soonest, lease.deadline)
+            await trio.sleep_until(soonest)
+
+    def _lose(self, id: str, version: int) -> None:
+        """The lease of (``id``, ``version``) is lost: cancel the local run at once;
+        nothing it produces is written."""
+        lease = self._held.get(id)
+        if lease is None or lease.version != version:
+            return
+        del self._held[id]
+        self.lost += 1
+        if lease.ref is not None:
+            lease.ref.cancel()
+
+    def _ours(self, record: TaskRecord) -> _Lease | None:
+        lease = self._held.get(record.id)
+        return lease if lease is not None and lease.version == record.version else None
+
+    def _forget(self, record: TaskRecord, lease: _Lease) -> None:
+        if self._held.get(record.id) is lease:
+            del self._held[record.id]
+
+    # ------------------------------------------------------------ one run
+
+    async def _run_async(
+        self,
+        record: TaskRecord,
+        handler: Callable[..., Any],
+        param: Any,
+        handle: TaskHandle,
+    ) -> Any:
+        info = call_info(handler)
+        while True:
+            durable = None
             kwargs = {}
-            info = call_info(handler)
             if info.handle_param is not None:
-                kwargs[info.handle_param] = DurableHandle(self, record, handle)
-            result = handler(param, **kwargs)
-            if info.is_async:
-                result = await result
-        except _Suspended:
-            self._held.pop(record.id, None)  # the store holds it now, without a lease
-            self.suspended += 1
-            return None
-        except Exception as exc:
-            await self._fulfill(record, {"error": repr(exc)}, rejected=True)
-            raise
+                durable = kwargs[info.handle_param] = DurableHandle(self, record, handle)
+            try:
+                result = await handler(param, **kwargs)
+            except BaseException as exc:
+                if durable is None or not durable._awaited:
+                    if isinstance(exc, Exception):
+                        await self._reject(record, exc)
+                    raise
+                cancelled_here = trio.current_effective_deadline() == -math.inf
+                rest = _leftover(exc, cancelled_here=cancelled_here)
+                if rest is not None:
+                    raise rest from None
+            else:
+                if durable is None or not durable._awaited:
+                    return await self._complete(record, result)
+            # The handler asked to suspend (even if it swallowed the signal).
+            if not await self._suspend(record, durable._awaited):
+                return None
+
+    def _run_sync(
+        self,
+        record: TaskRecord,
+        handler: Callable[..., Any],
+        param: Any,
+        handle: TaskHandle,
+    ) -> Any:
+        # In a worker thread of the executor: the store is reached through
+        # trio.from_thread (which raises Cancelled here once the run is cancelled).
+        info = call_info(handler)
+        while True:
+            durable = None
+            kwargs = {}
+            if info.handle_param is not None:
+                durable = kwargs[info.handle_param] = DurableHandle(self, record, handle)
+            try:
+                result = handler(param, **kwargs)
+                if inspect.isawaitable(result):
+                    if inspect.iscoroutine(result):
+                        result.close()
+                    raise TypeError(
+                        f"the handler of durable task {record.id!r} is a plain def that "
+                        f"returned an awaitable ({type(result).__qualname__}); "
+                        "make it an async def"
+                    )
+            except BaseException as exc:
+                if durable is None or not durable._awaited:
+                    if isinstance(exc, Exception):
+                        trio.from_thread.run(self._reject, record, exc)
+                    raise
+                # In a thread, a Cancelled can only come from this run being cancelled.
+                rest = _leftover(exc, cancelled_here=True)
+                if rest is not None:
+                    raise rest from None
+            else:
+                if durable is None or not durable._awaited:
+                    return trio.from_thread.run(self._complete, record, result)
+            if not trio.from_thread.run(self._suspend, record, durable._awaited):
+                return None
+
+    async def _complete(self, record: TaskRecord, result: Any) -> Any:
+        try:
+            encode(result, "result")
+        except ValueError as exc:
+            # Rejected, not left to lapse: it would fail the same way on every worker.
+            error = ValueError(f"durable task {record.id!r}: the handler's {exc}")
+            await self._fulfill(record, {"error": repr(error)}, rejected=True)
+            raise error from None
         await self._fulfill(record, result, rejected=False)
         return result
 
+    async def _reject(self, record: TaskRecord, exc: BaseException) -> None:
+        await self._fulfill(record, {"error": _safe_repr(exc)}, rejected=True)
+
     async def _fulfill(self, record: TaskRecord, data: Any, *, rejected: bool) -> None:
+        lease = self._ours(record)
+        if lease is None:
+            return  # lost: another worker's result counts
+        lease.settling = True
         try:
             await self.ds.tasks.fulfill(record.id, record.version, data=data, rejected=rejected)
-            self.fulfilled += 1
         except Conflict:
-            pass  # the lease was lost and someone else has it now: their result counts
-        finally:
-            self._held.pop(record.id, None)
+            self._forget(record, lease)
+            self.lost += 1  # lost at the last moment: another worker's result counts
+            return
+        except BaseException:
+            lease.settling = False  # not done (cancelled, store error): still held
+            raise
+        self._forget(record, lease)
+        self.fulfilled += 1
+
+    async def _suspend(self, record: TaskRecord, awaited: list[str]) -> bool:
+        """Suspend the task on ``awaited``; True if one has settled meanwhile (the
+        handler is to run again at once)."""
+        lease = self._ours(record)
+        if lease is None:
+            return False
+        lease.settling = True
+        try:
+            answer = await self.ds.tasks.suspend(record.id, record.version, awaited)
+        except Conflict:
+            self._forget(record, lease)
+            self.lost += 1
+            return False
+        except BaseException:
+            lease.settling = False
+            raise
+        if answer is Suspend.SUSPENDED:
+            self._forget(record, lease)  # the store holds it now, without a lease
+            self.suspended += 1
+            return False
+        lease.settling = False
+        return True
 
     async def _release_all(self) -> None:
-        for id, version in list(self._held.items()):
-            with contextlib.suppress(Conflict, NotFound):  # already someone else's
-                await self.ds.tasks.release(id, version)
-        self._held.clear()
+        """Give back every held task whose run has ended (a run still going, e.g. a
+        thread, keeps it until its lease lapses: releasing would run it twice)."""
+        for id, lease in list(self._held.items()):
+            if lease.ref is not None and not lease.ref.done:
+                continue
+            with contextlib.suppress(Conflict, NotFound):  # someone else's already
+                await self.ds.tasks.release(id, lease.version)
+            if self._held.get(id) is lease:
+                del self._held[id]
 
 
 @asynccontextmanager
@@ -208,14 +487,38 @@ async def open_worker(
     ``handlers`` is one callable (it receives the promise's data as its param) or
     a mapping of names to callables (the promise's data is then
     ``{"handler": name, "param": ...}``). A handler may take a ``handle``
-    (`DurableHandle`). Its return value fulfils the task's promise; an exception
-    rejects it with ``{"error": repr(exc)}``.
+    (`DurableHandle`). An ``async def`` handler runs in the worker's Trio thread, a
+    plain ``def`` one in a worker thread (it then uses the handle's ``*_sync``
+    methods). Its return value (JSON) fulfils the task's promise; an exception
+    rejects it with ``{"error": repr(exc)}``, and so does a return value that is not
+    JSON (the error names the task and the type).
 
-    Leaving the block stops claiming, cancels running handlers and releases every
-    task this worker still holds (back to pending, same version), so other workers
-    take them. A killed worker's tasks come back when their leases expire.
+    ``lease`` (seconds) is renewed by one heartbeat every ``lease / 3``. A lost lease
+    (the heartbeat finds the task taken over, or no heartbeat renewed it in time)
+    cancels the local run at once; its outcome is never recorded. ``poll_interval``
+    bounds the wait between looks for new pending tasks.
+
+    Leaving the block, by any means (cancellation included), stops claiming,
+    cancels running handlers and releases every task this worker still holds
+    (back to pending, same version) so other workers take them at once; that
+    cleanup is shielded and bounded by ``lease``. A killed worker's tasks come
+    back when their leases expire.
+
+    Raises:
+      ValueError: ``lease`` or ``poll_interval`` is not a finite number > 0, or
+        ``target``/``pid`` is not a usable id (naming the value).
+
+    Example::
+
+        async with open_worker(ds, "refunds", refund, lease=10) as worker:
+            await trio.sleep_forever()
     """
-    pid = pid or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    _check_seconds(lease, "lease")
+    _check_seconds(poll_interval, "poll_interval")
+    check_id(target, "target")
+    pid = check_id(pid, "pid") if pid is not None else _default_pid()
+    if not callable(handlers) and not isinstance(handlers, Mapping):
+        raise ValueError(f"handlers must be a callable or a mapping of them, got {handlers!r}")
     async with open_executor(
         max_concurrent_tasks=max_concurrent_tasks, shutdown_policy=ShutdownPolicy.CANCEL
     ) as ex:
@@ -224,11 +527,19 @@ async def open_worker(
             async with trio.open_nursery() as nursery:
                 nursery.start_soon(worker._claim_loop)
                 nursery.start_soon(worker._heartbeat_loop)
+                nursery.start_soon(worker._lease_watch)
                 try:
                     yield worker
                 finally:
                     nursery.cancel_scope.cancel()
         finally:
-            await ex.shutdown(ShutdownPolicy.CANCEL)
-            with trio.move_on_after(30, shield=True):
+            # Also when leaving by cancellation: shielded, and bounded by the lease
+            # (past it, whatever is still held has lapsed anyway).
+            with trio.move_on_after(lease, shield=True):
+                await ex.shutdown(ShutdownPolicy.CANCEL)
+            with trio.move_on_after(lease, shield=True):
                 await worker._release_all()
+
+
+def _default_pid() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
