@@ -86,7 +86,9 @@ def soak(session: nox.Session) -> None:
         "TRIOEXEC_SOAK_MINUTES": f"{budget * 0.6 / 60:.2f}",
         "TRIOEXEC_KILL_ROUNDS": os.environ.get("TRIOEXEC_KILL_ROUNDS") or "30",
     }
-    session.run("pytest", "-m", "slow", "-p", "no:cacheprovider", *session.posargs, env=kill_env)
+    session.run(
+        "pytest", "-m", "slow", "-s", "-p", "no:cacheprovider", *session.posargs, env=kill_env
+    )
 
     examples = os.environ.get("TRIOEXEC_DURABLE_EXAMPLES") or "2000"
     session.run(
