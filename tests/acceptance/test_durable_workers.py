@@ -161,29 +161,44 @@ def test_four_workers_one_killed_every_task_resolved_once(tmp_path, spawn):
 
     # The victim hangs every handler it starts after KILL_AFTER fulfils, so when it
     # is killed its slots are full of started tasks (and its queue of claimed ones).
-    procs = [
-        spawn(db, log, LEASE, HOLD, PROGRESS_EVERY, KILL_AFTER if k == 0 else 0)
-        for k in range(N_WORKERS)
-    ]
+    # It is claiming before the others start: a slow start of its process must not
+    # let the others finish everything before it reaches KILL_AFTER.
+    procs: list[Proc] = []
     names: dict[int, str] = {}  # os pid -> worker pid
-    for p in procs:
-        _, name, pid = p.expect("READY")
-        assert int(pid) == p.pid
-        names[p.pid] = name
+    for k in range(N_WORKERS):
+        p = spawn(db, log, LEASE, HOLD, PROGRESS_EVERY, KILL_AFTER if k == 0 else 0)
+        procs.append(p)
+        if k == 0 or k == N_WORKERS - 1:
+            for q in procs[-1 if k == 0 else 1 :]:
+                _, name, pid = q.expect("READY")
+                assert int(pid) == q.pid
+                names[q.pid] = name
     assert len(set(names.values())) == N_WORKERS
 
-    trio.run(_create, db, range(N_FIRST, N_TASKS))  # while the workers run
-    t_created = time.monotonic()
-
     victim, survivors = procs[0], procs[1:]
-    hung = {}  # task id -> version: started by the victim, never to finish
-    while len(hung) < MAX_CONCURRENT:
-        _, tid, version = victim.expect("HUNG")
-        hung[tid] = int(version)
-    victim.proc.kill()  # SIGKILL: no release, no last heartbeat
-    assert victim.proc.wait(timeout=10) == -9
-    t_kill = time.monotonic()
-    held, resolved_at_kill = trio.run(_snapshot_after_kill, db, names[victim.pid])
+    hung: dict[str, int] = {}  # task id -> version: started by the victim, never to finish
+    times: dict[str, float] = {}
+
+    async def create_rest_and_kill() -> tuple[dict[str, int], int]:
+        # The rest is created while the workers run, and the victim is killed as soon
+        # as it hangs, not once the creating is done (by then the survivors may have
+        # done nearly everything).
+        async def create_rest() -> None:
+            await _create(db, range(N_FIRST, N_TASKS))
+            times["created"] = time.monotonic()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(create_rest)
+            while len(hung) < MAX_CONCURRENT:
+                _, tid, version = await trio.to_thread.run_sync(victim.expect, "HUNG")
+                hung[tid] = int(version)
+            victim.proc.kill()  # SIGKILL: no release, no last heartbeat
+            assert await trio.to_thread.run_sync(victim.proc.wait, 10) == -9
+            times["kill"] = time.monotonic()
+            return await _snapshot_after_kill(db, names[victim.pid])
+
+    held, resolved_at_kill = trio.run(create_rest_and_kill)
+    t_created, t_kill = times["created"], times["kill"]
     assert resolved_at_kill < N_TASKS - 200, "the kill came too late to be midway"
 
     waited = trio.run(_wait_all_settled, db)
