@@ -529,3 +529,53 @@ async def test_a_sync_handler_whose_lease_is_lost_is_never_recorded(mock_clock):
     assert seen == [True]
     assert (await ds1.promises.get("charge")).data == '"two"'
     assert (one.lost, one.fulfilled) == (1, 0)
+
+
+async def test_a_promise_settling_before_the_suspend_reruns_the_handler_in_place(
+    ds, autojump_clock
+):
+    """#14: the promise settles between the handler's look and the worker's suspend
+    (Suspend.ALREADY_SETTLED): the handler runs again at once, same lease."""
+    await ds.promises.create("approval", 1000)
+    await ds.promises.create("job", 1000, target="w")
+    suspend = ds.tasks.suspend
+    runs = 0
+
+    async def settle_first(id, version, awaited):
+        await ds.promises.resolve("approval", data="late yes")
+        return await suspend(id, version, awaited)
+
+    ds.tasks.suspend = settle_first
+
+    async def handler(param, handle):
+        nonlocal runs
+        runs += 1
+        return await handle.await_promise("approval")
+
+    async with open_worker(ds, "w", handler) as worker:
+        p = await settled(ds, "job")
+    assert p.data == '"late yes"'
+    assert runs == 2
+    assert (worker.claimed, worker.suspended, worker.fulfilled) == (1, 0, 1)
+    assert (await ds.tasks.get("job")).version == 1
+
+
+async def test_a_handler_that_swallows_the_suspension_still_suspends(ds, autojump_clock):
+    """#14: the signal caught by an over-broad ``except BaseException`` in the
+    handler: the task still suspends (its value after that is meaningless)."""
+    await ds.promises.create("approval", 1000)
+    await ds.promises.create("job", 1000, target="w")
+
+    async def handler(param, handle):
+        try:
+            return await handle.await_promise("approval")
+        except BaseException:
+            return "guessed"
+
+    async with open_worker(ds, "w", handler) as worker:
+        await wait_for_state(ds, "job", TaskState.SUSPENDED)
+        assert (await ds.promises.get("job")).pending
+        await ds.promises.resolve("approval", data="real")
+        p = await settled(ds, "job")
+    assert p.data == '"real"'
+    assert worker.suspended == 1
