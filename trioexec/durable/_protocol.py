@@ -432,6 +432,26 @@ class Core:
                 renewed += 1
             return renewed
 
+    def lost_leases(self, pid: str, tasks: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+        """The (id, version) pairs of ``tasks`` that are not acquired by ``pid`` at that
+        version (any more: a task never comes back to a version it left)."""
+        check_id(pid, "pid")
+        for id, _ in tasks:
+            check_id(id, "task id")
+        with self.tables.transaction():
+            self._tick(self.clock())
+            lost = []
+            for id, version in tasks:
+                task = self.tables.task(id)
+                if (
+                    task is None
+                    or task["state"] != TaskState.ACQUIRED.value
+                    or task["version"] != version
+                    or task["pid"] != pid
+                ):
+                    lost.append((id, version))
+            return lost
+
     def suspend(self, id: str, version: int, awaited: Sequence[str]) -> Suspend:
         if isinstance(awaited, str):
             raise ValueError(f"awaited must be a list of promise ids, got the str {awaited!r}")

@@ -224,6 +224,10 @@ class Tasks:
         core = self._ds._core
         return await self._ds._call(core.claim_work, target, pid=pid, ttl=ttl, limit=limit)
 
+    async def _lost(self, pid: str, tasks: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
+        # The worker's question after a heartbeat renewed fewer than it sent.
+        return await self._ds._call(self._ds._core.lost_leases, pid, list(tasks))
+
     async def heartbeat(self, pid: str, tasks: Sequence[tuple[str, int]]) -> int:
         """Renew the leases of all the (id, version) this pid holds, in one call."""
         return await self._ds._call(self._ds._core.heartbeat, pid, list(tasks))

@@ -34,15 +34,7 @@ from .._executor import Executor, ShutdownPolicy, TaskRef, open_executor
 from .._handle import TaskHandle
 from .._spec import call_info
 from ._protocol import check_id, encode
-from ._records import (
-    Conflict,
-    NotFound,
-    PromiseRecord,
-    PromiseState,
-    Suspend,
-    TaskRecord,
-    TaskState,
-)
+from ._records import Conflict, NotFound, PromiseRecord, PromiseState, Suspend, TaskRecord
 from ._store import DurableStore
 
 
@@ -281,17 +273,9 @@ class Worker:
             if renewed < len(pairs):
                 # Some are not ours any more (or were just settled here). A task that
                 # is not acquired by this pid at this version never will be again.
-                for id, version in pairs:
+                for id, version in await self.ds.tasks._lost(self.pid, pairs):
                     lease = self._held.get(id)
-                    if lease is None or lease.version != version or lease.settling:
-                        continue
-                    task = await self.ds.tasks.get(id)
-                    if (
-                        task is None
-                        or task.state is not TaskState.ACQUIRED
-                        or task.version != version
-                        or task.pid != self.pid
-                    ):
+                    if lease is not None and lease.version == version and not lease.settling:
                         self._lose(id, version)
             for id, version in pairs:
                 lease = self._held.get(id)
