@@ -270,17 +270,19 @@ class Worker:
             sent = trio.current_time()
             pairs = [(id, lease.version) for id, lease in self._held.items()]
             renewed = await self.ds.tasks.heartbeat(self.pid, pairs)
+            lost = set()
             if renewed < len(pairs):
                 # Some are not ours any more (or were just settled here). A task that
                 # is not acquired by this pid at this version never will be again.
-                for id, version in await self.ds.tasks._lost(self.pid, pairs):
-                    lease = self._held.get(id)
-                    if lease is not None and lease.version == version and not lease.settling:
-                        self._lose(id, version)
+                lost = set(await self.ds.tasks._lost(self.pid, pairs))
             for id, version in pairs:
                 lease = self._held.get(id)
-                if lease is not None and lease.version == version:
+                if lease is None or lease.version != version:
+                    continue  # settled, suspended or lost meanwhile
+                if (id, version) not in lost:
                     lease.deadline = max(lease.deadline, sent + self._lease)
+                elif not lease.settling:  # a settling call finds out by itself
+                    self._lose(id, version)
 
     async def _lease_watch(self) -> None:
         """Lose every lease that runs out on this worker's clock before the heartbeat
