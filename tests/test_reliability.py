@@ -6,6 +6,7 @@ Numbers in the test names are the issue's defect numbers.
 from __future__ import annotations
 
 import functools
+import math
 import threading
 
 import pytest
@@ -580,3 +581,134 @@ async def test_12_cancel_pending_shutdown_leaves_a_run_cancelled(autojump_clock)
     assert result.status is trioexec.RunStatus.CANCELLED  # before the fix: FAILED
     assert result.steps["first"].ok
     assert "second" not in result.steps
+
+
+# ----------------------------------------------------------------- 10: ids and inputs
+
+
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("name", b"bytes"),
+        ("name", ""),
+        ("name", "\udc80"),
+        ("name", "x" * 1001),
+        ("task_id", ""),
+        ("task_id", "lone\ud800"),
+        ("task_id", 7),
+        ("correlation_id", b"c"),
+    ],
+)
+async def test_10_bad_ids_are_refused_at_the_call(option, value, tmp_path):
+    store = SQLiteStore(tmp_path / "runs.db")
+    async with open_executor(store=store) as ex:
+        with pytest.raises(ValueError, match=option):
+            await ex.submit(trio.sleep, 0, **{option: value})
+        with pytest.raises(ValueError, match=option):
+            ex.submit_nowait(trio.sleep, 0, **{option: value})
+        assert await ex.run(trio.sleep, 0) is None  # the executor lives on
+    store.close()
+
+
+@pytest.mark.parametrize("value", [10**400, math.nan, -1, 0, math.inf])
+async def test_10_unusable_durations_are_refused_at_the_call(value):
+    async with open_executor() as ex:
+        for option in ("timeout", "budget"):
+            with pytest.raises(ValueError, match=option):
+                await ex.submit(trio.sleep, 0, **{option: value})
+        assert await ex.run(trio.sleep, 0) is None
+
+
+async def test_10_a_non_callable_is_refused_at_the_call():
+    async with open_executor() as ex:
+        with pytest.raises(TypeError, match="callable"):
+            await ex.submit(42)
+        assert await ex.run(trio.sleep, 0) is None
+
+
+async def test_10_a_live_task_id_is_refused_without_a_store(autojump_clock):
+    async with open_executor() as ex:
+        ref = await ex.submit(trio.sleep, 5, task_id="nightly")
+        with pytest.raises(ValueError, match="'nightly' is already live"):
+            await ex.submit(trio.sleep, 0, task_id="nightly")
+        await ref.wait()
+        again = await ex.submit(trio.sleep, 0, task_id="nightly")  # ended: free again
+        assert (await again.wait()).ok
+
+
+async def test_10_reusing_a_recorded_task_id_keeps_its_row(tmp_path, autojump_clock):
+    ran = []
+
+    async def job(tag):
+        ran.append(tag)
+
+    store = SQLiteStore(tmp_path / "runs.db", inline=True)
+    async with open_executor(store=store) as ex:
+        await (await ex.submit(job, "first", task_id="order-42")).wait()
+    async with open_executor(store=store) as ex:
+        with pytest.raises(ValueError, match="'order-42' is already recorded"):
+            await ex.submit(job, "second", task_id="order-42")
+    row = store.execution("order-42")
+    store.close()
+    assert ran == ["first"]  # before the fix: it ran again...
+    assert row.status is TaskStatus.COMPLETED  # ...and its row flipped to CANCELLED
+
+
+async def test_10_duplicate_run_ids_are_refused(tmp_path, autojump_clock):
+    @trioexec.task(id="s")
+    async def s(context):
+        context["n"] = context.get("n", 0) + 1
+
+    wf = trioexec.Workflow("w", [s])
+    store = SQLiteStore(tmp_path / "runs.db", inline=True)
+    async with open_executor(store=store) as ex:
+        assert (await ex.run_workflow(wf, run_id="run-1")).ok
+        with pytest.raises(ValueError, match="'run-1' is already recorded"):
+            await ex.start_workflow(wf, run_id="run-1")
+        with pytest.raises(ValueError, match="run_id"):
+            await ex.start_workflow(wf, run_id="")
+    assert store.run("run-1").status == "completed"
+    store.close()
+
+
+def test_10_the_deterministic_executor_checks_its_options():
+    with pytest.raises(ValueError, match="lease"):
+        trioexec.DeterministicExecutor(lease=-1)
+    with pytest.raises(ValueError, match="max_recovery_attempts"):
+        trioexec.DeterministicExecutor(max_recovery_attempts=-1)
+    with pytest.raises(TypeError, match="store"):
+        trioexec.DeterministicExecutor(store="runs.db")
+
+
+async def test_10_odd_but_valid_ids_go_through_a_real_store(tmp_path):
+    store = SQLiteStore(tmp_path / "runs.db")
+    ids = ["batch[/]", "it's", "🚀 launch", "a" * 1000, 'quote"d', "[bold]x[/bold]"]
+    async with open_executor(store=store) as ex:
+        for i in ids:
+            ref = await ex.submit(trio.sleep, 0, task_id=i, name=i)
+            assert (await ref.wait()).ok
+    assert {r.task_id for r in store.executions() if r.task_id in ids} == set(ids)
+    store.close()
+
+
+# ----------------------------------------------------------------- 11: values a store cannot hold
+
+
+async def test_11_an_error_the_store_cannot_hold_is_recorded_escaped(tmp_path):
+    class Odd(Exception):
+        def __repr__(self):
+            return "odd\udc80" + "!" * 20_000
+
+    async def fails():
+        raise Odd()
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    async with open_executor(store=store) as ex:  # before the fix: died of it
+        completion = await (await ex.submit(fails)).wait()
+        assert completion.status is TaskStatus.FAILED
+        assert isinstance(completion.error, Odd)
+        assert await ex.run(trio.sleep, 0) is None
+    row = store.execution(completion.task_id)
+    store.close()
+    assert row.error.startswith("odd\\udc80!!!")
+    assert row.error.endswith("more characters)")

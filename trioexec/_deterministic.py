@@ -16,7 +16,14 @@ import trio
 
 from ._admission import Overflow
 from ._events import EventStream
-from ._executor import Executor, ExecutorConfig, ShutdownPolicy, TaskRef, split_tasks
+from ._executor import (
+    Executor,
+    ExecutorConfig,
+    ShutdownPolicy,
+    TaskRef,
+    check_store,
+    split_tasks,
+)
 from ._metrics import ExecutorMetrics
 from ._records import TaskCompletion, TaskStatus
 from ._slots import SlotToken
@@ -61,7 +68,10 @@ class DeterministicExecutor:
             thread_workers=thread_workers,
             event_capacity=event_capacity,
             task_budget=task_budget,
+            lease=lease,
+            max_recovery_attempts=max_recovery_attempts,
         )
+        check_store(store)
         if recover:
             raise ValueError("DeterministicExecutor does not recover; use open_executor")
         if store is not None and not store.inline:
@@ -69,7 +79,6 @@ class DeterministicExecutor:
                 "DeterministicExecutor writes in the caller's task: give it an inline store "
                 "(MemoryStore, or SQLiteStore(path, inline=True))"
             )
-        del lease, max_recovery_attempts
         self._ex = Executor(None, config, store, *split_tasks(tasks))
         if store is not None:
             store.heartbeat(self._ex.owner, math.inf)  # never expires: nothing to recover

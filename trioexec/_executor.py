@@ -42,7 +42,14 @@ from ._events import EventStream, HealthEventKind
 from ._handle import TaskHandle
 from ._metrics import ExecutorMetrics
 from ._poller import Poller
-from ._records import ExecutionRecord, SubStatus, TaskCompletion, TaskStatus
+from ._records import (
+    ExecutionRecord,
+    SubStatus,
+    TaskCompletion,
+    TaskStatus,
+    check_id,
+    storable_text,
+)
 from ._slots import SlotPool, SlotToken
 from ._spec import CallInfo, TaskSpec, call_info, collect_specs
 from ._store import Change, RunRecord, Store
@@ -97,6 +104,8 @@ class ExecutorConfig:
     thread_workers: int | None = None
     event_capacity: int = 1024
     task_budget: float | None = None
+    lease: float = 30.0
+    max_recovery_attempts: int = 3
 
     def __attrs_post_init__(self) -> None:
         _check_int("max_concurrent_tasks", self.max_concurrent_tasks, minimum=1)
@@ -105,6 +114,8 @@ class ExecutorConfig:
         if self.thread_workers is not None:
             _check_int("thread_workers", self.thread_workers, minimum=1)
         _check_seconds("task_budget", self.task_budget)
+        _check_seconds("lease", self.lease)
+        _check_int("max_recovery_attempts", self.max_recovery_attempts, minimum=0)
 
     @property
     def capacity(self) -> int:
@@ -124,8 +135,18 @@ def _check_seconds(name: str, value: object) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
-    if not (0 < value < math.inf):
+    try:
+        seconds = float(value)  # an int too large for a float is no duration either
+    except OverflowError:
+        seconds = math.inf
+    if not (0 < seconds < math.inf):
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+
+
+def check_store(store: object) -> None:
+    """``store=``: None or something with the `Store` operations."""
+    if store is not None and not callable(getattr(store, "write", None)):
+        raise TypeError(f"store must be a trioexec Store (e.g. SQLiteStore), got {store!r}")
 
 
 @final
@@ -323,6 +344,7 @@ class Executor:
         self._logged = 0  # changes appended so far
         self._durable = 0  # changes committed so far
         self._live: dict[str, TaskRef] = {}  # with a store: accepted and not finished
+        self._named: dict[str, TaskRef] = {}  # without one: live tasks with a chosen id
         self._space_freed = trio.Event()  # set when a task ends (recovery waits on it)
         self._shared_poller: Poller | None = None  # started on first use
         self._lent_threads: set[TaskHandle] = set()  # deferred sync tasks' thread tokens
@@ -514,6 +536,8 @@ class Executor:
         budget: float | None,
         correlation_id: str | None,
         run_id: str | None = None,
+        *,
+        recovered: bool = False,
     ) -> TaskRef:
         self._submitted += 1
         if self._closing and not self._may_submit_while_closing(run_id is not None):
@@ -535,8 +559,12 @@ class Executor:
             _check_seconds("timeout", timeout)
         if budget is not None:
             _check_seconds("budget", budget)
-        if task_id is not None and task_id in self._live:
-            raise ValueError(f"task id {task_id!r} is already running in this executor")
+        if name is not None:
+            check_id("name", name)
+        if correlation_id is not None:
+            check_id("correlation_id", correlation_id)
+        if task_id is not None and not recovered:
+            self._check_new_task_id(task_id)
         parent = _current_ref()
         causation_id = None
         if parent is not None:
@@ -556,6 +584,8 @@ class Executor:
             causation_id,
         )
         ref._run_id = run_id
+        if task_id is not None and self._store is None:
+            self._named[task_id] = ref  # (with a store, _live tracks every task)
         return ref
 
     def _may_submit_while_closing(self, internal: bool) -> bool:
@@ -567,6 +597,15 @@ class Executor:
             return True
         caller = _current_ref()
         return caller is not None and caller._executor is self
+
+    def _check_new_task_id(self, task_id: str) -> None:
+        """A caller-chosen task id must be new: not live here, not in the store
+        (else the same execution would run twice under one record)."""
+        check_id("task_id", task_id)
+        if task_id in self._live or task_id in self._named:
+            raise ValueError(f"task id {task_id!r} is already live in this executor")
+        if self._store is not None and self._store.execution(task_id) is not None:
+            raise ValueError(f"task id {task_id!r} is already recorded in the store")
 
     def _decide(self, can_wait: bool, woken: bool = False, internal: bool = False) -> Admit:
         if self._closing and not self._may_submit_while_closing(internal):
@@ -1076,6 +1115,8 @@ class Executor:
         else:
             self._dropped += 1
         if self._store is None:
+            if self._named:
+                self._named.pop(ref.task_id, None)
             done = ref._done
             if done is not None:
                 done.set()
@@ -1168,6 +1209,12 @@ class Executor:
             raise ExecutorClosed("the executor is shutting down; no new workflow runs")
         if self._nursery is None:
             raise TypeError("workflows need an executor from open_executor")
+        if run_id is not None:
+            check_id("run_id", run_id)
+            if run_id in self._active_runs:
+                raise ValueError(f"run id {run_id!r} is already running in this executor")
+            if self._store is not None and self._store.run(run_id) is not None:
+                raise ValueError(f"run id {run_id!r} is already recorded in the store")
         run = WorkflowRun(self, workflow, context, run_id)
         self._runs += 1
         self._active_runs[run.run_id] = run
@@ -1434,8 +1481,9 @@ class Executor:
             assert record.spec_id is not None
             assert record.args is not None
             spec = specs[record.spec_id]
+            args = tuple(json.loads(record.args))
             ref = self._new_ref(
-                spec, tuple(json.loads(record.args)), record.name, record.task_id, None, None, None
+                spec, args, record.name, record.task_id, None, None, None, recovered=True
             )
             ref._version = record.version
             ref._attempts = record.attempt
@@ -1595,10 +1643,13 @@ def _reraise_cancellation(ref: TaskRef, group: BaseExceptionGroup[BaseException]
 
 
 def _safe_repr(obj: object) -> str:
+    """``repr(obj)`` as text any store can hold: never raising (a broken
+    ``__repr__``), lone surrogates escaped, at most ``MAX_TEXT`` characters."""
     try:
-        return repr(obj)
+        text = repr(obj)
     except Exception as exc:  # a user exception with a broken __repr__
         return f"<unrepresentable {type(obj).__name__}: {type(exc).__name__}>"
+    return storable_text(text)
 
 
 def _should_retry(spec: TaskSpec, ref: TaskRef, status: TaskStatus) -> bool:
@@ -1689,12 +1740,11 @@ async def open_executor(
         thread_workers=thread_workers,
         event_capacity=event_capacity,
         task_budget=task_budget,
+        lease=lease,
+        max_recovery_attempts=max_recovery_attempts,
     )
     specs, workflows = split_tasks(tasks)
-    _check_seconds("lease", lease)
-    _check_int("max_recovery_attempts", max_recovery_attempts, minimum=0)
-    if store is not None and not callable(getattr(store, "write", None)):
-        raise TypeError(f"store must be a trioexec Store (e.g. SQLiteStore), got {store!r}")
+    check_store(store)
     if recover and store is None:
         raise ValueError("recover=True needs a store to recover from")
     body_error: list[BaseException] = []  # what the body raised, if anything

@@ -7,6 +7,43 @@ from typing import Any
 
 import attrs
 
+MAX_ID_LENGTH = 1000
+
+
+def check_id(what: str, value: object) -> str:
+    """A task id, name or run id: a non-empty str of at most 1,000 characters
+    that a store can hold (no lone surrogates). Raises ValueError naming it."""
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a str, got {type(value).__name__} {value!r}")
+    if not value:
+        raise ValueError(f"{what} must not be empty")
+    if len(value) > MAX_ID_LENGTH:
+        raise ValueError(
+            f"{what} is {len(value)} characters long (at most {MAX_ID_LENGTH}): {value[:40]!r}..."
+        )
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"{what} {value!r} cannot be stored: it holds a lone surrogate (not UTF-8)"
+        ) from None
+    return value
+
+
+MAX_TEXT = 10_000
+
+
+def storable_text(text: str) -> str:
+    """``text`` (an error message, say) as a store can hold it: lone surrogates
+    escaped (``\\udc80``), cut to ``MAX_TEXT`` characters."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if len(text) > MAX_TEXT:
+        text = f"{text[:MAX_TEXT]}... ({len(text) - MAX_TEXT} more characters)"
+    return text
+
 
 class TaskStatus(enum.StrEnum):
     """Where an execution is in its life. Terminal: everything but PENDING and RUNNING."""

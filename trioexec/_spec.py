@@ -17,6 +17,7 @@ from typing import Any, overload
 import attrs
 
 from ._errors import TaskDefinitionError
+from ._records import check_id
 
 HANDLE_PARAM_NAMES = ("handle", "task_handle")
 
@@ -230,6 +231,10 @@ def _make_spec(fn: object, options: dict[str, Any]) -> TaskSpec:
         task_id = _describe(fn)
     if not isinstance(task_id, str) or not task_id:
         raise TaskDefinitionError(f"task id must be a non-empty string, got {task_id!r}")
+    try:
+        check_id("task id", task_id)  # it is stored as the execution's name
+    except ValueError as exc:
+        raise TaskDefinitionError(str(exc)) from None
 
     deps = options["dependencies"]
     if isinstance(deps, str) or not isinstance(deps, Iterable):

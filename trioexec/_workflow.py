@@ -15,6 +15,7 @@ from typing import Any, final
 import attrs
 
 from ._errors import WorkflowError
+from ._records import check_id
 from ._spec import TaskSpec
 
 
@@ -82,6 +83,10 @@ class Workflow:
     def __init__(self, name: str, specs: Iterable[TaskSpec]) -> None:
         if not isinstance(name, str) or not name:
             raise WorkflowError(f"a workflow needs a non-empty name, got {name!r}")
+        try:
+            check_id("workflow name", name)
+        except ValueError as exc:
+            raise WorkflowError(str(exc)) from None
         self.name = name
         steps: dict[str, TaskSpec] = {}
         for spec in specs:
