@@ -59,7 +59,8 @@ async def waiter(notes: Notes, ready: trio.Event, handle: trioexec.TaskHandle) -
     try:
         await handle.defer_until(ready)  # gives the slot back while it waits
     except trio.Cancelled:
-        # defer_until took a slot back (shielded) before letting the cancellation out.
+        # The executor cancelled this task while it waited: it ends at once, without
+        # waiting for a slot to come free (only a cancel scope of its own would).
         asked = handle.cancel_requested
         notes.add("waiter", f"cancelled while deferred (cancel_requested={asked})")
         with trio.CancelScope(shield=True):

@@ -384,7 +384,8 @@ class ExecutorMachine(RuleBasedStateMachine):
         pytest.fail("the executor did not finish within 2,000 virtual seconds")
 
     def _check_end(self) -> None:
-        assert self.thread is not None and not self.thread.is_alive()
+        assert self.thread is not None
+        assert not self.thread.is_alive()
         if self.crash is not None:
             raise self.crash
         # The store failed if a write was tried after the fault was injected

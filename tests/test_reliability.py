@@ -712,3 +712,8 @@ async def test_11_an_error_the_store_cannot_hold_is_recorded_escaped(tmp_path):
     store.close()
     assert row.error.startswith("odd\\udc80!!!")
     assert row.error.endswith("more characters)")
+
+
+def test_10_a_spec_timeout_too_large_for_a_float_is_refused_at_definition():
+    with pytest.raises(trioexec.TaskDefinitionError, match="timeout"):
+        trioexec.task(timeout=10**400)(trio.sleep)

@@ -423,10 +423,20 @@ class Executor:
         A checkpoint. Under ``Overflow.BLOCK`` waits for space when the executor is
         at capacity; if cancelled while waiting, nothing was submitted.
 
+        With a store, the store's backlog counts too: while the writer is more than
+        ``JOURNAL_LIMIT`` changes behind, ``BLOCK`` waits and every other policy
+        refuses (reason ``store_backlog``).
+
         Raises:
-          ExecutorClosed: if shutdown has begun (also while waiting for space).
+          ExecutorClosed: if shutdown has begun (also while waiting for space);
+            under ``DRAIN``, the executor's own running tasks may still submit.
           TaskRejected: under ``REJECT`` (or ``DROP_OLDEST`` with nothing to drop).
           CapacityExceeded: under ``FAIL_FAST``.
+          ValueError: a ``task_id``, ``name`` or ``correlation_id`` that is not a
+            non-empty str of at most 1,000 characters a store can hold; a
+            ``task_id`` live in this executor or recorded in its store; a
+            ``timeout`` or ``budget`` that is not a finite number > 0.
+          TypeError: ``fn`` is not callable.
         """
         # Exactly one schedule point: parking for space is one; otherwise a
         # cancel-shielded checkpoint after the (then certain) acceptance.
@@ -1601,7 +1611,10 @@ class Executor:
 
     async def shutdown(self, policy: ShutdownPolicy | None = None) -> None:
         """Stop accepting work and finish according to ``policy`` (default: the
-        executor's ``shutdown_policy``); returns once nothing is outstanding."""
+        executor's ``shutdown_policy``); returns once nothing is outstanding.
+
+        Called from one of this executor's own tasks, it begins the shutdown and
+        returns at once (a task cannot wait for itself to end)."""
         policy = self._config.shutdown_policy if policy is None else ShutdownPolicy(policy)
         self._begin_shutdown(policy)
         caller = _current_ref()
@@ -1716,9 +1729,11 @@ async def open_executor(
     """Open an executor whose tasks run in a nursery inside this block.
 
     On leaving the block normally, the executor shuts down with ``shutdown_policy``
-    and waits for it; if the block raises, outstanding work is cancelled. Nothing
-    outlives the block. Errors from the body propagate unwrapped (never inside an
-    ExceptionGroup).
+    and waits for it; if the block raises, outstanding work is cancelled. No task
+    outlives the block (the one exception: the thread of a sync task abandoned at
+    its ``timeout`` runs on until its function returns, without a slot). Errors
+    from the body propagate unwrapped (never inside an ExceptionGroup); a store
+    failure ends the block as one `StoreError` naming the store.
 
     With a ``store``, every execution is recorded (group commit by one writer
     task); the executor holds one lease (``lease`` seconds, renewed at a third of

@@ -25,7 +25,11 @@ HANDLE_PARAM_NAMES = ("handle", "task_handle")
 def _non_negative_finite(name: str, value: float) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TaskDefinitionError(f"{name} must be a number, got {value!r}")
-    if not (0 <= value < math.inf):
+    try:
+        as_float = float(value)  # an int too large for a float is no finite number here
+    except OverflowError:
+        as_float = math.inf
+    if not (0 <= as_float < math.inf):
         raise TaskDefinitionError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
