@@ -261,6 +261,17 @@ class Gate:
     value: Any = None
 
 
+@dataclass
+class Kid:
+    """A child of the current round and when it is to be killed."""
+
+    child: Child
+    role: str  # executor / durable
+    c: int  # its index among the round's children of that role
+    u: float  # uniform in [0, 1): where in its kill window the kill falls
+    kill_at: float | None = None  # monotonic; None until it announces itself
+
+
 class Campaign:
     """Rounds of random kills on one pair of database files, then the final check."""
 
@@ -431,21 +442,21 @@ class Campaign:
         t0 = time.monotonic()
         while actions and actions[0][0] <= 0.0:
             actions.pop(0)[1]()
-        kids = []  # (child, role, c, kill at: None until it announces)
+        alive = []
         for role, c, early, u in plans:
-            child = self._spawn(role, c, r)
-            kill_at = child.spawned + u * EARLY_WINDOW if early else None
-            kids.append([child, role, c, kill_at, u])
-        alive = list(kids)
+            kid = Kid(self._spawn(role, c, r), role, c, u)
+            if early:
+                kid.kill_at = kid.child.spawned + u * EARLY_WINDOW
+            alive.append(kid)
         while alive:
             now = time.monotonic()
             while actions and t0 + actions[0][0] <= now:
                 actions.pop(0)[1]()
             for kid in list(alive):
-                child, role, c, kill_at, _ = kid
-                if kill_at is not None and kill_at <= now:
+                child = kid.child
+                if kid.kill_at is not None and kid.kill_at <= now:
                     child.kill()
-                    self._after_kill(child, role, r, c)
+                    self._after_kill(child, kid.role, r, kid.c)
                     alive.remove(kid)
                 elif child.eof:
                     child.proc.wait()
@@ -454,20 +465,20 @@ class Campaign:
                     raise AssertionError(f"{child.describe()} did not start in {DEADLINE}s")
             if not alive:
                 break
-            wake = [k[3] for k in alive if k[3] is not None]
+            wake = [kid.kill_at for kid in alive if kid.kill_at is not None]
             if actions:
                 wake.append(t0 + actions[0][0])
             timeout = max(0.0, min([now + 1.0, *wake]) - time.monotonic())
-            ready = select.select([k[0].fileno() for k in alive], [], [], timeout)[0]
+            ready = select.select([kid.child.fileno() for kid in alive], [], [], timeout)[0]
             for kid in alive:
-                child = kid[0]
+                child = kid.child
                 if child.fileno() in ready:
                     child.read()
-                    word = "OPEN" if kid[1] == "executor" else "READY"
+                    word = "OPEN" if kid.role == "executor" else "READY"
                     if child.announced is None and child.line(word):
                         child.announced = time.monotonic()
-                        if kid[3] is None:
-                            kid[3] = child.announced + kid[4] * MAX_DELAY
+                        if kid.kill_at is None:
+                            kid.kill_at = child.announced + kid.u * MAX_DELAY
         for _, fn in actions:  # the round's remaining moments come now
             fn()
         self._snapshot(f"after round {r}")
@@ -502,21 +513,21 @@ class Campaign:
         assert violated == [], f"{when}: durable store invariants violated: {violated}"
         missing = sorted(self.created - promises.keys())
         assert not missing, f"{when}: created durable tasks missing: {missing}"
-        for pid, promise in promises.items():
-            if pid in self.durable:
-                fails = self.durable[pid]["kind"] == "fail"
+        for key, promise in promises.items():
+            if key in self.durable:
+                fails = self.durable[key]["kind"] == "fail"
                 ok = PromiseState.REJECTED if fails else PromiseState.RESOLVED
                 assert promise.state in (PromiseState.PENDING, ok), (when, promise)
-                assert (tasks[pid].state is TaskState.FULFILLED) == (not promise.pending), (
+                assert (tasks[key].state is TaskState.FULFILLED) == (not promise.pending), (
                     when,
                     promise,
-                    tasks[pid],
+                    tasks[key],
                 )
-            before = self.promises.get(pid)
+            before = self.promises.get(key)
             if before is not None and not before.pending:
                 assert promise == before, f"{when}: settled promise changed: {before} -> {promise}"
             if not promise.pending:
-                self.settled_by.setdefault(pid, at)
+                self.settled_by.setdefault(key, at)
         self.promises = promises
 
     # ------------------------------------------------------------ the end
