@@ -18,12 +18,12 @@ from ._events import HealthEvent as HealthEvent
 from ._events import HealthEventKind as HealthEventKind
 from ._executor import Executor as Executor
 from ._executor import ExecutorConfig as ExecutorConfig
-from ._executor import ShutdownPolicy as ShutdownPolicy
 from ._executor import TaskRef as TaskRef
 from ._executor import open_executor as open_executor
 from ._handle import TaskHandle as TaskHandle
 from ._metrics import ExecutorMetrics as ExecutorMetrics
 from ._records import ExecutionRecord as ExecutionRecord
+from ._records import ShutdownPolicy as ShutdownPolicy
 from ._records import SubStatus as SubStatus
 from ._records import TaskCompletion as TaskCompletion
 from ._records import TaskStatus as TaskStatus

@@ -8,15 +8,9 @@ from __future__ import annotations
 
 import enum
 
+from ._records import Overflow
 
-class Overflow(enum.StrEnum):
-    """What `Executor.submit` does when pending + active + deferred is at capacity."""
-
-    BLOCK = "block"  #: wait for space (``submit_nowait`` rejects instead)
-    REJECT = "reject"  #: raise `TaskRejected`
-    DROP_NEWEST = "drop_newest"  #: the new submission completes at once as ``DROPPED``
-    DROP_OLDEST = "drop_oldest"  #: the oldest pending submission is dropped; the new one queues
-    FAIL_FAST = "fail_fast"  #: raise `CapacityExceeded` (reason ``capacity_exceeded``)
+__all__ = ["Admit", "Overflow", "admit", "rejection_reason"]
 
 
 class Admit(enum.Enum):

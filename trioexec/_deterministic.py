@@ -19,13 +19,12 @@ from ._events import EventStream
 from ._executor import (
     Executor,
     ExecutorConfig,
-    ShutdownPolicy,
     TaskRef,
     check_store,
     split_tasks,
 )
 from ._metrics import ExecutorMetrics
-from ._records import TaskCompletion, TaskStatus
+from ._records import ShutdownPolicy, TaskCompletion, TaskStatus
 from ._slots import SlotToken
 from ._store import Store
 

@@ -15,7 +15,7 @@ from typing import Any, final
 import attrs
 import trio
 
-from ._admission import Overflow
+from ._records import Overflow
 
 
 class HealthEventKind(enum.StrEnum):

@@ -10,7 +10,6 @@ the deferred task finishes, its worker retires if the pool is over strength.
 
 from __future__ import annotations
 
-import enum
 import functools
 import itertools
 import json
@@ -44,6 +43,7 @@ from ._metrics import ExecutorMetrics
 from ._poller import Poller
 from ._records import (
     ExecutionRecord,
+    ShutdownPolicy,
     SubStatus,
     TaskCompletion,
     TaskStatus,
@@ -54,15 +54,6 @@ from ._slots import SlotPool, SlotToken
 from ._spec import CallInfo, TaskSpec, call_info, collect_specs
 from ._store import Change, RunRecord, Store
 from ._workflow import Workflow
-
-
-class ShutdownPolicy(enum.StrEnum):
-    """What happens to outstanding work when the executor shuts down."""
-
-    DRAIN = "drain"  #: refuse new work; run everything queued and deferred to the end
-    CANCEL_PENDING = "cancel_pending"  #: drop the queue; let running and deferred tasks finish
-    CANCEL = "cancel"  #: drop the queue and cancel running and deferred tasks
-
 
 # Back-pressure from the store: changes journaled but not yet written, beyond
 # which submissions wait (BLOCK) or are refused. Tasks already accepted still

@@ -45,6 +45,24 @@ def storable_text(text: str) -> str:
     return text
 
 
+class Overflow(enum.StrEnum):
+    """What `Executor.submit` does when pending + active + deferred is at capacity."""
+
+    BLOCK = "block"  #: wait for space (``submit_nowait`` rejects instead)
+    REJECT = "reject"  #: raise `TaskRejected`
+    DROP_NEWEST = "drop_newest"  #: the new submission completes at once as ``DROPPED``
+    DROP_OLDEST = "drop_oldest"  #: the oldest pending submission is dropped; the new one queues
+    FAIL_FAST = "fail_fast"  #: raise `CapacityExceeded` (reason ``capacity_exceeded``)
+
+
+class ShutdownPolicy(enum.StrEnum):
+    """What happens to outstanding work when the executor shuts down."""
+
+    DRAIN = "drain"  #: refuse new work; run everything queued and deferred to the end
+    CANCEL_PENDING = "cancel_pending"  #: drop the queue; let running and deferred tasks finish
+    CANCEL = "cancel"  #: drop the queue and cancel running and deferred tasks
+
+
 class TaskStatus(enum.StrEnum):
     """Where an execution is in its life. Terminal: everything but PENDING and RUNNING."""
 
