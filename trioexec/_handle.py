@@ -15,11 +15,11 @@ from typing import TYPE_CHECKING, Any, Protocol, final
 import trio
 from trio_util import AsyncValue
 
+from ._backoff import Backoff
 from ._errors import TaskCancelled
 from ._poller import Poller
 from ._records import SubStatus
 from ._slots import SlotToken
-from ._spec import Backoff
 
 if TYPE_CHECKING:
     from typing import TypeAlias

@@ -16,7 +16,7 @@ from typing import final
 
 import trio
 
-from ._spec import Backoff
+from ._backoff import Backoff
 
 
 @final

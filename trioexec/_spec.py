@@ -1,4 +1,4 @@
-"""`@task`, `TaskSpec`, `Backoff`, and how a function asks for a `TaskHandle`.
+"""`@task`, `TaskSpec`, and how a function asks for a `TaskHandle`.
 
 There is no global registry: a spec is a value, collected where it is used.
 """
@@ -9,14 +9,15 @@ import contextlib
 import functools
 import inspect
 import math
-import random
 import weakref
 from collections.abc import Callable, Iterable
 from typing import Any, overload
 
 import attrs
 
+from ._backoff import Backoff as Backoff  # re-exported: it was first defined here
 from ._errors import TaskDefinitionError
+from ._handle import TaskHandle
 from ._records import check_id
 
 HANDLE_PARAM_NAMES = ("handle", "task_handle")
@@ -33,60 +34,6 @@ def _non_negative_finite(name: str, value: float) -> None:
         raise TaskDefinitionError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
-@attrs.frozen(kw_only=True)
-class Backoff:
-    """Growing delays: the n-th delay (n >= 1) is ``min(initial * factor**(n-1), max)``,
-    then multiplied by a uniform random factor in ``[1 - jitter, 1 + jitter]``.
-
-    Used for retry delays and as a growing ``poll_interval`` for `TaskHandle.defer_until`.
-
-    Example::
-
-        Backoff(initial=1.0, factor=2.0, max=60.0, jitter=0.1)  # ~1, 2, 4, ... 60 s
-    """
-
-    initial: float = 1.0
-    factor: float = 2.0
-    max: float = 60.0
-    jitter: float = 0.0
-
-    def __attrs_post_init__(self) -> None:
-        for name in ("initial", "factor", "max", "jitter"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TaskDefinitionError(f"Backoff.{name} must be a number, got {value!r}")
-        if not (0 < self.initial < math.inf):
-            raise TaskDefinitionError(f"Backoff.initial must be > 0, got {self.initial!r}")
-        if not (self.factor >= 1 and self.factor < math.inf):
-            raise TaskDefinitionError(f"Backoff.factor must be >= 1, got {self.factor!r}")
-        if not (self.max >= self.initial):
-            raise TaskDefinitionError(
-                f"Backoff.max must be >= initial ({self.initial!r}), got {self.max!r}"
-            )
-        if not (0 <= self.jitter < 1):
-            raise TaskDefinitionError(f"Backoff.jitter must be in [0, 1), got {self.jitter!r}")
-
-    def base_delay(self, n: int) -> float:
-        """The n-th delay (n >= 1) before jitter."""
-        if n < 1:
-            raise ValueError(f"delay number must be >= 1, got {n!r}")
-        # Stop multiplying once past max: factor**n overflows for large n.
-        delay = self.initial
-        for _ in range(n - 1):
-            delay *= self.factor
-            if delay >= self.max:
-                return self.max
-        return min(delay, self.max)
-
-    def delay(self, n: int, rng: random.Random | None = None) -> float:
-        """The n-th delay (n >= 1) with jitter applied."""
-        base = self.base_delay(n)
-        if not self.jitter:
-            return base
-        u = (rng or random).uniform(1 - self.jitter, 1 + self.jitter)
-        return base * u
-
-
 def _annotation_is_handle(annotation: Any) -> bool:
     if annotation is inspect.Parameter.empty:
         return False
@@ -95,8 +42,6 @@ def _annotation_is_handle(annotation: Any) -> bool:
         # optionally wrapped in quotes or Optional-style unions are out of scope.
         name = annotation.strip().strip("'\"")
         return name == "TaskHandle" or name.endswith(".TaskHandle")
-    from ._handle import TaskHandle  # the handle module imports this one
-
     return annotation is TaskHandle
 
 
