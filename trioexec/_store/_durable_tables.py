@@ -12,8 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._errors import StoreError
-from ..durable._protocol import Row
-from ..durable._records import PromiseState, TaskState
+from ._durable_rows import PromiseState, Row, TaskState
 
 _PENDING = PromiseState.PENDING.value
 

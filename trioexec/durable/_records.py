@@ -1,4 +1,5 @@
-"""Durable promise and task records, their states, and the protocol's errors."""
+"""Durable promise and task records and the protocol's errors. The states they carry
+are stored in the durable tables, so they are defined with them (`trioexec._store`)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from typing import Any
 import attrs
 
 from .._errors import TrioexecError
+from .._store._durable_rows import PromiseState as PromiseState
+from .._store._durable_rows import TaskState as TaskState
 
 
 class Conflict(TrioexecError):
@@ -17,22 +20,6 @@ class Conflict(TrioexecError):
 
 class NotFound(TrioexecError, LookupError):
     """No promise or task with that id."""
-
-
-class PromiseState(enum.StrEnum):
-    PENDING = "pending"
-    RESOLVED = "resolved"
-    REJECTED = "rejected"
-    REJECTED_CANCELED = "rejected_canceled"
-    REJECTED_TIMEDOUT = "rejected_timedout"
-
-
-class TaskState(enum.StrEnum):
-    PENDING = "pending"
-    ACQUIRED = "acquired"
-    SUSPENDED = "suspended"
-    HALTED = "halted"
-    FULFILLED = "fulfilled"
 
 
 class Suspend(enum.StrEnum):

@@ -1,0 +1,58 @@
+"""What the durable tables hold: their row shape, the states stored in them, and
+the table layer the durable protocol runs on.
+
+They live with the store, below `trioexec.durable`, so the tables import nothing
+from the protocol built on them; `trioexec.durable` re-exports the state enums.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+#: A promise or task row: a plain dict of column name to value, ``tags`` decoded.
+Row = dict[str, Any]
+
+
+class PromiseState(enum.StrEnum):
+    PENDING = "pending"
+    RESOLVED = "resolved"
+    REJECTED = "rejected"
+    REJECTED_CANCELED = "rejected_canceled"
+    REJECTED_TIMEDOUT = "rejected_timedout"
+
+
+class TaskState(enum.StrEnum):
+    PENDING = "pending"
+    ACQUIRED = "acquired"
+    SUSPENDED = "suspended"
+    HALTED = "halted"
+    FULFILLED = "fulfilled"
+
+
+class Tables(Protocol):
+    """Row access for the protocol. Rows are plain dicts; ``put_*`` writes back."""
+
+    def transaction(self) -> AbstractContextManager[None]: ...
+    def promise(self, id: str) -> Row | None: ...
+    def put_promise(self, row: Row) -> None: ...
+    def task(self, id: str) -> Row | None: ...
+    def put_task(self, row: Row) -> None: ...
+    def add_callback(self, promise_id: str, task_id: str) -> None: ...
+    def tasks_awaiting(self, promise_id: str) -> list[str]: ...
+    def awaited_by(self, task_id: str) -> list[str]: ...
+    def drop_callbacks(self, task_id: str) -> None: ...
+    def timed_out_promises(self, now: float) -> list[Row]: ...
+    def expired_leases(self, now: float) -> list[Row]: ...
+    def due_pending_tasks(self, now: float) -> list[Row]: ...
+    def search_promises(
+        self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
+    ) -> list[Row]: ...
+    def search_tasks(
+        self, state: str | None, target: str | None, limit: int, cursor: str | None
+    ) -> list[Row]: ...
+    def all_promises(self) -> Iterator[Row]: ...
+    def all_tasks(self) -> Iterator[Row]: ...
+    def all_callbacks(self) -> Iterator[tuple[str, str]]: ...
