@@ -26,6 +26,7 @@ import outcome
 import trio
 
 from ._admission import Admit, Overflow, admit, rejection_reason
+from ._causation import current_ref, running
 from ._coordinator import WorkflowResult, WorkflowRun
 from ._errors import (
     CapacityExceeded,
@@ -60,26 +61,6 @@ from ._workflow import Workflow
 # journal their transitions, so the backlog stays within this plus a few
 # changes per accepted task (~200 bytes each).
 JOURNAL_LIMIT = 50_000
-
-# The execution each worker's Trio task is running an attempt of now (any executor),
-# for the correlation/causation ids of tasks it submits. A dict entry, not a
-# context variable: setting one of those costs ~200 bytes per running task.
-_running: dict[trio.lowlevel.Task, TaskRef] = {}
-
-
-def _current_ref() -> TaskRef | None:
-    """The execution whose code is calling: the one a worker of this Trio task, or
-    of the nearest ancestor task, is running (so child tasks of a task and code
-    in its threads count as it; `trio.from_thread` runs in the host task)."""
-    if not _running:
-        return None
-    task = trio.lowlevel.current_task()
-    while (ref := _running.get(task)) is None:
-        nursery = task.parent_nursery
-        if nursery is None:
-            return None
-        task = nursery.parent_task
-    return ref
 
 
 @attrs.frozen(kw_only=True)
@@ -566,7 +547,7 @@ class Executor:
             check_id("correlation_id", correlation_id)
         if task_id is not None and not recovered:
             self._check_new_task_id(task_id)
-        parent = _current_ref()
+        parent = current_ref()
         causation_id = None
         if parent is not None:
             causation_id = parent.task_id
@@ -596,7 +577,7 @@ class Executor:
             return False
         if internal:
             return True
-        caller = _current_ref()
+        caller = current_ref()
         return caller is not None and caller._executor is self
 
     def _check_new_task_id(self, task_id: str) -> None:
@@ -766,6 +747,7 @@ class Executor:
         pool = self._pool
         token = SlotToken(pool)
         me = trio.lowlevel.current_task()
+        registry = running()
         try:
             while True:
                 # One cancel scope serves job after job until one of them is
@@ -803,7 +785,7 @@ class Executor:
                                 # One plain async call, inline: a running or deferred
                                 # task carries no frame of ours but the worker's.
                                 self._begin_attempt(ref)
-                                _running[me] = ref
+                                registry[me] = ref
                                 try:
                                     if handle is None:
                                         ref._result = await ref._fn(*ref._args)
@@ -817,7 +799,7 @@ class Executor:
                                 except BaseExceptionGroup as group:
                                     _reraise_cancellation(ref, group)
                                 finally:
-                                    del _running[me]
+                                    del registry[me]
                             elif isinstance(ref._fn, TaskSpec):
                                 status = await self._retrying(ref, job_token, handle)
                             else:
@@ -949,8 +931,9 @@ class Executor:
             t0 = trio.current_time()
             deferred0 = handle.deferred_seconds if handle is not None else 0.0
         me = trio.lowlevel.current_task()
-        outer = _running.get(me)  # DeterministicExecutor runs jobs in its caller's task
-        _running[me] = ref
+        registry = running()
+        outer = registry.get(me)  # DeterministicExecutor runs jobs in its caller's task
+        registry[me] = ref
         try:
             timeout = ref._timeout
             if handle is not None:
@@ -975,9 +958,9 @@ class Executor:
             _reraise_cancellation(ref, group)
         finally:
             if outer is None:
-                del _running[me]
+                del registry[me]
             else:
-                _running[me] = outer
+                registry[me] = outer
             ref._deadline = math.inf
             if handle is not None:
                 if not info.is_async:
@@ -1608,7 +1591,7 @@ class Executor:
         returns at once (a task cannot wait for itself to end)."""
         policy = self._config.shutdown_policy if policy is None else ShutdownPolicy(policy)
         self._begin_shutdown(policy)
-        caller = _current_ref()
+        caller = current_ref()
         if caller is not None and caller._executor is self:
             # Called by one of our own tasks: it cannot wait for itself to end.
             await trio.lowlevel.checkpoint()
