@@ -3,7 +3,10 @@ and the pure `status()` / `ready()` functions over random step states."""
 
 from __future__ import annotations
 
+import itertools
+
 import attrs
+import pytest
 import trio
 import trio.testing
 from hypothesis import HealthCheck, event, given, settings
@@ -19,6 +22,7 @@ from trioexec import (
     TaskHandle,
     TaskStatus,
     Workflow,
+    WorkflowError,
     open_executor,
     task,
 )
@@ -269,3 +273,42 @@ def test_status_follows_the_precedence_order_and_counts_states(wf_states, deferr
         assert st_.health_status == "blocked"
     else:
         assert st_.health_status == "degraded"
+
+
+@st.composite
+def any_graphs(draw) -> list[tuple[str, tuple[str, ...]]]:
+    """Steps in a random listing order, each depending on any others: cycles too."""
+    n = draw(st.integers(1, 8))
+    names = draw(st.permutations([f"s{i}" for i in range(n)]))
+    return [
+        (name, tuple(draw(st.lists(st.sampled_from(names).filter(name.__ne__), unique=True))))
+        if n > 1
+        else (name, ())
+        for name in names
+    ]
+
+
+@settings(max_examples=300)
+@given(graph=any_graphs())
+def test_order_is_the_given_order_within_dependencies_and_a_cycle_is_named_by_its_path(graph):
+    def noop():
+        pass
+
+    deps = dict(graph)
+    specs = [task(id=sid, dependencies=d)(noop) for sid, d in graph]
+    # The expected order: at each turn, the first given of the steps whose
+    # dependencies are all placed. Steps left over sit on or behind a cycle.
+    placed: list[str] = []
+    while runnable := [s for s, _ in graph if s not in placed and set(deps[s]) <= set(placed)]:
+        placed.append(runnable[0])
+    if len(placed) == len(graph):
+        assert Workflow("wf", specs).order == tuple(placed)
+        return
+    with pytest.raises(WorkflowError, match=r"^workflow 'wf' has a cycle: ") as info:
+        Workflow("wf", specs)
+    path = str(info.value).split(": ", 1)[1].split(" -> ")
+    # A real cycle among the left-over steps, each needing the next, none twice.
+    assert path[0] == path[-1]
+    assert len(set(path[:-1])) == len(path) - 1 >= 2
+    assert set(path) <= set(deps) - set(placed)
+    assert all(b in deps[a] for a, b in itertools.pairwise(path))

@@ -7,6 +7,7 @@ The coordinator itself lives in ``_coordinator.py``; nothing here awaits.
 from __future__ import annotations
 
 import enum
+import graphlib
 import heapq
 import json
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
@@ -138,47 +139,36 @@ class Workflow:
 
 
 def _topological_order(name: str, steps: Mapping[str, TaskSpec]) -> tuple[str, ...]:
-    # Depth-first, so a cycle can be reported as the path that closes it.
-    order: list[str] = []
-    state: dict[str, int] = {}  # 1: on the current path, 2: done
-    path: list[str] = []
-
-    def visit(sid: str) -> None:
-        mark = state.get(sid)
-        if mark == 2:
-            return
-        if mark == 1:
-            cycle = [*path[path.index(sid) :], sid]
-            raise WorkflowError(f"workflow {name!r} has a cycle: {' -> '.join(cycle)}")
-        state[sid] = 1
-        path.append(sid)
-        for dep in steps[sid].dependencies:
-            visit(dep)
-        path.pop()
-        state[sid] = 2
-        order.append(sid)
-
+    """The run order (dependencies first, ties broken by the order the steps were
+    given in), or a `WorkflowError` showing the first cycle found."""
+    # graphlib reports a cycle as a path along its edges, found depth-first from
+    # the nodes in the order they were added. With an edge from each step to its
+    # dependencies, the path reads "a needs b needs c needs a", and the walk starts
+    # from the steps in the order given.
+    needs: graphlib.TopologicalSorter[str] = graphlib.TopologicalSorter()
     for sid in steps:
-        visit(sid)
-    # The depth-first walk found any cycle; now the order itself: dependencies
-    # first, ties broken by the order the steps were given in.
-    position = {sid: i for i, sid in enumerate(steps)}
-    waiting = {sid: len(spec.dependencies) for sid, spec in steps.items()}
-    dependents: dict[str, list[str]] = {sid: [] for sid in steps}
+        needs.add(sid)
     for sid, spec in steps.items():
         for dep in spec.dependencies:
-            dependents[dep].append(sid)
-    heap = [(position[sid], sid) for sid, n in waiting.items() if n == 0]
-    heapq.heapify(heap)
-    result: list[str] = []
-    while heap:
-        _, sid = heapq.heappop(heap)
-        result.append(sid)
-        for child in dependents[sid]:
-            waiting[child] -= 1
-            if waiting[child] == 0:
-                heapq.heappush(heap, (position[child], child))
-    return tuple(result)
+            needs.add(dep, sid)
+    try:
+        needs.prepare()
+    except graphlib.CycleError as exc:
+        cycle: list[str] = exc.args[1]
+        raise WorkflowError(f"workflow {name!r} has a cycle: {' -> '.join(cycle)}") from None
+
+    sorter = graphlib.TopologicalSorter({sid: spec.dependencies for sid, spec in steps.items()})
+    sorter.prepare()
+    position = {sid: i for i, sid in enumerate(steps)}
+    ready: list[tuple[int, str]] = []
+    order: list[str] = []
+    while sorter.is_active():
+        for sid in sorter.get_ready():
+            heapq.heappush(ready, (position[sid], sid))
+        _, sid = heapq.heappop(ready)
+        order.append(sid)
+        sorter.done(sid)
+    return tuple(order)
 
 
 def _check_json(key: str, value: object) -> None:
