@@ -7,7 +7,8 @@ two durable workers (``kill_durable.py``: `open_worker` on a `DurableStore` file
 handlers that return, defer, reject, or await a durable promise that this test
 resolves), while this process submits durable work, opens gates and resolves
 promises at random moments. Every child is SIGKILLed at a random moment (after
-it announced itself, or at a random point of its start-up): the next round's
+it announced itself, at a random point of its start-up, or the moment an executor
+reports its submissions durable): the next round's
 processes recover what the dead ones held. After the last round, fresh processes
 that are never killed recover everything, and then:
 
@@ -59,7 +60,8 @@ DURABLE = HERE / "kill_durable.py"
 
 LEASE = 1.0  # seconds, executors and durable workers alike: a dead one's work lapses fast
 MAX_DELAY = 2.5  # a kill comes up to this long after the child announced itself ...
-EARLY_KILL = 0.15  # ... or, with this chance, at a random moment of its start-up
+EARLY_KILL = 0.15  # ... or, with this chance, at a random moment of its start-up ...
+ACK_KILL = 0.15  # ... or (an executor) the moment it reports its submissions durable
 EARLY_WINDOW = 0.8  # seconds after the spawn
 DEADLINE = 60.0  # bounds every wait for a child or for the final recovery
 DEFAULT_ROUNDS = 8
@@ -268,8 +270,9 @@ class Kid:
     child: Child
     role: str  # executor / durable
     c: int  # its index among the round's children of that role
+    mode: str  # its kill comes: early (in start-up), late (after it announced), at its ACK
     u: float  # uniform in [0, 1): where in its kill window the kill falls
-    kill_at: float | None = None  # monotonic; None until it announces itself
+    kill_at: float | None = None  # monotonic; None until it announces itself (or its ACK)
 
 
 class Campaign:
@@ -358,10 +361,12 @@ class Campaign:
                 actions.append((gate.offset, lambda g=gate: self._resolve([g])))
 
         children = []
+        modes, weights = ("early", "ack", "late"), (EARLY_KILL, ACK_KILL, 1 - EARLY_KILL - ACK_KILL)
         for c in range(n_exec):
-            children.append(("executor", c, rng.random() < EARLY_KILL, rng.random()))
+            children.append(("executor", c, rng.choices(modes, weights)[0], rng.random()))
         for c in range(rng.choice((1, 2, 2))):
-            children.append(("durable", c, rng.random() < EARLY_KILL, rng.random()))
+            mode = rng.choices(modes[::2], weights[::2])[0]
+            children.append(("durable", c, mode, rng.random()))
         return sorted(actions, key=lambda a: a[0]), children
 
     def _write_plan(self) -> None:
@@ -443,9 +448,9 @@ class Campaign:
         while actions and actions[0][0] <= 0.0:
             actions.pop(0)[1]()
         alive = []
-        for role, c, early, u in plans:
-            kid = Kid(self._spawn(role, c, r), role, c, u)
-            if early:
+        for role, c, mode, u in plans:
+            kid = Kid(self._spawn(role, c, r), role, c, mode, u)
+            if mode == "early":
                 kid.kill_at = kid.child.spawned + u * EARLY_WINDOW
             alive.append(kid)
         while alive:
@@ -456,6 +461,7 @@ class Campaign:
                 child = kid.child
                 if kid.kill_at is not None and kid.kill_at <= now:
                     child.kill()
+                    self.stats[f"kills {kid.mode}"] += 1
                     self._after_kill(child, kid.role, r, kid.c)
                     alive.remove(kid)
                 elif child.eof:
@@ -477,8 +483,10 @@ class Campaign:
                     word = "OPEN" if kid.role == "executor" else "READY"
                     if child.announced is None and child.line(word):
                         child.announced = time.monotonic()
-                        if kid.kill_at is None:
+                        if kid.mode == "late":
                             kid.kill_at = child.announced + kid.u * MAX_DELAY
+                    if kid.mode == "ack" and kid.kill_at is None and child.line("ACK"):
+                        kid.kill_at = time.monotonic()  # at once: was it durable?
         for _, fn in actions:  # the round's remaining moments come now
             fn()
         self._snapshot(f"after round {r}")
