@@ -30,7 +30,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import trioexec
-from trioexec._store._durable_tables import DictTables, SQLiteTables
+from trioexec._store._durable_tables import DictTables
 from trioexec.durable import PromiseCreate, PromiseSettle, PromiseState, Suspend, TaskState
 from trioexec.durable._protocol import Core, promise_record
 
@@ -145,9 +145,9 @@ class DurableAgrees(RuleBasedStateMachine):
         path = self.dir / "durable.db"
         shutil.copyfile(template_db(), path)
         self.store = trioexec.SQLiteStore(path, inline=True)
-        self.conn = self.store._durable_connection()
+        self.tables = self.store.durable_tables()
         self.model = Model(self.clock, RETRY_TIMEOUT)
-        self.sqlite = Core(SQLiteTables(self.conn, str(path)), self.clock, RETRY_TIMEOUT)
+        self.sqlite = Core(self.tables, self.clock, RETRY_TIMEOUT)
         self.dict = Core(DictTables(), self.clock, RETRY_TIMEOUT)
 
     def clock(self) -> float:
@@ -155,7 +155,7 @@ class DurableAgrees(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         event(f"steps: {self.steps // 10 * 10}+")
-        self.conn.close()
+        self.tables.close()
         self.store.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -19,7 +19,7 @@ import sqlite_utils
 import trio
 
 from trioexec import SQLiteStore, StoreError, SubStatus, TaskStatus
-from trioexec._store._sqlite import MIGRATIONS
+from trioexec._store._sqlite_schema import MIGRATIONS
 from trioexec.durable import DurableStore, PromiseState
 
 
@@ -651,7 +651,7 @@ def test_read_only_store_refuses_every_write_and_changes_nothing(tmp_path):
             assert str(info.value) == f"{path}: opened read-only", name
         # Not merely refused by the store: the connection itself cannot write.
         with pytest.raises(sqlite3.OperationalError, match=r"readonly"):
-            store._reader().execute("DELETE FROM executions")
+            store._db.reader().execute("DELETE FROM executions")
         # Reads work.
         assert store.execution("t1").lease_expires_at == 99.0
         assert store.taken_over("A", {"t1": 1}) == []

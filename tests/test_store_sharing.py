@@ -237,9 +237,9 @@ def test_close_closes_every_threads_read_connection(tmp_path):
     thread = threading.Thread(target=lambda: seen.append(store.execution("t1")))
     thread.start()
     thread.join()
-    assert len(store._readers) >= 1
+    assert len(store._db._readers) >= 1
     store.close()
-    assert len(store._readers) == 0
+    assert len(store._db._readers) == 0
     with pytest.raises(trioexec.StoreError, match="closed"):
         store.execution("t1")
     assert seen[0].task_id == "t1"

@@ -13,6 +13,7 @@ from typing import Any
 
 from .._errors import StoreError
 from ._durable_rows import PromiseState, Row, TaskState
+from ._sqlite_file import SQLiteFile
 
 _PENDING = PromiseState.PENDING.value
 
@@ -171,7 +172,7 @@ class SQLiteTables:
 
     Every protocol operation is one ``BEGIN IMMEDIATE`` transaction, so operations
     from several processes on one file are serialised by SQLite, and (on a connection
-    from `SQLiteStore._durable_connection`) it holds the store's lock, so they never
+    from `SQLiteStore.durable_tables`) it holds the store's lock, so they never
     interleave with the store's own writes in this process, and checks that the file
     was not deleted or replaced underneath.
 
@@ -185,9 +186,15 @@ class SQLiteTables:
     def __init__(self, conn: sqlite3.Connection, path: str) -> None:
         self.conn = conn
         self.path = path
-        self._store: Any = getattr(conn, "store", None)  # the SQLiteStore that opened it
-        self._read_only = bool(self._store is not None and self._store.read_only)
+        # The store's SQLiteFile, if a store opened the connection: its lock and
+        # file check guard every write transaction.
+        self._file: SQLiteFile | None = getattr(conn, "file", None)
+        self._read_only = bool(self._file is not None and self._file.read_only)
         self._overlay: _Overlay | None = None
+
+    def close(self) -> None:
+        """Close the connection; idempotent."""
+        self.conn.close()
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -198,8 +205,8 @@ class SQLiteTables:
                     yield
                 finally:
                     self._overlay = None
-        elif self._store is not None:
-            with self._store._exclusive(), self._transaction("BEGIN IMMEDIATE"):
+        elif self._file is not None:
+            with self._file.exclusive(), self._transaction("BEGIN IMMEDIATE"):
                 yield
         else:
             with self._transaction("BEGIN IMMEDIATE"):

@@ -29,6 +29,7 @@ from ._base import (
     new_row,
     seconds,
 )
+from ._durable_tables import DictTables
 
 
 @final
@@ -54,6 +55,7 @@ class MemoryStore:
         self._fenced: list[str] = []  # the current write's fenced ids
         self._closed = False
         self._lock = threading.Lock()
+        self._durable = DictTables()
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -321,6 +323,11 @@ class MemoryStore:
 
     def _record(self, row: dict[str, Any]) -> ExecutionRecord:
         return ExecutionRecord(**row, lease_expires_at=self._owners.get(row["owner"]))
+
+    def durable_tables(self) -> DictTables:
+        """The durable tables of this store, for `trioexec.durable`: every
+        `DurableStore` on it shares them."""
+        return self._durable
 
     def close(self) -> None:
         with self._lock:

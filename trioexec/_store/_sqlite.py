@@ -1,27 +1,21 @@
 """`SQLiteStore`: executions in a SQLite file (WAL), schema by sqlite-utils migrations.
 
-The only module that imports ``sqlite3``/``sqlite_utils``. Every ``sqlite3.Error``
-becomes a `StoreError` naming the file, here and nowhere else.
+The SQLite store is this module (the queries), ``_sqlite_file`` (the connections,
+and the one place a ``sqlite3.Error`` becomes a `StoreError` naming the file) and
+``_sqlite_schema`` (the migrations): the only modules that import ``sqlite3`` or
+``sqlite_utils``, with the durable tables' SQLite backend.
 """
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import math
 import os
 import sqlite3
-import stat
-import threading
 import time
-import urllib.parse
-import weakref
-from collections.abc import Callable, Collection, Iterator, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any, final
-
-import sqlite_utils
-from sqlite_utils.migrations import Migrations
 
 from .._errors import StoreError
 from .._records import ExecutionRecord, SubStatus, TaskStatus
@@ -40,121 +34,8 @@ from ._base import (
     check_query,
     seconds,
 )
-
-SCHEMA_VERSION = 4
-MIGRATIONS = Migrations("trioexec")
-
-
-@MIGRATIONS(name="0001_initial")
-def _initial(db: sqlite_utils.Database) -> None:
-    db["trioexec_meta"].create({"key": str, "value": str}, pk="key")  # type: ignore[union-attr]
-    db["executions"].create(  # type: ignore[union-attr]
-        {
-            "task_id": str,
-            "name": str,
-            "run_id": str,
-            "status": str,
-            "sub_status": str,
-            "attempt": int,
-            "recovery_attempts": int,
-            "owner": str,
-            "version": int,
-            "submitted_at": float,
-            "started_at": float,
-            "finished_at": float,
-            "deferred_since": float,
-            "error": str,
-            "spec_id": str,
-            "args": str,
-        },
-        pk="task_id",
-        not_null={"name", "status", "attempt", "recovery_attempts", "version"},
-        defaults={"attempt": 0, "recovery_attempts": 0, "version": 1},
-    )
-    db["owners"].create({"owner": str, "lease_expires_at": float}, pk="owner")  # type: ignore[union-attr]
-    db.execute("CREATE INDEX executions_status ON executions (status, owner)")
-    db.execute(
-        "CREATE INDEX executions_deferred ON executions (sub_status, deferred_since)"
-        " WHERE sub_status IS NOT NULL"
-    )
-    db.execute("CREATE INDEX executions_run ON executions (run_id) WHERE run_id IS NOT NULL")
-    db.execute(
-        "INSERT INTO trioexec_meta (key, value) VALUES ('schema_version', ?)",
-        [str(SCHEMA_VERSION)],
-    )
-
-
-@MIGRATIONS(name="0002_workflow_runs")
-def _workflow_runs(db: sqlite_utils.Database) -> None:
-    db["workflow_runs"].create(  # type: ignore[union-attr]
-        {
-            "run_id": str,
-            "workflow": str,
-            "status": str,
-            "context": str,
-            "owner": str,
-            "created_at": float,
-            "finished_at": float,
-        },
-        pk="run_id",
-        not_null={"workflow", "status", "context"},
-    )
-    db["workflow_steps"].create(  # type: ignore[union-attr]
-        {"run_id": str, "step_id": str, "state": str, "output": str, "task_id": str},
-        pk=("run_id", "step_id"),
-        not_null={"state"},
-    )
-    db.execute("CREATE INDEX workflow_runs_status ON workflow_runs (status, workflow)")
-    db.execute("UPDATE trioexec_meta SET value = '2' WHERE key = 'schema_version'")
-
-
-@MIGRATIONS(name="0003_durable")
-def _durable(db: sqlite_utils.Database) -> None:
-    db["durable_promises"].create(  # type: ignore[union-attr]
-        {
-            "id": str,
-            "state": str,
-            "data": str,
-            "timeout_at": float,
-            "ikc": str,
-            "iku": str,
-            "tags": str,
-            "created_at": float,
-            "settled_at": float,
-        },
-        pk="id",
-        not_null={"state", "timeout_at", "tags", "created_at"},
-    )
-    db["durable_tasks"].create(  # type: ignore[union-attr]
-        {
-            "id": str,
-            "state": str,
-            "version": int,
-            "target": str,
-            "pid": str,
-            "ttl": float,
-            "lease_expires_at": float,
-            "timeout_at": float,
-        },
-        pk="id",
-        not_null={"state", "version"},
-    )
-    db["durable_callbacks"].create(  # type: ignore[union-attr]
-        {"promise_id": str, "task_id": str}, pk=("promise_id", "task_id")
-    )
-    db.execute("CREATE INDEX durable_promises_pending ON durable_promises (state, timeout_at)")
-    db.execute("CREATE INDEX durable_tasks_state ON durable_tasks (state, target)")
-    db.execute("CREATE INDEX durable_tasks_lease ON durable_tasks (state, lease_expires_at)")
-    db.execute("CREATE INDEX durable_tasks_retry ON durable_tasks (state, timeout_at)")
-    db.execute("CREATE INDEX durable_callbacks_task ON durable_callbacks (task_id)")
-    db.execute("UPDATE trioexec_meta SET value = '3' WHERE key = 'schema_version'")
-
-
-@MIGRATIONS(name="0004_run_recovery_attempts")
-def _run_recovery_attempts(db: sqlite_utils.Database) -> None:
-    db.execute("ALTER TABLE workflow_runs ADD COLUMN recovery_attempts INTEGER NOT NULL DEFAULT 0")
-    db.execute("UPDATE trioexec_meta SET value = '4' WHERE key = 'schema_version'")
-
+from ._durable_tables import SQLiteTables
+from ._sqlite_file import READ_ONLY_BUSY_TIMEOUT, WRITE_BUSY_TIMEOUT, SQLiteFile
 
 _COLUMNS = (
     "e.task_id, e.name, e.run_id, e.status, e.sub_status, e.attempt, e.recovery_attempts,"
@@ -162,12 +43,6 @@ _COLUMNS = (
     " e.deferred_since, e.error, e.spec_id, e.args"
 )
 _SELECT = f"SELECT {_COLUMNS} FROM executions e LEFT JOIN owners o ON o.owner = e.owner"
-
-#: How long a writer waits for another connection's write lock before giving up.
-WRITE_BUSY_TIMEOUT = 10.0
-#: How long a read-only store waits: WAL readers never need the write lock, so only
-#: a checkpoint or a crashed writer's recovery can hold them up, and briefly.
-READ_ONLY_BUSY_TIMEOUT = 1.0
 
 
 def _record(row: tuple[Any, ...], path: str) -> ExecutionRecord:
@@ -198,26 +73,6 @@ def _record(row: tuple[Any, ...], path: str) -> ExecutionRecord:
         spec_id=row[15],
         args=row[16],
     )
-
-
-class _Connection(sqlite3.Connection):
-    """A connection a `SQLiteStore` opened. The durable tables find the store through
-    ``store``: its lock, its file check, and whether it is read-only."""
-
-    # Weak: the store holds its connections, and a store dropped without close()
-    # should still close them at once, not wait for the cycle collector.
-    _store_ref: weakref.ref[SQLiteStore] | None = None
-
-    @property
-    def store(self) -> SQLiteStore | None:
-        return None if self._store_ref is None else self._store_ref()
-
-
-def _uri(path: str, **params: str) -> str:
-    """A ``file:`` URI naming the absolute ``path``: every byte that means something
-    in a URI (``?``, ``#``, ``%``, spaces, quotes, non-ASCII) percent-encoded."""
-    quoted = urllib.parse.quote(os.fsencode(path), safe="/")
-    return f"file://{quoted}?{urllib.parse.urlencode(params)}"
 
 
 @final
@@ -282,250 +137,13 @@ class SQLiteStore:
             isinstance(busy_timeout, int | float) and 0 <= busy_timeout < math.inf
         ):
             raise ValueError(f"busy_timeout must be seconds >= 0, got {busy_timeout!r}")
-        self._busy_timeout = float(busy_timeout)
-        # Absolute: a later chdir must not point the store at another file.
-        self._file = os.path.abspath(self.path)
-        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened
-        self._lock = threading.Lock()  # the write connection, and durable writes
-        self._write_conn: _Connection | None = None
-        self._local = threading.local()  # .conn: this thread's read connection
-        self._readers: weakref.WeakSet[_Connection] = weakref.WeakSet()
-        self._readers_lock = threading.Lock()  # _readers and _closed
-        self._closed = False
-        with self._errors("cannot open"):
-            if read_only:
-                self._open_read_only()
-            else:
-                self._open_writer()
-
-    def _open_writer(self) -> None:
-        self._write_conn = conn = self._connect(read_only=False)
-        db = sqlite_utils.Database(conn)
-        self._check(db)  # before anything writes: a foreign file is left as it was
-        conn.execute("PRAGMA journal_mode=WAL")
-        self._migrate(db)
-        self._identity = self._stat()
-        self._reader()  # the opening thread's, at once: a file it cannot read fails here
-
-    def _open_read_only(self) -> None:
-        try:
-            st = os.stat(self._file)
-        except FileNotFoundError:
-            raise StoreError(f"{self.path}: no such database file") from None
-        except OSError as exc:
-            raise StoreError(f"{self.path}: cannot open: {exc.strerror}") from None
-        if stat.S_ISDIR(st.st_mode):
-            raise StoreError(f"{self.path}: is a directory, not a database file")
-        if st.st_size == 0 and not os.path.exists(self._file + "-wal"):
-            raise StoreError(f"{self.path}: not a trioexec database (empty file)")
-        self._identity = (st.st_dev, st.st_ino)
-        found = self._check(sqlite_utils.Database(self._reader()))
-        if found == 0:
-            raise StoreError(f"{self.path}: not a trioexec database (no trioexec schema)")
-        if found < SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path}: written by an older trioexec (schema version {found}; this "
-                f"trioexec reads {SCHEMA_VERSION}): open it once read-write to migrate it"
-            )
-
-    def _connect(self, *, read_only: bool) -> _Connection:
-        if read_only:
-            conn = sqlite3.connect(
-                _uri(self._file, mode="ro"),
-                uri=True,
-                factory=_Connection,
-                check_same_thread=False,
-                isolation_level=None,
-                timeout=self._busy_timeout,
-            )
-            conn.execute("PRAGMA query_only=ON")
-        else:
-            conn = sqlite3.connect(
-                self._file,
-                factory=_Connection,
-                check_same_thread=False,
-                isolation_level=None,
-                timeout=self._busy_timeout,
-            )
-            conn.execute("PRAGMA synchronous=NORMAL")
-        conn._store_ref = weakref.ref(self)
-        return conn
-
-    def _reader(self) -> _Connection:
-        """This thread's read connection (opened on first use)."""
-        conn: _Connection | None = getattr(self._local, "conn", None)
-        if conn is None or self._closed:
-            with self._readers_lock:
-                if self._closed:
-                    raise StoreError(f"{self.path}: the store is closed")
-                if conn is None:
-                    conn = self._connect(read_only=self.read_only)
-                    self._readers.add(conn)
-                    self._local.conn = conn
-        return conn
-
-    def _check(self, db: sqlite_utils.Database) -> int:
-        """Refuse a foreign or newer file (reads only). Returns the schema version
-        (0: no trioexec schema yet)."""
-        tables = set(db.table_names())
-        if tables and "trioexec_meta" not in tables:
-            shown = ", ".join(sorted(tables)[:5])
-            raise StoreError(
-                f"{self.path}: not a trioexec database (it has tables {shown}, "
-                "but no trioexec schema); refusing to touch it"
-            )
-        if "trioexec_meta" not in tables:
-            return 0
-        row = db.conn.execute(
-            "SELECT value FROM trioexec_meta WHERE key = 'schema_version'"
-        ).fetchone()
-        try:
-            found = int(row[0]) if row else 0
-        except (TypeError, ValueError):
-            raise StoreError(
-                f"{self.path}: unreadable schema version {row[0]!r} in trioexec_meta"
-            ) from None
-        if found > SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path}: written by a newer trioexec (schema version {found}; "
-                f"this trioexec knows up to {SCHEMA_VERSION})"
-            )
-        known = {m.name for m in MIGRATIONS._migrations}
-        unknown = {m.name for m in MIGRATIONS.applied(db)} - known
-        if unknown:
-            raise StoreError(
-                f"{self.path}: written by a newer trioexec (unknown migrations {sorted(unknown)})"
-            )
-        return found
-
-    def _migrate(self, db: sqlite_utils.Database) -> None:
-        conn = db.conn
-        conn.execute("BEGIN IMMEDIATE")  # two processes opening a new file: one migrates
-        try:
-            self._check(db)  # again, under the lock
-            MIGRATIONS.apply(db)
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-
-    def _stat(self) -> tuple[int, int]:
-        st = os.stat(self._file)
-        return (st.st_dev, st.st_ino)
-
-    def _check_same_file(self) -> None:
-        """Raise unless ``path`` still names the file this store opened. SQLite would
-        go on writing into a deleted (unlinked) or replaced file, and lose it all."""
-        try:
-            same = self._stat() == self._identity
-        except FileNotFoundError:
-            same = False
-        except OSError as exc:
-            raise StoreError(f"{self.path}: cannot check the database file: {exc}") from None
-        if not same:
-            raise StoreError(
-                f"{self.path}: the database file was deleted or replaced while open; "
-                "refusing to write into the old file (the writes would be lost): "
-                "close this store and open the file again"
-            )
-
-    def _describe(self, doing: str, exc: sqlite3.Error) -> str:
-        message = str(exc)
-        if isinstance(exc, sqlite3.OperationalError) and "locked" in message:
-            return (
-                f"{self.path}: {doing}: database is locked (another connection has held"
-                f" its lock for over {self._busy_timeout:g} s)"
-            )
-        return f"{self.path}: {doing}: {message}"
-
-    @contextlib.contextmanager
-    def _errors(self, doing: str) -> Iterator[None]:
-        try:
-            yield
-        except StoreError:
-            self._close_all()
-            raise
-        except sqlite3.DatabaseError as exc:
-            self._close_all()
-            message = str(exc)
-            if "not a database" in message or "malformed" in message:
-                raise StoreError(
-                    f"{self.path}: not a usable SQLite database (corrupt?): {message}"
-                ) from None
-            raise StoreError(self._describe(doing, exc)) from None
-        except OSError as exc:
-            self._close_all()
-            raise StoreError(f"{self.path}: {doing}: {exc.strerror or exc}") from None
-
-    @contextlib.contextmanager
-    def _using(self, doing: str) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as exc:
-            raise StoreError(self._describe(doing, exc)) from None
-
-    def _close_all(self) -> None:
-        with self._readers_lock:
-            self._closed = True
-            conns = [*self._readers, self._write_conn]
-            self._readers.clear()
-            self._write_conn = None
-        for conn in conns:
-            if conn is not None:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.close()
-
-    @contextlib.contextmanager
-    def _reading(self, doing: str, *, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
-        """This thread's read connection; with ``snapshot``, the statements inside
-        see one state of the database (a read transaction: never a write lock)."""
-        with self._using(doing):
-            conn = self._reader()
-            if not snapshot:
-                yield conn
-                return
-            conn.execute("BEGIN")
-            try:
-                yield conn
-            finally:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")  # nothing to keep; never leave a snapshot open
-
-    @contextlib.contextmanager
-    def _exclusive(self) -> Iterator[None]:
-        """Hold the store's lock, on the file this store opened: around every write of
-        the durable tables (their own connection, this store's lock)."""
-        if self.read_only:
-            raise StoreError(f"{self.path}: opened read-only")
-        with self._lock:
-            self._check_same_file()
-            yield
-
-    @contextlib.contextmanager
-    def _transaction(self, doing: str) -> Iterator[sqlite3.Connection]:
-        if self.read_only:
-            raise StoreError(f"{self.path}: opened read-only")
-        with self._lock:
-            conn = self._write_conn
-            if conn is None or self._closed:
-                raise StoreError(f"{self.path}: the store is closed")
-            self._check_same_file()  # once per batch: a stat, cheap beside the commit
-            with self._using(doing):
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    yield conn
-                    conn.execute("COMMIT")
-                except BaseException:
-                    if conn.in_transaction:
-                        conn.execute("ROLLBACK")
-                    raise
+        self._db = SQLiteFile(self.path, read_only=read_only, busy_timeout=float(busy_timeout))
 
     # ------------------------------------------------------------------ writes
 
     def write(self, changes: Sequence[Change]) -> list[str]:
         fenced: list[str] = []
-        with self._transaction("write") as conn:
+        with self._db.transaction("write") as conn:
             # An execution first submitted in this batch is folded in memory (the
             # same transition rules as MemoryStore) and inserted once, final state
             # and all: under load most batches hold submit, start and finish of
@@ -592,7 +210,7 @@ class SQLiteStore:
         claimed: list[RunRecord] = []
         orphaned: list[RunRecord] = []
         abandoned: list[RunRecord] = []
-        with self._transaction("claim workflow runs") as conn:
+        with self._db.transaction("claim workflow runs") as conn:
             rows = conn.execute(
                 "SELECT r.run_id, r.workflow, r.recovery_attempts FROM workflow_runs r"
                 " LEFT JOIN owners o ON o.owner = r.owner"
@@ -662,7 +280,7 @@ class SQLiteStore:
     def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
         ids = list(run_ids)
         lost: list[str] = []
-        with self._reading("check run ownership") as conn:
+        with self._db.reading("check run ownership") as conn:
             for start in range(0, len(ids), 500):
                 chunk = ids[start : start + 500]
                 marks = ",".join("?" * len(chunk))
@@ -679,14 +297,14 @@ class SQLiteStore:
     def run(self, run_id: str) -> RunRecord | None:
         """One workflow run, or None: a few primary-key reads on this thread's read
         connection (never waits behind a write)."""
-        with self._reading("query workflow run", snapshot=True) as conn:
+        with self._db.reading("query workflow run", snapshot=True) as conn:
             found = conn.execute(
                 "SELECT 1 FROM workflow_runs WHERE run_id = ?", (run_id,)
             ).fetchone()
             return None if found is None else self._run(conn, run_id)
 
     def runs(self, *, status: str | None = None) -> list[RunRecord]:
-        with self._reading("query workflow runs", snapshot=True) as conn:
+        with self._db.reading("query workflow runs", snapshot=True) as conn:
             sql = "SELECT run_id FROM workflow_runs"
             params: tuple[object, ...] = ()
             if status is not None:
@@ -696,7 +314,7 @@ class SQLiteStore:
             return [self._run(conn, run_id) for run_id in ids]
 
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:
-        with self._transaction("heartbeat") as conn:
+        with self._db.transaction("heartbeat") as conn:
             conn.execute(
                 "INSERT INTO owners (owner, lease_expires_at) VALUES (?, ?)"
                 " ON CONFLICT (owner) DO UPDATE SET lease_expires_at = excluded.lease_expires_at",
@@ -704,13 +322,13 @@ class SQLiteStore:
             )
 
     def release_owner(self, owner: str) -> None:
-        with self._transaction("release owner") as conn:
+        with self._db.transaction("release owner") as conn:
             conn.execute("DELETE FROM owners WHERE owner = ?", (owner,))
 
     def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
         if not live:
             return []
-        with self._reading("check ownership") as conn:
+        with self._db.reading("check ownership") as conn:
             mine = dict(
                 conn.execute(
                     "SELECT task_id, version FROM executions"
@@ -745,7 +363,7 @@ class SQLiteStore:
         claimed: list[ExecutionRecord] = []
         orphaned: list[ExecutionRecord] = []
         abandoned: list[ExecutionRecord] = []
-        with self._transaction("recover") as conn:
+        with self._db.transaction("recover") as conn:
             rows = conn.execute(
                 f"{_SELECT} WHERE e.status IN ('pending', 'running') AND e.owner IS NOT ?"
                 " AND e.run_id IS NULL"  # a workflow step is resumed with its run
@@ -820,7 +438,7 @@ class SQLiteStore:
         if limit is not None:
             sql += " LIMIT ?"
             params.append(limit)
-        with self._reading("query executions") as conn:
+        with self._db.reading("query executions") as conn:
             rows = conn.execute(sql, params).fetchall()
         return [_record(row, self.path) for row in rows]
 
@@ -836,7 +454,7 @@ class SQLiteStore:
         where, params = self._where(None, sub_status, deferred_longer_than, run_id)
         sql = f"SELECT e.status, count(*) FROM executions e{where} GROUP BY e.status"
         counts = dict.fromkeys(TaskStatus, 0)
-        with self._reading("count executions") as conn:
+        with self._db.reading("count executions") as conn:
             for value, n in conn.execute(sql, params).fetchall():
                 try:
                     counts[TaskStatus(value)] = n
@@ -876,15 +494,14 @@ class SQLiteStore:
     def execution(self, task_id: str) -> ExecutionRecord | None:
         """One execution, or None: a primary-key read on this thread's read
         connection, so it never waits behind a write batch."""
-        with self._reading("query execution") as conn:
+        with self._db.reading("query execution") as conn:
             row = conn.execute(f"{_SELECT} WHERE e.task_id = ?", (task_id,)).fetchone()
         return None if row is None else _record(row, self.path)
 
     def close(self) -> None:
         """Close every connection (each thread's reader and the writer); idempotent.
         Waits for a write in progress in another thread to end first."""
-        with self._lock:
-            self._close_all()
+        self._db.close()
 
     def __enter__(self) -> SQLiteStore:
         return self
@@ -892,13 +509,11 @@ class SQLiteStore:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def _durable_connection(self) -> sqlite3.Connection:
-        """A connection of its own for `trioexec.durable` (same file, same schema;
-        read-only if the store is). Its transactions take this store's lock."""
-        if self._closed:
-            raise StoreError(f"{self.path}: the store is closed")
-        with self._using("cannot open"):
-            return self._connect(read_only=self.read_only)
+    def durable_tables(self) -> SQLiteTables:
+        """The durable tables of this store's file, for `trioexec.durable`, on a
+        connection of their own (read-only if the store is; closed by their
+        ``close``). Their transactions take this store's lock."""
+        return SQLiteTables(self._db.open_connection(), self.path)
 
     def __repr__(self) -> str:
         return f"<SQLiteStore {self.path!r}>"

@@ -12,7 +12,8 @@ from typing import Any, TypeVar, final
 import trio
 
 from .._store import MemoryStore, SQLiteStore
-from .._store._durable_tables import DictTables, SQLiteTables
+from .._store._durable_rows import Tables
+from .._store._durable_tables import SQLiteTables
 from ._protocol import Core
 from ._records import (
     PromiseCreate,
@@ -63,11 +64,12 @@ class DurableStore:
             )
         self._owned: SQLiteStore | None = None
         self._limiter = trio.CapacityLimiter(1)  # one connection: one call at a time
+        self._sqlite: SQLiteTables | None = None  # closed by close()
+        tables: Tables
         if isinstance(path_or_store, MemoryStore):
             self.inline = True
-            self._conn = None
             # Every DurableStore on one MemoryStore sees the same promises and tasks.
-            tables: Any = path_or_store.__dict__.setdefault("_durable_tables", DictTables())
+            tables = path_or_store.durable_tables()
             clock = clock or path_or_store.clock
         else:
             if isinstance(path_or_store, SQLiteStore):
@@ -75,8 +77,7 @@ class DurableStore:
             else:
                 store = self._owned = SQLiteStore(path_or_store, clock=clock or time.time)
             self.inline = store.inline
-            self._conn = store._durable_connection()
-            tables = SQLiteTables(self._conn, store.path)
+            tables = self._sqlite = store.durable_tables()
             clock = clock or store.clock
         self.clock = clock
         self._core = Core(tables, clock, retry_timeout)
@@ -97,9 +98,9 @@ class DurableStore:
 
     def close(self) -> None:
         """Close the connection (and the store this object opened); idempotent."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        if self._sqlite is not None:
+            self._sqlite.close()
+            self._sqlite = None
         if self._owned is not None:
             self._owned.close()
             self._owned = None

@@ -1,0 +1,270 @@
+"""The connections to one SQLite database file: the writer (behind a lock), a reader
+per thread, the check that the path still names the file opened, and the one place
+where ``sqlite3`` errors become `StoreError`, naming the file."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sqlite3
+import stat
+import threading
+import urllib.parse
+import weakref
+from collections.abc import Iterator
+from typing import final
+
+import sqlite_utils
+
+from .._errors import StoreError
+from ._sqlite_schema import SCHEMA_VERSION, migrate, schema_version
+
+#: How long a writer waits for another connection's write lock before giving up.
+WRITE_BUSY_TIMEOUT = 10.0
+#: How long a read-only store waits: WAL readers never need the write lock, so only
+#: a checkpoint or a crashed writer's recovery can hold them up, and briefly.
+READ_ONLY_BUSY_TIMEOUT = 1.0
+
+
+class _Connection(sqlite3.Connection):
+    """A connection a `SQLiteFile` opened. The durable tables find the file through
+    ``file``: its lock, its file check, and whether it is read-only."""
+
+    # Weak: the file holds its connections, and a store dropped without close()
+    # should still close them at once, not wait for the cycle collector.
+    _file_ref: weakref.ref[SQLiteFile] | None = None
+
+    @property
+    def file(self) -> SQLiteFile | None:
+        return None if self._file_ref is None else self._file_ref()
+
+
+def _uri(path: str, **params: str) -> str:
+    """A ``file:`` URI naming the absolute ``path``: every byte that means something
+    in a URI (``?``, ``#``, ``%``, spaces, quotes, non-ASCII) percent-encoded."""
+    quoted = urllib.parse.quote(os.fsencode(path), safe="/")
+    return f"file://{quoted}?{urllib.parse.urlencode(params)}"
+
+
+@final
+class SQLiteFile:
+    """The connections a `SQLiteStore` holds to its file, opened (created, checked
+    and migrated unless ``read_only``) on construction.
+
+    Writes take the lock, one at a time, on the file opened; each thread reads
+    through a connection of its own, so a read never waits behind a write.
+
+    Raises:
+      StoreError: naming the path, if the file cannot be opened or is not (or not
+        yet, or no longer) a trioexec database this trioexec can use.
+    """
+
+    def __init__(self, path: str, *, read_only: bool, busy_timeout: float) -> None:
+        self.path = path
+        self.read_only = read_only
+        self.busy_timeout = busy_timeout
+        # Absolute: a later chdir must not point the store at another file.
+        self._file = os.path.abspath(path)
+        self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened
+        self._lock = threading.Lock()  # the write connection, and durable writes
+        self._write_conn: _Connection | None = None
+        self._local = threading.local()  # .conn: this thread's read connection
+        self._readers: weakref.WeakSet[_Connection] = weakref.WeakSet()
+        self._readers_lock = threading.Lock()  # _readers and _closed
+        self._closed = False
+        with self._errors("cannot open"):
+            if read_only:
+                self._open_read_only()
+            else:
+                self._open_writer()
+
+    def _open_writer(self) -> None:
+        self._write_conn = conn = self._connect(read_only=False)
+        db = sqlite_utils.Database(conn)
+        schema_version(db, self.path)  # before anything writes: a foreign file is left as it was
+        conn.execute("PRAGMA journal_mode=WAL")
+        migrate(db, self.path)
+        self._identity = self._stat()
+        self.reader()  # the opening thread's, at once: a file it cannot read fails here
+
+    def _open_read_only(self) -> None:
+        try:
+            st = os.stat(self._file)
+        except FileNotFoundError:
+            raise StoreError(f"{self.path}: no such database file") from None
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot open: {exc.strerror}") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise StoreError(f"{self.path}: is a directory, not a database file")
+        if st.st_size == 0 and not os.path.exists(self._file + "-wal"):
+            raise StoreError(f"{self.path}: not a trioexec database (empty file)")
+        self._identity = (st.st_dev, st.st_ino)
+        found = schema_version(sqlite_utils.Database(self.reader()), self.path)
+        if found == 0:
+            raise StoreError(f"{self.path}: not a trioexec database (no trioexec schema)")
+        if found < SCHEMA_VERSION:
+            raise StoreError(
+                f"{self.path}: written by an older trioexec (schema version {found}; this "
+                f"trioexec reads {SCHEMA_VERSION}): open it once read-write to migrate it"
+            )
+
+    def _connect(self, *, read_only: bool) -> _Connection:
+        if read_only:
+            conn = sqlite3.connect(
+                _uri(self._file, mode="ro"),
+                uri=True,
+                factory=_Connection,
+                check_same_thread=False,
+                isolation_level=None,
+                timeout=self.busy_timeout,
+            )
+            conn.execute("PRAGMA query_only=ON")
+        else:
+            conn = sqlite3.connect(
+                self._file,
+                factory=_Connection,
+                check_same_thread=False,
+                isolation_level=None,
+                timeout=self.busy_timeout,
+            )
+            conn.execute("PRAGMA synchronous=NORMAL")
+        conn._file_ref = weakref.ref(self)
+        return conn
+
+    def reader(self) -> _Connection:
+        """This thread's read connection (opened on first use)."""
+        conn: _Connection | None = getattr(self._local, "conn", None)
+        if conn is None or self._closed:
+            with self._readers_lock:
+                if self._closed:
+                    raise StoreError(f"{self.path}: the store is closed")
+                if conn is None:
+                    conn = self._connect(read_only=self.read_only)
+                    self._readers.add(conn)
+                    self._local.conn = conn
+        return conn
+
+    def _stat(self) -> tuple[int, int]:
+        st = os.stat(self._file)
+        return (st.st_dev, st.st_ino)
+
+    def _check_same_file(self) -> None:
+        """Raise unless ``path`` still names the file this store opened. SQLite would
+        go on writing into a deleted (unlinked) or replaced file, and lose it all."""
+        try:
+            same = self._stat() == self._identity
+        except FileNotFoundError:
+            same = False
+        except OSError as exc:
+            raise StoreError(f"{self.path}: cannot check the database file: {exc}") from None
+        if not same:
+            raise StoreError(
+                f"{self.path}: the database file was deleted or replaced while open; "
+                "refusing to write into the old file (the writes would be lost): "
+                "close this store and open the file again"
+            )
+
+    def _describe(self, doing: str, exc: sqlite3.Error) -> str:
+        message = str(exc)
+        if isinstance(exc, sqlite3.OperationalError) and "locked" in message:
+            return (
+                f"{self.path}: {doing}: database is locked (another connection has held"
+                f" its lock for over {self.busy_timeout:g} s)"
+            )
+        return f"{self.path}: {doing}: {message}"
+
+    @contextlib.contextmanager
+    def _errors(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except StoreError:
+            self._close_all()
+            raise
+        except sqlite3.DatabaseError as exc:
+            self._close_all()
+            message = str(exc)
+            if "not a database" in message or "malformed" in message:
+                raise StoreError(
+                    f"{self.path}: not a usable SQLite database (corrupt?): {message}"
+                ) from None
+            raise StoreError(self._describe(doing, exc)) from None
+        except OSError as exc:
+            self._close_all()
+            raise StoreError(f"{self.path}: {doing}: {exc.strerror or exc}") from None
+
+    @contextlib.contextmanager
+    def using(self, doing: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise StoreError(self._describe(doing, exc)) from None
+
+    def _close_all(self) -> None:
+        with self._readers_lock:
+            self._closed = True
+            conns = [*self._readers, self._write_conn]
+            self._readers.clear()
+            self._write_conn = None
+        for conn in conns:
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+
+    @contextlib.contextmanager
+    def reading(self, doing: str, *, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
+        """This thread's read connection; with ``snapshot``, the statements inside
+        see one state of the database (a read transaction: never a write lock)."""
+        with self.using(doing):
+            conn = self.reader()
+            if not snapshot:
+                yield conn
+                return
+            conn.execute("BEGIN")
+            try:
+                yield conn
+            finally:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")  # nothing to keep; never leave a snapshot open
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """Hold the store's lock, on the file this store opened: around every write of
+        the durable tables (their own connection, this store's lock)."""
+        if self.read_only:
+            raise StoreError(f"{self.path}: opened read-only")
+        with self._lock:
+            self._check_same_file()
+            yield
+
+    @contextlib.contextmanager
+    def transaction(self, doing: str) -> Iterator[sqlite3.Connection]:
+        if self.read_only:
+            raise StoreError(f"{self.path}: opened read-only")
+        with self._lock:
+            conn = self._write_conn
+            if conn is None or self._closed:
+                raise StoreError(f"{self.path}: the store is closed")
+            self._check_same_file()  # once per batch: a stat, cheap beside the commit
+            with self.using(doing):
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    yield conn
+                    conn.execute("COMMIT")
+                except BaseException:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")
+                    raise
+
+    def close(self) -> None:
+        """Close every connection (each thread's reader and the writer); idempotent.
+        Waits for a write in progress in another thread to end first."""
+        with self._lock:
+            self._close_all()
+
+    def open_connection(self) -> sqlite3.Connection:
+        """A connection of its own (same file; read-only if this file is), for the
+        durable tables: its transactions take this file's lock (`exclusive`)."""
+        if self._closed:
+            raise StoreError(f"{self.path}: the store is closed")
+        with self.using("cannot open"):
+            return self._connect(read_only=self.read_only)

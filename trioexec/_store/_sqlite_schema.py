@@ -1,0 +1,182 @@
+"""The SQLite store's schema: sqlite-utils migrations, and the check that a file is
+trioexec's, and not from a newer trioexec, before anything writes to it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import sqlite_utils
+from sqlite_utils.migrations import Migrations
+
+from .._errors import StoreError
+
+_Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
+
+SCHEMA_VERSION = 4
+MIGRATIONS = Migrations("trioexec")
+#: Every migration this trioexec defines, by name: a file with any other applied
+#: was written by a newer trioexec.
+KNOWN_MIGRATIONS: list[str] = []
+
+
+def _migration(name: str) -> Callable[[_Migrate], _Migrate]:
+    KNOWN_MIGRATIONS.append(name)
+    return MIGRATIONS(name=name)
+
+
+@_migration("0001_initial")
+def _initial(db: sqlite_utils.Database) -> None:
+    db["trioexec_meta"].create({"key": str, "value": str}, pk="key")  # type: ignore[union-attr]
+    db["executions"].create(  # type: ignore[union-attr]
+        {
+            "task_id": str,
+            "name": str,
+            "run_id": str,
+            "status": str,
+            "sub_status": str,
+            "attempt": int,
+            "recovery_attempts": int,
+            "owner": str,
+            "version": int,
+            "submitted_at": float,
+            "started_at": float,
+            "finished_at": float,
+            "deferred_since": float,
+            "error": str,
+            "spec_id": str,
+            "args": str,
+        },
+        pk="task_id",
+        not_null={"name", "status", "attempt", "recovery_attempts", "version"},
+        defaults={"attempt": 0, "recovery_attempts": 0, "version": 1},
+    )
+    db["owners"].create({"owner": str, "lease_expires_at": float}, pk="owner")  # type: ignore[union-attr]
+    db.execute("CREATE INDEX executions_status ON executions (status, owner)")
+    db.execute(
+        "CREATE INDEX executions_deferred ON executions (sub_status, deferred_since)"
+        " WHERE sub_status IS NOT NULL"
+    )
+    db.execute("CREATE INDEX executions_run ON executions (run_id) WHERE run_id IS NOT NULL")
+    db.execute(
+        "INSERT INTO trioexec_meta (key, value) VALUES ('schema_version', ?)",
+        [str(SCHEMA_VERSION)],
+    )
+
+
+@_migration("0002_workflow_runs")
+def _workflow_runs(db: sqlite_utils.Database) -> None:
+    db["workflow_runs"].create(  # type: ignore[union-attr]
+        {
+            "run_id": str,
+            "workflow": str,
+            "status": str,
+            "context": str,
+            "owner": str,
+            "created_at": float,
+            "finished_at": float,
+        },
+        pk="run_id",
+        not_null={"workflow", "status", "context"},
+    )
+    db["workflow_steps"].create(  # type: ignore[union-attr]
+        {"run_id": str, "step_id": str, "state": str, "output": str, "task_id": str},
+        pk=("run_id", "step_id"),
+        not_null={"state"},
+    )
+    db.execute("CREATE INDEX workflow_runs_status ON workflow_runs (status, workflow)")
+    db.execute("UPDATE trioexec_meta SET value = '2' WHERE key = 'schema_version'")
+
+
+@_migration("0003_durable")
+def _durable(db: sqlite_utils.Database) -> None:
+    db["durable_promises"].create(  # type: ignore[union-attr]
+        {
+            "id": str,
+            "state": str,
+            "data": str,
+            "timeout_at": float,
+            "ikc": str,
+            "iku": str,
+            "tags": str,
+            "created_at": float,
+            "settled_at": float,
+        },
+        pk="id",
+        not_null={"state", "timeout_at", "tags", "created_at"},
+    )
+    db["durable_tasks"].create(  # type: ignore[union-attr]
+        {
+            "id": str,
+            "state": str,
+            "version": int,
+            "target": str,
+            "pid": str,
+            "ttl": float,
+            "lease_expires_at": float,
+            "timeout_at": float,
+        },
+        pk="id",
+        not_null={"state", "version"},
+    )
+    db["durable_callbacks"].create(  # type: ignore[union-attr]
+        {"promise_id": str, "task_id": str}, pk=("promise_id", "task_id")
+    )
+    db.execute("CREATE INDEX durable_promises_pending ON durable_promises (state, timeout_at)")
+    db.execute("CREATE INDEX durable_tasks_state ON durable_tasks (state, target)")
+    db.execute("CREATE INDEX durable_tasks_lease ON durable_tasks (state, lease_expires_at)")
+    db.execute("CREATE INDEX durable_tasks_retry ON durable_tasks (state, timeout_at)")
+    db.execute("CREATE INDEX durable_callbacks_task ON durable_callbacks (task_id)")
+    db.execute("UPDATE trioexec_meta SET value = '3' WHERE key = 'schema_version'")
+
+
+@_migration("0004_run_recovery_attempts")
+def _run_recovery_attempts(db: sqlite_utils.Database) -> None:
+    db.execute("ALTER TABLE workflow_runs ADD COLUMN recovery_attempts INTEGER NOT NULL DEFAULT 0")
+    db.execute("UPDATE trioexec_meta SET value = '4' WHERE key = 'schema_version'")
+
+
+def schema_version(db: sqlite_utils.Database, path: str) -> int:
+    """Refuse a foreign or newer file (reads only). Returns the schema version
+    (0: no trioexec schema yet)."""
+    tables = set(db.table_names())
+    if tables and "trioexec_meta" not in tables:
+        shown = ", ".join(sorted(tables)[:5])
+        raise StoreError(
+            f"{path}: not a trioexec database (it has tables {shown}, "
+            "but no trioexec schema); refusing to touch it"
+        )
+    if "trioexec_meta" not in tables:
+        return 0
+    row = db.conn.execute("SELECT value FROM trioexec_meta WHERE key = 'schema_version'").fetchone()
+    try:
+        found = int(row[0]) if row else 0
+    except (TypeError, ValueError):
+        raise StoreError(f"{path}: unreadable schema version {row[0]!r} in trioexec_meta") from None
+    if found > SCHEMA_VERSION:
+        raise StoreError(
+            f"{path}: written by a newer trioexec (schema version {found}; "
+            f"this trioexec knows up to {SCHEMA_VERSION})"
+        )
+    known = set(KNOWN_MIGRATIONS)
+    unknown = {m.name for m in MIGRATIONS.applied(db)} - known
+    if unknown:
+        raise StoreError(
+            f"{path}: written by a newer trioexec (unknown migrations {sorted(unknown)})"
+        )
+    return found
+
+
+def migrate(db: sqlite_utils.Database, path: str) -> None:
+    """Apply the pending migrations, in one write transaction (two processes opening
+    a new file: one migrates), checking the file again under the lock."""
+    conn = db.conn
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        schema_version(db, path)  # again, under the lock
+        MIGRATIONS.apply(db)
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
