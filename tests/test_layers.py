@@ -1,0 +1,371 @@
+"""The package's shape, read from its source with `ast` (ARCHITECTURE.md, "Target
+layout"; issue 14): imports point down the layers and form no cycle, storage and
+values stay below what is built on them, the SQLite and CLI libraries stay in their
+modules, and no module or class outgrows its limit.
+
+Every import counts, at module level or inside a function: a function-level import
+still ties the two modules together, it only hides the edge from the import-time
+order. Imports under ``if TYPE_CHECKING:`` are exempt: they never run.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import graphlib
+import pathlib
+import subprocess
+import sys
+
+import attrs
+import pytest
+
+import trioexec
+
+PACKAGE = pathlib.Path(trioexec.__file__).parent
+
+#: Top to bottom: a module imports from its own layer or those below it, never above.
+#: A module in no layer fails `test_every_module_has_a_layer`: place new ones here.
+LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
+    (
+        "package, CLI",
+        frozenset({"trioexec", "trioexec.__main__", "trioexec.cli", "trioexec._demo"}),
+    ),
+    ("durable, workflows", frozenset({"trioexec.durable*", "trioexec._coordinator"})),
+    ("executor facade", frozenset({"trioexec._executor", "trioexec._deterministic"})),
+    (
+        "executor parts",
+        frozenset(
+            {
+                "trioexec._taskref",
+                "trioexec._admission",
+                "trioexec._pending",
+                "trioexec._workers",
+                "trioexec._journal",
+                "trioexec._recovery",
+                "trioexec._shutdown",
+                "trioexec._causation",
+            }
+        ),
+    ),
+    (
+        "tasks, handle, slots",
+        frozenset(
+            {
+                "trioexec._workflow",  # pure: steps, readiness, status (no executor)
+                "trioexec._spec",
+                "trioexec._handle",
+                "trioexec._poller",
+                "trioexec._slots",
+                "trioexec._backoff",
+                "trioexec.testing",
+            }
+        ),
+    ),
+    ("store", frozenset({"trioexec._store*"})),
+    (
+        "values",
+        frozenset(
+            {"trioexec._records", "trioexec._errors", "trioexec._metrics", "trioexec._events"}
+        ),
+    ),
+)
+
+#: The modules issue 14's executor re-cut is rewriting right now. Each check below
+#: that is about one module still runs for every other module; for these it is
+#: skipped until the re-cut lands (then this set is emptied). What they break today:
+#: `_executor` is over the line and method limits and imports `_coordinator` and
+#: `_workflow` (the core importing what is built on it); `_deterministic` and
+#: `_coordinator` reach into the executor's state and are re-cut with it.
+PENDING_RECUT = {"trioexec._executor", "trioexec._deterministic", "trioexec._coordinator"}
+
+MAX_LINES = 700
+MAX_METHODS = 30
+#: Third-party libraries kept to the modules that own them (STYLE.md, "Layout").
+LIBRARY_OWNERS = {
+    "sqlite3": frozenset({"trioexec._store._sqlite*", "trioexec._store._durable_tables"}),
+    "sqlite_utils": frozenset({"trioexec._store._sqlite*"}),
+    "click": frozenset({"trioexec.cli"}),
+    "rich": frozenset({"trioexec.cli"}),
+}
+
+
+def _matches(module: str, patterns: frozenset[str]) -> bool:
+    """``module`` is one of ``patterns``; ``x*`` also matches ``x`` and ``x.``/``x_`` names."""
+    return any(module == p or (p.endswith("*") and module.startswith(p[:-1])) for p in patterns)
+
+
+@attrs.frozen
+class Import:
+    target: str  # the imported module (a trioexec module, or a library's top level)
+    line: int
+
+
+@attrs.frozen
+class Module:
+    name: str
+    path: pathlib.Path
+    tree: ast.Module
+    lines: int
+    imports: tuple[Import, ...]
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
+    """Every node of ``tree`` except the bodies of ``if TYPE_CHECKING:`` blocks."""
+    out: list[ast.AST] = []
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        out.append(node)
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            todo.extend(node.orelse)
+            continue
+        todo.extend(ast.iter_child_nodes(node))
+    return out
+
+
+def _imports(name: str, is_package: bool, tree: ast.Module, known: set[str]) -> list[Import]:
+    package = name if is_package else name.rpartition(".")[0]
+    found: list[Import] = []
+    for node in _runtime_nodes(tree):
+        if isinstance(node, ast.Import):
+            found.extend(Import(alias.name, node.lineno) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                source = ".".join([*base, node.module] if node.module else base)
+            else:
+                source = node.module or ""
+            found.append(Import(source, node.lineno))
+            # `from . import x` imports the submodule x when there is one.
+            found.extend(
+                Import(f"{source}.{alias.name}", node.lineno)
+                for alias in node.names
+                if f"{source}.{alias.name}" in known
+            )
+    return sorted((i for i in found if i.target != "__future__"), key=lambda i: i.line)
+
+
+@functools.cache
+def modules() -> dict[str, Module]:
+    paths = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        is_package = parts[-1] == "__init__"
+        paths[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    out = {}
+    for name, (path, is_package) in paths.items():
+        source = path.read_text(encoding="utf-8")
+        tree = ast.parse(source, str(path))
+        out[name] = Module(
+            name=name,
+            path=path,
+            tree=tree,
+            lines=len(source.splitlines()),
+            imports=tuple(_imports(name, is_package, tree, set(paths))),
+        )
+    return out
+
+
+def internal_imports(module: Module) -> list[Import]:
+    known = modules()
+    return [i for i in module.imports if i.target in known]
+
+
+def layer_of(name: str) -> int:
+    for index, (_, members) in enumerate(LAYERS):
+        if _matches(name, members):
+            return index
+    raise LookupError(name)
+
+
+def _skip_if_pending(name: str) -> None:
+    if name in PENDING_RECUT:
+        pytest.skip("issue 14 re-cut in progress")
+
+
+NAMES = sorted(modules())
+
+
+# ---------------------------------------------------------------- the scanner itself
+
+
+def test_the_scanner_finds_relative_absolute_and_function_level_imports_but_not_type_only():
+    tree = ast.parse(
+        "from __future__ import annotations\n"
+        "import json, trioexec._records\n"
+        "from typing import TYPE_CHECKING\n"
+        "from .. import _errors\n"
+        "from ._base import Store\n"
+        "if TYPE_CHECKING:\n"
+        "    from ..durable import DurableStore\n"
+        "else:\n"
+        "    import sqlite3\n"
+        "def f():\n"
+        "    from .._spec import task\n"
+    )
+    found = _imports("trioexec._store._x", False, tree, {"trioexec._errors"})
+    assert [(i.target, i.line) for i in found] == [
+        ("json", 2),
+        ("trioexec._records", 2),
+        ("typing", 3),
+        ("trioexec", 4),
+        ("trioexec._errors", 4),
+        ("trioexec._store._base", 5),
+        ("sqlite3", 9),
+        ("trioexec._spec", 11),
+    ]
+    # From a package's __init__, one dot is the package itself.
+    found = _imports("trioexec.durable", True, ast.parse("from ._store import X"), set())
+    assert [i.target for i in found] == ["trioexec.durable._store"]
+
+
+def test_the_scan_sees_the_whole_package():
+    assert {
+        "trioexec",
+        "trioexec.cli",
+        "trioexec._store._sqlite",
+        "trioexec.durable._worker",
+    } <= set(NAMES)
+    cli = modules()["trioexec.cli"]
+    assert {"click", "trioexec.durable"} <= {i.target for i in cli.imports}
+
+
+# ---------------------------------------------------------------- imports
+
+
+def test_every_module_has_a_layer():
+    unplaced = []
+    for name in NAMES:
+        try:
+            layer_of(name)
+        except LookupError:
+            unplaced.append(name)
+    assert not unplaced, f"place these modules in LAYERS: {unplaced}"
+
+
+def test_no_import_cycles():
+    graph = {
+        name: {i.target for i in internal_imports(module)} - {name}
+        for name, module in modules().items()
+    }
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import cycle: {' -> '.join(reversed(exc.args[1]))}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_imports_point_down_the_layers(name):
+    """Covers, among others: storage never imports `trioexec.durable` or any part of
+    the executor; the value modules import only each other; the executor core does
+    not import workflows or durable (they are built on it)."""
+    _skip_if_pending(name)
+    module = modules()[name]
+    here = layer_of(name)
+    upward = [
+        f"line {i.line}: {i.target} ({LAYERS[layer_of(i.target)][0]})"
+        for i in internal_imports(module)
+        if layer_of(i.target) < here
+    ]
+    assert not upward, f"{name} ({LAYERS[here][0]}) imports from a layer above it: {upward}"
+
+
+def test_the_store_and_values_layers_are_what_the_issue_says():
+    """The layering rules issue 14 names, spelled out against `LAYERS`, so a change
+    to the table cannot quietly loosen them."""
+    store, values = layer_of("trioexec._store"), layer_of("trioexec._records")
+    assert values == len(LAYERS) - 1
+    assert store == values - 1
+    for value in ("trioexec._records", "trioexec._errors", "trioexec._metrics", "trioexec._events"):
+        assert layer_of(value) == values
+    assert [n for n in NAMES if layer_of(n) == values] == sorted(
+        ["trioexec._errors", "trioexec._events", "trioexec._metrics", "trioexec._records"]
+    )
+    assert all(n.startswith("trioexec._store") for n in NAMES if layer_of(n) == store)
+    core = layer_of("trioexec._executor")
+    for above in ("trioexec.durable", "trioexec.durable._worker", "trioexec._coordinator"):
+        assert layer_of(above) < core
+    assert layer_of("trioexec._workflow") > core  # pure: it needs no executor either
+
+
+@pytest.mark.parametrize("library", sorted(LIBRARY_OWNERS))
+def test_libraries_stay_in_their_modules(library):
+    owners = LIBRARY_OWNERS[library]
+    users = sorted(
+        f"{name} (line {i.line})"
+        for name, module in modules().items()
+        for i in module.imports
+        if i.target.partition(".")[0] == library and not _matches(name, owners)
+    )
+    assert not users, f"only {sorted(owners)} may import {library}; also: {users}"
+
+
+def test_every_module_imports_first_in_a_fresh_interpreter():
+    """Each module can be the first one imported (a cycle hidden in a function or
+    a package ``__init__`` shows up as a partially initialised module). Not
+    ``__main__``: importing it runs the command."""
+    names = [n for n in NAMES if not n.endswith(".__main__")]
+    script = (
+        "import importlib, sys\n"
+        "failed = []\n"
+        f"for name in {names!r}:\n"
+        "    for loaded in [m for m in sys.modules if m.partition('.')[0] == 'trioexec']:\n"
+        "        del sys.modules[loaded]\n"
+        "    try:\n"
+        "        importlib.import_module(name)\n"
+        "    except Exception as exc:\n"
+        "        failed.append(f'{name}: {exc!r}')\n"
+        "print('\\n'.join(failed))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.strip() == ""
+
+
+def test_the_durable_tables_import_first_in_a_fresh_interpreter():
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import trioexec._store._durable_tables, sys;"
+            " print(sorted(m for m in sys.modules if m.startswith('trioexec.durable')))",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"  # and it pulled in nothing of trioexec.durable
+
+
+# ---------------------------------------------------------------- size
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_module_size(name):
+    _skip_if_pending(name)
+    lines = modules()[name].lines
+    assert lines <= MAX_LINES, f"{name} has {lines} lines (limit {MAX_LINES}): split it"
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_class_size(name):
+    _skip_if_pending(name)
+    big = {
+        node.name: n
+        for node in ast.walk(modules()[name].tree)
+        if isinstance(node, ast.ClassDef)
+        and (n := sum(isinstance(b, ast.FunctionDef | ast.AsyncFunctionDef) for b in node.body))
+        > MAX_METHODS
+    }
+    assert not big, f"{name}: classes over {MAX_METHODS} methods: {big}"
