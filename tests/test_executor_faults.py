@@ -297,7 +297,7 @@ class ExecutorMachine(RuleBasedStateMachine):
             gate = self.paused = trio.Event()
 
             async def hold() -> None:
-                async with self.ex._write_lock:  # the writer stalls behind it
+                async with self.ex._journal._lock:  # the writer stalls behind it
                     await gate.wait()
 
             self.outside.start_soon(hold)

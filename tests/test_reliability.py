@@ -363,17 +363,17 @@ async def test_06_thread_workers_bound_threads_after_a_sync_deferral():
 
 
 async def test_03_a_stalled_store_bounds_the_backlog(autojump_clock, monkeypatch):
-    from trioexec import _executor
+    from trioexec import _journal
 
-    monkeypatch.setattr(_executor, "JOURNAL_LIMIT", 100)
+    monkeypatch.setattr(_journal, "JOURNAL_LIMIT", 100)
     gate = trio.Event()
-    original = _executor.Executor._write_journal
+    original = _journal.Journal.write
 
     async def slow_write(self):
         await gate.wait()  # the store "stalls" until the gate opens
         await original(self)
 
-    monkeypatch.setattr(_executor.Executor, "_write_journal", slow_write)
+    monkeypatch.setattr(_journal.Journal, "write", slow_write)
 
     async def noop():
         pass
@@ -389,7 +389,7 @@ async def test_03_a_stalled_store_bounds_the_backlog(autojump_clock, monkeypatch
                 if accepted % 10 == 0:
                     await trio.lowlevel.checkpoint()
         assert accepted <= 100
-        assert len(ex._journal) < 100 + 4 * 10  # bounded, not one per submission
+        assert len(ex._journal.changes) < 100 + 4 * 10  # bounded, not one per submission
         assert ex.statistics().rejected_count == 1
         gate.set()
         await ex.flush()
@@ -397,17 +397,17 @@ async def test_03_a_stalled_store_bounds_the_backlog(autojump_clock, monkeypatch
 
 
 async def test_03_block_waits_for_the_store_to_catch_up(autojump_clock, monkeypatch):
-    from trioexec import _executor
+    from trioexec import _journal
 
-    monkeypatch.setattr(_executor, "JOURNAL_LIMIT", 50)
+    monkeypatch.setattr(_journal, "JOURNAL_LIMIT", 50)
     gate = trio.Event()
-    original = _executor.Executor._write_journal
+    original = _journal.Journal.write
 
     async def slow_write(self):
         await gate.wait()
         await original(self)
 
-    monkeypatch.setattr(_executor.Executor, "_write_journal", slow_write)
+    monkeypatch.setattr(_journal.Journal, "write", slow_write)
 
     async def noop():
         pass
@@ -419,7 +419,7 @@ async def test_03_block_waits_for_the_store_to_catch_up(autojump_clock, monkeypa
             nonlocal peak
             for _ in range(500):
                 await ex.submit(noop)
-                peak = max(peak, len(ex._journal))
+                peak = max(peak, len(ex._journal.changes))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(producer)

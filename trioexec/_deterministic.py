@@ -123,8 +123,8 @@ class DeterministicExecutor:
             if cancel is not None and cancel.is_set():
                 cancelled = [r for r in ex._pending if r._status is TaskStatus.PENDING]
                 ex.cancel_pending()
-                if ex._store is not None:
-                    ex._write_journal_inline()
+                if ex._journal is not None:
+                    ex._journal.write_inline()
                 completions.extend(r.completion for r in cancelled if r.completion)
                 break
             if len(ex._pending) == ex._stale:
@@ -141,8 +141,8 @@ class DeterministicExecutor:
             with token, scope:
                 await ex._run(ref, token)
             ran += 1
-            if ex._store is not None:
-                ex._write_journal_inline()
+            if ex._journal is not None:
+                ex._journal.write_inline()
             completion = ref.completion
             assert completion is not None
             completions.append(completion)

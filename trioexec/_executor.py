@@ -40,6 +40,7 @@ from ._errors import (
 )
 from ._events import EventStream, HealthEventKind
 from ._handle import TaskHandle
+from ._journal import Journal
 from ._metrics import ExecutorMetrics
 from ._poller import Poller
 from ._records import (
@@ -55,12 +56,6 @@ from ._slots import SlotPool, SlotToken
 from ._spec import CallInfo, TaskSpec, call_info, collect_specs
 from ._store import Change, RunRecord, Store
 from ._workflow import Workflow
-
-# Back-pressure from the store: changes journaled but not yet written, beyond
-# which submissions wait (BLOCK) or are refused. Tasks already accepted still
-# journal their transitions, so the backlog stays within this plus a few
-# changes per accepted task (~200 bytes each).
-JOURNAL_LIMIT = 50_000
 
 
 @attrs.frozen(kw_only=True)
@@ -307,14 +302,8 @@ class Executor:
         self._active_runs: dict[str, WorkflowRun] = {}
         self._wall: Callable[[], float] = time.time if store is None else store.clock
         self.owner = uuid.uuid4().hex
-        self._journal: list[Change] = []  # changes not yet handed to the store
-        self._notify: list[TaskRef] = []  # completions to acknowledge once durable
-        self._journal_lot = trio.lowlevel.ParkingLot()  # the writer, idle
-        self._flush_lot = trio.lowlevel.ParkingLot()  # flush() callers
-        self._write_lock = trio.Lock()  # one write at a time: writer, heartbeat, final flush
-        self._failure: StoreError | None = None  # the store failed: the executor has stopped
-        self._logged = 0  # changes appended so far
-        self._durable = 0  # changes committed so far
+        # What goes to the store and when (None without one).
+        self._journal = None if store is None else Journal(store, self._written)
         self._live: dict[str, TaskRef] = {}  # with a store: accepted and not finished
         self._named: dict[str, TaskRef] = {}  # without one: live tasks with a chosen id
         self._space_freed = trio.Event()  # set when a task ends (recovery waits on it)
@@ -505,8 +494,13 @@ class Executor:
     def _has_room(self) -> bool:
         return (
             self._queue + self._active + self._deferred < self._capacity - self._reserved
-            and len(self._journal) < JOURNAL_LIMIT
+            and not self._store_behind()
         )
+
+    def _store_behind(self) -> bool:
+        """The store's writer is too far behind to take more work (back-pressure)."""
+        journal = self._journal
+        return journal is not None and len(journal.changes) >= journal.limit
 
     def _new_ref(
         self,
@@ -605,15 +599,16 @@ class Executor:
             policy=self._overflow,
             can_wait=can_wait,
             droppable=len(self._pending) - self._stale,
-            backlogged=len(self._journal) >= JOURNAL_LIMIT,
+            backlogged=self._store_behind(),
         )
 
     def _fits(self) -> bool:
         """Room for one more, the store keeping up, and no blocked submitter
         ahead in line."""
+        journal = self._journal
         return (
             self._queue + self._active + self._deferred < self._capacity - self._reserved
-            and len(self._journal) < JOURNAL_LIMIT
+            and (journal is None or len(journal.changes) < journal.limit)
             and not self._space_waiters
         )
 
@@ -634,13 +629,15 @@ class Executor:
             self._enqueue(ref)
         else:
             self._rejected += 1
-            backlog = len(self._journal)
-            reason = rejection_reason(decision, self._overflow, backlogged=backlog >= JOURNAL_LIMIT)
+            behind = self._store_behind()
+            reason = rejection_reason(decision, self._overflow, backlogged=behind)
             self._publish_refusal(HealthEventKind.TASK_REJECT, ref, reason)
             cls = CapacityExceeded if decision is Admit.FAIL else TaskRejected
-            if reason == "store_backlog":
+            if behind:
+                assert self._journal is not None
+                backlog, limit = len(self._journal.changes), self._journal.limit
                 raise cls(
-                    f"the store is {backlog} changes behind (limit {JOURNAL_LIMIT}); "
+                    f"the store is {backlog} changes behind (limit {limit}); "
                     f"overflow={self._overflow.value}; task {ref.name!r} not accepted"
                 )
             raise cls(
@@ -678,10 +675,9 @@ class Executor:
             self._spawn_worker()
 
     def _log(self, change: Change) -> None:
-        self._journal.append(change)
-        self._logged += 1
-        if self._journal_lot:
-            self._journal_lot.unpark()
+        journal = self._journal
+        assert journal is not None
+        journal.append(change)
 
     def _log_submit(self, ref: TaskRef) -> None:
         fn = ref._fn
@@ -1098,7 +1094,8 @@ class Executor:
             self._timed_out += 1
         else:
             self._dropped += 1
-        if self._store is None:
+        journal = self._journal
+        if journal is None:
             if self._named:
                 self._named.pop(ref.task_id, None)
             done = ref._done
@@ -1115,7 +1112,7 @@ class Executor:
                 run = self._active_runs.get(ref._run_id)
                 if run is not None:
                     run._record_completed_step(ref)
-            self._notify.append(ref)
+            journal.notify.append(ref)
             if not self._space_freed.is_set():
                 self._space_freed.set()  # (recovery only happens with a store)
         if freed and self._space_waiters:
@@ -1256,50 +1253,27 @@ class Executor:
         durable, and leaving `open_executor` flushes everything. Submissions and
         sub-status changes are written in the background (group commit); call
         ``flush`` when another process must see them now.
+
+        Raises:
+          StoreError: the store failed before everything so far was durable.
         """
-        target = self._logged
-        while self._durable < target:
-            if self._failure is not None:
-                raise self._failure_error()
-            await self._flush_lot.park()
-        await trio.lowlevel.checkpoint()
+        if self._journal is None:
+            await trio.lowlevel.checkpoint()
+            return
+        await self._journal.flush()
 
-    async def _write_journal(self) -> None:
-        """Hand everything journaled so far to the store in one transaction."""
-        store = self._store
-        assert store is not None
-        async with self._write_lock:
-            batch, self._journal = self._journal, []
-            notify, self._notify = self._notify, []
-            if not batch:
-                return
-            try:
-                if store.inline:
-                    fenced = store.write(batch)
-                else:
-                    fenced = await trio.to_thread.run_sync(store.write, batch)
-            except BaseException:
-                # Nothing was written (one transaction): keep it all, in order.
-                self._journal[:0] = batch
-                self._notify[:0] = notify
-                raise
-            self._durable += len(batch)
-        self._written(notify, fenced)
+    @property
+    def _failure(self) -> StoreError | None:
+        """The store's failure, which stopped this executor (or None)."""
+        return None if self._journal is None else self._journal.failure
 
-    def _write_journal_inline(self) -> None:
-        """`_write_journal` for callers that run everything in one task
-        (DeterministicExecutor, with an inline store)."""
-        store = self._store
-        assert store is not None
-        assert store.inline
-        batch, self._journal = self._journal, []
-        notify, self._notify = self._notify, []
-        if batch:
-            fenced = store.write(batch)
-            self._durable += len(batch)
-            self._written(notify, fenced)
+    def _failure_error(self) -> StoreError:
+        assert self._journal is not None
+        return self._journal.failure_error()
 
     def _written(self, notify: list[TaskRef], fenced: list[str]) -> None:
+        """A batch is durable: acknowledge its completions; deal with what the
+        store fenced out (another owner has it now)."""
         if fenced:
             lost = set(fenced)
             for run_id in lost & self._active_runs.keys():
@@ -1313,18 +1287,7 @@ class Executor:
             ref._pending_ack = False
             if ref._done is not None:
                 ref._done.set()
-        if self._flush_lot:
-            self._flush_lot.unpark_all()
         self._wake_next_submitter()  # the store caught up: there may be room
-
-    async def _writer(self) -> None:
-        # Group commit: whatever accumulates while one transaction is being written
-        # goes into the next one.
-        while True:
-            if not self._journal:
-                await self._journal_lot.park()
-                continue
-            await self._write_journal()
 
     async def _guarded(self, service: Callable[..., Awaitable[object]], *args: Any) -> None:
         """Run one of the store's services (writer, heartbeat, recovery); a failure
@@ -1337,52 +1300,32 @@ class Executor:
     def _store_failed(self, exc: Exception) -> None:
         """The store failed: stop everything and wake every waiter, who learns
         of it as one `StoreError` naming the store."""
-        if self._failure is not None:
-            return
-        if not isinstance(exc, StoreError):
-            where = getattr(self._store, "path", None) or repr(self._store)
-            wrapped = StoreError(f"{where}: {type(exc).__name__}: {_safe_repr(exc)}")
-            wrapped.__cause__ = exc
-            exc = wrapped
-        self._failure = exc
+        journal = self._journal
+        assert journal is not None
+        if journal.fail(exc) is None:
+            return  # (failed already)
         self._begin_shutdown(ShutdownPolicy.CANCEL)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
-        for ref in [*self._live.values(), *self._notify]:
+        for ref in [*self._live.values(), *journal.notify]:
             if ref._done is not None:
                 ref._done.set()
-        self._flush_lot.unpark_all()
         self._idle_lot.unpark_all()
-
-    def _failure_error(self) -> StoreError:
-        """A fresh `StoreError` for one more caller (each gets its own traceback)."""
-        failure = self._failure
-        assert failure is not None
-        error = StoreError(*failure.args)
-        error.__cause__ = failure.__cause__
-        return error
-
-    async def _store_call(self, fn: Callable[..., Any], *args: Any) -> Any:
-        store = self._store
-        assert store is not None
-        async with self._write_lock:
-            if store.inline:
-                return fn(*args)
-            return await trio.to_thread.run_sync(functools.partial(fn, *args))
 
     async def _heartbeat(self, lease: float) -> None:
         """One lease for all of this executor's executions, renewed at a third of it."""
-        store = self._store
-        assert store is not None
+        journal = self._journal
+        assert journal is not None
+        store = journal.store
         while True:
             await trio.sleep(lease / 3)
-            await self._store_call(store.heartbeat, self.owner, self._wall() + lease)
+            await journal.call(store.heartbeat, self.owner, self._wall() + lease)
             live = {t: r._version for t, r in self._live.items()}
-            for task_id in await self._store_call(store.taken_over, self.owner, live):
+            for task_id in await journal.call(store.taken_over, self.owner, live):
                 self._lease_lost(task_id)
             if self._active_runs:
                 runs = list(self._active_runs)
-                for run_id in await self._store_call(store.runs_taken_over, self.owner, runs):
+                for run_id in await journal.call(store.runs_taken_over, self.owner, runs):
                     run = self._active_runs.get(run_id)
                     if run is not None:
                         run._lost()
@@ -1435,8 +1378,9 @@ class Executor:
         as many as there is room for, so recovery keeps to the admission bound and
         several recovering executors share a dead one's backlog. Returns True if
         it filled the room (more may be waiting)."""
-        store = self._store
-        assert store is not None
+        journal = self._journal
+        assert journal is not None
+        store = journal.store
         specs = self._specs
 
         def recreatable(record: ExecutionRecord) -> bool:
@@ -1447,7 +1391,7 @@ class Executor:
         room = max(0, self._capacity - self._reserved - self._queue - self._active - self._deferred)
         self._reserved += room  # submissions meanwhile must not take recovery's room
         try:
-            result = await self._store_call(
+            result = await journal.call(
                 store.recover, self.owner, self._wall(), recreatable, max_recovery_attempts, room
             )
         finally:
@@ -1475,7 +1419,7 @@ class Executor:
             self._submitted -= 1  # a recovered execution is not a new submission
             self._enqueue(ref, recovered=True)
         if not self.closed:
-            runs = await self._store_call(
+            runs = await journal.call(
                 store.claim_runs,
                 self.owner,
                 self._wall(),
@@ -1512,13 +1456,13 @@ class Executor:
         """Write what is left and give up the lease (if nothing of ours is live).
         After a store failure the rest is still tried once (the failure may have
         passed: a lock held too long); a failure here is recorded like any other."""
-        store = self._store
-        assert store is not None
+        journal = self._journal
+        assert journal is not None
         with trio.move_on_after(60, shield=True):
             try:
-                await self._write_journal()
-                if self._failure is None and not self._live and not self._journal:
-                    await self._store_call(store.release_owner, self.owner)
+                await journal.write()
+                if journal.failure is None and not self._live and not journal.changes:
+                    await journal.call(journal.store.release_owner, self.owner)
             except Exception as exc:
                 self._store_failed(exc)
 
@@ -1748,7 +1692,8 @@ async def open_executor(
             # lapse while a task that cannot be interrupted (a thread) still runs.
             keepalive = trio.CancelScope(shield=True)
             if store is not None:
-                await ex._store_call(store.heartbeat, ex.owner, ex._wall() + lease)
+                assert ex._journal is not None
+                await ex._journal.call(store.heartbeat, ex.owner, ex._wall() + lease)
                 await infra.start(_store_services, ex, lease, keepalive)
             try:
                 async with _one_level(body_error), trio.open_nursery() as nursery:
@@ -1794,7 +1739,8 @@ async def _store_services(
 ) -> None:
     with scope:
         async with trio.open_nursery() as services:
-            services.start_soon(ex._guarded, ex._writer)
+            assert ex._journal is not None
+            services.start_soon(ex._guarded, ex._journal.run_writer)
             services.start_soon(ex._guarded, ex._heartbeat, lease)
             task_status.started()
 
