@@ -18,7 +18,6 @@ from ._events import HealthEvent as HealthEvent
 from ._events import HealthEventKind as HealthEventKind
 from ._executor import Executor as Executor
 from ._executor import ExecutorConfig as ExecutorConfig
-from ._executor import TaskRef as TaskRef
 from ._executor import open_executor as open_executor
 from ._handle import TaskHandle as TaskHandle
 from ._metrics import ExecutorMetrics as ExecutorMetrics
@@ -35,6 +34,7 @@ from ._spec import task as task
 from ._store import MemoryStore as MemoryStore
 from ._store import SQLiteStore as SQLiteStore
 from ._store import Store as Store
+from ._taskref import TaskRef as TaskRef
 from ._workflow import Context as Context
 from ._workflow import ExecutionStatus as ExecutionStatus
 from ._workflow import RunStatus as RunStatus

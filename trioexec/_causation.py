@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from ._executor import TaskRef
+    from ._taskref import TaskRef
 
 _REGISTRY: trio.lowlevel.RunVar[dict[trio.lowlevel.Task, TaskRef]] = trio.lowlevel.RunVar(
     "trioexec_running"

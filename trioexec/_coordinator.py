@@ -33,7 +33,8 @@ from ._workflow import (
 )
 
 if TYPE_CHECKING:
-    from ._executor import Executor, TaskRef
+    from ._executor import Executor
+    from ._taskref import TaskRef
 
 
 @attrs.frozen(kw_only=True)

@@ -19,7 +19,6 @@ from ._events import EventStream
 from ._executor import (
     Executor,
     ExecutorConfig,
-    TaskRef,
     check_store,
     split_tasks,
 )
@@ -27,6 +26,7 @@ from ._metrics import ExecutorMetrics
 from ._records import ShutdownPolicy, TaskCompletion, TaskStatus
 from ._slots import SlotToken
 from ._store import Store
+from ._taskref import TaskRef
 
 
 @final

@@ -30,10 +30,11 @@ from typing import Any, NoReturn, final
 import trio
 
 from .._errors import TrioexecError
-from .._executor import Executor, TaskRef, open_executor
+from .._executor import Executor, open_executor
 from .._handle import TaskHandle
 from .._records import ShutdownPolicy
 from .._spec import call_info
+from .._taskref import TaskRef
 from ._protocol import check_id, encode
 from ._records import Conflict, NotFound, PromiseRecord, PromiseState, Suspend, TaskRecord
 from ._store import DurableStore
