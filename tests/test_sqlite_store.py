@@ -650,8 +650,12 @@ def test_read_only_store_refuses_every_write_and_changes_nothing(tmp_path):
                 call()
             assert str(info.value) == f"{path}: opened read-only", name
         # Not merely refused by the store: the connection itself cannot write.
-        with pytest.raises(sqlite3.OperationalError, match=r"readonly"):
-            store._db.reader().execute("DELETE FROM executions")
+        conn = store._db._checkout()
+        try:
+            with pytest.raises(sqlite3.OperationalError, match=r"readonly"):
+                conn.execute("DELETE FROM executions")
+        finally:
+            store._db._checkin(conn)
         # Reads work.
         assert store.execution("t1").lease_expires_at == 99.0
         assert store.taken_over("A", {"t1": 1}) == []
@@ -753,3 +757,38 @@ def test_read_only_reads_while_another_process_holds_the_write_lock(tmp_path):
             assert [p.id for p in durable_call(ds, "promises.search")[0]] == ["p1"]
             assert trio.run(ds.check_invariants) == []
         assert time.monotonic() - started < 5.0  # a writer's open would wait 10 s
+
+
+def test_a_reading_thread_that_ends_leaves_no_connection_behind(tmp_path):
+    # Before: each thread's read connection was tracked weakly and left to the
+    # garbage collector when the thread ended (Python 3.13: "unclosed database").
+    import gc
+    import threading
+    import warnings
+
+    store = SQLiteStore(tmp_path / "runs.db")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            thread = threading.Thread(target=store.executions)
+            thread.start()
+            thread.join()
+        gc.collect()
+        store.close()
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+    assert store._db._readers == set()  # every one closed by close()
+
+
+def test_a_file_that_is_no_database_leaves_no_connection_open(tmp_path):
+    import gc
+    import warnings
+
+    path = tmp_path / "junk.db"
+    path.write_bytes(b"this is not a database" * 100)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(StoreError):
+            SQLiteStore(path)
+        gc.collect()
+    assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []

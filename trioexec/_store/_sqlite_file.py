@@ -68,9 +68,11 @@ class SQLiteFile:
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened
         self._lock = threading.Lock()  # the write connection, and durable writes
         self._write_conn: _Connection | None = None
-        self._local = threading.local()  # .conn: this thread's read connection
-        self._readers: weakref.WeakSet[_Connection] = weakref.WeakSet()
-        self._readers_lock = threading.Lock()  # _readers and _closed
+        # Read connections, lent to one reader at a time (any thread): none is
+        # shared by two threads at once, none is left to the garbage collector.
+        self._readers: set[_Connection] = set()
+        self._idle: list[_Connection] = []
+        self._readers_lock = threading.Lock()  # _readers, _idle and _closed
         self._closed = False
         with self._errors("cannot open"):
             if read_only:
@@ -85,7 +87,7 @@ class SQLiteFile:
         conn.execute("PRAGMA journal_mode=WAL")
         migrate(db, self.path)
         self._identity = self._stat()
-        self.reader()  # the opening thread's, at once: a file it cannot read fails here
+        self._checkin(self._checkout())  # a reader at once: a file it cannot read fails here
 
     def _open_read_only(self) -> None:
         try:
@@ -99,7 +101,11 @@ class SQLiteFile:
         if st.st_size == 0 and not os.path.exists(self._file + "-wal"):
             raise StoreError(f"{self.path}: not a trioexec database (empty file)")
         self._identity = (st.st_dev, st.st_ino)
-        found = schema_version(sqlite_utils.Database(self.reader()), self.path)
+        conn = self._checkout()
+        try:
+            found = schema_version(sqlite_utils.Database(conn), self.path)
+        finally:
+            self._checkin(conn)
         if found == 0:
             raise StoreError(f"{self.path}: not a trioexec database (no trioexec schema)")
         if found < SCHEMA_VERSION:
@@ -109,6 +115,19 @@ class SQLiteFile:
             )
 
     def _connect(self, *, read_only: bool) -> _Connection:
+        conn = self._new_connection(read_only=read_only)
+        try:
+            if read_only:
+                conn.execute("PRAGMA query_only=ON")
+            else:
+                conn.execute("PRAGMA synchronous=NORMAL")
+        except BaseException:
+            conn.close()  # (a file that is no database fails here)
+            raise
+        conn._file_ref = weakref.ref(self)
+        return conn
+
+    def _new_connection(self, *, read_only: bool) -> _Connection:
         if read_only:
             conn = sqlite3.connect(
                 _uri(self._file, mode="ro"),
@@ -118,7 +137,6 @@ class SQLiteFile:
                 isolation_level=None,
                 timeout=self.busy_timeout,
             )
-            conn.execute("PRAGMA query_only=ON")
         else:
             conn = sqlite3.connect(
                 self._file,
@@ -127,22 +145,33 @@ class SQLiteFile:
                 isolation_level=None,
                 timeout=self.busy_timeout,
             )
-            conn.execute("PRAGMA synchronous=NORMAL")
-        conn._file_ref = weakref.ref(self)
         return conn
 
-    def reader(self) -> _Connection:
-        """This thread's read connection (opened on first use)."""
-        conn: _Connection | None = getattr(self._local, "conn", None)
-        if conn is None or self._closed:
-            with self._readers_lock:
-                if self._closed:
-                    raise StoreError(f"{self.path}: the store is closed")
-                if conn is None:
-                    conn = self._connect(read_only=self.read_only)
-                    self._readers.add(conn)
-                    self._local.conn = conn
-        return conn
+    def _checkout(self) -> _Connection:
+        """A read connection for this reader alone (an idle one, or a new one)."""
+        with self._readers_lock:
+            if self._closed:
+                raise StoreError(f"{self.path}: the store is closed")
+            if self._idle:
+                return self._idle.pop()
+        return self._new_reader()
+
+    def _new_reader(self) -> _Connection:
+        conn = self._connect(read_only=self.read_only)
+        with self._readers_lock:
+            if not self._closed:
+                self._readers.add(conn)
+                return conn
+        conn.close()  # closed meanwhile
+        raise StoreError(f"{self.path}: the store is closed")
+
+    def _checkin(self, conn: _Connection) -> None:
+        with self._readers_lock:
+            if not self._closed:
+                self._idle.append(conn)
+                return
+        with contextlib.suppress(sqlite3.Error):
+            conn.close()
 
     def _stat(self) -> tuple[int, int]:
         st = os.stat(self._file)
@@ -204,6 +233,7 @@ class SQLiteFile:
             self._closed = True
             conns = [*self._readers, self._write_conn]
             self._readers.clear()
+            self._idle.clear()
             self._write_conn = None
         for conn in conns:
             if conn is not None:
@@ -212,19 +242,22 @@ class SQLiteFile:
 
     @contextlib.contextmanager
     def reading(self, doing: str, *, snapshot: bool = False) -> Iterator[sqlite3.Connection]:
-        """This thread's read connection; with ``snapshot``, the statements inside
-        see one state of the database (a read transaction: never a write lock)."""
+        """A read connection of this reader's own; with ``snapshot``, the statements
+        inside see one state of the database (a read transaction: never a write lock)."""
         with self.using(doing):
-            conn = self.reader()
-            if not snapshot:
-                yield conn
-                return
-            conn.execute("BEGIN")
+            conn = self._checkout()
             try:
-                yield conn
+                if not snapshot:
+                    yield conn
+                    return
+                conn.execute("BEGIN")
+                try:
+                    yield conn
+                finally:
+                    if conn.in_transaction:
+                        conn.execute("ROLLBACK")  # nothing to keep; never leave a snapshot open
             finally:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")  # nothing to keep; never leave a snapshot open
+                self._checkin(conn)
 
     @contextlib.contextmanager
     def exclusive(self) -> Iterator[None]:
