@@ -218,17 +218,6 @@ class Tasks:
         core = self._ds._core
         return await self._ds._call(core.claim, target, pid=pid, ttl=ttl, limit=limit)
 
-    async def _claim_work(
-        self, target: str, *, pid: str, ttl: float, limit: int
-    ) -> list[tuple[TaskRecord, str | None]]:
-        # The worker's claim: `claim`, with each task's promise data (JSON text).
-        core = self._ds._core
-        return await self._ds._call(core.claim_work, target, pid=pid, ttl=ttl, limit=limit)
-
-    async def _lost(self, pid: str, tasks: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
-        # The worker's question after a heartbeat renewed fewer than it sent.
-        return await self._ds._call(self._ds._core.lost_leases, pid, list(tasks))
-
     async def heartbeat(self, pid: str, tasks: Sequence[tuple[str, int]]) -> int:
         """Renew the leases of all the (id, version) this pid holds, in one call."""
         return await self._ds._call(self._ds._core.heartbeat, pid, list(tasks))
@@ -287,3 +276,23 @@ class Tasks:
         return await self._ds._call(
             core.search_tasks, state=state, target=target, limit=limit, cursor=cursor
         )
+
+
+# What a worker asks beyond the public calls (functions here, not methods of
+# `Tasks`: they are not part of ``ds.tasks``).
+
+
+async def claim_work(
+    ds: DurableStore, target: str, *, pid: str, ttl: float, limit: int
+) -> list[tuple[TaskRecord, str | None]]:
+    """``ds.tasks.claim``, each task with its promise's data (JSON text): all a
+    worker needs to start the work, in one transaction."""
+    return await ds._call(ds._core.claim_work, target, pid=pid, ttl=ttl, limit=limit)
+
+
+async def lost_leases(
+    ds: DurableStore, pid: str, tasks: Sequence[tuple[str, int]]
+) -> list[tuple[str, int]]:
+    """Which of ``tasks`` (id, version) ``pid`` no longer holds: the worker's question
+    after a heartbeat renewed fewer than it sent."""
+    return await ds._call(ds._core.lost_leases, pid, list(tasks))

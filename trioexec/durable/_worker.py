@@ -37,7 +37,7 @@ from .._spec import call_info
 from .._taskref import TaskRef
 from ._protocol import check_id, encode
 from ._records import Conflict, NotFound, PromiseRecord, PromiseState, Suspend, TaskRecord
-from ._store import DurableStore
+from ._store import DurableStore, claim_work, lost_leases
 
 
 class PromiseRejected(TrioexecError):
@@ -242,8 +242,8 @@ class Worker:
             if room > 0:
                 # One transaction claims a batch: workers never race for a task.
                 sent = trio.current_time()
-                batch = await self.ds.tasks._claim_work(
-                    self.target, pid=self.pid, ttl=self._lease, limit=room
+                batch = await claim_work(
+                    self.ds, self.target, pid=self.pid, ttl=self._lease, limit=room
                 )
                 for record, data in batch:
                     # The store's lease runs from a moment after ``sent``.
@@ -276,7 +276,7 @@ class Worker:
             if renewed < len(pairs):
                 # Some are not ours any more (or were just settled here). A task that
                 # is not acquired by this pid at this version never will be again.
-                lost = set(await self.ds.tasks._lost(self.pid, pairs))
+                lost = set(await lost_leases(self.ds, self.pid, pairs))
             for id, version in pairs:
                 lease = self._held.get(id)
                 if lease is None or lease.version != version:
