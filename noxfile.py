@@ -83,7 +83,8 @@ def soak(session: nox.Session) -> None:
     Three fifths of the budget go to random-kill campaigns (``pytest -m slow``:
     ``TRIOEXEC_KILL_ROUNDS`` rounds each, seeds from ``TRIOEXEC_KILL_SEED``); the rest
     to the hypothesis tests: the durable model with ``TRIOEXEC_DURABLE_EXAMPLES``
-    (default 2,000) examples, then passes of every hypothesis test under new seeds
+    (default 2,000) examples, the executor-under-faults state machine with
+    ``TRIOEXEC_FAULT_EXAMPLES`` (default 500), then passes of every hypothesis test under new seeds
     (``--hypothesis-seed``: each pass is another full set of examples; the tests
     fix their own ``max_examples``, which no settings profile overrides) until the
     budget is spent. Arguments after ``--`` go to every pytest call.
@@ -107,6 +108,15 @@ def soak(session: nox.Session) -> None:
         "tests/test_durable_model.py",
         *session.posargs,
         env={"TRIOEXEC_DURABLE_EXAMPLES": examples},
+    )
+    faults = os.environ.get("TRIOEXEC_FAULT_EXAMPLES") or "500"
+    session.run(
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        "tests/test_executor_faults.py",
+        *session.posargs,
+        env={"TRIOEXEC_FAULT_EXAMPLES": faults},
     )
     seed = int(os.environ.get("TRIOEXEC_HYPOTHESIS_SEED") or random.randrange(2**32))
     longest = 0.0

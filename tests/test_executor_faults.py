@@ -463,3 +463,4 @@ ExecutorMachine.TestCase.settings = settings(
     suppress_health_check=[HealthCheck.too_slow],
 )
 TestExecutorUnderFaults = ExecutorMachine.TestCase
+TestExecutorUnderFaults.pytestmark = [pytest.mark.hypothesis]  # in the soak's passes too
