@@ -17,6 +17,8 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, final
 
+import attrs
+
 from .._errors import StoreError
 from .._records import ExecutionRecord, SubStatus, TaskStatus
 from ._base import (
@@ -37,42 +39,29 @@ from ._base import (
 from ._durable_tables import SQLiteTables
 from ._sqlite_file import READ_ONLY_BUSY_TIMEOUT, WRITE_BUSY_TIMEOUT, SQLiteFile
 
-_COLUMNS = (
-    "e.task_id, e.name, e.run_id, e.status, e.sub_status, e.attempt, e.recovery_attempts,"
-    " e.owner, o.lease_expires_at, e.version, e.submitted_at, e.started_at, e.finished_at,"
-    " e.deferred_since, e.error, e.spec_id, e.args"
-)
+#: `ExecutionRecord`'s fields: the executions table's columns, and the owner's lease.
+_FIELDS = tuple(field.name for field in attrs.fields(ExecutionRecord))
+_COLUMNS = ", ".join(f"o.{f}" if f == "lease_expires_at" else f"e.{f}" for f in _FIELDS)
 _SELECT = f"SELECT {_COLUMNS} FROM executions e LEFT JOIN owners o ON o.owner = e.owner"
+#: `RunRecord`'s fields but its steps: the workflow_runs table's columns.
+_RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
+#: A list passed as one JSON parameter (any length: no limit on ``?`` to mind).
+_JSON_LIST = "(SELECT value FROM json_each(?))"
 
 
-def _record(row: tuple[Any, ...], path: str) -> ExecutionRecord:
+def _record(row: Sequence[Any], path: str) -> ExecutionRecord:
+    """A row of `_SELECT` as a record."""
+    values = dict(zip(_FIELDS, row, strict=True))
     try:
-        status = TaskStatus(row[3])
-        sub_status = None if row[4] is None else SubStatus(row[4])
+        status = TaskStatus(values["status"])
+        sub_status = None if values["sub_status"] is None else SubStatus(values["sub_status"])
     except ValueError:
         raise StoreError(
-            f"{path}: execution {row[0]!r} has an unreadable row"
-            f" (status {row[3]!r}, sub-status {row[4]!r})"
+            f"{path}: execution {values['task_id']!r} has an unreadable row"
+            f" (status {values['status']!r}, sub-status {values['sub_status']!r})"
         ) from None
-    return ExecutionRecord(
-        task_id=row[0],
-        name=row[1],
-        run_id=row[2],
-        status=status,
-        sub_status=sub_status,
-        attempt=row[5],
-        recovery_attempts=row[6],
-        owner=row[7],
-        lease_expires_at=row[8],
-        version=row[9],
-        submitted_at=row[10],
-        started_at=row[11],
-        finished_at=row[12],
-        deferred_since=row[13],
-        error=row[14],
-        spec_id=row[15],
-        args=row[16],
-    )
+    values.update(status=status, sub_status=sub_status)
+    return ExecutionRecord(**values)
 
 
 @final
@@ -187,17 +176,13 @@ class SQLiteStore:
 
     @staticmethod
     def _existing(conn: sqlite3.Connection, task_ids: list[object]) -> set[object]:
-        found: set[object] = set()
-        for start in range(0, len(task_ids), 500):
-            chunk = task_ids[start : start + 500]
-            marks = ",".join("?" * len(chunk))
-            found.update(
-                row[0]
-                for row in conn.execute(
-                    f"SELECT task_id FROM executions WHERE task_id IN ({marks})", chunk
-                )
+        return {
+            row[0]
+            for row in conn.execute(
+                f"SELECT task_id FROM executions WHERE task_id IN {_JSON_LIST}",
+                (json.dumps(task_ids),),
             )
-        return found
+        }
 
     def claim_runs(
         self,
@@ -254,9 +239,7 @@ class SQLiteStore:
     @staticmethod
     def _run(conn: sqlite3.Connection, run_id: str) -> RunRecord:
         row = conn.execute(
-            "SELECT run_id, workflow, status, context, owner, created_at, finished_at,"
-            " recovery_attempts FROM workflow_runs WHERE run_id = ?",
-            (run_id,),
+            f"SELECT {', '.join(_RUN_COLUMNS)} FROM workflow_runs WHERE run_id = ?", (run_id,)
         ).fetchone()
         steps = {
             step_id: (state, output)
@@ -265,34 +248,18 @@ class SQLiteStore:
                 (run_id,),
             )
         }
-        return RunRecord(
-            run_id=row[0],
-            workflow=row[1],
-            status=row[2],
-            context=row[3],
-            owner=row[4],
-            created_at=row[5],
-            finished_at=row[6],
-            steps=steps,
-            recovery_attempts=row[7],
-        )
+        return RunRecord(**dict(zip(_RUN_COLUMNS, row, strict=True)), steps=steps)
 
     def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
-        ids = list(run_ids)
-        lost: list[str] = []
         with self._db.reading("check run ownership") as conn:
-            for start in range(0, len(ids), 500):
-                chunk = ids[start : start + 500]
-                marks = ",".join("?" * len(chunk))
-                lost.extend(
-                    row[0]
-                    for row in conn.execute(
-                        f"SELECT run_id FROM workflow_runs WHERE run_id IN ({marks})"
-                        " AND owner IS NOT ?",
-                        (*chunk, owner),
-                    )
+            return [
+                row[0]
+                for row in conn.execute(
+                    f"SELECT run_id FROM workflow_runs WHERE run_id IN {_JSON_LIST}"
+                    " AND owner IS NOT ?",
+                    (json.dumps(list(run_ids)), owner),
                 )
-        return lost
+            ]
 
     def run(self, run_id: str) -> RunRecord | None:
         """One workflow run, or None: a few primary-key reads on this thread's read
@@ -340,16 +307,13 @@ class SQLiteStore:
             missing = [t for t in live if t not in mine]
             if missing:
                 # Either not flushed yet (fine) or taken by someone else (lost).
-                for start in range(0, len(missing), 500):
-                    chunk = missing[start : start + 500]
-                    marks = ",".join("?" * len(chunk))
-                    lost.extend(
-                        row[0]
-                        for row in conn.execute(
-                            f"SELECT task_id FROM executions WHERE task_id IN ({marks})",
-                            chunk,
-                        )
+                lost.extend(
+                    row[0]
+                    for row in conn.execute(
+                        f"SELECT task_id FROM executions WHERE task_id IN {_JSON_LIST}",
+                        (json.dumps(missing),),
                     )
+                )
         return lost
 
     def recover(
