@@ -10,6 +10,7 @@ the deferred task finishes, its worker retires if the pool is over strength.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import json
@@ -24,6 +25,7 @@ from typing import Any, NoReturn, final
 import attrs
 import outcome
 import trio
+from trio_util import periodic
 
 from ._admission import Admit, Overflow, admit, rejection_reason
 from ._causation import current_ref, running
@@ -1161,18 +1163,21 @@ class Executor:
         journal = self._journal
         assert journal is not None
         store = journal.store
-        while True:
-            await trio.sleep(lease / 3)
-            await journal.call(store.heartbeat, self.owner, self._wall() + lease)
-            live = {t: r._version for t, r in self._live.items()}
-            for task_id in await journal.call(store.taken_over, self.owner, live):
-                self._lease_lost(task_id)
-            if self._active_runs:
-                runs = list(self._active_runs)
-                for run_id in await journal.call(store.runs_taken_over, self.owner, runs):
-                    run = self._active_runs.get(run_id)
-                    if run is not None:
-                        run._lost()
+        # trio_util.periodic: a renewal that takes a while does not push the next one back.
+        async with contextlib.aclosing(periodic(lease / 3)) as beats:
+            async for _, since_last in beats:
+                if since_last is None:
+                    continue  # renewed on entry
+                await journal.call(store.heartbeat, self.owner, self._wall() + lease)
+                live = {t: r._version for t, r in self._live.items()}
+                for task_id in await journal.call(store.taken_over, self.owner, live):
+                    self._lease_lost(task_id)
+                if self._active_runs:
+                    runs = list(self._active_runs)
+                    for run_id in await journal.call(store.runs_taken_over, self.owner, runs):
+                        run = self._active_runs.get(run_id)
+                        if run is not None:
+                            run._lost()
 
     def _overruled(self, ref: TaskRef) -> None:
         """``ref`` ended here, but its completion was fenced out: another owner has
