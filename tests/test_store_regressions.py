@@ -120,7 +120,6 @@ async def test_a_failed_commit_loses_nothing(autojump_clock):
         # run by then ends cancelled; either way its record is the completion.
         assert c.status in (TaskStatus.COMPLETED, TaskStatus.CANCELLED)
         assert store.execution(ref.task_id).status is c.status
-    assert refs[0].status is TaskStatus.COMPLETED
 
 
 async def test_a_completed_step_is_recorded_with_its_execution(store, autojump_clock):
