@@ -255,7 +255,7 @@ class TaskHandle:
             await handle.defer_until(upload_done)                 # a trio.Event
             await handle.defer_until(lambda: path.exists(), poll_interval=5)
         """
-        if not self._slot._held:
+        if not self._slot.is_held:
             raise RuntimeError(f"defer_until called on task {self._task_id!r} without its slot")
         if type(condition) is trio.Event:  # the common case, without a _Waiter
             _check_poll_interval(poll_interval)
@@ -303,7 +303,7 @@ class TaskHandle:
         with trio.CancelScope(shield=True, deadline=deadline) as self._reclaim_scope:
             await slot.reclaim()
         self._reclaim_scope = None
-        if slot._held:
+        if slot.is_held:
             self._enter(SubStatus.ACTIVE)
         # else: still DEFERRED; the executor closes the deferral as the task ends
 
