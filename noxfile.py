@@ -100,7 +100,16 @@ def soak(session: nox.Session) -> None:
         "TRIOEXEC_KILL_ROUNDS": os.environ.get("TRIOEXEC_KILL_ROUNDS") or "30",
     }
     session.run(
-        "pytest", "-m", "slow", "-s", "-p", "no:cacheprovider", *session.posargs, env=kill_env
+        "pytest",
+        "-m",
+        "slow",
+        "-s",
+        "-p",
+        "no:cacheprovider",
+        "-o",
+        "faulthandler_timeout=0",  # a campaign runs for minutes by design
+        *session.posargs,
+        env=kill_env,
     )
 
     examples = os.environ.get("TRIOEXEC_DURABLE_EXAMPLES") or "2000"
