@@ -31,6 +31,7 @@ import sys
 import time
 
 import trio
+from worklog import append_line
 
 import trioexec
 from trioexec import SQLiteStore, SubStatus, TaskHandle, TaskStatus, open_executor
@@ -39,12 +40,7 @@ MAX_CONCURRENT = 4
 
 
 def log_line(log: str, event: str, task_id: str) -> None:
-    line = f"{event} {task_id} {os.getpid()} {time.monotonic():.6f}\n".encode()
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    append_line(log, event, task_id, os.getpid(), f"{time.monotonic():.6f}")
 
 
 @trioexec.task(id="crash_worker.work")

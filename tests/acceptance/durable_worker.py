@@ -39,6 +39,7 @@ import time
 from typing import Any
 
 import trio
+from worklog import append_line
 
 from trioexec.durable import DurableHandle, DurableStore, open_worker
 
@@ -51,13 +52,7 @@ def expected(n: int) -> dict[str, int]:
     return {"n": n, "square": n * n}
 
 
-def log_line(log: str, *fields: object) -> None:
-    line = (" ".join(str(f) for f in fields) + "\n").encode()
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+log_line = append_line
 
 
 async def stdin_closed() -> None:

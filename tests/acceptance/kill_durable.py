@@ -34,6 +34,7 @@ import time
 from typing import Any
 
 import trio
+from worklog import append_line
 
 from trioexec.durable import DurableHandle, DurableStore, open_worker
 
@@ -48,12 +49,7 @@ def expected(n: int) -> dict[str, int]:
 
 
 def log_line(log: str, event: str, task_id: str, version: int) -> None:
-    line = f"{event} {task_id} {version} {os.getpid()} {time.monotonic():.6f}\n".encode()
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    append_line(log, event, task_id, version, os.getpid(), f"{time.monotonic():.6f}")
 
 
 class _PlannedFailure(RuntimeError):

@@ -35,6 +35,7 @@ import time
 from typing import Any
 
 import trio
+from worklog import append_line
 
 import trioexec
 from trioexec import Backoff, SQLiteStore, TaskHandle, open_executor
@@ -48,12 +49,7 @@ POLL = 0.05
 
 
 def log_line(log: str, event: str, task_id: str) -> None:
-    line = f"{event} {task_id} {os.getpid()} {time.monotonic():.6f}\n".encode()
-    fd = os.open(log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    try:
-        os.write(fd, line)
-    finally:
-        os.close(fd)
+    append_line(log, event, task_id, os.getpid(), f"{time.monotonic():.6f}")
 
 
 def _bump(path: str) -> int:
