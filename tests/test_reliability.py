@@ -717,3 +717,19 @@ async def test_11_an_error_the_store_cannot_hold_is_recorded_escaped(tmp_path):
 def test_10_a_spec_timeout_too_large_for_a_float_is_refused_at_definition():
     with pytest.raises(trioexec.TaskDefinitionError, match="timeout"):
         trioexec.task(timeout=10**400)(trio.sleep)
+
+
+async def test_11_a_retried_error_with_a_broken_repr_does_not_kill_the_executor(autojump_clock):
+    class Broken(Exception):
+        def __repr__(self):
+            raise RuntimeError("no repr")
+
+    @trioexec.task(id="flaky", retries=1, backoff=trioexec.Backoff(initial=1, jitter=0))
+    async def flaky():
+        raise Broken()
+
+    async with open_executor(store=MemoryStore()) as ex:
+        completion = await (await ex.submit(flaky)).wait()
+        assert completion.status is TaskStatus.FAILED
+        assert completion.attempts == 2
+        assert await ex.run(trio.sleep, 0) is None

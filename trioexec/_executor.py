@@ -51,7 +51,7 @@ from ._records import (
     SubStatus,
     TaskStatus,
     check_id,
-    storable_text,
+    safe_repr,
 )
 from ._slots import SlotPool, SlotToken
 from ._spec import CallInfo, TaskSpec, call_info, collect_specs
@@ -716,12 +716,16 @@ class Executor:
             ref._status = TaskStatus.PENDING
             delay = spec.backoff.delay(ref._attempts)
             if self._store is not None:
-                self._log(("retry", ref.task_id, ref._version, _safe_repr(ref._error)))
+                self._log(("retry", ref.task_id, ref._version, safe_repr(ref._error)))
             self._events.publish(
                 HealthEventKind.TASK_RETRY_SCHEDULED,
                 ref.task_id,
                 reason=status.value,
-                attributes={"attempt": ref._attempts, "delay": delay, "error": repr(ref._error)},
+                attributes={
+                    "attempt": ref._attempts,
+                    "delay": delay,
+                    "error": safe_repr(ref._error),
+                },
             )
             ref._error = None
             self._worker_parked()
@@ -950,7 +954,7 @@ class Executor:
         else:
             # Acknowledged (ref.wait() returns) only once the record is durable.
             self._live.pop(ref.task_id, None)
-            error = None if ref._error is None else _safe_repr(ref._error)
+            error = None if ref._error is None else safe_repr(ref._error)
             self._log(("finish", ref.task_id, ref._version, status, ref._finished_at, error))
             if ref._run_id is not None and status is TaskStatus.COMPLETED:
                 # A completed step's record goes into the same transaction as its
@@ -971,7 +975,7 @@ class Executor:
                 HealthEventKind.TASK_FAILED,
                 ref.task_id,
                 reason=status.value,
-                attributes={"error": _safe_repr(ref._error), "name": ref.name},
+                attributes={"error": safe_repr(ref._error), "name": ref.name},
             )
 
     def _is_idle(self) -> bool:
@@ -1420,16 +1424,6 @@ def _reraise_cancellation(ref: TaskRef, group: BaseExceptionGroup[BaseException]
     if cancelled is None:
         raise group
     raise cancelled from None
-
-
-def _safe_repr(obj: object) -> str:
-    """``repr(obj)`` as text any store can hold: never raising (a broken
-    ``__repr__``), lone surrogates escaped, at most ``MAX_TEXT`` characters."""
-    try:
-        text = repr(obj)
-    except Exception as exc:  # a user exception with a broken __repr__
-        return f"<unrepresentable {type(obj).__name__}: {type(exc).__name__}>"
-    return storable_text(text)
 
 
 def _should_retry(spec: TaskSpec, ref: TaskRef, status: TaskStatus) -> bool:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, final
 import trio
 
 from ._errors import StoreError
-from ._records import storable_text
+from ._records import safe_repr
 
 if TYPE_CHECKING:
     from ._store import Change, Store
@@ -138,11 +138,7 @@ class Journal:
             return None
         if not isinstance(exc, StoreError):
             where = getattr(self.store, "path", None) or repr(self.store)
-            try:
-                text = repr(exc)
-            except Exception:  # a broken __repr__
-                text = type(exc).__name__
-            wrapped = StoreError(f"{where}: {type(exc).__name__}: {storable_text(text)}")
+            wrapped = StoreError(f"{where}: {type(exc).__name__}: {safe_repr(exc)}")
             wrapped.__cause__ = exc
             exc = wrapped
         self.failure = exc

@@ -33,6 +33,16 @@ def check_id(what: str, value: object) -> str:
 MAX_TEXT = 10_000
 
 
+def safe_repr(obj: object) -> str:
+    """``repr(obj)`` as text any store can hold: never raising (a broken
+    ``__repr__``), lone surrogates escaped, at most ``MAX_TEXT`` characters."""
+    try:
+        text = repr(obj)
+    except Exception as exc:  # a user exception with a broken __repr__
+        return f"<unrepresentable {type(obj).__name__}: {type(exc).__name__}>"
+    return storable_text(text)
+
+
 def storable_text(text: str) -> str:
     """``text`` (an error message, say) as a store can hold it: lone surrogates
     escaped (``\\udc80``), cut to ``MAX_TEXT`` characters."""

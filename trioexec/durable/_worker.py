@@ -32,7 +32,7 @@ import trio
 from .._errors import TrioexecError
 from .._executor import Executor, open_executor
 from .._handle import TaskHandle
-from .._records import ShutdownPolicy
+from .._records import ShutdownPolicy, safe_repr
 from .._spec import call_info
 from .._taskref import TaskRef
 from ._protocol import check_id, encode
@@ -58,13 +58,6 @@ def _value(record: PromiseRecord) -> Any:
     if record.state is PromiseState.RESOLVED:
         return None if record.data is None else json.loads(record.data)
     raise PromiseRejected(record)
-
-
-def _safe_repr(obj: object) -> str:
-    try:
-        return repr(obj)
-    except Exception as exc:  # a user exception with a broken __repr__
-        return f"<unrepresentable {type(obj).__name__}: {type(exc).__name__}>"
 
 
 def _leftover(exc: BaseException, *, cancelled_here: bool) -> BaseException | None:
@@ -405,7 +398,7 @@ class Worker:
         return result
 
     async def _reject(self, record: TaskRecord, exc: BaseException) -> None:
-        await self._fulfill(record, {"error": _safe_repr(exc)}, rejected=True)
+        await self._fulfill(record, {"error": safe_repr(exc)}, rejected=True)
 
     async def _fulfill(self, record: TaskRecord, data: Any, *, rejected: bool) -> None:
         lease = self._ours(record)
