@@ -244,7 +244,7 @@ class ExecutorMachine(RuleBasedStateMachine):
 
         async def go() -> None:
             assert job.ref is not None
-            if job.ref.status is TaskStatus.PENDING and job.ref._scope is None:
+            if job.ref.status is TaskStatus.PENDING and job.ref._job.scope is None:
                 job.cancelled_while_pending = True
             if not job.ref.done:
                 job.cancel_requested = True
@@ -297,7 +297,7 @@ class ExecutorMachine(RuleBasedStateMachine):
             gate = self.paused = trio.Event()
 
             async def hold() -> None:
-                async with self.ex._journal._lock:  # the writer stalls behind it
+                async with self.ex._core.journal._lock:  # the writer stalls behind it
                     await gate.wait()
 
             self.outside.start_soon(hold)
@@ -415,7 +415,7 @@ class ExecutorMachine(RuleBasedStateMachine):
             ref = job.ref
             assert ref is not None
             assert ref.status in TERMINAL, ref
-            if self.store_failed and ref._pending_ack:
+            if self.store_failed and ref._job.pending_ack:
                 continue  # not durable: its wait raises the StoreError
             completion = ref.completion
             assert completion is not None

@@ -1,5 +1,6 @@
 """TaskHandle.defer_until on its own: every condition kind, timing, cancellation."""
 
+import math
 import threading
 
 import pytest
@@ -12,14 +13,28 @@ from trioexec import Backoff, SlotPool, SubStatus, TaskDefinitionError, TaskHand
 
 
 class Observer:
+    """The executor side of a handle (`trioexec._handle._Observer`), recording."""
+
     def __init__(self):
         self.log = []
 
-    def _handle_deferred(self, handle):
+    def deferred(self, handle, job):
         self.log.append(("deferred", handle.slot.is_held))
 
-    def _handle_resumed(self, handle):
+    def resumed(self, handle, job):
         self.log.append(("resumed", handle.slot.is_held))
+
+    def reclaim_deadline(self, job):
+        return math.inf
+
+    def poller(self):
+        return None
+
+    async def thread_resumed(self, handle):
+        pass
+
+    def thread_lend_ended(self, handle):
+        pass
 
 
 async def make_handle(pool=None, observer=None):
@@ -334,8 +349,8 @@ async def test_defer_until_sync_from_a_worker_thread():
     released = trio.Event()
 
     class SignalOnDefer(Observer):
-        def _handle_deferred(self, handle):
-            super()._handle_deferred(handle)
+        def deferred(self, handle, job):
+            super().deferred(handle, job)
             released.set()
 
     handle = TaskHandle(await pool.acquire(), "sync", _observer=SignalOnDefer())

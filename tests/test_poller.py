@@ -24,7 +24,7 @@ async def test_one_poller_serves_every_deferred_predicate_with_exact_times(autoj
     async with open_executor(max_concurrent_tasks=2) as ex:
         refs = [await ex.submit(job, i) for i in range(3)]
         await trio.testing.wait_all_tasks_blocked()
-        poller = ex._shared_poller
+        poller = ex._core.workers.shared_poller
         assert poller is not None
         assert len(poller._heap) == 3  # all three wait in one heap, no task each
     for i, ref in enumerate(refs):
@@ -99,7 +99,7 @@ async def test_async_predicates_keep_polling_in_their_own_task(autojump_clock):
 
     async with open_executor() as ex:
         await ex.run(job)
-        assert ex._shared_poller is None  # only sync predicates go to the poller
+        assert ex._core.workers.shared_poller is None  # only sync predicates go to the poller
     assert n == 3
 
 

@@ -102,7 +102,7 @@ async def test_deferred_sync_task_lends_its_thread_token():
             ra = await ex.submit(a)
             rb = await ex.submit(b)
     assert ((await ra.wait()).result, (await rb.wait()).result) == ("a", "b")
-    assert ex._thread_limiter.total_tokens == 1
+    assert ex._core.workers.thread_limiter.total_tokens == 1
 
 
 async def test_cancelled_event_read_takes_nothing():

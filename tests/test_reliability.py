@@ -356,7 +356,7 @@ async def test_06_thread_workers_bound_threads_after_a_sync_deferral():
         assert (await first.wait()).ok
         assert (await other.wait()).ok
     assert peak == 1  # before the fix: 2
-    assert ex._thread_limiter.total_tokens == 1
+    assert ex._core.workers.thread_limiter.total_tokens == 1
 
 
 # ----------------------------------------------------------------- 3: back-pressure from the store
@@ -389,7 +389,7 @@ async def test_03_a_stalled_store_bounds_the_backlog(autojump_clock, monkeypatch
                 if accepted % 10 == 0:
                     await trio.lowlevel.checkpoint()
         assert accepted <= 100
-        assert len(ex._journal.changes) < 100 + 4 * 10  # bounded, not one per submission
+        assert len(ex._core.journal.changes) < 100 + 4 * 10  # bounded, not one per submission
         assert ex.statistics().rejected_count == 1
         gate.set()
         await ex.flush()
@@ -419,7 +419,7 @@ async def test_03_block_waits_for_the_store_to_catch_up(autojump_clock, monkeypa
             nonlocal peak
             for _ in range(500):
                 await ex.submit(noop)
-                peak = max(peak, len(ex._journal.changes))
+                peak = max(peak, len(ex._core.journal.changes))
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(producer)
@@ -528,11 +528,11 @@ async def test_12_shutdown_during_recovery_keeps_the_reservation_balanced(tmp_pa
             nursery.start_soon(blocked)
             nursery.start_soon(blocked)
             await trio.testing.wait_all_tasks_blocked()
-            ex._reserved += 3  # recovery holding three places back meanwhile
+            ex._core.gate.reserved += 3  # recovery holding three places back meanwhile
             await trio.sleep(1)  # the slot frees: a place is handed to the first
-            ex._begin_shutdown(trioexec.ShutdownPolicy.DRAIN)
-        assert ex._reserved == 3  # before the fix: shutdown reset it to 0, then -3
-        ex._reserved -= 3
+            ex._core.shutdown.begin(trioexec.ShutdownPolicy.DRAIN)
+        assert ex._core.gate.reserved == 3  # before the fix: shutdown reset it to 0, then -3
+        ex._core.gate.reserved -= 3
 
 
 async def test_12_wait_for_idle_does_not_return_early(autojump_clock):

@@ -125,11 +125,11 @@ async def test_grow_wakes_waiters_and_shrink_lets_holders_finish():
     assert pool.in_use == 2
     assert pool.available == 0
     third = pool.token()
-    assert not third._try_reclaim()
+    assert not third.try_reclaim()
     first.release()
-    assert not third._try_reclaim()  # still 1 in use of 1
+    assert not third.try_reclaim()  # still 1 in use of 1
     second.release()
-    assert third._try_reclaim()
+    assert third.try_reclaim()
 
 
 async def test_reclaim_is_a_checkpoint_even_when_a_slot_is_free():

@@ -3,6 +3,7 @@
 from ._admission import Overflow as Overflow
 from ._coordinator import WorkflowResult as WorkflowResult
 from ._coordinator import WorkflowRun as WorkflowRun
+from ._core import ExecutorConfig as ExecutorConfig
 from ._deterministic import DeterministicExecutor as DeterministicExecutor
 from ._errors import CapacityExceeded as CapacityExceeded
 from ._errors import ExecutorClosed as ExecutorClosed
@@ -17,7 +18,6 @@ from ._errors import WorkflowError as WorkflowError
 from ._events import HealthEvent as HealthEvent
 from ._events import HealthEventKind as HealthEventKind
 from ._executor import Executor as Executor
-from ._executor import ExecutorConfig as ExecutorConfig
 from ._executor import open_executor as open_executor
 from ._handle import TaskHandle as TaskHandle
 from ._metrics import ExecutorMetrics as ExecutorMetrics

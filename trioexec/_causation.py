@@ -2,7 +2,7 @@
 
 Every Trio run has one registry (a `trio.lowlevel.RunVar`, not a module
 global): the Trio task that runs an attempt of an execution maps to its
-`TaskRef`, whatever executor runs it. A dict entry per running attempt, not a
+`Job`, whatever executor runs it. A dict entry per running attempt, not a
 context variable: setting one of those costs ~200 bytes per running task.
 """
 
@@ -13,24 +13,24 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
-    from ._taskref import TaskRef
+    from ._taskref import Job
 
-_REGISTRY: trio.lowlevel.RunVar[dict[trio.lowlevel.Task, TaskRef]] = trio.lowlevel.RunVar(
+_REGISTRY: trio.lowlevel.RunVar[dict[trio.lowlevel.Task, Job]] = trio.lowlevel.RunVar(
     "trioexec_running"
 )
 
 
-def running() -> dict[trio.lowlevel.Task, TaskRef]:
+def running() -> dict[trio.lowlevel.Task, Job]:
     """This run's registry: a worker keeps it at hand and sets its own entry."""
     try:
         return _REGISTRY.get()
     except LookupError:
-        registry: dict[trio.lowlevel.Task, TaskRef] = {}
+        registry: dict[trio.lowlevel.Task, Job] = {}
         _REGISTRY.set(registry)
         return registry
 
 
-def current_ref() -> TaskRef | None:
+def current_job() -> Job | None:
     """The execution whose code is calling: the one a worker of this Trio task, or
     of the nearest ancestor task, is running (so child tasks of a task and code
     in its threads count as it; `trio.from_thread` runs in the host task)."""

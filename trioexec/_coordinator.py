@@ -3,23 +3,27 @@ soon as its dependencies are complete, passes contexts along, and finalizes the 
 
 One coordinator task per run, a child of the executor's nursery; one small task
 per step in flight, which submits the step and waits for its completion.
+`WorkflowRuns` keeps an executor's runs: it starts and resumes them, journals
+their changes, and is what the executor's lifecycle and recovery tell about
+steps and runs (built on the executor's parts, which never import it).
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
 import trio
 
 from ._errors import ExecutorClosed, TrioexecError
-from ._events import HealthEventKind
-from ._records import SubStatus, TaskCompletion, TaskStatus
+from ._events import EventStream, HealthEventKind
+from ._records import SubStatus, TaskCompletion, TaskStatus, check_id
 from ._spec import TaskSpec
 from ._store import RunRecord
+from ._taskref import Job, TaskRef
 from ._workflow import (
     Context,
     RunStatus,
@@ -33,8 +37,8 @@ from ._workflow import (
 )
 
 if TYPE_CHECKING:
-    from ._executor import Executor
-    from ._taskref import TaskRef
+    from ._journal import Journal
+    from ._store import Change
 
 
 @attrs.frozen(kw_only=True)
@@ -65,7 +69,7 @@ class WorkflowRun:
 
     def __init__(
         self,
-        executor: Executor,
+        runs: WorkflowRuns,
         workflow: Workflow,
         context: Mapping[str, Any] | None,
         run_id: str | None = None,
@@ -73,11 +77,11 @@ class WorkflowRun:
     ) -> None:
         self.run_id = run_id or uuid.uuid4().hex
         self.workflow = workflow
-        self._ex = executor
+        self._runs = runs
         self._initial = Context(context).to_dict()
         self._states = dict.fromkeys(workflow.order, StepState.PENDING)
         self._resumed = restored is not None
-        self._refs: dict[str, TaskRef] = {}
+        self._jobs: dict[str, Job] = {}
         self._outputs: dict[str, dict[str, Any]] = {}
         self._completions: dict[str, TaskCompletion] = {}
         self._errors: dict[str, BaseException | None] = {}
@@ -107,13 +111,17 @@ class WorkflowRun:
         """The run's `WorkflowStatus` now. Never blocks."""
         states = dict(self._states)
         deferred = 0
-        for sid, ref in self._refs.items():
+        for sid, job in self._jobs.items():
             # Started (running, deferred, or between retry attempts): in progress.
             if states[sid] is StepState.READY and (
-                ref.status is TaskStatus.RUNNING or ref._attempts > 0
+                job.status is TaskStatus.RUNNING or job.attempts > 0
             ):
                 states[sid] = StepState.RUNNING
-            if ref.sub_status is SubStatus.DEFERRED:
+            if (
+                job.status is TaskStatus.RUNNING
+                and job.handle is not None
+                and job.handle.sub_status is SubStatus.DEFERRED
+            ):
                 deferred += 1
         return status(self.run_id, self.workflow, states, deferred)
 
@@ -137,9 +145,7 @@ class WorkflowRun:
         self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
         if not self._resumed:
-            self._ex._log_run(
-                ("run", self.run_id, 0, self.workflow.name, json.dumps(self._initial))
-            )
+            self._runs.log(("run", self.run_id, 0, self.workflow.name, json.dumps(self._initial)))
         try:
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
@@ -147,7 +153,7 @@ class WorkflowRun:
                 self._advance()
         finally:
             self._finalize()
-            self._ex._run_finished(self)
+            self._runs.finished(self)
 
     def _advance(self) -> None:
         assert self._nursery is not None
@@ -197,7 +203,7 @@ class WorkflowRun:
             if turn is not None:
                 await turn.wait()
             step_input = json.dumps(merged_input(self.workflow, sid, self._initial, self._outputs))
-            ref = await self._ex._submit_step(self._step_spec(sid), (step_input,), self.run_id)
+            job = await self._runs.submit_step(self._step_spec(sid), (step_input,), self.run_id)
         except ExecutorClosed:  # shut down before it started: the run is cut short
             self._states[sid] = StepState.PENDING
             return
@@ -207,8 +213,8 @@ class WorkflowRun:
             return
         finally:
             submitted.set()
-        self._refs[sid] = ref
-        completion = await ref.wait()
+        self._jobs[sid] = job
+        completion = await TaskRef(job).wait()
         self._completions[sid] = completion
         if completion.ok:
             self._outputs[sid] = self._attempt_outputs.pop(sid)
@@ -218,36 +224,32 @@ class WorkflowRun:
             self._errors.setdefault(sid, completion.error)
             self._step_failed(sid)
 
-    def _record_completed_step(self, ref: TaskRef) -> None:
-        """Journal a step's completion with its output (called by the executor, in
-        the same batch as the step execution's own completion)."""
-        sid = ref.name
+    def _record_completed_step(self, job: Job) -> None:
+        """Journal a step's completion with its output (in the same batch as the
+        step execution's own completion)."""
+        sid = job.name
         output = self._attempt_outputs.get(sid)
         if output is not None:
-            self._ex._log_run(
-                ("step", self.run_id, 0, sid, StepState.COMPLETED, json.dumps(output), ref.task_id)
+            self._runs.log(
+                ("step", self.run_id, 0, sid, StepState.COMPLETED, json.dumps(output), job.task_id)
             )
 
     def _step_failed(self, sid: str) -> None:
         self._states[sid] = StepState.FAILED
-        ref = self._refs.get(sid)
-        self._ex._log_run(
-            ("step", self.run_id, 0, sid, StepState.FAILED, None, ref and ref.task_id)
-        )
+        job = self._jobs.get(sid)
+        self._runs.log(("step", self.run_id, 0, sid, StepState.FAILED, None, job and job.task_id))
         for dependent in self.workflow.dependents(sid):
             if self._states[dependent] is StepState.PENDING:
                 self._states[dependent] = StepState.SKIPPED
-                self._ex._log_run(
-                    ("step", self.run_id, 0, dependent, StepState.SKIPPED, None, None)
-                )
+                self._runs.log(("step", self.run_id, 0, dependent, StepState.SKIPPED, None, None))
         self._advance()
 
     def _lost(self) -> None:
         """Another executor has taken this run over: stop coordinating it here,
         and write nothing more of it."""
         self._is_lost = True
-        for ref in self._refs.values():
-            ref.cancel()
+        for job in self._jobs.values():
+            job.owner.cancel(job)
         if self._nursery is not None:
             self._nursery.cancel_scope.cancel()
 
@@ -257,7 +259,7 @@ class WorkflowRun:
         if st == self._last_published:
             return
         self._last_published = st
-        self._ex._events.publish(
+        self._runs.events.publish(
             HealthEventKind.WORKFLOW_PROGRESS,
             None,
             reason=st.execution_status.value,
@@ -294,5 +296,108 @@ class WorkflowRun:
         ):
             # A run cut short by a shutdown stays 'running' in the store, so that
             # recovery resumes it; one that ended is recorded as ended.
-            self._ex._log_run(("run_end", self.run_id, 0, run_status, self._ex._wall()))
+            self._runs.log(("run_end", self.run_id, 0, run_status, self._runs.wall()))
         self._done.set()
+
+
+@final
+class WorkflowRuns:
+    """The workflow runs of one executor: started here or resumed by recovery.
+
+    Built on the executor's parts through what it is handed (a step submitter,
+    the journal, the event stream); the parts know it only as their ``Runs``
+    protocols.
+    """
+
+    def __init__(
+        self,
+        workflows: dict[str, Workflow],
+        submit_step: Callable[[TaskSpec, tuple[Any, ...], str], Awaitable[Job]],
+        journal: Journal | None,
+        events: EventStream,
+        wall: Callable[[], float],
+        owner_id: str,
+        idle_changed: Callable[[], None],
+    ) -> None:
+        self.submit_step = submit_step
+        self.events = events
+        self.wall = wall
+        self.active: dict[str, WorkflowRun] = {}
+        self.nursery: trio.Nursery | None = None  # (coordinators run here once set)
+        self._workflows = workflows
+        self._journal = journal
+        self._owner_id = owner_id
+        self._idle_changed = idle_changed
+
+    @property
+    def open(self) -> int:
+        """Runs not finished."""
+        return len(self.active)
+
+    async def start(
+        self, workflow: Workflow, context: Mapping[str, Any] | None, run_id: str | None
+    ) -> WorkflowRun:
+        if self.nursery is None:
+            raise TypeError("workflows need an executor from open_executor")
+        if run_id is not None:
+            check_id("run_id", run_id)
+            if run_id in self.active:
+                raise ValueError(f"run id {run_id!r} is already running in this executor")
+            journal = self._journal
+            if journal is not None and journal.store.run(run_id) is not None:
+                raise ValueError(f"run id {run_id!r} is already recorded in the store")
+        run = WorkflowRun(self, workflow, context, run_id)
+        self.active[run.run_id] = run
+        await self.nursery.start(run._coordinate)
+        return run
+
+    def names(self) -> list[str]:
+        """The workflows recovery may resume runs of."""
+        return list(self._workflows)
+
+    def active_ids(self) -> list[str]:
+        return list(self.active)
+
+    def resume(self, record: RunRecord) -> None:
+        """Resume a run recovery claimed."""
+        assert self.nursery is not None
+        workflow = self._workflows[record.workflow]
+        run = WorkflowRun(self, workflow, json.loads(record.context), record.run_id, record)
+        self.active[run.run_id] = run
+        self.nursery.start_soon(run._coordinate)
+
+    def finished(self, run: WorkflowRun) -> None:
+        self.active.pop(run.run_id, None)
+        self._idle_changed()
+
+    def log(self, change: Change) -> None:
+        """Journal a run's change (with a store). A 'run' change gets its owner and
+        creation time here; the others are guarded by our ownership of the run."""
+        journal = self._journal
+        if journal is None:
+            return
+        if change[0] == "run":
+            change = (*change, self._owner_id, self.wall())
+        else:
+            change = (change[0], change[1], self._owner_id, *change[3:])
+        journal.append(change)
+
+    # ------------------------------------------------------------ told by the executor
+
+    def step_changed(self, run_id: str) -> None:
+        """A step started, deferred or resumed: its run may publish."""
+        run = self.active.get(run_id)
+        if run is not None:
+            run._publish()
+
+    def step_completed(self, job: Job) -> None:
+        run = self.active.get(job.run_id or "")
+        if run is not None:
+            run._record_completed_step(job)
+
+    def lost(self, run_ids: Iterable[str]) -> None:
+        """Another executor has taken these runs over."""
+        for run_id in run_ids:
+            run = self.active.get(run_id)
+            if run is not None:
+                run._lost()

@@ -15,16 +15,11 @@ from typing import Any, final
 import trio
 
 from ._admission import Overflow
+from ._core import Core, ExecutorConfig, check_store
 from ._events import EventStream
-from ._executor import (
-    Executor,
-    ExecutorConfig,
-    check_store,
-    split_tasks,
-)
+from ._executor import split_tasks
 from ._metrics import ExecutorMetrics
-from ._records import ShutdownPolicy, TaskCompletion, TaskStatus
-from ._slots import SlotToken
+from ._records import ShutdownPolicy, TaskCompletion
 from ._store import Store
 from ._taskref import TaskRef
 
@@ -78,9 +73,11 @@ class DeterministicExecutor:
                 "DeterministicExecutor writes in the caller's task: give it an inline store "
                 "(MemoryStore, or SQLiteStore(path, inline=True))"
             )
-        self._ex = Executor(None, config, store, *split_tasks(tasks))
+        specs, _ = split_tasks(tasks)
+        # The same parts as `open_executor`'s, with no nursery: jobs run in `run_ready`.
+        self._core = Core(config, store, specs)
         if store is not None:
-            store.heartbeat(self._ex.owner, math.inf)  # never expires: nothing to recover
+            store.heartbeat(self._core.owner_id, math.inf)  # never expires: nothing to recover
 
     def submit_nowait(
         self,
@@ -93,15 +90,10 @@ class DeterministicExecutor:
         correlation_id: str | None = None,
     ) -> TaskRef:
         """Queue ``fn(*args)``; never blocks (``Overflow.BLOCK`` acts as ``REJECT``)."""
-        return self._ex.submit_nowait(
-            fn,
-            *args,
-            name=name,
-            task_id=task_id,
-            timeout=timeout,
-            budget=budget,
-            correlation_id=correlation_id,
-        )
+        core = self._core
+        job = core.new_job(fn, args, name, task_id, timeout, budget, correlation_id)
+        core.submit_nowait(job)
+        return TaskRef(job)
 
     async def run_ready(
         self, max_tasks: int | None = None, cancel: trio.Event | None = None
@@ -115,58 +107,46 @@ class DeterministicExecutor:
         """
         if max_tasks is not None and max_tasks < 0:
             raise ValueError(f"max_tasks must be >= 0 or None, got {max_tasks!r}")
-        ex = self._ex
+        core = self._core
+        journal = core.journal
         completions: list[TaskCompletion] = []
         ran = 0
         await trio.lowlevel.checkpoint()
         while max_tasks is None or ran < max_tasks:
             if cancel is not None and cancel.is_set():
-                cancelled = [r for r in ex._pending if r._status is TaskStatus.PENDING]
-                ex.cancel_pending()
-                if ex._journal is not None:
-                    ex._journal.write_inline()
-                completions.extend(r.completion for r in cancelled if r.completion)
+                cancelled = core.lifecycle.cancel_pending()
+                if journal is not None:
+                    journal.write_inline()
+                completions.extend(job.make_completion() for job in cancelled)
                 break
-            if len(ex._pending) == ex._stale:
+            job = await core.workers.run_next()
+            if job is None:
                 break
-            token = SlotToken(ex._pool)
-            await token.reclaim()
-            ref = ex._pop_pending()
-            if ref is None:  # cancelled while we took the slot
-                token.release()
-                break
-            scope = trio.CancelScope()
-            ref._scope = scope
-            ex._taken.add(ref)
-            with token, scope:
-                await ex._run(ref, token)
             ran += 1
-            if ex._journal is not None:
-                ex._journal.write_inline()
-            completion = ref.completion
-            assert completion is not None
-            completions.append(completion)
+            if journal is not None:
+                journal.write_inline()
+            completions.append(job.make_completion())
         return completions
 
     def cancel_pending(self) -> int:
         """End every queued task as ``CANCELLED``; return how many."""
-        return self._ex.cancel_pending()
+        return len(self._core.lifecycle.cancel_pending())
 
     def statistics(self) -> ExecutorMetrics:
         """A frozen `ExecutorMetrics` snapshot."""
-        return self._ex.statistics()
+        return self._core.statistics()
 
     @property
     def metrics(self) -> ExecutorMetrics:
         """The same snapshot as `statistics`."""
-        return self._ex.statistics()
+        return self._core.statistics()
 
     @property
     def events(self) -> EventStream:
         """The bounded `HealthEvent` stream (read it with ``get_nowait`` in tests)."""
-        return self._ex.events
+        return self._core.events
 
     @property
     def pending(self) -> int:
         """Tasks queued and not yet run."""
-        return self._ex._queue
+        return self._core.tally.queue_depth

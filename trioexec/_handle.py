@@ -28,13 +28,16 @@ if TYPE_CHECKING:
 
 
 class _Observer(Protocol):
-    """The executor side of a handle: told of every sub-status change, synchronously."""
+    """The executor side of a handle: told of every sub-status change,
+    synchronously. ``job`` is what the executor gave the handle to identify
+    its task by."""
 
-    def _handle_deferred(self, handle: TaskHandle) -> None: ...
-    def _handle_resumed(self, handle: TaskHandle) -> None: ...
-    def _reclaim_deadline(self, handle: TaskHandle) -> float: ...
-    async def _thread_resumed(self, handle: TaskHandle) -> None: ...
-    def _thread_lend_ended(self, handle: TaskHandle) -> None: ...
+    def deferred(self, handle: TaskHandle, job: Any) -> None: ...
+    def resumed(self, handle: TaskHandle, job: Any) -> None: ...
+    def reclaim_deadline(self, job: Any) -> float: ...
+    def poller(self) -> Poller | None: ...
+    async def thread_resumed(self, handle: TaskHandle) -> None: ...
+    def thread_lend_ended(self, handle: TaskHandle) -> None: ...
 
 
 def _check_poll_interval(poll_interval: float | Backoff) -> None:
@@ -140,9 +143,9 @@ class TaskHandle:
         "_deferred_at",
         "_deferred_seconds",
         "_in_thread",
+        "_job",
         "_observer",
         "_reclaim_scope",
-        "_ref",
         "_slot",
         "_sub_status",
         "_task_id",
@@ -155,6 +158,8 @@ class TaskHandle:
         task_id: str = "",
         *,
         _observer: _Observer | None = None,
+        _job: Any = None,
+        _in_thread: bool = False,
     ) -> None:
         self._slot = slot
         self._task_id = task_id
@@ -164,8 +169,8 @@ class TaskHandle:
         self._cancel_requested = False
         self._deferred_at = 0.0
         self._deferred_seconds = 0.0
-        self._in_thread = False  # set by the executor for sync tasks in worker threads
-        self._ref: Any = None  # the executor's TaskRef for this task
+        self._in_thread = _in_thread  # a sync task, running in a worker thread
+        self._job = _job  # the executor's record of this task
         self._reclaim_scope: trio.CancelScope | None = None  # reclaiming after a cancel
         self._thread_scope: trio.CancelScope | None = None  # defer_until_sync's wait
         self._attempt_over = False  # the executor ended the attempt (its thread abandoned)
@@ -276,7 +281,8 @@ class TaskHandle:
                 await condition.wait()
             else:
                 # An executor offers a shared poller (asked for only if it is needed).
-                await waiter.wait(getattr(self._observer, "_poller", None))
+                observer = self._observer
+                await waiter.wait(None if observer is None else observer.poller)
         except BaseException:
             await self._reclaim_unless_ending(slot)
             raise
@@ -298,8 +304,8 @@ class TaskHandle:
         deadline = math.inf
         if self._attempt_over:
             deadline = -math.inf
-        elif (reclaim_deadline := getattr(observer, "_reclaim_deadline", None)) is not None:
-            deadline = reclaim_deadline(self)
+        elif observer is not None:
+            deadline = observer.reclaim_deadline(self._job)
         with trio.CancelScope(shield=True, deadline=deadline) as self._reclaim_scope:
             await slot.reclaim()
         self._reclaim_scope = None
@@ -335,10 +341,10 @@ class TaskHandle:
                 await self.defer_until(condition, poll_interval)
             except BaseException:
                 if self._in_thread and observer is not None:
-                    observer._thread_lend_ended(self)
+                    observer.thread_lend_ended(self)
                 raise
             if self._in_thread and observer is not None:
-                await observer._thread_resumed(self)
+                await observer.thread_resumed(self)
         if self._thread_scope.cancelled_caught:
             raise TaskCancelled(f"task {self._task_id!r}: its attempt is over (cancelled)")
         self._thread_scope = None
@@ -358,9 +364,9 @@ class TaskHandle:
         observer = self._observer
         if observer is not None:
             if sub_status is SubStatus.DEFERRED:
-                observer._handle_deferred(self)
+                observer.deferred(self, self._job)
             else:
-                observer._handle_resumed(self)
+                observer.resumed(self, self._job)
 
     def __repr__(self) -> str:
         return f"<TaskHandle {self._task_id!r} {self._sub_status.value}>"

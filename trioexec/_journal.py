@@ -36,17 +36,17 @@ class Journal:
     """The changes not yet in the store, the completions waiting on them, and the
     one lock that orders every call to the store from this executor.
 
-    ``written(notify, fenced)`` is called after each batch is durable, with the
-    batch's completions to acknowledge and the task ids the store fenced out.
+    ``on_written(notify, fenced)`` is called after each batch is durable, with
+    the batch's completions to acknowledge and the task ids the store fenced out.
     """
 
-    def __init__(self, store: Store, written: Callable[[list[Any], list[str]], None]) -> None:
+    def __init__(self, store: Store) -> None:
         self.store = store
         self.changes: list[Change] = []  # not yet handed to the store
         self.notify: list[Any] = []  # completions (TaskRefs) to acknowledge once durable
         self.failure: StoreError | None = None  # the store failed: nothing more is written
         self.limit = JOURNAL_LIMIT  # (tests lower it)
-        self._written = written
+        self.on_written: Callable[[list[Any], list[str]], None] = lambda notify, fenced: None
         self._writer_idle = trio.lowlevel.ParkingLot()
         self._flushers = trio.lowlevel.ParkingLot()
         self._lock = trio.Lock()  # one call at a time: writer, heartbeat, recovery, close
@@ -106,7 +106,7 @@ class Journal:
             self._batch_written(notify, fenced)
 
     def _batch_written(self, notify: list[Any], fenced: list[str]) -> None:
-        self._written(notify, fenced)
+        self.on_written(notify, fenced)
         if self._flushers:
             self._flushers.unpark_all()
 

@@ -1,6 +1,9 @@
-"""`ExecutorMetrics`: a frozen snapshot of the executor's counters."""
+"""`ExecutorMetrics`, a frozen snapshot of the executor's counters, and `Tally`,
+where they are kept."""
 
 from __future__ import annotations
+
+from typing import final
 
 import attrs
 
@@ -34,3 +37,75 @@ class ExecutorMetrics:
     max_deferred_count: int = 0
     queue_depth: int = 0  #: pending, now
     events_dropped_count: int = 0
+
+
+@final
+class Tally:
+    """The executor's counters and gauges as they change: the one place each is
+    kept. `ExecutorMetrics` is a snapshot of it (plus the event stream's drops).
+
+    Plain slotted attributes, bumped in place on the hot path.
+    """
+
+    __slots__ = (
+        "active_count",
+        "cancellation_observed_count",
+        "cancellation_requested_count",
+        "cancelled_count",
+        "completed_count",
+        "deferral_count",
+        "deferred_count",
+        "dropped_count",
+        "failed_count",
+        "max_deferred_count",
+        "max_inflight_count",
+        "max_outstanding_count",
+        "queue_depth",
+        "queued_count",
+        "rejected_count",
+        "resumed_count",
+        "submitted_count",
+        "timed_out_count",
+        "timeout_budget_exceeded_count",
+    )
+
+    def __init__(self) -> None:
+        self.submitted_count = 0
+        self.queued_count = 0
+        self.queue_depth = 0  # accepted and waiting: pending, or between attempts
+        self.active_count = 0
+        self.deferred_count = 0
+        self.completed_count = 0
+        self.failed_count = 0
+        self.cancelled_count = 0
+        self.rejected_count = 0
+        self.dropped_count = 0
+        self.timed_out_count = 0
+        self.deferral_count = 0
+        self.resumed_count = 0
+        self.cancellation_requested_count = 0
+        self.cancellation_observed_count = 0
+        self.timeout_budget_exceeded_count = 0
+        self.max_inflight_count = 0
+        self.max_outstanding_count = 0
+        self.max_deferred_count = 0
+
+    @property
+    def outstanding(self) -> int:
+        """Tasks counted against capacity: pending + active + deferred."""
+        return self.queue_depth + self.active_count + self.deferred_count
+
+    def note_high_water(self) -> None:
+        inflight = self.queue_depth + self.active_count
+        if inflight > self.max_inflight_count:
+            self.max_inflight_count = inflight
+        outstanding = inflight + self.deferred_count
+        if outstanding > self.max_outstanding_count:
+            self.max_outstanding_count = outstanding
+
+    def snapshot(self, events_dropped: int) -> ExecutorMetrics:
+        """An `ExecutorMetrics` of the values now."""
+        return ExecutorMetrics(
+            events_dropped_count=events_dropped,
+            **{name: getattr(self, name) for name in Tally.__slots__},
+        )

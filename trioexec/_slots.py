@@ -76,6 +76,16 @@ class SlotPool:
         return max(0, self.total - self.in_use)
 
     @property
+    def reclaiming(self) -> int:
+        """Tokens queued in `SlotToken.reclaim` now (cheaper than `waiting`, which
+        also counts borrowers of the raw `limiter`)."""
+        return self._queued
+
+    def on_resize(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (synchronously) after every resize through `total`."""
+        self._listeners.append(callback)
+
+    @property
     def waiting(self) -> int:
         """Tasks queued for a slot."""
         return self._limiter.statistics().tasks_waiting
@@ -160,9 +170,15 @@ class SlotToken:
             pool._queued -= 1
         self._held = True
 
-    def _try_reclaim(self) -> bool:
-        """Take a free slot without waiting or checkpointing; False if none is free
-        or someone is already queued (FIFO is kept)."""
+    def try_reclaim(self) -> bool:
+        """Take a free slot without waiting; False if none is free or someone is
+        already queued (FIFO is kept). Never blocks and is not a checkpoint.
+
+        Raises:
+          RuntimeError: if this token already holds a slot.
+        """
+        if self._held:
+            raise RuntimeError("this SlotToken already holds a slot")
         try:
             self._pool._limiter.acquire_on_behalf_of_nowait(self)
         except trio.WouldBlock:

@@ -1,0 +1,342 @@
+"""`Core`: the parts of one executor, wired together, and the submission path
+that runs through them.
+
+Both facades (`Executor`, `DeterministicExecutor`) hold one. The parts, each
+owning its state:
+
+- `Tally` (counters and gauges), `Pending` (the queue), `EventStream`;
+- `Gate` (admission), `Lifecycle` (each transition of a task), `Workers` (the
+  one place that runs a job), `Shutdown` (the three policies);
+- with a store, `Journal` (what is written and when) and `Recovery` (the lease,
+  orphan recovery).
+
+A submission is checked and made into a `Job` here (`new_job`), decided on by
+the gate, and accepted by the lifecycle, which hands it to the workers.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import math
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from typing import Any, final
+
+import attrs
+import trio
+
+from ._admission import Admit, Gate, Overflow
+from ._causation import current_job
+from ._events import EventStream
+from ._journal import Journal
+from ._lifecycle import Lifecycle
+from ._metrics import ExecutorMetrics, Tally
+from ._pending import Pending
+from ._records import ExecutionRecord, ShutdownPolicy, check_id
+from ._recovery import Recovery
+from ._shutdown import Shutdown
+from ._slots import SlotPool
+from ._spec import CallInfo, TaskSpec, call_info
+from ._store import Store
+from ._taskref import Job
+from ._workers import Workers
+
+
+@attrs.frozen(kw_only=True)
+class ExecutorConfig:
+    """The options of `open_executor`, validated once."""
+
+    max_concurrent_tasks: int = 4
+    queue_capacity: int = 1024
+    overflow: Overflow = attrs.field(default=Overflow.BLOCK, converter=Overflow)
+    shutdown_policy: ShutdownPolicy = attrs.field(
+        default=ShutdownPolicy.DRAIN, converter=ShutdownPolicy
+    )
+    thread_workers: int | None = None
+    event_capacity: int = 1024
+    task_budget: float | None = None
+    lease: float = 30.0
+    max_recovery_attempts: int = 3
+
+    def __attrs_post_init__(self) -> None:
+        check_int("max_concurrent_tasks", self.max_concurrent_tasks, minimum=1)
+        check_int("queue_capacity", self.queue_capacity, minimum=0)
+        check_int("event_capacity", self.event_capacity, minimum=1)
+        if self.thread_workers is not None:
+            check_int("thread_workers", self.thread_workers, minimum=1)
+        check_seconds("task_budget", self.task_budget)
+        check_seconds("lease", self.lease)
+        check_int("max_recovery_attempts", self.max_recovery_attempts, minimum=0)
+
+    @property
+    def capacity(self) -> int:
+        """The admission bound over pending + active + deferred."""
+        return self.max_concurrent_tasks + self.queue_capacity
+
+
+def check_int(name: str, value: object, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
+
+
+def check_seconds(name: str, value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
+    try:
+        seconds = float(value)  # an int too large for a float is no duration either
+    except OverflowError:
+        seconds = math.inf
+    if not (0 < seconds < math.inf):
+        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+
+
+def check_store(store: object) -> None:
+    """``store=``: None or something with the `Store` operations."""
+    if store is not None and not callable(getattr(store, "write", None)):
+        raise TypeError(f"store must be a trioexec Store (e.g. SQLiteStore), got {store!r}")
+
+
+def _describe(fn: Callable[..., Any]) -> str:
+    if isinstance(fn, TaskSpec):
+        return fn.id
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return str(getattr(fn, "__qualname__", None) or type(fn).__name__)
+
+
+def _for_args(info: CallInfo, args: tuple[Any, ...]) -> CallInfo:
+    position = info.handle_position
+    if position is not None and len(args) > position:
+        return info.for_args(args)  # the caller passes that argument: no handle
+    return info
+
+
+@final
+class Core:
+    """One executor's parts, and its submission path."""
+
+    def __init__(
+        self,
+        config: ExecutorConfig,
+        store: Store | None = None,
+        specs: dict[str, TaskSpec] | None = None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.owner_id = uuid.uuid4().hex
+        self.wall: Callable[[], float] = time.time if store is None else store.clock
+        self.tally = tally = Tally()
+        self.events = EventStream(config.event_capacity)
+        self.pending = pending = Pending()
+        self.slots = SlotPool(config.max_concurrent_tasks)
+        self.journal = journal = None if store is None else Journal(store)
+        self.gate = Gate(config.capacity, config.overflow, tally, pending, journal, self.events)
+        self.lifecycle = Lifecycle(
+            tally, pending, self.gate, self.events, journal, self.wall, self.owner_id
+        )
+        if journal is not None:
+            journal.on_written = self.lifecycle.written
+        self.workers = Workers(
+            self.slots, self.lifecycle, config.thread_workers or config.max_concurrent_tasks
+        )
+        self.lifecycle.wake_worker = self.workers.work_arrived
+        self.shutdown = Shutdown(self.gate, self.lifecycle, self.workers)
+        self.recovery = (
+            None
+            if journal is None
+            else Recovery(
+                journal,
+                self.lifecycle,
+                self.gate,
+                self.shutdown,
+                self.events,
+                self.owner_id,
+                specs or {},
+                self._recovered_job,
+            )
+        )
+        self._id_prefix = uuid.uuid4().hex[:12] + "-"
+        self._ids = itertools.count(1)
+        self._last_fn: object = None
+        self._last_info = CallInfo(True, None)
+        self._last_name = ""
+
+    # ------------------------------------------------------------ submission
+
+    def new_job(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        name: str | None,
+        task_id: str | None,
+        timeout: float | None,
+        budget: float | None,
+        correlation_id: str | None,
+        run_id: str | None = None,
+    ) -> Job:
+        """Check one submission and make its `Job` (not accepted yet)."""
+        self.tally.submitted_count += 1
+        if self.shutdown.closing:
+            self.shutdown.check_open(run_id is not None)
+        if not callable(fn):
+            raise TypeError(f"submit needs a callable, got {fn!r}")
+        if fn is not self._last_fn:  # producers tend to submit one function many times
+            self._last_info = call_info(fn)
+            self._last_name = _describe(fn)
+            self._last_fn = fn
+        info = _for_args(self._last_info, args)
+        if isinstance(fn, TaskSpec):
+            timeout = fn.timeout if timeout is None else timeout
+            budget = fn.budget if budget is None else budget
+        if timeout is not None:
+            check_seconds("timeout", timeout)
+        if budget is not None:
+            check_seconds("budget", budget)
+        if name is not None:
+            check_id("name", name)
+        if correlation_id is not None:
+            check_id("correlation_id", correlation_id)
+        if task_id is not None:
+            self._check_new_task_id(task_id)
+        causation_id = None
+        parent = current_job()
+        if parent is not None:
+            causation_id = parent.task_id
+            if correlation_id is None:
+                correlation_id = parent.correlation_id
+        if budget is None:
+            budget = self.config.task_budget
+        job = Job(
+            self.lifecycle,
+            fn,
+            args,
+            info,
+            task_id if task_id is not None else self._id_prefix + str(next(self._ids)),
+            name if name is not None else self._last_name,
+            timeout,
+            budget,
+            correlation_id,
+            causation_id,
+            self.wall(),
+            self.journal is not None,
+            # One plain async call (no retries, timeout or budget): the workers' fast path.
+            info.is_async and timeout is None and budget is None and not isinstance(fn, TaskSpec),
+            run_id,
+        )
+        if task_id is not None:
+            self.lifecycle.name(job)
+        return job
+
+    def _check_new_task_id(self, task_id: str) -> None:
+        """A caller-chosen task id must be new: not live here, not in the store
+        (else the same execution would run twice under one record)."""
+        check_id("task_id", task_id)
+        if self.lifecycle.is_live(task_id):
+            raise ValueError(f"task id {task_id!r} is already live in this executor")
+        if self.store is not None and self.store.execution(task_id) is not None:
+            raise ValueError(f"task id {task_id!r} is already recorded in the store")
+
+    def _recovered_job(self, spec: TaskSpec, args: tuple[Any, ...], record: ExecutionRecord) -> Job:
+        """The `Job` of an execution recovery claimed: its record's id, version
+        and attempts (and no new submission counted)."""
+        job = Job(
+            self.lifecycle,
+            spec,
+            args,
+            _for_args(call_info(spec), args),
+            record.task_id,
+            record.name,
+            spec.timeout,
+            spec.budget if spec.budget is not None else self.config.task_budget,
+            None,
+            None,
+            record.submitted_at or self.wall(),
+            True,
+            False,
+            version=record.version,
+            attempts=record.attempt,
+        )
+        return job
+
+    async def submit(self, job: Job, *, internal: bool = False) -> None:
+        """Admit ``job``: a checkpoint; under ``BLOCK`` waits for space."""
+        # (`new_job` checked that the executor is open.)
+        if self.gate.fits():  # the common case, without the general decision
+            self.lifecycle.accept(job)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        decision = self.gate.decide(True)
+        if decision is Admit.WAIT:
+            check_open = functools.partial(self.shutdown.check_open, internal)
+            decision = await self.gate.wait_turn(check_open)
+            self.apply(job, decision)
+            self.gate.wake_next()
+        else:
+            self.apply(job, decision)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    def submit_nowait(self, job: Job) -> None:
+        self.shutdown.check_open()
+        self.apply(job, self.gate.decide(can_wait=False))
+
+    def apply(self, job: Job, decision: Admit) -> None:
+        """Carry out the gate's decision on ``job`` (raises a refusal)."""
+        if decision is Admit.ACCEPT:
+            self.lifecycle.accept(job)
+        elif decision is Admit.DROP_NEW:
+            self.lifecycle.drop_new(job)
+        elif decision is Admit.DROP_OLDEST:
+            self.lifecycle.drop_oldest()
+            self.lifecycle.accept(job)
+        else:
+            raise self.gate.refusal(job, decision)
+
+    async def submit_step(self, spec: TaskSpec, args: tuple[Any, ...], run_id: str) -> Job:
+        """Submit a workflow run's step (allowed while a DRAIN lets started runs
+        finish)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        job = self.new_job(spec, args, spec.id, None, None, None, run_id, run_id)
+        await self.submit(job, internal=True)
+        return job
+
+    def statistics(self) -> ExecutorMetrics:
+        return self.tally.snapshot(self.events.dropped)
+
+    # ------------------------------------------------------------ the store's services
+
+    async def guarded(self, service: Callable[..., Awaitable[object]], *args: Any) -> None:
+        """Run one of the store's services (writer, heartbeat, recovery); a failure
+        of the store stops the executor instead of escaping into its nursery."""
+        try:
+            await service(*args)
+        except Exception as exc:
+            self.store_failed(exc)
+
+    def store_failed(self, exc: Exception) -> None:
+        """The store failed: stop everything and wake every waiter, who learns
+        of it as one `StoreError` naming the store."""
+        journal = self.journal
+        assert journal is not None
+        if journal.fail(exc) is None:
+            return  # (failed already)
+        self.shutdown.begin(ShutdownPolicy.CANCEL)
+        if self.workers.nursery is not None:
+            self.workers.nursery.cancel_scope.cancel()
+        self.lifecycle.wake_all_waiters()
+
+    async def close_store(self) -> None:
+        """Write what is left and give up the lease. After a store failure the
+        rest is still tried once (the failure may have passed: a lock held too
+        long); a failure here is recorded like any other."""
+        assert self.recovery is not None
+        with trio.move_on_after(60, shield=True):
+            try:
+                await self.recovery.close()
+            except Exception as exc:
+                self.store_failed(exc)

@@ -1,0 +1,398 @@
+"""`Lifecycle`: each step of a task's life, counted, journaled and published.
+
+Accepted (pending) -> started (running; deferred and resumed while it runs;
+back to pending between retry attempts) -> finished with exactly one
+completion. Every transition goes through here, so the `Tally` counts it once,
+the `Journal` records it once (with a store) and the waiters of a finished task
+are woken once its completion is durable. Cancelling, and losing a task to
+another owner (a lease lost, a write fenced out), are transitions too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Protocol, final
+
+import trio
+
+from ._errors import StoreError, TaskCancelled
+from ._events import EventStream, HealthEventKind
+from ._metrics import Tally
+from ._records import SubStatus, TaskStatus, safe_repr
+from ._spec import TaskSpec
+from ._taskref import Job
+
+if TYPE_CHECKING:
+    from ._admission import Gate
+    from ._journal import Journal
+    from ._pending import Pending
+    from ._store import Change
+
+
+class Runs(Protocol):
+    """What the lifecycle tells the workflow runs of its executor about their
+    steps (the workflow coordinator implements it)."""
+
+    @property
+    def open(self) -> int:
+        """Runs not finished (an executor with one is not idle)."""
+        ...
+
+    def step_changed(self, run_id: str) -> None: ...
+    def step_completed(self, job: Job) -> None: ...
+    def lost(self, run_ids: Iterable[str]) -> None: ...
+
+
+@final
+class Lifecycle:
+    """The transitions of one executor's tasks, and who is told of each."""
+
+    def __init__(
+        self,
+        tally: Tally,
+        pending: Pending,
+        gate: Gate,
+        events: EventStream,
+        journal: Journal | None,
+        wall: Callable[[], float],
+        owner_id: str,
+    ) -> None:
+        self.tally = tally
+        self.pending = pending
+        self.journal = journal
+        self.wall = wall
+        self.runs: Runs | None = None  # the workflow runs, if the executor has them
+        self.wake_worker: Callable[[], None] = lambda: None  # (the workers set it)
+        self.live: dict[str, Job] = {}  # with a store: accepted and not finished
+        self.space_freed = trio.Event()  # set when a task ends (recovery waits on it)
+        self._named: dict[str, Job] = {}  # without one: live tasks with a chosen id
+        self._gate = gate
+        self._events = events
+        self._owner_id = owner_id
+        self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
+
+    # ------------------------------------------------------------ accepted
+
+    def is_live(self, task_id: str) -> bool:
+        return task_id in self.live or task_id in self._named
+
+    def name(self, job: Job) -> None:
+        """``job`` has a caller-chosen id: keep it findable until it ends."""
+        if self.journal is None:
+            self._named[job.task_id] = job  # (with a store, `live` holds every task)
+
+    def accept(self, job: Job, *, recovered: bool = False) -> None:
+        tally = self.tally
+        tally.queued_count += 1
+        tally.queue_depth += 1
+        self.pending.append(job)
+        if self.journal is not None:
+            self.live[job.task_id] = job
+            if not recovered:
+                self.log_submit(job)
+        tally.note_high_water()
+        self.wake_worker()
+
+    def drop_new(self, job: Job) -> None:
+        """``job`` arrived at a full executor under ``DROP_NEWEST``."""
+        self._gate.publish_refusal(HealthEventKind.TASK_DROP, job, "queue_full")
+        if self.journal is not None:
+            self.log_submit(job)
+        self.finish(job, TaskStatus.DROPPED, freed=False)
+
+    def drop_oldest(self) -> None:
+        """Make room under ``DROP_OLDEST``: the oldest pending task is dropped."""
+        oldest = self.pending.pop()
+        assert oldest is not None
+        self._gate.publish_refusal(HealthEventKind.TASK_DROP, oldest, "queue_full")
+        self.tally.queue_depth -= 1
+        self.finish(oldest, TaskStatus.DROPPED)
+
+    def log(self, change: Change) -> None:
+        journal = self.journal
+        assert journal is not None
+        journal.append(change)
+
+    def log_submit(self, job: Job) -> None:
+        fn = job.fn
+        spec_id = fn.id if isinstance(fn, TaskSpec) else None
+        try:
+            args = json.dumps(job.args) if spec_id is not None else None
+        except (TypeError, ValueError):
+            args = None  # not JSON: recorded, but recovery cannot re-create it
+        self.log(
+            (
+                "submit",
+                job.task_id,
+                job.version,
+                job.name,
+                job.run_id,
+                spec_id,
+                args,
+                self._owner_id,
+                job.submitted_at,
+            )
+        )
+
+    # ------------------------------------------------------------ running
+
+    def started(self, job: Job) -> None:
+        """An attempt of ``job`` begins, holding a slot."""
+        tally = self.tally
+        tally.queue_depth -= 1
+        tally.active_count += 1
+        job.status = TaskStatus.RUNNING
+        job.attempts += 1
+        if self.journal is not None:
+            self.log(("start", job.task_id, job.version, job.attempts, self.wall()))
+        if job.run_id is not None and self.runs is not None:
+            self.runs.step_changed(job.run_id)
+        if job.started_at is None:
+            job.started_at = self.wall()
+
+    def retrying(self, job: Job, status: TaskStatus, delay: float) -> None:
+        """The attempt failed (``status``) and another follows after ``delay``
+        seconds: ``job`` is pending again, without a slot, meanwhile."""
+        tally = self.tally
+        tally.active_count -= 1
+        tally.queue_depth += 1
+        job.status = TaskStatus.PENDING
+        error = safe_repr(job.error)
+        if self.journal is not None:
+            self.log(("retry", job.task_id, job.version, error))
+        self._events.publish(
+            HealthEventKind.TASK_RETRY_SCHEDULED,
+            job.task_id,
+            reason=status.value,
+            attributes={"attempt": job.attempts, "delay": delay, "error": error},
+        )
+        job.error = None
+
+    def deferred(self, job: Job) -> None:
+        tally = self.tally
+        tally.active_count -= 1
+        tally.deferred_count += 1
+        tally.deferral_count += 1
+        if tally.deferred_count > tally.max_deferred_count:
+            tally.max_deferred_count = tally.deferred_count
+        self._events.note(HealthEventKind.TASK_DEFERRED, job.task_id)
+        if self.journal is not None:
+            self.log(("sub", job.task_id, job.version, SubStatus.DEFERRED, self.wall()))
+        if job.run_id is not None and self.runs is not None:
+            self.runs.step_changed(job.run_id)
+
+    def resumed(self, job: Job) -> None:
+        tally = self.tally
+        tally.deferred_count -= 1
+        tally.active_count += 1
+        tally.resumed_count += 1
+        self._events.note(HealthEventKind.TASK_RESUMED, job.task_id)
+        if self.journal is not None:
+            self.log(("sub", job.task_id, job.version, SubStatus.ACTIVE, None))
+        if job.run_id is not None and self.runs is not None:
+            self.runs.step_changed(job.run_id)
+        tally.note_high_water()
+
+    def deferral_abandoned(self) -> None:
+        """A task ends (or its attempt does) while deferred: it is counted
+        active again for the moment it takes to end, without a slot."""
+        self.tally.deferred_count -= 1
+        self.tally.active_count += 1
+
+    def ended(self, job: Job, status: TaskStatus) -> None:
+        """A worker is done with ``job``: its last attempt ended with ``status``
+        (CANCELLED if cancelled between attempts)."""
+        if job.status is TaskStatus.RUNNING:
+            self.tally.active_count -= 1
+            self.finish(job, status)
+        elif job.status is TaskStatus.PENDING:  # cancelled between attempts
+            self.tally.queue_depth -= 1
+            self.finish(job, status)
+        else:  # (finished already)
+            self.tally.queue_depth -= 1
+
+    # ------------------------------------------------------------ finished
+
+    def finish(self, job: Job, status: TaskStatus, *, freed: bool = True) -> None:
+        """Record the one completion of ``job`` and wake whoever waits on it.
+
+        ``freed``: the task counted against capacity until now (False only for a
+        submission dropped on arrival).
+        """
+        job.status = status
+        job.finished_at = self.wall()
+        tally = self.tally
+        if status is TaskStatus.COMPLETED:
+            tally.completed_count += 1
+        elif status is TaskStatus.FAILED:
+            tally.failed_count += 1
+        elif status is TaskStatus.CANCELLED:
+            tally.cancelled_count += 1
+            if job.cancel_requested:
+                tally.cancellation_observed_count += 1
+        elif status is TaskStatus.TIMED_OUT:
+            tally.timed_out_count += 1
+        else:
+            tally.dropped_count += 1
+        journal = self.journal
+        if journal is None:
+            if self._named:
+                self._named.pop(job.task_id, None)
+            done = job.done
+            if done is not None:
+                done.set()
+        else:
+            # Acknowledged (wait() returns) only once the record is durable.
+            self.live.pop(job.task_id, None)
+            error = None if job.error is None else safe_repr(job.error)
+            self.log(("finish", job.task_id, job.version, status, job.finished_at, error))
+            if job.run_id is not None and status is TaskStatus.COMPLETED and self.runs:
+                # A completed step's record goes into the same transaction as its
+                # execution's, so a crash cannot leave one without the other.
+                self.runs.step_completed(job)
+            journal.notify.append(job)
+            if not self.space_freed.is_set():
+                self.space_freed.set()  # (recovery only happens with a store)
+        if freed and self._gate.has_waiters:
+            # Hand the freed place to the longest-waiting BLOCK submitter.
+            self._gate.wake_next(handing_place=True)
+        if self._idle_lot and self.is_idle():
+            self._idle_lot.unpark_all()
+        if status is TaskStatus.FAILED or status is TaskStatus.TIMED_OUT:
+            self._events.publish(
+                HealthEventKind.TASK_FAILED,
+                job.task_id,
+                reason=status.value,
+                attributes={"error": safe_repr(job.error), "name": job.name},
+            )
+
+    def written(self, notify: list[Job], fenced: list[str]) -> None:
+        """A batch is durable (the journal's callback): acknowledge its
+        completions; deal with what the store fenced out (another owner has it)."""
+        if fenced:
+            lost = set(fenced)
+            if self.runs is not None:
+                self.runs.lost(lost)
+            for job in notify:
+                if job.task_id in lost:
+                    self.overrule(job)
+            for task_id in lost:
+                self.lose(task_id)
+        for job in notify:
+            job.pending_ack = False
+            if job.done is not None:
+                job.done.set()
+        self._gate.wake_next()  # the store caught up: there may be room
+
+    # ------------------------------------------------------------ cancelled, lost
+
+    def cancel(self, job: Job) -> None:
+        """`TaskRef.cancel`: a pending task ends now; a running one is interrupted."""
+        if job.ended or job.cancel_requested:
+            return
+        self.tally.cancellation_requested_count += 1
+        job.cancel_requested = True
+        self._interrupt(job)
+
+    def _interrupt(self, job: Job) -> None:
+        scope = job.scope
+        if scope is None:  # still in the pending queue: end it now
+            self.tally.queue_depth -= 1
+            self.finish(job, TaskStatus.CANCELLED)
+            self.pending.discard(job)
+            return
+        if job.handle is not None:
+            job.handle._request_cancel()  # (its cancelled() fires, a reclaim stops)
+        scope.cancel()
+
+    def cancel_pending(self) -> list[Job]:
+        """End every task that has not started as ``CANCELLED``; return them."""
+        cancelled = []
+        while (job := self.pending.pop()) is not None:
+            self.tally.cancellation_requested_count += 1
+            job.cancel_requested = True
+            self.tally.queue_depth -= 1
+            self.finish(job, TaskStatus.CANCELLED)
+            cancelled.append(job)
+        return cancelled
+
+    def lose(self, task_id: str) -> None:
+        """Another owner has this execution now: stop running it here, no retry."""
+        job = self.live.pop(task_id, None)
+        if job is None or job.ended:
+            return
+        job.version = -1  # nothing more of it can be written
+        job.error = TaskCancelled(
+            f"lease_lost: task {job.name!r} ({task_id}) was taken over by another executor"
+        )
+        job.cancel_requested = True
+        self.tally.cancellation_requested_count += 1
+        self._interrupt(job)
+
+    def overrule(self, job: Job) -> None:
+        """``job`` ended here, but its completion was fenced out: another owner has
+        the execution (or its record never existed). Its waiter learns that, not a
+        result that was never recorded."""
+        tally = self.tally
+        if job.status is TaskStatus.COMPLETED:
+            tally.completed_count -= 1
+        elif job.status is TaskStatus.FAILED:
+            tally.failed_count -= 1
+        elif job.status is TaskStatus.TIMED_OUT:
+            tally.timed_out_count -= 1
+        elif job.status is TaskStatus.DROPPED:
+            tally.dropped_count -= 1
+        else:
+            return  # already cancelled
+        tally.cancelled_count += 1
+        job.status = TaskStatus.CANCELLED
+        job.result = None
+        job.completion = None
+        job.error = TaskCancelled(
+            f"lease_lost: task {job.name!r} ({job.task_id}) is another executor's now; "
+            "its result here was not recorded"
+        )
+
+    # ------------------------------------------------------------ idle, failure
+
+    def is_idle(self) -> bool:
+        tally = self.tally
+        return (
+            tally.queue_depth == 0
+            and tally.active_count == 0
+            and tally.deferred_count == 0
+            and (self.runs is None or self.runs.open == 0)
+        )
+
+    async def wait_for_idle(self) -> None:
+        """Until nothing is pending, active or deferred (or the store failed)."""
+        if self.is_idle():
+            await trio.lowlevel.checkpoint()
+            return
+        while not self.is_idle() and self.failure is None:
+            await self._idle_lot.park()
+
+    def maybe_idle(self) -> None:
+        """Something other than a task ended (a run, the store): wake the
+        `wait_for_idle` callers if that was the last of it."""
+        if self._idle_lot and self.is_idle():
+            self._idle_lot.unpark_all()
+
+    def wake_all_waiters(self) -> None:
+        """The store failed: every waiter (and `wait_for_idle`) learns of it."""
+        journal = self.journal
+        assert journal is not None
+        for job in [*self.live.values(), *journal.notify]:
+            if job.done is not None:
+                job.done.set()
+        self._idle_lot.unpark_all()
+
+    @property
+    def failure(self) -> StoreError | None:
+        """The store's failure, which stopped this executor (or None)."""
+        return None if self.journal is None else self.journal.failure
+
+    def failure_error(self) -> StoreError:
+        assert self.journal is not None
+        return self.journal.failure_error()

@@ -1,0 +1,181 @@
+"""`Recovery`: the executor's lease on its executions, and taking over the
+executions (and workflow runs) of owners whose lease expired.
+
+One lease covers every execution of an executor, renewed at a third of its
+length (`trio_util.periodic`: a slow renewal does not push the next one back).
+Each renewal also asks the store which executions another owner has taken over
+meanwhile; those are stopped here (``lease_lost``). Recovery claims as many
+expired executions as there is room for, so it keeps to the admission bound,
+and several recovering executors share a dead one's backlog.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol, final
+
+import trio
+from trio_util import periodic
+
+from ._admission import Gate
+from ._events import EventStream, HealthEventKind
+from ._journal import Journal
+from ._lifecycle import Lifecycle
+from ._records import ExecutionRecord
+from ._shutdown import Shutdown
+from ._spec import TaskSpec
+from ._taskref import Job
+
+if TYPE_CHECKING:
+    from ._store import RunRecord
+
+
+class RecoverableRuns(Protocol):
+    """What recovery asks of the executor's workflow runs."""
+
+    def names(self) -> list[str]: ...
+    def active_ids(self) -> list[str]: ...
+    def lost(self, run_ids: list[str]) -> None: ...
+    def resume(self, record: RunRecord) -> None: ...
+
+
+@final
+class Recovery:
+    """The lease of one executor (with a store), and what it recovers."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        lifecycle: Lifecycle,
+        gate: Gate,
+        shutdown: Shutdown,
+        events: EventStream,
+        owner_id: str,
+        specs: dict[str, TaskSpec],
+        recovered_job: Callable[[TaskSpec, tuple[Any, ...], ExecutionRecord], Job],
+    ) -> None:
+        self.runs: RecoverableRuns | None = None
+        self._journal = journal
+        self._lifecycle = lifecycle
+        self._gate = gate
+        self._shutdown = shutdown
+        self._events = events
+        self._owner_id = owner_id
+        self._specs = specs
+        self._recovered_job = recovered_job
+
+    async def take_lease(self, lease: float) -> None:
+        journal = self._journal
+        await journal.call(journal.store.heartbeat, self._owner_id, self._lifecycle.wall() + lease)
+
+    async def heartbeat(self, lease: float) -> None:
+        """Renew the lease at a third of it, forever; stop what was taken over."""
+        journal = self._journal
+        store = journal.store
+        owner = self._owner_id
+        lifecycle = self._lifecycle
+        async with contextlib.aclosing(periodic(lease / 3)) as beats:
+            async for _, since_last in beats:
+                if since_last is None:
+                    continue  # renewed on entry
+                await journal.call(store.heartbeat, owner, lifecycle.wall() + lease)
+                live = {task_id: job.version for task_id, job in lifecycle.live.items()}
+                for task_id in await journal.call(store.taken_over, owner, live):
+                    lifecycle.lose(task_id)
+                runs = self.runs
+                if runs is not None and (active := runs.active_ids()):
+                    runs.lost(await journal.call(store.runs_taken_over, owner, active))
+
+    async def recover(self, max_recovery_attempts: int) -> bool:
+        """Claim the executions of owners whose lease expired, as many as there is
+        room for, and queue them here. Returns True if it filled the room (more
+        may be waiting)."""
+        journal = self._journal
+        store = journal.store
+        specs = self._specs
+        lifecycle = self._lifecycle
+
+        def recreatable(record: ExecutionRecord) -> bool:
+            return record.args is not None and record.spec_id in specs
+
+        if self._shutdown.closing:
+            return False
+        gate = self._gate
+        room = gate.room
+        gate.reserved += room  # submissions meanwhile must not take recovery's room
+        try:
+            result = await journal.call(
+                store.recover,
+                self._owner_id,
+                lifecycle.wall(),
+                recreatable,
+                max_recovery_attempts,
+                room,
+            )
+        finally:
+            gate.reserved -= room
+        for record in result.abandoned:
+            self._events.publish(
+                HealthEventKind.TASK_ABANDONED,
+                record.task_id,
+                reason="abandoned",
+                attributes={"name": record.name, "recovery_attempts": record.recovery_attempts},
+            )
+        for record in result.claimed:
+            if self._is_closing():  # (the store call above awaited)
+                return False  # left claimed under our lease: recovered once it lapses
+            assert record.spec_id is not None
+            assert record.args is not None
+            job = self._recovered_job(specs[record.spec_id], tuple(json.loads(record.args)), record)
+            lifecycle.accept(job, recovered=True)
+        runs = self.runs
+        if runs is not None and not self._is_closing():
+            claimed = await journal.call(
+                store.claim_runs,
+                self._owner_id,
+                lifecycle.wall(),
+                runs.names(),
+                max_recovery_attempts,
+            )
+            for run in claimed.abandoned:
+                self._events.publish(
+                    HealthEventKind.TASK_ABANDONED,
+                    None,
+                    reason="abandoned",
+                    attributes={"run_id": run.run_id, "workflow": run.workflow},
+                )
+            for run_record in claimed.claimed:
+                if self._is_closing():
+                    break  # claimed under our lease, which lapses: recovered again later
+                runs.resume(run_record)
+        return len(result.claimed) >= room
+
+    def _is_closing(self) -> bool:
+        # A method, not the attribute: type checkers keep `closing` narrowed
+        # across awaits, though shutdown can begin during one.
+        return self._shutdown.closing
+
+    async def run(self, lease: float, max_recovery_attempts: int, more: bool) -> None:
+        """Recover again every ``lease`` seconds; after a pass that filled the
+        room, as soon as half of the capacity is free."""
+        lifecycle = self._lifecycle
+        tally = lifecycle.tally
+        half = self._gate.capacity // 2
+        while True:
+            if more:
+                while tally.outstanding > half:
+                    await lifecycle.space_freed.wait()
+                    lifecycle.space_freed = trio.Event()
+            else:
+                await trio.sleep(lease)
+            more = await self.recover(max_recovery_attempts)
+
+    async def close(self) -> None:
+        """Write what is left and give up the lease (if nothing of ours is live).
+        Raises what the store raises."""
+        journal = self._journal
+        await journal.write()
+        if journal.failure is None and not self._lifecycle.live and not journal.changes:
+            await journal.call(journal.store.release_owner, self._owner_id)

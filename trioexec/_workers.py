@@ -1,0 +1,402 @@
+"""`Workers`: the pool of worker tasks that run the executor's jobs.
+
+Shape (chosen for speed; see docs/design): one worker task per slot, not one
+Trio task per submission. A worker takes a slot (FIFO, the same line deferred
+tasks rejoin), then the next pending job, and runs it; between jobs it keeps
+its slot unless someone is queued for one. When a task defers, its coroutine
+keeps its worker and a fresh worker is started for the freed slot; when the
+deferred task finishes, its worker retires if the pool is over strength.
+
+This is the one place that runs a job: attempts, timeouts, budgets and retries
+(`Workers.run_job`); the worker loop inlines the plain async call for speed, and
+`DeterministicExecutor` runs jobs through `Workers.run_next` in its caller's task.
+The workers are also the executor side of every `TaskHandle` (its observer).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable
+from typing import Any, NoReturn, final
+
+import trio
+
+from ._causation import running
+from ._errors import PermanentError, TaskTimeout
+from ._handle import TaskHandle
+from ._lifecycle import Lifecycle
+from ._poller import Poller
+from ._records import SubStatus, TaskStatus
+from ._slots import SlotPool, SlotToken
+from ._spec import TaskSpec
+from ._taskref import Job
+
+
+@final
+class Workers:
+    """The worker tasks of one executor (none without a nursery: then the
+    caller runs jobs with `run_next`)."""
+
+    def __init__(self, pool: SlotPool, lifecycle: Lifecycle, thread_workers: int) -> None:
+        self.pool = pool
+        self.nursery: trio.Nursery | None = None  # (set by `start`)
+        self.thread_limiter = trio.CapacityLimiter(thread_workers)
+        self.taken: set[Job] = set()  # started: running, deferred, or between attempts
+        self.closing = False  # shutdown began: idle workers end
+        self.shared_poller: Poller | None = None  # started on first use
+        self._lifecycle = lifecycle
+        self._tally = lifecycle.tally
+        self._pending = lifecycle.pending
+        self._idle: list[trio.lowlevel.Task] = []  # parked, waiting for work
+        self._count = 0  # workers not parked in a deferral
+        self._total = pool.total
+        self._lent_threads: set[TaskHandle] = set()  # deferred sync tasks' thread tokens
+        pool.on_resize(self._resized)
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Workers run in ``nursery`` from now on."""
+        self.nursery = nursery
+
+    def close(self) -> None:
+        """Shutdown began: idle workers end; busy ones end once there is no work."""
+        self.closing = True
+        self.wake_idle()
+
+    # ------------------------------------------------------------ the pool
+
+    def work_arrived(self) -> None:
+        """A job was queued: wake an idle worker, or start one if a slot has none."""
+        if self._idle:
+            trio.lowlevel.reschedule(self._idle.pop())
+        elif self._count < self._total:
+            self._spawn()
+
+    def wake_idle(self) -> None:
+        while self._idle:
+            trio.lowlevel.reschedule(self._idle.pop())
+
+    def _spawn(self) -> None:
+        if self.nursery is None:
+            return
+        self._count += 1
+        self.nursery.start_soon(self._worker, name="trioexec worker")  # a shared name string
+
+    def _resized(self) -> None:
+        # A larger pool needs workers for queued tasks now, not at the next submit.
+        self._total = self.pool.total
+        for _ in range(min(self._total - self._count, self._pending.live)):
+            self._spawn()
+
+    def _parked(self) -> None:
+        """This worker stays with a task that holds no slot now (deferred, or
+        between attempts); the freed slot needs another worker."""
+        self._count -= 1
+        if self._tally.queue_depth > len(self._idle) and self._count < self._total:
+            self._spawn()
+        elif self._idle and self._pending.live:
+            trio.lowlevel.reschedule(self._idle.pop())
+
+    async def _worker(self) -> None:
+        """Run jobs until the worker should stop.
+
+        A worker queues for a slot *before* it takes a job, so a task is pending
+        exactly while it is in the queue, and queued work and resuming tasks
+        stand in the one FIFO line for slots. Between jobs it keeps its slot
+        unless someone is queued for one or the queue is empty.
+        """
+        pool = self.pool
+        pending = self._pending
+        lifecycle = self._lifecycle
+        token = SlotToken(pool)
+        me = trio.lowlevel.current_task()
+        registry = running()
+        try:
+            while True:
+                # One cancel scope serves job after job until one of them is
+                # cancelled (ref.cancel() cancels the scope of the worker running
+                # it); then the worker takes a fresh scope. Entering a scope per
+                # job would be the largest cost of running a small task.
+                with trio.CancelScope() as scope:
+                    while True:
+                        if not pending.live:
+                            token.release()
+                            if self.closing:
+                                return
+                            await self._wait_for_work()
+                            continue
+                        if not token.is_held:
+                            if not token.try_reclaim():
+                                await token.reclaim()
+                        elif pool.reclaiming:  # someone stands in line for a slot: after them
+                            token.release()
+                            await token.reclaim()
+                        job = pending.pop()
+                        if job is None:  # taken by another worker or cancelled meanwhile
+                            continue
+                        job.scope = scope
+                        self.taken.add(job)
+                        handle = None
+                        job_token = token
+                        if job.info.handle_param is not None:
+                            # The held token goes with the handle; this worker takes a new one.
+                            handle = self._new_handle(job, job_token)
+                            token = SlotToken(pool)
+                        status = TaskStatus.CANCELLED  # if cancelled, even between attempts
+                        try:
+                            if job.simple:
+                                # `_attempt` inlined for one plain async call: a running
+                                # or deferred task carries no frame of ours but the worker's.
+                                lifecycle.started(job)
+                                registry[me] = job
+                                try:
+                                    if handle is None:
+                                        job.result = await job.fn(*job.args)
+                                    else:
+                                        param = job.info.handle_param or "handle"
+                                        job.result = await job.fn(*job.args, **{param: handle})
+                                    status = TaskStatus.COMPLETED
+                                except Exception as exc:
+                                    job.error = exc
+                                    status = TaskStatus.FAILED
+                                except BaseExceptionGroup as group:
+                                    _reraise_cancellation(job, group)
+                                finally:
+                                    del registry[me]
+                            else:
+                                status = await self._attempts(job, job_token, handle)
+                        finally:
+                            self._ended(job, status)
+                            if handle is not None:
+                                job_token.release()
+                        if job.cancel_requested:
+                            break  # the scope may be cancelled: take a fresh one
+                        if self._count > self._total:
+                            return  # over strength after a deferral or a shrink: retire
+                        if pending.live:
+                            # More work: yield between jobs (parking for work would
+                            # be the schedule point otherwise).
+                            await trio.lowlevel.checkpoint()
+        finally:
+            token.release()
+            self._count -= 1
+
+    async def _wait_for_work(self) -> None:
+        # A ParkingLot would do, at twice the cost of this on the hot path.
+        task = trio.lowlevel.current_task()
+        idle = self._idle
+        idle.append(task)
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            idle.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+    # ------------------------------------------------------------ one job
+
+    async def run_next(self) -> Job | None:
+        """Take a slot, then the next pending job, and run it to its end in the
+        calling task (`DeterministicExecutor`). None if nothing was pending."""
+        if not self._pending.live:
+            return None
+        token = SlotToken(self.pool)
+        await token.reclaim()
+        job = self._pending.pop()
+        if job is None:  # cancelled while we took the slot
+            token.release()
+            return None
+        with token, trio.CancelScope() as scope:
+            job.scope = scope
+            self.taken.add(job)
+            await self.run_job(job, token)
+        return job
+
+    async def run_job(self, job: Job, token: SlotToken) -> None:
+        """Run one taken job to its completion, holding ``token``'s slot."""
+        handle = None if job.info.handle_param is None else self._new_handle(job, token)
+        status = TaskStatus.CANCELLED  # if cancelled, even between attempts
+        try:
+            status = await self._attempts(job, token, handle)
+        finally:
+            self._ended(job, status)
+
+    def _new_handle(self, job: Job, token: SlotToken) -> TaskHandle:
+        handle = job.handle = TaskHandle(
+            token, job.task_id, _observer=self, _job=job, _in_thread=not job.info.is_async
+        )
+        return handle
+
+    async def _attempts(self, job: Job, token: SlotToken, handle: TaskHandle | None) -> TaskStatus:
+        """The attempts of ``job``: one, or for a spec's task as many as its
+        ``retries`` and ``backoff`` say, without a slot in between (``token``
+        holds the slot at the top of each). Returns how the last one ended;
+        cancellation propagates."""
+        spec = job.fn
+        if not isinstance(spec, TaskSpec):
+            return await self._attempt(job, handle)
+        while True:
+            status = await self._attempt(job, handle)
+            if not _should_retry(spec, job, status):
+                return status
+            # Pending again, without a slot, until the next attempt.
+            token.release()
+            delay = spec.backoff.delay(job.attempts)
+            self._lifecycle.retrying(job, status, delay)
+            self._parked()
+            try:
+                await trio.sleep(delay)
+            finally:
+                self._count += 1
+            if not token.try_reclaim():
+                await token.reclaim()
+            if handle is not None and handle._attempt_over:
+                # The last attempt's thread may live on (abandoned): it keeps its handle.
+                handle = self._new_handle(job, token)
+
+    async def _attempt(self, job: Job, handle: TaskHandle | None) -> TaskStatus:
+        """One call of the task's function, holding a slot. Returns how it ended;
+        cancellation of the task as a whole propagates."""
+        self._lifecycle.started(job)
+        info = job.info
+        fn = job.fn
+        budget = job.budget
+        if budget is not None:
+            t0 = trio.current_time()
+            deferred0 = handle.deferred_seconds if handle is not None else 0.0
+        me = trio.lowlevel.current_task()
+        registry = running()
+        outer = registry.get(me)  # DeterministicExecutor runs jobs in its caller's task
+        registry[me] = job
+        try:
+            timeout = job.timeout
+            if handle is not None:
+                fn = functools.partial(fn, **{info.handle_param or "handle": handle})
+            if timeout is None:
+                job.result = await self._call(fn, job.args, info.is_async)
+            else:
+                with trio.move_on_after(timeout) as attempt_scope:
+                    job.deadline = attempt_scope.deadline
+                    job.result = await self._call(fn, job.args, info.is_async, abandon=True)
+                if attempt_scope.cancelled_caught:
+                    job.error = TaskTimeout(
+                        f"task {job.name!r} ({job.task_id}) timed out after {timeout}s"
+                    )
+                    return TaskStatus.TIMED_OUT
+            job.error = None
+            return TaskStatus.COMPLETED
+        except Exception as exc:
+            job.error = exc
+            return TaskStatus.FAILED
+        except BaseExceptionGroup as group:
+            _reraise_cancellation(job, group)
+        finally:
+            if outer is None:
+                del registry[me]
+            else:
+                registry[me] = outer
+            job.deadline = math.inf
+            if handle is not None:
+                if not info.is_async:
+                    handle._end_attempt()  # its thread may live on, abandoned
+                if handle.sub_status is SubStatus.DEFERRED:
+                    self._deferral_abandoned(handle)
+            if budget is not None:
+                deferred = (handle.deferred_seconds if handle is not None else 0.0) - deferred0
+                job.active_seconds += trio.current_time() - t0 - deferred
+                if job.active_seconds > budget and not job.budget_exceeded:
+                    job.budget_exceeded = True
+                    self._tally.timeout_budget_exceeded_count += 1
+
+    async def _call(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], is_async: bool, abandon: bool = False
+    ) -> Any:
+        if is_async:
+            return await fn(*args)
+        # With a timeout the thread is abandoned when it expires: the attempt ends
+        # then, and the thread keeps its thread token until it really returns.
+        # (Without one, a thread is waited for, and calls back into Trio from it
+        # run in the task itself: causation ids and cancellation follow it.)
+        return await trio.to_thread.run_sync(
+            functools.partial(fn, *args), limiter=self.thread_limiter, abandon_on_cancel=abandon
+        )
+
+    def _ended(self, job: Job, status: TaskStatus) -> None:
+        """A worker is done with ``job``: its last attempt ended with ``status``."""
+        self.taken.discard(job)
+        handle = job.handle
+        if handle is not None and handle.sub_status is SubStatus.DEFERRED:
+            self._deferral_abandoned(handle)  # it ends without taking a slot back
+        self._lifecycle.ended(job, status)
+
+    # ------------------------------------------------------------ TaskHandle's observer
+
+    def poller(self) -> Poller | None:
+        """The executor's one poller for deferred tasks' sync predicates (None
+        without a nursery: DeterministicExecutor polls inline)."""
+        if self.shared_poller is None and self.nursery is not None:
+            self.shared_poller = Poller()
+            self.nursery.start_soon(self.shared_poller.run)
+        return self.shared_poller
+
+    def deferred(self, handle: TaskHandle, job: Job) -> None:
+        if not job.info.is_async:
+            # The deferred task's thread is blocked: lend its thread token out
+            # (taken back in `thread_resumed` before the thread goes on).
+            self._lent_threads.add(handle)
+            self.thread_limiter.total_tokens += 1
+        self._lifecycle.deferred(job)
+        self._parked()
+
+    def resumed(self, handle: TaskHandle, job: Job) -> None:
+        self._count += 1
+        self._lifecycle.resumed(job)
+
+    def reclaim_deadline(self, job: Job) -> float:
+        """Until when a deferred task whose wait was cancelled may queue for its
+        slot: never if the task itself is ending; else until its timeout."""
+        return -math.inf if job.cancel_requested else float(job.deadline)
+
+    async def thread_resumed(self, handle: TaskHandle) -> None:
+        """A sync task's deferral ended: its thread may go on only once a thread
+        token is free again (``thread_workers`` bounds running threads)."""
+        if handle not in self._lent_threads:
+            return
+        limiter = self.thread_limiter
+        try:
+            await limiter.acquire_on_behalf_of(handle)
+        finally:
+            self.thread_lend_ended(handle)
+        limiter.release_on_behalf_of(handle)
+
+    def thread_lend_ended(self, handle: TaskHandle) -> None:
+        if handle in self._lent_threads:
+            self._lent_threads.discard(handle)
+            self.thread_limiter.total_tokens -= 1
+
+    def _deferral_abandoned(self, handle: TaskHandle) -> None:
+        """A task ends (or its attempt does) while deferred: it took no slot back."""
+        handle._close_deferral()
+        self.thread_lend_ended(handle)
+        self._lifecycle.deferral_abandoned()
+        self._count += 1
+
+
+def _reraise_cancellation(job: Job, group: BaseExceptionGroup[BaseException]) -> NoReturn:
+    """A task ended with a group holding a Cancelled: keep the whole group on
+    record, and let only the cancellation travel on, so the task's own errors
+    never escape into the executor's nursery."""
+    job.error = group
+    cancelled, _ = group.split(trio.Cancelled)
+    if cancelled is None:
+        raise group
+    raise cancelled from None
+
+
+def _should_retry(spec: TaskSpec, job: Job, status: TaskStatus) -> bool:
+    if status is not TaskStatus.FAILED and status is not TaskStatus.TIMED_OUT:
+        return False
+    if job.attempts > spec.retries or job.cancel_requested:
+        return False
+    error = job.error
+    return isinstance(error, spec.retry_on) and not isinstance(error, PermanentError)
