@@ -44,38 +44,6 @@ from ._taskref import Job
 from ._workers import Workers
 
 
-@attrs.frozen(kw_only=True)
-class ExecutorConfig:
-    """The options of `open_executor`, validated once."""
-
-    max_concurrent_tasks: int = 4
-    queue_capacity: int = 1024
-    overflow: Overflow = attrs.field(default=Overflow.BLOCK, converter=Overflow)
-    shutdown_policy: ShutdownPolicy = attrs.field(
-        default=ShutdownPolicy.DRAIN, converter=ShutdownPolicy
-    )
-    thread_workers: int | None = None
-    event_capacity: int = 1024
-    task_budget: float | None = None
-    lease: float = 30.0
-    max_recovery_attempts: int = 3
-
-    def __attrs_post_init__(self) -> None:
-        check_int("max_concurrent_tasks", self.max_concurrent_tasks, minimum=1)
-        check_int("queue_capacity", self.queue_capacity, minimum=0)
-        check_int("event_capacity", self.event_capacity, minimum=1)
-        if self.thread_workers is not None:
-            check_int("thread_workers", self.thread_workers, minimum=1)
-        check_seconds("task_budget", self.task_budget)
-        check_seconds("lease", self.lease)
-        check_int("max_recovery_attempts", self.max_recovery_attempts, minimum=0)
-
-    @property
-    def capacity(self) -> int:
-        """The admission bound over pending + active + deferred."""
-        return self.max_concurrent_tasks + self.queue_capacity
-
-
 def check_int(name: str, value: object, *, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {value!r}")
@@ -94,6 +62,45 @@ def check_seconds(name: str, value: object) -> None:
         seconds = math.inf
     if not (0 < seconds < math.inf):
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+
+
+def _int_at_least(minimum: int) -> Callable[[Any, attrs.Attribute[Any], object], None]:
+    """An attrs validator: an int (not a bool) >= ``minimum``."""
+
+    def validate(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+        check_int(attribute.name, value, minimum=minimum)
+
+    return validate
+
+
+def _seconds(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    """An attrs validator: None, or a finite number of seconds > 0."""
+    check_seconds(attribute.name, value)
+
+
+@attrs.frozen(kw_only=True)
+class ExecutorConfig:
+    """The options of `open_executor`, validated once (a bad one raises
+    ``TypeError`` or ``ValueError`` naming it and the value)."""
+
+    max_concurrent_tasks: int = attrs.field(default=4, validator=_int_at_least(1))
+    queue_capacity: int = attrs.field(default=1024, validator=_int_at_least(0))
+    overflow: Overflow = attrs.field(default=Overflow.BLOCK, converter=Overflow)
+    shutdown_policy: ShutdownPolicy = attrs.field(
+        default=ShutdownPolicy.DRAIN, converter=ShutdownPolicy
+    )
+    thread_workers: int | None = attrs.field(
+        default=None, validator=attrs.validators.optional(_int_at_least(1))
+    )
+    event_capacity: int = attrs.field(default=1024, validator=_int_at_least(1))
+    task_budget: float | None = attrs.field(default=None, validator=_seconds)
+    lease: float = attrs.field(default=30.0, validator=_seconds)
+    max_recovery_attempts: int = attrs.field(default=3, validator=_int_at_least(0))
+
+    @property
+    def capacity(self) -> int:
+        """The admission bound over pending + active + deferred."""
+        return self.max_concurrent_tasks + self.queue_capacity
 
 
 def check_store(store: object) -> None:
