@@ -1,4 +1,4 @@
-"""`Core`: the parts of one executor, wired together, and the submission path
+"""`ExecutorCore`: the parts of one executor, wired together, and the submission path
 that runs through them.
 
 Both facades (`Executor`, `DeterministicExecutor`) hold one. The parts, each
@@ -125,7 +125,7 @@ def _for_args(info: CallInfo, args: tuple[Any, ...]) -> CallInfo:
 
 
 @final
-class Core:
+class ExecutorCore:
     """One executor's parts, and its submission path."""
 
     def __init__(

@@ -15,7 +15,7 @@ from typing import Any, final
 import trio
 
 from ._admission import Overflow
-from ._core import Core, ExecutorConfig, check_store
+from ._core import ExecutorConfig, ExecutorCore, check_store
 from ._events import EventStream
 from ._executor import split_tasks
 from ._metrics import ExecutorMetrics
@@ -75,7 +75,7 @@ class DeterministicExecutor:
             )
         specs, _ = split_tasks(tasks)
         # The same parts as `open_executor`'s, with no nursery: jobs run in `run_ready`.
-        self._core = Core(config, store, specs)
+        self._core = ExecutorCore(config, store, specs)
         if store is not None:
             store.heartbeat(self._core.owner_id, math.inf)  # never expires: nothing to recover
 

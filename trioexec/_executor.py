@@ -1,7 +1,7 @@
 """`open_executor`, and `Executor`: the object it yields.
 
 `Executor` is a facade: its public methods check their arguments and delegate
-to the executor's parts, which `Core` wires together (see `trioexec._core`);
+to the executor's parts, which `ExecutorCore` wires together (see `trioexec._core`);
 workflow runs are kept by `WorkflowRuns` (`trioexec._coordinator`), built on
 those parts. `open_executor` runs the parts' tasks in two nurseries, and takes
 the block's errors down to the one that ended it.
@@ -17,7 +17,7 @@ import trio
 
 from ._admission import Overflow
 from ._coordinator import WorkflowResult, WorkflowRun, WorkflowRuns
-from ._core import Core, ExecutorConfig, check_store
+from ._core import ExecutorConfig, ExecutorCore, check_store
 from ._errors import ExecutorClosed, TaskDefinitionError
 from ._events import EventStream
 from ._metrics import ExecutorMetrics
@@ -42,7 +42,7 @@ class Executor:
         specs: dict[str, TaskSpec] | None = None,
         workflows: dict[str, Workflow] | None = None,
     ) -> None:
-        self._core = core = Core(config, store, specs)
+        self._core = core = ExecutorCore(config, store, specs)
         self._runs = WorkflowRuns(
             workflows or {},
             core.submit_step,
@@ -382,7 +382,7 @@ async def open_executor(
 
 
 async def _store_services(
-    core: Core,
+    core: ExecutorCore,
     lease: float,
     scope: trio.CancelScope,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
@@ -396,7 +396,7 @@ async def _store_services(
             task_status.started()
 
 
-async def _close_events_when_done(core: Core) -> None:
+async def _close_events_when_done(core: ExecutorCore) -> None:
     # Runs last in the nursery: once nothing is outstanding, no event can come.
     try:
         await core.lifecycle.wait_for_idle()
