@@ -250,7 +250,7 @@ class Workers:
                 self._count += 1
             if not token.try_reclaim():
                 await token.reclaim()
-            if handle is not None and handle._attempt_over:
+            if handle is not None and not job.info.is_async:
                 # The last attempt's thread may live on (abandoned): it keeps its handle.
                 handle = self._new_handle(job, token)
 
