@@ -140,3 +140,30 @@ async def test_reclaim_is_a_checkpoint_even_when_a_slot_is_free():
         await token.reclaim()
     assert scope.cancelled_caught
     assert not token.is_held
+
+
+async def test_try_reclaim_takes_a_free_slot_without_waiting_and_keeps_fifo():
+    pool = SlotPool(1)
+    first = pool.token()
+    assert first.try_reclaim()
+    assert first.is_held
+    with pytest.raises(RuntimeError, match="already holds"):
+        first.try_reclaim()
+    second, third = pool.token(), pool.token()
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(second.reclaim)
+        await trio.testing.wait_all_tasks_blocked()
+        assert pool.reclaiming == 1
+        first.release()  # handed to `second`, who was queued: nobody jumps the line
+        assert not third.try_reclaim()
+    assert second.is_held
+    assert pool.reclaiming == 0
+
+
+async def test_on_resize_is_told_after_every_resize():
+    pool = SlotPool(2)
+    seen = []
+    pool.on_resize(lambda: seen.append(pool.total))
+    pool.total = 5
+    pool.total = 1
+    assert seen == [5, 1]
