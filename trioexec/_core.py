@@ -237,7 +237,7 @@ class ExecutorCore:
             run_id,
         )
         if task_id is not None:
-            self.lifecycle.name(job)
+            self.lifecycle.track_named(job)
         return job
 
     def _check_new_task_id(self, task_id: str) -> None:

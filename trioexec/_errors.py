@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .durable._records import PromiseRecord
+
 
 class TrioexecError(Exception):
     """Root of every error trioexec raises on purpose."""
@@ -42,3 +47,24 @@ class PermanentError(TrioexecError):
 
 class StoreError(TrioexecError):
     """A store could not be opened or used (corrupt, foreign or newer-schema file, I/O)."""
+
+
+# ---------------------------------------------------------------- trioexec.durable
+
+
+class Conflict(TrioexecError):
+    """The operation lost a race: a stale task version, a task or promise in the
+    wrong state, or a different idempotency key on a settled promise (Resonate's 409)."""
+
+
+class NotFound(TrioexecError, LookupError):
+    """No promise or task with that id."""
+
+
+class PromiseRejected(TrioexecError):
+    """`DurableHandle.await_promise` on a promise that was rejected (or canceled, or
+    timed out). ``record`` is the promise."""
+
+    def __init__(self, record: PromiseRecord) -> None:
+        super().__init__(f"promise {record.id!r} is {record.state.value}: {record.data}")
+        self.record = record

@@ -77,7 +77,7 @@ class Lifecycle:
     def is_live(self, task_id: str) -> bool:
         return task_id in self.live or task_id in self._named
 
-    def name(self, job: Job) -> None:
+    def track_named(self, job: Job) -> None:
         """``job`` has a caller-chosen id: keep it findable until it ends."""
         if self.journal is None:
             self._named[job.task_id] = job  # (with a store, `live` holds every task)

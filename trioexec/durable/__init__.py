@@ -1,7 +1,8 @@
 """Durable promises and leased tasks shared by many worker processes (Resonate's model)."""
 
-from ._records import Conflict as Conflict
-from ._records import NotFound as NotFound
+from .._errors import Conflict as Conflict
+from .._errors import NotFound as NotFound
+from .._errors import PromiseRejected as PromiseRejected
 from ._records import PromiseCreate as PromiseCreate
 from ._records import PromiseRecord as PromiseRecord
 from ._records import PromiseSettle as PromiseSettle
@@ -11,7 +12,6 @@ from ._records import TaskRecord as TaskRecord
 from ._records import TaskState as TaskState
 from ._store import DurableStore as DurableStore
 from ._worker import DurableHandle as DurableHandle
-from ._worker import PromiseRejected as PromiseRejected
 from ._worker import Worker as Worker
 from ._worker import open_worker as open_worker
 

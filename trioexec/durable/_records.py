@@ -1,5 +1,6 @@
-"""Durable promise and task records and the protocol's errors. The states they carry
-are stored in the durable tables, so they are defined with them (`trioexec._store`)."""
+"""Durable promise and task records. The states they carry are stored in the
+durable tables, so they are defined with them (`trioexec._store`); the protocol's
+errors live with every other error, in `trioexec._errors`."""
 
 from __future__ import annotations
 
@@ -8,18 +9,10 @@ from typing import Any
 
 import attrs
 
-from .._errors import TrioexecError
+from .._errors import Conflict as Conflict
+from .._errors import NotFound as NotFound
 from .._store._durable_rows import PromiseState as PromiseState
 from .._store._durable_rows import TaskState as TaskState
-
-
-class Conflict(TrioexecError):
-    """The operation lost a race: a stale task version, a task or promise in the
-    wrong state, or a different idempotency key on a settled promise (Resonate's 409)."""
-
-
-class NotFound(TrioexecError, LookupError):
-    """No promise or task with that id."""
 
 
 class Suspend(enum.StrEnum):

@@ -29,7 +29,7 @@ from typing import Any, NoReturn, final
 
 import trio
 
-from .._errors import TrioexecError
+from .._errors import PromiseRejected
 from .._executor import Executor, open_executor
 from .._handle import TaskHandle
 from .._records import ShutdownPolicy, safe_repr
@@ -38,15 +38,6 @@ from .._taskref import TaskRef
 from ._protocol import check_id, encode
 from ._records import Conflict, NotFound, PromiseRecord, PromiseState, Suspend, TaskRecord
 from ._store import DurableStore, claim_work, lost_leases
-
-
-class PromiseRejected(TrioexecError):
-    """`DurableHandle.await_promise` on a promise that was rejected (or canceled, or
-    timed out). ``record`` is the promise."""
-
-    def __init__(self, record: PromiseRecord) -> None:
-        super().__init__(f"promise {record.id!r} is {record.state.value}: {record.data}")
-        self.record = record
 
 
 class _Suspended(BaseException):
