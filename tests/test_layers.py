@@ -374,3 +374,19 @@ def test_class_size(name):
         > MAX_METHODS
     }
     assert not big, f"{name}: classes over {MAX_METHODS} methods: {big}"
+
+
+def test_every_public_error_is_defined_in_errors():
+    """One place defines the errors (issue 14): every exception the package
+    exports, from ``trioexec`` or ``trioexec.durable``, comes from `_errors`."""
+    import trioexec.durable
+
+    exported = [
+        getattr(module, name)
+        for module in (trioexec, trioexec.durable)
+        for name in module.__all__
+        if isinstance(getattr(module, name), type)
+        and issubclass(getattr(module, name), BaseException)
+    ]
+    assert {e.__name__ for e in exported} >= {"TrioexecError", "Conflict", "PromiseRejected"}
+    assert [e for e in exported if e.__module__ != "trioexec._errors"] == []
