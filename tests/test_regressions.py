@@ -4,6 +4,7 @@ import pytest
 import trio
 import trio.testing
 
+import trioexec
 from trioexec import (
     Backoff,
     Overflow,
@@ -196,3 +197,27 @@ async def test_cancel_pending_counts_only_what_it_cancels(autojump_clock):
         await trio.sleep(1)
         assert ex.cancel_pending() == 0  # between attempts is not "not started"
     assert (await r.wait()).result == "second"
+
+
+async def test_a_refused_or_abandoned_submission_frees_its_task_id(autojump_clock):
+    """A caller-chosen id is taken only by an accepted submission: one refused,
+    or whose BLOCK wait was cancelled, can be submitted again under that id
+    (before, the id stayed 'already live' for the executor's lifetime)."""
+    async with trioexec.open_executor(
+        max_concurrent_tasks=1, queue_capacity=0, overflow=trioexec.Overflow.REJECT
+    ) as ex:
+        await ex.submit(trio.sleep, 1)
+        with pytest.raises(trioexec.TaskRejected):
+            await ex.submit(trio.sleep, 0, task_id="again")
+        with pytest.raises(trioexec.TaskRejected):
+            ex.submit_nowait(trio.sleep, 0, task_id="again")
+        await ex.wait_for_idle()
+        ref = await ex.submit(trio.sleep, 0, task_id="again")
+        assert (await ref.wait()).ok
+    async with trioexec.open_executor(max_concurrent_tasks=1, queue_capacity=0) as ex:
+        await ex.submit(trio.sleep, 1)
+        with trio.move_on_after(0.5) as scope:
+            await ex.submit(trio.sleep, 0, task_id="blocked")  # BLOCK: waits for space
+        assert scope.cancelled_caught
+        ref = await ex.submit(trio.sleep, 0, task_id="blocked")  # waits, then accepted
+        assert (await ref.wait()).ok

@@ -252,6 +252,9 @@ class ExecutorCore:
     def _recovered_job(self, spec: TaskSpec, args: tuple[Any, ...], record: ExecutionRecord) -> Job:
         """The `Job` of an execution recovery claimed: its record's id, version
         and attempts (and no new submission counted)."""
+        parent = current_job()
+        causation_id = None if parent is None else parent.task_id
+        correlation_id = None if parent is None else parent.correlation_id
         job = Job(
             self.lifecycle,
             spec,
@@ -261,8 +264,9 @@ class ExecutorCore:
             record.name,
             spec.timeout,
             spec.budget if spec.budget is not None else self.config.task_budget,
-            None,
-            None,
+            correlation_id,
+            # Recovered in a task of another executor, it counts as caused by that task.
+            causation_id,
             record.submitted_at or self.wall(),
             True,
             False,
@@ -278,19 +282,27 @@ class ExecutorCore:
             self.lifecycle.accept(job)
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
-        decision = self.gate.decide(True)
-        if decision is Admit.WAIT:
-            check_open = functools.partial(self.shutdown.check_open, internal)
-            decision = await self.gate.wait_turn(check_open)
+        try:
+            decision = self.gate.decide(True)
+            if decision is Admit.WAIT:
+                check_open = functools.partial(self.shutdown.check_open, internal)
+                decision = await self.gate.wait_turn(check_open)
+                self.apply(job, decision)
+                self.gate.wake_next()
+                return
             self.apply(job, decision)
-            self.gate.wake_next()
-        else:
-            self.apply(job, decision)
-            await trio.lowlevel.cancel_shielded_checkpoint()
+        except BaseException:  # refused, closed or cancelled while waiting: not accepted
+            self.lifecycle.untrack(job)
+            raise
+        await trio.lowlevel.cancel_shielded_checkpoint()
 
     def submit_nowait(self, job: Job) -> None:
-        self.shutdown.check_open()
-        self.apply(job, self.gate.decide(can_wait=False))
+        # (`new_job` checked that the executor is open.)
+        try:
+            self.apply(job, self.gate.decide(can_wait=False))
+        except BaseException:
+            self.lifecycle.untrack(job)
+            raise
 
     def apply(self, job: Job, decision: Admit) -> None:
         """Carry out the gate's decision on ``job`` (raises a refusal)."""

@@ -21,7 +21,7 @@ from ._executor import split_tasks
 from ._metrics import ExecutorMetrics
 from ._records import ShutdownPolicy, TaskCompletion
 from ._store import Store
-from ._taskref import TaskRef
+from ._taskref import Job, TaskRef
 
 
 @final
@@ -114,7 +114,8 @@ class DeterministicExecutor:
         await trio.lowlevel.checkpoint()
         while max_tasks is None or ran < max_tasks:
             if cancel is not None and cancel.is_set():
-                cancelled = core.lifecycle.cancel_pending()
+                cancelled: list[Job] = []
+                core.lifecycle.cancel_pending(cancelled)
                 if journal is not None:
                     journal.write_inline()
                 completions.extend(job.make_completion() for job in cancelled)
@@ -130,7 +131,7 @@ class DeterministicExecutor:
 
     def cancel_pending(self) -> int:
         """End every queued task as ``CANCELLED``; return how many."""
-        return len(self._core.lifecycle.cancel_pending())
+        return self._core.lifecycle.cancel_pending()
 
     def statistics(self) -> ExecutorMetrics:
         """A frozen `ExecutorMetrics` snapshot."""

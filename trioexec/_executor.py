@@ -147,7 +147,7 @@ class Executor:
         Never blocks. Running and deferred tasks, and tasks waiting between
         attempts, are not touched.
         """
-        return len(self._core.lifecycle.cancel_pending())
+        return self._core.lifecycle.cancel_pending()
 
     # ---------------------------------------------------------------- workflows
 

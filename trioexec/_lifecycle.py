@@ -82,6 +82,11 @@ class Lifecycle:
         if self.journal is None:
             self._named[job.task_id] = job  # (with a store, `live` holds every task)
 
+    def untrack(self, job: Job) -> None:
+        """``job`` was not accepted after all: its chosen id is free again."""
+        if self._named.get(job.task_id) is job:
+            del self._named[job.task_id]
+
     def accept(self, job: Job, *, recovered: bool = False) -> None:
         tally = self.tally
         tally.queued_count += 1
@@ -247,7 +252,7 @@ class Lifecycle:
             self.live.pop(job.task_id, None)
             error = None if job.error is None else safe_repr(job.error)
             self.log(("finish", job.task_id, job.version, status, job.finished_at, error))
-            if job.run_id is not None and status is TaskStatus.COMPLETED and self.runs:
+            if job.run_id is not None and status is TaskStatus.COMPLETED and self.runs is not None:
                 # A completed step's record goes into the same transaction as its
                 # execution's, so a crash cannot leave one without the other.
                 self.runs.step_completed(job)
@@ -306,16 +311,19 @@ class Lifecycle:
             job.handle._request_cancel()  # (its cancelled() fires, a reclaim stops)
         scope.cancel()
 
-    def cancel_pending(self) -> list[Job]:
-        """End every task that has not started as ``CANCELLED``; return them."""
-        cancelled = []
+    def cancel_pending(self, into: list[Job] | None = None) -> int:
+        """End every task that has not started as ``CANCELLED``; return how many
+        (and append them to ``into``, if given)."""
+        count = 0
         while (job := self.pending.pop()) is not None:
             self.tally.cancellation_requested_count += 1
             job.cancel_requested = True
             self.tally.queue_depth -= 1
             self.finish(job, TaskStatus.CANCELLED)
-            cancelled.append(job)
-        return cancelled
+            count += 1
+            if into is not None:
+                into.append(job)
+        return count
 
     def lose(self, task_id: str) -> None:
         """Another owner has this execution now: stop running it here, no retry."""

@@ -163,8 +163,10 @@ class Workers:
                                     _reraise_cancellation(job, group)
                                 finally:
                                     del registry[me]
-                            else:
-                                status = await self._attempts(job, job_token, handle)
+                            elif isinstance(job.fn, TaskSpec):
+                                status = await self._retrying(job, job_token, handle)
+                            else:  # (no frame of ours between the worker and the task)
+                                status = await self._attempt(job, handle)
                         finally:
                             self._ended(job, status)
                             if handle is not None:
@@ -217,7 +219,10 @@ class Workers:
         handle = None if job.info.handle_param is None else self._new_handle(job, token)
         status = TaskStatus.CANCELLED  # if cancelled, even between attempts
         try:
-            status = await self._attempts(job, token, handle)
+            if isinstance(job.fn, TaskSpec):
+                status = await self._retrying(job, token, handle)
+            else:
+                status = await self._attempt(job, handle)
         finally:
             self._ended(job, status)
 
@@ -227,14 +232,12 @@ class Workers:
         )
         return handle
 
-    async def _attempts(self, job: Job, token: SlotToken, handle: TaskHandle | None) -> TaskStatus:
-        """The attempts of ``job``: one, or for a spec's task as many as its
-        ``retries`` and ``backoff`` say, without a slot in between (``token``
-        holds the slot at the top of each). Returns how the last one ended;
-        cancellation propagates."""
+    async def _retrying(self, job: Job, token: SlotToken, handle: TaskHandle | None) -> TaskStatus:
+        """The attempts of a spec's task, as many as its ``retries`` and
+        ``backoff`` say, without a slot in between (``token`` holds the slot at
+        the top of each). Returns how the last one ended; cancellation propagates."""
         spec = job.fn
-        if not isinstance(spec, TaskSpec):
-            return await self._attempt(job, handle)
+        assert isinstance(spec, TaskSpec)
         while True:
             status = await self._attempt(job, handle)
             if not _should_retry(spec, job, status):
