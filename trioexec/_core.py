@@ -197,7 +197,10 @@ class ExecutorCore:
             self._last_info = call_info(fn)
             self._last_name = _describe(fn)
             self._last_fn = fn
-        info = _for_args(self._last_info, args)
+        info = self._last_info
+        position = info.handle_position
+        if position is not None and len(args) > position:
+            info = info.for_args(args)  # the caller passes that argument: no handle
         if isinstance(fn, TaskSpec):
             timeout = fn.timeout if timeout is None else timeout
             budget = fn.budget if budget is None else budget
@@ -275,11 +278,18 @@ class ExecutorCore:
         )
         return job
 
+    def accept_if_fits(self, job: Job) -> bool:
+        """Accept ``job`` at once if it fits (the common case, decided without
+        the general decision); False if `submit` must decide."""
+        if self.gate.fits():
+            self.lifecycle.accept(job)
+            return True
+        return False
+
     async def submit(self, job: Job, *, internal: bool = False) -> None:
         """Admit ``job``: a checkpoint; under ``BLOCK`` waits for space."""
         # (`new_job` checked that the executor is open.)
-        if self.gate.fits():  # the common case, without the general decision
-            self.lifecycle.accept(job)
+        if self.accept_if_fits(job):
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
         try:

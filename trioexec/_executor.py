@@ -108,7 +108,10 @@ class Executor:
         await trio.lowlevel.checkpoint_if_cancelled()
         core = self._core
         job = core.new_job(fn, args, name, task_id, timeout, budget, correlation_id)
-        await core.submit(job)
+        if core.accept_if_fits(job):  # (no coroutine of ours on the common path)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+        else:
+            await core.submit(job)
         return TaskRef(job)
 
     def submit_nowait(
