@@ -221,3 +221,24 @@ async def test_a_refused_or_abandoned_submission_frees_its_task_id(autojump_cloc
         assert scope.cancelled_caught
         ref = await ex.submit(trio.sleep, 0, task_id="blocked")  # waits, then accepted
         assert (await ref.wait()).ok
+
+
+async def test_two_blocked_submissions_cannot_share_a_task_id(autojump_clock):
+    """With a store too, a chosen id is taken while its submission waits for
+    space: a second submission with it is refused at once, not accepted beside it
+    once both get in (before, with a store, both ran under one record)."""
+    async with trioexec.open_executor(
+        max_concurrent_tasks=1, queue_capacity=0, store=trioexec.MemoryStore()
+    ) as ex:
+        await ex.submit(trio.sleep, 1)
+        refs = []
+
+        async def submit_first():
+            refs.append(await ex.submit(trio.sleep, 0, task_id="dup"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(submit_first)
+            await trio.testing.wait_all_tasks_blocked()  # it waits for space
+            with pytest.raises(ValueError, match="already live"):
+                await ex.submit(trio.sleep, 0, task_id="dup")
+        assert [(await r.wait()).ok for r in refs] == [True]

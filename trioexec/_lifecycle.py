@@ -66,7 +66,7 @@ class Lifecycle:
         self.wake_worker: Callable[[], None] = lambda: None  # (the workers set it)
         self.live: dict[str, Job] = {}  # with a store: accepted and not finished
         self.space_freed = trio.Event()  # set when a task ends (recovery waits on it)
-        self._named: dict[str, Job] = {}  # without one: live tasks with a chosen id
+        self._named: dict[str, Job] = {}  # tasks with a chosen id, from submission to end
         self._gate = gate
         self._events = events
         self._owner_id = owner_id
@@ -78,9 +78,9 @@ class Lifecycle:
         return task_id in self.live or task_id in self._named
 
     def track_named(self, job: Job) -> None:
-        """``job`` has a caller-chosen id: keep it findable until it ends."""
-        if self.journal is None:
-            self._named[job.task_id] = job  # (with a store, `live` holds every task)
+        """``job`` has a caller-chosen id: it is taken from now (while the
+        submission waits for space too) until the job ends or is not accepted."""
+        self._named[job.task_id] = job
 
     def untrack(self, job: Job) -> None:
         """``job`` was not accepted after all: its chosen id is free again."""
@@ -240,10 +240,10 @@ class Lifecycle:
             tally.timed_out_count += 1
         else:
             tally.dropped_count += 1
+        if self._named:
+            self._named.pop(job.task_id, None)
         journal = self.journal
         if journal is None:
-            if self._named:
-                self._named.pop(job.task_id, None)
             done = job.done
             if done is not None:
                 done.set()

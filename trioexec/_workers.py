@@ -105,9 +105,8 @@ class Workers:
         stand in the one FIFO line for slots. Between jobs it keeps its slot
         unless someone is queued for one or the queue is empty.
         """
+        # Few locals: a deferred task keeps its worker's frame (bytes per task).
         pool = self.pool
-        pending = self._pending
-        lifecycle = self._lifecycle
         token = SlotToken(pool)
         me = trio.lowlevel.current_task()
         registry = running()
@@ -119,7 +118,7 @@ class Workers:
                 # job would be the largest cost of running a small task.
                 with trio.CancelScope() as scope:
                     while True:
-                        if not pending.live:
+                        if not self._pending.live:
                             token.release()
                             if self.closing:
                                 return
@@ -131,7 +130,7 @@ class Workers:
                         elif pool.reclaiming:  # someone stands in line for a slot: after them
                             token.release()
                             await token.reclaim()
-                        job = pending.pop()
+                        job = self._pending.pop()
                         if job is None:  # taken by another worker or cancelled meanwhile
                             continue
                         job.scope = scope
@@ -147,14 +146,15 @@ class Workers:
                             if job.simple:
                                 # `_attempt` inlined for one plain async call: a running
                                 # or deferred task carries no frame of ours but the worker's.
-                                lifecycle.started(job)
+                                self._lifecycle.started(job)
                                 registry[me] = job
                                 try:
                                     if handle is None:
                                         job.result = await job.fn(*job.args)
                                     else:
-                                        param = job.info.handle_param or "handle"
-                                        job.result = await job.fn(*job.args, **{param: handle})
+                                        job.result = await job.fn(
+                                            *job.args, **{job.info.handle_param or "handle": handle}
+                                        )
                                     status = TaskStatus.COMPLETED
                                 except Exception as exc:
                                     job.error = exc
@@ -175,7 +175,7 @@ class Workers:
                             break  # the scope may be cancelled: take a fresh one
                         if self._count > self._total:
                             return  # over strength after a deferral or a shrink: retire
-                        if pending.live:
+                        if self._pending.live:
                             # More work: yield between jobs (parking for work would
                             # be the schedule point otherwise).
                             await trio.lowlevel.checkpoint()
