@@ -58,6 +58,7 @@ _RECOMMENDED = {
     ExecutionStatus.AWAITING_DEPENDENCIES: "wait_for_dependencies",
 }
 
+_STEP_STATES = tuple(StepState)
 _DONE = frozenset({StepState.COMPLETED, StepState.FAILED, StepState.SKIPPED})
 
 
@@ -288,9 +289,12 @@ class WorkflowStatus:
 
     def as_attributes(self) -> dict[str, Any]:
         """The fields as a plain dict (what a ``workflow_progress`` event carries)."""
-        out = attrs.asdict(self)
+        out = {name: getattr(self, name) for name in _STATUS_FIELDS}
         out["execution_status"] = self.execution_status.value
         return out
+
+
+_STATUS_FIELDS = tuple(field.name for field in attrs.fields(WorkflowStatus))
 
 
 def status(
@@ -304,10 +308,12 @@ def status(
     ``execution_status`` takes the first that applies: ready steps, steps in
     progress, blocked by failures, complete, awaiting dependencies.
     """
-    counts = dict.fromkeys(StepState, 0)
+    counts = dict.fromkeys(_STEP_STATES, 0)  # (iterating the enum itself is slow)
     for state in states.values():
         counts[state] += 1
-    ready_now = counts[StepState.READY] + len(ready(workflow, states))
+    ready_now = counts[StepState.READY]
+    if counts[StepState.PENDING]:
+        ready_now += len(ready(workflow, states))
     in_progress = counts[StepState.RUNNING]
     failed = counts[StepState.FAILED]
     total = len(states)
