@@ -30,10 +30,11 @@ from ._workflow import (
     StepState,
     Workflow,
     WorkflowStatus,
+    count_states,
     is_finished,
     merged_input,
     ready,
-    status,
+    summarize,
 )
 
 if TYPE_CHECKING:
@@ -81,7 +82,8 @@ class WorkflowRun:
         self._initial = Context(context).to_dict()
         self._states = dict.fromkeys(workflow.order, StepState.PENDING)
         self._resumed = restored is not None
-        self._jobs: dict[str, Job] = {}
+        self._jobs: dict[str, Job] = {}  # every step submitted
+        self._started: dict[str, Job] = {}  # steps READY with a job: queued, running, retrying
         self._outputs: dict[str, dict[str, Any]] = {}
         self._completions: dict[str, TaskCompletion] = {}
         self._errors: dict[str, BaseException | None] = {}
@@ -104,26 +106,28 @@ class WorkflowRun:
                     self._states[sid] = step_state
                 elif step_state in (StepState.FAILED, StepState.SKIPPED):
                     self._states[sid] = step_state
+        # Kept as states change (`_set`), so publishing progress costs no scan.
+        self._counts = count_states(self._states)
 
     # ------------------------------------------------------------------ public
 
     def status(self) -> WorkflowStatus:
         """The run's `WorkflowStatus` now. Never blocks."""
-        states = dict(self._states)
-        deferred = 0
-        for sid, job in self._jobs.items():
+        counts = self._counts
+        started = deferred = 0
+        for job in self._started.values():
             # Started (running, deferred, or between retry attempts): in progress.
-            if states[sid] is StepState.READY and (
-                job.status is TaskStatus.RUNNING or job.attempts > 0
-            ):
-                states[sid] = StepState.RUNNING
-            if (
-                job.status is TaskStatus.RUNNING
-                and job.handle is not None
-                and job.handle.sub_status is SubStatus.DEFERRED
-            ):
-                deferred += 1
-        return status(self.run_id, self.workflow, states, deferred)
+            if job.status is TaskStatus.RUNNING:
+                started += 1
+                if job.handle is not None and job.handle.sub_status is SubStatus.DEFERRED:
+                    deferred += 1
+            elif job.attempts > 0:
+                started += 1
+        ready_now = counts[StepState.READY] - started
+        if counts[StepState.PENDING]:
+            ready_now += len(ready(self.workflow, self._states))
+        in_progress = counts[StepState.RUNNING] + started
+        return summarize(self.run_id, self.workflow, counts, ready_now, in_progress, deferred)
 
     async def wait(self) -> WorkflowResult:
         """Wait until the run has ended; return its `WorkflowResult`. A checkpoint."""
@@ -158,7 +162,7 @@ class WorkflowRun:
     def _advance(self) -> None:
         assert self._nursery is not None
         for sid in ready(self.workflow, self._states):
-            self._states[sid] = StepState.READY
+            self._set(sid, StepState.READY)
             # Steps submit one after another, in the workflow's order (each waits
             # for the one before it to be submitted): Trio's scheduling order
             # never decides which ready step starts first.
@@ -205,7 +209,7 @@ class WorkflowRun:
             step_input = json.dumps(merged_input(self.workflow, sid, self._initial, self._outputs))
             job = await self._runs.submit_step(self._step_spec(sid), (step_input,), self.run_id)
         except ExecutorClosed:  # shut down before it started: the run is cut short
-            self._states[sid] = StepState.PENDING
+            self._set(sid, StepState.PENDING)
             return
         except TrioexecError as exc:  # refused (full): the step fails
             self._errors.setdefault(sid, exc)
@@ -213,12 +217,15 @@ class WorkflowRun:
             return
         finally:
             submitted.set()
-        self._jobs[sid] = job
-        completion = await TaskRef(job).wait()
+        self._jobs[sid] = self._started[sid] = job
+        try:
+            completion = await TaskRef(job).wait()
+        finally:
+            del self._started[sid]
         self._completions[sid] = completion
         if completion.ok:
             self._outputs[sid] = self._attempt_outputs.pop(sid)
-            self._states[sid] = StepState.COMPLETED
+            self._set(sid, StepState.COMPLETED)
             self._advance()
         else:
             self._errors.setdefault(sid, completion.error)
@@ -234,13 +241,19 @@ class WorkflowRun:
                 ("step", self.run_id, 0, sid, StepState.COMPLETED, json.dumps(output), job.task_id)
             )
 
+    def _set(self, sid: str, state: StepState) -> None:
+        counts = self._counts
+        counts[self._states[sid]] -= 1
+        counts[state] += 1
+        self._states[sid] = state
+
     def _step_failed(self, sid: str) -> None:
-        self._states[sid] = StepState.FAILED
+        self._set(sid, StepState.FAILED)
         job = self._jobs.get(sid)
         self._runs.log(("step", self.run_id, 0, sid, StepState.FAILED, None, job and job.task_id))
         for dependent in self.workflow.dependents(sid):
             if self._states[dependent] is StepState.PENDING:
-                self._states[dependent] = StepState.SKIPPED
+                self._set(dependent, StepState.SKIPPED)
                 self._runs.log(("step", self.run_id, 0, dependent, StepState.SKIPPED, None, None))
         self._advance()
 

@@ -297,6 +297,14 @@ class WorkflowStatus:
 _STATUS_FIELDS = tuple(field.name for field in attrs.fields(WorkflowStatus))
 
 
+def count_states(states: Mapping[str, StepState]) -> dict[StepState, int]:
+    """How many steps are in each state (every state present)."""
+    counts = dict.fromkeys(_STEP_STATES, 0)  # (iterating the enum itself is slow)
+    for state in states.values():
+        counts[state] += 1
+    return counts
+
+
 def status(
     run_id: str,
     workflow: Workflow,
@@ -308,15 +316,27 @@ def status(
     ``execution_status`` takes the first that applies: ready steps, steps in
     progress, blocked by failures, complete, awaiting dependencies.
     """
-    counts = dict.fromkeys(_STEP_STATES, 0)  # (iterating the enum itself is slow)
-    for state in states.values():
-        counts[state] += 1
+    counts = count_states(states)
     ready_now = counts[StepState.READY]
     if counts[StepState.PENDING]:
         ready_now += len(ready(workflow, states))
-    in_progress = counts[StepState.RUNNING]
+    return summarize(run_id, workflow, counts, ready_now, counts[StepState.RUNNING], deferred)
+
+
+def summarize(
+    run_id: str,
+    workflow: Workflow,
+    counts: Mapping[StepState, int],
+    ready_now: int,
+    in_progress: int,
+    deferred: int,
+) -> WorkflowStatus:
+    """The `WorkflowStatus` of a run with ``counts`` steps in each state, of
+    which ``ready_now`` can start (or wait for a slot) and ``in_progress`` have
+    started (`status` derives them from the states; a running run keeps them
+    as its steps change)."""
     failed = counts[StepState.FAILED]
-    total = len(states)
+    total = len(workflow.order)
     finished = counts[StepState.COMPLETED] + failed + counts[StepState.SKIPPED]
     if ready_now:
         execution = ExecutionStatus.READY_STEPS_AVAILABLE
