@@ -33,7 +33,6 @@ from ._workflow import (
     count_states,
     is_finished,
     merged_input,
-    ready,
     summarize,
 )
 
@@ -106,8 +105,18 @@ class WorkflowRun:
                     self._states[sid] = step_state
                 elif step_state in (StepState.FAILED, StepState.SKIPPED):
                     self._states[sid] = step_state
-        # Kept as states change (`_set`), so publishing progress costs no scan.
+        # Kept as states change (`_set`), so neither publishing progress nor
+        # finding the next steps scans the workflow.
         self._counts = count_states(self._states)
+        self._blocked = {  # dependencies not completed yet
+            sid: sum(self._states[d] is not StepState.COMPLETED for d in spec.dependencies)
+            for sid, spec in workflow.steps.items()
+        }
+        self._unblocked = {  # PENDING steps whose dependencies have all completed
+            sid
+            for sid, n in self._blocked.items()
+            if n == 0 and self._states[sid] is StepState.PENDING
+        }
 
     # ------------------------------------------------------------------ public
 
@@ -123,9 +132,7 @@ class WorkflowRun:
                     deferred += 1
             elif job.attempts > 0:
                 started += 1
-        ready_now = counts[StepState.READY] - started
-        if counts[StepState.PENDING]:
-            ready_now += len(ready(self.workflow, self._states))
+        ready_now = counts[StepState.READY] - started + len(self._unblocked)
         in_progress = counts[StepState.RUNNING] + started
         return summarize(self.run_id, self.workflow, counts, ready_now, in_progress, deferred)
 
@@ -161,7 +168,7 @@ class WorkflowRun:
 
     def _advance(self) -> None:
         assert self._nursery is not None
-        for sid in ready(self.workflow, self._states):
+        for sid in sorted(self._unblocked, key=self.workflow.position):
             self._set(sid, StepState.READY)
             # Steps submit one after another, in the workflow's order (each waits
             # for the one before it to be submitted): Trio's scheduling order
@@ -242,10 +249,20 @@ class WorkflowRun:
             )
 
     def _set(self, sid: str, state: StepState) -> None:
+        old = self._states[sid]
         counts = self._counts
-        counts[self._states[sid]] -= 1
+        counts[old] -= 1
         counts[state] += 1
         self._states[sid] = state
+        if old is StepState.PENDING:
+            self._unblocked.discard(sid)
+        elif state is StepState.PENDING and not self._blocked[sid]:
+            self._unblocked.add(sid)  # (back from READY: shut down before it started)
+        if state is StepState.COMPLETED:
+            for child in self.workflow.children(sid):
+                self._blocked[child] -= 1
+                if not self._blocked[child] and self._states[child] is StepState.PENDING:
+                    self._unblocked.add(child)
 
     def _step_failed(self, sid: str) -> None:
         self._set(sid, StepState.FAILED)

@@ -80,7 +80,7 @@ class Workflow:
         wf = Workflow("etl", [fetch, wait_for_data, transform, load])
     """
 
-    __slots__ = ("_order", "_specs", "name")
+    __slots__ = ("_children", "_order", "_position", "_specs", "name")
 
     def __init__(self, name: str, specs: Iterable[TaskSpec]) -> None:
         if not isinstance(name, str) or not name:
@@ -109,6 +109,12 @@ class Workflow:
                     )
         self._specs = steps
         self._order = _topological_order(name, steps)
+        self._position = {sid: i for i, sid in enumerate(self._order)}
+        children: dict[str, list[str]] = {sid: [] for sid in self._order}
+        for sid in self._order:
+            for dep in steps[sid].dependencies:
+                children[dep].append(sid)
+        self._children = {sid: tuple(c) for sid, c in children.items()}
 
     @property
     def steps(self) -> Mapping[str, TaskSpec]:
@@ -120,6 +126,14 @@ class Workflow:
         """The step ids in a topological order (dependencies first, ties by the
         order given)."""
         return self._order
+
+    def children(self, step_id: str) -> tuple[str, ...]:
+        """The steps that depend on ``step_id`` directly, in run order."""
+        return self._children[step_id]
+
+    def position(self, step_id: str) -> int:
+        """Where ``step_id`` is in `order`."""
+        return self._position[step_id]
 
     def dependents(self, step_id: str) -> list[str]:
         """Every step that depends on ``step_id``, directly or not."""
