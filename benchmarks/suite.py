@@ -1,13 +1,18 @@
-"""The full performance suite of issue 8: every figure a ratio against a same-run baseline.
+"""The performance suite of issues 8 and 15: every figure a ratio against a same-run baseline.
 
     python benchmarks/suite.py [--quick] [--only 1,3,8] [--json PATH] [--repeat R]
 
 Each measured case runs in a fresh subprocess (``suite.py --case NAME --arg k=v ...``),
 so its peak RSS (``ru_maxrss``) and CPU time are its own. One JSON line per scenario
 is printed (and flushed) as soon as it is done, then a table of every ratio and its
-target. Speed never fails the run: the exit status is 1 only if a case crashed.
+target, headed by the machine (CPUs, memory, OS, Python, trio, SQLite) and the git
+commit (``+dirty`` if trioexec/ has uncommitted changes; a warning if it changed
+while the suite ran). ``--json`` writes the same: ``{"machine", "commit", "mode",
+"repeat", "seconds", "results": [one object per scenario]}``. Speed never fails the
+run: the exit status is 1 only if a case crashed.
 ``--repeat R`` runs every timed case R times and keeps its best run (default 3, or 1
 with ``--quick``): single runs on a shared 2-core machine swing by 30% or more.
+Scenario 11's case keeps its worst (highest peak RSS) run instead: a bound.
 
 Scenarios (targets from the issue):
 
@@ -27,24 +32,42 @@ Scenarios (targets from the issue):
 5. Polled conditions: 10k deferred sync predicates at a 1 s poll interval: CPU
    seconds per wall second <= 0.25x that of 10k tasks looping on ``trio.sleep(1)``.
 6. Persistence: scenario 1's executor workload with a ``SQLiteStore``: throughput
-   >= 0.5x of the same without a store; raw SQLite (WAL, synchronous=NORMAL)
-   single-row transactions vs. 1,000 rows per transaction shown for context.
+   >= 0.5x of the same without a store; at limit 64 also >= 1.2x of a hand-written
+   journaling pool (the channel pool whose workers append one tuple per task to a
+   list that a writer thread drains, one ``executemany`` transaction per batch);
+   raw SQLite (WAL, synchronous=NORMAL) single-row transactions vs. 1,000 rows per
+   transaction shown for context.
 7. Durable claims: acquire + fulfill cycles/s of ``open_worker`` with 1 and 4
    processes on one SQLite file (``benchmarks/durable_claims.py``); scaling
    rate(4)/rate(1) reported (the issue sets no target).
 8. Scaling: 1k, 10k, 100k and 1M no-op tasks (limit 4, default bounded queue):
    cost per task at 1M <= 1.3x the cost at 10k.
+9. Workflow steps (issue 15): 500 chain workflows of 4 async ``@task`` steps (each
+   writes one key into its Context) started at once via ``ex.run_workflow``, several
+   rounds, vs. the same specs awaited with ``ex.run(spec, ctx)`` in 500 concurrent
+   chains: time per workflow step <= 1.5x per direct step.
+10. Throughput beside deferred tasks (issue 15): no-op tasks (limit 4) while 10k
+    other tasks of the same executor are parked in ``defer_until(event)``:
+    throughput >= 0.95x of the same with none parked.
+11. Store backlog memory (issue 15): 100k no-op tasks submitted with ``await
+    ex.submit`` as fast as it goes (limit 64, queue_capacity 100k) to an executor
+    with a ``SQLiteStore``, then drained: peak RSS over the bare process <= 32 MB
+    (the same without a store shown for context).
 
 ``--quick`` shrinks the sizes (20k tasks, K up to 64 with 5k compute tasks, 100k
-instead of 1M, 5k pollers over a 3 s window, 300 durable claims) and keeps every
-scenario; it takes well under a minute, the default run about two.
+instead of 1M, 5k pollers over a 3 s window, 300 durable claims, 4 rounds of
+workflow chains instead of 10, 50k no-op tasks beside the 10k deferred) and keeps
+every scenario (scenario 11 keeps its 100k: the bound is about that size); it takes
+about a minute, the default run about six.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
+import platform
 import resource
 import sqlite3
 import subprocess
@@ -65,7 +88,10 @@ import trioexec
 
 HERE = Path(__file__).resolve()
 CASE_TIMEOUT = 900.0  # seconds; a case that takes longer counts as crashed
-SLOTS = 4  # scenarios 2-5 run with four slots
+SLOTS = 4  # scenarios 2-5, 9 and 10 run with four slots
+JOURNAL_POOL_LIMIT = 64  # scenario 6's comparison with the hand-written journaling pool
+CHAIN_STEPS = 4  # scenario 9's workflow
+BACKLOG_LIMIT = 64  # scenario 11
 # Scenario 5's window starts half a poll interval after the waiters are in place, so
 # its edges do not coincide with the moment every sleep loop wakes up together.
 PHASE_OFFSET = 0.5
@@ -472,6 +498,192 @@ def poll_defer(n: int, seconds: float) -> Result:
     return out
 
 
+@case
+def journal_pool(n: int, limit: int) -> Result:
+    """`channel_pool` whose workers journal each task: one small tuple appended to a
+    list per task, drained continuously by a writer thread (``trio.to_thread``) that
+    inserts each batch with ``executemany`` in one transaction (sqlite3 WAL,
+    synchronous=NORMAL, a temp file). Everything is written before the run ends."""
+    out: Result = {}
+    sql = "INSERT INTO journal (task, status) VALUES (?, ?)"
+
+    async def main(con: sqlite3.Connection) -> None:
+        send, recv = trio.open_memory_channel[tuple[int, Callable[[], Any]]](1024)
+        pending: list[tuple[int, str]] = []
+        wake = trio.Event()
+        closing = False
+        batches = 0
+
+        def write(batch: list[tuple[int, str]]) -> None:
+            con.execute("BEGIN")
+            con.executemany(sql, batch)
+            con.execute("COMMIT")
+
+        async def writer() -> None:
+            nonlocal pending, wake, batches
+            while True:
+                await wake.wait()
+                wake = trio.Event()
+                batch, pending = pending, []
+                if batch:
+                    await trio.to_thread.run_sync(write, batch)
+                    batches += 1
+                if closing and not pending:
+                    return
+
+        async def worker() -> None:
+            async for number, fn in recv:
+                await fn()
+                pending.append((number, "completed"))
+                wake.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer)
+            async with trio.open_nursery() as workers:
+                for _ in range(limit):
+                    workers.start_soon(worker)
+                async with send:
+                    for number in range(n):
+                        await send.send((number, noop))
+            closing = True
+            wake.set()
+        out["batches"] = batches
+
+    with tempfile.TemporaryDirectory() as tmp:
+        con = sqlite3.connect(
+            os.path.join(tmp, "journal.db"), isolation_level=None, check_same_thread=False
+        )
+        con.execute("PRAGMA journal_mode=WAL")
+        con.execute("PRAGMA synchronous=NORMAL")
+        con.execute("CREATE TABLE journal (task INTEGER, status TEXT)")
+        with stopwatch(out):
+            trio.run(main, con)
+        (out["rows"],) = con.execute("SELECT count(*) FROM journal").fetchone()
+        con.close()
+    if out["rows"] != n:
+        raise RuntimeError(f"{out['rows']} of {n} tasks journaled")
+    return out
+
+
+@case
+def chain_steps(runs: int, rounds: int, mode: str, steps: int = 4, limit: int = SLOTS) -> Result:
+    """Scenario 9: ``runs`` chains of ``steps`` async ``@task`` steps (each writes one
+    key into its `Context`), all started at once in one executor, ``rounds`` times
+    over: as workflow runs (``mode="workflow"``, ``ex.run_workflow``) or as the same
+    specs awaited one after another with ``ex.run(spec, ctx)`` (``mode="direct"``)."""
+    if mode not in ("direct", "workflow"):
+        raise ValueError(f"mode must be direct or workflow, not {mode!r}")
+    specs = []
+    for i in range(steps):
+
+        @trioexec.task(id=f"s{i}", dependencies=[f"s{i - 1}"] if i else [])
+        async def step(ctx: trioexec.Context, i: int = i) -> None:
+            ctx[f"k{i}"] = i
+
+        specs.append(step)
+    workflow = trioexec.Workflow("chain", specs)
+    complete = 0
+
+    async def direct(ex: trioexec.Executor) -> None:
+        nonlocal complete
+        ctx = trioexec.Context()
+        for spec in specs:
+            await ex.run(spec, ctx)
+        complete += len(ctx) == steps
+
+    async def flow(ex: trioexec.Executor) -> None:
+        nonlocal complete
+        result = await ex.run_workflow(workflow, {})
+        complete += result.ok and len(result.context) == steps
+
+    async def main() -> None:
+        one = flow if mode == "workflow" else direct
+        async with trioexec.open_executor(max_concurrent_tasks=limit) as ex:
+            for _ in range(rounds):
+                async with trio.open_nursery() as nursery:
+                    for _ in range(runs):
+                        nursery.start_soon(one, ex)
+
+    out: Result = {}
+    with stopwatch(out):
+        trio.run(main)
+    if complete != runs * rounds:
+        raise RuntimeError(f"{complete} of {runs * rounds} chains completed every step")
+    out["us_per_step"] = out["seconds"] * 1e6 / (runs * rounds * steps)
+    return out
+
+
+@case
+def parked_throughput(n: int, parked: int, limit: int = SLOTS) -> Result:
+    """Scenario 10: n no-op tasks through ``await ex.submit`` while ``parked`` other
+    tasks of the same executor sit in ``handle.defer_until(event)``. The clock runs
+    from the first submission to the last no-op's completion. ``queue_capacity`` is
+    ``parked`` + the default 1,024, so the no-op tasks find the same room either way."""
+    out: Result = {}
+
+    async def main() -> None:
+        ev, all_done = trio.Event(), trio.Event()
+        done = 0
+
+        async def one(handle: trioexec.TaskHandle) -> None:
+            await handle.defer_until(ev)
+
+        async def counted() -> None:  # a no-op that notices the last one
+            nonlocal done
+            done += 1
+            if done == n:
+                all_done.set()
+
+        async with trioexec.open_executor(
+            max_concurrent_tasks=limit, queue_capacity=parked + 1024
+        ) as ex:
+            for _ in range(parked):
+                await ex.submit(one)
+            await wait_until_deferred(ex, parked)
+            with stopwatch(out):
+                for _ in range(n):
+                    await ex.submit(counted)
+                await all_done.wait()
+            out["deferred_meanwhile"] = ex.statistics().deferred_count
+            ev.set()
+        out["completed"] = ex.statistics().completed_count
+
+    trio.run(main)
+    if out["completed"] != n + parked or out["deferred_meanwhile"] != parked:
+        raise RuntimeError(f"{out['completed']} of {n} + {parked} tasks completed")
+    return out
+
+
+@case
+def store_backlog(n: int, limit: int, store: bool = True) -> Result:
+    """Scenario 11: n no-op tasks submitted as fast as ``await ex.submit`` goes
+    (``queue_capacity`` n, so only the store's back-pressure can hold the submitter),
+    then drained (leaving the executor flushes the store): peak RSS."""
+    out: Result = {}
+
+    async def main(st: trioexec.SQLiteStore | None) -> None:
+        async with trioexec.open_executor(
+            max_concurrent_tasks=limit, queue_capacity=n, store=st
+        ) as ex:
+            t0 = time.perf_counter()
+            for _ in range(n):
+                await ex.submit(noop)
+            out["submit_s"] = time.perf_counter() - t0
+        stats = ex.statistics()
+        out.update(completed=stats.completed_count, max_outstanding=stats.max_outstanding_count)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        if store:
+            with trioexec.SQLiteStore(os.path.join(tmp, "bench.db")) as st, stopwatch(out):
+                trio.run(main, st)
+        else:
+            with stopwatch(out):
+                trio.run(main, None)
+    if out["completed"] != n:
+        raise RuntimeError(f"{out['completed']} of {n} tasks completed")
+    return out
+
+
 def child(name: str, raw_args: list[str]) -> None:
     """Run one case in this (fresh) process and print its result as one JSON line."""
     kwargs = {}
@@ -509,6 +721,11 @@ class Sizes:
     sqlite_batches: int
     claims_n: int  # scenario 7
     scaling_ns: tuple[int, ...]  # scenario 8 (10k is the reference; the last is compared)
+    chain_runs: int  # scenario 9: chains started at once ...
+    chain_rounds: int  # ... this many times over
+    parked_tasks: int  # scenario 10: deferred meanwhile ...
+    parked_noops: int  # ... while this many no-op tasks run
+    backlog_n: int  # scenario 11
 
 
 FULL = Sizes(
@@ -524,6 +741,11 @@ FULL = Sizes(
     sqlite_batches=100,
     claims_n=2_000,
     scaling_ns=(1_000, 10_000, 100_000, 1_000_000),
+    chain_runs=500,
+    chain_rounds=10,
+    parked_tasks=10_000,
+    parked_noops=100_000,
+    backlog_n=100_000,
 )
 QUICK = Sizes(
     overhead_n=20_000,
@@ -538,6 +760,11 @@ QUICK = Sizes(
     sqlite_batches=20,
     claims_n=300,
     scaling_ns=(1_000, 10_000, 100_000),
+    chain_runs=500,
+    chain_rounds=4,
+    parked_tasks=10_000,
+    parked_noops=50_000,
+    backlog_n=100_000,  # the issue's size: a smaller one would not test the bound
 )
 
 
@@ -554,6 +781,13 @@ BEST_BY = {
     "park_bare": "rss_parked_kb",
     "poll_loops": "cpu_s",
     "poll_defer": "cpu_s",
+    "journal_pool": "seconds",
+    "chain_steps": "seconds",
+    "parked_throughput": "seconds",
+}
+# ... and for these the run with the highest value (a bound must hold in the worst run).
+WORST_BY = {
+    "store_backlog": "peak_rss_kb",
 }
 
 
@@ -569,9 +803,9 @@ class Runner:
         if key not in self._cache:
             label = " ".join([name, *(f"{k}={v}" for k, v in kwargs.items())])
             args = [f"--arg={k}={json.dumps(v)}" for k, v in kwargs.items()]
-            best_by = BEST_BY.get(name)
+            best_by, worst_by = BEST_BY.get(name), WORST_BY.get(name)
             runs = []
-            for _ in range(self.repeat if best_by else 1):
+            for _ in range(self.repeat if best_by or worst_by else 1):
                 t0 = time.perf_counter()
                 stdout = run_subprocess([sys.executable, str(HERE), "--case", name, *args], label)
                 lines = [line for line in stdout.splitlines() if line.startswith("{")]
@@ -579,7 +813,11 @@ class Runner:
                     raise CaseFailed(f"{label}: no result printed")
                 runs.append(json.loads(lines[-1]))
                 log(f"  {label}: {time.perf_counter() - t0:.1f} s")
-            self._cache[key] = min(runs, key=lambda r: r[best_by]) if best_by else runs[0]
+            if best_by:
+                runs.sort(key=lambda r: r[best_by])
+            elif worst_by:
+                runs.sort(key=lambda r: r[worst_by], reverse=True)
+            self._cache[key] = runs[0]
         return self._cache[key]
 
 
@@ -603,8 +841,13 @@ def rnd(x: float, digits: int = 3) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def ratio(what: str, value: float, target: str, met: bool | None) -> Result:
-    return {"what": what, "ratio": rnd(value), "target": target, "met": met}
+def ratio(what: str, value: float, target: str, met: bool | None, unit: str = "x") -> Result:
+    """One row of the table: a same-run ratio (``unit`` "x"), or, where a ratio is not
+    natural, a figure in ``unit`` (e.g. "MB") with its own target."""
+    row = {"what": what, "ratio": rnd(value), "target": target, "met": met}
+    if unit != "x":
+        row["unit"] = unit
+    return row
 
 
 def finish(number: int, name: str, target: str, ratios: list[Result], **figures: Any) -> Result:
@@ -792,6 +1035,24 @@ def scenario_6(run: Runner, sizes: Sizes) -> Result:
         }
         r = memory["seconds"] / stored["seconds"]
         ratios.append(ratio(f"limit {limit}: SQLiteStore vs no store", r, ">= 0.5x", r >= 0.5))
+    # The hand-written pool that journals each task to a writer thread (issue 15).
+    lim = JOURNAL_POOL_LIMIT
+    stored = run("executor", n=n, limit=lim, store=True)
+    journal = run("journal_pool", n=n, limit=lim)
+    pool = run("channel_pool", n=n, limit=lim)
+    figures["journal_pool"] = {
+        "limit": lim,
+        "tasks_per_s": round(n / journal["seconds"]),
+        "channel_pool_tasks_per_s": round(n / pool["seconds"]),
+        "writer_batches": journal["batches"],
+        "peak_rss_mb": mb(journal["peak_rss_kb"]),
+    }
+    r = journal["seconds"] / stored["seconds"]
+    what = f"limit {lim}: trioexec with SQLiteStore vs hand-written journaling pool"
+    ratios.append(ratio(what, r, ">= 1.2x", r >= 1.2))
+    r = pool["seconds"] / journal["seconds"]
+    what = f"limit {lim}: journaling pool vs channel pool (no journal)"
+    ratios.append(ratio(what, r, "context", None))
     raw = run("sqlite_raw", single=sizes.sqlite_single, batches=sizes.sqlite_batches)
     batch_gain = raw["batched_rows_per_s"] / raw["single_txn_per_s"]
     ratios.append(
@@ -800,7 +1061,8 @@ def scenario_6(run: Runner, sizes: Sizes) -> Result:
     return finish(
         6,
         "persistence",
-        "throughput with SQLiteStore >= 0.5x of the same without a store",
+        "throughput with SQLiteStore >= 0.5x of the same without a store, "
+        f">= 1.2x of a hand-written journaling pool (limit {JOURNAL_POOL_LIMIT})",
         ratios,
         tasks=n,
         **figures,
@@ -859,6 +1121,96 @@ def scenario_8(run: Runner, sizes: Sizes) -> Result:
     )
 
 
+def scenario_9(run: Runner, sizes: Sizes) -> Result:
+    runs, rounds = sizes.chain_runs, sizes.chain_rounds
+    common = {"runs": runs, "rounds": rounds, "steps": CHAIN_STEPS}
+    direct = run("chain_steps", mode="direct", **common)
+    flow = run("chain_steps", mode="workflow", **common)
+    r = flow["us_per_step"] / direct["us_per_step"]
+    return finish(
+        9,
+        "workflow steps",
+        "time per workflow step <= 1.5x per ex.run of the same spec",
+        [
+            ratio(
+                f"{CHAIN_STEPS}-step chain x {runs}: workflow step vs ex.run of the spec",
+                r,
+                "<= 1.5x",
+                r <= 1.5,
+            )
+        ],
+        chains_at_once=runs,
+        rounds=rounds,
+        steps=CHAIN_STEPS,
+        limit=SLOTS,
+        workflow_us_per_step=rnd(flow["us_per_step"]),
+        direct_us_per_step=rnd(direct["us_per_step"]),
+        workflow_overhead_us_per_step=rnd(flow["us_per_step"] - direct["us_per_step"]),
+        workflow_peak_rss_mb=mb(flow["peak_rss_kb"]),
+        direct_peak_rss_mb=mb(direct["peak_rss_kb"]),
+    )
+
+
+def scenario_10(run: Runner, sizes: Sizes) -> Result:
+    n, k = sizes.parked_noops, sizes.parked_tasks
+    parked = run("parked_throughput", n=n, parked=k)
+    alone = run("parked_throughput", n=n, parked=0)
+    r = alone["seconds"] / parked["seconds"]
+    return finish(
+        10,
+        "throughput beside deferred tasks",
+        f"no-op throughput with {k:,} tasks deferred >= 0.95x of none deferred",
+        [ratio(f"{k // 1000}k deferred: no-op tasks/s vs none deferred", r, ">= 0.95x", r >= 0.95)],
+        tasks=n,
+        deferred=k,
+        limit=SLOTS,
+        tasks_per_s_deferred=round(n / parked["seconds"]),
+        tasks_per_s_alone=round(n / alone["seconds"]),
+        cpu_s_deferred=rnd(parked["cpu_s"]),
+        cpu_s_alone=rnd(alone["cpu_s"]),
+        peak_rss_mb_deferred=mb(parked["peak_rss_kb"]),
+    )
+
+
+def scenario_11(run: Runner, sizes: Sizes) -> Result:
+    n = sizes.backlog_n
+    base = run("baseline")["peak_rss_kb"]
+    stored = run("store_backlog", n=n, limit=BACKLOG_LIMIT)
+    plain = run("store_backlog", n=n, limit=BACKLOG_LIMIT, store=False)
+    growth, plain_growth = mb(stored["peak_rss_kb"] - base), mb(plain["peak_rss_kb"] - base)
+    return finish(
+        11,
+        "store backlog memory",
+        f"peak RSS growth with a SQLiteStore at {n:,} submitted tasks <= 32 MB",
+        [
+            ratio(
+                f"{n // 1000}k submitted, SQLiteStore: peak RSS over bare process",
+                growth,
+                "<= 32 MB",
+                growth <= 32,
+                unit="MB",
+            ),
+            ratio(
+                f"{n // 1000}k submitted, no store: peak RSS over bare process",
+                plain_growth,
+                "context",
+                None,
+                unit="MB",
+            ),
+        ],
+        tasks=n,
+        limit=BACKLOG_LIMIT,
+        queue_capacity=n,
+        baseline_rss_mb=mb(base),
+        sqlite_peak_rss_mb=mb(stored["peak_rss_kb"]),
+        no_store_peak_rss_mb=mb(plain["peak_rss_kb"]),
+        sqlite_submit_s=rnd(stored["submit_s"]),
+        sqlite_total_s=rnd(stored["seconds"]),
+        no_store_total_s=rnd(plain["seconds"]),
+        max_outstanding=stored["max_outstanding"],
+    )
+
+
 SCENARIOS: dict[int, tuple[str, Callable[[Runner, Sizes], Result]]] = {
     1: ("executor overhead", scenario_1),
     2: ("deferral effectiveness", scenario_2),
@@ -868,10 +1220,93 @@ SCENARIOS: dict[int, tuple[str, Callable[[Runner, Sizes], Result]]] = {
     6: ("persistence", scenario_6),
     7: ("durable claims", scenario_7),
     8: ("scaling", scenario_8),
+    9: ("workflow steps", scenario_9),
+    10: ("throughput beside deferred tasks", scenario_10),
+    11: ("store backlog memory", scenario_11),
 }
 
 
-def print_table(results: list[Result]) -> None:
+def read_proc(path: str, key: str) -> str | None:
+    """The value of the first ``key: value`` line of a /proc file, or None."""
+    try:
+        with open(path) as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip() == key:
+                    return value.strip()
+    except OSError:
+        pass
+    return None
+
+
+def machine() -> Result:
+    """What the figures were measured on."""
+    mem_kb = read_proc("/proc/meminfo", "MemTotal")
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        usable = os.cpu_count()
+    return {
+        "cpus": os.cpu_count(),
+        "cpus_usable": usable,
+        "cpu_model": read_proc("/proc/cpuinfo", "model name") or platform.processor() or None,
+        "memory_gib": round(int(mem_kb.split()[0]) / 2**20, 1) if mem_kb else None,
+        "os": f"{platform.system()} {platform.release()}",
+        "python": f"{platform.python_implementation()} {platform.python_version()}",
+        "trio": trio.__version__,
+        "sqlite": sqlite3.sqlite_version,
+    }
+
+
+def git_commit() -> str:
+    """``git rev-parse --short HEAD``, plus "+dirty" if trioexec/ has uncommitted changes
+    (untracked files included); "unknown" outside a git checkout."""
+    root = HERE.parent.parent
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", *args], cwd=root, capture_output=True, text=True, check=True, timeout=30
+        ).stdout.strip()
+
+    try:
+        commit = git("rev-parse", "--short", "HEAD")
+        dirty = git("status", "--porcelain", "--", "trioexec")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("+dirty" if dirty else "")
+
+
+def code_fingerprint() -> str:
+    """HEAD and the uncommitted diff of trioexec/: tells whether the code under test
+    changed while the suite ran (every case imports it afresh)."""
+    try:
+        proc = subprocess.run(
+            ["git", "diff", "HEAD", "--", "trioexec"],
+            cwd=HERE.parent.parent,
+            capture_output=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return git_commit() + hashlib.sha1(proc.stdout).hexdigest()
+
+
+def describe(info: Result) -> str:
+    m = info["machine"]
+    cpus = f"{m['cpus']} CPUs" + (
+        f" ({m['cpus_usable']} usable)" if m["cpus_usable"] != m["cpus"] else ""
+    )
+    lines = [
+        f"machine: {cpus}, {m['cpu_model'] or 'unknown CPU'}, {m['memory_gib']} GiB, {m['os']}, "
+        f"{m['python']}, trio {m['trio']}, SQLite {m['sqlite']}",
+        f"commit:  {info['commit']}",
+    ]
+    if info.get("code_changed_during_run"):
+        lines.append("WARNING: trioexec/ changed while the suite ran; cases saw different code")
+    return "\n".join(lines)
+
+
+def print_table(results: list[Result], info: Result) -> None:
     rows = [("#", "what", "ratio", "target", "met")]
     for res in results:
         if "error" in res:
@@ -879,9 +1314,16 @@ def print_table(results: list[Result]) -> None:
             continue
         for r in res["ratios"]:
             met = {True: "yes", False: "NO", None: "-"}[r["met"]]
-            value = f"{r['ratio']:.2f}x" if r["target"] != "-" else f"{r['ratio']:,.0f}"
+            if r["target"] == "-":
+                value = f"{r['ratio']:,.0f}"
+            elif "unit" in r:
+                value = f"{r['ratio']:.1f} {r['unit']}"
+            else:
+                value = f"{r['ratio']:.2f}x"
             rows.append((str(res["scenario"]), r["what"], value, r["target"], met))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    print()
+    print(describe(info))
     print()
     for i, row in enumerate(rows):
         cells = [row[0].rjust(widths[0]), row[1].ljust(widths[1]), row[2].rjust(widths[2])]
@@ -924,6 +1366,8 @@ def main(argv: list[str] | None = None) -> int:
     run = Runner(max(1, repeat))
     results: list[Result] = []
     crashed = False
+    info: Result = {"machine": machine(), "commit": git_commit()}
+    fingerprint = code_fingerprint()
     t0 = time.perf_counter()
     for number in args.only or sorted(SCENARIOS):
         name, scenario = SCENARIOS[number]
@@ -937,12 +1381,20 @@ def main(argv: list[str] | None = None) -> int:
             log(f"  CRASHED: {error}")
         results.append(result)
         print(json.dumps(result), flush=True)
-    print_table(results)
-    print(
-        f"\n{'quick' if args.quick else 'full'} run: {time.perf_counter() - t0:.0f} s", flush=True
-    )
+    seconds = time.perf_counter() - t0
+    if code_fingerprint() != fingerprint:
+        info["code_changed_during_run"] = True
+    print_table(results, info)
+    print(f"\n{'quick' if args.quick else 'full'} run: {seconds:.0f} s", flush=True)
     if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
+        document = {
+            **info,
+            "mode": "quick" if args.quick else "full",
+            "repeat": repeat,
+            "seconds": round(seconds),
+            "results": results,
+        }
+        args.json.write_text(json.dumps(document, indent=2) + "\n")
     return 1 if crashed else 0
 
 
