@@ -191,6 +191,16 @@ def docs(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """The performance suite: every figure a ratio against a baseline measured in
     the same run (never a pass/fail gate). ``nox -s bench -- --quick`` for a smoke
-    run; other arguments (``--only 1,3``, ``--repeat 2``, ``--json PATH``) pass on."""
+    run; other arguments (``--only 1,3``, ``--repeat 2``, ``--json PATH``) pass on.
+    ``--write-docs``: also write the run into docs/benchmarks.md (benchmarks/render.py)."""
     session.install("-e", ".")
-    session.run("python", str(HERE / "benchmarks" / "suite.py"), *session.posargs)
+    args = list(session.posargs)
+    write_docs = "--write-docs" in args
+    if write_docs:
+        args.remove("--write-docs")
+        if "--json" not in args:
+            args += ["--json", str(pathlib.Path(session.create_tmp()) / "bench.json")]
+    session.run("python", str(HERE / "benchmarks" / "suite.py"), *args)
+    if write_docs:
+        results = args[args.index("--json") + 1]
+        session.run("python", str(HERE / "benchmarks" / "render.py"), results)
