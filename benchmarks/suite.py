@@ -127,6 +127,18 @@ def stopwatch(out: Result) -> Iterator[None]:
     out["cpu_s"] = time.process_time() - c0
 
 
+def run_timed(main: Any, store: bool, out: Result) -> None:
+    """``trio.run(main, st)`` under the stopwatch: ``st`` a fresh SQLiteStore in a
+    temporary directory if ``store``, else None."""
+    with tempfile.TemporaryDirectory() as tmp:
+        if store:
+            with trioexec.SQLiteStore(os.path.join(tmp, "bench.db")) as st, stopwatch(out):
+                trio.run(main, st)
+        else:
+            with stopwatch(out):
+                trio.run(main, None)
+
+
 def spin(iterations: int) -> int:
     """A short CPU-bound loop (no await): the compute part of scenario 2."""
     x = 0
@@ -220,13 +232,7 @@ def executor(n: int, limit: int, store: bool = False) -> Result:
                 await ex.submit(noop)
         out["completed"] = ex.statistics().completed_count
 
-    with tempfile.TemporaryDirectory() as tmp:
-        if store:
-            with trioexec.SQLiteStore(os.path.join(tmp, "bench.db")) as st, stopwatch(out):
-                trio.run(main, st)
-        else:
-            with stopwatch(out):
-                trio.run(main, None)
+    run_timed(main, store, out)
     if out["completed"] != n:
         raise RuntimeError(f"{out['completed']} of {n} tasks completed")
     return out
@@ -673,13 +679,7 @@ def store_backlog(n: int, limit: int, store: bool = True) -> Result:
         stats = ex.statistics()
         out.update(completed=stats.completed_count, max_outstanding=stats.max_outstanding_count)
 
-    with tempfile.TemporaryDirectory() as tmp:
-        if store:
-            with trioexec.SQLiteStore(os.path.join(tmp, "bench.db")) as st, stopwatch(out):
-                trio.run(main, st)
-        else:
-            with stopwatch(out):
-                trio.run(main, None)
+    run_timed(main, store, out)
     if out["completed"] != n:
         raise RuntimeError(f"{out['completed']} of {n} tasks completed")
     return out
