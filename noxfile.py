@@ -204,3 +204,14 @@ def bench(session: nox.Session) -> None:
     if write_docs:
         results = args[args.index("--json") + 1]
         session.run("python", str(HERE / "benchmarks" / "render.py"), results)
+
+
+@nox.session(python=PYTHON)
+def bench_peers(session: nox.Session) -> None:
+    """trioexec beside its peers (aiometer, anyio, asyncio, Huey, DBOS) on the same
+    machine in the same run, for context (never a pass/fail gate): installs the
+    ``bench`` extra and runs benchmarks/peers.py. ``nox -s bench_peers -- --quick``
+    for a smoke run; ``--repeat R``, ``--json PATH`` pass on; ``--write-docs`` also
+    writes the run into docs/benchmarks.md (the ``peers:`` block)."""
+    session.install("-e", ".[bench]")
+    session.run("python", str(HERE / "benchmarks" / "peers.py"), *session.posargs)
