@@ -362,3 +362,47 @@ async def test_recovery_keeps_to_the_admission_bound(make_store, autojump_clock)
                 assert ex.statistics().max_outstanding_count <= 4
     assert ex.statistics().completed_count == 20
     assert trio.current_time() < 30  # passes come back as room frees, not every lease
+
+
+async def test_the_writer_gathers_a_batch_unless_someone_waits(make_store, mock_clock):
+    """Group commit: nobody waiting, the journal gathers changes for
+    GATHER_SECONDS into one transaction; a waiter on a completion (or a flush)
+    has it written at once, without the clock moving."""
+    from trioexec import _journal
+
+    store = make_store()
+    batches: list[int] = []
+    write = store.write
+
+    def counting_write(changes):
+        batches.append(len(changes))
+        return write(changes)
+
+    store.write = counting_write
+
+    async def noop():
+        pass
+
+    async with open_executor(max_concurrent_tasks=2, store=store) as ex:
+        await trio.testing.wait_all_tasks_blocked()
+        before = list(batches)  # (the executor's own records, if any)
+        refs = [await ex.submit(noop) for _ in range(10)]
+        await trio.testing.wait_all_tasks_blocked()
+        assert batches == before  # gathering: nothing written, the clock stands still
+        assert store.execution(refs[0].task_id) is None
+        mock_clock.jump(_journal.GATHER_SECONDS)
+        await trio.testing.wait_all_tasks_blocked()
+        assert batches[len(before) :] == [30]  # submit, start, finish of ten: one batch
+        assert store.execution(refs[9].task_id).status is TaskStatus.COMPLETED
+
+        ref = await ex.submit(noop)
+        start = trio.current_time()
+        completion = await ref.wait()  # durable at once: a waiter hurries the writer
+        assert completion.status is TaskStatus.COMPLETED
+        assert trio.current_time() == start
+        assert store.execution(ref.task_id).status is TaskStatus.COMPLETED
+
+        await ex.submit(noop)
+        await ex.flush()  # so does a flush
+        assert trio.current_time() == start
+        assert sum(batches) - sum(before) == 30 + 3 + 3

@@ -30,6 +30,15 @@ if TYPE_CHECKING:
 # changes per accepted task (~200 bytes each).
 JOURNAL_LIMIT = 50_000
 
+# Group commit: while nobody waits for a completion to be durable, the writer
+# gathers changes for up to this long (or this many) before a transaction.
+# Every batch is a round trip to a worker thread and a few hand-overs of the
+# GIL, which cost the Trio thread far more than the rows themselves; a waiter
+# (`hurry`) or a backlog ends the gathering at once.
+GATHER_SECONDS = 0.005
+GATHER_CHANGES = 4096
+_NEVER = 1 << 62
+
 
 @final
 class Journal:
@@ -47,7 +56,11 @@ class Journal:
         self.failure: StoreError | None = None  # the store failed: nothing more is written
         self.limit = JOURNAL_LIMIT  # (tests lower it)
         self.on_written: Callable[[list[Any], list[str]], None] = lambda notify, fenced: None
-        self._writer_idle = trio.lowlevel.ParkingLot()
+        self._writer_lot = trio.lowlevel.ParkingLot()
+        # `append` wakes the parked writer once this many changes wait: 1 while it
+        # is idle, a full batch while it gathers, never while it writes.
+        self._wake_at = _NEVER
+        self._hurry = False  # someone waits for a change to be durable
         self._flushers = trio.lowlevel.ParkingLot()
         self._lock = trio.Lock()  # one call at a time: writer, heartbeat, recovery, close
         self._appended = 0  # changes appended so far
@@ -55,10 +68,20 @@ class Journal:
 
     def append(self, change: Change) -> None:
         """Journal one change (never blocks)."""
-        self.changes.append(change)
+        changes = self.changes
+        changes.append(change)
         self._appended += 1
-        if self._writer_idle:
-            self._writer_idle.unpark()
+        if len(changes) >= self._wake_at:
+            self._wake_at = _NEVER
+            self._writer_lot.unpark()
+
+    def hurry(self) -> None:
+        """Someone waits for what is journaled to be durable: write it now."""
+        if not self._hurry:
+            self._hurry = True
+            if self._wake_at != _NEVER:
+                self._wake_at = _NEVER
+                self._writer_lot.unpark()
 
     @property
     def backlogged(self) -> bool:
@@ -69,9 +92,19 @@ class Journal:
         """The writer task: write each accumulated batch, forever."""
         while True:
             if not self.changes:
-                await self._writer_idle.park()
+                await self._park_writer(1)
                 continue
+            if not self._hurry and len(self.changes) < GATHER_CHANGES and not self.backlogged:
+                with trio.move_on_after(GATHER_SECONDS):
+                    await self._park_writer(min(GATHER_CHANGES, max(1, self.limit // 2)))
             await self.write()
+
+    async def _park_writer(self, wake_at: int) -> None:
+        self._wake_at = wake_at
+        try:
+            await self._writer_lot.park()
+        finally:
+            self._wake_at = _NEVER
 
     async def write(self) -> None:
         """Hand everything journaled so far to the store in one transaction."""
@@ -79,6 +112,7 @@ class Journal:
         async with self._lock:
             batch, self.changes = self.changes, []
             notify, self.notify = self.notify, []
+            self._hurry = False
             if not batch:
                 return
             try:
@@ -120,6 +154,7 @@ class Journal:
         while self._durable < target:
             if self.failure is not None:
                 raise self.failure_error()
+            self.hurry()
             await self._flushers.park()
         await trio.lowlevel.checkpoint()
 

@@ -71,6 +71,7 @@ class Lifecycle:
         self._events = events
         self._owner_id = owner_id
         self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
+        self._idle_waiting = 0  # parked in it (a ParkingLot's truth is a Python call)
 
     # ------------------------------------------------------------ accepted
 
@@ -257,12 +258,14 @@ class Lifecycle:
                 # execution's, so a crash cannot leave one without the other.
                 self.runs.step_completed(job)
             journal.notify.append(job)
+            if job.done is not None:
+                journal.hurry()  # someone waits for it
             if not self.space_freed.is_set():
                 self.space_freed.set()  # (recovery only happens with a store)
         if freed and self._gate.has_waiters:
             # Hand the freed place to the longest-waiting BLOCK submitter.
             self._gate.wake_next(handing_place=True)
-        if self._idle_lot and self.is_idle():
+        if self._idle_waiting and self.is_idle():
             self._idle_lot.unpark_all()
         if status is TaskStatus.FAILED or status is TaskStatus.TIMED_OUT:
             self._events.publish(
@@ -379,12 +382,16 @@ class Lifecycle:
             await trio.lowlevel.checkpoint()
             return
         while not self.is_idle() and self.failure is None:
-            await self._idle_lot.park()
+            self._idle_waiting += 1
+            try:
+                await self._idle_lot.park()
+            finally:
+                self._idle_waiting -= 1
 
     def maybe_idle(self) -> None:
         """Something other than a task ended (a run, the store): wake the
         `wait_for_idle` callers if that was the last of it."""
-        if self._idle_lot and self.is_idle():
+        if self._idle_waiting and self.is_idle():
             self._idle_lot.unpark_all()
 
     def wake_all_waiters(self) -> None:
@@ -395,6 +402,11 @@ class Lifecycle:
             if job.done is not None:
                 job.done.set()
         self._idle_lot.unpark_all()
+
+    def hurry(self) -> None:
+        """Someone waits for a completion: the journal writes without gathering."""
+        if self.journal is not None:
+            self.journal.hurry()
 
     @property
     def failure(self) -> StoreError | None:

@@ -32,6 +32,8 @@ class Owner(Protocol):
     @property
     def failure(self) -> StoreError | None: ...
     def failure_error(self) -> StoreError: ...
+    def hurry(self) -> None:
+        """Someone waits for a completion to be durable."""
 
 
 @final
@@ -162,6 +164,8 @@ class TaskRef:
             if owner.failure is None:
                 if job.done is None:
                     job.done = trio.Event()
+                if job.pending_ack and job.ended:
+                    owner.hurry()  # finished, not durable yet: no gathering for it
                 await job.done.wait()
             else:
                 await trio.lowlevel.checkpoint()
