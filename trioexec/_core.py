@@ -173,6 +173,7 @@ class ExecutorCore:
         self._last_fn: object = None
         self._last_info = CallInfo(True, None)
         self._last_name = ""
+        self._last_spec: TaskSpec | None = None
 
     # ------------------------------------------------------------ submission
 
@@ -191,29 +192,29 @@ class ExecutorCore:
         self.tally.submitted_count += 1
         if self.shutdown.closing:
             self.shutdown.check_open(run_id is not None)
-        if not callable(fn):
-            raise TypeError(f"submit needs a callable, got {fn!r}")
         if fn is not self._last_fn:  # producers tend to submit one function many times
+            if not callable(fn):
+                raise TypeError(f"submit needs a callable, got {fn!r}")
             self._last_info = call_info(fn)
             self._last_name = _describe(fn)
+            self._last_spec = fn if isinstance(fn, TaskSpec) else None
             self._last_fn = fn
         info = self._last_info
         position = info.handle_position
         if position is not None and len(args) > position:
             info = info.for_args(args)  # the caller passes that argument: no handle
-        if isinstance(fn, TaskSpec):
-            timeout = fn.timeout if timeout is None else timeout
-            budget = fn.budget if budget is None else budget
-        if timeout is not None:
-            check_seconds("timeout", timeout)
-        if budget is not None:
-            check_seconds("budget", budget)
-        if name is not None:
-            check_id("name", name)
-        if correlation_id is not None:
-            check_id("correlation_id", correlation_id)
-        if task_id is not None:
-            self._check_new_task_id(task_id)
+        spec = self._last_spec
+        if spec is not None:
+            timeout = spec.timeout if timeout is None else timeout
+            budget = spec.budget if budget is None else budget
+        if not (
+            timeout is None
+            and budget is None
+            and name is None
+            and correlation_id is None
+            and task_id is None
+        ):
+            self._check_options(timeout, budget, name, correlation_id, task_id)
         causation_id = None
         parent = current_job()
         if parent is not None:
@@ -236,12 +237,31 @@ class ExecutorCore:
             self.wall(),
             self.journal is not None,
             # One plain async call (no retries, timeout or budget): the workers' fast path.
-            info.is_async and timeout is None and budget is None and not isinstance(fn, TaskSpec),
+            info.is_async and timeout is None and budget is None and spec is None,
             run_id,
         )
         if task_id is not None:
             self.lifecycle.track_named(job)
         return job
+
+    def _check_options(
+        self,
+        timeout: float | None,
+        budget: float | None,
+        name: str | None,
+        correlation_id: str | None,
+        task_id: str | None,
+    ) -> None:
+        if timeout is not None:
+            check_seconds("timeout", timeout)
+        if budget is not None:
+            check_seconds("budget", budget)
+        if name is not None:
+            check_id("name", name)
+        if correlation_id is not None:
+            check_id("correlation_id", correlation_id)
+        if task_id is not None:
+            self._check_new_task_id(task_id)
 
     def _check_new_task_id(self, task_id: str) -> None:
         """A caller-chosen task id must be new: not live here, not in the store
