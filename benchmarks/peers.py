@@ -402,7 +402,8 @@ DURABLE = [
     Row(
         "trioexec_store",
         "trioexec (context)",
-        "`await ex.submit` with a `SQLiteStore`: an in-process journal, not a shared queue",
+        "`await ex.submit` with a `SQLiteStore` (jobs run while submitted): an in-process"
+        " journal, not a shared queue",
     ),
 ]
 REFERENCE = {"overhead": "channel_pool", "durable": "trioexec_durable"}
