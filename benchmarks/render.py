@@ -29,20 +29,23 @@ def render(run: dict[str, Any], when: str) -> str:
         "",
         f"Measured on {when} at commit `{run['commit']}` by `python benchmarks/suite.py"
         f"{' --quick' if run.get('mode') == 'quick' else ''}` "
-        f"(best of {run.get('repeat', '?')} per timed case, {round(run.get('seconds', 0))} s).",
+        f"(median of {run.get('repeat', '?')} interleaved rounds per timed case, "
+        f"{round(run.get('seconds', 0))} s; *rounds*: the ratio's lowest and highest round).",
         f"Machine: {m.get('cpus')} CPUs ({m.get('cpu_model')}), {m.get('memory_gib')} GiB, "
         f"{m.get('os')}, {m.get('python')}, trio {m.get('trio')}, SQLite {m.get('sqlite')}.",
         "",
-        "| # | what | value | target | met |",
-        "|---|---|---|---|---|",
+        "| # | what | value | rounds | target | met |",
+        "|---|---|---|---|---|---|",
     ]
     for result in run["results"]:
         for row in result["ratios"]:
             met = {True: "yes", False: "**no**", None: "-"}[row["met"]]
             unit = row.get("unit", "x")
             value = f"{row['ratio']:,}{'' if unit == 'x' else ' '}{unit}"
+            spread = "{}-{}".format(*row["spread"]) if "spread" in row else ""
             lines.append(
-                f"| {result['scenario']} | {row['what']} | {value} | {row['target']} | {met} |"
+                f"| {result['scenario']} | {row['what']} | {value} | {spread} "
+                f"| {row['target']} | {met} |"
             )
     lines += ["", "The figures behind them (same run):", ""]
     for result in run["results"]:

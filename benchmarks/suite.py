@@ -10,9 +10,12 @@ commit (``+dirty`` if trioexec/ has uncommitted changes; a warning if it changed
 while the suite ran). ``--json`` writes the same: ``{"machine", "commit", "mode",
 "repeat", "seconds", "results": [one object per scenario]}``. Speed never fails the
 run: the exit status is 1 only if a case crashed.
-``--repeat R`` runs every timed case R times and keeps its best run (default 3, or 1
-with ``--quick``): single runs on a shared 2-core machine swing by 30% or more.
-Scenario 11's case keeps its worst (highest peak RSS) run instead: a bound.
+``--repeat R`` runs every timed case R times and keeps its median run (default 3, or
+1 with ``--quick``): single runs on a shared 2-core machine swing by 30% or more.
+The cases a ratio compares run interleaved (round 1 of each, then round 2 of each,
+...), so a slow spell of the machine falls on all of them alike; each result's
+``rounds`` holds the figure of every round (the spread). Scenario 11's case keeps
+its worst (highest peak RSS) run instead: a bound.
 
 Scenarios (targets from the issue):
 
@@ -769,8 +772,9 @@ QUICK = Sizes(
 )
 
 
-# With --repeat R each case runs R times and the run with the lowest value of this
-# field is kept (best-of-R, as timeit does); cases not listed run once.
+# With --repeat R each case runs R times and the run with the median value of this
+# field is kept (its value in every round goes into "rounds"); cases not listed
+# run once.
 BEST_BY = {
     "baseline": "peak_rss_kb",
     "raw_limiter": "seconds",
@@ -793,33 +797,69 @@ WORST_BY = {
 
 
 class Runner:
-    """Runs cases in fresh subprocesses; a case with the same arguments runs once."""
+    """Runs cases in fresh subprocesses; a case with the same arguments runs once
+    (R rounds of it, see `interleave`).
+
+    A timed case keeps its median round (by its ``BEST_BY`` figure; scenario 11's
+    bound keeps its worst), and its result carries ``rounds``: that figure in
+    every round, for the spread. Cases compared with each other are run
+    interleaved (`interleave`): round 1 of each, then round 2 of each, ..., so a
+    slow spell of the shared machine falls on all of them alike.
+    """
 
     def __init__(self, repeat: int = 1) -> None:
         self.repeat = repeat
         self._cache: dict[tuple[str, str], Result] = {}
 
     def __call__(self, name: str, **kwargs: Any) -> Result:
-        key = (name, json.dumps(kwargs, sort_keys=True))
-        if key not in self._cache:
-            label = " ".join([name, *(f"{k}={v}" for k, v in kwargs.items())])
-            args = [f"--arg={k}={json.dumps(v)}" for k, v in kwargs.items()]
-            best_by, worst_by = BEST_BY.get(name), WORST_BY.get(name)
-            runs = []
-            for _ in range(self.repeat if best_by or worst_by else 1):
-                t0 = time.perf_counter()
-                stdout = run_subprocess([sys.executable, str(HERE), "--case", name, *args], label)
-                lines = [line for line in stdout.splitlines() if line.startswith("{")]
-                if not lines:
-                    raise CaseFailed(f"{label}: no result printed")
-                runs.append(json.loads(lines[-1]))
-                log(f"  {label}: {time.perf_counter() - t0:.1f} s")
-            if best_by:
-                runs.sort(key=lambda r: r[best_by])
-            elif worst_by:
-                runs.sort(key=lambda r: r[worst_by], reverse=True)
-            self._cache[key] = runs[0]
-        return self._cache[key]
+        self.interleave((name, kwargs))
+        return self._cache[_key(name, kwargs)]
+
+    def interleave(self, *cases: tuple[str, dict[str, Any]]) -> None:
+        """Run ``cases`` (name and arguments) round by round, unless run already."""
+        todo = []
+        for name, kwargs in cases:
+            key = _key(name, kwargs)
+            if key not in self._cache and all(key != _key(*c) for c in todo):
+                todo.append((name, kwargs))
+        timed = [c for c in todo if c[0] in BEST_BY or c[0] in WORST_BY]
+        runs: dict[tuple[str, str], list[Result]] = {_key(*c): [] for c in todo}
+        for round_ in range(self.repeat):
+            for name, kwargs in todo if round_ == 0 else timed:
+                runs[_key(name, kwargs)].append(self._once(name, kwargs))
+        for name, kwargs in todo:
+            self._cache[_key(name, kwargs)] = _pick(name, runs[_key(name, kwargs)])
+
+    @staticmethod
+    def _once(name: str, kwargs: dict[str, Any]) -> Result:
+        label = " ".join([name, *(f"{k}={v}" for k, v in kwargs.items())])
+        args = [f"--arg={k}={json.dumps(v)}" for k, v in kwargs.items()]
+        t0 = time.perf_counter()
+        stdout = run_subprocess([sys.executable, str(HERE), "--case", name, *args], label)
+        lines = [line for line in stdout.splitlines() if line.startswith("{")]
+        if not lines:
+            raise CaseFailed(f"{label}: no result printed")
+        log(f"  {label}: {time.perf_counter() - t0:.1f} s")
+        result: Result = json.loads(lines[-1])
+        return result
+
+
+def _key(name: str, kwargs: dict[str, Any]) -> tuple[str, str]:
+    return name, json.dumps(kwargs, sort_keys=True)
+
+
+def _pick(name: str, runs: list[Result]) -> Result:
+    """The round a timed case reports: its median (the worst, for a bound), with
+    the figure of every round in ``rounds``."""
+    by, worst = BEST_BY.get(name), False
+    if by is None:
+        by, worst = WORST_BY.get(name), True
+    if by is None:
+        return runs[0]
+    ranked = sorted(runs, key=lambda r: r[by])
+    chosen = dict(ranked[-1] if worst else ranked[(len(ranked) - 1) // 2])
+    chosen["rounds"] = [r[by] for r in runs]
+    return chosen
 
 
 def run_subprocess(argv: list[str], label: str) -> str:
@@ -842,13 +882,28 @@ def rnd(x: float, digits: int = 3) -> float:
     return float(f"{x:.{digits}g}")
 
 
-def ratio(what: str, value: float, target: str, met: bool | None, unit: str = "x") -> Result:
+def ratio(
+    what: str,
+    value: float,
+    target: str,
+    met: bool | None,
+    unit: str = "x",
+    rounds: list[float] | None = None,
+) -> Result:
     """One row of the table: a same-run ratio (``unit`` "x"), or, where a ratio is not
-    natural, a figure in ``unit`` (e.g. "MB") with its own target."""
-    row = {"what": what, "ratio": rnd(value), "target": target, "met": met}
+    natural, a figure in ``unit`` (e.g. "MB") with its own target. ``rounds``: the
+    ratio in each interleaved round, shown as the spread (min-max)."""
+    row: Result = {"what": what, "ratio": rnd(value), "target": target, "met": met}
     if unit != "x":
         row["unit"] = unit
+    if rounds and len(rounds) > 1:
+        row["spread"] = [rnd(min(rounds)), rnd(max(rounds))]
     return row
+
+
+def per_round(top: Result, bottom: Result) -> list[float]:
+    """top/bottom in each round of two interleaved cases (their ``rounds`` figures)."""
+    return [a / b for a, b in zip(top.get("rounds", []), bottom.get("rounds", []), strict=False)]
 
 
 def finish(number: int, name: str, target: str, ratios: list[Result], **figures: Any) -> Result:
@@ -873,6 +928,11 @@ def mb(kb: float) -> float:
 def scenario_1(run: Runner, sizes: Sizes) -> Result:
     n, ratios, figures = sizes.overhead_n, [], {}
     for limit in sizes.limits:
+        run.interleave(
+            ("executor", {"n": n, "limit": limit}),
+            ("raw_limiter", {"n": n, "limit": limit}),
+            ("channel_pool", {"n": n, "limit": limit}),
+        )
         ours = run("executor", n=n, limit=limit)
         raw = run("raw_limiter", n=n, limit=limit)
         pool = run("channel_pool", n=n, limit=limit)
@@ -893,7 +953,13 @@ def scenario_1(run: Runner, sizes: Sizes) -> Result:
         ratios += [
             ratio(f"limit {limit}: throughput vs raw nursery", speed, ">= 2.5x", speed >= 2.5),
             ratio(f"limit {limit}: peak RSS vs raw nursery", rss, "<= 0.25x", rss <= 0.25),
-            ratio(f"limit {limit}: throughput vs channel pool", vs_pool, ">= 1.0x", vs_pool >= 1.0),
+            ratio(
+                f"limit {limit}: throughput vs channel pool",
+                vs_pool,
+                ">= 1.0x",
+                vs_pool >= 1.0,
+                rounds=per_round(pool, ours),
+            ),
         ]
     base = run("baseline")["peak_rss_kb"]
     return finish(
@@ -958,6 +1024,7 @@ def scenario_2(run: Runner, sizes: Sizes) -> Result:
 def scenario_3(run: Runner, sizes: Sizes) -> Result:
     ratios, figures = [], {}
     for n in sizes.park_ns:
+        run.interleave(("park_defer", {"n": n}), ("park_hand", {"n": n}))
         ours, hand = run("park_defer", n=n), run("park_hand", n=n)
         ours_us, hand_us = ours["resume_s"] * 1e6 / n, hand["resume_s"] * 1e6 / n
         figures[f"n_{n}"] = {
@@ -970,7 +1037,15 @@ def scenario_3(run: Runner, sizes: Sizes) -> Result:
             "hand_peak_rss_mb": mb(hand["peak_rss_kb"]),
         }
         r = ours_us / hand_us
-        ratios.append(ratio(f"N={n}: wake+reclaim per task vs hand", r, "<= 1.3x", r <= 1.3))
+        ratios.append(
+            ratio(
+                f"N={n}: wake+reclaim per task vs hand",
+                r,
+                "<= 1.3x",
+                r <= 1.3,
+                rounds=per_round(ours, hand),
+            )
+        )
     return finish(
         3,
         "defer/resume cost",
@@ -1005,6 +1080,9 @@ def scenario_4(run: Runner, sizes: Sizes) -> Result:
 
 def scenario_5(run: Runner, sizes: Sizes) -> Result:
     n, seconds = sizes.poll_n, sizes.poll_seconds
+    run.interleave(
+        ("poll_defer", {"n": n, "seconds": seconds}), ("poll_loops", {"n": n, "seconds": seconds})
+    )
     ours, loops = run("poll_defer", n=n, seconds=seconds), run("poll_loops", n=n, seconds=seconds)
     ours_load, loops_load = ours["cpu_s"] / ours["seconds"], loops["cpu_s"] / loops["seconds"]
     r = ours_load / loops_load
@@ -1027,6 +1105,10 @@ def scenario_5(run: Runner, sizes: Sizes) -> Result:
 def scenario_6(run: Runner, sizes: Sizes) -> Result:
     n, ratios, figures = sizes.overhead_n, [], {}
     for limit in sizes.limits:
+        run.interleave(
+            ("executor", {"n": n, "limit": limit}),
+            ("executor", {"n": n, "limit": limit, "store": True}),
+        )
         memory = run("executor", n=n, limit=limit)
         stored = run("executor", n=n, limit=limit, store=True)
         figures[f"limit_{limit}"] = {
@@ -1035,9 +1117,22 @@ def scenario_6(run: Runner, sizes: Sizes) -> Result:
             "sqlite_peak_rss_mb": mb(stored["peak_rss_kb"]),
         }
         r = memory["seconds"] / stored["seconds"]
-        ratios.append(ratio(f"limit {limit}: SQLiteStore vs no store", r, ">= 0.8x", r >= 0.8))
+        ratios.append(
+            ratio(
+                f"limit {limit}: SQLiteStore vs no store",
+                r,
+                ">= 0.8x",
+                r >= 0.8,
+                rounds=per_round(memory, stored),
+            )
+        )
     # The hand-written pool that journals each task to a writer thread (issue 15).
     lim = JOURNAL_POOL_LIMIT
+    run.interleave(
+        ("executor", {"n": n, "limit": lim, "store": True}),
+        ("journal_pool", {"n": n, "limit": lim}),
+        ("channel_pool", {"n": n, "limit": lim}),
+    )
     stored = run("executor", n=n, limit=lim, store=True)
     journal = run("journal_pool", n=n, limit=lim)
     pool = run("channel_pool", n=n, limit=lim)
@@ -1050,7 +1145,7 @@ def scenario_6(run: Runner, sizes: Sizes) -> Result:
     }
     r = journal["seconds"] / stored["seconds"]
     what = f"limit {lim}: trioexec with SQLiteStore vs hand-written journaling pool"
-    ratios.append(ratio(what, r, ">= 1.2x", r >= 1.2))
+    ratios.append(ratio(what, r, ">= 1.2x", r >= 1.2, rounds=per_round(journal, stored)))
     r = pool["seconds"] / journal["seconds"]
     what = f"limit {lim}: journaling pool vs channel pool (no journal)"
     ratios.append(ratio(what, r, "context", None))
@@ -1125,6 +1220,10 @@ def scenario_8(run: Runner, sizes: Sizes) -> Result:
 def scenario_9(run: Runner, sizes: Sizes) -> Result:
     runs, rounds = sizes.chain_runs, sizes.chain_rounds
     common = {"runs": runs, "rounds": rounds, "steps": CHAIN_STEPS}
+    run.interleave(
+        ("chain_steps", {"mode": "direct", **common}),
+        ("chain_steps", {"mode": "workflow", **common}),
+    )
     direct = run("chain_steps", mode="direct", **common)
     flow = run("chain_steps", mode="workflow", **common)
     r = flow["us_per_step"] / direct["us_per_step"]
@@ -1138,6 +1237,7 @@ def scenario_9(run: Runner, sizes: Sizes) -> Result:
                 r,
                 "<= 1.5x",
                 r <= 1.5,
+                rounds=per_round(flow, direct),
             )
         ],
         chains_at_once=runs,
@@ -1154,6 +1254,9 @@ def scenario_9(run: Runner, sizes: Sizes) -> Result:
 
 def scenario_10(run: Runner, sizes: Sizes) -> Result:
     n, k = sizes.parked_noops, sizes.parked_tasks
+    run.interleave(
+        ("parked_throughput", {"n": n, "parked": k}), ("parked_throughput", {"n": n, "parked": 0})
+    )
     parked = run("parked_throughput", n=n, parked=k)
     alone = run("parked_throughput", n=n, parked=0)
     r = alone["seconds"] / parked["seconds"]
@@ -1161,7 +1264,15 @@ def scenario_10(run: Runner, sizes: Sizes) -> Result:
         10,
         "throughput beside deferred tasks",
         f"no-op throughput with {k:,} tasks deferred >= 0.95x of none deferred",
-        [ratio(f"{k // 1000}k deferred: no-op tasks/s vs none deferred", r, ">= 0.95x", r >= 0.95)],
+        [
+            ratio(
+                f"{k // 1000}k deferred: no-op tasks/s vs none deferred",
+                r,
+                ">= 0.95x",
+                r >= 0.95,
+                rounds=per_round(alone, parked),
+            )
+        ],
         tasks=n,
         deferred=k,
         limit=SLOTS,
@@ -1308,10 +1419,10 @@ def describe(info: Result) -> str:
 
 
 def print_table(results: list[Result], info: Result) -> None:
-    rows = [("#", "what", "ratio", "target", "met")]
+    rows = [("#", "what", "ratio", "rounds", "target", "met")]
     for res in results:
         if "error" in res:
-            rows.append((str(res["scenario"]), f"{res['name']}: CRASHED", "-", "-", "-"))
+            rows.append((str(res["scenario"]), f"{res['name']}: CRASHED", "-", "", "-", "-"))
             continue
         for r in res["ratios"]:
             met = {True: "yes", False: "NO", None: "-"}[r["met"]]
@@ -1321,14 +1432,15 @@ def print_table(results: list[Result], info: Result) -> None:
                 value = f"{r['ratio']:.1f} {r['unit']}"
             else:
                 value = f"{r['ratio']:.2f}x"
-            rows.append((str(res["scenario"]), r["what"], value, r["target"], met))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+            spread = "{:.2f}-{:.2f}".format(*r["spread"]) if "spread" in r else ""
+            rows.append((str(res["scenario"]), r["what"], value, spread, r["target"], met))
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
     print()
     print(describe(info))
     print()
     for i, row in enumerate(rows):
         cells = [row[0].rjust(widths[0]), row[1].ljust(widths[1]), row[2].rjust(widths[2])]
-        cells += [row[3].ljust(widths[3]), row[4]]
+        cells += [row[3].ljust(widths[3]), row[4].ljust(widths[4]), row[5]]
         print("  ".join(cells).rstrip())
         if i == 0:
             print("  ".join("-" * w for w in widths))
@@ -1352,7 +1464,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         metavar="R",
-        help="run each timed case R times, keep the best (default 3; 1 with --quick)",
+        help="run each timed case R times, interleaved; keep its median (default 3; 1 if --quick)",
     )
     parser.add_argument("--case", choices=sorted(CASES), help=argparse.SUPPRESS)
     parser.add_argument("--arg", action="append", default=[], help=argparse.SUPPRESS)

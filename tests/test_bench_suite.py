@@ -1,0 +1,64 @@
+"""benchmarks/suite.py's runner: interleaved rounds, the median kept, the spread."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "suite.py"
+
+
+@pytest.fixture
+def suite(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("bench_suite", SCRIPT)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_suite", module)  # dataclasses look it up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_rounds_are_interleaved_and_the_median_is_kept(
+    suite: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    order: list[tuple[str, Any]] = []
+    seconds = {"executor": iter([3.0, 1.0, 2.0]), "channel_pool": iter([5.0, 4.0, 6.0])}
+
+    def once(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        order.append((name, kwargs["n"]))
+        return {"seconds": next(seconds[name]), "peak_rss_kb": 1}
+
+    monkeypatch.setattr(suite.Runner, "_once", staticmethod(once))
+    run = suite.Runner(repeat=3)
+    run.interleave(("executor", {"n": 1}), ("channel_pool", {"n": 1}), ("executor", {"n": 1}))
+    assert order == [("executor", 1), ("channel_pool", 1)] * 3  # A B, A B, A B
+    ours, pool = run("executor", n=1), run("channel_pool", n=1)
+    assert len(order) == 6  # cached: not run again
+    assert (ours["seconds"], ours["rounds"]) == (2.0, [3.0, 1.0, 2.0])
+    assert (pool["seconds"], pool["rounds"]) == (5.0, [5.0, 4.0, 6.0])
+    assert suite.per_round(pool, ours) == [5 / 3, 4 / 1, 6 / 2]
+    row = suite.ratio("x", 2.5, ">= 1.0x", True, rounds=suite.per_round(pool, ours))
+    assert row["spread"] == [suite.rnd(5 / 3), 4.0]
+
+
+def test_a_bound_keeps_its_worst_round_and_untimed_cases_run_once(
+    suite: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    peaks = iter([10, 30, 20])
+    calls: list[str] = []
+
+    def once(name: str, kwargs: dict[str, Any]) -> dict[str, Any]:
+        calls.append(name)
+        return {"peak_rss_kb": next(peaks)} if name == "store_backlog" else {"rows": 1}
+
+    monkeypatch.setattr(suite.Runner, "_once", staticmethod(once))
+    run = suite.Runner(repeat=3)
+    assert run("store_backlog", n=1)["peak_rss_kb"] == 30
+    assert run("sqlite_raw", single=1) == {"rows": 1}
+    assert calls == ["store_backlog"] * 3 + ["sqlite_raw"]
