@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -392,7 +393,9 @@ async def test_the_writer_gathers_a_batch_unless_someone_waits(make_store, mock_
         assert store.execution(refs[0].task_id) is None
         mock_clock.jump(_journal.GATHER_SECONDS)
         await trio.testing.wait_all_tasks_blocked()
-        assert batches[len(before) :] == [30]  # submit, start, finish of ten: one batch
+        # One batch, one change per task: its submit, start and finish folded into
+        # one "row" while the batch gathered.
+        assert batches[len(before) :] == [10]
         assert store.execution(refs[9].task_id).status is TaskStatus.COMPLETED
 
         ref = await ex.submit(noop)
@@ -405,4 +408,34 @@ async def test_the_writer_gathers_a_batch_unless_someone_waits(make_store, mock_
         await ex.submit(noop)
         await ex.flush()  # so does a flush
         assert trio.current_time() == start
-        assert sum(batches) - sum(before) == 30 + 3 + 3
+        assert sum(batches) - sum(before) == 10 + 1 + 1
+
+
+def test_a_row_change_is_the_same_as_the_changes_folded_into_it(make_store):
+    """A "row" change (an execution with its next changes folded in by the
+    executor) leaves the store as the separate changes would."""
+    from trioexec._store._base import fold_row, submit_row
+
+    def changes(task_id):
+        submit = ("submit", task_id, 1, "job", None, "spec", "[1]", "me", 1.0)
+        return submit, [
+            ("start", task_id, 1, 1, 2.0),
+            ("sub", task_id, 1, SubStatus.DEFERRED, 3.0),
+            ("sub", task_id, 1, SubStatus.ACTIVE, None),
+            ("retry", task_id, 1, "boom"),
+            ("start", task_id, 1, 2, 4.0),
+            ("finish", task_id, 1, TaskStatus.FAILED, 5.0, "boom again"),
+        ]
+
+    store = make_store()
+    for cut in range(7):
+        submit, later = changes(f"apart-{cut}")
+        assert store.write([submit, *later]) == []
+        submit, later = changes(f"folded-{cut}")
+        row = submit_row(submit)
+        assert all(fold_row(row, change) for change in later[:cut])
+        before = list(row)
+        assert store.write([row, *later[cut:]]) == []  # type: ignore[list-item]
+        assert row == before  # the store folded the rest into a copy, not the executor's list
+        apart, folded = store.execution(f"apart-{cut}"), store.execution(f"folded-{cut}")
+        assert attrs.evolve(folded, task_id=apart.task_id) == apart, cut

@@ -138,7 +138,14 @@ async def test_a_completed_step_is_recorded_with_its_execution(store, autojump_c
 
     def spy(changes):
         fenced = original(changes)
-        kinds = {(c[0], c[3] if c[0] == "step" else None) for c in changes}
+        # (a "row" whose status is final: the execution, finish folded in)
+        kinds = {
+            (
+                "finish" if c[0] == "row" and c[4] not in ("pending", "running") else c[0],
+                c[3] if c[0] == "step" else None,
+            )
+            for c in changes
+        }
         snapshots.append(kinds)
         return fenced
 

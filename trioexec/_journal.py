@@ -63,6 +63,9 @@ class Journal:
         self._hurry = False  # someone waits for a change to be durable
         self._flushers = trio.lowlevel.ParkingLot()
         self._lock = trio.Lock()  # one call at a time: writer, heartbeat, recovery, close
+        # Batches taken so far: a "row" change journaled in the current one may
+        # still have the execution's next changes folded into it (`open_row`).
+        self.batch = 0
         self._appended = 0  # changes appended so far
         self._durable = 0  # changes committed so far
 
@@ -112,6 +115,7 @@ class Journal:
         async with self._lock:
             batch, self.changes = self.changes, []
             notify, self.notify = self.notify, []
+            self.batch += 1
             self._hurry = False
             if not batch:
                 return
@@ -134,6 +138,7 @@ class Journal:
         assert self.store.inline
         batch, self.changes = self.changes, []
         notify, self.notify = self.notify, []
+        self.batch += 1
         if batch:
             fenced = self.store.write(batch)
             self._durable += len(batch)

@@ -21,6 +21,18 @@ from ._events import EventStream, HealthEventKind
 from ._metrics import Tally
 from ._records import SubStatus, TaskStatus, safe_repr
 from ._spec import TaskSpec
+from ._store._base import (
+    LIVE,
+    R_ATTEMPT,
+    R_ERROR,
+    R_FINISHED,
+    R_SINCE,
+    R_STARTED,
+    R_STATUS,
+    R_SUB,
+    R_VERSION,
+    fold_row,
+)
 from ._taskref import Job
 
 if TYPE_CHECKING:
@@ -121,25 +133,41 @@ class Lifecycle:
         journal.append(change)
 
     def log_submit(self, job: Job) -> None:
+        """Journal a new execution as a "row" change, into which its next changes
+        are folded while the journal has not taken it (`_fold`)."""
+        journal = self.journal
+        assert journal is not None
         fn = job.fn
         spec_id = fn.id if isinstance(fn, TaskSpec) else None
         try:
             args = json.dumps(job.args) if spec_id is not None else None
         except (TypeError, ValueError):
             args = None  # not JSON: recorded, but recovery cannot re-create it
-        self.log(
-            (
-                "submit",
-                job.task_id,
-                job.version,
-                job.name,
-                job.run_id,
-                spec_id,
-                args,
-                self._owner_id,
-                job.submitted_at,
-            )
-        )
+        row: list[object] = [  # the store's "row" layout
+            "row", job.task_id, job.name, job.run_id, TaskStatus.PENDING, None, 0, 0,
+            self._owner_id, job.version, job.submitted_at, None, None, None, None, spec_id, args,
+        ]  # fmt: skip
+        job.row = row
+        job.row_batch = journal.batch
+        journal.append(row)  # type: ignore[arg-type]
+
+    def _open_row(self, job: Job) -> list[object] | None:
+        """``job``'s "row" change if its next change may be folded into it: the
+        journal has not taken it and it is still the row of this version."""
+        row = job.row
+        if row is not None:
+            journal = self.journal
+            assert journal is not None
+            if job.row_batch == journal.batch and row[R_VERSION] == job.version:
+                return row
+            job.row = None  # (taken: written, or being written)
+        return None
+
+    def _fold(self, job: Job, change: Change) -> None:
+        """Journal ``change``, folded into the job's open row if it has one."""
+        row = self._open_row(job)
+        if row is None or not fold_row(row, change):
+            self.log(change)  # (a change the row refuses: the store fences it too)
 
     # ------------------------------------------------------------ running
 
@@ -151,7 +179,17 @@ class Lifecycle:
         job.status = TaskStatus.RUNNING
         job.attempts += 1
         if self.journal is not None:
-            self.log(("start", job.task_id, job.version, job.attempts, self.wall()))
+            now = self.wall()
+            row = self._open_row(job)
+            if row is not None and row[R_STATUS] is TaskStatus.PENDING:
+                # `fold_row`'s "start", inlined: the hot path of a short task.
+                row[R_STATUS] = TaskStatus.RUNNING
+                row[R_SUB] = SubStatus.ACTIVE
+                row[R_ATTEMPT] = job.attempts
+                if row[R_STARTED] is None:
+                    row[R_STARTED] = now
+            else:
+                self.log(("start", job.task_id, job.version, job.attempts, now))
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
         if job.started_at is None:
@@ -166,7 +204,7 @@ class Lifecycle:
         job.status = TaskStatus.PENDING
         error = safe_repr(job.error)
         if self.journal is not None:
-            self.log(("retry", job.task_id, job.version, error))
+            self._fold(job, ("retry", job.task_id, job.version, error))
         self._events.publish(
             HealthEventKind.TASK_RETRY_SCHEDULED,
             job.task_id,
@@ -184,7 +222,7 @@ class Lifecycle:
             tally.max_deferred_count = tally.deferred_count
         self._events.note(HealthEventKind.TASK_DEFERRED, job.task_id)
         if self.journal is not None:
-            self.log(("sub", job.task_id, job.version, SubStatus.DEFERRED, self.wall()))
+            self._fold(job, ("sub", job.task_id, job.version, SubStatus.DEFERRED, self.wall()))
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
 
@@ -195,7 +233,7 @@ class Lifecycle:
         tally.resumed_count += 1
         self._events.note(HealthEventKind.TASK_RESUMED, job.task_id)
         if self.journal is not None:
-            self.log(("sub", job.task_id, job.version, SubStatus.ACTIVE, None))
+            self._fold(job, ("sub", job.task_id, job.version, SubStatus.ACTIVE, None))
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
         tally.note_high_water()
@@ -252,7 +290,16 @@ class Lifecycle:
             # Acknowledged (wait() returns) only once the record is durable.
             self.live.pop(job.task_id, None)
             error = None if job.error is None else safe_repr(job.error)
-            self.log(("finish", job.task_id, job.version, status, job.finished_at, error))
+            row = self._open_row(job)
+            if row is not None and row[R_STATUS] in LIVE:
+                # `fold_row`'s "finish", inlined: the hot path of a short task.
+                row[R_STATUS] = status
+                row[R_SUB] = row[R_SINCE] = None
+                row[R_FINISHED] = job.finished_at
+                row[R_ERROR] = error
+            else:
+                self.log(("finish", job.task_id, job.version, status, job.finished_at, error))
+            job.row = None
             if job.run_id is not None and status is TaskStatus.COMPLETED and self.runs is not None:
                 # A completed step's record goes into the same transaction as its
                 # execution's, so a crash cannot leave one without the other.

@@ -72,6 +72,9 @@ class Job:
     version: int = 1  # the store's fencing version (-1: nothing more may be written)
     started_at: float | None = None
     finished_at: float = 0.0
+    #: (with a store) its "row" change while the journal may still fold into it
+    row: list[object] | None = None
+    row_batch: int = -1  # the journal batch that row is in
 
     @property
     def ended(self) -> bool:

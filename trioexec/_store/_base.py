@@ -17,6 +17,11 @@ from .._records import ExecutionRecord, SubStatus, TaskStatus
 #   ("sub", task_id, version, sub_status, deferred_since)     sub_status: SubStatus
 #   ("retry", task_id, version, error)                         back to pending
 #   ("finish", task_id, version, status, finished_at, error)   status: TaskStatus
+#   ["row", *(one value per ROW_COLUMNS)]                      a list, see below
+# A "row" is a new execution's whole row: a "submit" with the changes that
+# followed it folded in (`fold_row`) by the executor while the batch was still
+# gathering, so a short task is one change, not three. It is fenced like a
+# "submit" (refused if the execution exists), and a store never keeps the list.
 # and for workflow runs (the second field is the run id; the third the writing owner:
 # "step" and "run_end" apply only while that owner has the run, else the run id is fenced):
 #   ("run", run_id, 0, workflow, context_json, owner, created_at)
@@ -34,8 +39,72 @@ Order = Literal["oldest", "newest", "longest_deferred"]
 ORDERS: tuple[Order, ...] = ("oldest", "newest", "longest_deferred")
 
 
+#: A "row" change's fields after its kind, in order (also the SQLite columns).
+ROW_COLUMNS = (
+    "task_id",
+    "name",
+    "run_id",
+    "status",
+    "sub_status",
+    "attempt",
+    "recovery_attempts",
+    "owner",
+    "version",
+    "submitted_at",
+    "started_at",
+    "finished_at",
+    "deferred_since",
+    "error",
+    "spec_id",
+    "args",
+)
+# Where each field sits in a "row" change (the kind is at 0).
+R_STATUS, R_SUB, R_ATTEMPT, R_VERSION = 4, 5, 6, 9
+R_STARTED, R_FINISHED, R_SINCE, R_ERROR = 11, 12, 13, 14
+
+
+def submit_row(change: Change) -> list[object]:
+    """The "row" change of a ``submit`` change: the execution, pending."""
+    _, task_id, version, name, run_id, spec_id, args, owner, submitted_at = change
+    return ["row", task_id, name, run_id, TaskStatus.PENDING, None, 0, 0, owner,
+            version, submitted_at, None, None, None, None, spec_id, args]  # fmt: skip
+
+
+def fold_row(row: list[object], change: Change) -> bool:
+    """`apply_change` for a "row" not written yet: fold ``change`` into it.
+    Returns False (and changes nothing) if the change is fenced out."""
+    if row[R_VERSION] != change[2] or row[R_STATUS] not in LIVE:
+        return False
+    kind = change[0]
+    if kind == "start":
+        row[R_STATUS] = TaskStatus.RUNNING
+        row[R_SUB] = SubStatus.ACTIVE
+        row[R_ATTEMPT] = change[3]
+        if row[R_STARTED] is None:
+            row[R_STARTED] = change[4]
+    elif kind == "finish":
+        row[R_STATUS] = change[3]
+        row[R_SUB] = row[R_SINCE] = None
+        row[R_FINISHED] = change[4]
+        row[R_ERROR] = change[5]
+    elif kind == "sub":
+        if row[R_STATUS] is not TaskStatus.RUNNING:
+            return False  # a sub-status exists only while running
+        row[R_SUB] = change[3]
+        row[R_SINCE] = change[4]
+    elif kind == "retry":
+        row[R_STATUS] = TaskStatus.PENDING
+        row[R_SUB] = row[R_SINCE] = None
+        row[R_ERROR] = change[3]
+    else:  # pragma: no cover - a bug in the executor
+        raise ValueError(f"unknown change {change!r}")
+    return True
+
+
 def new_row(change: Change) -> dict[str, object]:
-    """The row a ``submit`` change creates."""
+    """The row a ``submit`` or ``row`` change creates."""
+    if change[0] == "row":
+        return dict(zip(ROW_COLUMNS, change[1:], strict=True))
     _, task_id, version, name, run_id, spec_id, args, owner, submitted_at = change
     return {
         "task_id": task_id,

@@ -75,7 +75,7 @@ class MemoryStore:
                 assert isinstance(task_id, str)
                 if change[0] in RUN_KINDS:
                     self._write_run(change)
-                elif change[0] == "submit":
+                elif change[0] == "submit" or change[0] == "row":
                     if task_id in rows:
                         fenced.append(task_id)
                         refused.add(task_id)

@@ -22,8 +22,8 @@ import attrs
 from .._errors import StoreError
 from .._records import ExecutionRecord, SubStatus, TaskStatus
 from ._base import (
-    LIVE,
     ORPHANED,
+    ROW_COLUMNS,
     RUN_KINDS,
     RUN_ORPHANED,
     SUPERSEDED,
@@ -34,7 +34,9 @@ from ._base import (
     RunRecovery,
     abandoned_error,
     check_query,
+    fold_row,
     seconds,
+    submit_row,
 )
 from ._durable_tables import SQLiteTables
 from ._sqlite_file import READ_ONLY_BUSY_TIMEOUT, WRITE_BUSY_TIMEOUT, SQLiteFile
@@ -137,30 +139,33 @@ class SQLiteStore:
             # same transition rules as MemoryStore) and inserted once, final state
             # and all: under load most batches hold submit, start and finish of
             # the same short tasks.
-            submitted = [c[1] for c in changes if c[0] == "submit"]
+            submitted = [c[1] for c in changes if c[0] == "row" or c[0] == "submit"]
             existing = self._existing(conn, submitted) if submitted else set()
-            fresh: dict[object, list[object]] = {}  # rows in _ROW_COLUMNS order
+            fresh: dict[object, list[object]] = {}  # "row" changes, to insert
+            copied: set[object] = set()  # ids in fresh whose row is our own copy
             refused: set[object] = set()  # ids whose submit was refused: the rest too
             for change in changes:
                 task_id = change[1]
                 kind = change[0]
-                if kind in RUN_KINDS:
-                    if not _write_run(conn, change):
-                        fenced.append(str(task_id))
-                elif kind == "submit":
+                if kind == "row" or kind == "submit":
                     if task_id in existing or task_id in fresh:
                         fenced.append(str(task_id))
                         refused.add(task_id)
+                    elif kind == "row":
+                        fresh[task_id] = change  # type: ignore[assignment]
                     else:
-                        _, _, version, name, run_id, spec_id, args, owner, submitted_at = change
-                        fresh[task_id] = [
-                            task_id, name, run_id, TaskStatus.PENDING, None, 0, 0, owner,
-                            version, submitted_at, None, None, None, None, spec_id, args,
-                        ]  # fmt: skip
+                        fresh[task_id] = submit_row(change)
+                        copied.add(task_id)
+                elif kind in RUN_KINDS:
+                    if not _write_run(conn, change):
+                        fenced.append(str(task_id))
                 elif task_id in refused:
                     fenced.append(str(task_id))
                 elif task_id in fresh:
-                    if not _fold(fresh[task_id], change):
+                    if task_id not in copied:  # (the executor's list is not ours to change)
+                        fresh[task_id] = list(fresh[task_id])
+                        copied.add(task_id)
+                    if not fold_row(fresh[task_id], change):
                         fenced.append(str(task_id))
                 elif conn.execute(_UPDATES[str(kind)], _update_args(change)).rowcount != 1:
                     fenced.append(str(task_id))
@@ -171,7 +176,7 @@ class SQLiteStore:
                 if _JSON_ARROW:
                     conn.execute(_INSERT_ROWS, (json.dumps(list(fresh.values())),))
                 else:
-                    conn.executemany(_INSERT_EACH, fresh.values())
+                    conn.executemany(_INSERT_EACH, (row[1:] for row in fresh.values()))
         return fenced
 
     @staticmethod
@@ -515,68 +520,18 @@ def _write_run(conn: sqlite3.Connection, change: Change) -> bool:
     return True
 
 
-def _fold(row: list[object], change: Change) -> bool:
-    """`apply_change` for a row not yet inserted, kept as a list in `_ROW_COLUMNS`
-    order (cheaper to build than a dict; the store model test holds the two to
-    the same rules)."""
-    if row[8] != change[2] or row[3] not in LIVE:
-        return False
-    kind = change[0]
-    if kind == "start":
-        row[3] = TaskStatus.RUNNING
-        row[4] = SubStatus.ACTIVE
-        row[5] = change[3]
-        if row[10] is None:
-            row[10] = change[4]
-    elif kind == "finish":
-        row[3] = change[3]
-        row[4] = row[12] = None
-        row[11] = change[4]
-        row[13] = change[5]
-    elif kind == "sub":
-        if row[3] is not TaskStatus.RUNNING:
-            return False  # a sub-status exists only while running
-        row[4] = change[3]
-        row[12] = change[4]
-    elif kind == "retry":
-        row[3] = TaskStatus.PENDING
-        row[4] = row[12] = None
-        row[13] = change[3]
-    else:  # pragma: no cover - a bug in the executor
-        raise ValueError(f"unknown change {change!r}")
-    return True
-
-
 def _value(v: object) -> object:
     return getattr(v, "value", v)
 
 
-_ROW_COLUMNS = (
-    "task_id",
-    "name",
-    "run_id",
-    "status",
-    "sub_status",
-    "attempt",
-    "recovery_attempts",
-    "owner",
-    "version",
-    "submitted_at",
-    "started_at",
-    "finished_at",
-    "deferred_since",
-    "error",
-    "spec_id",
-    "args",
-)
 _INSERT_ROWS = (
-    f"INSERT INTO executions ({', '.join(_ROW_COLUMNS)}) SELECT "
-    + ", ".join(f"value ->> {i}" for i in range(len(_ROW_COLUMNS)))
+    f"INSERT INTO executions ({', '.join(ROW_COLUMNS)}) SELECT "
+    + ", ".join(f"value ->> {i + 1}" for i in range(len(ROW_COLUMNS)))  # (0: the kind)
     + " FROM json_each(?)"
 )
 _INSERT_EACH = (
-    f"INSERT INTO executions ({', '.join(_ROW_COLUMNS)})"
-    f" VALUES ({', '.join('?' * len(_ROW_COLUMNS))})"
+    f"INSERT INTO executions ({', '.join(ROW_COLUMNS)})"
+    f" VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
 )
 _JSON_ARROW = sqlite3.sqlite_version_info >= (3, 38)  # the ->> operator
 _GUARD = " WHERE task_id = ? AND version = ? AND status IN ('pending', 'running')"
