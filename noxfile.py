@@ -1,4 +1,5 @@
-"""Developer tasks: ``nox -s tests``, ``lint``, ``typecheck``, ``examples``, ``demo``, ``soak``."""
+"""Developer tasks: ``nox -s tests``, ``lint``, ``typecheck``, ``examples``, ``demo``, ``soak``,
+``bench``, ``bench_peers``, ``bench_profile``."""
 
 from __future__ import annotations
 
@@ -215,3 +216,12 @@ def bench_peers(session: nox.Session) -> None:
     writes the run into docs/benchmarks.md (the ``peers:`` block)."""
     session.install("-e", ".[bench]")
     session.run("python", str(HERE / "benchmarks" / "peers.py"), *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench_profile(session: nox.Session) -> None:
+    """Flame graphs (py-spy) of benchmark cases, and where their time goes:
+    ``nox -s bench_profile -- executor executor_store`` writes profiles/CASE.svg
+    and prints the busiest functions (benchmarks/profile.py; ``--out DIR``)."""
+    session.install("-e", ".", "py-spy")
+    session.run("python", str(HERE / "benchmarks" / "profile.py"), *session.posargs)
