@@ -8,7 +8,7 @@ from the protocol built on them; `trioexec.durable` re-exports the state enums.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -33,9 +33,14 @@ class TaskState(enum.StrEnum):
 
 
 class Tables(Protocol):
-    """Row access for the protocol. Rows are plain dicts; ``put_*`` writes back."""
+    """Row access for the protocol. Rows are plain dicts; ``put_*`` writes back.
+
+    ``transaction()`` opened inside an open one is part of it; ``attempt(call)`` runs
+    ``call()`` inside the open transaction as a unit that is undone if it raises
+    (returning ``(False, exc)``; ``(True, value)`` otherwise)."""
 
     def transaction(self) -> AbstractContextManager[None]: ...
+    def attempt(self, call: Callable[[], Any]) -> tuple[bool, Any]: ...
     def promise(self, id: str) -> Row | None: ...
     def put_promise(self, row: Row) -> None: ...
     def task(self, id: str) -> Row | None: ...

@@ -99,10 +99,40 @@ class Core:
         self.tables = tables
         self.clock = clock
         self.retry_timeout = retry_timeout
+        self._now: float | None = None  # the moment of the `run` in progress
+
+    def run(self, take: Callable[[], Sequence[Callable[[], Any]]]) -> list[tuple[bool, Any]]:
+        """Several operations (each a call of one of this object's methods) in one
+        transaction: a group commit. ``take()`` returns them once the transaction
+        has begun (holding the write lock: what was queued while waiting for it
+        joins). Time is applied once, at the start, and every operation acts at
+        that moment, in order, seeing the ones before it; the result is what each
+        would have answered alone at that moment.
+
+        Each operation is a unit: one that raises is undone (savepoint) and its
+        exception is returned as ``(False, exc)``, the others' ``(True, value)``.
+        Alone, an operation's error fails its transaction as it always has. A
+        failure of the storage itself (or the commit) raises: nothing is written.
+        """
+        with self.tables.transaction():
+            self._now = self._begin()
+            try:
+                calls = take()
+                if len(calls) == 1:
+                    return [(True, calls[0]())]
+                return [self.tables.attempt(call) for call in calls]
+            finally:
+                self._now = None
 
     # ------------------------------------------------------------------ time
 
-    def _tick(self, now: float) -> None:
+    def _begin(self) -> float:
+        """The moment an operation acts at, with what time has done applied
+        (once per transaction: inside a `run`, its moment): promises past their
+        timeout settle, expired leases lapse, due pending tasks are offered again."""
+        if self._now is not None:
+            return self._now
+        now = self.clock()
         t = self.tables
         for row in t.timed_out_promises(now):
             self._settle(row, PromiseState.REJECTED_TIMEDOUT, None, None, now)
@@ -111,6 +141,7 @@ class Core:
         for row in t.due_pending_tasks(now):
             row["timeout_at"] = now + self.retry_timeout  # offered again
             t.put_task(row)
+        return now
 
     def _acquire_row(self, task: Row, version: int, pid: str, ttl: float, now: float) -> None:
         task.update(
@@ -133,8 +164,16 @@ class Core:
         self.tables.put_task(task)
 
     def _settle(
-        self, row: Row, state: PromiseState, data: str | None, iku: str | None, now: float
+        self,
+        row: Row,
+        state: PromiseState,
+        data: str | None,
+        iku: str | None,
+        now: float,
+        own: Row | None = None,
     ) -> None:
+        """Settle promise ``row``. ``own``: its task, if the caller has just read it
+        and it is not suspended (so resuming the promise's waiters leaves it as is)."""
         t = self.tables
         row.update(state=state.value, data=data, iku=iku, settled_at=now)
         t.put_promise(row)
@@ -145,9 +184,11 @@ class Core:
             if task is not None and task["state"] == TaskState.SUSPENDED.value:
                 self._to_pending(task, now)
         # Its own task has nothing left to do.
-        own = t.task(row["id"])
+        if own is None:
+            own = t.task(row["id"])
         if own is not None and own["state"] != TaskState.FULFILLED.value:
-            t.drop_callbacks(own["id"])
+            if own["state"] == TaskState.SUSPENDED.value:
+                t.drop_callbacks(own["id"])  # (only a suspended task has callbacks)
             own.update(
                 state=TaskState.FULFILLED.value, pid=None, lease_expires_at=None, timeout_at=None
             )
@@ -167,8 +208,7 @@ class Core:
     ) -> PromiseRecord:
         _check_timeout(timeout)
         with self.tables.transaction():
-            now = self.clock()
-            self._tick(now)
+            now = self._begin()
             return promise_record(
                 self._create(id, timeout, idempotency_key, data, tags, target, now)
             )
@@ -220,7 +260,7 @@ class Core:
                     "timeout_at": now + self.retry_timeout,
                 }
             )
-        if row["timeout_at"] <= now:  # born timed out (the same rule as _tick)
+        if row["timeout_at"] <= now:  # born timed out (the same rule as _begin)
             self._settle(row, PromiseState.REJECTED_TIMEDOUT, None, None, now)
         return row
 
@@ -233,8 +273,7 @@ class Core:
         data: Any = None,
     ) -> PromiseRecord:
         with self.tables.transaction():
-            now = self.clock()
-            self._tick(now)
+            now = self._begin()
             return promise_record(self._settle_checked(id, state, idempotency_key, data, now))
 
     def _settle_checked(
@@ -258,7 +297,7 @@ class Core:
     def get_promise(self, id: str) -> PromiseRecord | None:
         check_id(id, "promise id")
         with self.tables.transaction():
-            self._tick(self.clock())
+            self._begin()
             row = self.tables.promise(id)
             return None if row is None else promise_record(row)
 
@@ -273,7 +312,7 @@ class Core:
         _check_limit(limit)
         _check_optional_id(cursor, "cursor")
         with self.tables.transaction():
-            self._tick(self.clock())
+            self._begin()
             want = None if state is None else PromiseState(state).value
             rows = self.tables.search_promises(want, tag, limit + 1, cursor)
         page = [promise_record(r) for r in rows[:limit]]
@@ -329,8 +368,7 @@ class Core:
         check_id(pid, "pid")
         check_id(target, "target")
         with self.tables.transaction():
-            now = self.clock()
-            self._tick(now)
+            now = self._begin()
             if self.tables.promise(id) is not None:
                 raise Conflict(f"promise {id!r} already exists")
             self._create(id, timeout, None, data, None, target, now)
@@ -343,8 +381,7 @@ class Core:
         _check_ttl(ttl)
         check_id(pid, "pid")
         with self.tables.transaction():
-            now = self.clock()
-            self._tick(now)
+            now = self._begin()
             task = self._task(id)
             if task["state"] != TaskState.PENDING.value or task["version"] != version:
                 raise Conflict(
@@ -354,24 +391,19 @@ class Core:
             self._acquire_row(task, version + 1, pid, ttl, now)
             return self.task_record(task)
 
-    def claim(self, target: str, *, pid: str, ttl: float, limit: int) -> list[TaskRecord]:
-        """Acquire up to ``limit`` pending tasks of ``target`` in one transaction (each
-        exactly as `acquire` would: version + 1, a lease of ``ttl``). What a worker
-        uses: workers never race for the same task, and a claim costs one commit."""
-        return [task for task, _ in self.claim_work(target, pid=pid, ttl=ttl, limit=limit)]
-
     def claim_work(
         self, target: str, *, pid: str, ttl: float, limit: int
     ) -> list[tuple[TaskRecord, str | None]]:
-        """`claim`, each task with its promise's data (JSON text): all a worker needs
-        to start the work, in one transaction."""
+        """Acquire up to ``limit`` pending tasks of ``target`` (each exactly as
+        `acquire` would: version + 1, a lease of ``ttl``), each with its promise's
+        data (JSON text): all a worker needs to start the work, in one transaction
+        (workers never race for the same task)."""
         _check_ttl(ttl)
         _check_limit(limit)
         check_id(target, "target")
         check_id(pid, "pid")
         with self.tables.transaction():
-            now = self.clock()
-            self._tick(now)
+            now = self._begin()
             claimed = []
             for task in self.tables.search_tasks(TaskState.PENDING.value, target, limit, None):
                 self._acquire_row(task, task["version"] + 1, pid, ttl, now)
@@ -387,8 +419,7 @@ class Core:
         for id, _ in tasks:
             check_id(id, "task id")
         with self.tables.transaction():
-            now = self.clock()
-            self._tick(now)
+            now = self._begin()
             renewed = 0
             for id, version in tasks:
                 task = self.tables.task(id)
@@ -411,7 +442,7 @@ class Core:
         for id, _ in tasks:
             check_id(id, "task id")
         with self.tables.transaction():
-            self._tick(self.clock())
+            self._begin()
             lost = []
             for id, version in tasks:
                 task = self.tables.task(id)
@@ -432,8 +463,7 @@ class Core:
         for promise_id in awaited:
             check_id(promise_id, "awaited promise id")
         with self.tables.transaction():
-            now = self.clock()
-            self._tick(now)
+            self._begin()
             task = self._acquired(id, version)
             rows = []
             for pid in awaited:
@@ -453,8 +483,7 @@ class Core:
 
     def resume(self, id: str, version: int) -> TaskRecord:
         with self.tables.transaction():
-            now = self.clock()
-            self._tick(now)
+            now = self._begin()
             task = self._task(id)
             if task["state"] != TaskState.SUSPENDED.value or task["version"] != version:
                 raise Conflict(f"task {id!r} is {task['state']} at version {task['version']}")
@@ -464,8 +493,7 @@ class Core:
 
     def release(self, id: str, version: int) -> TaskRecord:
         with self.tables.transaction():
-            now = self.clock()
-            self._tick(now)
+            now = self._begin()
             task = self._acquired(id, version)
             self._to_pending(task, now)
             return self.task_record(task)
@@ -474,14 +502,13 @@ class Core:
         self, id: str, version: int, *, data: Any = None, rejected: bool = False
     ) -> PromiseRecord:
         with self.tables.transaction():
-            now = self.clock()
-            self._tick(now)
-            self._acquired(id, version)
+            now = self._begin()
+            task = self._acquired(id, version)
             row = self.tables.promise(id)
             if row is None or row["state"] != PromiseState.PENDING.value:
                 raise Conflict(f"promise {id!r} is not pending")
             state = PromiseState.REJECTED if rejected else PromiseState.RESOLVED
-            self._settle(row, state, _json(data), None, now)
+            self._settle(row, state, _json(data), None, now, own=task)
             return promise_record(row)
 
     def fence(self, id: str, version: int, action: PromiseCreate | PromiseSettle) -> PromiseRecord:
@@ -494,8 +521,7 @@ class Core:
         else:
             raise ValueError(f"action must be a PromiseCreate or a PromiseSettle, got {action!r}")
         with self.tables.transaction():
-            now = self.clock()
-            self._tick(now)
+            now = self._begin()
             self._acquired(id, version)
             own = self.tables.promise(id)
             if own is None or own["state"] != PromiseState.PENDING.value:
@@ -518,8 +544,7 @@ class Core:
 
     def halt(self, id: str) -> TaskRecord:
         with self.tables.transaction():
-            now = self.clock()
-            self._tick(now)
+            self._begin()
             task = self._task(id)
             if task["state"] == TaskState.FULFILLED.value:
                 raise Conflict(f"task {id!r} is fulfilled")
@@ -533,8 +558,7 @@ class Core:
 
     def continue_(self, id: str) -> TaskRecord:
         with self.tables.transaction():
-            now = self.clock()
-            self._tick(now)
+            now = self._begin()
             task = self._task(id)
             if task["state"] != TaskState.HALTED.value:
                 raise Conflict(f"task {id!r} is {task['state']}, not halted")
@@ -544,7 +568,7 @@ class Core:
     def get_task(self, id: str) -> TaskRecord | None:
         check_id(id, "task id")
         with self.tables.transaction():
-            self._tick(self.clock())
+            self._begin()
             row = self.tables.task(id)
             return None if row is None else self.task_record(row)
 
@@ -560,7 +584,7 @@ class Core:
         _check_optional_id(target, "target")
         _check_optional_id(cursor, "cursor")
         with self.tables.transaction():
-            self._tick(self.clock())
+            self._begin()
             want = None if state is None else TaskState(state).value
             rows = self.tables.search_tasks(want, target, limit + 1, cursor)
             page = [self.task_record(r) for r in rows[:limit]]

@@ -5,9 +5,10 @@ from __future__ import annotations
 import functools
 import math
 import os
+import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, final
+from typing import Any, TypeVar, cast, final
 
 import trio
 
@@ -29,6 +30,18 @@ T = TypeVar("T")
 
 
 @final
+class _Call:
+    """One queued operation and, once its transaction ended, its result."""
+
+    __slots__ = ("fn", "result", "taken")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.taken = False  # in a transaction under way: it will complete
+        self.result: tuple[bool, Any] | None = None
+
+
+@final
 class DurableStore:
     """Durable promises (``ds.promises``) and leased tasks (``ds.tasks``).
 
@@ -40,7 +53,16 @@ class DurableStore:
       retry_timeout: how long a pending task waits to be claimed before it is
         offered again.
 
-    Every operation is async and one transaction. Example::
+    Every operation is async and atomic. Operations called concurrently (several
+    tasks of one Trio run on this object) share a transaction: while one is being
+    written, the next ones queue, and then go in one transaction together (a group
+    commit: a worker's fulfils, claims and heartbeats cost one commit, not one
+    each). Each still acts alone: it is undone if it fails, and answers what it
+    would have alone. An operation is cancellable until its transaction begins;
+    from then on it completes, like a call in a thread (the cancellation is
+    delivered at the caller's next checkpoint).
+
+    Example::
 
         ds = DurableStore("app.db")
         await ds.promises.create("approval-7", timeout=3600)
@@ -64,6 +86,10 @@ class DurableStore:
             )
         self._owned: SQLiteStore | None = None
         self._limiter = trio.CapacityLimiter(1)  # one connection: one call at a time
+        self._queue: list[_Call] = []  # operations waiting for the next transaction
+        self._queue_lock = threading.Lock()  # taken from the queue in the writing thread
+        self._writing = False  # a transaction of queued operations is under way
+        self._written = trio.Event()  # set (and replaced) when it ends
         self._sqlite: SQLiteTables | None = None  # closed by close()
         tables: Tables
         if isinstance(path_or_store, MemoryStore):
@@ -91,6 +117,80 @@ class DurableStore:
         return await trio.to_thread.run_sync(
             functools.partial(fn, *args, **kwargs), limiter=self._limiter
         )
+
+    async def _op(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` (an operation of the protocol core), in the next
+        transaction, with every other operation queued by the time it holds the
+        write lock."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        call = _Call(functools.partial(fn, *args, **kwargs))
+        with self._queue_lock:
+            self._queue.append(call)
+        try:
+            while call.result is None:
+                if self._writing:
+                    await self._written.wait()
+                else:
+                    await self._write_queued()
+        except trio.Cancelled:
+            with self._queue_lock:
+                taken = call.taken
+                if not taken:
+                    self._queue.remove(call)  # never written: nothing happened
+            if not taken:
+                raise
+            # Its transaction has begun: it completes, and its caller learns the
+            # result (a claim's tasks are then held, not lost until their leases
+            # lapse); the cancellation comes at the caller's next checkpoint.
+            with trio.CancelScope(shield=True):
+                while call.result is None:
+                    await self._written.wait()
+        ok, value = cast("tuple[bool, Any]", call.result)
+        if ok:
+            return cast("T", value)
+        raise value
+
+    def _take(self) -> list[_Call]:
+        """Every queued operation, for the transaction that has just begun (called
+        in the thread that writes, once it holds the write lock: whatever was
+        queued while it waited for the lock goes in too)."""
+        with self._queue_lock:
+            batch, self._queue = self._queue, []
+            for call in batch:
+                call.taken = True
+        return batch
+
+    def _write(self) -> list[tuple[_Call, tuple[bool, Any]]]:
+        taken: list[_Call] = []
+
+        def take() -> list[Callable[[], Any]]:
+            taken.extend(self._take())
+            return [call.fn for call in taken]
+
+        try:
+            results = self._core.run(take)
+        except BaseException as exc:  # nothing was written: every operation fails so
+            if not taken:
+                taken.extend(self._take())
+            results = [(False, exc)] * len(taken)
+        return list(zip(taken, results, strict=True))
+
+    async def _write_queued(self) -> None:
+        """Write the queued operations in one transaction (shielded: a transaction
+        that has begun completes; it is bounded like any store call)."""
+        self._writing = True
+        try:
+            with trio.CancelScope(shield=True):
+                written = await self._call(self._write)
+            for call, result in written:
+                call.result = result
+            ok, value = written[0][1]  # (every batch holds this task's own operation)
+            if not ok and not isinstance(value, Exception):
+                raise value  # KeyboardInterrupt and the like: not the store's answer
+        finally:
+            self._writing = False
+            event, self._written = self._written, trio.Event()
+            event.set()
 
     async def check_invariants(self) -> list[str]:
         """Names of the seed's store invariants that are violated (empty: healthy)."""
@@ -134,7 +234,7 @@ class Promises:
         Repeating it with the same ``idempotency_key`` returns the same promise;
         otherwise an existing id raises `Conflict`."""
         core = self._ds._core
-        return await self._ds._call(
+        return await self._ds._op(
             core.create_promise,
             id,
             timeout,
@@ -148,7 +248,7 @@ class Promises:
         self, id: str, state: PromiseState, idempotency_key: str | None, data: Any
     ) -> PromiseRecord:
         core = self._ds._core
-        return await self._ds._call(
+        return await self._ds._op(
             core.settle_promise, id, state, idempotency_key=idempotency_key, data=data
         )
 
@@ -174,7 +274,7 @@ class Promises:
 
     async def get(self, id: str) -> PromiseRecord | None:
         """The promise, or None."""
-        return await self._ds._call(self._ds._core.get_promise, id)
+        return await self._ds._op(self._ds._core.get_promise, id)
 
     async def search(
         self,
@@ -186,7 +286,7 @@ class Promises:
     ) -> tuple[list[PromiseRecord], str | None]:
         """A page of promises by id, and the cursor for the next page (None: last)."""
         core = self._ds._core
-        return await self._ds._call(
+        return await self._ds._op(
             core.search_promises, state=state, tag=tag, limit=limit, cursor=cursor
         )
 
@@ -204,64 +304,65 @@ class Tasks:
     ) -> TaskRecord:
         """Create a promise and its task, the task already acquired by ``pid``."""
         core = self._ds._core
-        return await self._ds._call(
+        return await self._ds._op(
             core.create_task, id, pid=pid, ttl=ttl, timeout=timeout, data=data, target=target
         )
 
     async def acquire(self, id: str, version: int, *, pid: str, ttl: float) -> TaskRecord:
         """Claim a pending task: version + 1, a lease of ``ttl`` seconds."""
-        return await self._ds._call(self._ds._core.acquire, id, version, pid=pid, ttl=ttl)
+        return await self._ds._op(self._ds._core.acquire, id, version, pid=pid, ttl=ttl)
 
     async def claim(self, target: str, *, pid: str, ttl: float, limit: int) -> list[TaskRecord]:
         """Acquire up to ``limit`` pending tasks of ``target`` at once (a worker's
         batched `acquire`)."""
         core = self._ds._core
-        return await self._ds._call(core.claim, target, pid=pid, ttl=ttl, limit=limit)
+        claimed = await self._ds._op(core.claim_work, target, pid=pid, ttl=ttl, limit=limit)
+        return [task for task, _ in claimed]
 
     async def heartbeat(self, pid: str, tasks: Sequence[tuple[str, int]]) -> int:
         """Renew the leases of all the (id, version) this pid holds, in one call."""
-        return await self._ds._call(self._ds._core.heartbeat, pid, list(tasks))
+        return await self._ds._op(self._ds._core.heartbeat, pid, list(tasks))
 
     async def suspend(self, id: str, version: int, awaited: Sequence[str]) -> Suspend:
         """Wait (without a lease) for any of ``awaited`` to settle; returns
         `Suspend.ALREADY_SETTLED` without suspending if one already has."""
         awaited = awaited if isinstance(awaited, str) else list(awaited)  # a str: ValueError
-        return await self._ds._call(self._ds._core.suspend, id, version, awaited)
+        return await self._ds._op(self._ds._core.suspend, id, version, awaited)
 
     async def resume(self, id: str, version: int) -> TaskRecord:
         """Move a suspended task back to pending by hand (settling an awaited
         promise does it by itself)."""
-        return await self._ds._call(self._ds._core.resume, id, version)
+        return await self._ds._op(self._ds._core.resume, id, version)
 
     async def release(self, id: str, version: int) -> TaskRecord:
         """Give up the claim: back to pending, same version."""
-        return await self._ds._call(self._ds._core.release, id, version)
+        return await self._ds._op(self._ds._core.release, id, version)
 
     async def fulfill(
         self, id: str, version: int, *, data: Any = None, rejected: bool = False
     ) -> PromiseRecord:
         """Settle the task's promise (resolved, or rejected) and finish the task."""
         core = self._ds._core
-        return await self._ds._call(core.fulfill, id, version, data=data, rejected=rejected)
+        return await self._ds._op(core.fulfill, id, version, data=data, rejected=rejected)
 
     async def fence(
         self, id: str, version: int, action: PromiseCreate | PromiseSettle
     ) -> PromiseRecord:
         """Create or settle a promise only if this task is still acquired at ``version``
         and its own promise is pending."""
-        return await self._ds._call(self._ds._core.fence, id, version, action)
+        return await self._ds._op(self._ds._core.fence, id, version, action)
 
     async def halt(self, id: str) -> TaskRecord:
         """Block the task from being claimed or resumed."""
-        return await self._ds._call(self._ds._core.halt, id)
+        return await self._ds._op(self._ds._core.halt, id)
 
     async def continue_(self, id: str) -> TaskRecord:
         """Undo `halt`: back to pending."""
-        return await self._ds._call(self._ds._core.continue_, id)
+        return await self._ds._op(self._ds._core.continue_, id)
 
     async def get(self, id: str) -> TaskRecord | None:
         """The task, or None."""
-        return await self._ds._call(self._ds._core.get_task, id)
+        return await self._ds._op(self._ds._core.get_task, id)
 
     async def search(
         self,
@@ -273,7 +374,7 @@ class Tasks:
     ) -> tuple[list[TaskRecord], str | None]:
         """A page of tasks by id, and the cursor for the next page (None: last)."""
         core = self._ds._core
-        return await self._ds._call(
+        return await self._ds._op(
             core.search_tasks, state=state, target=target, limit=limit, cursor=cursor
         )
 
@@ -287,7 +388,7 @@ async def claim_work(
 ) -> list[tuple[TaskRecord, str | None]]:
     """``ds.tasks.claim``, each task with its promise's data (JSON text): all a
     worker needs to start the work, in one transaction."""
-    return await ds._call(ds._core.claim_work, target, pid=pid, ttl=ttl, limit=limit)
+    return await ds._op(ds._core.claim_work, target, pid=pid, ttl=ttl, limit=limit)
 
 
 async def lost_leases(
@@ -295,4 +396,4 @@ async def lost_leases(
 ) -> list[tuple[str, int]]:
     """Which of ``tasks`` (id, version) ``pid`` no longer holds: the worker's question
     after a heartbeat renewed fewer than it sent."""
-    return await ds._call(ds._core.lost_leases, pid, list(tasks))
+    return await ds._op(ds._core.lost_leases, pid, list(tasks))
