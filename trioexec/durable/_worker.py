@@ -7,6 +7,14 @@ still-pending durable promise suspends its task: the handler is unwound, its slo
 and lease are given up, and the task is delivered again, from the top, once the
 promise settles (handlers are written to be re-entrant).
 
+Claims and fulfils go in batches: the worker claims up to its free room (twice its
+slots, less the runs not yet over) at once, and a finished run's fulfil is written
+by the worker after the run has given its slot back, together with every other
+store call made meanwhile (`DurableStore` writes them in one transaction). Until
+its fulfil is written the task stays held, its lease renewed; a fulfil that cannot
+be written in time is given up (counted ``lost``): the lease lapses and the task
+runs again elsewhere, never twice at once.
+
 A lease this worker can no longer vouch for is lost at once: when the heartbeat
 finds the task is not this worker's at that version any more, or when the lease
 runs out on this worker's own clock before a heartbeat renewed it (the heartbeat
@@ -29,7 +37,7 @@ from typing import Any, NoReturn, final
 
 import trio
 
-from .._errors import PromiseRejected
+from .._errors import PromiseRejected, TrioexecError
 from .._executor import Executor, open_executor
 from .._handle import TaskHandle
 from .._records import ShutdownPolicy, safe_repr
@@ -144,13 +152,14 @@ class _Lease:
     """A task this worker holds: its version, the last moment (on Trio's clock) by
     which its lease is surely still ours, and its executor task."""
 
-    __slots__ = ("deadline", "ref", "settling", "version")
+    __slots__ = ("deadline", "finished", "ref", "settling", "version")
 
     def __init__(self, version: int, deadline: float) -> None:
         self.version = version
         self.deadline = deadline
         self.ref: TaskRef | None = None
         self.settling = False  # a fulfil or suspend is in flight: that call decides
+        self.finished = False  # the run is over, its fulfil in flight: no room taken
 
 
 @final
@@ -181,6 +190,10 @@ class Worker:
         self._lease = lease
         self._poll_interval = poll_interval
         self._held: dict[str, _Lease] = {}  # task id -> its lease, while this worker holds it
+        self._finished = 0  # held leases whose run is over (their fulfil is in flight)
+        self._roomy = trio.Event()  # set when the room to claim may have grown
+        # Where a finished run's fulfil goes on (None: closed; the run waits for it).
+        self._settling: trio.Nursery | None = None
         self.claimed = 0
         self.fulfilled = 0
         self.suspended = 0
@@ -221,30 +234,34 @@ class Worker:
         ex = self.executor
         idle = min(0.005, self._poll_interval)
         while True:
-            room = ex.slots.total * 2 - len(self._held)
-            claimed = 0
-            if room > 0:
-                # One transaction claims a batch: workers never race for a task.
-                sent = trio.current_time()
-                batch = await claim_work(
-                    self.ds, self.target, pid=self.pid, ttl=self._lease, limit=room
-                )
-                for record, data in batch:
-                    # The store's lease runs from a moment after ``sent``.
-                    lease = self._held[record.id] = _Lease(record.version, sent + self._lease)
-                    self.claimed += 1
-                    claimed += 1
-                    # The name is for people; the executor bounds it, ids are unbounded.
-                    name = f"durable:{record.id}"[:200]
-                    ref = await ex.submit(*self._job(record, data), name=name)
-                    if self._held.get(record.id) is lease:
-                        lease.ref = ref
-                    else:  # lost while being submitted
-                        ref.cancel()
-            if claimed:
+            roomy = self._roomy = trio.Event()
+            # Up to twice the slots in runs not yet over (a finished run's task is
+            # only waiting for its fulfil to be written).
+            room = ex.slots.total * 2 - (len(self._held) - self._finished)
+            if room <= 0:
+                await roomy.wait()
+                continue
+            # One transaction claims a batch (with the fulfils and heartbeats queued
+            # meanwhile: `DurableStore` groups them): workers never race for a task.
+            sent = trio.current_time()
+            batch = await claim_work(
+                self.ds, self.target, pid=self.pid, ttl=self._lease, limit=room
+            )
+            for record, data in batch:
+                # The store's lease runs from a moment after ``sent``.
+                lease = self._held[record.id] = _Lease(record.version, sent + self._lease)
+                self.claimed += 1
+                # The name is for people; the executor bounds it, ids are unbounded.
+                name = f"durable:{record.id}"[:200]
+                ref = await ex.submit(*self._job(record, data), name=name)
+                if self._held.get(record.id) is lease:
+                    lease.ref = ref
+                else:  # lost while being submitted
+                    ref.cancel()
+            if batch:
                 idle = min(0.005, self._poll_interval)
                 await trio.lowlevel.checkpoint()
-            else:
+            else:  # none pending: look again later, less often the longer it stays so
                 await trio.sleep(idle)
                 idle = min(idle * 2, self._poll_interval)
 
@@ -291,10 +308,16 @@ class Worker:
         lease = self._held.get(id)
         if lease is None or lease.version != version:
             return
-        del self._held[id]
+        self._drop(id)
         self.lost += 1
         if lease.ref is not None:
             lease.ref.cancel()
+
+    def _drop(self, id: str) -> None:
+        """No longer hold ``id``: its room is free."""
+        if self._held.pop(id).finished:
+            self._finished -= 1
+        self._roomy.set()
 
     def _ours(self, record: TaskRecord) -> _Lease | None:
         lease = self._held.get(record.id)
@@ -302,7 +325,7 @@ class Worker:
 
     def _forget(self, record: TaskRecord, lease: _Lease) -> None:
         if self._held.get(record.id) is lease:
-            del self._held[record.id]
+            self._drop(record.id)
 
     # ------------------------------------------------------------ one run
 
@@ -392,10 +415,43 @@ class Worker:
         await self._fulfill(record, {"error": safe_repr(exc)}, rejected=True)
 
     async def _fulfill(self, record: TaskRecord, data: Any, *, rejected: bool) -> None:
+        """Record the run's outcome. The run ends at once: the fulfil goes on in the
+        worker (the task stays held, its lease renewed, until it is written), so
+        the slot serves the next task while fulfils queue up for one transaction.
+        Once the worker is closing, the run waits for its fulfil instead."""
         lease = self._ours(record)
         if lease is None:
             return  # lost: another worker's result counts
         lease.settling = True
+        if self._settling is None:
+            await self._write_fulfil(record, lease, data, rejected)
+            return
+        lease.finished = True
+        self._finished += 1
+        self._roomy.set()
+        self._settling.start_soon(self._fulfil_in_background, record, lease, data, rejected)
+
+    async def _fulfil_in_background(
+        self, record: TaskRecord, lease: _Lease, data: Any, rejected: bool
+    ) -> None:
+        # Shielded (the worker closing waits for it) and bounded: past the lease,
+        # the task is no longer ours to fulfil anyway.
+        with trio.CancelScope(shield=True), trio.move_on_after(self._lease):
+            try:
+                await self._write_fulfil(record, lease, data, rejected)
+            except TrioexecError:
+                # Not written (the store failed): give the task up; its lease lapses
+                # and it runs again elsewhere.
+                self._forget(record, lease)
+                self.lost += 1
+                return
+        if self._held.get(record.id) is lease:  # not written in time: give it up
+            self._forget(record, lease)
+            self.lost += 1
+
+    async def _write_fulfil(
+        self, record: TaskRecord, lease: _Lease, data: Any, rejected: bool
+    ) -> None:
         try:
             await self.ds.tasks.fulfill(record.id, record.version, data=data, rejected=rejected)
         except Conflict:
@@ -440,7 +496,7 @@ class Worker:
             with contextlib.suppress(Conflict, NotFound):  # someone else's already
                 await self.ds.tasks.release(id, lease.version)
             if self._held.get(id) is lease:
-                del self._held[id]
+                self._drop(id)
 
 
 @asynccontextmanager
@@ -496,19 +552,26 @@ async def open_worker(
     ) as ex:
         worker = Worker(ds, target, handlers, ex, pid, lease, poll_interval)
         try:
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(worker._claim_loop)
-                nursery.start_soon(worker._heartbeat_loop)
-                nursery.start_soon(worker._lease_watch)
+            # The fulfils of finished runs: each shielded and bounded by the lease,
+            # so leaving waits for them (a fulfil lost here would run the task again).
+            async with trio.open_nursery() as settling:
+                worker._settling = settling
                 try:
-                    yield worker
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(worker._claim_loop)
+                        nursery.start_soon(worker._heartbeat_loop)
+                        nursery.start_soon(worker._lease_watch)
+                        try:
+                            yield worker
+                        finally:
+                            nursery.cancel_scope.cancel()
                 finally:
-                    nursery.cancel_scope.cancel()
+                    # Also when leaving by cancellation: shielded, and bounded by the
+                    # lease (past it, whatever is still held has lapsed anyway).
+                    with trio.move_on_after(lease, shield=True):
+                        await ex.shutdown(ShutdownPolicy.CANCEL)
+                    worker._settling = None  # a run ending from now on waits for its fulfil
         finally:
-            # Also when leaving by cancellation: shielded, and bounded by the lease
-            # (past it, whatever is still held has lapsed anyway).
-            with trio.move_on_after(lease, shield=True):
-                await ex.shutdown(ShutdownPolicy.CANCEL)
             with trio.move_on_after(lease, shield=True):
                 await worker._release_all()
 
