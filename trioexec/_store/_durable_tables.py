@@ -74,6 +74,20 @@ class DictTables:
     def put_task(self, row: Row) -> None:
         self.tasks[row["id"]] = dict(row)
 
+    def update_task(self, id: str, expect: Row, changes: Row) -> bool:
+        row = self.tasks.get(id)
+        if row is None or any(row[k] != v for k, v in expect.items()):
+            return False
+        row.update(changes)
+        return True
+
+    def update_promise(self, id: str, expect: Row, changes: Row) -> Row | None:
+        row = self.promises.get(id)
+        if row is None or any(row[k] != v for k, v in expect.items()):
+            return None
+        row.update(changes)
+        return self.promise(id)
+
     def add_callback(self, promise_id: str, task_id: str) -> None:
         self.callbacks[(promise_id, task_id)] = None
 
@@ -229,34 +243,29 @@ class SQLiteTables:
             return
         self._open = True
         try:
-            with self._outermost():
-                yield
+            if self._read_only:
+                with self._transaction("BEGIN"):
+                    self._overlay = _Overlay()
+                    try:
+                        yield
+                    finally:
+                        self._overlay = None
+            elif self._file is not None:
+                with self._file.exclusive(), self._transaction("BEGIN IMMEDIATE"):
+                    yield
+            else:
+                with self._transaction("BEGIN IMMEDIATE"):
+                    yield
         finally:
             self._open = False
             self._stored.clear()
-
-    @contextlib.contextmanager
-    def _outermost(self) -> Iterator[None]:
-        if self._read_only:
-            with self._transaction("BEGIN"):
-                self._overlay = _Overlay()
-                try:
-                    yield
-                finally:
-                    self._overlay = None
-        elif self._file is not None:
-            with self._file.exclusive(), self._transaction("BEGIN IMMEDIATE"):
-                yield
-        else:
-            with self._transaction("BEGIN IMMEDIATE"):
-                yield
 
     @contextlib.contextmanager
     def _transaction(self, begin: str) -> Iterator[None]:
         conn = self.conn
         try:
             if begin == "BEGIN IMMEDIATE":
-                self._begin_writing()
+                _begin_immediate(conn, self._busy_ms)
             else:
                 conn.execute(begin)
         except sqlite3.Error as exc:
@@ -290,34 +299,6 @@ class SQLiteTables:
             return False, exc
         conn.execute("RELEASE durable_call")
         return True, value
-
-    def _begin_writing(self) -> None:
-        """``BEGIN IMMEDIATE``, waiting for the write lock at most the busy timeout.
-
-        SQLite's own wait sleeps 1, 2, 5, 10 ... 100 ms between tries, so a lock
-        freed meanwhile stays idle while every writer sleeps; workers of many
-        processes contending for it (their transactions last a millisecond or so)
-        then spend more time asleep than writing. Here the tries come every 0.1 ms
-        at first, then at most 1 ms apart. (Only the wait for the write lock: the
-        statements inside the transaction keep SQLite's busy handling.)
-        """
-        conn = self.conn
-        conn.execute("PRAGMA busy_timeout = 0")
-        try:
-            deadline = time.monotonic() + self._busy_ms / 1000
-            delay = 0.0001
-            while True:
-                try:
-                    conn.execute("BEGIN IMMEDIATE")
-                    return
-                except sqlite3.OperationalError as exc:
-                    busy = exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
-                    if not busy or time.monotonic() >= deadline:
-                        raise
-                time.sleep(delay)
-                delay = min(delay * 2, 0.001)
-        finally:
-            conn.execute(f"PRAGMA busy_timeout = {self._busy_ms}")
 
     # ------------------------------------------------------------------ read-only
 
@@ -421,6 +402,23 @@ class SQLiteTables:
             return
         self._write("durable_tasks", _T_COLS, tuple(row[c] for c in _T_COLS))
 
+    def _update(self, table: str, id: str, expect: Row, changes: Row, returning: str) -> Any:
+        self._keep(f"update {table}")  # never part of applying time: refused if read-only
+        self._stored.pop((table, id), None)
+        return self.conn.execute(
+            f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in changes)}"
+            f" WHERE id = ?{''.join(f' AND {c} = ?' for c in expect)}{returning}",
+            (*changes.values(), id, *expect.values()),
+        )
+
+    def update_task(self, id: str, expect: Row, changes: Row) -> bool:
+        return bool(self._update("durable_tasks", id, expect, changes, "").rowcount == 1)
+
+    def update_promise(self, id: str, expect: Row, changes: Row) -> Row | None:
+        returning = f" RETURNING {', '.join(_P_COLS)}"
+        rows = self._update("durable_promises", id, expect, changes, returning).fetchall()
+        return self._promise(rows[0]) if rows else None
+
     def add_callback(self, promise_id: str, task_id: str) -> None:
         self._keep("add_callback")  # never part of applying time: refused if read-only
         self.conn.execute(
@@ -460,14 +458,17 @@ class SQLiteTables:
 
     def timed_out_promises(self, now: float) -> list[Row]:
         overlay = self._note("timed_out_promises")
-        rows = [self._promise(r) for r in self._due("durable_promises", _P_COLS, "timeout_at", now)]
+        rows = _due(self.conn, "durable_promises", _P_COLS, "timeout_at", now)
+        promises = [self._promise(r) for r in rows]
         if overlay is None:
-            return rows
-        return _merge(rows, overlay.promises, lambda r: _due_at(r, "pending", "timeout_at", now))
+            return promises
+        return _merge(
+            promises, overlay.promises, lambda r: _due_at(r, "pending", "timeout_at", now)
+        )
 
     def expired_leases(self, now: float) -> list[Row]:
         overlay = self._note("expired_leases")
-        rows = self._due("durable_tasks", _T_COLS, "lease_expires_at", now, "acquired")
+        rows = _due(self.conn, "durable_tasks", _T_COLS, "lease_expires_at", now, "acquired")
         tasks = [self._task(r) for r in rows]
         if overlay is None:
             return tasks
@@ -477,19 +478,11 @@ class SQLiteTables:
 
     def due_pending_tasks(self, now: float) -> list[Row]:
         overlay = self._note("due_pending_tasks")
-        tasks = [self._task(r) for r in self._due("durable_tasks", _T_COLS, "timeout_at", now)]
+        rows = _due(self.conn, "durable_tasks", _T_COLS, "timeout_at", now)
+        tasks = [self._task(r) for r in rows]
         if overlay is None:
             return tasks
         return _merge(tasks, overlay.tasks, lambda r: _due_at(r, "pending", "timeout_at", now))
-
-    def _due(
-        self, table: str, cols: tuple[str, ...], when: str, now: float, state: str = "pending"
-    ) -> list[tuple[Any, ...]]:
-        """Rows of ``table`` in ``state`` whose ``when`` column has come (<= now)."""
-        return self.conn.execute(
-            f"SELECT {', '.join(cols)} FROM {table} WHERE state = ? AND {when} <= ? ORDER BY id",
-            (state, now),
-        ).fetchall()
 
     def search_promises(
         self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
@@ -587,6 +580,49 @@ class SQLiteTables:
         ).fetchall()
         dropped = set() if overlay is None else overlay.dropped
         return iter([(r[0], r[1]) for r in rows if r[1] not in dropped])
+
+
+def _begin_immediate(conn: sqlite3.Connection, busy_ms: int) -> None:
+    """``BEGIN IMMEDIATE``, waiting for the write lock at most ``busy_ms``.
+
+    SQLite's own wait sleeps 1, 2, 5, 10 ... 100 ms between tries, so a lock
+    freed meanwhile stays idle while every writer sleeps; workers of many
+    processes contending for it (their transactions last a millisecond or so)
+    then spend more time asleep than writing. Here the tries come every 0.1 ms
+    at first, then at most 1 ms apart. (Only the wait for the write lock: the
+    statements inside the transaction keep SQLite's busy handling.)
+    """
+    conn.execute("PRAGMA busy_timeout = 0")
+    try:
+        deadline = time.monotonic() + busy_ms / 1000
+        delay = 0.0001
+        while True:
+            try:
+                conn.execute("BEGIN IMMEDIATE")
+                return
+            except sqlite3.OperationalError as exc:
+                busy = exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_BUSY
+                if not busy or time.monotonic() >= deadline:
+                    raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.001)
+    finally:
+        conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
+
+
+def _due(
+    conn: sqlite3.Connection,
+    table: str,
+    cols: tuple[str, ...],
+    when: str,
+    now: float,
+    state: str = "pending",
+) -> list[tuple[Any, ...]]:
+    """Rows of ``table`` in ``state`` whose ``when`` column has come (<= now)."""
+    return conn.execute(
+        f"SELECT {', '.join(cols)} FROM {table} WHERE state = ? AND {when} <= ? ORDER BY id",
+        (state, now),
+    ).fetchall()
 
 
 def _copy_promise(row: Row) -> Row:

@@ -170,22 +170,26 @@ class Core:
         data: str | None,
         iku: str | None,
         now: float,
-        own: Row | None = None,
+        *,
+        written: bool = False,
     ) -> None:
-        """Settle promise ``row``. ``own``: its task, if the caller has just read it
-        and it is not suspended (so resuming the promise's waiters leaves it as is)."""
+        """Settle promise ``row``: resume the tasks suspended on it and fulfil its
+        own. ``written``: the caller has stored the promise settled and its own
+        task fulfilled already (a worker's fulfil): only the waiters are left."""
         t = self.tables
-        row.update(state=state.value, data=data, iku=iku, settled_at=now)
-        t.put_promise(row)
+        if not written:
+            row.update(state=state.value, data=data, iku=iku, settled_at=now)
+            t.put_promise(row)
         # Resume every task suspended on it (and forget all its other callbacks).
         for task_id in t.tasks_awaiting(row["id"]):
             task = t.task(task_id)
             t.drop_callbacks(task_id)
             if task is not None and task["state"] == TaskState.SUSPENDED.value:
                 self._to_pending(task, now)
+        if written:
+            return
         # Its own task has nothing left to do.
-        if own is None:
-            own = t.task(row["id"])
+        own = t.task(row["id"])
         if own is not None and own["state"] != TaskState.FULFILLED.value:
             if own["state"] == TaskState.SUSPENDED.value:
                 t.drop_callbacks(own["id"])  # (only a suspended task has callbacks)
@@ -501,14 +505,27 @@ class Core:
     def fulfill(
         self, id: str, version: int, *, data: Any = None, rejected: bool = False
     ) -> PromiseRecord:
-        with self.tables.transaction():
+        check_id(id, "task id")
+        state = PromiseState.REJECTED if rejected else PromiseState.RESOLVED
+        t = self.tables
+        with t.transaction():
             now = self._begin()
-            task = self._acquired(id, version)
-            row = self.tables.promise(id)
-            if row is None or row["state"] != PromiseState.PENDING.value:
+            # Two conditional updates (the version is the fence), not reads and
+            # writes: a worker's commonest call, and its store's write lock held.
+            done = {
+                "state": TaskState.FULFILLED.value,
+                "pid": None,
+                "lease_expires_at": None,
+                "timeout_at": None,
+            }
+            if not t.update_task(id, {"state": TaskState.ACQUIRED.value, "version": version}, done):
+                self._acquired(id, version)  # raises NotFound or Conflict, naming the state
+                raise Conflict(f"task {id!r} is not acquired at version {version}")
+            settled = {"state": state.value, "data": _json(data), "iku": None, "settled_at": now}
+            row = t.update_promise(id, {"state": PromiseState.PENDING.value}, settled)
+            if row is None:
                 raise Conflict(f"promise {id!r} is not pending")
-            state = PromiseState.REJECTED if rejected else PromiseState.RESOLVED
-            self._settle(row, state, _json(data), None, now, own=task)
+            self._settle(row, state, None, None, now, written=True)
             return promise_record(row)
 
     def fence(self, id: str, version: int, action: PromiseCreate | PromiseSettle) -> PromiseRecord:
