@@ -20,9 +20,11 @@ import trio
 
 from ._errors import StoreError
 from ._records import safe_repr
+from ._store._base import R_VERSION, fold_row
 
 if TYPE_CHECKING:
     from ._store import Change, Store
+    from ._taskref import Job
 
 # Back-pressure from the store: changes journaled but not yet written, beyond
 # which submissions wait (BLOCK) or are refused. Tasks already accepted still
@@ -77,6 +79,22 @@ class Journal:
         if len(changes) >= self._wake_at:
             self._wake_at = _NEVER
             self._writer_lot.unpark()
+
+    def open_row(self, job: Job) -> list[object] | None:
+        """``job``'s "row" change if its next change may be folded into it: this
+        journal has not taken it and it is still the row of this version."""
+        row = job.row
+        if row is not None:
+            if job.row_batch == self.batch and row[R_VERSION] == job.version:
+                return row
+            job.row = None  # (taken: written, or being written)
+        return None
+
+    def fold(self, job: Job, change: Change) -> None:
+        """Journal ``change``, folded into ``job``'s open row if it has one."""
+        row = self.open_row(job)
+        if row is None or not fold_row(row, change):
+            self.append(change)  # (a change the row refuses: the store fences it too)
 
     def hurry(self) -> None:
         """Someone waits for what is journaled to be durable: write it now."""

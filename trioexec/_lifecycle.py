@@ -30,8 +30,6 @@ from ._store._base import (
     R_STARTED,
     R_STATUS,
     R_SUB,
-    R_VERSION,
-    fold_row,
 )
 from ._taskref import Job
 
@@ -134,7 +132,7 @@ class Lifecycle:
 
     def log_submit(self, job: Job) -> None:
         """Journal a new execution as a "row" change, into which its next changes
-        are folded while the journal has not taken it (`_fold`)."""
+        are folded while the journal has not taken it (`Journal.fold`)."""
         journal = self.journal
         assert journal is not None
         fn = job.fn
@@ -151,24 +149,6 @@ class Lifecycle:
         job.row_batch = journal.batch
         journal.append(row)  # type: ignore[arg-type]
 
-    def _open_row(self, job: Job) -> list[object] | None:
-        """``job``'s "row" change if its next change may be folded into it: the
-        journal has not taken it and it is still the row of this version."""
-        row = job.row
-        if row is not None:
-            journal = self.journal
-            assert journal is not None
-            if job.row_batch == journal.batch and row[R_VERSION] == job.version:
-                return row
-            job.row = None  # (taken: written, or being written)
-        return None
-
-    def _fold(self, job: Job, change: Change) -> None:
-        """Journal ``change``, folded into the job's open row if it has one."""
-        row = self._open_row(job)
-        if row is None or not fold_row(row, change):
-            self.log(change)  # (a change the row refuses: the store fences it too)
-
     # ------------------------------------------------------------ running
 
     def started(self, job: Job) -> None:
@@ -178,9 +158,10 @@ class Lifecycle:
         tally.active_count += 1
         job.status = TaskStatus.RUNNING
         job.attempts += 1
-        if self.journal is not None:
+        journal = self.journal
+        if journal is not None:
             now = self.wall()
-            row = self._open_row(job)
+            row = journal.open_row(job)
             if row is not None and row[R_STATUS] is TaskStatus.PENDING:
                 # `fold_row`'s "start", inlined: the hot path of a short task.
                 row[R_STATUS] = TaskStatus.RUNNING
@@ -203,8 +184,9 @@ class Lifecycle:
         tally.queue_depth += 1
         job.status = TaskStatus.PENDING
         error = safe_repr(job.error)
-        if self.journal is not None:
-            self._fold(job, ("retry", job.task_id, job.version, error))
+        journal = self.journal
+        if journal is not None:
+            journal.fold(job, ("retry", job.task_id, job.version, error))
         self._events.publish(
             HealthEventKind.TASK_RETRY_SCHEDULED,
             job.task_id,
@@ -221,8 +203,9 @@ class Lifecycle:
         if tally.deferred_count > tally.max_deferred_count:
             tally.max_deferred_count = tally.deferred_count
         self._events.note(HealthEventKind.TASK_DEFERRED, job.task_id)
-        if self.journal is not None:
-            self._fold(job, ("sub", job.task_id, job.version, SubStatus.DEFERRED, self.wall()))
+        journal = self.journal
+        if journal is not None:
+            journal.fold(job, ("sub", job.task_id, job.version, SubStatus.DEFERRED, self.wall()))
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
 
@@ -232,8 +215,9 @@ class Lifecycle:
         tally.active_count += 1
         tally.resumed_count += 1
         self._events.note(HealthEventKind.TASK_RESUMED, job.task_id)
-        if self.journal is not None:
-            self._fold(job, ("sub", job.task_id, job.version, SubStatus.ACTIVE, None))
+        journal = self.journal
+        if journal is not None:
+            journal.fold(job, ("sub", job.task_id, job.version, SubStatus.ACTIVE, None))
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
         tally.note_high_water()
@@ -290,7 +274,7 @@ class Lifecycle:
             # Acknowledged (wait() returns) only once the record is durable.
             self.live.pop(job.task_id, None)
             error = None if job.error is None else safe_repr(job.error)
-            row = self._open_row(job)
+            row = journal.open_row(job)
             if row is not None and row[R_STATUS] in LIVE:
                 # `fold_row`'s "finish", inlined: the hot path of a short task.
                 row[R_STATUS] = status
