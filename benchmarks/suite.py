@@ -68,6 +68,7 @@ about a minute, the default run about six.
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import os
@@ -80,7 +81,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -340,8 +341,33 @@ def deferral_mix(k: int, mode: str, compute: int, iterations: int, delay: float)
     return out
 
 
+@contextmanager
+def gc_watch(out: Result, frozen: bool) -> Iterator[None]:
+    """Time the garbage collector spends inside the block (``out["gc_s"]``); with
+    ``frozen``, everything alive on entering is moved out of its reach first
+    (`gc.freeze`), as an application may do after parking many tasks."""
+    spent = [0.0, 0.0]
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            spent[1] = time.perf_counter()
+        else:
+            spent[0] += time.perf_counter() - spent[1]
+
+    if frozen:
+        gc.freeze()
+    gc.callbacks.append(callback)
+    try:
+        yield
+    finally:
+        gc.callbacks.remove(callback)
+        if frozen:
+            gc.unfreeze()
+        out["gc_s"] = spent[0]
+
+
 @case
-def park_hand(n: int) -> Result:
+def park_hand(n: int, frozen: bool = False) -> Result:
     """n plain tasks: acquire/release CapacityLimiter(4), ``ev.wait()``, re-acquire/release."""
     out: Result = {}
 
@@ -362,22 +388,24 @@ def park_hand(n: int) -> Result:
             await limiter.acquire()
             limiter.release()
 
-        async with trio.open_nursery() as nursery:
-            for _ in range(n):
-                nursery.start_soon(one)
-            await all_parked.wait()
-            await trio.testing.wait_all_tasks_blocked()
-            out.update(rss_parked_kb=peak_rss_kb(), rss_now_kb=current_rss_kb())
-            t0 = time.perf_counter()
-            ev.set()
-        out["resume_s"] = time.perf_counter() - t0
+        with ExitStack() as stack:
+            async with trio.open_nursery() as nursery:
+                for _ in range(n):
+                    nursery.start_soon(one)
+                await all_parked.wait()
+                await trio.testing.wait_all_tasks_blocked()
+                out.update(rss_parked_kb=peak_rss_kb(), rss_now_kb=current_rss_kb())
+                stack.enter_context(gc_watch(out, frozen))
+                t0 = time.perf_counter()
+                ev.set()
+            out["resume_s"] = time.perf_counter() - t0  # (every task has ended)
 
     trio.run(main)
     return out
 
 
 @case
-def park_defer(n: int) -> Result:
+def park_defer(n: int, frozen: bool = False) -> Result:
     """n executor tasks each parked in one ``handle.defer_until(event)``, then woken."""
     out: Result = {}
 
@@ -397,10 +425,11 @@ def park_defer(n: int) -> Result:
                 rss_parked_kb=peak_rss_kb(),
                 rss_now_kb=current_rss_kb(),
             )
-            t0 = time.perf_counter()
-            ev.set()
-            await ex.wait_for_idle()
-            out["resume_s"] = time.perf_counter() - t0
+            with gc_watch(out, frozen):
+                t0 = time.perf_counter()
+                ev.set()
+                await ex.wait_for_idle()
+                out["resume_s"] = time.perf_counter() - t0
         out["completed"] = ex.statistics().completed_count
 
     trio.run(main)
@@ -1030,6 +1059,8 @@ def scenario_3(run: Runner, sizes: Sizes) -> Result:
         figures[f"n_{n}"] = {
             "trioexec_resume_us_per_task": rnd(ours_us),
             "hand_resume_us_per_task": rnd(hand_us),
+            "trioexec_gc_us_per_task": rnd(ours["gc_s"] * 1e6 / n),
+            "hand_gc_us_per_task": rnd(hand["gc_s"] * 1e6 / n),
             "trioexec_park_us_per_task": rnd(ours["park_s"] * 1e6 / n),
             "trioexec_rss_parked_mb": mb(ours["rss_parked_kb"]),
             "trioexec_peak_rss_mb": mb(ours["peak_rss_kb"]),
@@ -1046,6 +1077,19 @@ def scenario_3(run: Runner, sizes: Sizes) -> Result:
                 rounds=per_round(ours, hand),
             )
         )
+    # Context: the garbage collector's share. An application that parks many
+    # tasks may freeze what is alive by then (gc.freeze) before waking them.
+    n = sizes.park_ns[0]
+    frozen = {"n": n, "frozen": True}
+    run.interleave(("park_defer", frozen), ("park_hand", frozen))
+    ours, hand = run("park_defer", **frozen), run("park_hand", **frozen)
+    r = ours["resume_s"] / hand["resume_s"]
+    what = f"N={n}, both after gc.freeze(): wake+reclaim per task vs hand"
+    ratios.append(ratio(what, r, "context", None, rounds=per_round(ours, hand)))
+    figures[f"n_{n}_frozen"] = {
+        "trioexec_resume_us_per_task": rnd(ours["resume_s"] * 1e6 / n),
+        "hand_resume_us_per_task": rnd(hand["resume_s"] * 1e6 / n),
+    }
     return finish(
         3,
         "defer/resume cost",
