@@ -615,7 +615,7 @@ def test_read_only_refuses_an_older_schema_until_a_writer_migrates_it(tmp_path):
     with pytest.raises(StoreError) as info:
         SQLiteStore(path, read_only=True)
     assert str(info.value) == (
-        f"{path}: written by an older trioexec (schema version 3; this trioexec reads 4):"
+        f"{path}: written by an older trioexec (schema version 3; this trioexec reads 5):"
         " open it once read-write to migrate it"
     )
     assert path.read_bytes() == before

@@ -13,7 +13,7 @@ from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 MIGRATIONS = Migrations("trioexec")
 #: Every migration this trioexec defines, by name: a file with any other applied
 #: was written by a newer trioexec.
@@ -134,6 +134,14 @@ def _durable(db: sqlite_utils.Database) -> None:
 def _run_recovery_attempts(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE workflow_runs ADD COLUMN recovery_attempts INTEGER NOT NULL DEFAULT 0")
     db.execute("UPDATE trioexec_meta SET value = '4' WHERE key = 'schema_version'")
+
+
+@_migration("0005_durable_claim_index")
+def _durable_claim_index(db: sqlite_utils.Database) -> None:
+    # A claim takes a target's oldest ready tasks (ORDER BY id): without id in the
+    # index it sorted the target's whole backlog on every claim.
+    db.execute("CREATE INDEX durable_tasks_claim ON durable_tasks (state, target, id)")
+    db.execute("UPDATE trioexec_meta SET value = '5' WHERE key = 'schema_version'")
 
 
 def schema_version(db: sqlite_utils.Database, path: str) -> int:
