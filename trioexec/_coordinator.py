@@ -1,8 +1,9 @@
 """The workflow coordinator: submits each step through the executor's slots as
 soon as its dependencies are complete, passes contexts along, and finalizes the run.
 
-One coordinator task per run, a child of the executor's nursery; one small task
-per step in flight, which submits the step and waits for its completion.
+One coordinator task per run, a child of the executor's nursery, and no task per
+step: it submits the ready steps itself, and a step's job wakes it when it ends
+(the job's ``done`` event is the run's).
 `WorkflowRuns` keeps an executor's runs: it starts and resumes them, journals
 their changes, and is what the executor's lifecycle and recovery tell about
 steps and runs (built on the executor's parts, which never import it).
@@ -10,8 +11,10 @@ steps and runs (built on the executor's parts, which never import it).
 
 from __future__ import annotations
 
+import itertools
 import json
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, final
 
@@ -23,16 +26,18 @@ from ._events import EventStream, HealthEventKind
 from ._records import SubStatus, TaskCompletion, TaskStatus, check_id
 from ._spec import TaskSpec
 from ._store import RunRecord
-from ._taskref import Job, TaskRef
+from ._taskref import Job
 from ._workflow import (
     Context,
     RunStatus,
     StepState,
     Workflow,
     WorkflowStatus,
+    context_json,
     count_states,
-    is_finished,
-    merged_input,
+    merged_input_json,
+    progress_attributes,
+    run_spec,
     summarize,
 )
 
@@ -63,9 +68,39 @@ class WorkflowResult:
         return self.status is RunStatus.COMPLETED
 
 
+_RUNNING = TaskStatus.RUNNING
+_READY = StepState.READY
+_COMPLETED = StepState.COMPLETED
+_PROGRESS = HealthEventKind.WORKFLOW_PROGRESS
+
+
 @final
 class WorkflowRun:
     """A run of a `Workflow` in an executor (from `Executor.start_workflow`)."""
+
+    __slots__ = (
+        "_blocked",
+        "_closed",
+        "_completions",
+        "_counts",
+        "_done",
+        "_errors",
+        "_initial_json",
+        "_is_lost",
+        "_jobs",
+        "_last_published",
+        "_outputs",
+        "_queue",
+        "_result",
+        "_runs",
+        "_scope",
+        "_started",
+        "_states",
+        "_unblocked",
+        "_wake",
+        "run_id",
+        "workflow",
+    )
 
     def __init__(
         self,
@@ -75,22 +110,29 @@ class WorkflowRun:
         run_id: str | None = None,
         restored: RunRecord | None = None,
     ) -> None:
-        self.run_id = run_id or uuid.uuid4().hex
+        self.run_id = run_id or runs.new_run_id()
         self.workflow = workflow
         self._runs = runs
-        self._initial = Context(context).to_dict()
+        # Checked once; a root step starts from the text as it is.
+        self._initial_json = context_json(Context(context)) if context else "{}"
         self._states = dict.fromkeys(workflow.order, StepState.PENDING)
-        self._resumed = restored is not None
         self._jobs: dict[str, Job] = {}  # every step submitted
-        self._started: dict[str, Job] = {}  # steps READY with a job: queued, running, retrying
-        self._outputs: dict[str, dict[str, Any]] = {}
+        # Steps READY with a job whose end the coordinator has not taken yet:
+        # queued, running, retrying, or ended a moment ago.
+        self._started: dict[str, Job] = {}
+        self._queue: deque[str] = deque()  # READY steps not submitted yet, in run order
+        # Each completed step's output, as JSON text (passed on and stored as it is).
+        self._outputs: dict[str, str] = {}
         self._completions: dict[str, TaskCompletion] = {}
         self._errors: dict[str, BaseException | None] = {}
-        self._attempt_outputs: dict[str, dict[str, Any]] = {}  # set by a successful attempt
-        self._last_published: WorkflowStatus | None = None
+        self._last_published: tuple[int, ...] | None = None
         self._is_lost = False
-        self._nursery: trio.Nursery | None = None
-        self._last_turn: trio.Event | None = None  # set once the last step is submitted
+        self._closed = False  # the executor refused a step with ExecutorClosed
+        # Every step job in flight has this as its `Job.done`: the lifecycle sets
+        # it when the job ends (with a store: once that is durable), which wakes
+        # the coordinator; then each job still in flight gets a fresh one.
+        self._wake = trio.Event()
+        self._scope = trio.CancelScope()
         self._done = trio.Event()
         self._result: WorkflowResult | None = None
         if restored is not None:
@@ -101,40 +143,36 @@ class WorkflowRun:
                     continue  # the workflow changed since: forget unknown steps
                 step_state = StepState(state)
                 if step_state is StepState.COMPLETED and output is not None:
-                    self._outputs[sid] = json.loads(output)
+                    json.loads(output)  # (a record that is not JSON fails here, as before)
+                    self._outputs[sid] = output
                     self._states[sid] = step_state
                 elif step_state in (StepState.FAILED, StepState.SKIPPED):
                     self._states[sid] = step_state
         # Kept as states change (`_set`), so neither publishing progress nor
         # finding the next steps scans the workflow.
-        self._counts = count_states(self._states)
-        self._blocked = {  # dependencies not completed yet
-            sid: sum(self._states[d] is not StepState.COMPLETED for d in spec.dependencies)
-            for sid, spec in workflow.steps.items()
-        }
-        self._unblocked = {  # PENDING steps whose dependencies have all completed
-            sid
-            for sid, n in self._blocked.items()
-            if n == 0 and self._states[sid] is StepState.PENDING
-        }
+        self._blocked = workflow.dependency_counts()  # dependencies not completed yet
+        if restored is None:
+            self._counts = count_states({})
+            self._counts[StepState.PENDING] = len(self._states)
+            self._unblocked = set(workflow.roots)
+        else:
+            self._counts = count_states(self._states)
+            for sid, spec in workflow.steps.items():
+                self._blocked[sid] = sum(
+                    self._states[d] is not StepState.COMPLETED for d in spec.dependencies
+                )
+            self._unblocked = {  # PENDING steps whose dependencies have all completed
+                sid
+                for sid, n in self._blocked.items()
+                if n == 0 and self._states[sid] is StepState.PENDING
+            }
 
     # ------------------------------------------------------------------ public
 
     def status(self) -> WorkflowStatus:
         """The run's `WorkflowStatus` now. Never blocks."""
-        counts = self._counts
-        started = deferred = 0
-        for job in self._started.values():
-            # Started (running, deferred, or between retry attempts): in progress.
-            if job.status is TaskStatus.RUNNING:
-                started += 1
-                if job.handle is not None and job.handle.sub_status is SubStatus.DEFERRED:
-                    deferred += 1
-            elif job.attempts > 0:
-                started += 1
-        ready_now = counts[StepState.READY] - started + len(self._unblocked)
-        in_progress = counts[StepState.RUNNING] + started
-        return summarize(self.run_id, self.workflow, counts, ready_now, in_progress, deferred)
+        ready_now, in_progress, deferred = self._progress()
+        return summarize(self.run_id, self.workflow, self._counts, ready_now, in_progress, deferred)
 
     async def wait(self) -> WorkflowResult:
         """Wait until the run has ended; return its `WorkflowResult`. A checkpoint."""
@@ -152,101 +190,112 @@ class WorkflowRun:
 
     # ------------------------------------------------------------------ coordinator
 
-    async def _coordinate(
-        self, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
-    ) -> None:
-        if not self._resumed:
-            self._runs.log(("run", self.run_id, 0, self.workflow.name, json.dumps(self._initial)))
+    def _begin(self, resumed: bool) -> None:
+        """Record the run (a new one) and make its first steps ready; the
+        coordinator task submits them."""
+        if not resumed:
+            self._runs.log(("run", self.run_id, 0, self.workflow.name, self._initial_json))
+        self._advance()
+
+    async def _coordinate(self) -> None:
+        """Submit ready steps one after another, in the workflow's order, and take
+        each step's end as it comes, until nothing is left to run.
+
+        One task per run: a step in flight is a `Job` whose ``done`` event wakes
+        this task (no task per step). Cancelled (the executor's nursery, or
+        `_lost`), it stops where it is; the steps' jobs are the executor's.
+        """
         try:
-            async with trio.open_nursery() as nursery:
-                self._nursery = nursery
-                task_status.started()
-                self._advance()
+            with self._scope:
+                while True:
+                    if self._started:
+                        self._collect()
+                    if self._queue:
+                        await self._submit(self._queue.popleft())
+                    elif self._started:
+                        await self._wake.wait()
+                        self._rearm()
+                    else:
+                        break
         finally:
             self._finalize()
             self._runs.finished(self)
 
+    def _rearm(self) -> None:
+        wake = self._wake = trio.Event()
+        for job in self._started.values():
+            job.done = wake
+
     def _advance(self) -> None:
-        assert self._nursery is not None
-        for sid in sorted(self._unblocked, key=self.workflow.position):
-            self._set(sid, StepState.READY)
-            # Steps submit one after another, in the workflow's order (each waits
-            # for the one before it to be submitted): Trio's scheduling order
-            # never decides which ready step starts first.
-            turn, self._last_turn = self._last_turn, trio.Event()
-            self._nursery.start_soon(
-                self._run_step, sid, turn, self._last_turn, name=f"{self.workflow.name}.{sid}"
-            )
+        """Make the unblocked steps READY (queued for the coordinator to submit,
+        in the workflow's order, so Trio's scheduling never decides which ready
+        step starts first) and publish the progress."""
+        unblocked = self._unblocked
+        if unblocked and not self._closed:
+            if len(unblocked) == 1:
+                ready = list(unblocked)
+            else:
+                ready = sorted(unblocked, key=self.workflow.position)
+            for sid in ready:
+                self._set(sid, StepState.READY)
+            self._queue.extend(ready)
         self._publish()
 
-    def _step_spec(self, sid: str) -> TaskSpec:
-        """The step's spec with a function that runs each attempt on a fresh copy of
-        the step's input and keeps the context it leaves as the step's output.
-
-        So a failed attempt's writes never reach the next attempt, siblings never
-        share nested values, and a context that is no longer JSON fails the step
-        (inside the attempt, where retries apply) instead of the coordinator.
-        """
-        spec = self.workflow.steps[sid]
-        fn = spec.fn
-        outputs = self._attempt_outputs
-
-        if spec.is_async:
-
-            async def run_async(input_json: str, **handle: Any) -> Any:
-                context = Context._trusted(json.loads(input_json))
-                result = await fn(context, **handle)
-                outputs[sid] = context.to_dict()
-                return result
-
-            return attrs.evolve(spec, fn=run_async)
-
-        def run_sync(input_json: str, **handle: Any) -> Any:
-            context = Context._trusted(json.loads(input_json))
-            result = fn(context, **handle)
-            outputs[sid] = context.to_dict()
-            return result
-
-        return attrs.evolve(spec, fn=run_sync)
-
-    async def _run_step(self, sid: str, turn: trio.Event | None, submitted: trio.Event) -> None:
+    async def _submit(self, sid: str) -> None:
+        """Submit one READY step (may wait for space, under ``BLOCK``)."""
+        step_input = merged_input_json(self.workflow, sid, self._initial_json, self._outputs)
         try:
-            if turn is not None:
-                await turn.wait()
-            step_input = json.dumps(merged_input(self.workflow, sid, self._initial, self._outputs))
-            job = await self._runs.submit_step(self._step_spec(sid), (step_input,), self.run_id)
+            job = await self._runs.submit_step(
+                run_spec(self.workflow, sid, wrap_step), (step_input,), self.run_id
+            )
         except ExecutorClosed:  # shut down before it started: the run is cut short
+            self._closed = True
             self._set(sid, StepState.PENDING)
+            while self._queue:
+                self._set(self._queue.popleft(), StepState.PENDING)
             return
         except TrioexecError as exc:  # refused (full): the step fails
             self._errors.setdefault(sid, exc)
             self._step_failed(sid)
-            return
-        finally:
-            submitted.set()
-        self._jobs[sid] = self._started[sid] = job
-        try:
-            completion = await TaskRef(job).wait()
-        finally:
-            del self._started[sid]
-        self._completions[sid] = completion
-        if completion.ok:
-            self._outputs[sid] = self._attempt_outputs.pop(sid)
-            self._set(sid, StepState.COMPLETED)
             self._advance()
-        else:
-            self._errors.setdefault(sid, completion.error)
-            self._step_failed(sid)
+            return
+        self._jobs[sid] = self._started[sid] = job
+        # (A job dropped on arrival has ended already: `_collect` takes it next.)
+        job.done = self._wake
+
+    def _collect(self) -> None:
+        """Take the end of every step job that has ended (and, with a store, whose
+        end is durable); then make what that unblocked ready."""
+        ended = [
+            (sid, job) for sid, job in self._started.items() if not job.pending_ack and job.ended
+        ]
+        if len(ended) != len(self._started):
+            owner = next(iter(self._started.values())).owner
+            if owner.failure is not None:
+                # The store failed before these ends were durable: as `TaskRef.wait`.
+                raise owner.failure_error()
+        if not ended:
+            return
+        for sid, job in ended:
+            del self._started[sid]
+            if job.status is TaskStatus.COMPLETED:
+                # `wrap_step`'s function returned the step function's value and the
+                # output; the completion (made here, first) gets the value.
+                assert job.completion is None
+                job.result, self._outputs[sid] = job.result
+                self._completions[sid] = job.make_completion()
+                self._set(sid, StepState.COMPLETED)
+            else:
+                completion = self._completions[sid] = job.make_completion()
+                self._errors.setdefault(sid, completion.error)
+                self._step_failed(sid)
+        self._advance()
 
     def _record_completed_step(self, job: Job) -> None:
         """Journal a step's completion with its output (in the same batch as the
         step execution's own completion)."""
-        sid = job.name
-        output = self._attempt_outputs.get(sid)
-        if output is not None:
-            self._runs.log(
-                ("step", self.run_id, 0, sid, StepState.COMPLETED, json.dumps(output), job.task_id)
-            )
+        _, output = job.result  # (`wrap_step`'s function returned it)
+        self._runs.log(("step", self.run_id, 0, job.name, StepState.COMPLETED, output, job.task_id))
 
     def _set(self, sid: str, state: StepState) -> None:
         old = self._states[sid]
@@ -266,13 +315,14 @@ class WorkflowRun:
 
     def _step_failed(self, sid: str) -> None:
         self._set(sid, StepState.FAILED)
-        job = self._jobs.get(sid)
-        self._runs.log(("step", self.run_id, 0, sid, StepState.FAILED, None, job and job.task_id))
+        runs = self._runs
+        if runs.journaled:
+            job = self._jobs.get(sid)
+            runs.log(("step", self.run_id, 0, sid, StepState.FAILED, None, job and job.task_id))
         for dependent in self.workflow.dependents(sid):
             if self._states[dependent] is StepState.PENDING:
                 self._set(dependent, StepState.SKIPPED)
-                self._runs.log(("step", self.run_id, 0, dependent, StepState.SKIPPED, None, None))
-        self._advance()
+                runs.log(("step", self.run_id, 0, dependent, StepState.SKIPPED, None, None))
 
     def _lost(self) -> None:
         """Another executor has taken this run over: stop coordinating it here,
@@ -280,54 +330,108 @@ class WorkflowRun:
         self._is_lost = True
         for job in self._jobs.values():
             job.owner.cancel(job)
-        if self._nursery is not None:
-            self._nursery.cancel_scope.cancel()
+        self._scope.cancel()
+
+    def _progress(self) -> tuple[int, int, int]:
+        """Steps ready (queued for a slot included), in progress, and deferred."""
+        started = deferred = 0
+        for job in self._started.values():
+            # Started (running, deferred, or between retry attempts): in progress.
+            if job.status is _RUNNING:
+                started += 1
+                if job.handle is not None and job.handle.sub_status is SubStatus.DEFERRED:
+                    deferred += 1
+            elif job.attempts > 0:
+                started += 1
+        counts = self._counts
+        ready_now = counts[_READY] - started + len(self._unblocked)
+        return ready_now, counts[StepState.RUNNING] + started, deferred
 
     def _publish(self) -> None:
         """Publish a ``workflow_progress`` event if the status has changed."""
-        st = self.status()
-        if st == self._last_published:
+        counts = self._counts
+        # (With the run and its workflow, these decide every field of the status.)
+        key = (
+            *self._progress(),
+            counts[_COMPLETED],
+            counts[StepState.FAILED],
+            counts[StepState.SKIPPED],
+        )
+        if key == self._last_published:
             return
-        self._last_published = st
+        self._last_published = key
+        attributes = progress_attributes(self.run_id, self.workflow, *key)
         self._runs.events.publish(
-            HealthEventKind.WORKFLOW_PROGRESS,
-            None,
-            reason=st.execution_status.value,
-            attributes=st.as_attributes(),
+            _PROGRESS, None, reason=attributes["execution_status"], attributes=attributes
         )
 
     def _finalize(self) -> None:
         completions = self._completions
-        if not is_finished(self._states) or any(
-            c.status is TaskStatus.CANCELLED for c in completions.values()
-        ):
+        counts = self._counts
+        order = self.workflow.order
+        failed = counts[StepState.FAILED]
+        finished = counts[_COMPLETED] + failed + counts[StepState.SKIPPED] == len(order)
+        if not finished or any(c.status is TaskStatus.CANCELLED for c in completions.values()):
             run_status = RunStatus.CANCELLED
-        elif any(state is StepState.FAILED for state in self._states.values()):
+        elif failed:
             run_status = RunStatus.FAILED
         else:
             run_status = RunStatus.COMPLETED
-        final: dict[str, Any] = dict(self._initial)
-        for sid in self.workflow.order:
-            if sid in self._outputs:
-                final.update(self._outputs[sid])
-        error = next(
-            (self._errors[sid] for sid in self.workflow.order if sid in self._errors), None
-        )
+        final: dict[str, Any] = json.loads(self._initial_json)
+        outputs = self._outputs
+        for sid in order:
+            if sid in outputs:
+                final.update(json.loads(outputs[sid]))
+        errors = self._errors
+        error = next((errors[sid] for sid in order if sid in errors), None) if errors else None
         self._result = WorkflowResult(
             run_id=self.run_id,
             workflow=self.workflow.name,
             status=run_status,
             context=final,
-            steps={sid: completions[sid] for sid in self.workflow.order if sid in completions},
+            steps={sid: completions[sid] for sid in order if sid in completions},
             error=error,
         )
-        if not self._is_lost and (
-            run_status is not RunStatus.CANCELLED or is_finished(self._states)
+        if (
+            not self._is_lost
+            and (run_status is not RunStatus.CANCELLED or finished)
+            and self._runs.journaled
         ):
             # A run cut short by a shutdown stays 'running' in the store, so that
             # recovery resumes it; one that ended is recorded as ended.
             self._runs.log(("run_end", self.run_id, 0, run_status, self._runs.wall()))
         self._done.set()
+
+
+def wrap_step(spec: TaskSpec) -> TaskSpec:
+    """The spec a run submits for a step (`run_spec` keeps it with the workflow):
+    its function wrapped to run each attempt on a fresh copy of the step's input
+    (JSON text) and to return, with the function's value, the context it leaves,
+    as JSON text (the step's output, which the coordinator takes back out of the
+    job's result).
+
+    So a failed attempt's writes never reach the next attempt, siblings never
+    share nested values, and a context that is no longer JSON fails the step
+    (inside the attempt, where retries apply) instead of the coordinator. The
+    wrapper holds nothing of a run.
+    """
+    fn = spec.fn
+
+    if spec.is_async:
+
+        async def run_async(input_json: str, **handle: Any) -> tuple[Any, str]:
+            context = Context._trusted(json.loads(input_json))
+            result = await fn(context, **handle)
+            return result, context_json(context)
+
+        return attrs.evolve(spec, fn=run_async)
+
+    def run_sync(input_json: str, **handle: Any) -> tuple[Any, str]:
+        context = Context._trusted(json.loads(input_json))
+        result = fn(context, **handle)
+        return result, context_json(context)
+
+    return attrs.evolve(spec, fn=run_sync)
 
 
 @final
@@ -358,6 +462,18 @@ class WorkflowRuns:
         self._journal = journal
         self._owner_id = owner_id
         self._idle_changed = idle_changed
+        # Run ids: 32 hex digits, random per executor, then counted (a uuid4 per
+        # run cost as much as a step's bookkeeping).
+        self._id_prefix = uuid.uuid4().hex[:20]
+        self._ids = itertools.count(1)
+
+    def new_run_id(self) -> str:
+        return f"{self._id_prefix}{next(self._ids):012x}"
+
+    @property
+    def journaled(self) -> bool:
+        """True with a store (`log` writes)."""
+        return self._journal is not None
 
     @property
     def open(self) -> int:
@@ -376,9 +492,13 @@ class WorkflowRuns:
             journal = self._journal
             if journal is not None and journal.store.run(run_id) is not None:
                 raise ValueError(f"run id {run_id!r} is already recorded in the store")
+        # Exactly one schedule point, as `Executor.submit`: cancelled here, no run.
+        await trio.lowlevel.checkpoint_if_cancelled()
         run = WorkflowRun(self, workflow, context, run_id)
+        self.nursery.start_soon(run._coordinate)
         self.active[run.run_id] = run
-        await self.nursery.start(run._coordinate)
+        run._begin(resumed=False)
+        await trio.lowlevel.cancel_shielded_checkpoint()
         return run
 
     def names(self) -> list[str]:
@@ -393,8 +513,9 @@ class WorkflowRuns:
         assert self.nursery is not None
         workflow = self._workflows[record.workflow]
         run = WorkflowRun(self, workflow, json.loads(record.context), record.run_id, record)
-        self.active[run.run_id] = run
         self.nursery.start_soon(run._coordinate)
+        self.active[run.run_id] = run
+        run._begin(resumed=True)
 
     def finished(self, run: WorkflowRun) -> None:
         self.active.pop(run.run_id, None)

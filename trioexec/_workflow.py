@@ -10,7 +10,7 @@ import enum
 import graphlib
 import heapq
 import json
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any, final
 
 import attrs
@@ -80,7 +80,16 @@ class Workflow:
         wf = Workflow("etl", [fetch, wait_for_data, transform, load])
     """
 
-    __slots__ = ("_children", "_order", "_position", "_specs", "name")
+    __slots__ = (
+        "_children",
+        "_dependency_counts",
+        "_order",
+        "_position",
+        "_roots",
+        "_run_specs",
+        "_specs",
+        "name",
+    )
 
     def __init__(self, name: str, specs: Iterable[TaskSpec]) -> None:
         if not isinstance(name, str) or not name:
@@ -115,6 +124,11 @@ class Workflow:
             for dep in steps[sid].dependencies:
                 children[dep].append(sid)
         self._children = {sid: tuple(c) for sid, c in children.items()}
+        self._dependency_counts = {sid: len(steps[sid].dependencies) for sid in self._order}
+        self._roots = tuple(sid for sid in self._order if not steps[sid].dependencies)
+        # The specs runs submit (`run_spec`): each step's function wrapped by the
+        # coordinator to take and give JSON text, made once per step.
+        self._run_specs: dict[str, TaskSpec] = {}
 
     @property
     def steps(self) -> Mapping[str, TaskSpec]:
@@ -130,6 +144,16 @@ class Workflow:
     def children(self, step_id: str) -> tuple[str, ...]:
         """The steps that depend on ``step_id`` directly, in run order."""
         return self._children[step_id]
+
+    @property
+    def roots(self) -> tuple[str, ...]:
+        """The steps without dependencies, in run order."""
+        return self._roots
+
+    def dependency_counts(self) -> dict[str, int]:
+        """Step id -> how many dependencies it has, in run order (a fresh dict: a
+        run counts them down as its steps complete)."""
+        return dict(self._dependency_counts)
 
     def position(self, step_id: str) -> int:
         """Where ``step_id`` is in `order`."""
@@ -245,15 +269,36 @@ class Context(MutableMapping[str, Any]):
           TypeError: naming the key, if a value was made non-JSON in place
             (``context["items"].append({1})``), which the write check cannot see.
         """
-        try:
-            return json.loads(json.dumps(self._data))  # type: ignore[no-any-return]
-        except (TypeError, ValueError):
-            for key, value in self._data.items():
-                _check_json(key, value)
-            raise
+        return json.loads(context_json(self))  # type: ignore[no-any-return]
 
     def __repr__(self) -> str:
         return f"Context({self._data!r})"
+
+
+def context_json(context: Context) -> str:
+    """``context`` as JSON text (what a run passes along and stores).
+
+    Raises:
+      TypeError: as `Context.to_dict`.
+    """
+    data = context._data
+    try:
+        return json.dumps(data)
+    except (TypeError, ValueError):
+        for key, value in data.items():
+            _check_json(key, value)
+        raise
+
+
+def run_spec(workflow: Workflow, step_id: str, wrap: Callable[[TaskSpec], TaskSpec]) -> TaskSpec:
+    """The spec a run submits for ``step_id``: ``wrap(spec)``, made once per step
+    of ``workflow`` and kept with it (so what ``wrap`` makes must hold nothing of
+    one run)."""
+    specs = workflow._run_specs
+    spec = specs.get(step_id)
+    if spec is None:
+        spec = specs[step_id] = wrap(workflow._specs[step_id])
+    return spec
 
 
 def merged_input(
@@ -271,6 +316,23 @@ def merged_input(
     for dep in deps:
         merged.update(outputs[dep])
     return merged
+
+
+def merged_input_json(
+    workflow: Workflow, step_id: str, initial: str, outputs: Mapping[str, str]
+) -> str:
+    """`merged_input` on contexts held as JSON text: a root step's input is the
+    initial context's text, a step with one dependency starts from that step's
+    output text as it is, and only a merge decodes and encodes again."""
+    deps = workflow.steps[step_id].dependencies
+    if not deps:
+        return initial
+    if len(deps) == 1:
+        return outputs[deps[0]]
+    merged: dict[str, Any] = {}
+    for dep in deps:
+        merged.update(json.loads(outputs[dep]))
+    return json.dumps(merged)
 
 
 def ready(workflow: Workflow, states: Mapping[str, StepState]) -> list[str]:
@@ -349,40 +411,78 @@ def summarize(
     which ``ready_now`` can start (or wait for a slot) and ``in_progress`` have
     started (`status` derives them from the states; a running run keeps them
     as its steps change)."""
+    completed = counts[StepState.COMPLETED]
     failed = counts[StepState.FAILED]
+    skipped = counts[StepState.SKIPPED]
     total = len(workflow.order)
-    finished = counts[StepState.COMPLETED] + failed + counts[StepState.SKIPPED]
-    if ready_now:
-        execution = ExecutionStatus.READY_STEPS_AVAILABLE
-    elif in_progress:
-        execution = ExecutionStatus.STEPS_IN_PROGRESS
-    elif failed:
-        execution = ExecutionStatus.BLOCKED_BY_FAILURES
-    elif finished == total:
-        execution = ExecutionStatus.COMPLETE
-    else:
-        execution = ExecutionStatus.AWAITING_DEPENDENCIES
-    if not failed:
-        health = "healthy"
-    elif execution is ExecutionStatus.BLOCKED_BY_FAILURES:
-        health = "blocked"
-    else:
-        health = "degraded"
+    execution, health = _judge(total, ready_now, in_progress, completed, failed, skipped)
     return WorkflowStatus(
         run_id=run_id,
         workflow=workflow.name,
         execution_status=execution,
         health_status=health,
         total_steps=total,
-        completed_steps=counts[StepState.COMPLETED],
+        completed_steps=completed,
         ready_steps=ready_now,
         in_progress_steps=in_progress,
         deferred_steps=deferred,
         failed_steps=failed,
-        skipped_steps=counts[StepState.SKIPPED],
-        completion_percentage=round(100.0 * counts[StepState.COMPLETED] / total, 2),
+        skipped_steps=skipped,
+        completion_percentage=round(100.0 * completed / total, 2),
         recommended_action=_RECOMMENDED[execution],
     )
+
+
+def progress_attributes(
+    run_id: str,
+    workflow: Workflow,
+    ready_now: int,
+    in_progress: int,
+    deferred: int,
+    completed: int,
+    failed: int,
+    skipped: int,
+) -> dict[str, Any]:
+    """``summarize(...).as_attributes()`` of a run with these numbers of steps,
+    without making the `WorkflowStatus` (what a ``workflow_progress`` event
+    carries; a run publishes a few per step)."""
+    total = len(workflow._order)
+    execution, health = _judge(total, ready_now, in_progress, completed, failed, skipped)
+    return {
+        "run_id": run_id,
+        "workflow": workflow.name,
+        "execution_status": _VALUE[execution],
+        "health_status": health,
+        "total_steps": total,
+        "completed_steps": completed,
+        "ready_steps": ready_now,
+        "in_progress_steps": in_progress,
+        "deferred_steps": deferred,
+        "failed_steps": failed,
+        "skipped_steps": skipped,
+        "completion_percentage": round(100.0 * completed / total, 2),
+        "recommended_action": _RECOMMENDED[execution],
+    }
+
+
+_VALUE = {status: status.value for status in ExecutionStatus}
+
+
+def _judge(
+    total: int, ready_now: int, in_progress: int, completed: int, failed: int, skipped: int
+) -> tuple[ExecutionStatus, str]:
+    """A run's execution status (the first that applies) and health."""
+    if ready_now:
+        execution = ExecutionStatus.READY_STEPS_AVAILABLE
+    elif in_progress:
+        execution = ExecutionStatus.STEPS_IN_PROGRESS
+    elif failed:
+        return ExecutionStatus.BLOCKED_BY_FAILURES, "blocked"
+    elif completed + failed + skipped == total:
+        execution = ExecutionStatus.COMPLETE
+    else:
+        execution = ExecutionStatus.AWAITING_DEPENDENCIES
+    return execution, "degraded" if failed else "healthy"
 
 
 def is_finished(states: Mapping[str, StepState]) -> bool:
