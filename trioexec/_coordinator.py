@@ -2,8 +2,8 @@
 soon as its dependencies are complete, passes contexts along, and finalizes the run.
 
 One coordinator task per run, a child of the executor's nursery, and no task per
-step: it submits the ready steps itself, and a step's job wakes it when it ends
-(the job's ``done`` event is the run's).
+step: it submits the ready steps itself, and a step's job tells it when it ends
+(the job's ``on_done``).
 `WorkflowRuns` keeps an executor's runs: it starts and resumes them, journals
 their changes, and is what the executor's lifecycle and recovery tell about
 steps and runs (built on the executor's parts, which never import it).
@@ -84,6 +84,7 @@ class WorkflowRun:
         "_completions",
         "_counts",
         "_done",
+        "_ended",
         "_errors",
         "_initial_json",
         "_is_lost",
@@ -128,9 +129,9 @@ class WorkflowRun:
         self._last_published: tuple[int, ...] | None = None
         self._is_lost = False
         self._closed = False  # the executor refused a step with ExecutorClosed
-        # Every step job in flight has this as its `Job.done`: the lifecycle sets
-        # it when the job ends (with a store: once that is durable), which wakes
-        # the coordinator; then each job still in flight gets a fresh one.
+        # Step jobs that have ended (with a store: durably), told by the job's
+        # `on_done` (`_step_ended`), which also sets `_wake` for the coordinator.
+        self._ended: list[Job] = []
         self._wake = trio.Event()
         self._scope = trio.CancelScope()
         self._done = trio.Event()
@@ -201,30 +202,30 @@ class WorkflowRun:
         """Submit ready steps one after another, in the workflow's order, and take
         each step's end as it comes, until nothing is left to run.
 
-        One task per run: a step in flight is a `Job` whose ``done`` event wakes
+        One task per run: a step in flight is a `Job` whose ``on_done`` wakes
         this task (no task per step). Cancelled (the executor's nursery, or
         `_lost`), it stops where it is; the steps' jobs are the executor's.
         """
         try:
             with self._scope:
                 while True:
-                    if self._started:
+                    if self._ended:
                         self._collect()
                     if self._queue:
                         await self._submit(self._queue.popleft())
                     elif self._started:
                         await self._wake.wait()
-                        self._rearm()
+                        self._wake = trio.Event()
                     else:
                         break
         finally:
             self._finalize()
             self._runs.finished(self)
 
-    def _rearm(self) -> None:
-        wake = self._wake = trio.Event()
-        for job in self._started.values():
-            job.done = wake
+    def _step_ended(self, job: Job) -> None:
+        """A step job's `on_done`: it has ended (durably), or the store failed."""
+        self._ended.append(job)
+        self._wake.set()
 
     def _advance(self) -> None:
         """Make the unblocked steps READY (queued for the coordinator to submit,
@@ -260,20 +261,22 @@ class WorkflowRun:
             self._advance()
             return
         self._jobs[sid] = self._started[sid] = job
-        # (A job dropped on arrival has ended already: `_collect` takes it next.)
-        job.done = self._wake
+        job.on_done = self._step_ended
+        if job.ended and not job.pending_ack:  # dropped on arrival: it has told no one
+            self._ended.append(job)
 
     def _collect(self) -> None:
-        """Take the end of every step job that has ended (and, with a store, whose
-        end is durable); then make what that unblocked ready."""
-        ended = [
-            (sid, job) for sid, job in self._started.items() if not job.pending_ack and job.ended
-        ]
-        if len(ended) != len(self._started):
-            owner = next(iter(self._started.values())).owner
-            if owner.failure is not None:
-                # The store failed before these ends were durable: as `TaskRef.wait`.
-                raise owner.failure_error()
+        """Take the end of every step job that has told it ended (and, with a
+        store, that its end is durable); then make what that unblocked ready."""
+        ended = []
+        told, self._ended = self._ended, []
+        for job in told:
+            if job.pending_ack or not job.ended:
+                # The store failed before this end was durable: as `TaskRef.wait`.
+                assert job.owner.failure is not None
+                raise job.owner.failure_error()
+            if self._started.get(job.name) is job:  # (told once more after a failure)
+                ended.append((job.name, job))
         if not ended:
             return
         for sid, job in ended:

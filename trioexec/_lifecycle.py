@@ -267,9 +267,8 @@ class Lifecycle:
             self._named.pop(job.task_id, None)
         journal = self.journal
         if journal is None:
-            done = job.done
-            if done is not None:
-                done.set()
+            if job.waited_on:
+                job.wake_waiters()
         else:
             # Acknowledged (wait() returns) only once the record is durable.
             self.live.pop(job.task_id, None)
@@ -289,7 +288,7 @@ class Lifecycle:
                 # execution's, so a crash cannot leave one without the other.
                 self.runs.step_completed(job)
             journal.notify.append(job)
-            if job.done is not None:
+            if job.waited_on:
                 journal.hurry()  # someone waits for it
             if not self.space_freed.is_set():
                 self.space_freed.set()  # (recovery only happens with a store)
@@ -320,8 +319,8 @@ class Lifecycle:
                 self.lose(task_id)
         for job in notify:
             job.pending_ack = False
-            if job.done is not None:
-                job.done.set()
+            if job.waited_on:
+                job.wake_waiters()
         self._gate.wake_next()  # the store caught up: there may be room
 
     # ------------------------------------------------------------ cancelled, lost
@@ -430,8 +429,7 @@ class Lifecycle:
         journal = self.journal
         assert journal is not None
         for job in [*self.live.values(), *journal.notify]:
-            if job.done is not None:
-                job.done.set()
+            job.wake_waiters()
         self._idle_lot.unpark_all()
 
     def hurry(self) -> None:

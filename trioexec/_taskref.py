@@ -66,6 +66,8 @@ class Job:
     handle: TaskHandle | None = None
     scope: trio.CancelScope | None = None  # set once a worker has taken it
     done: trio.Event | None = None  # made by the first waiter
+    #: called once it has ended (with a store: once that is durable), or the store failed
+    on_done: Callable[[Job], None] | None = None
     completion: TaskCompletion | None = None
     result: Any = None
     error: BaseException | None = None
@@ -81,6 +83,19 @@ class Job:
         """True once the execution has its completion."""
         status = self.status
         return status is not TaskStatus.PENDING and status is not TaskStatus.RUNNING
+
+    @property
+    def waited_on(self) -> bool:
+        """Someone waits for its end (`TaskRef.wait`, or an ``on_done`` callback)."""
+        return self.done is not None or self.on_done is not None
+
+    def wake_waiters(self) -> None:
+        """It has ended (with a store: durably), or the store failed: tell whoever
+        waits (each finds out which by looking at it)."""
+        if self.done is not None:
+            self.done.set()
+        if self.on_done is not None:
+            self.on_done(self)
 
     def make_completion(self) -> TaskCompletion:
         """The `TaskCompletion` of an ended job (made once)."""
