@@ -7,7 +7,9 @@ process) under ``py-spy record`` (``pip install py-spy``; extra ``bench``), and
 writes ``DIR/CASE.svg`` (a flame graph: open it in a browser) and
 ``DIR/CASE.txt`` (the collapsed stacks). Then prints, per case and thread, the
 functions with the most samples: inclusive (the function and what it calls) and
-self (the function's own lines). Cases (default: the first two):
+self (the function's own lines). ``--gil`` samples only the thread that holds
+the GIL (with a store: how much of it the writer thread takes from the Trio
+thread). Cases (default: the first two):
 
 - ``executor``: 100k no-op tasks through ``await ex.submit``, limit 4 (scenario 1);
 - ``executor_store``: the same with a ``SQLiteStore``, limit 64 (scenario 6);
@@ -45,10 +47,12 @@ def command(case: str) -> list[str]:
     return [sys.executable, str(SUITE), "--case", name, *(f"--arg={a}" for a in args)]
 
 
-def record(pyspy: str, case: str, out: Path, rate: int) -> Path:
+def record(pyspy: str, case: str, out: Path, rate: int, gil: bool) -> Path:
     """Record ``case`` twice (a flame graph, and raw stacks for the top list);
     returns the raw stacks' path."""
     base = [pyspy, "record", "--rate", str(rate), "--threads", "--nonblocking"]
+    if gil:
+        base.append("--gil")
     svg, raw = out / f"{case}.svg", out / f"{case}.txt"
     for fmt, path in (("flamegraph", svg), ("raw", raw)):
         subprocess.run(
@@ -91,6 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("profiles"), help="default ./profiles")
     parser.add_argument("--rate", type=int, default=1000, help="samples per second (1000)")
     parser.add_argument("--top", type=int, default=25, help="functions listed per thread (25)")
+    parser.add_argument(
+        "--gil",
+        action="store_true",
+        help="sample only the thread holding the GIL (who keeps the others waiting)",
+    )
     args = parser.parse_args(argv)
     unknown = set(args.cases) - set(CASES)
     if unknown:
@@ -101,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for case in args.cases or list(CASES)[:2]:
         print(f"{case}: {' '.join(command(case)[1:])}", flush=True)
-        raw = record(pyspy, case, args.out, args.rate)
+        raw = record(pyspy, case, args.out, args.rate, args.gil)
         print(f"  flame graph: {args.out / (case + '.svg')}")
         print(top(raw, args.top), flush=True)
     return 0

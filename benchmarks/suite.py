@@ -80,6 +80,7 @@ import sys
 import tempfile
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
@@ -218,6 +219,65 @@ def channel_pool(n: int, limit: int) -> Result:
             async with send:
                 for _ in range(n):
                     await send.send(noop)
+
+    out: Result = {}
+    with stopwatch(out):
+        trio.run(main)
+    return out
+
+
+@case
+def shaped_pool(n: int, limit: int) -> Result:
+    """A pool of trioexec's shape without its bookkeeping: ``submit`` appends to a
+    deque, wakes an idle worker and checkpoints (cancel-shielded); a worker
+    takes a `CapacityLimiter` token per run of jobs, gives it back when idle,
+    and parks on a plain list. What the design costs before any feature."""
+
+    class Item:
+        __slots__ = ("args", "fn", "result")
+
+        def __init__(self, fn: Callable[[], Any]) -> None:
+            self.fn, self.args, self.result = fn, (), None
+
+    async def main() -> None:
+        queue: deque[Item] = deque()
+        idle: list[trio.lowlevel.Task] = []
+        done = [0]
+        limiter = trio.CapacityLimiter(limit)
+
+        async def worker() -> None:
+            me, token, held = trio.lowlevel.current_task(), object(), False
+            while True:
+                if not queue:
+                    if held:
+                        limiter.release_on_behalf_of(token)
+                        held = False
+                    idle.append(me)
+                    await trio.lowlevel.wait_task_rescheduled(
+                        lambda _: trio.lowlevel.Abort.SUCCEEDED
+                    )
+                    continue
+                if not held:
+                    limiter.acquire_on_behalf_of_nowait(token)
+                    held = True
+                item = queue.popleft()
+                item.result = await item.fn(*item.args)
+                done[0] += 1
+
+        async with trio.open_nursery() as nursery:
+            for _ in range(limit):
+                nursery.start_soon(worker)
+            await trio.testing.wait_all_tasks_blocked()
+            for _ in range(n):
+                await trio.lowlevel.checkpoint_if_cancelled()
+                queue.append(Item(noop))
+                if idle:
+                    trio.lowlevel.reschedule(idle.pop())
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            await trio.testing.wait_all_tasks_blocked()  # (every job run: workers idle)
+            if done[0] != n:
+                raise RuntimeError(f"{done[0]} of {n} jobs ran")
+            nursery.cancel_scope.cancel()
 
     out: Result = {}
     with stopwatch(out):
@@ -808,6 +868,7 @@ BEST_BY = {
     "baseline": "peak_rss_kb",
     "raw_limiter": "seconds",
     "channel_pool": "seconds",
+    "shaped_pool": "seconds",
     "executor": "seconds",
     "deferral_mix": "compute_s",
     "park_hand": "resume_s",
@@ -961,7 +1022,9 @@ def scenario_1(run: Runner, sizes: Sizes) -> Result:
             ("executor", {"n": n, "limit": limit}),
             ("raw_limiter", {"n": n, "limit": limit}),
             ("channel_pool", {"n": n, "limit": limit}),
+            ("shaped_pool", {"n": n, "limit": limit}),
         )
+        shaped = run("shaped_pool", n=n, limit=limit)
         ours = run("executor", n=n, limit=limit)
         raw = run("raw_limiter", n=n, limit=limit)
         pool = run("channel_pool", n=n, limit=limit)
@@ -988,6 +1051,13 @@ def scenario_1(run: Runner, sizes: Sizes) -> Result:
                 ">= 1.0x",
                 vs_pool >= 1.0,
                 rounds=per_round(pool, ours),
+            ),
+            ratio(
+                f"limit {limit}: trioexec-shaped pool, no bookkeeping, vs channel pool",
+                pool["seconds"] / shaped["seconds"],
+                "context",
+                None,
+                rounds=per_round(pool, shaped),
             ),
         ]
     base = run("baseline")["peak_rss_kb"]
