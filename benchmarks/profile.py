@@ -16,9 +16,10 @@ thread). Cases (default: the first two):
 - ``chain_workflow``: 500 four-step chain workflows x 4 rounds (scenario 9);
 - ``park_defer``: 10k tasks parked in ``defer_until(event)``, then woken (scenario 3).
 
-Sampling runs beside the program, so the figures are shares of the run, not
-exact; py-spy needs permission to read the child's memory (root, or
-``ptrace_scope`` 0).
+Sampled shares are approximate: py-spy stops the program for each sample, which
+over-counts time in system calls (Trio's ``epoll``), so compare the functions
+with each other rather than reading a share as exact. py-spy needs permission
+to trace the child (root, or ``ptrace_scope`` 0).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def command(case: str) -> list[str]:
 def record(pyspy: str, case: str, out: Path, rate: int, gil: bool) -> Path:
     """Record ``case`` twice (a flame graph, and raw stacks for the top list);
     returns the raw stacks' path."""
-    base = [pyspy, "record", "--rate", str(rate), "--threads", "--nonblocking"]
+    base = [pyspy, "record", "--rate", str(rate), "--threads"]
     if gil:
         base.append("--gil")
     svg, raw = out / f"{case}.svg", out / f"{case}.txt"
@@ -68,12 +69,19 @@ _WRAPPER = re.compile(r"\(suite\.py\)|<frozen |\(threading\.py\)|_thread_cache|o
 
 
 def top(raw: Path, count: int) -> str:
-    """The functions with the most samples per thread, from collapsed stacks."""
+    """The functions with the most samples per thread, from collapsed stacks
+    (imports left out)."""
     threads: dict[str, tuple[Counter[str], Counter[str], list[int]]] = {}
+    names: dict[str, str] = {}
     for line in raw.read_text().splitlines():
         stack, _, n = line.rpartition(" ")
+        if "<frozen importlib._bootstrap>" in stack:
+            continue  # the imports before the case starts (slow under sampling)
         frames = [re.sub(r":\d+\)$", ")", f) for f in stack.split(";")]
-        thread = re.sub(r"\s*\(\d+\)", "", frames[0]).replace("thread ", "")
+        # "thread (ID)" or "thread (ID): NAME" (py-spy names a thread when it can)
+        thread, _, name = frames[0].partition(": ")
+        if name:
+            names[thread] = name
         inclusive, own, total = threads.setdefault(thread, (Counter(), Counter(), [0]))
         total[0] += int(n)
         own[frames[-1]] += int(n)
@@ -81,7 +89,7 @@ def top(raw: Path, count: int) -> str:
             inclusive[frame] += int(n)
     lines = []
     for thread, (inclusive, own, total) in threads.items():
-        lines.append(f"  {thread}: {total[0]:,} samples")
+        lines.append(f"  {names.get(thread, thread)}: {total[0]:,} samples")
         busiest = [(f, n) for f, n in inclusive.most_common() if not _WRAPPER.search(f)]
         for frame, n in busiest[:count]:
             share, self_share = 100 * n / total[0], 100 * own[frame] / total[0]
@@ -93,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("cases", nargs="*", metavar="CASE", help=f"of {', '.join(CASES)}")
     parser.add_argument("--out", type=Path, default=Path("profiles"), help="default ./profiles")
-    parser.add_argument("--rate", type=int, default=1000, help="samples per second (1000)")
+    parser.add_argument("--rate", type=int, default=200, help="samples per second (200)")
     parser.add_argument("--top", type=int, default=25, help="functions listed per thread (25)")
     parser.add_argument(
         "--gil",
