@@ -15,8 +15,8 @@ import itertools
 import json
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, final
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, final
 
 import attrs
 import trio
@@ -245,10 +245,16 @@ class WorkflowRun:
     async def _submit(self, sid: str) -> None:
         """Submit one READY step (may wait for space, under ``BLOCK``)."""
         step_input = merged_input_json(self.workflow, sid, self._initial_json, self._outputs)
+        await trio.lowlevel.checkpoint_if_cancelled()  # (cancelled: no step submitted)
+        steps = self._runs.steps
         try:
-            job = await self._runs.submit_step(
+            # Accepted at once when it fits: no task switch per step (the loop
+            # checkpoints as it waits for the steps' ends).
+            job, accepted = steps.new_step(
                 run_spec(self.workflow, sid, wrap_step), (step_input,), self.run_id
             )
+            if not accepted:
+                await steps.admit_step(job)
         except ExecutorClosed:  # shut down before it started: the run is cut short
             self._closed = True
             self._set(sid, StepState.PENDING)
@@ -437,6 +443,18 @@ def wrap_step(spec: TaskSpec) -> TaskSpec:
     return attrs.evolve(spec, fn=run_sync)
 
 
+class StepSubmitter(Protocol):
+    """How the runs submit their steps (the executor's core)."""
+
+    def new_step(self, spec: TaskSpec, args: tuple[Any, ...], run_id: str) -> tuple[Job, bool]:
+        """The step's job, and whether it was accepted at once (not a checkpoint)."""
+        ...
+
+    async def admit_step(self, job: Job) -> None:
+        """Admit a step not accepted at once (waits for space, or raises)."""
+        ...
+
+
 @final
 class WorkflowRuns:
     """The workflow runs of one executor: started here or resumed by recovery.
@@ -449,14 +467,14 @@ class WorkflowRuns:
     def __init__(
         self,
         workflows: dict[str, Workflow],
-        submit_step: Callable[[TaskSpec, tuple[Any, ...], str], Awaitable[Job]],
+        steps: StepSubmitter,
         journal: Journal | None,
         events: EventStream,
         wall: Callable[[], float],
         owner_id: str,
         idle_changed: Callable[[], None],
     ) -> None:
-        self.submit_step = submit_step
+        self.steps = steps
         self.events = events
         self.wall = wall
         self.active: dict[str, WorkflowRun] = {}

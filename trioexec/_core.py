@@ -346,13 +346,18 @@ class ExecutorCore:
         else:
             raise self.gate.refusal(job, decision)
 
-    async def submit_step(self, spec: TaskSpec, args: tuple[Any, ...], run_id: str) -> Job:
-        """Submit a workflow run's step (allowed while a DRAIN lets started runs
-        finish)."""
-        await trio.lowlevel.checkpoint_if_cancelled()
+    def new_step(self, spec: TaskSpec, args: tuple[Any, ...], run_id: str) -> tuple[Job, bool]:
+        """A workflow run's step as a `Job` (allowed while a DRAIN lets started
+        runs finish), accepted at once if it fits: True. Not a checkpoint (the
+        coordinator checkpoints as it waits for its steps); if False, the step
+        goes through `admit_step`."""
         job = self.new_job(spec, args, spec.id, None, None, None, run_id, run_id)
+        return job, self.accept_if_fits(job)
+
+    async def admit_step(self, job: Job) -> None:
+        """Admit a step `new_step` could not accept at once: waits for space
+        (``BLOCK``), or raises the refusal."""
         await self.submit(job, internal=True)
-        return job
 
     def statistics(self) -> ExecutorMetrics:
         return self.tally.snapshot(self.events.dropped)

@@ -45,7 +45,7 @@ class Executor:
         self._core = core = ExecutorCore(config, store, specs)
         self._runs = WorkflowRuns(
             workflows or {},
-            core.submit_step,
+            core,
             core.journal,
             core.events,
             core.wall,
