@@ -9,6 +9,7 @@ import attrs
 import pytest
 import trio
 import trio.testing
+from workflow_model import status_from_scratch
 
 from trioexec import (
     Backoff,
@@ -854,23 +855,6 @@ async def test_body_raising_cancels_the_run_and_propagates_unwrapped(autojump_cl
     assert trio.current_time() == 1
 
 
-def _status_from_scratch(run) -> WorkflowStatus:
-    """What `run.status()` must say: recomputed from every step's state and job
-    (as it was before the run kept its counts as states change)."""
-    states = dict(run._states)
-    deferred = 0
-    for sid, job in run._jobs.items():
-        if states[sid] is StepState.READY and (job.status is TaskStatus.RUNNING or job.attempts):
-            states[sid] = StepState.RUNNING
-        if (
-            job.status is TaskStatus.RUNNING
-            and job.handle
-            and job.handle.sub_status.value == "deferred"
-        ):
-            deferred += 1
-    return status(run.run_id, run.workflow, states, deferred)
-
-
 async def test_a_runs_kept_counts_match_its_status_from_scratch_at_every_step(autojump_clock):
     gate = trio.Event()
     tries = []
@@ -904,13 +888,13 @@ async def test_a_runs_kept_counts_match_its_status_from_scratch_at_every_step(au
     async with open_executor(max_concurrent_tasks=2) as ex:
         run = await ex.start_workflow(wf)
         for _ in range(12):
-            assert run.status() == _status_from_scratch(run)
+            assert run.status() == status_from_scratch(run)
             seen += 1
             await trio.sleep(0.5)
             if trio.current_time() > 4:
                 gate.set()
         result = await run.wait()
-        assert run.status() == _status_from_scratch(run)
+        assert run.status() == status_from_scratch(run)
     assert result.status is RunStatus.FAILED
     assert len(tries) == 3
     assert seen == 12

@@ -11,6 +11,7 @@ import trio.testing
 from faults import FaultyStore
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from workflow_model import status_from_scratch
 
 from trioexec import (
     Context,
@@ -30,10 +31,8 @@ from trioexec import (
 from trioexec._coordinator import WorkflowRun, wrap_step
 from trioexec._events import HealthEventKind
 from trioexec._workflow import (
-    WorkflowStatus,
     progress_attributes,
     run_spec,
-    status,
     summarize,
 )
 
@@ -43,22 +42,6 @@ def step(sid: str, *deps: str, fn=None, **options):
         pass
 
     return task(id=sid, dependencies=list(deps), **options)(fn or noop)
-
-
-def from_scratch(run) -> WorkflowStatus:
-    """What `run.status()` must say: recomputed from every step's state and job."""
-    states = dict(run._states)
-    deferred = 0
-    for sid, job in run._jobs.items():
-        if states[sid] is StepState.READY and (job.status is TaskStatus.RUNNING or job.attempts):
-            states[sid] = StepState.RUNNING
-        if (
-            job.status is TaskStatus.RUNNING
-            and job.handle
-            and job.handle.sub_status.value == "deferred"
-        ):
-            deferred += 1
-    return status(run.run_id, run.workflow, states, deferred)
 
 
 def coordinators(ex) -> list[trio.lowlevel.Task]:
@@ -207,7 +190,7 @@ async def test_steps_wait_for_space_under_block_and_the_run_completes(autojump_c
         assert [run._states[f"s{i}"] for i in range(5)] == [StepState.READY] * 5
         assert len(run._started) == 2
         assert list(run._queue) == ["s3", "s4"]
-        assert run.status() == from_scratch(run)
+        assert run.status() == status_from_scratch(run)
         with trio.fail_after(10):
             result = await run.wait()
     assert result.ok
@@ -314,7 +297,7 @@ class CheckedEvents:
     def publish(self, kind, task_id=None, **kwargs) -> None:
         if kind is HealthEventKind.WORKFLOW_PROGRESS:
             run = self.runs[kwargs["attributes"]["run_id"]]
-            assert kwargs["attributes"] == from_scratch(run).as_attributes()
+            assert kwargs["attributes"] == status_from_scratch(run).as_attributes()
             assert kwargs["reason"] == kwargs["attributes"]["execution_status"]
             self.checked += 1
         self.inner.publish(kind, task_id, **kwargs)
@@ -351,10 +334,10 @@ async def run_checked(plan: list[Plan], slots: int, capacity: int, overflow: Ove
             runs = [await ex.start_workflow(wf, {"n": n}) for n in range(2)]
             while not all(r.result for r in runs):
                 for r in runs:
-                    assert r.status() == from_scratch(r)
+                    assert r.status() == status_from_scratch(r)
                 await trio.sleep(0.5)
             for r in runs:
-                assert r.status() == from_scratch(r)
+                assert r.status() == status_from_scratch(r)
                 result = r.result
                 assert (r._started, list(r._queue)) == ({}, [])
                 assert set(result.steps) == set(r._completions)
