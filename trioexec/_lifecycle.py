@@ -81,7 +81,6 @@ class Lifecycle:
         self._events = events
         self._owner_id = owner_id
         self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
-        self._idle_waiting = 0  # parked in it (a ParkingLot's truth is a Python call)
 
     # ------------------------------------------------------------ accepted
 
@@ -295,7 +294,7 @@ class Lifecycle:
         if freed and self._gate.has_waiters:
             # Hand the freed place to the longest-waiting BLOCK submitter.
             self._gate.wake_next(handing_place=True)
-        if self._idle_waiting and self.is_idle():
+        if self._idle_lot and self.is_idle():
             self._idle_lot.unpark_all()
         if status is TaskStatus.FAILED or status is TaskStatus.TIMED_OUT:
             self._events.publish(
@@ -412,16 +411,12 @@ class Lifecycle:
             await trio.lowlevel.checkpoint()
             return
         while not self.is_idle() and self.failure is None:
-            self._idle_waiting += 1
-            try:
-                await self._idle_lot.park()
-            finally:
-                self._idle_waiting -= 1
+            await self._idle_lot.park()
 
     def maybe_idle(self) -> None:
         """Something other than a task ended (a run, the store): wake the
         `wait_for_idle` callers if that was the last of it."""
-        if self._idle_waiting and self.is_idle():
+        if self._idle_lot and self.is_idle():
             self._idle_lot.unpark_all()
 
     def wake_all_waiters(self) -> None:

@@ -59,7 +59,6 @@ _RECOMMENDED = {
 }
 
 _STEP_STATES = tuple(StepState)
-_DONE = frozenset({StepState.COMPLETED, StepState.FAILED, StepState.SKIPPED})
 
 
 @final
@@ -301,29 +300,12 @@ def run_spec(workflow: Workflow, step_id: str, wrap: Callable[[TaskSpec], TaskSp
     return spec
 
 
-def merged_input(
-    workflow: Workflow,
-    step_id: str,
-    initial: Mapping[str, Any],
-    outputs: Mapping[str, Mapping[str, Any]],
-) -> dict[str, Any]:
-    """What ``step_id`` starts from: the run's initial context for a root step,
-    else its dependencies' output contexts merged in ``dependencies`` order."""
-    deps = workflow.steps[step_id].dependencies
-    if not deps:
-        return dict(initial)
-    merged: dict[str, Any] = {}
-    for dep in deps:
-        merged.update(outputs[dep])
-    return merged
-
-
 def merged_input_json(
     workflow: Workflow, step_id: str, initial: str, outputs: Mapping[str, str]
 ) -> str:
-    """`merged_input` on contexts held as JSON text: a root step's input is the
-    initial context's text, a step with one dependency starts from that step's
-    output text as it is, and only a merge decodes and encodes again."""
+    """What ``step_id`` starts from, as JSON text: the run's initial context for a
+    root step, that step's output as it is for a step with one dependency, else
+    its dependencies' outputs merged in ``dependencies`` order."""
     deps = workflow.steps[step_id].dependencies
     if not deps:
         return initial
@@ -411,26 +393,18 @@ def summarize(
     which ``ready_now`` can start (or wait for a slot) and ``in_progress`` have
     started (`status` derives them from the states; a running run keeps them
     as its steps change)."""
-    completed = counts[StepState.COMPLETED]
-    failed = counts[StepState.FAILED]
-    skipped = counts[StepState.SKIPPED]
-    total = len(workflow.order)
-    execution, health = _judge(total, ready_now, in_progress, completed, failed, skipped)
-    return WorkflowStatus(
-        run_id=run_id,
-        workflow=workflow.name,
-        execution_status=execution,
-        health_status=health,
-        total_steps=total,
-        completed_steps=completed,
-        ready_steps=ready_now,
-        in_progress_steps=in_progress,
-        deferred_steps=deferred,
-        failed_steps=failed,
-        skipped_steps=skipped,
-        completion_percentage=round(100.0 * completed / total, 2),
-        recommended_action=_RECOMMENDED[execution],
+    attributes = progress_attributes(
+        run_id,
+        workflow,
+        ready_now,
+        in_progress,
+        deferred,
+        counts[StepState.COMPLETED],
+        counts[StepState.FAILED],
+        counts[StepState.SKIPPED],
     )
+    attributes["execution_status"] = ExecutionStatus(attributes["execution_status"])
+    return WorkflowStatus(**attributes)
 
 
 def progress_attributes(
@@ -483,8 +457,3 @@ def _judge(
     else:
         execution = ExecutionStatus.AWAITING_DEPENDENCIES
     return execution, "degraded" if failed else "healthy"
-
-
-def is_finished(states: Mapping[str, StepState]) -> bool:
-    """True once no step can change any more."""
-    return all(state in _DONE for state in states.values())
