@@ -134,11 +134,21 @@ def stopwatch(out: Result) -> Iterator[None]:
 
 def run_timed(main: Any, store: bool, out: Result) -> None:
     """``trio.run(main, st)`` under the stopwatch: ``st`` a fresh SQLiteStore in a
-    temporary directory if ``store``, else None."""
+    temporary directory if ``store`` (then ``out["store_writes"]``: how many
+    transactions the executor's journal wrote), else None."""
     with tempfile.TemporaryDirectory() as tmp:
         if store:
-            with trioexec.SQLiteStore(os.path.join(tmp, "bench.db")) as st, stopwatch(out):
-                trio.run(main, st)
+            with trioexec.SQLiteStore(os.path.join(tmp, "bench.db")) as st:
+                write, writes = st.write, [0]
+
+                def counted(changes: Any) -> list[str]:
+                    writes[0] += 1
+                    return write(changes)
+
+                st.write = counted  # type: ignore[method-assign]
+                with stopwatch(out):
+                    trio.run(main, st)
+                out["store_writes"] = writes[0]
         else:
             with stopwatch(out):
                 trio.run(main, None)
@@ -1227,6 +1237,7 @@ def scenario_6(run: Runner, sizes: Sizes) -> Result:
         stored = run("executor", n=n, limit=limit, store=True)
         figures[f"limit_{limit}"] = {
             "sqlite_tasks_per_s": round(n / stored["seconds"]),
+            "sqlite_transactions": stored["store_writes"],
             "memory_tasks_per_s": round(n / memory["seconds"]),
             "sqlite_peak_rss_mb": mb(stored["peak_rss_kb"]),
         }
