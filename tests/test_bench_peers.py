@@ -2,28 +2,15 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from bench_scripts import BENCH, load_script
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
 SCRIPT = BENCH / "peers.py"
-
-
-def load_peers(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    monkeypatch.syspath_prepend(str(BENCH))  # peers.py imports suite.py beside it
-    spec = importlib.util.spec_from_file_location("bench_peers", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_peers", module)  # dataclasses look it up
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_trio_rows_produce_json_and_docs_block(tmp_path: Path) -> None:
@@ -66,7 +53,7 @@ def test_trio_rows_produce_json_and_docs_block(tmp_path: Path) -> None:
 
 
 def test_a_missing_peer_is_reported_not_run(monkeypatch: pytest.MonkeyPatch) -> None:
-    peers = load_peers(monkeypatch)
+    peers = load_script("peers", monkeypatch)
     row = peers.Row("asyncio_taskgroup", "ghost", "-", ("no_such_module_3f9a",), "ghost-lib")
     assert peers.missing(row) == "not installed (pip install ghost-lib)"
     (entry,) = peers.summarize([row], {}, 100, "asyncio_taskgroup", {})

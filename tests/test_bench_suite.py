@@ -2,26 +2,16 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "suite.py"
+from bench_scripts import load_script
 
 
 @pytest.fixture
 def suite(monkeypatch: pytest.MonkeyPatch) -> ModuleType:
-    spec = importlib.util.spec_from_file_location("bench_suite", SCRIPT)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "bench_suite", module)  # dataclasses look it up
-    spec.loader.exec_module(module)
-    return module
+    return load_script("suite", monkeypatch)
 
 
 def test_rounds_are_interleaved_and_the_median_is_kept(
