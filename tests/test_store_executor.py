@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import attrs
 import pytest
 import trio
 import trio.testing
+from pg_server import STORE_KINDS
 
 from trioexec import (
     HealthEventKind,
-    MemoryStore,
-    SQLiteStore,
     SubStatus,
     TaskHandle,
     TaskStatus,
@@ -22,21 +22,9 @@ from trioexec import (
 from trioexec.testing import FakeWallClock
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def make_store(request, tmp_path):
-    stores = []
-
-    def make(**kw):
-        if request.param == "memory":
-            s = MemoryStore(**kw)
-        else:
-            s = SQLiteStore(tmp_path / "runs.db", inline=True, **kw)
-        stores.append(s)
-        return s
-
-    yield make
-    for s in stores:
-        s.close()
+@pytest.fixture(params=STORE_KINDS)
+def make_store(request, store_maker):
+    return functools.partial(store_maker, request.param)
 
 
 async def test_sub_status_sequence_through_the_store(make_store, autojump_clock):

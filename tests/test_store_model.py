@@ -6,6 +6,7 @@ here. Then, as targeted tests, the disagreements and contract gaps it cannot rea
 from __future__ import annotations
 
 import datetime
+import functools
 import re
 import shutil
 import tempfile
@@ -17,6 +18,7 @@ import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from pg_server import STORE_KINDS
 
 from trioexec import (
     ExecutionRecord,
@@ -683,21 +685,9 @@ TestStoresAgree.settings = settings(max_examples=100, stateful_step_count=50, de
 # ---------------------------------------------------------------------- targeted
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def make_store(request, tmp_path):
-    stores = []
-
-    def make(**kw):
-        if request.param == "memory":
-            store = MemoryStore(**kw)
-        else:
-            store = SQLiteStore(tmp_path / "runs.db", inline=True, **kw)
-        stores.append(store)
-        return store
-
-    yield make
-    for store in stores:
-        store.close()
+@pytest.fixture(params=STORE_KINDS)
+def make_store(request, store_maker):
+    return functools.partial(store_maker, request.param)
 
 
 @pytest.mark.parametrize(

@@ -32,8 +32,10 @@ from ._spec import Backoff as Backoff
 from ._spec import TaskSpec as TaskSpec
 from ._spec import task as task
 from ._store import MemoryStore as MemoryStore
+from ._store import PostgresStore as PostgresStore
 from ._store import SQLiteStore as SQLiteStore
 from ._store import Store as Store
+from ._store import open_store as open_store
 from ._taskref import TaskRef as TaskRef
 from ._workflow import Context as Context
 from ._workflow import ExecutionStatus as ExecutionStatus
@@ -73,6 +75,8 @@ __all__ = [
     "Store",
     "MemoryStore",
     "SQLiteStore",
+    "PostgresStore",
+    "open_store",
     # workflows
     "Workflow",
     "Context",

@@ -1,4 +1,5 @@
-"""Stores: where executions are recorded. `MemoryStore` and `SQLiteStore` behave the same."""
+"""Stores: where executions are recorded. `MemoryStore`, `SQLiteStore` and
+`PostgresStore` behave the same."""
 
 from ._base import Change as Change
 from ._base import Recovery as Recovery
@@ -6,4 +7,6 @@ from ._base import RunRecord as RunRecord
 from ._base import RunRecovery as RunRecovery
 from ._base import Store as Store
 from ._memory import MemoryStore as MemoryStore
+from ._open import open_store as open_store
+from ._postgres import PostgresStore as PostgresStore
 from ._sqlite import SQLiteStore as SQLiteStore

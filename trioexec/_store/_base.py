@@ -101,6 +101,50 @@ def fold_row(row: list[object], change: Change) -> bool:
     return True
 
 
+def fold_batch(
+    changes: Sequence[Change], existing: Collection[object], update: Callable[[Change], bool]
+) -> tuple[list[list[object]], list[str]]:
+    """How a SQL store writes a batch: an execution first submitted in it is folded
+    in memory (the same transition rules as `MemoryStore`) and inserted once, final
+    state and all; under load most batches hold submit, start and finish of the
+    same short tasks. ``existing``: the ids of the batch's submissions already
+    stored (refused); ``update(change)`` writes any other change (a run change, a
+    transition of a stored execution), False if fenced.
+
+    Returns the new rows to insert ("row" changes, in submission order; never the
+    executor's own lists if they change) and the fenced task ids."""
+    fenced: list[str] = []
+    fresh: dict[object, list[object]] = {}
+    copied: set[object] = set()  # ids in fresh whose row is our own copy
+    refused: set[object] = set()  # ids whose submit was refused: the rest too
+    for change in changes:
+        task_id = change[1]
+        kind = change[0]
+        if kind == "row" or kind == "submit":
+            if task_id in existing or task_id in fresh:
+                fenced.append(str(task_id))
+                refused.add(task_id)
+            elif kind == "row":
+                fresh[task_id] = change  # type: ignore[assignment]
+            else:
+                fresh[task_id] = submit_row(change)
+                copied.add(task_id)
+        elif kind in RUN_KINDS:
+            if not update(change):
+                fenced.append(str(task_id))
+        elif task_id in refused:
+            fenced.append(str(task_id))
+        elif task_id in fresh:
+            if task_id not in copied:  # (the executor's list is not ours to change)
+                fresh[task_id] = list(fresh[task_id])
+                copied.add(task_id)
+            if not fold_row(fresh[task_id], change):
+                fenced.append(str(task_id))
+        elif not update(change):
+            fenced.append(str(task_id))
+    return list(fresh.values()), fenced
+
+
 def new_row(change: Change) -> dict[str, object]:
     """The row a ``submit`` or ``row`` change creates."""
     if change[0] == "row":

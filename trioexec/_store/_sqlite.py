@@ -34,9 +34,8 @@ from ._base import (
     RunRecovery,
     abandoned_error,
     check_query,
-    fold_row,
+    fold_batch,
     seconds,
-    submit_row,
 )
 from ._durable_tables import SQLiteTables
 from ._sqlite_file import READ_ONLY_BUSY_TIMEOUT, WRITE_BUSY_TIMEOUT, SQLiteFile
@@ -133,50 +132,24 @@ class SQLiteStore:
     # ------------------------------------------------------------------ writes
 
     def write(self, changes: Sequence[Change]) -> list[str]:
-        fenced: list[str] = []
         with self._db.transaction("write") as conn:
-            # An execution first submitted in this batch is folded in memory (the
-            # same transition rules as MemoryStore) and inserted once, final state
-            # and all: under load most batches hold submit, start and finish of
-            # the same short tasks.
             submitted = [c[1] for c in changes if c[0] == "row" or c[0] == "submit"]
             existing = self._existing(conn, submitted) if submitted else set()
-            fresh: dict[object, list[object]] = {}  # "row" changes, to insert
-            copied: set[object] = set()  # ids in fresh whose row is our own copy
-            refused: set[object] = set()  # ids whose submit was refused: the rest too
-            for change in changes:
-                task_id = change[1]
-                kind = change[0]
-                if kind == "row" or kind == "submit":
-                    if task_id in existing or task_id in fresh:
-                        fenced.append(str(task_id))
-                        refused.add(task_id)
-                    elif kind == "row":
-                        fresh[task_id] = change  # type: ignore[assignment]
-                    else:
-                        fresh[task_id] = submit_row(change)
-                        copied.add(task_id)
-                elif kind in RUN_KINDS:
-                    if not _write_run(conn, change):
-                        fenced.append(str(task_id))
-                elif task_id in refused:
-                    fenced.append(str(task_id))
-                elif task_id in fresh:
-                    if task_id not in copied:  # (the executor's list is not ours to change)
-                        fresh[task_id] = list(fresh[task_id])
-                        copied.add(task_id)
-                    if not fold_row(fresh[task_id], change):
-                        fenced.append(str(task_id))
-                elif conn.execute(_UPDATES[str(kind)], _update_args(change)).rowcount != 1:
-                    fenced.append(str(task_id))
+
+            def update(change: Change) -> bool:
+                if change[0] in RUN_KINDS:
+                    return _write_run(conn, change)
+                return conn.execute(_UPDATES[str(change[0])], _update_args(change)).rowcount == 1
+
+            fresh, fenced = fold_batch(changes, existing, update)
             if fresh:
                 # One statement for all the rows: sqlite3's executemany would let
                 # go of the GIL and wait to get it back for every row, while the
                 # Trio thread wants it (statuses are StrEnums: JSON text).
                 if _JSON_ARROW:
-                    conn.execute(_INSERT_ROWS, (json.dumps(list(fresh.values())),))
+                    conn.execute(_INSERT_ROWS, (json.dumps(fresh),))
                 else:
-                    conn.executemany(_INSERT_EACH, (row[1:] for row in fresh.values()))
+                    conn.executemany(_INSERT_EACH, (row[1:] for row in fresh))
         return fenced
 
     @staticmethod

@@ -1,0 +1,73 @@
+"""Fixtures every test module may use: the stores a conformance test runs over,
+and a throwaway PostgreSQL server (started once per session, when a test asks)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pg_server import NoServer, postgres_server
+
+#: Set (CI does): no server is a failure, not a skip.
+REQUIRE_ENV = "TRIOEXEC_REQUIRE_POSTGRES"
+
+
+@pytest.fixture(scope="session")
+def postgres_url() -> Iterator[str]:
+    """The URL of a PostgreSQL server for this test session."""
+    server = postgres_server()
+    try:
+        url = server.__enter__()
+    except NoServer as exc:
+        message = f"NO POSTGRESQL SERVER COULD BE STARTED: {exc}"
+        if os.environ.get(REQUIRE_ENV):
+            pytest.fail(f"{message} (and {REQUIRE_ENV} is set)")
+        pytest.skip(message)
+    try:
+        yield url
+    finally:
+        server.__exit__(None, None, None)
+
+
+@pytest.fixture
+def pg_schema(postgres_url: str) -> Iterator[str]:
+    """A schema of this test's own (dropped after it): tests share the server."""
+    import psycopg
+
+    schema = f"t_{uuid.uuid4().hex[:16]}"
+    yield schema
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture
+def store_maker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """``make(kind, **kw)``: a store of ``kind`` ("memory", "sqlite" or "postgres")
+    that writes inline (autojump-friendly). Stores made twice in one test share
+    their data (the same file; the same schema), like two processes would; all
+    are closed after the test."""
+    import trioexec
+
+    stores: list[Any] = []
+
+    def make(kind: str, **kw: Any) -> Any:
+        if kind == "memory":
+            store: Any = trioexec.MemoryStore(**kw)
+        elif kind == "sqlite":
+            store = trioexec.SQLiteStore(tmp_path / "runs.db", inline=True, **kw)
+        elif kind == "postgres":
+            url = request.getfixturevalue("postgres_url")
+            schema = request.getfixturevalue("pg_schema")
+            store = trioexec.PostgresStore(url, schema=schema, inline=True, **kw)
+        else:  # pragma: no cover - a typo in a test
+            raise ValueError(kind)
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        store.close()

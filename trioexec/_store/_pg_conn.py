@@ -1,0 +1,166 @@
+"""The connections to one PostgreSQL database: a psycopg pool (its size bounds the
+threads that talk to the server), every connection's ``search_path`` set to the
+store's schema, and the one place where psycopg's errors become `StoreError`,
+naming the server (never its password) and the schema.
+
+psycopg's synchronous API only: on Trio the store's calls run in worker threads
+(psycopg's async API needs asyncio)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import urllib.parse
+from collections.abc import Iterator
+from typing import Any, final
+
+from .._errors import StoreError
+from ._pg_schema import SCHEMA_VERSION, migrate, schema_version
+
+Connection = Any  # psycopg.Connection[tuple[Any, ...]] (psycopg is an optional extra)
+
+#: How long to wait for the server, or for a connection of the pool.
+CONNECT_TIMEOUT = 10.0
+_SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+
+
+def load_psycopg() -> tuple[Any, Any]:
+    """psycopg and psycopg_pool, or an error saying which extra to install."""
+    try:
+        import psycopg
+        import psycopg_pool
+    except ModuleNotFoundError as exc:
+        raise ModuleNotFoundError(
+            f"PostgreSQL stores need the 'postgres' extra ({exc.name} is missing):"
+            " pip install 'trioexec[postgres]'"
+        ) from exc
+    return psycopg, psycopg_pool
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (for messages and reprs)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return "<unparsable PostgreSQL URL>"
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
+    return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
+
+
+def check_schema(schema: object) -> str:
+    if not isinstance(schema, str) or not _SCHEMA.fullmatch(schema) or len(schema) > 63:
+        raise ValueError(
+            "schema must be a PostgreSQL identifier (letters, digits, _ and $, not"
+            f" starting with a digit, at most 63 characters), got {schema!r}"
+        )
+    return schema
+
+
+@final
+class PGDatabase:
+    """A pool of connections to ``url`` whose tables live in ``schema``; the schema
+    is created or migrated (or, ``read_only``, only checked) on construction.
+
+    Raises:
+      StoreError: naming the server and schema, if it cannot be reached, or the
+        schema is not (or not yet) trioexec's, or is from a newer trioexec.
+    """
+
+    def __init__(self, url: str, *, schema: str, read_only: bool, max_size: int = 8) -> None:
+        psycopg, psycopg_pool = load_psycopg()
+        self.url = url
+        self.schema = check_schema(schema)
+        self.read_only = read_only
+        self.where = f"{redact(url)} (schema {schema})"
+        self._psycopg = psycopg
+        self._pool: Any = None  # a psycopg_pool.ConnectionPool until closed
+        with self.errors("cannot open"):
+            with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
+                self._configure(conn)
+                if read_only:
+                    found = schema_version(conn, self.where, schema)
+                    if found == 0:
+                        raise StoreError(f"{self.where}: no trioexec schema there")
+                    if found < SCHEMA_VERSION:
+                        raise StoreError(
+                            f"{self.where}: written by an older trioexec (schema version"
+                            f" {found}; this trioexec reads {SCHEMA_VERSION}): open it once"
+                            " read-write to migrate it"
+                        )
+                else:
+                    migrate(conn, self.where, schema)
+            self._pool = psycopg_pool.ConnectionPool(
+                url,
+                min_size=1,
+                max_size=max_size,
+                kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT},
+                configure=self._configure,
+                timeout=CONNECT_TIMEOUT,
+                name=f"trioexec-{schema}",
+                open=True,
+            )
+            self._pool.wait(timeout=CONNECT_TIMEOUT)
+
+    def _configure(self, conn: Connection) -> None:
+        sql = self._psycopg.sql
+        conn.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(self.schema)))
+        if self.read_only:
+            conn.execute("SET default_transaction_read_only TO on")
+
+    @contextlib.contextmanager
+    def errors(self, what: str) -> Iterator[None]:
+        """psycopg's errors (and the pool's) as one `StoreError` naming the server."""
+        try:
+            yield
+        except StoreError:
+            raise
+        except self._psycopg.Error as exc:  # (the pool's PoolTimeout is one)
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StoreError(f"{self.where}: {what}: {detail}") from exc
+
+    @contextlib.contextmanager
+    def transaction(self, what: str) -> Iterator[Connection]:
+        """A connection inside one transaction, committed at the end of the block
+        (rolled back if it raises)."""
+        if self.read_only:
+            raise StoreError(f"{self.where}: opened read-only")
+        with self.errors(what), self._connection() as conn, conn.transaction():
+            yield conn
+
+    @contextlib.contextmanager
+    def reading(self, what: str, *, snapshot: bool = False) -> Iterator[Connection]:
+        """A connection for reads: each statement sees the latest commits, or, with
+        ``snapshot``, the block sees one snapshot."""
+        with self.errors(what), self._connection() as conn:
+            if not snapshot:
+                yield conn
+                return
+            with conn.transaction():
+                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                yield conn
+
+    @contextlib.contextmanager
+    def _connection(self) -> Iterator[Connection]:
+        if self._pool is None:
+            raise StoreError(f"{self.where}: the store is closed")
+        with self._pool.connection() as conn:
+            yield conn
+
+    def connect(self) -> Connection:
+        """A connection of its own (not the pool's): the durable tables' one
+        connection, or a LISTEN connection. The caller closes it."""
+        with self.errors("cannot connect"):
+            conn = self._psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+            try:
+                self._configure(conn)
+            except BaseException:
+                conn.close()
+                raise
+            return conn
+
+    def close(self) -> None:
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close()

@@ -1,0 +1,491 @@
+"""`PostgresStore`: the executor records of many hosts in one PostgreSQL database.
+
+The same rules as the SQLite store (`fold_batch`, the version fence, one lease per
+owner); what differs is how they are kept across hosts: a recovery or a run
+takeover locks the rows it claims (``FOR UPDATE SKIP LOCKED``: two hosts
+recovering at once claim different rows), and a batch's new rows go in with one
+``INSERT ... SELECT FROM unnest(...) ON CONFLICT DO NOTHING``, so an execution
+another host inserted meanwhile is refused, not overwritten.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, final
+
+import attrs
+
+from .._errors import StoreError
+from .._records import ExecutionRecord, SubStatus, TaskStatus
+from ._base import (
+    ORPHANED,
+    ROW_COLUMNS,
+    RUN_KINDS,
+    RUN_ORPHANED,
+    SUPERSEDED,
+    Change,
+    Order,
+    Recovery,
+    RunRecord,
+    RunRecovery,
+    abandoned_error,
+    check_query,
+    fold_batch,
+    seconds,
+)
+from ._pg_conn import Connection, PGDatabase, redact
+
+_FIELDS = tuple(field.name for field in attrs.fields(ExecutionRecord))
+_COLUMNS = ", ".join(f"o.{f}" if f == "lease_expires_at" else f"e.{f}" for f in _FIELDS)
+_SELECT = f"SELECT {_COLUMNS} FROM executions e LEFT JOIN owners o ON o.owner = e.owner"
+_RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
+_LIVE = "('pending', 'running')"
+
+#: The SQL type of each "row" column, for the arrays `unnest` takes apart.
+_ROW_TYPES = {
+    "attempt": "integer",
+    "recovery_attempts": "integer",
+    "version": "bigint",
+    "submitted_at": "double precision",
+    "started_at": "double precision",
+    "finished_at": "double precision",
+    "deferred_since": "double precision",
+}
+_INSERT_ROWS = (
+    f"INSERT INTO executions ({', '.join(ROW_COLUMNS)})"
+    f" SELECT {', '.join(ROW_COLUMNS)} FROM unnest("
+    + ", ".join(f"%s::{_ROW_TYPES.get(c, 'text')}[]" for c in ROW_COLUMNS)
+    + f") WITH ORDINALITY AS r({', '.join(ROW_COLUMNS)}, n) ORDER BY n"
+    " ON CONFLICT (task_id) DO NOTHING RETURNING task_id"
+)
+_GUARD = " WHERE task_id = %s AND version = %s AND status IN ('pending', 'running')"
+_UPDATES = {
+    "start": "UPDATE executions SET status = 'running', sub_status = 'active', attempt = %s,"
+    " started_at = coalesce(started_at, %s)" + _GUARD,
+    "sub": "UPDATE executions SET sub_status = %s, deferred_since = %s"
+    " WHERE task_id = %s AND version = %s AND status = 'running'",
+    "retry": "UPDATE executions SET status = 'pending', sub_status = NULL,"
+    " deferred_since = NULL, error = %s" + _GUARD,
+    "finish": "UPDATE executions SET status = %s, sub_status = NULL, deferred_since = NULL,"
+    " finished_at = %s, error = %s" + _GUARD,
+}
+
+
+def _value(v: object) -> object:
+    """An enum as its value (psycopg would send an Enum's name)."""
+    return getattr(v, "value", v)
+
+
+@final
+class PostgresStore:
+    """Executions, workflow runs, durable promises and durable tasks in a PostgreSQL
+    database that executors and durable workers on many hosts share.
+
+    It behaves exactly like `SQLiteStore`: leases and version fences keep one owner
+    per execution; an executor whose lease expired loses its executions to the
+    next one that recovers. The tables live in their own schema, created or
+    migrated on first open (many processes opening a new database at once: one
+    migrates). psycopg's synchronous API, in the executor's worker threads,
+    through a pool of at most ``max_connections`` connections.
+
+    Args:
+      url: a libpq URL or connection string (``postgresql://user@host:5432/db``).
+      schema: the PostgreSQL schema of trioexec's tables.
+      clock: the wall clock for persisted times.
+      inline: call from the Trio thread instead of a worker thread (tests under
+        Trio's autojump clock).
+      read_only: a view that never writes (every transaction is read-only; the
+        schema is checked, never created or migrated).
+      max_connections: the pool's size.
+
+    Raises:
+      StoreError: naming the server (never its password) and the schema, if the
+        server cannot be reached, or the schema holds foreign tables or was written
+        by a newer trioexec.
+      ModuleNotFoundError: without the ``postgres`` extra
+        (``pip install 'trioexec[postgres]'``).
+
+    Example::
+
+        store = trioexec.PostgresStore("postgresql://app@db.internal/app")
+        async with trioexec.open_executor(store=store, recover=True) as ex:
+            ...
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        schema: str = "trioexec",
+        clock: Callable[[], float] = time.time,
+        inline: bool = False,
+        read_only: bool = False,
+        max_connections: int = 8,
+    ) -> None:
+        if not isinstance(url, str) or not url:
+            raise ValueError(f"url must be a PostgreSQL URL, got {url!r}")
+        if isinstance(max_connections, bool) or not (
+            isinstance(max_connections, int) and max_connections >= 2
+        ):
+            raise ValueError(f"max_connections must be an int >= 2, got {max_connections!r}")
+        self.clock = clock
+        self.inline = inline
+        self.read_only = read_only
+        self._db = PGDatabase(url, schema=schema, read_only=read_only, max_size=max_connections)
+        self.url = url
+        self.schema = schema
+        self.path = self._db.where  # what messages and views name the store by
+
+    # ------------------------------------------------------------------ writes
+
+    def write(self, changes: Sequence[Change]) -> list[str]:
+        with self._db.transaction("write") as conn:
+            submitted = [c[1] for c in changes if c[0] == "row" or c[0] == "submit"]
+            existing: set[object] = set()
+            if submitted:
+                existing = {
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT task_id FROM executions WHERE task_id = ANY(%s)",
+                        ([str(t) for t in submitted],),
+                    )
+                }
+
+            def update(change: Change) -> bool:
+                if change[0] in RUN_KINDS:
+                    return _write_run(conn, change)
+                args = (*(_value(v) for v in change[3:]), change[1], change[2])
+                return int(conn.execute(_UPDATES[str(change[0])], args).rowcount) == 1
+
+            fresh, fenced = fold_batch(changes, existing, update)
+            if fresh:
+                columns = [[_value(v) for v in col] for col in zip(*fresh, strict=True)][1:]
+                inserted = {row[0] for row in conn.execute(_INSERT_ROWS, columns)}
+                if len(inserted) < len(fresh):
+                    # Another host inserted the same id meanwhile: refused, like a
+                    # submission whose id is already stored.
+                    fenced.extend(str(r[1]) for r in fresh if r[1] not in inserted)
+        return fenced
+
+    def heartbeat(self, owner: str, lease_expires_at: float) -> None:
+        with self._db.transaction("heartbeat") as conn:
+            conn.execute(
+                "INSERT INTO owners (owner, lease_expires_at) VALUES (%s, %s)"
+                " ON CONFLICT (owner) DO UPDATE SET lease_expires_at = excluded.lease_expires_at",
+                (owner, lease_expires_at),
+            )
+
+    def release_owner(self, owner: str) -> None:
+        with self._db.transaction("release owner") as conn:
+            conn.execute("DELETE FROM owners WHERE owner = %s", (owner,))
+
+    def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
+        if not live:
+            return []
+        with self._db.reading("check ownership") as conn:
+            found = dict(
+                conn.execute(
+                    "SELECT task_id, version FROM executions WHERE task_id = ANY(%s)"
+                    " AND owner = %s AND status IN ('pending', 'running')",
+                    (list(live), owner),
+                ).fetchall()
+            )
+            lost = [t for t, v in live.items() if found.get(t, v) != v]
+            missing = [t for t in live if t not in found]
+            if missing:
+                # Either not flushed yet (fine) or taken by someone else (lost).
+                lost.extend(
+                    row[0]
+                    for row in conn.execute(
+                        "SELECT task_id FROM executions WHERE task_id = ANY(%s)", (missing,)
+                    )
+                )
+        return lost
+
+    def recover(
+        self,
+        owner: str,
+        now: float,
+        recreatable: Callable[[ExecutionRecord], bool],
+        max_recovery_attempts: int,
+        limit: int | None = None,
+    ) -> Recovery:
+        claimed: list[ExecutionRecord] = []
+        orphaned: list[ExecutionRecord] = []
+        abandoned: list[ExecutionRecord] = []
+        with self._db.transaction("recover") as conn:
+            rows = conn.execute(
+                f"{_SELECT} WHERE e.status IN {_LIVE} AND e.owner IS DISTINCT FROM %s"
+                " AND e.run_id IS NULL"  # a workflow step is resumed with its run
+                " AND (o.lease_expires_at IS NULL OR o.lease_expires_at < %s)"
+                " ORDER BY e.seq FOR UPDATE OF e SKIP LOCKED",
+                (owner, now),
+            ).fetchall()
+            for row in rows:
+                record = self._record(row)
+                if record.recovery_attempts >= max_recovery_attempts:
+                    self._fail(conn, record, now, abandoned_error(record.recovery_attempts))
+                    abandoned.append(self._one(conn, record.task_id))
+                elif not recreatable(record):
+                    self._fail(conn, record, now, ORPHANED)
+                    orphaned.append(self._one(conn, record.task_id))
+                elif limit is None or len(claimed) < limit:
+                    conn.execute(
+                        "UPDATE executions SET owner = %s, version = version + 1,"
+                        " status = 'pending', sub_status = NULL, deferred_since = NULL,"
+                        " recovery_attempts = recovery_attempts + 1"
+                        " WHERE task_id = %s AND version = %s",
+                        (owner, record.task_id, record.version),
+                    )
+                    claimed.append(self._one(conn, record.task_id))
+        return Recovery(claimed, orphaned, abandoned)
+
+    @staticmethod
+    def _fail(conn: Connection, record: ExecutionRecord, now: float, error: str) -> None:
+        conn.execute(
+            "UPDATE executions SET status = 'failed', sub_status = NULL, deferred_since = NULL,"
+            " finished_at = %s, error = %s WHERE task_id = %s AND version = %s",
+            (now, error, record.task_id, record.version),
+        )
+
+    def _one(self, conn: Connection, task_id: str) -> ExecutionRecord:
+        row = conn.execute(f"{_SELECT} WHERE e.task_id = %s", (task_id,)).fetchone()
+        return self._record(row)
+
+    def _record(self, row: Sequence[Any]) -> ExecutionRecord:
+        values = dict(zip(_FIELDS, row, strict=True))
+        try:
+            status = TaskStatus(values["status"])
+            sub = None if values["sub_status"] is None else SubStatus(values["sub_status"])
+        except ValueError:
+            raise StoreError(
+                f"{self.path}: execution {values['task_id']!r} has an unreadable row"
+                f" (status {values['status']!r}, sub-status {values['sub_status']!r})"
+            ) from None
+        values.update(status=status, sub_status=sub)
+        return ExecutionRecord(**values)
+
+    # ------------------------------------------------------------------ workflow runs
+
+    def claim_runs(
+        self,
+        owner: str,
+        now: float,
+        workflows: Collection[str],
+        max_recovery_attempts: int,
+    ) -> RunRecovery:
+        known = set(workflows)
+        claimed: list[RunRecord] = []
+        orphaned: list[RunRecord] = []
+        abandoned: list[RunRecord] = []
+        with self._db.transaction("claim workflow runs") as conn:
+            rows = conn.execute(
+                "SELECT r.run_id, r.workflow, r.recovery_attempts FROM workflow_runs r"
+                " LEFT JOIN owners o ON o.owner = r.owner"
+                " WHERE r.status = 'running' AND r.owner IS DISTINCT FROM %s"
+                " AND (o.lease_expires_at IS NULL OR o.lease_expires_at < %s)"
+                " ORDER BY r.seq FOR UPDATE OF r SKIP LOCKED",
+                (owner, now),
+            ).fetchall()
+            for run_id, workflow, attempts in rows:
+                if workflow not in known or attempts >= max_recovery_attempts:
+                    error = RUN_ORPHANED if workflow not in known else abandoned_error(attempts)
+                    conn.execute(
+                        "UPDATE workflow_runs SET status = 'failed', finished_at = %s"
+                        " WHERE run_id = %s",
+                        (now, run_id),
+                    )
+                    self._end_steps(conn, run_id, "failed", now, error)
+                    (orphaned if workflow not in known else abandoned).append(
+                        self._run(conn, run_id)
+                    )
+                    continue
+                conn.execute(
+                    "UPDATE workflow_runs SET owner = %s,"
+                    " recovery_attempts = recovery_attempts + 1 WHERE run_id = %s",
+                    (owner, run_id),
+                )
+                self._end_steps(conn, run_id, "cancelled", now, SUPERSEDED)
+                claimed.append(self._run(conn, run_id))
+        return RunRecovery(claimed, orphaned, abandoned)
+
+    @staticmethod
+    def _end_steps(conn: Connection, run_id: str, status: str, now: float, error: str) -> None:
+        conn.execute(
+            "UPDATE executions SET status = %s, sub_status = NULL, deferred_since = NULL,"
+            f" finished_at = %s, error = %s WHERE run_id = %s AND status IN {_LIVE}",
+            (status, now, error, run_id),
+        )
+
+    @staticmethod
+    def _run(conn: Connection, run_id: str) -> RunRecord:
+        row = conn.execute(
+            f"SELECT {', '.join(_RUN_COLUMNS)} FROM workflow_runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        steps = {
+            step_id: (state, output)
+            for step_id, state, output in conn.execute(
+                "SELECT step_id, state, output FROM workflow_steps WHERE run_id = %s ORDER BY seq",
+                (run_id,),
+            )
+        }
+        return RunRecord(**dict(zip(_RUN_COLUMNS, row, strict=True)), steps=steps)
+
+    def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
+        with self._db.reading("check run ownership") as conn:
+            return [
+                row[0]
+                for row in conn.execute(
+                    "SELECT run_id FROM workflow_runs WHERE run_id = ANY(%s)"
+                    " AND owner IS DISTINCT FROM %s",
+                    (list(run_ids), owner),
+                )
+            ]
+
+    def run(self, run_id: str) -> RunRecord | None:
+        with self._db.reading("query workflow run", snapshot=True) as conn:
+            found = conn.execute(
+                "SELECT 1 FROM workflow_runs WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            return None if found is None else self._run(conn, run_id)
+
+    def runs(self, *, status: str | None = None) -> list[RunRecord]:
+        with self._db.reading("query workflow runs", snapshot=True) as conn:
+            if status is None:
+                cur = conn.execute("SELECT run_id FROM workflow_runs ORDER BY seq")
+            else:
+                cur = conn.execute(
+                    "SELECT run_id FROM workflow_runs WHERE status = %s ORDER BY seq", (status,)
+                )
+            return [self._run(conn, run_id) for (run_id,) in cur.fetchall()]
+
+    # ------------------------------------------------------------------ reads
+
+    def executions(
+        self,
+        *,
+        status: TaskStatus | str | None = None,
+        sub_status: SubStatus | str | None = None,
+        deferred_longer_than: float | datetime.timedelta | None = None,
+        run_id: str | None = None,
+        limit: int | None = None,
+        order: Order = "oldest",
+    ) -> list[ExecutionRecord]:
+        """Executions matching every given filter, in ``order`` (see `Order`), at
+        most ``limit`` of them: sorted and cut in SQL."""
+        check_query(limit, order)
+        where, params = self._where(status, sub_status, deferred_longer_than, run_id)
+        if order == "oldest":
+            by = "e.seq"
+        elif order == "newest":
+            by = "e.seq DESC"
+        else:  # (NULLs last: executions that are not deferred)
+            by = "e.deferred_since ASC NULLS LAST, e.seq"
+        sql = f"{_SELECT}{where} ORDER BY {by}"
+        if limit is not None:
+            sql += " LIMIT %s"
+            params.append(limit)
+        with self._db.reading("query executions") as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [self._record(row) for row in rows]
+
+    def counts(
+        self,
+        *,
+        sub_status: SubStatus | str | None = None,
+        deferred_longer_than: float | datetime.timedelta | None = None,
+        run_id: str | None = None,
+    ) -> dict[TaskStatus, int]:
+        """How many executions match the filters, per status (every status present,
+        zeros included)."""
+        where, params = self._where(None, sub_status, deferred_longer_than, run_id)
+        sql = f"SELECT e.status, count(*) FROM executions e{where} GROUP BY e.status"
+        counts = dict.fromkeys(TaskStatus, 0)
+        with self._db.reading("count executions") as conn:
+            for value, n in conn.execute(sql, params).fetchall():
+                try:
+                    counts[TaskStatus(value)] = n
+                except ValueError:
+                    bad = conn.execute(
+                        "SELECT task_id FROM executions WHERE status = %s LIMIT 1", (value,)
+                    ).fetchone()
+                    raise StoreError(
+                        f"{self.path}: execution {bad[0]!r} has an unreadable row"
+                        f" (status {value!r})"
+                    ) from None
+        return counts
+
+    def _where(
+        self,
+        status: TaskStatus | str | None,
+        sub_status: SubStatus | str | None,
+        deferred_longer_than: float | datetime.timedelta | None,
+        run_id: str | None,
+    ) -> tuple[str, list[object]]:
+        where: list[str] = []
+        params: list[object] = []
+        if status is not None:
+            where.append("e.status = %s")
+            params.append(TaskStatus(status).value)
+        if sub_status is not None:
+            where.append("e.sub_status = %s")
+            params.append(SubStatus(sub_status).value)
+        if deferred_longer_than is not None:
+            where.append("e.sub_status = 'deferred' AND e.deferred_since <= %s")
+            params.append(self.clock() - seconds(deferred_longer_than))
+        if run_id is not None:
+            where.append("e.run_id = %s")
+            params.append(run_id)
+        return (" WHERE " + " AND ".join(where) if where else ""), params
+
+    def execution(self, task_id: str) -> ExecutionRecord | None:
+        with self._db.reading("query execution") as conn:
+            row = conn.execute(f"{_SELECT} WHERE e.task_id = %s", (task_id,)).fetchone()
+        return None if row is None else self._record(row)
+
+    def close(self) -> None:
+        """Close the pool's connections; idempotent."""
+        self._db.close()
+
+    def __enter__(self) -> PostgresStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<PostgresStore {redact(self.url)!r} schema={self.schema!r}>"
+
+
+def _write_run(conn: Connection, change: Change) -> bool:
+    """Apply a run change; False if fenced (the run is not the writer's)."""
+    kind = change[0]
+    if kind == "run":
+        _, run_id, _, workflow, context, owner, created_at = change
+        conn.execute(
+            "INSERT INTO workflow_runs (run_id, workflow, status, context, owner, created_at)"
+            " VALUES (%s, %s, 'running', %s, %s, %s) ON CONFLICT (run_id) DO NOTHING",
+            (run_id, workflow, context, owner, created_at),
+        )
+        return True
+    owned = conn.execute(
+        "SELECT 1 FROM workflow_runs WHERE run_id = %s AND owner = %s", (change[1], change[2])
+    ).fetchone()
+    if owned is None:
+        return False
+    if kind == "step":
+        _, run_id, _, step_id, state, output, task_id = change
+        conn.execute(
+            "INSERT INTO workflow_steps (run_id, step_id, state, output, task_id)"
+            " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id, step_id) DO UPDATE SET"
+            " state = excluded.state, output = excluded.output, task_id = excluded.task_id",
+            (run_id, step_id, _value(state), output, task_id),
+        )
+    else:
+        conn.execute(
+            "UPDATE workflow_runs SET status = %s, finished_at = %s WHERE run_id = %s",
+            (_value(change[3]), change[4], change[1]),
+        )
+    return True
