@@ -45,6 +45,29 @@ def pg_schema(postgres_url: str) -> Iterator[str]:
 
 
 @pytest.fixture
+def pg_database(postgres_url: str) -> Iterator[str]:
+    """The URL of a database of this test's own (dropped after it): for tests
+    that hand a store's URL to another process or a CLI command."""
+    import psycopg
+
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield postgres_url.rsplit("/", 1)[0] + "/" + name
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_target(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """What a process opens a store by (`trioexec.open_store`): a SQLite file's
+    path, or a PostgreSQL database's URL."""
+    if request.param == "sqlite":
+        return str(tmp_path / "runs.db")
+    return str(request.getfixturevalue("pg_database"))
+
+
+@pytest.fixture
 def store_maker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """``make(kind, **kw)``: a store of ``kind`` ("memory", "sqlite" or "postgres")
     that writes inline (autojump-friendly). Stores made twice in one test share

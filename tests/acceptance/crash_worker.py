@@ -34,7 +34,7 @@ import trio
 from worklog import append_line
 
 import trioexec
-from trioexec import SQLiteStore, SubStatus, TaskHandle, TaskStatus, open_executor
+from trioexec import SubStatus, TaskHandle, TaskStatus, open_executor, open_store
 
 MAX_CONCURRENT = 4
 
@@ -83,7 +83,7 @@ async def crash(
 ) -> None:
     ids = task_ids(n_defer, n_first, n_hold, n_rest)
     kinds = {"defer": "defer", "first": "quick", "hold": "hold", "rest": "quick"}
-    store = SQLiteStore(db)
+    store = open_store(db)
     async with open_executor(
         store=store, tasks=[WORK], lease=lease, max_concurrent_tasks=MAX_CONCURRENT
     ) as ex:
@@ -111,7 +111,7 @@ async def crash(
 
 
 async def recover(db: str, lease: float, deadline: float) -> None:
-    store = SQLiteStore(db)
+    store = open_store(db)
     try:
         async with open_executor(
             store=store,

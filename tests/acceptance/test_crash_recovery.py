@@ -1,4 +1,5 @@
-"""Crash recovery with real processes: a SQLite file on disk, a worker process
+"""Crash recovery with real processes: a SQLite file on disk or a PostgreSQL
+database (every test runs on both), a worker process
 killed with SIGKILL mid-run, and recovering executors in other processes.
 
 The subprocess side is ``crash_worker.py`` next to this file (see its docstring).
@@ -19,7 +20,7 @@ import pytest
 import trio
 from lineproc import LineProcess
 
-from trioexec import SQLiteStore, SubStatus, TaskStatus, open_executor
+from trioexec import Store, SubStatus, TaskStatus, open_executor, open_store
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "crash_worker.py"
@@ -79,10 +80,10 @@ N_DEFER, N_FIRST, N_HOLD, N_REST = 40, 60, crash_worker.MAX_CONCURRENT, 96
 LEASE = 1.0
 
 
-async def _recover_in_process(db: Path, marker: Path, n_defer: int) -> tuple[str, object]:
+async def _recover_in_process(db: str, marker: Path, n_defer: int) -> tuple[str, object]:
     """Recover the dead worker's executions here; create ``marker`` once the
     interrupted deferred tasks have deferred again under this executor."""
-    store = SQLiteStore(db)
+    store = open_store(db)
     try:
         async with open_executor(
             store=store,
@@ -108,15 +109,15 @@ async def _recover_in_process(db: Path, marker: Path, n_defer: int) -> tuple[str
         store.close()
 
 
-def test_sigkill_mid_run_then_recover_completes_every_execution_once(tmp_path, spawn):
-    db, marker, log = tmp_path / "runs.db", tmp_path / "marker", tmp_path / "effects.log"
+def test_sigkill_mid_run_then_recover_completes_every_execution_once(tmp_path, spawn, db_target):
+    db, marker, log = db_target, tmp_path / "marker", tmp_path / "effects.log"
     ids = crash_worker.task_ids(N_DEFER, N_FIRST, N_HOLD, N_REST)
     all_ids = [tid for group in ids.values() for tid in group]
     worker = spawn("crash", db, marker, log, N_DEFER, N_FIRST, N_HOLD, N_REST, LEASE)
 
     _, total, dead_owner, pid = worker.expect("READY")
     assert int(total) == len(all_ids) == 200
-    with SQLiteStore(db) as observer:  # another connection, from another process
+    with open_store(db) as observer:  # another connection, from another process
         assert sorted(r.task_id for r in observer.executions()) == sorted(all_ids)
         worker.expect("HALFWAY")
         # The worker is alive and stuck in a known state, everything flushed.
@@ -148,7 +149,7 @@ def test_sigkill_mid_run_then_recover_completes_every_execution_once(tmp_path, s
     assert stats.completed_count == len(recovered)
     assert stats.failed_count == stats.cancelled_count == 0
 
-    with SQLiteStore(db) as store:
+    with open_store(db) as store:
         rows = {r.task_id: r for r in store.executions()}
         assert sorted(rows) == sorted(all_ids)  # no row lost, none added
         assert {r.status for r in rows.values()} == {TaskStatus.COMPLETED}
@@ -198,7 +199,7 @@ N_EXPIRED = 60  # one dead owner whose lease lapsed before the workers started
 N_OWNERS, PER_OWNER = 8, 30  # dead owners whose leases lapse one after another later
 
 
-def _dead_rows(store: SQLiteStore, owner: str, n: int, marker: Path, log: Path) -> list[str]:
+def _dead_rows(store: Store, owner: str, n: int, marker: Path, log: Path) -> list[str]:
     changes = []
     ids = []
     for i in range(n):
@@ -220,10 +221,10 @@ def _max_overlap(intervals: list[tuple[float, float]]) -> int:
     return peak
 
 
-def test_two_processes_recover_one_store_each_execution_runs_once(tmp_path, spawn):
-    db, marker, log = tmp_path / "runs.db", tmp_path / "marker", tmp_path / "effects.log"
+def test_two_processes_recover_one_store_each_execution_runs_once(tmp_path, spawn, db_target):
+    db, marker, log = db_target, tmp_path / "marker", tmp_path / "effects.log"
     far = time.time() + 3600
-    with SQLiteStore(db) as store:
+    with open_store(db) as store:
         all_ids = _dead_rows(store, "expired", N_EXPIRED, marker, log)
         store.heartbeat("expired", time.time() - 60)
         owners = [f"dead{k}" for k in range(N_OWNERS)]

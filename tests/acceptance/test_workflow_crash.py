@@ -1,5 +1,5 @@
 """SIGKILL a process in the middle of workflow runs; a new executor resumes every
-run without redoing finished steps (real subprocess, real SQLite file)."""
+run without redoing finished steps (real subprocess; a SQLite file, or a PostgreSQL database)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import trio
 
-from trioexec import HealthEventKind, SQLiteStore, TaskStatus, open_executor
+from trioexec import HealthEventKind, TaskStatus, open_executor, open_store
 
 WORKER = Path(__file__).with_name("wf_worker.py")
 N_RUNS = 8
@@ -38,8 +38,8 @@ def _read_line(proc: subprocess.Popen, timeout: float) -> str:
         sel.close()
 
 
-def test_sigkill_mid_workflow_then_resume(tmp_path):
-    db, marker, log = tmp_path / "wf.db", tmp_path / "landed", tmp_path / "steps.log"
+def test_sigkill_mid_workflow_then_resume(tmp_path, db_target):
+    db, marker, log = db_target, tmp_path / "landed", tmp_path / "steps.log"
     proc = subprocess.Popen(
         [sys.executable, str(WORKER), str(db), str(marker), str(log), str(N_RUNS)],
         stdout=subprocess.PIPE,
@@ -49,7 +49,7 @@ def test_sigkill_mid_workflow_then_resume(tmp_path):
     try:
         line = _read_line(proc, 30)
         assert line == "READY", (line, proc.stderr.read() if proc.poll() is not None else "")
-        with SQLiteStore(db) as peek:
+        with open_store(db) as peek:
             assert len(peek.runs(status="running")) == N_RUNS
             deferred = peek.executions(sub_status="deferred")
             assert sorted(e.name for e in deferred) == ["wait"] * N_RUNS
@@ -65,7 +65,7 @@ def test_sigkill_mid_workflow_then_resume(tmp_path):
     wf = worker.make_workflow(str(marker), str(log))
 
     async def resume() -> None:
-        with SQLiteStore(db) as store:
+        with open_store(db) as store:
             async with open_executor(
                 store=store, recover=True, tasks=[wf], lease=worker.LEASE
             ) as ex:
@@ -88,7 +88,7 @@ def test_sigkill_mid_workflow_then_resume(tmp_path):
     trio.run(resume)
     assert time.monotonic() - started < 30
 
-    with SQLiteStore(db) as store:
+    with open_store(db) as store:
         runs = store.runs()
         assert len(runs) == N_RUNS
         assert {r.status for r in runs} == {"completed"}

@@ -14,7 +14,7 @@ import sys
 
 import trio
 
-from trioexec import HealthEventKind, SQLiteStore, TaskHandle, Workflow, open_executor, task
+from trioexec import HealthEventKind, TaskHandle, Workflow, open_executor, open_store, task
 
 LEASE = 0.5
 
@@ -53,7 +53,7 @@ def make_workflow(marker: str, log_path: str) -> Workflow:
 
 async def main(db: str, marker: str, log_path: str, n_runs: int) -> None:
     wf = make_workflow(marker, log_path)
-    with SQLiteStore(db) as store:
+    with open_store(db) as store:
         async with open_executor(store=store, lease=LEASE, max_concurrent_tasks=3) as ex:
             for n in range(n_runs):
                 await ex.start_workflow(wf, {"n": n})

@@ -216,12 +216,23 @@ class PostgresStore:
         orphaned: list[ExecutionRecord] = []
         abandoned: list[ExecutionRecord] = []
         with self._db.transaction("recover") as conn:
-            rows = conn.execute(
-                f"{_SELECT} WHERE e.status IN {_LIVE} AND e.owner IS DISTINCT FROM %s"
+            expired = (
+                f" e.status IN {_LIVE} AND e.owner IS DISTINCT FROM %s"
                 " AND e.run_id IS NULL"  # a workflow step is resumed with its run
                 " AND (o.lease_expires_at IS NULL OR o.lease_expires_at < %s)"
-                " ORDER BY e.seq FOR UPDATE OF e SKIP LOCKED",
+            )
+            # Lock the candidates, then read them again in a new statement: under
+            # READ COMMITTED a row another host claimed meanwhile is locked with
+            # its new owner, but judged against the owners of this statement's
+            # snapshot, where that owner's lease may not exist yet.
+            locked = conn.execute(
+                "SELECT e.task_id FROM executions e LEFT JOIN owners o ON o.owner = e.owner"
+                f" WHERE{expired} ORDER BY e.seq FOR UPDATE OF e SKIP LOCKED",
                 (owner, now),
+            ).fetchall()
+            rows = conn.execute(
+                f"{_SELECT} WHERE e.task_id = ANY(%s) AND{expired} ORDER BY e.seq",
+                ([r[0] for r in locked], owner, now),
             ).fetchall()
             for row in rows:
                 record = self._record(row)
@@ -281,13 +292,20 @@ class PostgresStore:
         orphaned: list[RunRecord] = []
         abandoned: list[RunRecord] = []
         with self._db.transaction("claim workflow runs") as conn:
-            rows = conn.execute(
-                "SELECT r.run_id, r.workflow, r.recovery_attempts FROM workflow_runs r"
-                " LEFT JOIN owners o ON o.owner = r.owner"
+            expired = (
+                " FROM workflow_runs r LEFT JOIN owners o ON o.owner = r.owner"
                 " WHERE r.status = 'running' AND r.owner IS DISTINCT FROM %s"
                 " AND (o.lease_expires_at IS NULL OR o.lease_expires_at < %s)"
-                " ORDER BY r.seq FOR UPDATE OF r SKIP LOCKED",
+            )
+            # Lock, then judge again in a new statement (see `recover`).
+            locked = conn.execute(
+                f"SELECT r.run_id{expired} ORDER BY r.seq FOR UPDATE OF r SKIP LOCKED",
                 (owner, now),
+            ).fetchall()
+            rows = conn.execute(
+                f"SELECT r.run_id, r.workflow, r.recovery_attempts{expired}"
+                " AND r.run_id = ANY(%s) ORDER BY r.seq",
+                (owner, now, [r[0] for r in locked]),
             ).fetchall()
             for run_id, workflow, attempts in rows:
                 if workflow not in known or attempts >= max_recovery_attempts:
