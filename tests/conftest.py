@@ -81,11 +81,13 @@ def store_maker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Call
         if kind == "memory":
             store: Any = trioexec.MemoryStore(**kw)
         elif kind == "sqlite":
-            store = trioexec.SQLiteStore(tmp_path / "runs.db", inline=True, **kw)
+            kw.setdefault("inline", True)
+            store = trioexec.SQLiteStore(tmp_path / "runs.db", **kw)
         elif kind == "postgres":
             url = request.getfixturevalue("postgres_url")
             schema = request.getfixturevalue("pg_schema")
-            store = trioexec.PostgresStore(url, schema=schema, inline=True, **kw)
+            kw.setdefault("inline", True)
+            store = trioexec.PostgresStore(url, schema=schema, **kw)
         else:  # pragma: no cover - a typo in a test
             raise ValueError(kind)
         stores.append(store)

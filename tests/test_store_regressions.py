@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
+from pg_server import STORE_KINDS
 
 from trioexec import (
     MemoryStore,
-    SQLiteStore,
     StoreError,
     TaskStatus,
     Workflow,
@@ -18,11 +18,9 @@ from trioexec import (
 from trioexec.testing import FakeWallClock
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def store(request, tmp_path):
-    s = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "r.db", inline=True)
-    yield s
-    s.close()
+@pytest.fixture(params=STORE_KINDS)
+def store(request, store_maker):
+    return store_maker(request.param)
 
 
 async def test_a_fenced_completion_is_not_acknowledged_as_completed(store, autojump_clock):

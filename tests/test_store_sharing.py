@@ -9,20 +9,20 @@ import threading
 
 import pytest
 import trio
+from pg_server import STORE_KINDS
 
 import trioexec
-from trioexec import MemoryStore, SQLiteStore, SubStatus, TaskStatus
+from trioexec import SQLiteStore, SubStatus, TaskStatus
 from trioexec.durable import DurableStore, PromiseState
 
 THREADS = 6
 PER_THREAD = 60
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-def shared(request, tmp_path):
-    store = MemoryStore() if request.param == "memory" else SQLiteStore(tmp_path / "shared.db")
-    yield store
-    store.close()
+@pytest.fixture(params=STORE_KINDS)
+def shared(request, store_maker):
+    """A store that writes from worker threads (not inline)."""
+    return store_maker(request.param, **({} if request.param == "memory" else {"inline": False}))
 
 
 async def test_two_executors_share_one_sqlite_store(tmp_path):
