@@ -131,12 +131,14 @@ def sql(path: Path, statement: str, *params: object) -> None:
 
 @attrs.frozen
 class AppDb:
-    path: Path
+    path: Path | str  # a SQLite file, or a PostgreSQL URL (test_cli_postgres.py)
     good: str  # task id of the completed "send-email"
     bad: str  # task id of the failed "charge-card"
 
 
-def build_app_db(path: Path) -> AppDb:
+def build_app_db(path: Path | str) -> AppDb:
+    """The database described above, at ``path`` (a SQLite file, or a PostgreSQL
+    database's URL)."""
     ids: dict[str, str] = {}
 
     @task(id="fetch")
@@ -158,7 +160,7 @@ def build_app_db(path: Path) -> AppDb:
         raise ValueError("card declined")
 
     async def main() -> None:
-        with SQLiteStore(path) as store:
+        with trioexec.open_store(path) as store:
             async with trioexec.open_executor(store=store) as ex:
                 good = await ex.submit(send_email, name="send-email")
                 bad = await ex.submit(charge_card, name="charge-card")

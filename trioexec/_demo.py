@@ -11,7 +11,7 @@ import trio
 import trio.testing
 
 import trioexec
-from trioexec import SQLiteStore, TaskHandle
+from trioexec import Store, TaskHandle
 
 KINDS = ("webhook", "file", "approval", "api")
 
@@ -32,7 +32,7 @@ async def run_workload(
     works: list[float],
     *,
     defer: bool,
-    store: SQLiteStore | None = None,
+    store: Store | None = None,
     on_start: Callable[[trioexec.Executor, dict[str, Any]], None] | None = None,
 ) -> float:
     """Run the demo workload; return its makespan (seconds on Trio's clock)."""

@@ -27,7 +27,8 @@ import click
 import trio
 
 import trioexec
-from trioexec import SQLiteStore, StoreError, SubStatus, TaskStatus
+from trioexec import PostgresStore, SQLiteStore, StoreError, SubStatus, TaskStatus
+from trioexec._store._open import is_postgres_url
 from trioexec._demo import demo_workload, run_workload, simulate
 
 try:
@@ -70,11 +71,12 @@ def cell(value: object) -> Text:
 
 
 @contextmanager
-def open_store(path: str) -> Iterator[SQLiteStore]:
-    """An existing database opened read-only, or one clear line and exit 1."""
+def open_store(path: str) -> Iterator[SQLiteStore | PostgresStore]:
+    """An existing database (a SQLite file or a PostgreSQL URL) opened read-only,
+    or one clear line and exit 1."""
     try:
-        store = SQLiteStore(path, read_only=True)
-    except StoreError as exc:
+        store = trioexec.open_store(path, read_only=True)
+    except (StoreError, ValueError, ModuleNotFoundError) as exc:
         fail(str(exc))
     try:
         yield store
@@ -176,7 +178,9 @@ def demo_view(ex: trioexec.Executor, state: dict[str, Any], total: int) -> Group
 
 @main.command()
 @click.option(
-    "--db", type=click.Path(dir_okay=False), help="SQLite file to write (default: a temp file)."
+    "--db",
+    type=click.Path(dir_okay=False),
+    help="SQLite file or postgresql:// URL to write (default: a temp SQLite file).",
 )
 @click.option("--slots", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--tasks", type=click.IntRange(4, 10_000), default=48, show_default=True)
@@ -191,8 +195,12 @@ def demo(db: str | None, slots: int, tasks: int) -> None:
     waits, works = demo_workload(tasks, slots)
     path = db or os.path.join(tempfile.mkdtemp(prefix="trioexec-demo-"), "demo.db")
     try:
-        store = SQLiteStore(path, busy_timeout=DEMO_BUSY_TIMEOUT)
-    except StoreError as exc:
+        store: SQLiteStore | PostgresStore = (
+            trioexec.open_store(path)
+            if is_postgres_url(path)
+            else SQLiteStore(path, busy_timeout=DEMO_BUSY_TIMEOUT)
+        )
+    except (StoreError, ValueError, ModuleNotFoundError) as exc:
         fail(str(exc))
     console.print(
         Text.assemble(
@@ -338,7 +346,7 @@ def status(
         console.print(f"... and {matching - len(rows)} more (--limit)")
 
 
-def watch_view(store: SQLiteStore, db: str) -> Group:
+def watch_view(store: SQLiteStore | PostgresStore, db: str) -> Group:
     now = time.time()
     counts = store.counts()
     active = store.counts(sub_status=SubStatus.ACTIVE)[TaskStatus.RUNNING]
@@ -448,7 +456,7 @@ def open_durable(db: str, *, read_only: bool = True) -> Iterator[DurableStore]:
         with open_store(db) as store, DurableStore(store) as ds:
             yield ds
         return
-    if not os.path.exists(db):  # a writer would create it
+    if not is_postgres_url(db) and not os.path.exists(db):  # a writer would create it
         fail(f"{db}: no such database file")
     try:
         writable = DurableStore(db)

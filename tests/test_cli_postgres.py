@@ -1,0 +1,95 @@
+"""Every ``trioexec`` command takes a PostgreSQL URL where it takes a database path
+(issue 16): the database of test_cli.py built on a throwaway PostgreSQL server, and
+the real console script pointed at its URL."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from test_cli import (
+    AppDb,
+    approval_and_its_waiter,
+    build_app_db,
+    cli,
+    ok,
+    one_line_error,
+    plain,
+)
+
+import trioexec
+from trioexec.durable import DurableStore, PromiseState, TaskState
+
+
+@pytest.fixture
+def pg_app(pg_database: str) -> AppDb:
+    return build_app_db(pg_database)
+
+
+def store_view(url: str, fn: Any) -> Any:
+    with trioexec.open_store(url) as store:
+        return fn(store)
+
+
+def durable_view(url: str, fn: Any) -> Any:
+    import trio
+
+    async def main() -> Any:
+        with DurableStore(url) as ds:
+            return await fn(ds)
+
+    return trio.run(main)
+
+
+def test_status_and_runs_of_a_url_match_the_store(pg_app: AppDb, tmp_path: Path) -> None:
+    url = str(pg_app.path)
+    got = json.loads(ok(cli("status", url, "--json", cwd=tmp_path)))
+    assert got == plain(store_view(url, lambda s: s.executions()))
+    assert {r["task_id"] for r in got} >= {"approval-old", "webhook-new", "crunch-1", "queued-1"}
+    older = json.loads(ok(cli("status", url, "--older-than", "10m", "--json", cwd=tmp_path)))
+    assert [r["task_id"] for r in older] == ["approval-old"]
+    table = ok(cli("status", url, cwd=tmp_path))
+    assert re.search(r"approval-old\s+approval\s+running\s+deferred", table)
+
+    runs = json.loads(ok(cli("runs", url, "--json", cwd=tmp_path)))
+    assert runs == plain(store_view(url, lambda s: s.runs()))
+    assert {r["run_id"]: r["status"] for r in runs} == {"run-ok": "completed", "run-bad": "failed"}
+
+
+def test_watch_once_on_a_url(pg_app: AppDb, tmp_path: Path) -> None:
+    out = ok(cli("watch", str(pg_app.path), "--once", cwd=tmp_path))
+    for label, value in [("active", "1"), ("deferred", "2"), ("pending", "1")]:
+        assert re.search(rf"│ {re.escape(label)}\s+{re.escape(value)}\s+│", out), label
+    listing = out.split("deferred, longest first:")[1]
+    assert listing.index("approval-old") < listing.index("webhook-new")
+
+
+def test_promises_tasks_and_check_on_a_url(pg_app: AppDb, tmp_path: Path) -> None:
+    url = str(pg_app.path)
+    everything = json.loads(ok(cli("promises", url, "--json", cwd=tmp_path)))
+    assert [p["id"] for p in everything] == ["approval-7", "done-1", "job-1", "job-2", "report-3"]
+    out = ok(cli("promises", "resolve", url, "approval-7", "--data", '{"ok": true}', cwd=tmp_path))
+    assert out.strip() == "promise approval-7: resolved"
+    promise, waiter = durable_view(url, approval_and_its_waiter)
+    assert promise.state is PromiseState.RESOLVED
+    assert json.loads(promise.data) == {"ok": True}
+    assert waiter.state is TaskState.PENDING
+    pending = json.loads(ok(cli("tasks", url, "--state", "pending", "--json", cwd=tmp_path)))
+    assert [t["id"] for t in pending] == ["job-1", "job-2", "report-3"]
+    assert ok(cli("check", url, cwd=tmp_path)).strip() == f"{url}: all invariants hold"
+
+
+def test_a_server_that_is_not_there_is_one_line_without_the_password(tmp_path: Path) -> None:
+    url = "postgresql://someone:s3cret@127.0.0.1:1/nothing"
+    line = one_line_error(cli("status", url, cwd=tmp_path), code=1)
+    assert "s3cret" not in line
+    assert "postgresql://someone:***@127.0.0.1:1/nothing" in line
+    assert "cannot open" in line
+
+
+def test_a_url_of_another_kind_is_one_line(tmp_path: Path) -> None:
+    line = one_line_error(cli("status", "mysql://db/app", cwd=tmp_path), code=1)
+    assert "unknown store URL scheme 'mysql'" in line
