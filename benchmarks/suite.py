@@ -57,6 +57,9 @@ Scenarios (targets from the issue):
     ex.submit`` as fast as it goes (limit 64, queue_capacity 100k) to an executor
     with a ``SQLiteStore``, then drained: peak RSS over the bare process <= 32 MB
     (the same without a store shown for context).
+12. PostgreSQL (issue 16): scenario 6's workload (limit 64) with a ``PostgresStore``
+    on a throwaway server on this machine (tests/pg_server.py; fsync on): >= 0.5x
+    of the same without a store.
 
 ``--quick`` shrinks the sizes (20k tasks, K up to 64 with 5k compute tasks, 100k
 instead of 1M, 5k pollers over a 3 s window, 300 durable claims, 4 rounds of
@@ -70,6 +73,7 @@ from __future__ import annotations
 import argparse
 import gc
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -95,6 +99,7 @@ import trioexec
 HERE = Path(__file__).resolve()
 CASE_TIMEOUT = 900.0  # seconds; a case that takes longer counts as crashed
 SLOTS = 4  # scenarios 2-5, 9 and 10 run with four slots
+PG_LIMIT = 64  # scenario 12
 JOURNAL_POOL_LIMIT = 64  # scenario 6's comparison with the hand-written journaling pool
 CHAIN_STEPS = 4  # scenario 9's workflow
 BACKLOG_LIMIT = 64  # scenario 11
@@ -132,13 +137,19 @@ def stopwatch(out: Result) -> Iterator[None]:
     out["cpu_s"] = time.process_time() - c0
 
 
-def run_timed(main: Any, store: bool, out: Result) -> None:
+def run_timed(main: Any, store: bool, out: Result, url: str = "") -> None:
     """``trio.run(main, st)`` under the stopwatch: ``st`` a fresh SQLiteStore in a
-    temporary directory if ``store`` (then ``out["store_writes"]``: how many
+    temporary directory if ``store`` (a `PostgresStore` in a fresh schema of the
+    server at ``url`` if one is given; then ``out["store_writes"]``: how many
     transactions the executor's journal wrote), else None."""
     with tempfile.TemporaryDirectory() as tmp:
         if store:
-            with trioexec.SQLiteStore(os.path.join(tmp, "bench.db")) as st:
+            opened: Any = (
+                trioexec.PostgresStore(url, schema=f"bench_{os.getpid()}_{time.monotonic_ns()}")
+                if url
+                else trioexec.SQLiteStore(os.path.join(tmp, "bench.db"))
+            )
+            with opened as st:
                 write, writes = st.write, [0]
 
                 def counted(changes: Any) -> list[str]:
@@ -296,17 +307,18 @@ def shaped_pool(n: int, limit: int) -> Result:
 
 
 @case
-def executor(n: int, limit: int, store: bool = False) -> Result:
-    """n no-op tasks through ``await ex.submit`` (default queue_capacity, BLOCK)."""
+def executor(n: int, limit: int, store: bool = False, url: str = "") -> Result:
+    """n no-op tasks through ``await ex.submit`` (default queue_capacity, BLOCK);
+    with ``store``, a SQLiteStore (or a PostgresStore on the server at ``url``)."""
     out: Result = {}
 
-    async def main(st: trioexec.SQLiteStore | None) -> None:
+    async def main(st: trioexec.Store | None) -> None:
         async with trioexec.open_executor(max_concurrent_tasks=limit, store=st) as ex:
             for _ in range(n):
                 await ex.submit(noop)
         out["completed"] = ex.statistics().completed_count
 
-    run_timed(main, store, out)
+    run_timed(main, store, out, url)
     if out["completed"] != n:
         raise RuntimeError(f"{out['completed']} of {n} tasks completed")
     return out
@@ -1448,6 +1460,49 @@ def scenario_11(run: Runner, sizes: Sizes) -> Result:
     )
 
 
+def postgres_server() -> Any:
+    """tests/pg_server.py's throwaway server (a context manager yielding its URL),
+    with fsync and synchronous commits on, as a production server has them."""
+    path = HERE.parent.parent / "tests" / "pg_server.py"
+    spec = importlib.util.spec_from_file_location("trioexec_bench_pg_server", path)
+    if spec is None or spec.loader is None:
+        raise CaseFailed(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.postgres_server(durable=True)
+
+
+def scenario_12(run: Runner, sizes: Sizes) -> Result:
+    n, lim = sizes.overhead_n, PG_LIMIT
+    with postgres_server() as url:
+        run.interleave(
+            ("executor", {"n": n, "limit": lim}),
+            ("executor", {"n": n, "limit": lim, "store": True, "url": url}),
+        )
+        plain = run("executor", n=n, limit=lim)
+        stored = run("executor", n=n, limit=lim, store=True, url=url)
+    r = plain["seconds"] / stored["seconds"]
+    return finish(
+        12,
+        "PostgreSQL",
+        f"throughput with PostgresStore >= 0.5x of the same without a store (limit {lim})",
+        [
+            ratio(
+                f"limit {lim}: PostgresStore vs no store",
+                r,
+                ">= 0.5x",
+                r >= 0.5,
+                rounds=per_round(plain, stored),
+            )
+        ],
+        tasks=n,
+        postgres_tasks_per_s=round(n / stored["seconds"]),
+        postgres_transactions=stored["store_writes"],
+        memory_tasks_per_s=round(n / plain["seconds"]),
+        server="PostgreSQL on 127.0.0.1, same machine, fsync and synchronous_commit on",
+    )
+
+
 SCENARIOS: dict[int, tuple[str, Callable[[Runner, Sizes], Result]]] = {
     1: ("executor overhead", scenario_1),
     2: ("deferral effectiveness", scenario_2),
@@ -1460,6 +1515,7 @@ SCENARIOS: dict[int, tuple[str, Callable[[Runner, Sizes], Result]]] = {
     9: ("workflow steps", scenario_9),
     10: ("throughput beside deferred tasks", scenario_10),
     11: ("store backlog memory", scenario_11),
+    12: ("PostgreSQL", scenario_12),
 }
 
 

@@ -38,8 +38,6 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE UNIQUE INDEX executions_seq ON executions (seq);
     CREATE INDEX executions_status ON executions (status, owner);
-    CREATE INDEX executions_live ON executions (owner, seq)
-        WHERE status IN ('pending', 'running');
     CREATE INDEX executions_deferred ON executions (sub_status, deferred_since)
         WHERE sub_status IS NOT NULL;
     CREATE INDEX executions_run ON executions (run_id) WHERE run_id IS NOT NULL;

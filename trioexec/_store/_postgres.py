@@ -35,6 +35,7 @@ from ._base import (
     fold_batch,
     seconds,
 )
+from ._durable_pg import PostgresTables
 from ._pg_conn import Connection, PGDatabase, redact
 
 _FIELDS = tuple(field.name for field in attrs.fields(ExecutionRecord))
@@ -56,7 +57,7 @@ _ROW_TYPES = {
 _INSERT_ROWS = (
     f"INSERT INTO executions ({', '.join(ROW_COLUMNS)})"
     f" SELECT {', '.join(ROW_COLUMNS)} FROM unnest("
-    + ", ".join(f"%s::{_ROW_TYPES.get(c, 'text')}[]" for c in ROW_COLUMNS)
+    + ", ".join(f"%b::{_ROW_TYPES.get(c, 'text')}[]" for c in ROW_COLUMNS)
     + f") WITH ORDINALITY AS r({', '.join(ROW_COLUMNS)}, n) ORDER BY n"
     " ON CONFLICT (task_id) DO NOTHING RETURNING task_id"
 )
@@ -475,6 +476,12 @@ class PostgresStore:
 
     def __repr__(self) -> str:
         return f"<PostgresStore {redact(self.url)!r} schema={self.schema!r}>"
+
+    def durable_tables(self) -> PostgresTables:
+        """The durable tables of this store's schema, for `trioexec.durable`, on a
+        connection of their own (read-only if the store is; closed by their
+        ``close``)."""
+        return PostgresTables(self._db)
 
 
 def _write_run(conn: Connection, change: Change) -> bool:
