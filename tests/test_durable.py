@@ -1,11 +1,12 @@
 """`trioexec.durable.DurableStore` by example: each operation's happy path and its
 `Conflict` path, through the async facade.
 
-Most tests run twice under the autojump clock, on ``DurableStore(MemoryStore(clock=
-FakeWallClock()))`` and on a SQLite file (an inline `SQLiteStore`, so the same wall
-clock can follow Trio's); time moves with ``await trio.sleep``. A few tests use
-``DurableStore(path)`` (calls in a thread) with a hand-moved clock: two stores on one
-file, another process, and a deliberately corrupted file.
+Most tests run three times under the autojump clock, on ``DurableStore(MemoryStore(
+clock=FakeWallClock()))``, on a SQLite file and on a PostgreSQL schema (an inline
+`SQLiteStore` or `PostgresStore`, so the same wall clock can follow Trio's); time
+moves with ``await trio.sleep``. A few tests use ``DurableStore(path)`` (calls in a
+thread) with a hand-moved clock: two stores on one file, another process, and a
+deliberately corrupted file.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import pytest
 import trio
+from pg_server import STORE_KINDS
 
 import trioexec
 from trioexec.durable import (
@@ -38,20 +40,14 @@ START = 1_000.0
 RETRY = 30.0  # DurableStore's default retry timeout for pending tasks
 
 
-@pytest.fixture(params=["memory", "sqlite"])
-async def ds(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[DurableStore]:
+@pytest.fixture(params=STORE_KINDS)
+async def ds(request: pytest.FixtureRequest, store_maker: Any) -> AsyncIterator[DurableStore]:
     """A durable store whose wall clock follows Trio's (tests take autojump_clock)."""
-    clock = FakeWallClock(start=START)
-    if request.param == "memory":
-        store: Any = trioexec.MemoryStore(clock=clock)
-    else:
-        store = trioexec.SQLiteStore(tmp_path / "durable.db", clock=clock, inline=True)
-    durable = DurableStore(store)
+    durable = DurableStore(store_maker(request.param, clock=FakeWallClock(start=START)))
     try:
         yield durable
     finally:
         durable.close()
-        store.close()
 
 
 def now(ds: DurableStore) -> float:

@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
+from .._errors import StoreError
+
 #: A promise or task row: a plain dict of column name to value, ``tags`` decoded.
 Row = dict[str, Any]
 
@@ -32,6 +34,12 @@ class TaskState(enum.StrEnum):
     FULFILLED = "fulfilled"
 
 
+class TransactionAborted(StoreError):
+    """The database rolled a transaction back because it met a concurrent one (a
+    deadlock, a row inserted meanwhile): nothing was written, and running it again
+    may succeed."""
+
+
 class Tables(Protocol):
     """Row access for the protocol. Rows are plain dicts; ``put_*`` writes back.
 
@@ -40,7 +48,13 @@ class Tables(Protocol):
     whether it did (the promise: the row as changed, or None). ``transaction()``
     opened inside an open one is part of it; ``attempt(call)`` runs ``call()``
     inside the open transaction as a unit that is undone if it raises (returning
-    ``(False, exc)``; ``(True, value)`` otherwise)."""
+    ``(False, exc)``; ``(True, value)`` otherwise).
+
+    ``claim(target, limit, pid, ttl, now)`` acquires up to ``limit`` pending tasks
+    of ``target``, oldest id first (each: version + 1, leased to ``pid`` until
+    ``now + ttl``, no retry timeout), and returns each row with its promise's data;
+    a backend shared by several processes skips the rows a concurrent transaction
+    holds, so concurrent claims get different tasks."""
 
     def transaction(self) -> AbstractContextManager[None]: ...
     def attempt(self, call: Callable[[], Any]) -> tuple[bool, Any]: ...
@@ -50,6 +64,9 @@ class Tables(Protocol):
     def put_task(self, row: Row) -> None: ...
     def update_task(self, id: str, expect: Row, changes: Row) -> bool: ...
     def update_promise(self, id: str, expect: Row, changes: Row) -> Row | None: ...
+    def claim(
+        self, target: str, limit: int, pid: str, ttl: float, now: float
+    ) -> list[tuple[Row, str | None]]: ...
     def add_callback(self, promise_id: str, task_id: str) -> None: ...
     def tasks_awaiting(self, promise_id: str) -> list[str]: ...
     def awaited_by(self, task_id: str) -> list[str]: ...
@@ -66,3 +83,24 @@ class Tables(Protocol):
     def all_promises(self) -> Iterator[Row]: ...
     def all_tasks(self) -> Iterator[Row]: ...
     def all_callbacks(self) -> Iterator[tuple[str, str]]: ...
+
+
+def claim_by_search(
+    tables: Tables, target: str, limit: int, pid: str, ttl: float, now: float
+) -> list[tuple[Row, str | None]]:
+    """`Tables.claim` for a backend whose transactions never overlap: the oldest
+    pending tasks of ``target``, each acquired and written back."""
+    claimed = []
+    for row in tables.search_tasks(TaskState.PENDING.value, target, limit, None):
+        row.update(
+            state=TaskState.ACQUIRED.value,
+            version=row["version"] + 1,
+            pid=pid,
+            ttl=ttl,
+            lease_expires_at=now + ttl,
+            timeout_at=None,
+        )
+        tables.put_task(row)
+        promise = tables.promise(row["id"])
+        claimed.append((row, None if promise is None else promise["data"]))
+    return claimed

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._errors import StoreError
-from ._durable_rows import PromiseState, Row, TaskState
+from ._durable_rows import PromiseState, Row, TaskState, claim_by_search
 from ._sqlite_file import SQLiteFile
 
 _PENDING = PromiseState.PENDING.value
@@ -87,6 +87,11 @@ class DictTables:
             return None
         row.update(changes)
         return self.promise(id)
+
+    def claim(
+        self, target: str, limit: int, pid: str, ttl: float, now: float
+    ) -> list[tuple[Row, str | None]]:
+        return claim_by_search(self, target, limit, pid, ttl, now)
 
     def add_callback(self, promise_id: str, task_id: str) -> None:
         self.callbacks[(promise_id, task_id)] = None
@@ -419,6 +424,13 @@ class SQLiteTables:
         rows = self._update("durable_promises", id, expect, changes, returning).fetchall()
         return self._promise(rows[0]) if rows else None
 
+    def claim(
+        self, target: str, limit: int, pid: str, ttl: float, now: float
+    ) -> list[tuple[Row, str | None]]:
+        """(One transaction at a time holds the file's write lock: no skipping.)"""
+        self._keep("claim")  # never part of applying time: refused if read-only
+        return claim_by_search(self, target, limit, pid, ttl, now)
+
     def add_callback(self, promise_id: str, task_id: str) -> None:
         self._keep("add_callback")  # never part of applying time: refused if read-only
         self.conn.execute(
@@ -495,7 +507,9 @@ class SQLiteTables:
             tag,
         )
         more = 0 if overlay is None else len(overlay.promises)
-        rows = self._page("durable_promises", _P_COLS, state, extra, limit + more, cursor)
+        rows = _page_rows(
+            self.conn, "durable_promises", _P_COLS, state, extra, limit + more, cursor
+        )
         promises = [self._promise(r) for r in rows]
         if overlay is None:
             return promises
@@ -515,7 +529,7 @@ class SQLiteTables:
         overlay = self._note("search_tasks")
         extra = ("target = ?", None if target is None else (target,))
         more = 0 if overlay is None else len(overlay.tasks)
-        rows = self._page("durable_tasks", _T_COLS, state, extra, limit + more, cursor)
+        rows = _page_rows(self.conn, "durable_tasks", _T_COLS, state, extra, limit + more, cursor)
         tasks = [self._task(r) for r in rows]
         if overlay is None:
             return tasks
@@ -528,34 +542,6 @@ class SQLiteTables:
             )
 
         return _merge(tasks, overlay.tasks, match)[:limit]
-
-    def _page(
-        self,
-        table: str,
-        cols: tuple[str, ...],
-        state: str | None,
-        extra: tuple[str, tuple[str, ...] | None],
-        limit: int,
-        cursor: str | None,
-    ) -> list[tuple[Any, ...]]:
-        """Rows by id after ``cursor``, in ``state``, matching ``extra`` (a condition
-        and its parameters; None parameters: no condition)."""
-        where, params = ["1"], []
-        if cursor is not None:
-            where.append("id > ?")
-            params.append(cursor)
-        if state is not None:
-            where.append("state = ?")
-            params.append(state)
-        condition, extra_params = extra
-        if extra_params is not None:
-            where.append(condition)
-            params.extend(extra_params)
-        return self.conn.execute(
-            f"SELECT {', '.join(cols)} FROM {table} WHERE {' AND '.join(where)}"
-            " ORDER BY id LIMIT ?",
-            (*params, limit),
-        ).fetchall()
 
     def all_promises(self) -> Iterator[Row]:
         overlay = self._note("all_promises")
@@ -580,6 +566,34 @@ class SQLiteTables:
         ).fetchall()
         dropped = set() if overlay is None else overlay.dropped
         return iter([(r[0], r[1]) for r in rows if r[1] not in dropped])
+
+
+def _page_rows(
+    conn: sqlite3.Connection,
+    table: str,
+    cols: tuple[str, ...],
+    state: str | None,
+    extra: tuple[str, tuple[str, ...] | None],
+    limit: int,
+    cursor: str | None,
+) -> list[tuple[Any, ...]]:
+    """Rows by id after ``cursor``, in ``state``, matching ``extra`` (a condition
+    and its parameters; None parameters: no condition)."""
+    where, params = ["1"], []
+    if cursor is not None:
+        where.append("id > ?")
+        params.append(cursor)
+    if state is not None:
+        where.append("state = ?")
+        params.append(state)
+    condition, extra_params = extra
+    if extra_params is not None:
+        where.append(condition)
+        params.extend(extra_params)
+    return conn.execute(
+        f"SELECT {', '.join(cols)} FROM {table} WHERE {' AND '.join(where)} ORDER BY id LIMIT ?",
+        (*params, limit),
+    ).fetchall()
 
 
 def _begin_immediate(conn: sqlite3.Connection, busy_ms: int) -> None:

@@ -401,20 +401,17 @@ class Core:
         """Acquire up to ``limit`` pending tasks of ``target`` (each exactly as
         `acquire` would: version + 1, a lease of ``ttl``), each with its promise's
         data (JSON text): all a worker needs to start the work, in one transaction
-        (workers never race for the same task)."""
+        (two claims at once never get the same task)."""
         _check_ttl(ttl)
         _check_limit(limit)
         check_id(target, "target")
         check_id(pid, "pid")
         with self.tables.transaction():
             now = self._begin()
-            claimed = []
-            for task in self.tables.search_tasks(TaskState.PENDING.value, target, limit, None):
-                self._acquire_row(task, task["version"] + 1, pid, ttl, now)
-                promise = self.tables.promise(task["id"])
-                data = None if promise is None else promise["data"]
-                claimed.append((self.task_record(task), data))
-            return claimed
+            # (Tables.claim: on a database many processes share, one statement that
+            # skips the rows a concurrent claim holds.)
+            claimed = self.tables.claim(target, limit, pid, ttl, now)
+            return [(self.task_record(task), data) for task, data in claimed]
 
     def heartbeat(self, pid: str, tasks: Sequence[tuple[str, int]]) -> int:
         """Renew the lease of each (id, version) this pid holds; skip the rest.

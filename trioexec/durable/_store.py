@@ -7,14 +7,17 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any, TypeVar, cast, final
 
 import trio
 
-from .._store import MemoryStore, SQLiteStore
-from .._store._durable_rows import Tables
+from .._store import MemoryStore, PostgresStore, SQLiteStore
+from .._store._durable_pg import Listener, PostgresTables
+from .._store._durable_rows import Tables, TransactionAborted
 from .._store._durable_tables import SQLiteTables
+from .._store._open import is_postgres_url, open_store
 from ._protocol import Core
 from ._records import (
     PromiseCreate,
@@ -27,6 +30,11 @@ from ._records import (
 )
 
 T = TypeVar("T")
+
+#: How many times a transaction the database aborted for a concurrent one (a
+#: deadlock, a row inserted meanwhile: PostgreSQL) is run again before its
+#: operations fail with that error.
+RETRIES = 5
 
 
 @final
@@ -47,8 +55,10 @@ class DurableStore:
 
     Args:
       path_or_store: a SQLite file path (shared safely by many processes), a
-        `SQLiteStore` (its file is used), or a `MemoryStore` (for tests: in memory,
-        calls run inline, its clock is used unless ``clock`` is given).
+        PostgreSQL URL (``"postgresql://..."``: shared by many hosts), a
+        `SQLiteStore` or `PostgresStore` (its database is used, on a connection of
+        this object's own), or a `MemoryStore` (for tests: in memory, calls run
+        inline, its clock is used unless ``clock`` is given).
       clock: the wall clock for timeouts and leases.
       retry_timeout: how long a pending task waits to be claimed before it is
         offered again.
@@ -71,7 +81,7 @@ class DurableStore:
 
     def __init__(
         self,
-        path_or_store: str | os.PathLike[str] | SQLiteStore | MemoryStore,
+        path_or_store: str | os.PathLike[str] | SQLiteStore | PostgresStore | MemoryStore,
         *,
         clock: Callable[[], float] | None = None,
         retry_timeout: float = 30.0,
@@ -84,13 +94,13 @@ class DurableStore:
             raise ValueError(
                 f"retry_timeout must be a finite number of seconds > 0, got {retry_timeout!r}"
             )
-        self._owned: SQLiteStore | None = None
+        self._owned: SQLiteStore | PostgresStore | None = None
         self._limiter = trio.CapacityLimiter(1)  # one connection: one call at a time
         self._queue: list[_Call] = []  # operations waiting for the next transaction
         self._queue_lock = threading.Lock()  # taken from the queue in the writing thread
         self._writing = False  # a transaction of queued operations is under way
         self._written = trio.Event()  # set (and replaced) when it ends
-        self._sqlite: SQLiteTables | None = None  # closed by close()
+        self._tables: SQLiteTables | PostgresTables | None = None  # closed by close()
         tables: Tables
         if isinstance(path_or_store, MemoryStore):
             self.inline = True
@@ -98,12 +108,19 @@ class DurableStore:
             tables = path_or_store.durable_tables()
             clock = clock or path_or_store.clock
         else:
-            if isinstance(path_or_store, SQLiteStore):
+            store: SQLiteStore | PostgresStore
+            if isinstance(path_or_store, SQLiteStore | PostgresStore):
                 store = path_or_store
+            elif is_postgres_url(path_or_store):
+                store = self._owned = open_store(path_or_store, clock=clock or time.time)
             else:
                 store = self._owned = SQLiteStore(path_or_store, clock=clock or time.time)
             self.inline = store.inline
-            tables = self._sqlite = store.durable_tables()
+            try:
+                tables = self._tables = store.durable_tables()
+            except BaseException:
+                self.close()
+                raise
             clock = clock or store.clock
         self.clock = clock
         self._core = Core(tables, clock, retry_timeout)
@@ -164,16 +181,24 @@ class DurableStore:
         taken: list[_Call] = []
 
         def take() -> list[Callable[[], Any]]:
-            taken.extend(self._take())
+            taken.extend(self._take())  # (run again: with what was queued meanwhile)
             return [call.fn for call in taken]
 
-        try:
-            results = self._core.run(take)
-        except BaseException as exc:  # nothing was written: every operation fails so
+        retries = RETRIES
+        while True:
+            try:
+                return list(zip(taken, self._core.run(take), strict=True))
+            except TransactionAborted as exc:
+                if retries:  # nothing was written: run it again
+                    retries -= 1
+                    continue
+                failure: BaseException = exc
+            except BaseException as exc:
+                failure = exc
+            # Nothing was written: every operation fails so.
             if not taken:
                 taken.extend(self._take())
-            results = [(False, exc)] * len(taken)
-        return list(zip(taken, results, strict=True))
+            return [(call, (False, failure)) for call in taken]
 
     async def _write_queued(self) -> None:
         """Write the queued operations in one transaction (shielded: a transaction
@@ -198,9 +223,9 @@ class DurableStore:
 
     def close(self) -> None:
         """Close the connection (and the store this object opened); idempotent."""
-        if self._sqlite is not None:
-            self._sqlite.close()
-            self._sqlite = None
+        if self._tables is not None:
+            self._tables.close()
+            self._tables = None
         if self._owned is not None:
             self._owned.close()
             self._owned = None
@@ -397,3 +422,52 @@ async def lost_leases(
     """Which of ``tasks`` (id, version) ``pid`` no longer holds: the worker's question
     after a heartbeat renewed fewer than it sent."""
     return await ds._op(ds._core.lost_leases, pid, list(tasks))
+
+
+@final
+class Wakeup:
+    """What an idle worker waits on: a notification that tasks of its target became
+    claimable (PostgreSQL: ``LISTEN``), or its poll interval, whichever comes first.
+    ``listening``: notifications can wake it (the poll is only a backstop)."""
+
+    def __init__(self, target: str, listener: Listener | None) -> None:
+        self._target = target
+        self._listener = listener
+        self.listening = listener is not None
+
+    async def wait(self, timeout: float) -> None:
+        """Return after ``timeout`` seconds, or sooner when notified."""
+        with trio.move_on_after(timeout):
+            while self._listener is not None:
+                got = self._listener.received()
+                if got is None:  # the connection is lost: poll from now on
+                    self.close()
+                    break
+                if self._target in got or "" in got:
+                    return
+                await trio.lowlevel.wait_readable(self._listener.fileno())
+            await trio.sleep_forever()
+
+    def close(self) -> None:
+        listener, self._listener = self._listener, None
+        self.listening = False
+        if listener is not None:
+            listener.close()
+
+
+@asynccontextmanager
+async def open_wakeup(ds: DurableStore, target: str) -> AsyncIterator[Wakeup]:
+    """A `Wakeup` for ``target``'s idle worker on ``ds`` (listening on a connection
+    of its own when the database can notify; closed at the end of the block)."""
+    listener = None
+    tables = ds._tables
+    if isinstance(tables, PostgresTables):
+        if ds.inline:
+            listener = tables.listener()
+        else:
+            listener = await trio.to_thread.run_sync(tables.listener)
+    wakeup = Wakeup(target, listener)
+    try:
+        yield wakeup
+    finally:
+        wakeup.close()

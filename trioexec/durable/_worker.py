@@ -45,7 +45,7 @@ from .._spec import call_info
 from .._taskref import TaskRef
 from ._protocol import check_id, encode
 from ._records import Conflict, NotFound, PromiseRecord, PromiseState, Suspend, TaskRecord
-from ._store import DurableStore, claim_work, lost_leases
+from ._store import DurableStore, Wakeup, claim_work, lost_leases, open_wakeup
 
 
 class _Suspended(BaseException):
@@ -181,6 +181,7 @@ class Worker:
         pid: str,
         lease: float,
         poll_interval: float,
+        wakeup: Wakeup,
     ) -> None:
         self.ds = ds
         self.target = target
@@ -189,6 +190,7 @@ class Worker:
         self._handlers = handlers
         self._lease = lease
         self._poll_interval = poll_interval
+        self._wakeup = wakeup
         self._held: dict[str, _Lease] = {}  # task id -> its lease, while this worker holds it
         self._finished = 0  # held leases whose run is over (their fulfil is in flight)
         self._roomy = trio.Event()  # set when the room to claim may have grown
@@ -261,8 +263,10 @@ class Worker:
             if batch:
                 idle = min(0.005, self._poll_interval)
                 await trio.lowlevel.checkpoint()
+            elif self._wakeup.listening:  # none pending: a notification wakes it;
+                await self._wakeup.wait(self._poll_interval)  # the poll is a backstop
             else:  # none pending: look again later, less often the longer it stays so
-                await trio.sleep(idle)
+                await self._wakeup.wait(idle)
                 idle = min(idle * 2, self._poll_interval)
 
     async def _heartbeat_loop(self) -> None:
@@ -524,7 +528,9 @@ async def open_worker(
     ``lease`` (seconds) is renewed by one heartbeat every ``lease / 3``. A lost lease
     (the heartbeat finds the task taken over, or no heartbeat renewed it in time)
     cancels the local run at once; its outcome is never recorded. ``poll_interval``
-    bounds the wait between looks for new pending tasks.
+    bounds the wait between looks for new pending tasks; on PostgreSQL an idle
+    worker is woken at once by a notification when a task of ``target`` becomes
+    claimable (``LISTEN``), and looks every ``poll_interval`` only as a backstop.
 
     Leaving the block, by any means (cancellation included), stops claiming,
     cancels running handlers and releases every task this worker still holds
@@ -547,10 +553,13 @@ async def open_worker(
     pid = check_id(pid, "pid") if pid is not None else _default_pid()
     if not callable(handlers) and not isinstance(handlers, Mapping):
         raise ValueError(f"handlers must be a callable or a mapping of them, got {handlers!r}")
-    async with open_executor(
-        max_concurrent_tasks=max_concurrent_tasks, shutdown_policy=ShutdownPolicy.CANCEL
-    ) as ex:
-        worker = Worker(ds, target, handlers, ex, pid, lease, poll_interval)
+    async with (
+        open_wakeup(ds, target) as wakeup,
+        open_executor(
+            max_concurrent_tasks=max_concurrent_tasks, shutdown_policy=ShutdownPolicy.CANCEL
+        ) as ex,
+    ):
+        worker = Worker(ds, target, handlers, ex, pid, lease, poll_interval, wakeup)
         try:
             # The fulfils of finished runs: each shielded and bounded by the lease,
             # so leaving waits for them (a fulfil lost here would run the task again).

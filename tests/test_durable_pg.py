@@ -1,0 +1,197 @@
+"""The durable store on PostgreSQL where it differs from the other backends: a URL
+opens it, several connections (processes, hosts) claim and create at once without
+handing a task out twice, and idle workers are woken by ``NOTIFY``.
+
+The protocol itself runs over all three backends in tests/test_durable.py,
+tests/test_durable_batch.py and tests/test_durable_worker.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import trioexec
+from trioexec._store._durable_pg import channel, payload
+from trioexec.durable import DurableStore, PromiseState, TaskState, open_worker
+
+
+def test_a_url_opens_a_postgres_store_of_its_own(pg_database: str) -> None:
+    async def create() -> None:
+        with DurableStore(pg_database) as ds:
+            await ds.promises.create("p", 60, data={"x": 1}, target="w")
+
+    trio.run(create)
+    other = pg_database.replace("postgresql://", "postgres://", 1)
+
+    async def read() -> None:
+        with trioexec.PostgresStore(pg_database) as store, DurableStore(store) as ds:
+            assert (await ds.promises.get("p")).data == '{"x": 1}'  # type: ignore[union-attr]
+        with DurableStore(other) as ds:
+            assert (await ds.tasks.get("p")).state is TaskState.PENDING  # type: ignore[union-attr]
+
+    trio.run(read)
+
+
+def test_a_bad_url_raises_store_error() -> None:
+    with pytest.raises(trioexec.StoreError, match=r"127\.0\.0\.1"):
+        DurableStore("postgresql://nobody@127.0.0.1:1/none?connect_timeout=2")
+
+
+async def test_concurrent_claims_get_disjoint_tasks(pg_database: str) -> None:
+    """Two stores (two connections, calls in threads: really concurrent) claim
+    batches from one target until it is empty: every task is claimed exactly once."""
+    n = 300
+    with DurableStore(pg_database) as setup:
+        for i in range(0, n, 50):
+            async with trio.open_nursery() as nursery:  # (group-committed)
+                for j in range(i, i + 50):
+                    nursery.start_soon(
+                        lambda j=j: setup.promises.create(f"t{j:04}", 600, target="w")
+                    )
+    stores = [DurableStore(pg_database) for _ in range(3)]
+    claimed: dict[str, list[str]] = {}
+
+    async def claimer(ds: DurableStore, pid: str) -> None:
+        mine = claimed[pid] = []
+        while batch := await ds.tasks.claim("w", pid=pid, ttl=600, limit=7):
+            mine.extend(t.id for t in batch)
+            assert all(t.version == 1 and t.pid == pid for t in batch)
+
+    try:
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                for k, ds in enumerate(stores):
+                    for m in range(2):  # two claims in flight per store
+                        nursery.start_soon(claimer, ds, f"w{k}.{m}")
+        every = [id for ids in claimed.values() for id in ids]
+        assert len(every) == len(set(every)) == n
+        assert sum(1 for ids in claimed.values() if ids) >= 2  # they did share the work
+        pending, _ = await stores[0].tasks.search(state=TaskState.PENDING)
+        assert pending == []
+        assert await stores[0].check_invariants() == []
+    finally:
+        for ds in stores:
+            ds.close()
+
+
+async def test_concurrent_creates_of_one_id_agree(pg_database: str) -> None:
+    """The same create (same idempotency key) from two connections at once: both
+    get the one promise (the loser's insert meets the winner's row, and its
+    transaction runs again); a different key conflicts."""
+    a, b = DurableStore(pg_database), DurableStore(pg_database)
+    try:
+        for i in range(40):
+            got: list[Any] = []
+
+            async def create(ds: DurableStore, i: int = i, got: list[Any] = got) -> None:
+                got.append(await ds.promises.create(f"p{i}", 60, idempotency_key="k", target="w"))
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(create, a)
+                nursery.start_soon(create, b)
+            assert got[0] == got[1]
+        assert len((await a.tasks.search(state=TaskState.PENDING, limit=1000))[0]) == 40
+    finally:
+        a.close()
+        b.close()
+
+
+async def test_an_idle_worker_is_woken_by_a_notification(store_maker: Any) -> None:
+    """A worker idle on PostgreSQL with a poll interval of an hour runs a task
+    another store object creates within seconds: only the NOTIFY of the create's
+    commit can have woken it (a real clock here: the worker's wait is on a socket)."""
+    worker_ds = DurableStore(store_maker("postgres"))
+    creator = DurableStore(store_maker("postgres"))
+    ran = trio.Event()
+
+    async def handler(param: Any) -> Any:
+        ran.set()
+        return param
+
+    try:
+        async with open_worker(worker_ds, "w", handler, poll_interval=3600) as worker:
+            await trio.testing.wait_all_tasks_blocked()  # its first claim found nothing
+            assert worker.claimed == 0
+            await creator.promises.create("other", 60, target="elsewhere")
+            await creator.promises.create("t", 60, target="w", data=7)
+            with trio.fail_after(30):
+                await ran.wait()
+        assert worker.claimed == 1
+        assert (await creator.promises.get("t")).state is PromiseState.RESOLVED  # type: ignore[union-attr]
+        assert (await creator.tasks.get("other")).state is TaskState.PENDING  # type: ignore[union-attr]
+    finally:
+        worker_ds.close()
+        creator.close()
+
+
+async def test_a_released_task_notifies_too(store_maker: Any) -> None:
+    """Not only creates: a task coming back to pending (here: released by another
+    holder) wakes the idle worker."""
+    worker_ds = DurableStore(store_maker("postgres"))
+    other = DurableStore(store_maker("postgres"))
+    ran = trio.Event()
+
+    async def handler(param: Any) -> None:
+        ran.set()
+
+    try:
+        await other.promises.create("t", 60, target="w")
+        (task,) = await other.tasks.claim("w", pid="other", ttl=60, limit=1)
+        async with open_worker(worker_ds, "w", handler, poll_interval=3600) as worker:
+            await trio.testing.wait_all_tasks_blocked()
+            assert worker.claimed == 0  # held by "other"
+            await other.tasks.release(task.id, task.version)
+            with trio.fail_after(30):
+                await ran.wait()
+    finally:
+        worker_ds.close()
+        other.close()
+
+
+async def test_a_lost_listener_falls_back_to_polling(
+    store_maker: Any, postgres_url: str, pg_schema: str, autojump_clock: Any
+) -> None:
+    """The listening connection dies (the server ends it): the worker goes on,
+    finding new tasks by polling."""
+    import psycopg
+
+    worker_ds = DurableStore(store_maker("postgres"))
+    creator = DurableStore(store_maker("postgres"))
+    ran = trio.Event()
+
+    async def handler(param: Any) -> None:
+        ran.set()
+
+    try:
+        async with open_worker(worker_ds, "w", handler, poll_interval=5) as worker:
+            await trio.testing.wait_all_tasks_blocked()
+            assert worker._wakeup.listening
+            with psycopg.connect(postgres_url, autocommit=True) as conn:
+                ended = conn.execute(
+                    "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
+                    " WHERE query LIKE %s",
+                    (f'LISTEN "{channel(pg_schema)}"%',),
+                ).fetchall()
+            assert ended == [(True,)]
+            await trio.testing.wait_all_tasks_blocked()  # it saw its connection end
+            assert not worker._wakeup.listening
+            await creator.promises.create("t", 60, target="w")
+            with trio.fail_after(30):
+                await ran.wait()
+            assert trio.current_time() >= 5  # found by a poll
+    finally:
+        worker_ds.close()
+        creator.close()
+
+
+def test_channel_and_payload_fit_postgres_limits() -> None:
+    assert channel("trioexec") == "trioexec_durable_trioexec"
+    long = channel("s" * 63)
+    assert len(long.encode()) <= 63
+    assert long != channel("s" * 62 + "t")
+    assert payload("refunds") == "refunds"
+    assert payload("x" * 10_000) == ""  # too long to send: wakes every listener

@@ -1,0 +1,406 @@
+"""The durable tables on PostgreSQL, for many processes on many hosts.
+
+The protocol (`trioexec.durable._protocol.Core`) reads a row, decides, and writes it
+back. Under PostgreSQL's READ COMMITTED that is safe because every row the
+protocol reads to change is read locked (``SELECT ... FOR UPDATE``): a concurrent
+transaction waits for it and then sees what this one wrote. What time does to the
+rows (timed-out promises, lapsed leases, due retries) and a worker's claim take
+their rows with ``FOR UPDATE SKIP LOCKED``: two transactions doing it at once take
+different rows instead of waiting for each other. A claim is one statement (the
+batch's rows locked, acquired and returned with their promises' data).
+
+When a task becomes claimable (created pending, released, resumed, its lease
+lapsed), the transaction sends ``NOTIFY`` on the schema's channel with the task's
+target, delivered at its commit: idle workers listening there (`Listener`) wake at
+once instead of waiting for their next poll.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from .._errors import StoreError
+from ._durable_rows import PromiseState, Row, TaskState, TransactionAborted
+from ._pg_conn import Connection, PGDatabase, load_psycopg
+
+_P_COLS = ("id", "state", "data", "timeout_at", "ikc", "iku", "tags", "created_at", "settled_at")
+_T_COLS = ("id", "state", "version", "target", "pid", "ttl", "lease_expires_at", "timeout_at")
+_PROMISE_STATES = frozenset(s.value for s in PromiseState)
+_TASK_STATES = frozenset(s.value for s in TaskState)
+_PENDING = TaskState.PENDING.value
+_P_SELECT = f"SELECT {', '.join(_P_COLS)} FROM durable_promises"
+_T_SELECT = f"SELECT {', '.join(_T_COLS)} FROM durable_tasks"
+_CLAIM = (
+    "WITH c AS (SELECT id FROM durable_tasks WHERE state = 'pending' AND target = %s"
+    " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
+    " UPDATE durable_tasks t SET state = 'acquired', version = t.version + 1, pid = %s,"
+    " ttl = %s, lease_expires_at = %s, timeout_at = NULL FROM c WHERE t.id = c.id RETURNING "
+    + ", ".join(f"t.{c}" for c in _T_COLS)
+    + ", (SELECT p.data FROM durable_promises p WHERE p.id = t.id)"
+)
+#: SQLSTATEs of a transaction the server rolled back because of a concurrent one:
+#: serialization_failure, deadlock_detected, lock_not_available.
+_RETRYABLE = frozenset({"40001", "40P01", "55P03"})
+#: A NOTIFY payload must stay under 8,000 bytes; a longer target wakes everyone.
+_MAX_PAYLOAD = 4_000
+
+
+def channel(schema: str) -> str:
+    """The NOTIFY channel of a schema's durable tasks (at most 63 bytes: a long
+    schema name is hashed; two schemas sharing a channel only wake each other)."""
+    name = f"trioexec_durable_{schema}"
+    if len(name.encode()) <= 63:
+        return name
+    return f"trioexec_durable_{hashlib.sha1(schema.encode()).hexdigest()[:32]}"
+
+
+def payload(target: str) -> str:
+    """What a task of ``target`` notifies ("": a target too long to send; it wakes
+    every listener)."""
+    return target if len(target.encode()) <= _MAX_PAYLOAD else ""
+
+
+class PostgresTables:
+    """The durable_* tables of a `PostgresStore`'s schema, on one connection of
+    their own (autocommit; each transaction an explicit ``BEGIN``/``COMMIT``).
+
+    On a read-only store, a transaction is one snapshot (REPEATABLE READ READ
+    ONLY) and locks nothing; any write raises ``StoreError("...: opened
+    read-only")``. A connection lost is opened again at the next transaction.
+    """
+
+    def __init__(self, db: PGDatabase) -> None:
+        self._psycopg = load_psycopg()[0]
+        self._db = db
+        self.path = db.where  # what messages name the store by
+        self._read_only = db.read_only
+        self._lock = "" if db.read_only else " FOR UPDATE"
+        self._skip = "" if db.read_only else " FOR UPDATE SKIP LOCKED"
+        self.channel = channel(db.schema)
+        self.conn: Connection = db.connect()
+        self._open = False  # a transaction is open (calls run in one thread at a time)
+        # (table, id) -> the row's stored values as read in this transaction: a
+        # write then updates only the columns that changed, or nothing.
+        self._stored: dict[tuple[str, str], tuple[Any, ...]] = {}
+        self._wake: set[str] = set()  # targets with newly claimable tasks, to NOTIFY
+
+    def close(self) -> None:
+        """Close the connection; idempotent."""
+        self.conn.close()
+
+    def listener(self) -> Listener:
+        """A connection of its own listening for this schema's newly claimable tasks
+        (the caller closes it)."""
+        return Listener(self._db, self.channel)
+
+    # ------------------------------------------------------------------ transactions
+
+    @contextlib.contextmanager
+    def _errors(self) -> Iterator[None]:
+        """psycopg's errors as `StoreError` naming the server; those of a transaction
+        the server aborted for a concurrent one as `TransactionAborted`."""
+        try:
+            yield
+        except self._psycopg.Error as exc:
+            text = str(exc).strip()
+            detail = text.splitlines()[0] if text else type(exc).__name__
+            kind = TransactionAborted if exc.sqlstate in _RETRYABLE else StoreError
+            raise kind(f"{self.path}: durable store: {detail}") from exc
+
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """One transaction; inside one already open, part of it (a no-op)."""
+        if self._open:
+            yield
+            return
+        self._open = True
+        try:
+            with self._errors():
+                if self.conn.broken or self.conn.closed:
+                    self.conn.close()
+                    self.conn = self._db.connect()
+                self.conn.execute(
+                    "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+                    if self._read_only
+                    else "BEGIN"
+                )
+                try:
+                    yield
+                    if self._wake:
+                        self.conn.execute(
+                            "SELECT pg_notify(%s, t) FROM unnest(%s::text[]) t",
+                            (self.channel, sorted(self._wake)),
+                        )
+                    self.conn.execute("COMMIT")
+                except BaseException:
+                    if not self.conn.broken and not self.conn.closed:
+                        with contextlib.suppress(self._psycopg.Error):
+                            self.conn.execute("ROLLBACK")
+                    raise
+        finally:
+            self._open = False
+            self._stored.clear()
+            self._wake.clear()
+
+    def attempt(self, call: Callable[[], Any]) -> tuple[bool, Any]:
+        """``call()`` as a unit inside the open transaction (a savepoint): ``(True, its
+        value)``, or ``(False, its exception)`` with its writes undone. An error of
+        the database itself is raised: the whole transaction fails."""
+        conn = self.conn
+        conn.execute("SAVEPOINT durable_call")
+        wake = set(self._wake)
+        try:
+            value = call()
+        except (self._psycopg.Error, TransactionAborted):
+            raise
+        except Exception as exc:
+            conn.execute("ROLLBACK TO SAVEPOINT durable_call")
+            conn.execute("RELEASE SAVEPOINT durable_call")
+            self._stored.clear()  # what it wrote is undone
+            self._wake = wake
+            return False, exc
+        conn.execute("RELEASE SAVEPOINT durable_call")
+        return True, value
+
+    def _writable(self) -> None:
+        if self._read_only:
+            raise StoreError(f"{self.path}: opened read-only")
+
+    # ------------------------------------------------------------------ rows
+
+    def _promise(self, row: tuple[Any, ...]) -> Row:
+        self._stored["durable_promises", row[0]] = row
+        out = dict(zip(_P_COLS, row, strict=True))
+        try:
+            if out["state"] not in _PROMISE_STATES:
+                raise ValueError(f"unknown state {out['state']!r}")
+            out["tags"] = json.loads(out["tags"])
+            if not isinstance(out["tags"], dict):
+                raise ValueError(f"tags are not a JSON object: {out['tags']!r}")
+        except (TypeError, ValueError) as exc:
+            raise StoreError(
+                f"{self.path}: durable promise {out['id']!r} has an unreadable row: {exc}"
+            ) from None
+        return out
+
+    def _task(self, row: tuple[Any, ...]) -> Row:
+        self._stored["durable_tasks", row[0]] = row
+        out = dict(zip(_T_COLS, row, strict=True))
+        if out["state"] not in _TASK_STATES:
+            raise StoreError(
+                f"{self.path}: durable task {out['id']!r} has an unreadable row:"
+                f" unknown state {out['state']!r}"
+            )
+        return out
+
+    def _write(self, table: str, cols: tuple[str, ...], values: tuple[Any, ...]) -> None:
+        """Store a row: only its changed columns if it was read (and so locked) in
+        this transaction, nothing if none changed; else insert it. A row inserted
+        by another transaction meanwhile aborts this one (`TransactionAborted`: run
+        it again, and the row is read)."""
+        self._writable()
+        key = (table, values[0])
+        before = self._stored.get(key)
+        if before is None:
+            inserted = self.conn.execute(
+                f"INSERT INTO {table} ({', '.join(cols)})"
+                f" VALUES ({', '.join(['%s'] * len(cols))}) ON CONFLICT (id) DO NOTHING",
+                values,
+            ).rowcount
+            if inserted != 1:
+                raise TransactionAborted(
+                    f"{self.path}: durable store: {table} {values[0]!r} was inserted"
+                    " by another transaction meanwhile"
+                )
+        else:
+            changed = [i for i, (a, b) in enumerate(zip(before, values, strict=True)) if a != b]
+            if not changed:
+                return
+            self.conn.execute(
+                f"UPDATE {table} SET {', '.join(f'{cols[i]} = %s' for i in changed)} WHERE id = %s",
+                [*(values[i] for i in changed), values[0]],
+            )
+        self._stored[key] = values
+
+    def promise(self, id: str) -> Row | None:
+        row = self.conn.execute(f"{_P_SELECT} WHERE id = %s{self._lock}", (id,)).fetchone()
+        return None if row is None else self._promise(row)
+
+    def put_promise(self, row: Row) -> None:
+        values = [row[c] for c in _P_COLS]
+        values[_P_COLS.index("tags")] = json.dumps(row["tags"], sort_keys=True)
+        self._write("durable_promises", _P_COLS, tuple(values))
+
+    def task(self, id: str) -> Row | None:
+        row = self.conn.execute(f"{_T_SELECT} WHERE id = %s{self._lock}", (id,)).fetchone()
+        return None if row is None else self._task(row)
+
+    def put_task(self, row: Row) -> None:
+        before = self._stored.get(("durable_tasks", row["id"]))
+        self._write("durable_tasks", _T_COLS, tuple(row[c] for c in _T_COLS))
+        if row["state"] == _PENDING and (before is None or before[1] != _PENDING):
+            self._wake.add(payload(row["target"]))
+
+    def _update(self, table: str, id: str, expect: Row, changes: Row, cols: tuple[str, ...]) -> Any:
+        self._writable()
+        self._stored.pop((table, id), None)
+        return self.conn.execute(
+            f"UPDATE {table} SET {', '.join(f'{c} = %s' for c in changes)}"
+            f" WHERE id = %s{''.join(f' AND {c} = %s' for c in expect)}"
+            f" RETURNING {', '.join(cols)}",
+            (*changes.values(), id, *expect.values()),
+        ).fetchall()
+
+    def update_task(self, id: str, expect: Row, changes: Row) -> bool:
+        rows = self._update("durable_tasks", id, expect, changes, _T_COLS)
+        if rows:
+            self._task(rows[0])
+        return bool(rows)
+
+    def update_promise(self, id: str, expect: Row, changes: Row) -> Row | None:
+        rows = self._update("durable_promises", id, expect, changes, _P_COLS)
+        return self._promise(rows[0]) if rows else None
+
+    def claim(
+        self, target: str, limit: int, pid: str, ttl: float, now: float
+    ) -> list[tuple[Row, str | None]]:
+        """Acquire up to ``limit`` pending tasks of ``target`` (oldest id first,
+        skipping rows another transaction holds), in one statement."""
+        self._writable()
+        rows = self.conn.execute(_CLAIM, (target, limit, pid, ttl, now + ttl)).fetchall()
+        rows.sort(key=lambda r: r[0])
+        return [(self._task(r[:-1]), r[-1]) for r in rows]
+
+    def add_callback(self, promise_id: str, task_id: str) -> None:
+        self._writable()
+        self.conn.execute(
+            "INSERT INTO durable_callbacks (promise_id, task_id) VALUES (%s, %s)"
+            " ON CONFLICT DO NOTHING",
+            (promise_id, task_id),
+        )
+
+    def tasks_awaiting(self, promise_id: str) -> list[str]:
+        return [
+            r[0]
+            for r in self.conn.execute(
+                "SELECT task_id FROM durable_callbacks WHERE promise_id = %s ORDER BY seq",
+                (promise_id,),
+            )
+        ]
+
+    def awaited_by(self, task_id: str) -> list[str]:
+        return [
+            r[0]
+            for r in self.conn.execute(
+                "SELECT promise_id FROM durable_callbacks WHERE task_id = %s ORDER BY seq",
+                (task_id,),
+            )
+        ]
+
+    def drop_callbacks(self, task_id: str) -> None:
+        self._writable()
+        self.conn.execute("DELETE FROM durable_callbacks WHERE task_id = %s", (task_id,))
+
+    def _due(self, select: str, when: str, now: float, state: str) -> list[tuple[Any, ...]]:
+        """Rows in ``state`` whose ``when`` column has come (<= now), by id; on a
+        writable store, those no other transaction holds (locked)."""
+        return list(
+            self.conn.execute(
+                f"{select} WHERE state = %s AND {when} <= %s ORDER BY id{self._skip}",
+                (state, now),
+            )
+        )
+
+    def timed_out_promises(self, now: float) -> list[Row]:
+        return [self._promise(r) for r in self._due(_P_SELECT, "timeout_at", now, "pending")]
+
+    def expired_leases(self, now: float) -> list[Row]:
+        rows = self._due(_T_SELECT, "lease_expires_at", now, "acquired")
+        return [self._task(r) for r in rows]
+
+    def due_pending_tasks(self, now: float) -> list[Row]:
+        return [self._task(r) for r in self._due(_T_SELECT, "timeout_at", now, "pending")]
+
+    def search_promises(
+        self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
+    ) -> list[Row]:
+        where, params = _page_where(state, cursor)
+        if tag is not None:
+            where.append("(tags::jsonb ->> %s) = %s")
+            params.extend(tag)
+        rows = self.conn.execute(
+            f"{_P_SELECT} WHERE {' AND '.join(where)} ORDER BY id LIMIT %s", (*params, limit)
+        )
+        return [self._promise(r) for r in rows]
+
+    def search_tasks(
+        self, state: str | None, target: str | None, limit: int, cursor: str | None
+    ) -> list[Row]:
+        where, params = _page_where(state, cursor)
+        if target is not None:
+            where.append("target = %s")
+            params.append(target)
+        rows = self.conn.execute(
+            f"{_T_SELECT} WHERE {' AND '.join(where)} ORDER BY id LIMIT %s", (*params, limit)
+        )
+        return [self._task(r) for r in rows]
+
+    def all_promises(self) -> Iterator[Row]:
+        return iter([self._promise(r) for r in self.conn.execute(_P_SELECT).fetchall()])
+
+    def all_tasks(self) -> Iterator[Row]:
+        return iter([self._task(r) for r in self.conn.execute(_T_SELECT).fetchall()])
+
+    def all_callbacks(self) -> Iterator[tuple[str, str]]:
+        rows = self.conn.execute(
+            "SELECT promise_id, task_id FROM durable_callbacks ORDER BY seq"
+        ).fetchall()
+        return iter([(r[0], r[1]) for r in rows])
+
+
+def _page_where(state: str | None, cursor: str | None) -> tuple[list[str], list[Any]]:
+    where, params = ["TRUE"], []
+    if cursor is not None:
+        where.append("id > %s")
+        params.append(cursor)
+    if state is not None:
+        where.append("state = %s")
+        params.append(state)
+    return where, params
+
+
+class Listener:
+    """A connection of its own, listening on a schema's channel: which targets had
+    tasks become claimable. Its socket (`fileno`) turns readable when a
+    notification arrives; `received` then reads what came without blocking."""
+
+    def __init__(self, db: PGDatabase, channel: str) -> None:
+        psycopg = load_psycopg()[0]
+        self._errors = psycopg.Error
+        self.conn: Connection = db.connect()
+        try:
+            with db.errors("cannot listen"):
+                self.conn.execute(
+                    psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel))
+                )
+        except BaseException:
+            self.conn.close()
+            raise
+
+    def fileno(self) -> int:
+        return int(self.conn.fileno())
+
+    def received(self) -> set[str] | None:
+        """The payloads received so far (targets; "" wakes everyone), without
+        blocking; None if the connection is lost (the caller polls instead)."""
+        try:
+            return {n.payload for n in self.conn.notifies(timeout=0)}
+        except self._errors:
+            return None
+
+    def close(self) -> None:
+        self.conn.close()
