@@ -8,6 +8,7 @@ import pathlib
 import random
 import shutil
 import subprocess
+import sys
 import time
 
 import nox
@@ -167,11 +168,16 @@ def typecheck(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def examples(session: nox.Session) -> None:
-    """Run every example under examples/ (each must exit 0)."""
-    session.install("-e", ".")
-    for path in sorted((HERE / "examples").glob("*.py")):
-        session.log(f"example: {path.name}")
-        session.run("python", str(path))
+    """Run every example under examples/ (each must exit 0). The PostgreSQL ones
+    get a throwaway server (tests/pg_server.py) in ``TRIOEXEC_POSTGRES_URL``."""
+    session.install("-e", ".[postgres]")
+    sys.path.insert(0, str(HERE / "tests"))
+    from pg_server import postgres_server
+
+    with postgres_server() as url:
+        for path in sorted((HERE / "examples").glob("*.py")):
+            session.log(f"example: {path.name}")
+            session.run("python", str(path), env={"TRIOEXEC_POSTGRES_URL": url})
 
 
 @nox.session(python=PYTHON)
