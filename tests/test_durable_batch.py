@@ -1,6 +1,6 @@
 """Group commit in the durable store and batched claims and fulfils in the worker.
 
-`Core.run` (several operations, one transaction) on both table backends;
+`Core.run` (several operations, one transaction) on every table backend;
 `DurableStore` putting the operations queued meanwhile into one transaction (and
 taking back one cancelled before its transaction began); `open_worker` claiming
 batches and writing the fulfils of finished runs together, without ever handing
@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from pg_server import STORE_KINDS
 
 import trioexec
 from trioexec._store._durable_tables import DictTables
@@ -45,19 +46,22 @@ class HandClock:
         return self.now
 
 
-@pytest.fixture(params=["dict", "sqlite"])
-def core(request: pytest.FixtureRequest, tmp_path: Path) -> Any:
+@pytest.fixture(params=["dict", "sqlite", "postgres"])
+def core(request: pytest.FixtureRequest, store_maker: Any) -> Any:
     clock = HandClock()
     if request.param == "dict":
         yield Core(DictTables(), clock)
         return
-    store = trioexec.SQLiteStore(tmp_path / "batch.db", clock=clock, inline=True)
-    tables = store.durable_tables()
+    tables = store_maker(request.param, clock=clock).durable_tables()
     try:
         yield Core(tables, clock)
     finally:
         tables.close()
-        store.close()
+
+
+@pytest.fixture(params=STORE_KINDS)
+def make_store(request: pytest.FixtureRequest, store_maker: Any) -> Any:
+    return functools.partial(store_maker, request.param)
 
 
 def seed(core: Core, n: int) -> list[Any]:
@@ -116,12 +120,12 @@ def test_run_all_at_one_moment_time_applied_once(core: Any) -> None:
     ]
 
 
-def test_a_failing_transaction_writes_none_of_its_fulfils(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_failing_transaction_writes_none_of_its_fulfils(kind: str, store_maker: Any) -> None:
     """All or nothing: the storage failing after some fulfils of the batch were
-    made (here: a statement SQLite refuses) leaves every task as it was."""
+    made (here: a statement the database refuses) leaves every task as it was."""
     clock = HandClock()
-    store = trioexec.SQLiteStore(tmp_path / "fail.db", clock=clock, inline=True)
-    tables = store.durable_tables()
+    tables = store_maker(kind, clock=clock).durable_tables()
     core = Core(tables, clock)
     tasks = seed(core, 3)
     before = states(core)
@@ -134,7 +138,6 @@ def test_a_failing_transaction_writes_none_of_its_fulfils(tmp_path: Path) -> Non
         core.run(lambda: [*calls, broken])
     assert states(core) == before
     tables.close()
-    store.close()
 
 
 def test_dict_tables_undo_the_whole_batch_on_an_interrupt() -> None:
@@ -171,8 +174,10 @@ def count_runs(ds: DurableStore) -> list[list[str]]:
     return batches
 
 
-async def test_concurrent_operations_share_one_transaction(autojump_clock: Any) -> None:
-    ds = DurableStore(trioexec.MemoryStore(clock=FakeWallClock(START)))
+async def test_concurrent_operations_share_one_transaction(
+    make_store: Any, autojump_clock: Any
+) -> None:
+    ds = DurableStore(make_store(clock=FakeWallClock(START)))
     for i in range(8):
         await ds.promises.create(f"t{i}", 600, target="w")
     tasks = await ds.tasks.claim("w", pid="p", ttl=60, limit=8)
@@ -195,6 +200,7 @@ async def test_concurrent_operations_share_one_transaction(autojump_clock: Any) 
     page, _ = await ds.tasks.search(state="fulfilled")
     assert len(page) == 8
     assert await ds.check_invariants() == []
+    ds.close()
 
 
 async def test_an_operation_cancelled_before_its_transaction_began_is_not_written(
@@ -240,8 +246,10 @@ async def test_an_operation_cancelled_before_its_transaction_began_is_not_writte
 # ---------------------------------------------------------------------- the worker
 
 
-async def test_the_worker_writes_finished_runs_fulfils_together(autojump_clock: Any) -> None:
-    ds = DurableStore(trioexec.MemoryStore(clock=FakeWallClock(START)))
+async def test_the_worker_writes_finished_runs_fulfils_together(
+    make_store: Any, autojump_clock: Any
+) -> None:
+    ds = DurableStore(make_store(clock=FakeWallClock(START)))
     for i in range(16):
         await ds.promises.create(f"t{i:02d}", 600, target="w", data=i)
     batches = count_runs(ds)
@@ -272,15 +280,16 @@ async def test_the_worker_writes_finished_runs_fulfils_together(autojump_clock: 
     page, _ = await ds.promises.search(state="resolved")
     assert sorted(int(p.data) for p in page) == [2 * i for i in range(16)]
     assert await ds.check_invariants() == []
+    ds.close()
 
 
 async def test_a_batch_claimed_by_a_dead_worker_is_claimed_again_and_run_once(
-    autojump_clock: Any,
+    make_store: Any, autojump_clock: Any
 ) -> None:
     """A worker that died holding a batch (it claimed eight, then nothing: no
     heartbeat, no release): the leases lapse, another worker claims them all
     again, at a higher version, and runs each once."""
-    ds = DurableStore(trioexec.MemoryStore(clock=FakeWallClock(START)))
+    ds = DurableStore(make_store(clock=FakeWallClock(START)))
     for i in range(8):
         await ds.promises.create(f"t{i}", 600, target="w", data=i)
     dead = await ds.tasks.claim("w", pid="dead", ttl=5, limit=8)
@@ -300,12 +309,13 @@ async def test_a_batch_claimed_by_a_dead_worker_is_claimed_again_and_run_once(
     tasks, _ = await ds.tasks.search(target="w")
     assert [(t.state, t.version) for t in tasks] == [(TaskState.FULFILLED, 2)] * 8
     assert await ds.check_invariants() == []
+    ds.close()
 
 
-async def test_batch_claims_never_hand_a_task_to_two_workers(tmp_path: Path) -> None:
-    """Three workers (each its own connection and thread) on one SQLite file
-    claim in batches: every task runs exactly once."""
-    path = tmp_path / "shared.db"
+async def test_batch_claims_never_hand_a_task_to_two_workers(db_target: str) -> None:
+    """Three workers (each its own connection and thread) on one SQLite file or
+    PostgreSQL database claim in batches: every task runs exactly once."""
+    path = db_target
     n = 300
     with DurableStore(path) as setup:
         for i in range(n):

@@ -1,14 +1,16 @@
-"""open_worker, in one process, under the mock clock (MemoryStore backend)."""
+"""open_worker, in one process, under the mock clock, over every store (memory,
+SQLite and PostgreSQL, inline: the wall clock follows Trio's)."""
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
 import trio
 import trio.testing
+from pg_server import STORE_KINDS
 
-import trioexec
 from trioexec.durable import (
     DurableStore,
     PromiseRejected,
@@ -19,9 +21,29 @@ from trioexec.durable import (
 from trioexec.testing import FakeWallClock
 
 
+@pytest.fixture(params=STORE_KINDS)
+def make_store(request, store_maker):
+    """``make_store(**kw)``: a store of this test's kind (two share their data)."""
+    return functools.partial(store_maker, request.param)
+
+
 @pytest.fixture
-async def ds():
-    return DurableStore(trioexec.MemoryStore(clock=FakeWallClock(0)))
+def durable():
+    """``durable(store)``: a `DurableStore` on it, closed after the test."""
+    made = []
+
+    def make(store):
+        made.append(DurableStore(store))
+        return made[-1]
+
+    yield make
+    for ds in made:
+        ds.close()
+
+
+@pytest.fixture
+async def ds(make_store, durable):
+    return durable(make_store(clock=FakeWallClock(0)))
 
 
 async def settled(ds, id):
@@ -280,12 +302,14 @@ async def test_a_suspension_during_outside_cancellation_lets_the_cancellation_th
     assert await ds.check_invariants() == []
 
 
-async def test_a_stuck_heartbeat_loses_the_lease_before_another_worker_claims(autojump_clock):
+async def test_a_stuck_heartbeat_loses_the_lease_before_another_worker_claims(
+    make_store, durable, autojump_clock
+):
     """#15: the first worker's heartbeat never returns; its lease runs out and a
     second worker claims the task: the first run is cancelled first, and the work
     is done exactly once."""
-    store = trioexec.MemoryStore(clock=FakeWallClock(0))
-    ds1, ds2 = DurableStore(store), DurableStore(store)
+    store = make_store(clock=FakeWallClock(0))
+    ds1, ds2 = durable(store), durable(store)
     await ds1.promises.create("charge", 1000, target="w")
     log = []
 
@@ -324,14 +348,16 @@ async def test_a_stuck_heartbeat_loses_the_lease_before_another_worker_claims(au
     assert await ds1.check_invariants() == []
 
 
-async def test_a_heartbeat_finding_the_task_taken_over_cancels_the_run(autojump_clock):
+async def test_a_heartbeat_finding_the_task_taken_over_cancels_the_run(
+    make_store, durable, autojump_clock
+):
     """#15: the store's clock jumps past the first worker's lease (its heartbeat was
     late, as far as the store knows) and a second worker takes the task: the first
     worker's next heartbeat cancels its run; the task completes once."""
     skew = [0.0]
     base = FakeWallClock(0)
-    store = trioexec.MemoryStore(clock=lambda: base() + skew[0])
-    ds1, ds2 = DurableStore(store), DurableStore(store)
+    store = make_store(clock=lambda: base() + skew[0])
+    ds1, ds2 = durable(store), durable(store)
     await ds1.promises.create("charge", 1000, target="w")
     charged = []
     cancelled = []
@@ -453,12 +479,12 @@ async def fulfilled_event(ds):
     return lambda id: events.setdefault(id, trio.Event())
 
 
-async def test_a_sync_handler_runs_in_a_worker_thread():
+async def test_a_sync_handler_runs_in_a_worker_thread(make_store, durable):
     """#16b: a plain def handler no longer blocks the Trio thread; its handle's
     blocking methods work from the thread."""
     import threading
 
-    ds = DurableStore(trioexec.MemoryStore())
+    ds = durable(make_store())
     done = await fulfilled_event(ds)
     await ds.promises.create("ready", 100)
     await ds.promises.resolve("ready", data=41)
@@ -493,15 +519,17 @@ async def test_a_sync_handler_runs_in_a_worker_thread():
     assert (worker.fulfilled, worker.suspended) == (2, 1)
 
 
-async def test_a_sync_handler_whose_lease_is_lost_is_never_recorded(mock_clock):
+async def test_a_sync_handler_whose_lease_is_lost_is_never_recorded(
+    make_store, durable, mock_clock
+):
     """#15 with a thread: the run cannot be interrupted, but it is told
     (``handle.cancel_requested``) and its result is never written."""
     import threading
 
     skew = [0.0]
     base = FakeWallClock(0)
-    store = trioexec.MemoryStore(clock=lambda: base() + skew[0])
-    ds1, ds2 = DurableStore(store), DurableStore(store)
+    store = make_store(clock=lambda: base() + skew[0])
+    ds1, ds2 = durable(store), durable(store)
     done = await fulfilled_event(ds2)
     await ds1.promises.create("charge", 1000, target="w")
     entered = trio.Event()
