@@ -1,5 +1,6 @@
 """Durable workers in real processes: four `open_worker` processes share one SQLite
-file and 2,000 leased tasks; one is SIGKILLed midway and the others finish its work.
+file or PostgreSQL database (``db_target``: the test runs on both) and 2,000 leased
+tasks; one is SIGKILLed midway and the others finish its work.
 
 The subprocess side is ``durable_worker.py`` next to this file (see its docstring).
 Nothing here sleeps to wait for a state: the workers announce their states on
@@ -82,7 +83,7 @@ def task_id(n: int) -> str:
 # ------------------------------------------------------------------ store side (in trio)
 
 
-async def _create(db: Path, numbers: range) -> None:
+async def _create(db: str, numbers: range) -> None:
     with DurableStore(db) as ds:
         for n in numbers:
             await ds.promises.create(task_id(n), 3600, target="work", data={"n": n})
@@ -97,7 +98,7 @@ async def _all(search) -> list:
             return out
 
 
-async def _snapshot_after_kill(db: Path, victim: str) -> tuple[dict[str, int], int]:
+async def _snapshot_after_kill(db: str, victim: str) -> tuple[dict[str, int], int]:
     """The victim's still-acquired tasks (id -> version) and the resolved count."""
     with DurableStore(db) as ds:
         acquired = await _all(lambda **kw: ds.tasks.search(state="acquired", **kw))
@@ -105,7 +106,7 @@ async def _snapshot_after_kill(db: Path, victim: str) -> tuple[dict[str, int], i
         return {t.id: t.version for t in acquired if t.pid == victim}, len(resolved)
 
 
-async def _wait_all_settled(db: Path) -> float:
+async def _wait_all_settled(db: str) -> float:
     """Poll until no promise is pending (the survivors' progress); seconds waited."""
     start = trio.current_time()
     with DurableStore(db) as ds, trio.fail_after(DEADLINE):
@@ -114,7 +115,7 @@ async def _wait_all_settled(db: Path) -> float:
     return trio.current_time() - start
 
 
-async def _final(db: Path) -> tuple[list, list, list[str]]:
+async def _final(db: str) -> tuple[list, list, list[str]]:
     with DurableStore(db) as ds:
         promises = await _all(ds.promises.search)
         tasks = await _all(ds.tasks.search)
@@ -154,8 +155,8 @@ def read_log(log: Path) -> tuple[dict[str, list[Run]], dict[str, list[tuple[int,
 # ------------------------------------------------------------------ the test
 
 
-def test_four_workers_one_killed_every_task_resolved_once(tmp_path, spawn):
-    db, log = tmp_path / "durable.db", tmp_path / "effects.log"
+def test_four_workers_one_killed_every_task_resolved_once(tmp_path, spawn, db_target):
+    db, log = db_target, tmp_path / "effects.log"
     t0 = time.monotonic()
     trio.run(_create, db, range(N_FIRST))
 
