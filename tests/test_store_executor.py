@@ -427,3 +427,29 @@ def test_a_row_change_is_the_same_as_the_changes_folded_into_it(make_store):
         assert row == before  # the store folded the rest into a copy, not the executor's list
         apart, folded = store.execution(f"apart-{cut}"), store.execution(f"folded-{cut}")
         assert attrs.evolve(folded, task_id=apart.task_id) == apart, cut
+
+
+async def test_odd_text_is_recorded_as_it_is_and_nul_is_refused(make_store, autojump_clock):
+    """Names with brackets, quotes and emoji, arguments and errors with NUL: every
+    store records what it is given (an error's NUL escaped), and a name no store
+    can hold (PostgreSQL's text has no NUL) is refused before anything runs."""
+    store = make_store()
+
+    async def fail(text: str) -> None:
+        raise ValueError(text)
+
+    async with open_executor(store=store) as ex:
+        ok = await ex.submit(trio.lowlevel.checkpoint, name="batch[/] 'x' \"y\" 🚀")
+        bad = await ex.submit(fail, "a\x00b 🚀")
+        with pytest.raises(ValueError, match="NUL character"):
+            await ex.submit(trio.lowlevel.checkpoint, name="a\x00b")
+        with pytest.raises(ValueError, match="NUL character"):
+            await ex.submit(trio.lowlevel.checkpoint, task_id="t\x00")
+        assert (await ok.wait()).ok
+        assert not (await bad.wait()).ok
+    assert store.execution(ok.task_id).name == "batch[/] 'x' \"y\" 🚀"
+    record = store.execution(bad.task_id)
+    assert record.status is TaskStatus.FAILED
+    assert "a\\x00b 🚀" in record.error
+    assert "\x00" not in record.error
+    assert [r.task_id for r in store.executions()] == [ok.task_id, bad.task_id]

@@ -12,7 +12,8 @@ MAX_ID_LENGTH = 1000
 
 def check_id(what: str, value: object) -> str:
     """A task id, name or run id: a non-empty str of at most 1,000 characters
-    that a store can hold (no lone surrogates). Raises ValueError naming it."""
+    that every store can hold (no lone surrogates, no NUL: PostgreSQL's text
+    cannot hold one). Raises ValueError naming it."""
     if not isinstance(value, str):
         raise ValueError(f"{what} must be a str, got {type(value).__name__} {value!r}")
     if not value:
@@ -27,6 +28,8 @@ def check_id(what: str, value: object) -> str:
         raise ValueError(
             f"{what} {value!r} cannot be stored: it holds a lone surrogate (not UTF-8)"
         ) from None
+    if "\x00" in value:
+        raise ValueError(f"{what} {value!r} cannot be stored: it holds a NUL character")
     return value
 
 
@@ -44,12 +47,15 @@ def safe_repr(obj: object) -> str:
 
 
 def storable_text(text: str) -> str:
-    """``text`` (an error message, say) as a store can hold it: lone surrogates
-    escaped (``\\udc80``), cut to ``MAX_TEXT`` characters."""
+    """``text`` (an error message, say) as every store can hold it: lone
+    surrogates and NUL escaped (``\\udc80``, ``\\x00``), cut to ``MAX_TEXT``
+    characters."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
     if len(text) > MAX_TEXT:
         text = f"{text[:MAX_TEXT]}... ({len(text) - MAX_TEXT} more characters)"
     return text
