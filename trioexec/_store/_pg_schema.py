@@ -37,7 +37,10 @@ MIGRATIONS: tuple[str, ...] = (
         args text
     );
     CREATE UNIQUE INDEX executions_seq ON executions (seq);
-    CREATE INDEX executions_status ON executions (status, owner);
+    -- Only the live rows: most rows are inserted finished, and an index they
+    -- skip costs their insert nothing (each index is ~15% of it).
+    CREATE INDEX executions_live ON executions (status, owner, seq)
+        WHERE status IN ('pending', 'running');
     CREATE INDEX executions_deferred ON executions (sub_status, deferred_since)
         WHERE sub_status IS NOT NULL;
     CREATE INDEX executions_run ON executions (run_id) WHERE run_id IS NOT NULL;
