@@ -176,7 +176,7 @@ def _read(proc: subprocess.Popen[str], word: str) -> str:
 
 def _completed(system: str, url: str) -> int:
     sql = (
-        "SELECT count(*) FROM trioexec.durable_tasks WHERE state = 'completed'"
+        "SELECT count(*) FROM trioexec.durable_tasks WHERE state = 'fulfilled'"
         if system == "trioexec"
         else "SELECT count(*) FROM procrastinate_jobs WHERE status = 'succeeded'"
     )
