@@ -93,3 +93,12 @@ def test_a_server_that_is_not_there_is_one_line_without_the_password(tmp_path: P
 def test_a_url_of_another_kind_is_one_line(tmp_path: Path) -> None:
     line = one_line_error(cli("status", "mysql://db/app", cwd=tmp_path), code=1)
     assert "unknown store URL scheme 'mysql'" in line
+
+
+def test_demo_records_into_a_url(pg_database: str, tmp_path: Path) -> None:
+    out = ok(cli("demo", "--db", pg_database, "--tasks", "4", cwd=tmp_path, timeout=120))
+    assert f"Recording to {pg_database}" in " ".join(out.split())
+    assert "Store: 4 completed, 0 other" in " ".join(out.split())
+    counts = store_view(pg_database, lambda s: s.counts())
+    assert counts[trioexec.TaskStatus.COMPLETED] == 4
+    assert sum(counts.values()) == 4
