@@ -27,6 +27,7 @@ from trioexec.durable import (
     DurableStore,
     NotFound,
     PromiseState,
+    Suspend,
     TaskState,
     open_worker,
 )
@@ -118,6 +119,104 @@ def test_run_all_at_one_moment_time_applied_once(core: Any) -> None:
         ("t0", 2, START + 90),
         ("t1", 2, START + 90),
     ]
+
+
+def spy_bulk(core: Core) -> Counter[str]:
+    """Count the backend's one-statement runs (PostgreSQL's `BulkTables`)."""
+    used: Counter[str] = Counter()
+    for name in ("fulfil_many", "create_many"):
+        method = getattr(core.tables, name, None)
+        if method is not None:
+
+            def counted(*args: Any, _name: str = name, _method: Any = method) -> Any:
+                used[_name] += 1
+                return _method(*args)
+
+            setattr(core.tables, name, counted)
+    return used
+
+
+def test_runs_of_fulfils_and_creates_answer_as_one_by_one(core: Any) -> None:
+    """A batch of fulfils then creates then a claim (a worker's and a producer's
+    shape): on PostgreSQL each run is one statement; the answers and the tables
+    are what the operations one by one give, waiters included."""
+    tasks = seed(core, 3)
+    core.create_promise("waiter", 600, target="v")
+    ((waiter, _),) = core.claim_work("v", pid="p", ttl=60, limit=1)
+    assert core.suspend("waiter", waiter.version, ["t0", "t2"]) is Suspend.SUSPENDED
+    used = spy_bulk(core)
+    calls: list[Any] = [
+        functools.partial(core.fulfill, t.id, t.version, data={"n": t.id}, rejected=t.id == "t1")
+        for t in tasks
+    ]
+    calls += [
+        functools.partial(core.create_promise, f"n{i}", 600, target="w", tags={"k": str(i)})
+        for i in range(3)
+    ]
+    calls.append(functools.partial(core.create_promise, "plain", 60, idempotency_key="i"))
+    calls.append(functools.partial(core.claim_work, "v", pid="q", ttl=60, limit=5))
+    results = core.run(lambda: calls)
+    assert all(ok for ok, _ in results), results
+    settled = [r for _, r in results[:3]]
+    assert [(p.id, p.state, p.data) for p in settled] == [
+        ("t0", PromiseState.RESOLVED, '{"n": "t0"}'),
+        ("t1", PromiseState.REJECTED, '{"n": "t1"}'),
+        ("t2", PromiseState.RESOLVED, '{"n": "t2"}'),
+    ]
+    assert all(p.settled_at == START for p in settled)
+    created = [r for _, r in results[3:7]]
+    assert [(p.id, p.state, p.tags, p.timeout_at) for p in created] == [
+        ("n0", PromiseState.PENDING, {"k": "0", "resonate:target": "w"}, START + 600),
+        ("n1", PromiseState.PENDING, {"k": "1", "resonate:target": "w"}, START + 600),
+        ("n2", PromiseState.PENDING, {"k": "2", "resonate:target": "w"}, START + 600),
+        ("plain", PromiseState.PENDING, {}, START + 60),
+    ]
+    # t0's fulfil resumed the waiter: the claim in the same transaction got it.
+    assert [(t.id, t.version) for t, _ in results[-1][1]] == [("waiter", 2)]
+    assert states(core) == {
+        "t0": ("resolved", "fulfilled", 1),
+        "t1": ("rejected", "fulfilled", 1),
+        "t2": ("resolved", "fulfilled", 1),
+        "waiter": ("pending", "acquired", 2),
+        "n0": ("pending", "pending", 0),
+        "n1": ("pending", "pending", 0),
+        "n2": ("pending", "pending", 0),
+    }
+    assert core.get_promise("plain").idempotency_key_create == "i"
+    assert core.check_invariants() == []
+    if hasattr(core.tables, "fulfil_many"):  # runs in one statement each: it did
+        assert used == {"fulfil_many": 1, "create_many": 1}
+
+
+def test_a_run_with_one_failing_operation_answers_each_alone(core: Any) -> None:
+    """A run of fulfils with a stale one, a run of creates with an existing id
+    (and its repeat by idempotency key): each answers alone, the failing ones
+    change nothing (the one-statement path writes all or nothing, then steps aside)."""
+    tasks = seed(core, 3)
+    core.create_promise("dup", 600, idempotency_key="k", target="w")
+    calls: list[Any] = [
+        functools.partial(core.fulfill, tasks[0].id, tasks[0].version),
+        functools.partial(core.fulfill, tasks[1].id, tasks[1].version + 1),
+        functools.partial(core.fulfill, tasks[2].id, tasks[2].version),
+        functools.partial(core.create_promise, "new", 600, target="w"),
+        functools.partial(core.create_promise, "dup", 600, idempotency_key="k", target="w"),
+        functools.partial(core.create_promise, "dup", 600, target="w"),
+        functools.partial(core.create_promise, "new2", 600),
+    ]
+    results = core.run(lambda: calls)
+    assert [ok for ok, _ in results] == [True, False, True, True, True, False, True]
+    assert isinstance(results[1][1], Conflict)
+    assert results[4][1].id == "dup"
+    assert isinstance(results[5][1], Conflict)
+    assert states(core) == {
+        "t0": ("resolved", "fulfilled", 1),
+        "t1": ("pending", "acquired", 1),
+        "t2": ("resolved", "fulfilled", 1),
+        "dup": ("pending", "pending", 0),
+        "new": ("pending", "pending", 0),
+    }
+    assert core.get_promise("new2").state is PromiseState.PENDING
+    assert core.check_invariants() == []
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])

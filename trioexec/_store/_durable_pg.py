@@ -42,6 +42,36 @@ _CLAIM = (
     + ", ".join(f"t.{c}" for c in _T_COLS)
     + ", (SELECT p.data FROM durable_promises p WHERE p.id = t.id)"
 )
+_P_TYPES = ("text", "text", "text", "float8", "text", "text", "text", "float8", "float8")
+_T_TYPES = ("text", "text", "bigint", "text", "text", "float8", "float8", "float8")
+_FULFIL_MANY = (
+    "WITH f AS (SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[])"
+    " AS f(id, version, state, data)),"
+    " ok AS (SELECT f.id, f.state, f.data FROM f"
+    " JOIN durable_tasks t ON t.id = f.id AND t.state = 'acquired' AND t.version = f.version"
+    " JOIN durable_promises p ON p.id = f.id AND p.state = 'pending' FOR UPDATE OF t, p),"
+    " go AS (SELECT count(*) = %s AS every FROM ok),"
+    " t AS (UPDATE durable_tasks t SET state = 'fulfilled', pid = NULL,"
+    " lease_expires_at = NULL, timeout_at = NULL FROM ok, go"
+    " WHERE go.every AND t.id = ok.id RETURNING t.id),"
+    " p AS (UPDATE durable_promises p SET state = ok.state, data = ok.data, iku = NULL,"
+    " settled_at = %s FROM ok, go WHERE go.every AND p.id = ok.id RETURNING "
+    + ", ".join(f"p.{c}" for c in _P_COLS)
+    + f") SELECT {', '.join(_P_COLS)},"
+    " EXISTS (SELECT 1 FROM durable_callbacks c WHERE c.promise_id = p.id),"
+    " (SELECT count(*) FROM t) FROM p"
+)
+_CREATE_MANY = (
+    f"WITH r AS (SELECT * FROM unnest({', '.join(f'%s::{t}[]' for t in _P_TYPES)})"
+    f" AS r({', '.join(_P_COLS)})),"
+    f" p AS (INSERT INTO durable_promises ({', '.join(_P_COLS)}) SELECT * FROM r"
+    " ON CONFLICT (id) DO NOTHING RETURNING 1),"
+    f" k AS (SELECT * FROM unnest({', '.join(f'%s::{t}[]' for t in _T_TYPES)})"
+    f" AS k({', '.join(_T_COLS)})),"
+    f" t AS (INSERT INTO durable_tasks ({', '.join(_T_COLS)}) SELECT * FROM k"
+    " ON CONFLICT (id) DO NOTHING RETURNING 1)"
+    " SELECT (SELECT count(*) FROM p), (SELECT count(*) FROM t)"
+)
 #: SQLSTATEs of a transaction the server rolled back because of a concurrent one:
 #: serialization_failure, deadlock_detected, lock_not_available.
 _RETRYABLE = frozenset({"40001", "40P01", "55P03"})
@@ -75,7 +105,7 @@ class PostgresTables:
 
     def __init__(self, db: PGDatabase) -> None:
         self._psycopg = load_psycopg()[0]
-        self._db = db
+        self.db = db
         self.path = db.where  # what messages name the store by
         self._read_only = db.read_only
         self._lock = "" if db.read_only else " FOR UPDATE"
@@ -92,24 +122,7 @@ class PostgresTables:
         """Close the connection; idempotent."""
         self.conn.close()
 
-    def listener(self) -> Listener:
-        """A connection of its own listening for this schema's newly claimable tasks
-        (the caller closes it)."""
-        return Listener(self._db, self.channel)
-
     # ------------------------------------------------------------------ transactions
-
-    @contextlib.contextmanager
-    def _errors(self) -> Iterator[None]:
-        """psycopg's errors as `StoreError` naming the server; those of a transaction
-        the server aborted for a concurrent one as `TransactionAborted`."""
-        try:
-            yield
-        except self._psycopg.Error as exc:
-            text = str(exc).strip()
-            detail = text.splitlines()[0] if text else type(exc).__name__
-            kind = TransactionAborted if exc.sqlstate in _RETRYABLE else StoreError
-            raise kind(f"{self.path}: durable store: {detail}") from exc
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -119,10 +132,10 @@ class PostgresTables:
             return
         self._open = True
         try:
-            with self._errors():
+            with _errors(self._psycopg.Error, self.path):
                 if self.conn.broken or self.conn.closed:
                     self.conn.close()
-                    self.conn = self._db.connect()
+                    self.conn = self.db.connect()
                 self.conn.execute(
                     "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
                     if self._read_only
@@ -245,24 +258,16 @@ class PostgresTables:
         if row["state"] == _PENDING and (before is None or before[1] != _PENDING):
             self._wake.add(payload(row["target"]))
 
-    def _update(self, table: str, id: str, expect: Row, changes: Row, cols: tuple[str, ...]) -> Any:
-        self._writable()
-        self._stored.pop((table, id), None)
-        return self.conn.execute(
-            f"UPDATE {table} SET {', '.join(f'{c} = %s' for c in changes)}"
-            f" WHERE id = %s{''.join(f' AND {c} = %s' for c in expect)}"
-            f" RETURNING {', '.join(cols)}",
-            (*changes.values(), id, *expect.values()),
-        ).fetchall()
-
     def update_task(self, id: str, expect: Row, changes: Row) -> bool:
-        rows = self._update("durable_tasks", id, expect, changes, _T_COLS)
+        self._writable()
+        rows = _update(self.conn, "durable_tasks", id, expect, changes, _T_COLS)
         if rows:
             self._task(rows[0])
         return bool(rows)
 
     def update_promise(self, id: str, expect: Row, changes: Row) -> Row | None:
-        rows = self._update("durable_promises", id, expect, changes, _P_COLS)
+        self._writable()
+        rows = _update(self.conn, "durable_promises", id, expect, changes, _P_COLS)
         return self._promise(rows[0]) if rows else None
 
     def claim(
@@ -274,6 +279,53 @@ class PostgresTables:
         rows = self.conn.execute(_CLAIM, (target, limit, pid, ttl, now + ttl)).fetchall()
         rows.sort(key=lambda r: r[0])
         return [(self._task(r[:-1]), r[-1]) for r in rows]
+
+    def fulfil_many(
+        self, items: list[tuple[str, int, str, str | None]], now: float
+    ) -> list[tuple[Row, bool]] | None:
+        """`BulkTables.fulfil_many`: one statement, which writes only if every task
+        is acquired at its version and every promise pending (rows locked)."""
+        self._writable()
+        columns = [list(c) for c in zip(*items, strict=True)]
+        rows = self.conn.execute(_FULFIL_MANY, (*columns, len(items), now)).fetchall()
+        if len(rows) != len(items):
+            return None
+        settled = {r[0]: (self._promise(r[:-2]), bool(r[-2])) for r in rows}
+        for id, *_ in items:
+            self._stored.pop(("durable_tasks", id), None)
+        return [settled[id] for id, *_ in items]
+
+    def create_many(self, promises: list[Row], tasks: list[Row]) -> bool:
+        """`BulkTables.create_many`: one look for existing promises, one statement
+        inserting the rows (one inserted meanwhile by another transaction aborts
+        this one: `TransactionAborted`)."""
+        self._writable()
+        ids = [row["id"] for row in promises]
+        found = self.conn.execute(
+            f"SELECT id FROM durable_promises WHERE id = ANY(%s){self._lock}", (ids,)
+        ).fetchall()
+        if found:
+            return False
+        p_values = [tuple(row[c] for c in _P_COLS) for row in promises]
+        t_values = [tuple(row[c] for c in _T_COLS) for row in tasks]
+        tags = _P_COLS.index("tags")
+        p_values = [
+            (*v[:tags], json.dumps(v[tags], sort_keys=True), *v[tags + 1 :]) for v in p_values
+        ]
+        p_columns = [list(c) for c in zip(*p_values, strict=True)]
+        t_columns = [list(c) for c in zip(*t_values, strict=True)] or [[]] * len(_T_COLS)
+        inserted = self.conn.execute(_CREATE_MANY, (*p_columns, *t_columns)).fetchone()
+        if tuple(inserted) != (len(promises), len(tasks)):
+            raise TransactionAborted(
+                f"{self.path}: durable store: a promise of this batch was inserted"
+                " by another transaction meanwhile"
+            )
+        for values in p_values:
+            self._stored["durable_promises", values[0]] = values
+        for values, row in zip(t_values, tasks, strict=True):
+            self._stored["durable_tasks", values[0]] = values
+            self._wake.add(payload(row["target"]))
+        return True
 
     def add_callback(self, promise_id: str, task_id: str) -> None:
         self._writable()
@@ -305,25 +357,17 @@ class PostgresTables:
         self._writable()
         self.conn.execute("DELETE FROM durable_callbacks WHERE task_id = %s", (task_id,))
 
-    def _due(self, select: str, when: str, now: float, state: str) -> list[tuple[Any, ...]]:
-        """Rows in ``state`` whose ``when`` column has come (<= now), by id; on a
-        writable store, those no other transaction holds (locked)."""
-        return list(
-            self.conn.execute(
-                f"{select} WHERE state = %s AND {when} <= %s ORDER BY id{self._skip}",
-                (state, now),
-            )
-        )
-
     def timed_out_promises(self, now: float) -> list[Row]:
-        return [self._promise(r) for r in self._due(_P_SELECT, "timeout_at", now, "pending")]
+        rows = _due(self.conn, _P_SELECT, "timeout_at", now, "pending", self._skip)
+        return [self._promise(r) for r in rows]
 
     def expired_leases(self, now: float) -> list[Row]:
-        rows = self._due(_T_SELECT, "lease_expires_at", now, "acquired")
+        rows = _due(self.conn, _T_SELECT, "lease_expires_at", now, "acquired", self._skip)
         return [self._task(r) for r in rows]
 
     def due_pending_tasks(self, now: float) -> list[Row]:
-        return [self._task(r) for r in self._due(_T_SELECT, "timeout_at", now, "pending")]
+        rows = _due(self.conn, _T_SELECT, "timeout_at", now, "pending", self._skip)
+        return [self._task(r) for r in rows]
 
     def search_promises(
         self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
@@ -360,6 +404,44 @@ class PostgresTables:
             "SELECT promise_id, task_id FROM durable_callbacks ORDER BY seq"
         ).fetchall()
         return iter([(r[0], r[1]) for r in rows])
+
+
+@contextlib.contextmanager
+def _errors(error: type[Exception], path: str) -> Iterator[None]:
+    """psycopg's errors (``error``) as `StoreError` naming the server; those of a
+    transaction the server aborted for a concurrent one as `TransactionAborted`."""
+    try:
+        yield
+    except error as exc:
+        text = str(exc).strip()
+        detail = text.splitlines()[0] if text else type(exc).__name__
+        kind = TransactionAborted if getattr(exc, "sqlstate", None) in _RETRYABLE else StoreError
+        raise kind(f"{path}: durable store: {detail}") from exc
+
+
+def _update(
+    conn: Connection, table: str, id: str, expect: Row, changes: Row, cols: tuple[str, ...]
+) -> list[tuple[Any, ...]]:
+    """Change row ``id`` if its columns hold ``expect``'s values; the row as changed
+    (``cols``), if it did."""
+    return list(
+        conn.execute(
+            f"UPDATE {table} SET {', '.join(f'{c} = %s' for c in changes)}"
+            f" WHERE id = %s{''.join(f' AND {c} = %s' for c in expect)}"
+            f" RETURNING {', '.join(cols)}",
+            (*changes.values(), id, *expect.values()),
+        )
+    )
+
+
+def _due(
+    conn: Connection, select: str, when: str, now: float, state: str, skip: str
+) -> list[tuple[Any, ...]]:
+    """Rows in ``state`` whose ``when`` column has come (<= now), by id; with ``skip``
+    (a writable store), those no other transaction holds (locked)."""
+    return list(
+        conn.execute(f"{select} WHERE state = %s AND {when} <= %s ORDER BY id{skip}", (state, now))
+    )
 
 
 def _page_where(state: str | None, cursor: str | None) -> tuple[list[str], list[Any]]:

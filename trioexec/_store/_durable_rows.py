@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from .._errors import StoreError
 
@@ -83,6 +83,24 @@ class Tables(Protocol):
     def all_promises(self) -> Iterator[Row]: ...
     def all_tasks(self) -> Iterator[Row]: ...
     def all_callbacks(self) -> Iterator[tuple[str, str]]: ...
+
+
+@runtime_checkable
+class BulkTables(Protocol):
+    """What a backend offers beyond `Tables` to write a run of like operations in one
+    statement (each all or nothing: it writes every one, or none and says so).
+
+    ``fulfil_many([(id, version, state, data), ...], now)``: each task acquired at
+    that version becomes fulfilled and its pending promise settles as ``state``
+    with ``data`` at ``now``; returns each promise's row as settled (in order) with
+    whether tasks await it, or None if any would fail (nothing written).
+    ``create_many(promises, tasks)``: inserts the new rows; False if any promise
+    exists already (nothing written)."""
+
+    def fulfil_many(
+        self, items: list[tuple[str, int, str, str | None]], now: float
+    ) -> list[tuple[Row, bool]] | None: ...
+    def create_many(self, promises: list[Row], tasks: list[Row]) -> bool: ...
 
 
 def claim_by_search(

@@ -8,12 +8,22 @@ a promise resumes the tasks suspended on it in the same transaction: no polling.
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from .._store._durable_rows import Row, Tables
+from ._bulk import run_calls
+from ._checks import (
+    check_create,
+    check_id,
+    check_limit,
+    check_optional_id,
+    check_timeout,
+    check_ttl,
+    encode,
+    new_rows,
+    promise_record,
+)
 from ._records import (
     Conflict,
     NotFound,
@@ -25,64 +35,6 @@ from ._records import (
     TaskRecord,
     TaskState,
 )
-
-
-def encode(data: Any, what: str = "data") -> str | None:
-    """``data`` as JSON text (None stays None). Strict JSON: NaN and infinities are
-    refused like any other value JSON cannot carry.
-
-    Raises:
-      ValueError: naming ``what`` and the offending type.
-    """
-    if data is None:
-        return None
-    try:
-        return json.dumps(data, allow_nan=False)
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise ValueError(
-            f"{what} must be JSON-serialisable, got {type(data).__qualname__}: {exc}"
-        ) from None
-
-
-_json = encode
-
-
-def check_id(value: object, what: str = "id") -> str:
-    """``value`` if it is a usable promise/task id (or pid, target, key): a non-empty
-    str that SQLite can store (no lone surrogates).
-
-    Raises:
-      ValueError: naming the value.
-    """
-    if not isinstance(value, str) or not value:
-        raise ValueError(f"{what} must be a non-empty str, got {value!r}")
-    if not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise ValueError(
-                f"{what} {value!r} contains a lone surrogate (not storable text)"
-            ) from None
-    return value
-
-
-def _check_optional_id(value: object, what: str) -> None:
-    if value is not None:
-        check_id(value, what)
-
-
-def promise_record(row: Row) -> PromiseRecord:
-    return PromiseRecord(
-        id=row["id"],
-        state=PromiseState(row["state"]),
-        data=row["data"],
-        timeout_at=row["timeout_at"],
-        idempotency_key_create=row["ikc"],
-        idempotency_key_settle=row["iku"],
-        tags=dict(row["tags"]),
-        created_at=row["created_at"],
-        settled_at=row["settled_at"],
-    )
 
 
 class Core:
@@ -120,7 +72,8 @@ class Core:
                 calls = take()
                 if len(calls) == 1:
                     return [(True, calls[0]())]
-                return [self.tables.attempt(call) for call in calls]
+                # Runs of fulfils or creates: one statement each where the backend can.
+                return run_calls(self, self._now, calls)
             finally:
                 self._now = None
 
@@ -142,17 +95,6 @@ class Core:
             row["timeout_at"] = now + self.retry_timeout  # offered again
             t.put_task(row)
         return now
-
-    def _acquire_row(self, task: Row, version: int, pid: str, ttl: float, now: float) -> None:
-        task.update(
-            state=TaskState.ACQUIRED.value,
-            version=version,
-            pid=pid,
-            ttl=ttl,
-            lease_expires_at=now + ttl,
-            timeout_at=None,
-        )
-        self.tables.put_task(task)
 
     def _to_pending(self, task: Row, now: float) -> None:
         task.update(
@@ -180,12 +122,7 @@ class Core:
         if not written:
             row.update(state=state.value, data=data, iku=iku, settled_at=now)
             t.put_promise(row)
-        # Resume every task suspended on it (and forget all its other callbacks).
-        for task_id in t.tasks_awaiting(row["id"]):
-            task = t.task(task_id)
-            t.drop_callbacks(task_id)
-            if task is not None and task["state"] == TaskState.SUSPENDED.value:
-                self._to_pending(task, now)
+        self.resume_waiters(row["id"], now)
         if written:
             return
         # Its own task has nothing left to do.
@@ -197,6 +134,16 @@ class Core:
                 state=TaskState.FULFILLED.value, pid=None, lease_expires_at=None, timeout_at=None
             )
             t.put_task(own)
+
+    def resume_waiters(self, promise_id: str, now: float) -> None:
+        """Promise ``promise_id`` has settled: every task suspended on it becomes
+        pending (and forgets all its other callbacks)."""
+        t = self.tables
+        for task_id in t.tasks_awaiting(promise_id):
+            task = t.task(task_id)
+            t.drop_callbacks(task_id)
+            if task is not None and task["state"] == TaskState.SUSPENDED.value:
+                self._to_pending(task, now)
 
     # ------------------------------------------------------------------ promises
 
@@ -210,7 +157,7 @@ class Core:
         tags: dict[str, str] | None = None,
         target: str | None = None,
     ) -> PromiseRecord:
-        _check_timeout(timeout)
+        check_timeout(timeout)
         with self.tables.transaction():
             now = self._begin()
             return promise_record(
@@ -227,43 +174,17 @@ class Core:
         target: str | None,
         now: float,
     ) -> Row:
-        check_id(id, "promise id")
-        _check_optional_id(ikc, "idempotency_key")
-        _check_optional_id(target, "target")
-        _check_tags(tags)
+        check_create(id, ikc, target, tags)
         t = self.tables
         existing = t.promise(id)
         if existing is not None:
             if ikc is not None and existing["ikc"] == ikc:
                 return existing  # the same create, repeated
             raise Conflict(f"promise {id!r} already exists")
-        row: Row = {
-            "id": id,
-            "state": PromiseState.PENDING.value,
-            "data": _json(data),
-            "timeout_at": now + timeout,
-            "ikc": ikc,
-            "iku": None,
-            "tags": dict(tags or {}),
-            "created_at": now,
-            "settled_at": None,
-        }
-        if target is not None:
-            row["tags"]["resonate:target"] = target
+        row, task = new_rows(id, timeout, ikc, data, tags, target, now, self.retry_timeout)
         t.put_promise(row)
-        if target is not None:
-            t.put_task(
-                {
-                    "id": id,
-                    "state": TaskState.PENDING.value,
-                    "version": 0,
-                    "target": target,
-                    "pid": None,
-                    "ttl": None,
-                    "lease_expires_at": None,
-                    "timeout_at": now + self.retry_timeout,
-                }
-            )
+        if task is not None:
+            t.put_task(task)
         if row["timeout_at"] <= now:  # born timed out (the same rule as _begin)
             self._settle(row, PromiseState.REJECTED_TIMEDOUT, None, None, now)
         return row
@@ -284,7 +205,7 @@ class Core:
         self, id: str, state: PromiseState | str, iku: str | None, data: Any, now: float
     ) -> Row:
         check_id(id, "promise id")
-        _check_optional_id(iku, "idempotency_key")
+        check_optional_id(iku, "idempotency_key")
         state = PromiseState(state)
         if state is PromiseState.PENDING or state is PromiseState.REJECTED_TIMEDOUT:
             raise ValueError(f"a promise cannot be settled as {state.value!r}")
@@ -295,7 +216,7 @@ class Core:
             if iku is not None and row["iku"] == iku and row["state"] == state.value:
                 return row  # the same settle, repeated
             raise Conflict(f"promise {id!r} is already {row['state']}")
-        self._settle(row, state, _json(data), iku, now)
+        self._settle(row, state, encode(data), iku, now)
         return row
 
     def get_promise(self, id: str) -> PromiseRecord | None:
@@ -313,8 +234,8 @@ class Core:
         limit: int = 100,
         cursor: str | None = None,
     ) -> tuple[list[PromiseRecord], str | None]:
-        _check_limit(limit)
-        _check_optional_id(cursor, "cursor")
+        check_limit(limit)
+        check_optional_id(cursor, "cursor")
         with self.tables.transaction():
             self._begin()
             want = None if state is None else PromiseState(state).value
@@ -367,8 +288,8 @@ class Core:
         target: str,
     ) -> TaskRecord:
         check_id(id, "task id")
-        _check_timeout(timeout)
-        _check_ttl(ttl)
+        check_timeout(timeout)
+        check_ttl(ttl)
         check_id(pid, "pid")
         check_id(target, "target")
         with self.tables.transaction():
@@ -378,11 +299,11 @@ class Core:
             self._create(id, timeout, None, data, None, target, now)
             task = self._task(id)
             if task["state"] == TaskState.PENDING.value:
-                self._acquire_row(task, 1, pid, ttl, now)
+                _acquire_row(self.tables, task, 1, pid, ttl, now)
             return self.task_record(task)
 
     def acquire(self, id: str, version: int, *, pid: str, ttl: float) -> TaskRecord:
-        _check_ttl(ttl)
+        check_ttl(ttl)
         check_id(pid, "pid")
         with self.tables.transaction():
             now = self._begin()
@@ -392,7 +313,7 @@ class Core:
                     f"task {id!r} is {task['state']} at version {task['version']}, "
                     f"not pending at version {version}"
                 )
-            self._acquire_row(task, version + 1, pid, ttl, now)
+            _acquire_row(self.tables, task, version + 1, pid, ttl, now)
             return self.task_record(task)
 
     def claim_work(
@@ -402,8 +323,8 @@ class Core:
         `acquire` would: version + 1, a lease of ``ttl``), each with its promise's
         data (JSON text): all a worker needs to start the work, in one transaction
         (two claims at once never get the same task)."""
-        _check_ttl(ttl)
-        _check_limit(limit)
+        check_ttl(ttl)
+        check_limit(limit)
         check_id(target, "target")
         check_id(pid, "pid")
         with self.tables.transaction():
@@ -518,7 +439,7 @@ class Core:
             if not t.update_task(id, {"state": TaskState.ACQUIRED.value, "version": version}, done):
                 self._acquired(id, version)  # raises NotFound or Conflict, naming the state
                 raise Conflict(f"task {id!r} is not acquired at version {version}")
-            settled = {"state": state.value, "data": _json(data), "iku": None, "settled_at": now}
+            settled = {"state": state.value, "data": encode(data), "iku": None, "settled_at": now}
             row = t.update_promise(id, {"state": PromiseState.PENDING.value}, settled)
             if row is None:
                 raise Conflict(f"promise {id!r} is not pending")
@@ -529,7 +450,7 @@ class Core:
         check_id(id, "task id")
         if isinstance(action, PromiseCreate):
             check_id(action.id, "promise id")
-            _check_timeout(action.timeout)
+            check_timeout(action.timeout)
         elif isinstance(action, PromiseSettle):
             check_id(action.id, "promise id")
         else:
@@ -594,9 +515,9 @@ class Core:
         limit: int = 100,
         cursor: str | None = None,
     ) -> tuple[list[TaskRecord], str | None]:
-        _check_limit(limit)
-        _check_optional_id(target, "target")
-        _check_optional_id(cursor, "cursor")
+        check_limit(limit)
+        check_optional_id(target, "target")
+        check_optional_id(cursor, "cursor")
         with self.tables.transaction():
             self._begin()
             want = None if state is None else TaskState(state).value
@@ -642,29 +563,13 @@ class Core:
         return sorted(violated)
 
 
-def _check_timeout(timeout: float) -> None:
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not 0 <= timeout < math.inf
-    ):
-        raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
-
-
-def _check_ttl(ttl: float) -> None:
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < math.inf:
-        raise ValueError(f"ttl must be a finite number of seconds > 0, got {ttl!r}")
-
-
-def _check_limit(limit: int) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be an int >= 1, got {limit!r}")
-
-
-def _check_tags(tags: object) -> None:
-    if tags is None:
-        return
-    if not isinstance(tags, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in tags.items()
-    ):
-        raise ValueError(f"tags must be a dict of str to str, got {tags!r}")
+def _acquire_row(tables: Tables, task: Row, version: int, pid: str, ttl: float, now: float) -> None:
+    task.update(
+        state=TaskState.ACQUIRED.value,
+        version=version,
+        pid=pid,
+        ttl=ttl,
+        lease_expires_at=now + ttl,
+        timeout_at=None,
+    )
+    tables.put_task(task)

@@ -462,10 +462,8 @@ async def open_wakeup(ds: DurableStore, target: str) -> AsyncIterator[Wakeup]:
     listener = None
     tables = ds._tables
     if isinstance(tables, PostgresTables):
-        if ds.inline:
-            listener = tables.listener()
-        else:
-            listener = await trio.to_thread.run_sync(tables.listener)
+        listen = functools.partial(Listener, tables.db, tables.channel)
+        listener = listen() if ds.inline else await trio.to_thread.run_sync(listen)
     wakeup = Wakeup(target, listener)
     try:
         yield wakeup

@@ -43,7 +43,7 @@ from .._handle import TaskHandle
 from .._records import ShutdownPolicy, safe_repr
 from .._spec import call_info
 from .._taskref import TaskRef
-from ._protocol import check_id, encode
+from ._checks import check_id, encode
 from ._records import Conflict, NotFound, PromiseRecord, PromiseState, Suspend, TaskRecord
 from ._store import DurableStore, Wakeup, claim_work, lost_leases, open_wakeup
 

@@ -1,0 +1,149 @@
+"""The arguments of the durable protocol's operations, checked, and its rows as
+records: what the protocol (`_protocol.Core`) and its batched paths (`_bulk`)
+share."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from .._store._durable_rows import Row
+from ._records import PromiseRecord, PromiseState, TaskState
+
+
+def encode(data: Any, what: str = "data") -> str | None:
+    """``data`` as JSON text (None stays None). Strict JSON: NaN and infinities are
+    refused like any other value JSON cannot carry.
+
+    Raises:
+      ValueError: naming ``what`` and the offending type.
+    """
+    if data is None:
+        return None
+    try:
+        return json.dumps(data, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise ValueError(
+            f"{what} must be JSON-serialisable, got {type(data).__qualname__}: {exc}"
+        ) from None
+
+
+def check_id(value: object, what: str = "id") -> str:
+    """``value`` if it is a usable promise/task id (or pid, target, key): a non-empty
+    str that SQLite can store (no lone surrogates).
+
+    Raises:
+      ValueError: naming the value.
+    """
+    if not isinstance(value, str) or not value:
+        raise ValueError(f"{what} must be a non-empty str, got {value!r}")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(
+                f"{what} {value!r} contains a lone surrogate (not storable text)"
+            ) from None
+    return value
+
+
+def check_optional_id(value: object, what: str) -> None:
+    if value is not None:
+        check_id(value, what)
+
+
+def check_create(id: object, ikc: object, target: object, tags: object) -> None:
+    """The arguments of a promise's create (but its timeout and data) are usable.
+
+    Raises:
+      ValueError: naming the first that is not.
+    """
+    check_id(id, "promise id")
+    check_optional_id(ikc, "idempotency_key")
+    check_optional_id(target, "target")
+    check_tags(tags)
+
+
+def promise_record(row: Row) -> PromiseRecord:
+    return PromiseRecord(
+        id=row["id"],
+        state=PromiseState(row["state"]),
+        data=row["data"],
+        timeout_at=row["timeout_at"],
+        idempotency_key_create=row["ikc"],
+        idempotency_key_settle=row["iku"],
+        tags=dict(row["tags"]),
+        created_at=row["created_at"],
+        settled_at=row["settled_at"],
+    )
+
+
+def check_timeout(timeout: float) -> None:
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 <= timeout < math.inf
+    ):
+        raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+
+
+def check_ttl(ttl: float) -> None:
+    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < math.inf:
+        raise ValueError(f"ttl must be a finite number of seconds > 0, got {ttl!r}")
+
+
+def check_limit(limit: int) -> None:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+
+
+def check_tags(tags: object) -> None:
+    if tags is None:
+        return
+    if not isinstance(tags, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in tags.items()
+    ):
+        raise ValueError(f"tags must be a dict of str to str, got {tags!r}")
+
+
+def new_rows(
+    id: str,
+    timeout: float,
+    ikc: str | None,
+    data: Any,
+    tags: dict[str, str] | None,
+    target: str | None,
+    now: float,
+    retry_timeout: float,
+) -> tuple[Row, Row | None]:
+    """A new promise's row, and its task's (pending) if it has a ``target``.
+
+    Raises:
+      ValueError: ``data`` is not JSON.
+    """
+    row: Row = {
+        "id": id,
+        "state": PromiseState.PENDING.value,
+        "data": encode(data),
+        "timeout_at": now + timeout,
+        "ikc": ikc,
+        "iku": None,
+        "tags": dict(tags or {}),
+        "created_at": now,
+        "settled_at": None,
+    }
+    if target is None:
+        return row, None
+    row["tags"]["resonate:target"] = target
+    task: Row = {
+        "id": id,
+        "state": TaskState.PENDING.value,
+        "version": 0,
+        "target": target,
+        "pid": None,
+        "ttl": None,
+        "lease_expires_at": None,
+        "timeout_at": now + retry_timeout,
+    }
+    return row, task
