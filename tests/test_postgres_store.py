@@ -190,3 +190,23 @@ def test_open_store_names_the_store_by_its_target(
     with pytest.raises(TypeError, match="a path or a URL"):
         open_store(42)  # type: ignore[arg-type]
     assert trioexec.open_store is open_store
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("postgresql://u:s3cret@h:5/db", "postgresql://u:***@h:5/db"),
+        ("postgresql://u:p%40s3cret@h/db", "postgresql://u:***@h/db"),
+        (
+            "postgresql://u@h/db?password=s3cret&sslmode=require",
+            "postgresql://u@h/db?password=***&sslmode=require",
+        ),
+        ("host=h password=s3cret dbname=db", "host=h password=*** dbname=db"),
+        ("host=h password='s 3cret' dbname=db", "host=h password=*** dbname=db"),
+        ("postgresql://u@h/db", "postgresql://u@h/db"),
+    ],
+)
+def test_every_form_of_password_is_hidden(url: str, shown: str) -> None:
+    from trioexec._store._pg_conn import redact
+
+    assert redact(url) == shown

@@ -22,6 +22,7 @@ Connection = Any  # psycopg.Connection[tuple[Any, ...]] (psycopg is an optional 
 #: How long to wait for the server, or for a connection of the pool.
 CONNECT_TIMEOUT = 10.0
 _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
+_DSN_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
 
 
 def load_psycopg() -> tuple[Any, Any]:
@@ -38,15 +39,19 @@ def load_psycopg() -> tuple[Any, Any]:
 
 
 def redact(url: str) -> str:
-    """``url`` without its password (for messages and reprs)."""
+    """``url`` (a URL or a ``key=value`` connection string) without its password,
+    for messages and reprs."""
+    if "://" not in url:
+        return _DSN_PASSWORD.sub(r"\1***", url)
     try:
         parts = urllib.parse.urlsplit(url)
     except ValueError:
         return "<unparsable PostgreSQL URL>"
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@", 1)
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
+    netloc = parts.netloc
+    if parts.password is not None:
+        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
+    query = re.sub(r"(password=)[^&]*", r"\1***", parts.query)
+    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
 
 
 def check_schema(schema: object) -> str:
