@@ -210,3 +210,32 @@ def test_every_form_of_password_is_hidden(url: str, shown: str) -> None:
     from trioexec._store._pg_conn import redact
 
     assert redact(url) == shown
+
+
+def test_an_id_inserted_by_another_host_during_the_write_is_refused_not_lost(
+    postgres_url: str, pg_schema: str
+) -> None:
+    """The race the batch's existence check cannot see: another host inserts the
+    same id after the check and before the insert. Only that id is refused; the
+    rest of the batch is written."""
+    with PostgresStore(postgres_url, schema=pg_schema) as store:
+        with psycopg.connect(postgres_url) as other:
+            other.execute(f"SET search_path TO {pg_schema}")
+            other.execute(
+                "INSERT INTO executions (task_id, name, status, owner) VALUES"
+                " ('raced', 'job', 'pending', 'other')"
+            )  # not committed yet: the store's check does not see it
+            with concurrent.futures.ThreadPoolExecutor(1) as pool:
+                writing = pool.submit(store.write, [submit("first"), submit("raced")])
+                with psycopg.connect(postgres_url, autocommit=True) as watcher:
+                    while not watcher.execute(  # the insert waits on the other's key
+                        "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+                        " AND query LIKE 'INSERT INTO executions%%'"
+                    ).fetchone():
+                        assert not writing.done(), writing.result()
+                other.commit()
+                assert writing.result(timeout=30) == ["raced"]
+        assert store.execution("first") is not None
+        raced = store.execution("raced")
+        assert raced is not None
+        assert raced.owner == "other"

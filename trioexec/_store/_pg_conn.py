@@ -80,6 +80,8 @@ class PGDatabase:
         self.read_only = read_only
         self.where = f"{redact(url)} (schema {schema})"
         self._psycopg = psycopg
+        #: psycopg's error for a duplicate key (to catch around a savepoint)
+        self.unique_violation: type[Exception] = psycopg.errors.UniqueViolation
         self._pool: Any = None  # a psycopg_pool.ConnectionPool until closed
         with self.errors("cannot open"):
             with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
