@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -72,6 +73,15 @@ _CREATE_MANY = (
     " ON CONFLICT (id) DO NOTHING RETURNING 1)"
     " SELECT (SELECT count(*) FROM p), (SELECT count(*) FROM t)"
 )
+#: Whether any row is due at ``now`` for each of the three queries of time (a
+#: simple query: ``now`` is a float's repr, sent with the transaction's BEGIN).
+_ANY_DUE = (
+    "SELECT EXISTS (SELECT 1 FROM durable_promises WHERE state = 'pending'"
+    " AND timeout_at <= {now}),"
+    " EXISTS (SELECT 1 FROM durable_tasks WHERE state = 'acquired'"
+    " AND lease_expires_at <= {now}),"
+    " EXISTS (SELECT 1 FROM durable_tasks WHERE state = 'pending' AND timeout_at <= {now})"
+)
 #: SQLSTATEs of a transaction the server rolled back because of a concurrent one:
 #: serialization_failure, deadlock_detected, lock_not_available.
 _RETRYABLE = frozenset({"40001", "40P01", "55P03"})
@@ -111,8 +121,14 @@ class PostgresTables:
         self._lock = "" if db.read_only else " FOR UPDATE"
         self._skip = "" if db.read_only else " FOR UPDATE SKIP LOCKED"
         self.channel = channel(db.schema)
-        self.conn: Connection = db.connect()
+        self._raw: Connection = db.connect()
         self._open = False  # a transaction is open (calls run in one thread at a time)
+        # The BEGIN of the open transaction until it is sent: with its first statement
+        # (the look for what time has done, in one round trip), or before it.
+        self._begin: list[str] = []
+        # Whether time has done anything (timed-out promises, lapsed leases, due
+        # retries) at the moment of this transaction, found by one look.
+        self._due: tuple[bool, bool, bool] | None = None
         # (table, id) -> the row's stored values as read in this transaction: a
         # write then updates only the columns that changed, or nothing.
         self._stored: dict[tuple[str, str], tuple[Any, ...]] = {}
@@ -120,7 +136,14 @@ class PostgresTables:
 
     def close(self) -> None:
         """Close the connection; idempotent."""
-        self.conn.close()
+        self._raw.close()
+
+    @property
+    def conn(self) -> Connection:
+        """The connection, inside a transaction with the transaction begun."""
+        if self._begin:
+            self._raw.execute(self._begin.pop())
+        return self._raw
 
     # ------------------------------------------------------------------ transactions
 
@@ -133,29 +156,27 @@ class PostgresTables:
         self._open = True
         try:
             with _errors(self._psycopg.Error, self.path):
-                if self.conn.broken or self.conn.closed:
-                    self.conn.close()
-                    self.conn = self.db.connect()
-                self.conn.execute(
+                if self._raw.broken or self._raw.closed:
+                    self._raw.close()
+                    self._raw = self.db.connect()
+                self._begin[:] = [
                     "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
                     if self._read_only
                     else "BEGIN"
-                )
+                ]
                 try:
                     yield
-                    if self._wake:
-                        self.conn.execute(
-                            "SELECT pg_notify(%s, t) FROM unnest(%s::text[]) t",
-                            (self.channel, sorted(self._wake)),
-                        )
-                    self.conn.execute("COMMIT")
+                    if not self._begin:  # (else nothing was sent: nothing to end)
+                        self._raw.execute(_commit(self._psycopg, self.channel, self._wake))
                 except BaseException:
-                    if not self.conn.broken and not self.conn.closed:
+                    if not self._begin and not self._raw.broken and not self._raw.closed:
                         with contextlib.suppress(self._psycopg.Error):
-                            self.conn.execute("ROLLBACK")
+                            self._raw.execute("ROLLBACK")
                     raise
         finally:
             self._open = False
+            self._begin.clear()
+            self._due = None
             self._stored.clear()
             self._wake.clear()
 
@@ -302,7 +323,8 @@ class PostgresTables:
         self._writable()
         ids = [row["id"] for row in promises]
         found = self.conn.execute(
-            f"SELECT id FROM durable_promises WHERE id = ANY(%s){self._lock}", (ids,)
+            "SELECT 1 FROM unnest(%s::text[]) u(id) JOIN durable_promises p ON p.id = u.id LIMIT 1",
+            (ids,),
         ).fetchall()
         if found:
             return False
@@ -358,14 +380,27 @@ class PostgresTables:
         self.conn.execute("DELETE FROM durable_callbacks WHERE task_id = %s", (task_id,))
 
     def timed_out_promises(self, now: float) -> list[Row]:
+        # The protocol's first call of a transaction: one look (with the BEGIN) says
+        # whether any of the three queries of time would find a row.
+        if self._begin and math.isfinite(now):
+            begin = self._begin.pop()
+            found = self._raw.execute(f"{begin}; {_ANY_DUE.format(now=repr(float(now)))}")
+            found.nextset()
+            self._due = tuple(found.fetchone())
+        if self._due is not None and not self._due[0]:
+            return []
         rows = _due(self.conn, _P_SELECT, "timeout_at", now, "pending", self._skip)
         return [self._promise(r) for r in rows]
 
     def expired_leases(self, now: float) -> list[Row]:
+        if self._due is not None and not self._due[1]:
+            return []
         rows = _due(self.conn, _T_SELECT, "lease_expires_at", now, "acquired", self._skip)
         return [self._task(r) for r in rows]
 
     def due_pending_tasks(self, now: float) -> list[Row]:
+        if self._due is not None and not self._due[2]:
+            return []
         rows = _due(self.conn, _T_SELECT, "timeout_at", now, "pending", self._skip)
         return [self._task(r) for r in rows]
 
@@ -404,6 +439,16 @@ class PostgresTables:
             "SELECT promise_id, task_id FROM durable_callbacks ORDER BY seq"
         ).fetchall()
         return iter([(r[0], r[1]) for r in rows])
+
+
+def _commit(psycopg: Any, channel: str, wake: set[str]) -> Any:
+    """COMMIT, after the NOTIFY of the targets with newly claimable tasks (one round
+    trip: the values are quoted here)."""
+    if not wake:
+        return "COMMIT"
+    sql = psycopg.sql
+    notify = sql.SQL("SELECT pg_notify({}, t) FROM unnest({}::text[]) t; COMMIT")
+    return notify.format(sql.Literal(channel), sql.Literal(sorted(wake)))
 
 
 @contextlib.contextmanager
