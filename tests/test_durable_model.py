@@ -1,9 +1,10 @@
 """`trioexec.durable`'s protocol against a reference model, step by step.
 
-A hypothesis state machine drives three implementations of the promise/task
+A hypothesis state machine drives four implementations of the promise/task
 protocol with the same calls under one moving wall clock: the reference model in
 ``durable_model.py`` (written from the seed and API.md, not from the code), ``Core``
-over ``SQLiteTables`` on a real SQLite file, and ``Core`` over ``DictTables``. Every
+over ``SQLiteTables`` on a real SQLite file, ``Core`` over ``PostgresTables`` on a
+PostgreSQL schema (emptied for each example), and ``Core`` over ``DictTables``. Every
 answer must agree (records, or the exception's type); after every step the stores'
 raw tables (read without letting time act) must equal the model's state, and
 ``check_invariants()`` must be ``[]`` everywhere.
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import pytest
 from durable_model import Model
 from hypothesis import event, settings
 from hypothesis import strategies as st
@@ -100,6 +102,23 @@ limits = st.sampled_from((1, 2, 3, 1, 2, 100, 0))  # 0: ValueError
 clock_steps = st.sampled_from((0.5, 1, 2.5, 5, 10, 30))
 
 _TEMPLATE: list[Path] = []
+#: The PostgreSQL store every example runs on (its tables emptied first): set for
+#: the module by `postgres_store`.
+_POSTGRES: list[Any] = []
+
+
+@pytest.fixture(autouse=True, scope="module")
+def postgres_store(postgres_url: str) -> Any:
+    import psycopg
+
+    schema = "durable_model"
+    store = trioexec.PostgresStore(postgres_url, schema=schema, inline=True)
+    _POSTGRES[:] = [store]
+    yield store
+    _POSTGRES.clear()
+    store.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
 
 
 def template_db() -> Path:
@@ -149,6 +168,12 @@ class DurableAgrees(RuleBasedStateMachine):
         self.model = Model(self.clock, RETRY_TIMEOUT)
         self.sqlite = Core(self.tables, self.clock, RETRY_TIMEOUT)
         self.dict = Core(DictTables(), self.clock, RETRY_TIMEOUT)
+        self.pg_tables = _POSTGRES[0].durable_tables()
+        self.pg_tables.conn.execute(
+            "TRUNCATE durable_promises, durable_tasks, durable_callbacks RESTART IDENTITY"
+        )
+        self.postgres = Core(self.pg_tables, self.clock, RETRY_TIMEOUT)
+        self.cores = (("sqlite", self.sqlite), ("postgres", self.postgres), ("dict", self.dict))
 
     def clock(self) -> float:
         return self.now
@@ -157,12 +182,13 @@ class DurableAgrees(RuleBasedStateMachine):
         event(f"steps: {self.steps // 10 * 10}+")
         self.tables.close()
         self.store.close()
+        self.pg_tables.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[str, Any]:
         """Make the same call on the model and both stores; all must answer alike."""
         expected = outcome(getattr(self.model, name), *args, **kwargs)
-        for label, core in (("sqlite", self.sqlite), ("dict", self.dict)):
+        for label, core in self.cores:
             got = outcome(getattr(core, name), *args, **kwargs)
             assert got == expected, (label, name, args, kwargs, got, expected)
         kind, value = expected
@@ -498,14 +524,14 @@ class DurableAgrees(RuleBasedStateMachine):
     @invariant()
     def same_state(self) -> None:
         expected = model_state(self.model)
-        assert core_state(self.sqlite) == expected
-        assert core_state(self.dict) == expected
+        for label, core in self.cores:
+            assert core_state(core) == expected, label
 
     @invariant()
     def invariants_hold(self) -> None:
         assert self.model.check_invariants() == []
-        assert self.sqlite.check_invariants() == []
-        assert self.dict.check_invariants() == []
+        for label, core in self.cores:
+            assert core.check_invariants() == [], label
 
 
 TestDurableAgrees = DurableAgrees.TestCase
