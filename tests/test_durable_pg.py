@@ -8,6 +8,7 @@ tests/test_durable_batch.py and tests/test_durable_worker.py.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -195,3 +196,90 @@ def test_channel_and_payload_fit_postgres_limits() -> None:
     assert long != channel("s" * 62 + "t")
     assert payload("refunds") == "refunds"
     assert payload("x" * 10_000) == ""  # too long to send: wakes every listener
+
+
+def durable_call(ds: DurableStore, method: str, *args: Any, **kwargs: Any) -> Any:
+    group, name = method.split(".")
+    return trio.run(functools.partial(getattr(getattr(ds, group), name), *args, **kwargs))
+
+
+def build_durable_times(store: Any) -> None:
+    """Promises and tasks the durable clock (at 1000) will have moved on: a timed-out
+    promise with a task suspended on it, a timed-out promise with its own task, an
+    expired lease, a pending task whose retry timeout passed, and live ones."""
+    now = [0.0]
+    with DurableStore(store, clock=lambda: now[0], retry_timeout=500) as ds:
+        durable_call(ds, "promises.create", "gate", 100)  # times out at 100
+        durable_call(ds, "promises.create", "later", 5000)
+        durable_call(ds, "promises.create", "own", 100, target="mailer")  # its task too
+        job = durable_call(ds, "tasks.create", "job", pid="w1", ttl=50, timeout=5000, target="m")
+        assert durable_call(ds, "tasks.suspend", "job", job.version, ["gate"]) == "suspended"
+        durable_call(ds, "tasks.create", "leased", pid="w2", ttl=50, timeout=5000, target="m")
+        durable_call(ds, "promises.create", "queued", 5000, target="reporter")  # due at 500
+        for i in range(5):
+            durable_call(ds, "promises.create", f"z{i}", 5000, tags={"team": "ops"})
+
+
+def test_a_read_only_view_sees_time_pass_without_writing(postgres_url: str, pg_schema: str) -> None:
+    """A read-only DurableStore on PostgreSQL answers what a writer would (timeouts,
+    expired leases, due retries), from memory: the tables keep what they had, and
+    every other write is refused."""
+    import psycopg
+
+    other = f"{pg_schema}_rw"
+    with trioexec.PostgresStore(postgres_url, schema=pg_schema) as store:
+        build_durable_times(store)
+    with trioexec.PostgresStore(postgres_url, schema=other) as store:
+        build_durable_times(store)
+
+    def raw() -> list[Any]:
+        with psycopg.connect(postgres_url) as conn:
+            return conn.execute(
+                f"SELECT p.id, p.state, t.state, t.version, t.timeout_at FROM {pg_schema}"
+                f".durable_promises p LEFT JOIN {pg_schema}.durable_tasks t USING (id)"
+                " ORDER BY p.id"
+            ).fetchall()
+
+    before = raw()
+
+    def answers(ds: DurableStore) -> list[Any]:
+        out = [durable_call(ds, "promises.get", i) for i in ("gate", "own", "later", "nope")]
+        out += [durable_call(ds, "tasks.get", i) for i in ("job", "own", "leased", "queued")]
+        for state in (None, "pending", "rejected_timedout"):
+            out.append(durable_call(ds, "promises.search", state=state))
+            out.append(durable_call(ds, "promises.search", state=state, limit=2))
+            out.append(durable_call(ds, "promises.search", state=state, limit=2, cursor="job"))
+        out.append(durable_call(ds, "promises.search", tag=("team", "ops"), limit=3))
+        for state in (None, "pending", "acquired", "suspended", "fulfilled"):
+            out.append(durable_call(ds, "tasks.search", state=state))
+            out.append(durable_call(ds, "tasks.search", state=state, limit=1, cursor="job"))
+        out.append(durable_call(ds, "tasks.search", target="m"))
+        out.append(trio.run(ds.check_invariants))
+        return out
+
+    try:
+        with (
+            trioexec.PostgresStore(postgres_url, schema=pg_schema, read_only=True) as store,
+            DurableStore(store, clock=lambda: 1000.0, retry_timeout=500) as ds,
+        ):
+            seen = answers(ds)
+            assert seen == answers(ds)  # nothing was kept between operations
+            for method, args, kwargs in (
+                ("promises.create", ("new", 60), {}),
+                ("promises.resolve", ("later",), {}),
+                ("tasks.claim", ("reporter",), {"pid": "w", "ttl": 5, "limit": 5}),
+            ):
+                with pytest.raises(trioexec.StoreError, match="opened read-only"):
+                    durable_call(ds, method, *args, **kwargs)
+        with (
+            trioexec.PostgresStore(postgres_url, schema=other) as store,
+            DurableStore(store, clock=lambda: 1000.0, retry_timeout=500) as ds,
+        ):
+            assert seen == answers(ds)
+        assert seen[0].state is PromiseState.REJECTED_TIMEDOUT
+        assert seen[4].state == "pending"  # "job" was resumed when its gate timed out
+        assert raw() == before
+        assert ("gate", "pending", None, None, None) in before
+    finally:
+        with psycopg.connect(postgres_url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {other} CASCADE")

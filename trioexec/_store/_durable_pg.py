@@ -25,7 +25,18 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._errors import StoreError
-from ._durable_rows import PromiseState, Row, TaskState, TransactionAborted
+from ._durable_rows import (
+    Overlay,
+    PromiseState,
+    Row,
+    TaskState,
+    TransactionAborted,
+    copy_promise,
+    due_at,
+    keep,
+    merge_rows,
+    note,
+)
 from ._pg_conn import Connection, PGDatabase, load_psycopg
 
 _P_COLS = ("id", "state", "data", "timeout_at", "ikc", "iku", "tags", "created_at", "settled_at")
@@ -109,8 +120,11 @@ class PostgresTables:
     their own (autocommit; each transaction an explicit ``BEGIN``/``COMMIT``).
 
     On a read-only store, a transaction is one snapshot (REPEATABLE READ READ
-    ONLY) and locks nothing; any write raises ``StoreError("...: opened
-    read-only")``. A connection lost is opened again at the next transaction.
+    ONLY) and locks nothing. The effects of time every operation applies first are
+    kept in memory for the rest of the operation (as `SQLiteTables` does), so a
+    search answers what a writer's would; any other write raises
+    ``StoreError("...: opened read-only")``. A connection lost is opened again at
+    the next transaction.
     """
 
     def __init__(self, db: PGDatabase) -> None:
@@ -129,6 +143,8 @@ class PostgresTables:
         # Whether time has done anything (timed-out promises, lapsed leases, due
         # retries) at the moment of this transaction, found by one look.
         self._due: tuple[bool, bool, bool] | None = None
+        # A read-only transaction's effects of time, kept in memory (never written).
+        self._overlay: Overlay | None = None
         # (table, id) -> the row's stored values as read in this transaction: a
         # write then updates only the columns that changed, or nothing.
         self._stored: dict[tuple[str, str], tuple[Any, ...]] = {}
@@ -159,6 +175,7 @@ class PostgresTables:
                 if self._raw.broken or self._raw.closed:
                     self._raw.close()
                     self._raw = self.db.connect()
+                self._overlay = Overlay() if self._read_only else None
                 self._begin[:] = [
                     "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
                     if self._read_only
@@ -177,6 +194,7 @@ class PostgresTables:
             self._open = False
             self._begin.clear()
             self._due = None
+            self._overlay = None
             self._stored.clear()
             self._wake.clear()
 
@@ -199,10 +217,6 @@ class PostgresTables:
             return False, exc
         conn.execute("RELEASE SAVEPOINT durable_call")
         return True, value
-
-    def _writable(self) -> None:
-        if self._read_only:
-            raise StoreError(f"{self.path}: opened read-only")
 
     # ------------------------------------------------------------------ rows
 
@@ -236,7 +250,6 @@ class PostgresTables:
         this transaction, nothing if none changed; else insert it. A row inserted
         by another transaction meanwhile aborts this one (`TransactionAborted`: run
         it again, and the row is read)."""
-        self._writable()
         key = (table, values[0])
         before = self._stored.get(key)
         if before is None:
@@ -260,34 +273,52 @@ class PostgresTables:
             )
         self._stored[key] = values
 
+    def _keep(self, call: str) -> Overlay | None:
+        """Where a write goes on a read-only store (its overlay), or None: write it."""
+        return keep(self._overlay, self._read_only, self.path, call)
+
     def promise(self, id: str) -> Row | None:
+        overlay = note(self._overlay, "promise")
+        if overlay is not None and id in overlay.promises:
+            return copy_promise(overlay.promises[id])
         row = self.conn.execute(f"{_P_SELECT} WHERE id = %s{self._lock}", (id,)).fetchone()
         return None if row is None else self._promise(row)
 
     def put_promise(self, row: Row) -> None:
+        overlay = self._keep("put_promise")
+        if overlay is not None:
+            overlay.promises[row["id"]] = copy_promise(row)
+            return
         values = [row[c] for c in _P_COLS]
         values[_P_COLS.index("tags")] = json.dumps(row["tags"], sort_keys=True)
         self._write("durable_promises", _P_COLS, tuple(values))
 
     def task(self, id: str) -> Row | None:
+        overlay = note(self._overlay, "task")
+        if overlay is not None and id in overlay.tasks:
+            return dict(overlay.tasks[id])
         row = self.conn.execute(f"{_T_SELECT} WHERE id = %s{self._lock}", (id,)).fetchone()
         return None if row is None else self._task(row)
 
     def put_task(self, row: Row) -> None:
+        overlay = self._keep("put_task")
+        if overlay is not None:
+            overlay.tasks[row["id"]] = dict(row)
+            return
         before = self._stored.get(("durable_tasks", row["id"]))
         self._write("durable_tasks", _T_COLS, tuple(row[c] for c in _T_COLS))
         if row["state"] == _PENDING and (before is None or before[1] != _PENDING):
             self._wake.add(payload(row["target"]))
 
     def update_task(self, id: str, expect: Row, changes: Row) -> bool:
-        self._writable()
+        self._keep("update_task")  # never part of applying time: refused if read-only
         rows = _update(self.conn, "durable_tasks", id, expect, changes, _T_COLS)
         if rows:
             self._task(rows[0])
         return bool(rows)
 
     def update_promise(self, id: str, expect: Row, changes: Row) -> Row | None:
-        self._writable()
+        self._keep("update_promise")
         rows = _update(self.conn, "durable_promises", id, expect, changes, _P_COLS)
         return self._promise(rows[0]) if rows else None
 
@@ -296,7 +327,7 @@ class PostgresTables:
     ) -> list[tuple[Row, str | None]]:
         """Acquire up to ``limit`` pending tasks of ``target`` (oldest id first,
         skipping rows another transaction holds), in one statement."""
-        self._writable()
+        self._keep("claim")
         rows = self.conn.execute(_CLAIM, (target, limit, pid, ttl, now + ttl)).fetchall()
         rows.sort(key=lambda r: r[0])
         return [(self._task(r[:-1]), r[-1]) for r in rows]
@@ -306,7 +337,7 @@ class PostgresTables:
     ) -> list[tuple[Row, bool]] | None:
         """`BulkTables.fulfil_many`: one statement, which writes only if every task
         is acquired at its version and every promise pending (rows locked)."""
-        self._writable()
+        self._keep("fulfil_many")
         columns = [list(c) for c in zip(*items, strict=True)]
         rows = self.conn.execute(_FULFIL_MANY, (*columns, len(items), now)).fetchall()
         if len(rows) != len(items):
@@ -320,7 +351,7 @@ class PostgresTables:
         """`BulkTables.create_many`: one look for existing promises, one statement
         inserting the rows (one inserted meanwhile by another transaction aborts
         this one: `TransactionAborted`)."""
-        self._writable()
+        self._keep("create_many")
         ids = [row["id"] for row in promises]
         found = self.conn.execute(
             "SELECT 1 FROM unnest(%s::text[]) u(id) JOIN durable_promises p ON p.id = u.id LIMIT 1",
@@ -350,7 +381,7 @@ class PostgresTables:
         return True
 
     def add_callback(self, promise_id: str, task_id: str) -> None:
-        self._writable()
+        self._keep("add_callback")
         self.conn.execute(
             "INSERT INTO durable_callbacks (promise_id, task_id) VALUES (%s, %s)"
             " ON CONFLICT DO NOTHING",
@@ -358,15 +389,20 @@ class PostgresTables:
         )
 
     def tasks_awaiting(self, promise_id: str) -> list[str]:
-        return [
+        overlay = note(self._overlay, "tasks_awaiting")
+        found = [
             r[0]
             for r in self.conn.execute(
                 "SELECT task_id FROM durable_callbacks WHERE promise_id = %s ORDER BY seq",
                 (promise_id,),
             )
         ]
+        return found if overlay is None else [t for t in found if t not in overlay.dropped]
 
     def awaited_by(self, task_id: str) -> list[str]:
+        overlay = note(self._overlay, "awaited_by")
+        if overlay is not None and task_id in overlay.dropped:
+            return []
         return [
             r[0]
             for r in self.conn.execute(
@@ -376,10 +412,14 @@ class PostgresTables:
         ]
 
     def drop_callbacks(self, task_id: str) -> None:
-        self._writable()
+        overlay = self._keep("drop_callbacks")
+        if overlay is not None:
+            overlay.dropped.add(task_id)
+            return
         self.conn.execute("DELETE FROM durable_callbacks WHERE task_id = %s", (task_id,))
 
     def timed_out_promises(self, now: float) -> list[Row]:
+        overlay = note(self._overlay, "timed_out_promises")
         # The protocol's first call of a transaction: one look (with the BEGIN) says
         # whether any of the three queries of time would find a row.
         if self._begin and math.isfinite(now):
@@ -387,58 +427,111 @@ class PostgresTables:
             found = self._raw.execute(f"{begin}; {_ANY_DUE.format(now=repr(float(now)))}")
             found.nextset()
             self._due = tuple(found.fetchone())
-        if self._due is not None and not self._due[0]:
-            return []
-        rows = _due(self.conn, _P_SELECT, "timeout_at", now, "pending", self._skip)
-        return [self._promise(r) for r in rows]
+        rows = []
+        if self._due is None or self._due[0]:
+            rows = _due(self.conn, _P_SELECT, "timeout_at", now, "pending", self._skip)
+        promises = [self._promise(r) for r in rows]
+        if overlay is None:
+            return promises
+        return merge_rows(
+            promises, overlay.promises, lambda r: due_at(r, "pending", "timeout_at", now)
+        )
 
     def expired_leases(self, now: float) -> list[Row]:
-        if self._due is not None and not self._due[1]:
-            return []
-        rows = _due(self.conn, _T_SELECT, "lease_expires_at", now, "acquired", self._skip)
-        return [self._task(r) for r in rows]
+        overlay = note(self._overlay, "expired_leases")
+        rows = []
+        if self._due is None or self._due[1]:
+            rows = _due(self.conn, _T_SELECT, "lease_expires_at", now, "acquired", self._skip)
+        tasks = [self._task(r) for r in rows]
+        if overlay is None:
+            return tasks
+        return merge_rows(
+            tasks, overlay.tasks, lambda r: due_at(r, "acquired", "lease_expires_at", now)
+        )
 
     def due_pending_tasks(self, now: float) -> list[Row]:
-        if self._due is not None and not self._due[2]:
-            return []
-        rows = _due(self.conn, _T_SELECT, "timeout_at", now, "pending", self._skip)
-        return [self._task(r) for r in rows]
+        overlay = note(self._overlay, "due_pending_tasks")
+        rows = []
+        if self._due is None or self._due[2]:
+            rows = _due(self.conn, _T_SELECT, "timeout_at", now, "pending", self._skip)
+        tasks = [self._task(r) for r in rows]
+        if overlay is None:
+            return tasks
+        return merge_rows(tasks, overlay.tasks, lambda r: due_at(r, "pending", "timeout_at", now))
 
     def search_promises(
         self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
     ) -> list[Row]:
+        overlay = note(self._overlay, "search_promises")
         where, params = _page_where(state, cursor)
         if tag is not None:
             where.append("(tags::jsonb ->> %s) = %s")
             params.extend(tag)
+        more = 0 if overlay is None else len(overlay.promises)
         rows = self.conn.execute(
-            f"{_P_SELECT} WHERE {' AND '.join(where)} ORDER BY id LIMIT %s", (*params, limit)
+            f"{_P_SELECT} WHERE {' AND '.join(where)} ORDER BY id LIMIT %s",
+            (*params, limit + more),
         )
-        return [self._promise(r) for r in rows]
+        promises = [self._promise(r) for r in rows]
+        if overlay is None:
+            return promises
+
+        def match(row: Row) -> bool:
+            return (
+                (cursor is None or row["id"] > cursor)
+                and (state is None or row["state"] == state)
+                and (tag is None or row["tags"].get(tag[0]) == tag[1])
+            )
+
+        return merge_rows(promises, overlay.promises, match)[:limit]
 
     def search_tasks(
         self, state: str | None, target: str | None, limit: int, cursor: str | None
     ) -> list[Row]:
+        overlay = note(self._overlay, "search_tasks")
         where, params = _page_where(state, cursor)
         if target is not None:
             where.append("target = %s")
             params.append(target)
+        more = 0 if overlay is None else len(overlay.tasks)
         rows = self.conn.execute(
-            f"{_T_SELECT} WHERE {' AND '.join(where)} ORDER BY id LIMIT %s", (*params, limit)
+            f"{_T_SELECT} WHERE {' AND '.join(where)} ORDER BY id LIMIT %s",
+            (*params, limit + more),
         )
-        return [self._task(r) for r in rows]
+        tasks = [self._task(r) for r in rows]
+        if overlay is None:
+            return tasks
+
+        def match(row: Row) -> bool:
+            return (
+                (cursor is None or row["id"] > cursor)
+                and (state is None or row["state"] == state)
+                and (target is None or row["target"] == target)
+            )
+
+        return merge_rows(tasks, overlay.tasks, match)[:limit]
 
     def all_promises(self) -> Iterator[Row]:
-        return iter([self._promise(r) for r in self.conn.execute(_P_SELECT).fetchall()])
+        overlay = note(self._overlay, "all_promises")
+        promises = [self._promise(r) for r in self.conn.execute(_P_SELECT).fetchall()]
+        if overlay is not None:
+            promises = merge_rows(promises, overlay.promises, lambda r: True)
+        return iter(promises)
 
     def all_tasks(self) -> Iterator[Row]:
-        return iter([self._task(r) for r in self.conn.execute(_T_SELECT).fetchall()])
+        overlay = note(self._overlay, "all_tasks")
+        tasks = [self._task(r) for r in self.conn.execute(_T_SELECT).fetchall()]
+        if overlay is not None:
+            tasks = merge_rows(tasks, overlay.tasks, lambda r: True)
+        return iter(tasks)
 
     def all_callbacks(self) -> Iterator[tuple[str, str]]:
+        overlay = note(self._overlay, "all_callbacks")
         rows = self.conn.execute(
             "SELECT promise_id, task_id FROM durable_callbacks ORDER BY seq"
         ).fetchall()
-        return iter([(r[0], r[1]) for r in rows])
+        dropped = set() if overlay is None else overlay.dropped
+        return iter([(r[0], r[1]) for r in rows if r[1] not in dropped])
 
 
 def _commit(psycopg: Any, channel: str, wake: set[str]) -> Any:

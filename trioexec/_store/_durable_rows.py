@@ -122,3 +122,79 @@ def claim_by_search(
         promise = tables.promise(row["id"])
         claimed.append((row, None if promise is None else promise["data"]))
     return claimed
+
+
+# ---------------------------------------------------------------------- read-only views
+
+#: What the protocol calls while it applies time at the start of an operation
+#: (`Core._begin`): timed-out promises settle (resuming their waiters), expired leases
+#: and due pending tasks are re-armed. `due_pending_tasks` is its last query; only
+#: `put_task` follows.
+TICK_CALLS = frozenset(
+    {
+        "timed_out_promises",
+        "expired_leases",
+        "due_pending_tasks",
+        "put_promise",
+        "put_task",
+        "task",
+        "tasks_awaiting",
+        "drop_callbacks",
+    }
+)
+
+
+class Overlay:
+    """A read-only transaction's view of what applying time would have written: kept
+    here, read back by the rest of the operation, never written to the database."""
+
+    def __init__(self) -> None:
+        self.promises: dict[str, Row] = {}
+        self.tasks: dict[str, Row] = {}
+        self.dropped: set[str] = set()  # task ids whose callbacks were dropped
+        self.ticking = True  # still applying time: writes go here
+        self.after_due = False
+
+
+def note(overlay: Overlay | None, call: str) -> Overlay | None:
+    """``overlay`` (None on a writable store), its time phase ended at the first
+    call that is not part of applying time."""
+    if overlay is not None and overlay.ticking:
+        if call not in TICK_CALLS or (overlay.after_due and call != "put_task"):
+            overlay.ticking = False
+        elif call == "due_pending_tasks":
+            overlay.after_due = True
+    return overlay
+
+
+def keep(overlay: Overlay | None, read_only: bool, path: str, call: str) -> Overlay | None:
+    """Where write ``call`` goes on a read-only store (its overlay, while time is
+    being applied), or None: write it.
+
+    Raises:
+      StoreError: ``"<path>: opened read-only"`` for any other write on a read-only
+        store.
+    """
+    overlay = note(overlay, call)
+    if read_only and (overlay is None or not overlay.ticking):
+        raise StoreError(f"{path}: opened read-only")
+    return overlay
+
+
+def copy_promise(row: Row) -> Row:
+    return dict(row, tags=dict(row["tags"]))
+
+
+def due_at(row: Row, state: str, when: str, now: float) -> bool:
+    return bool(row["state"] == state and row[when] is not None and row[when] <= now)
+
+
+def merge_rows(rows: list[Row], overlay: dict[str, Row], keep: Callable[[Row], bool]) -> list[Row]:
+    """``rows`` (read from the database) with the overlay's versions in their place:
+    those the overlay holds are replaced by its copy if it still ``keep``s, and the
+    overlay's other kept rows join in; by id."""
+    if not overlay:
+        return rows
+    merged = {r["id"]: r for r in rows if r["id"] not in overlay}
+    merged.update({id: dict(r) for id, r in overlay.items() if keep(r)})
+    return [merged[id] for id in sorted(merged)]

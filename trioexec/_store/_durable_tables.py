@@ -13,7 +13,18 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._errors import StoreError
-from ._durable_rows import PromiseState, Row, TaskState, claim_by_search
+from ._durable_rows import (
+    Overlay,
+    PromiseState,
+    Row,
+    TaskState,
+    claim_by_search,
+    copy_promise,
+    due_at,
+    keep,
+    merge_rows,
+    note,
+)
 from ._sqlite_file import SQLiteFile
 
 _PENDING = PromiseState.PENDING.value
@@ -175,33 +186,6 @@ _P_COLS = ("id", "state", "data", "timeout_at", "ikc", "iku", "tags", "created_a
 _T_COLS = ("id", "state", "version", "target", "pid", "ttl", "lease_expires_at", "timeout_at")
 _PROMISE_STATES = frozenset(s.value for s in PromiseState)
 _TASK_STATES = frozenset(s.value for s in TaskState)
-# What the protocol calls while it applies time at the start of an operation (`Core._begin`):
-# timed-out promises settle (resuming their waiters), expired leases and due pending
-# tasks are re-armed. `due_pending_tasks` is its last query; only `put_task` follows.
-_TICK_CALLS = frozenset(
-    {
-        "timed_out_promises",
-        "expired_leases",
-        "due_pending_tasks",
-        "put_promise",
-        "put_task",
-        "task",
-        "tasks_awaiting",
-        "drop_callbacks",
-    }
-)
-
-
-class _Overlay:
-    """A read-only transaction's view of what applying time would have written: kept
-    here, read back by the rest of the operation, never written to the file."""
-
-    def __init__(self) -> None:
-        self.promises: dict[str, Row] = {}
-        self.tasks: dict[str, Row] = {}
-        self.dropped: set[str] = set()  # task ids whose callbacks were dropped
-        self.ticking = True  # still applying time: writes go here
-        self.after_due = False
 
 
 class SQLiteTables:
@@ -227,7 +211,7 @@ class SQLiteTables:
         # file check guard every write transaction.
         self._file: SQLiteFile | None = getattr(conn, "file", None)
         self._read_only = bool(self._file is not None and self._file.read_only)
-        self._overlay: _Overlay | None = None
+        self._overlay: Overlay | None = None
         self._open = False  # a transaction is open (calls run in one thread at a time)
         # (table, id) -> the row's stored values as read in this transaction: a
         # write then updates only the columns that changed (fewer index entries,
@@ -250,7 +234,7 @@ class SQLiteTables:
         try:
             if self._read_only:
                 with self._transaction("BEGIN"):
-                    self._overlay = _Overlay()
+                    self._overlay = Overlay()
                     try:
                         yield
                     finally:
@@ -307,23 +291,14 @@ class SQLiteTables:
 
     # ------------------------------------------------------------------ read-only
 
-    def _note(self, call: str) -> _Overlay | None:
+    def _note(self, call: str) -> Overlay | None:
         """The read-only overlay (None on a writable store), ending its time phase
         at the first call that is not part of applying time."""
-        overlay = self._overlay
-        if overlay is not None and overlay.ticking:
-            if call not in _TICK_CALLS or (overlay.after_due and call != "put_task"):
-                overlay.ticking = False
-            elif call == "due_pending_tasks":
-                overlay.after_due = True
-        return overlay
+        return note(self._overlay, call)
 
-    def _keep(self, call: str) -> _Overlay | None:
+    def _keep(self, call: str) -> Overlay | None:
         """Where a write goes on a read-only store (its overlay), or None: write it."""
-        overlay = self._note(call)
-        if self._read_only and (overlay is None or not overlay.ticking):
-            raise StoreError(f"{self.path}: opened read-only")
-        return overlay
+        return keep(self._overlay, self._read_only, self.path, call)
 
     # ------------------------------------------------------------------ rows
 
@@ -376,7 +351,7 @@ class SQLiteTables:
     def promise(self, id: str) -> Row | None:
         overlay = self._note("promise")
         if overlay is not None and id in overlay.promises:
-            return _copy_promise(overlay.promises[id])
+            return copy_promise(overlay.promises[id])
         row = self.conn.execute(
             f"SELECT {', '.join(_P_COLS)} FROM durable_promises WHERE id = ?", (id,)
         ).fetchone()
@@ -385,7 +360,7 @@ class SQLiteTables:
     def put_promise(self, row: Row) -> None:
         overlay = self._keep("put_promise")
         if overlay is not None:
-            overlay.promises[row["id"]] = _copy_promise(row)
+            overlay.promises[row["id"]] = copy_promise(row)
             return
         values = [row[c] for c in _P_COLS]
         values[_P_COLS.index("tags")] = json.dumps(row["tags"], sort_keys=True)
@@ -474,8 +449,8 @@ class SQLiteTables:
         promises = [self._promise(r) for r in rows]
         if overlay is None:
             return promises
-        return _merge(
-            promises, overlay.promises, lambda r: _due_at(r, "pending", "timeout_at", now)
+        return merge_rows(
+            promises, overlay.promises, lambda r: due_at(r, "pending", "timeout_at", now)
         )
 
     def expired_leases(self, now: float) -> list[Row]:
@@ -484,8 +459,8 @@ class SQLiteTables:
         tasks = [self._task(r) for r in rows]
         if overlay is None:
             return tasks
-        return _merge(
-            tasks, overlay.tasks, lambda r: _due_at(r, "acquired", "lease_expires_at", now)
+        return merge_rows(
+            tasks, overlay.tasks, lambda r: due_at(r, "acquired", "lease_expires_at", now)
         )
 
     def due_pending_tasks(self, now: float) -> list[Row]:
@@ -494,7 +469,7 @@ class SQLiteTables:
         tasks = [self._task(r) for r in rows]
         if overlay is None:
             return tasks
-        return _merge(tasks, overlay.tasks, lambda r: _due_at(r, "pending", "timeout_at", now))
+        return merge_rows(tasks, overlay.tasks, lambda r: due_at(r, "pending", "timeout_at", now))
 
     def search_promises(
         self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
@@ -521,7 +496,7 @@ class SQLiteTables:
                 and (tag is None or row["tags"].get(tag[0]) == tag[1])
             )
 
-        return _merge(promises, overlay.promises, match)[:limit]
+        return merge_rows(promises, overlay.promises, match)[:limit]
 
     def search_tasks(
         self, state: str | None, target: str | None, limit: int, cursor: str | None
@@ -541,14 +516,14 @@ class SQLiteTables:
                 and (target is None or row["target"] == target)
             )
 
-        return _merge(tasks, overlay.tasks, match)[:limit]
+        return merge_rows(tasks, overlay.tasks, match)[:limit]
 
     def all_promises(self) -> Iterator[Row]:
         overlay = self._note("all_promises")
         rows = self.conn.execute(f"SELECT {', '.join(_P_COLS)} FROM durable_promises").fetchall()
         promises = [self._promise(r) for r in rows]
         if overlay is not None:
-            promises = _merge(promises, overlay.promises, lambda r: True)
+            promises = merge_rows(promises, overlay.promises, lambda r: True)
         return iter(promises)
 
     def all_tasks(self) -> Iterator[Row]:
@@ -556,7 +531,7 @@ class SQLiteTables:
         rows = self.conn.execute(f"SELECT {', '.join(_T_COLS)} FROM durable_tasks").fetchall()
         tasks = [self._task(r) for r in rows]
         if overlay is not None:
-            tasks = _merge(tasks, overlay.tasks, lambda r: True)
+            tasks = merge_rows(tasks, overlay.tasks, lambda r: True)
         return iter(tasks)
 
     def all_callbacks(self) -> Iterator[tuple[str, str]]:
@@ -637,22 +612,3 @@ def _due(
         f"SELECT {', '.join(cols)} FROM {table} WHERE state = ? AND {when} <= ? ORDER BY id",
         (state, now),
     ).fetchall()
-
-
-def _copy_promise(row: Row) -> Row:
-    return dict(row, tags=dict(row["tags"]))
-
-
-def _due_at(row: Row, state: str, when: str, now: float) -> bool:
-    return bool(row["state"] == state and row[when] is not None and row[when] <= now)
-
-
-def _merge(rows: list[Row], overlay: dict[str, Row], keep: Callable[[Row], bool]) -> list[Row]:
-    """``rows`` (read from the file) with the overlay's versions in their place: those
-    the overlay holds are replaced by its copy if it still ``keep``s, and the overlay's
-    other kept rows join in; by id."""
-    if not overlay:
-        return rows
-    merged = {r["id"]: r for r in rows if r["id"] not in overlay}
-    merged.update({id: dict(r) for id, r in overlay.items() if keep(r)})
-    return [merged[id] for id in sorted(merged)]
