@@ -49,6 +49,10 @@ class Workers:
         self._tally = lifecycle.tally
         self._pending = lifecycle.pending
         self._idle: list[trio.lowlevel.Task] = []  # parked, waiting for work
+        # Workers woken (or started) for queued work that have not looked at the
+        # queue yet: the jobs they will take are no reason for another worker to
+        # stay up for them (each job costs one worker wake-up, as in a channel pool).
+        self._coming = 0
         self._count = 0  # workers not parked in a deferral
         self._total = pool.total
         self._lent_threads: set[TaskHandle] = set()  # deferred sync tasks' thread tokens
@@ -68,18 +72,23 @@ class Workers:
     def work_arrived(self) -> None:
         """A job was queued: wake an idle worker, or start one if a slot has none."""
         if self._idle:
-            trio.lowlevel.reschedule(self._idle.pop())
+            self._wake()
         elif self._count < self._total:
             self._spawn()
 
     def wake_idle(self) -> None:
         while self._idle:
-            trio.lowlevel.reschedule(self._idle.pop())
+            self._wake()
+
+    def _wake(self) -> None:
+        self._coming += 1
+        trio.lowlevel.reschedule(self._idle.pop())
 
     def _spawn(self) -> None:
         if self.nursery is None:
             return
         self._count += 1
+        self._coming += 1
         self.nursery.start_soon(self._worker, name="trioexec worker")  # a shared name string
 
     def _resized(self) -> None:
@@ -95,7 +104,7 @@ class Workers:
         if self._tally.queue_depth > len(self._idle) and self._count < self._total:
             self._spawn()
         elif self._idle and self._pending.live:
-            trio.lowlevel.reschedule(self._idle.pop())
+            self._wake()
 
     async def _worker(self) -> None:
         """Run jobs until the worker should stop.
@@ -105,11 +114,13 @@ class Workers:
         stand in the one FIFO line for slots. Between jobs it keeps its slot
         unless someone is queued for one or the queue is empty.
         """
+        self._coming -= 1
         # Few locals: a deferred task keeps its worker's frame (bytes per task).
         pool = self.pool
         token = SlotToken(pool)
         me = trio.lowlevel.current_task()
         registry = running()
+        leave_idle = functools.partial(self._leave_idle, me)  # (one per worker, not per park)
         try:
             while True:
                 # One cancel scope serves job after job until one of them is
@@ -118,11 +129,14 @@ class Workers:
                 # job would be the largest cost of running a small task.
                 with trio.CancelScope() as scope:
                     while True:
-                        if not self._pending.live:
+                        if self._pending.live <= self._coming:  # (those coming take it)
                             token.release()
                             if self.closing:
                                 return
-                            await self._wait_for_work()
+                            # Park until `_wake` (a ParkingLot would do, at twice the cost).
+                            self._idle.append(me)
+                            await trio.lowlevel.wait_task_rescheduled(leave_idle)
+                            self._coming -= 1
                             continue
                         if not token.is_held:
                             if not token.try_reclaim():
@@ -168,14 +182,17 @@ class Workers:
                             else:  # (no frame of ours between the worker and the task)
                                 status = await self._attempt(job, handle)
                         finally:
-                            self._ended(job, status)
-                            if handle is not None:
+                            if handle is None:
+                                self.taken.discard(job)
+                                self._lifecycle.ended(job, status)
+                            else:
+                                self._ended(job, status)
                                 job_token.release()
                         if job.cancel_requested:
                             break  # the scope may be cancelled: take a fresh one
                         if self._count > self._total:
                             return  # over strength after a deferral or a shrink: retire
-                        if self._pending.live:
+                        if self._pending.live > self._coming:
                             # More work: yield between jobs (parking for work would
                             # be the schedule point otherwise).
                             await trio.lowlevel.checkpoint()
@@ -183,17 +200,10 @@ class Workers:
             token.release()
             self._count -= 1
 
-    async def _wait_for_work(self) -> None:
-        # A ParkingLot would do, at twice the cost of this on the hot path.
-        task = trio.lowlevel.current_task()
-        idle = self._idle
-        idle.append(task)
-
-        def abort(_: object) -> trio.lowlevel.Abort:
-            idle.remove(task)
-            return trio.lowlevel.Abort.SUCCEEDED
-
-        await trio.lowlevel.wait_task_rescheduled(abort)
+    def _leave_idle(self, task: trio.lowlevel.Task, _: object) -> trio.lowlevel.Abort:
+        """An idle worker is cancelled: it waits for work no more."""
+        self._idle.remove(task)
+        return trio.lowlevel.Abort.SUCCEEDED
 
     # ------------------------------------------------------------ one job
 
