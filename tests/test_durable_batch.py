@@ -21,6 +21,7 @@ import trio.testing
 from pg_server import STORE_KINDS
 
 import trioexec
+from trioexec._store._durable_rows import TransactionAborted
 from trioexec._store._durable_tables import DictTables
 from trioexec.durable import (
     Conflict,
@@ -32,6 +33,7 @@ from trioexec.durable import (
     open_worker,
 )
 from trioexec.durable._protocol import Core
+from trioexec.durable._store import RETRIES
 from trioexec.testing import FakeWallClock
 
 START = 1_000.0
@@ -271,6 +273,44 @@ def count_runs(ds: DurableStore) -> list[list[str]]:
 
     core.run = recorded  # type: ignore[method-assign]
     return batches
+
+
+async def test_a_transaction_the_database_aborted_runs_again(
+    make_store: Any, autojump_clock: Any
+) -> None:
+    """A transaction aborted for a concurrent one (`TransactionAborted`: on
+    PostgreSQL a deadlock, or a row another host inserted meanwhile) is run again;
+    after `RETRIES` more tries its operations fail with that error, and nothing was
+    written."""
+    ds = DurableStore(make_store(clock=FakeWallClock(START)))
+    run = ds._core.run
+    aborts = [1]
+    taken: list[list[str]] = []
+
+    def flaky(take: Any) -> Any:
+        def taking() -> Any:
+            calls = take()
+            taken.append([c.args[0] if c.args else c.func.__name__ for c in calls])
+            if aborts[0]:
+                aborts[0] -= 1
+                raise TransactionAborted("aborted for a concurrent one")
+            return calls
+
+        return run(taking)
+
+    ds._core.run = flaky  # type: ignore[method-assign]
+    async with trio.open_nursery() as nursery:
+        for id in ("a", "b", "c"):
+            nursery.start_soon(functools.partial(ds.promises.create, id, 60, target="w"))
+    assert len(taken) == 2  # aborted once, then run again
+    assert sorted(taken[0]) == sorted(taken[1]) == ["a", "b", "c"]
+    assert [p.id for p in (await ds.promises.search())[0]] == ["a", "b", "c"]
+    aborts[0] = 1 + RETRIES
+    with pytest.raises(TransactionAborted):
+        await ds.promises.create("d", 60)
+    assert aborts[0] == 0
+    assert await ds.promises.get("d") is None
+    ds.close()
 
 
 async def test_concurrent_operations_share_one_transaction(
