@@ -9,6 +9,8 @@ tests/test_durable_batch.py and tests/test_durable_worker.py.
 from __future__ import annotations
 
 import functools
+import json
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -283,3 +285,68 @@ def test_a_read_only_view_sees_time_pass_without_writing(postgres_url: str, pg_s
     finally:
         with psycopg.connect(postgres_url, autocommit=True) as conn:
             conn.execute(f"DROP SCHEMA IF EXISTS {other} CASCADE")
+
+
+async def test_workers_and_a_resolver_on_several_connections_lose_nothing(
+    pg_database: str,
+) -> None:
+    """Three workers and a resolver, each on a connection of its own (calls in
+    threads: really concurrent transactions): tasks suspend on gates the resolver
+    settles meanwhile, the others run at once. Every task ends fulfilled once, with
+    its gate's value; the tables hold the invariants."""
+    n, gates = 120, 12
+    with DurableStore(pg_database) as setup:
+        for g in range(gates):
+            await setup.promises.create(f"gate{g}", 600)
+        for i in range(n):
+            data = {"n": i, "gate": f"gate{i % gates}" if i % 3 == 0 else None}
+            await setup.promises.create(f"t{i:03}", 600, target="w", data=data)
+    stores = [DurableStore(pg_database) for _ in range(4)]
+    fulfilled: Counter[str] = Counter()
+    all_done = trio.Event()
+
+    async def handler(param: dict[str, Any], handle: Any) -> Any:
+        gate = param["gate"]
+        value = None if gate is None else await handle.await_promise(gate)
+        return {"n": param["n"], "gate": value}
+
+    def counting(ds: DurableStore) -> None:
+        fulfill = ds.tasks.fulfill
+
+        async def counted(id: str, *args: Any, **kwargs: Any) -> Any:
+            record = await fulfill(id, *args, **kwargs)
+            fulfilled[id] += 1
+            if len(fulfilled) == n:
+                all_done.set()
+            return record
+
+        ds.tasks.fulfill = counted  # type: ignore[method-assign]
+
+    async def worker(ds: DurableStore, pid: str) -> None:
+        counting(ds)
+        async with open_worker(ds, "w", handler, pid=pid, lease=30, poll_interval=0.05):
+            await all_done.wait()
+
+    async def resolver(ds: DurableStore) -> None:
+        for g in range(gates):
+            await trio.lowlevel.checkpoint()
+            await ds.promises.resolve(f"gate{g}", data=g)
+
+    try:
+        with trio.fail_after(120):
+            async with trio.open_nursery() as nursery:
+                for k in range(3):
+                    nursery.start_soon(worker, stores[k], f"w{k}")
+                nursery.start_soon(resolver, stores[3])
+        assert fulfilled == dict.fromkeys([f"t{i:03}" for i in range(n)], 1)
+        page, _ = await stores[3].promises.search(state="resolved", limit=1000)
+        values = {p.id: json.loads(p.data) for p in page if p.id.startswith("t")}
+        assert values == {
+            f"t{i:03}": {"n": i, "gate": (i % gates) if i % 3 == 0 else None} for i in range(n)
+        }
+        tasks, _ = await stores[3].tasks.search(limit=1000)
+        assert {t.state for t in tasks} == {TaskState.FULFILLED}
+        assert await stores[3].check_invariants() == []
+    finally:
+        for ds in stores:
+            ds.close()
