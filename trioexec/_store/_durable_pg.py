@@ -59,9 +59,13 @@ _T_TYPES = ("text", "text", "bigint", "text", "text", "float8", "float8", "float
 _FULFIL_MANY = (
     "WITH f AS (SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[])"
     " AS f(id, version, state, data)),"
+    # Each row found (and locked) by its primary key: a join on the state columns
+    # would scan every acquired task's index entries, dead ones included.
     " ok AS (SELECT f.id, f.state, f.data FROM f"
-    " JOIN durable_tasks t ON t.id = f.id AND t.state = 'acquired' AND t.version = f.version"
-    " JOIN durable_promises p ON p.id = f.id AND p.state = 'pending' FOR UPDATE OF t, p),"
+    " CROSS JOIN LATERAL (SELECT 1 FROM durable_tasks t WHERE t.id = f.id"
+    " AND t.state = 'acquired' AND t.version = f.version FOR UPDATE) AS t"
+    " CROSS JOIN LATERAL (SELECT 1 FROM durable_promises p WHERE p.id = f.id"
+    " AND p.state = 'pending' FOR UPDATE) AS p),"
     " go AS (SELECT count(*) = %s AS every FROM ok),"
     " t AS (UPDATE durable_tasks t SET state = 'fulfilled', pid = NULL,"
     " lease_expires_at = NULL, timeout_at = NULL FROM ok, go"
