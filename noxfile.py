@@ -199,8 +199,9 @@ def bench(session: nox.Session) -> None:
     """The performance suite: every figure a ratio against a baseline measured in
     the same run (never a pass/fail gate). ``nox -s bench -- --quick`` for a smoke
     run; other arguments (``--only 1,3``, ``--repeat 2``, ``--json PATH``) pass on.
-    ``--write-docs``: also write the run into docs/benchmarks.md (benchmarks/render.py)."""
-    session.install("-e", ".")
+    ``--write-docs``: also write the run into docs/benchmarks.md (benchmarks/render.py).
+    Scenario 12 starts a throwaway PostgreSQL server and runs procrastinate beside."""
+    session.install("-e", ".[postgres]", "procrastinate>=3.0")
     args = list(session.posargs)
     write_docs = "--write-docs" in args
     if write_docs:

@@ -57,9 +57,12 @@ Scenarios (targets from the issue):
     ex.submit`` as fast as it goes (limit 64, queue_capacity 100k) to an executor
     with a ``SQLiteStore``, then drained: peak RSS over the bare process <= 32 MB
     (the same without a store shown for context).
-12. PostgreSQL (issue 16): scenario 6's workload (limit 64) with a ``PostgresStore``
-    on a throwaway server on this machine (tests/pg_server.py; fsync on): >= 0.5x
-    of the same without a store.
+12. PostgreSQL (issue 16), on a throwaway server on this machine
+    (tests/pg_server.py; fsync on): scenario 6's workload (limit 64) with a
+    ``PostgresStore``, >= 0.5x of the same without a store; durable tasks end to end
+    (benchmarks/durable_e2e.py: create -> claim -> fulfil, 5k tasks, 1 and 4 worker
+    processes), >= 10,000/s with 4 workers and >= 20x procrastinate's on the same
+    server (procrastinate from the ``bench`` extra; without it that row is missing).
 
 ``--quick`` shrinks the sizes (20k tasks, K up to 64 with 5k compute tasks, 100k
 instead of 1M, 5k pollers over a 3 s window, 300 durable claims, 4 rounds of
@@ -841,6 +844,7 @@ class Sizes:
     parked_tasks: int  # scenario 10: deferred meanwhile ...
     parked_noops: int  # ... while this many no-op tasks run
     backlog_n: int  # scenario 11
+    pg_durable_n: int  # scenario 12: durable tasks end to end
 
 
 FULL = Sizes(
@@ -861,6 +865,7 @@ FULL = Sizes(
     parked_tasks=10_000,
     parked_noops=100_000,
     backlog_n=100_000,
+    pg_durable_n=5_000,
 )
 QUICK = Sizes(
     overhead_n=20_000,
@@ -880,6 +885,7 @@ QUICK = Sizes(
     parked_tasks=10_000,
     parked_noops=50_000,
     backlog_n=100_000,  # the issue's size: a smaller one would not test the bound
+    pg_durable_n=1_000,
 )
 
 
@@ -1481,26 +1487,68 @@ def scenario_12(run: Runner, sizes: Sizes) -> Result:
         )
         plain = run("executor", n=n, limit=lim)
         stored = run("executor", n=n, limit=lim, store=True, url=url)
+        durable = durable_e2e(url, sizes.pg_durable_n)
     r = plain["seconds"] / stored["seconds"]
+    ratios = [
+        ratio(
+            f"limit {lim}: PostgresStore vs no store",
+            r,
+            ">= 0.5x",
+            r >= 0.5,
+            rounds=per_round(plain, stored),
+        )
+    ]
+    ours = {w: durable.get(("trioexec", w)) for w in (1, 4)}
+    theirs = {w: durable.get(("procrastinate", w)) for w in (1, 4)}
+    if ours[4] is not None:
+        rate = ours[4]["tasks_per_s"]
+        what = "durable tasks/s, 4 worker processes, vs 10,000/s"
+        ratios.append(ratio(what, rate / 1e4, ">= 1.0x", rate >= 1e4))
+    if ours[4] is not None and theirs[4] is not None:
+        vs = ours[4]["tasks_per_s"] / theirs[4]["tasks_per_s"]
+        what = "durable tasks/s vs procrastinate, 4 workers each"
+        ratios.append(ratio(what, vs, ">= 20x", vs >= 20))
     return finish(
         12,
         "PostgreSQL",
-        f"throughput with PostgresStore >= 0.5x of the same without a store (limit {lim})",
-        [
-            ratio(
-                f"limit {lim}: PostgresStore vs no store",
-                r,
-                ">= 0.5x",
-                r >= 0.5,
-                rounds=per_round(plain, stored),
-            )
-        ],
+        f"executor with PostgresStore >= 0.5x of no store (limit {lim}); durable tasks"
+        " end to end >= 10,000/s with 4 workers and >= 20x procrastinate",
+        ratios,
         tasks=n,
         postgres_tasks_per_s=round(n / stored["seconds"]),
         postgres_transactions=stored["store_writes"],
         memory_tasks_per_s=round(n / plain["seconds"]),
+        durable_tasks=sizes.pg_durable_n,
+        durable_tasks_per_s={
+            f"{system}_{w}": None if row is None else row["tasks_per_s"]
+            for system, rows in (("trioexec", ours), ("procrastinate", theirs))
+            for w, row in rows.items()
+        },
+        durable_note=durable.get("note"),
         server="PostgreSQL on 127.0.0.1, same machine, fsync and synchronous_commit on",
     )
+
+
+def durable_e2e(url: str, n: int) -> dict[Any, Any]:
+    """benchmarks/durable_e2e.py on the server at ``url``: (system, workers) -> its
+    result; procrastinate only where it is installed (else a ``note`` says so)."""
+    systems = ["trioexec"]
+    out: dict[Any, Any] = {}
+    if importlib.util.find_spec("procrastinate") is not None:
+        systems.append("procrastinate")
+    else:
+        out["note"] = "procrastinate is not installed (pip install 'trioexec[bench]')"
+    script = HERE.with_name("durable_e2e.py")
+    args = [url, str(n), "--workers", "1,4", "--systems", ",".join(systems)]
+    label = f"durable_e2e.py {n} ({', '.join(systems)})"
+    t0 = time.perf_counter()
+    stdout = run_subprocess([sys.executable, str(script), *args], label)
+    log(f"  {label}: {time.perf_counter() - t0:.1f} s")
+    for line in stdout.splitlines():
+        if line.startswith("{"):
+            row = json.loads(line)
+            out[row["system"], row["workers"]] = row
+    return out
 
 
 SCENARIOS: dict[int, tuple[str, Callable[[Runner, Sizes], Result]]] = {
