@@ -350,3 +350,49 @@ async def test_workers_and_a_resolver_on_several_connections_lose_nothing(
     finally:
         for ds in stores:
             ds.close()
+
+
+def test_a_schema_of_version_1_is_migrated_with_its_durable_rows(
+    postgres_url: str, pg_schema: str
+) -> None:
+    """Migration 2 (the durable indexes made partial) on a schema written at version
+    1: the rows stay, and claims and time work on the new indexes."""
+    import psycopg
+
+    from trioexec._store._pg_schema import MIGRATIONS
+
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {pg_schema}")
+        conn.execute(f"SET search_path TO {pg_schema}")
+        conn.execute(MIGRATIONS[0].encode())
+        conn.execute("INSERT INTO trioexec_meta VALUES ('schema_version', '1')")
+        conn.execute(
+            "INSERT INTO durable_promises VALUES"
+            " ('old', 'pending', NULL, 1e12, NULL, NULL, '{}', 1.0, NULL)"
+        )
+        conn.execute(
+            "INSERT INTO durable_tasks VALUES ('old', 'pending', 0, 'w', NULL, NULL, NULL, 1e12)"
+        )
+    with (
+        trioexec.PostgresStore(postgres_url, schema=pg_schema) as store,
+        DurableStore(store) as ds,
+    ):
+        (task,) = durable_call(ds, "tasks.claim", "w", pid="p", ttl=60, limit=5)
+        assert (task.id, task.version) == ("old", 1)
+        assert durable_call(ds, "tasks.fulfill", "old", 1, data=1).state is PromiseState.RESOLVED
+    with psycopg.connect(postgres_url) as conn:
+        version = conn.execute(
+            f"SELECT value FROM {pg_schema}.trioexec_meta WHERE key = 'schema_version'"
+        ).fetchone()
+        partial = conn.execute(
+            "SELECT indexname FROM pg_indexes WHERE schemaname = %s"
+            " AND indexdef LIKE '%%WHERE%%' ORDER BY indexname",
+            (pg_schema,),
+        ).fetchall()
+    assert version == (str(len(MIGRATIONS)),)
+    assert [name for (name,) in partial if name.startswith("durable")] == [
+        "durable_promises_pending",
+        "durable_tasks_claim",
+        "durable_tasks_lease",
+        "durable_tasks_retry",
+    ]

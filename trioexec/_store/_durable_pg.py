@@ -581,8 +581,10 @@ def _due(
 ) -> list[tuple[Any, ...]]:
     """Rows in ``state`` whose ``when`` column has come (<= now), by id; with ``skip``
     (a writable store), those no other transaction holds (locked)."""
+    # (``state`` written in: the partial index of those rows serves only a query
+    # that names its state.)
     return list(
-        conn.execute(f"{select} WHERE state = %s AND {when} <= %s ORDER BY id{skip}", (state, now))
+        conn.execute(f"{select} WHERE state = '{state}' AND {when} <= %s ORDER BY id{skip}", (now,))
     )
 
 

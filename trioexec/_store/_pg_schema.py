@@ -99,6 +99,22 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX durable_callbacks_task ON durable_callbacks (task_id);
     """,
+    # 2: the durable indexes hold only the rows their queries look for (a claim:
+    # pending tasks by target; time: pending tasks' retries, acquired tasks' leases,
+    # pending promises' timeouts). A task's claim then writes one index entry
+    # besides its key's, its fulfil none besides its key's; each wrote four before.
+    """
+    DROP INDEX durable_tasks_claim;
+    DROP INDEX durable_tasks_lease;
+    DROP INDEX durable_tasks_retry;
+    DROP INDEX durable_promises_pending;
+    CREATE INDEX durable_tasks_claim ON durable_tasks (target, id) WHERE state = 'pending';
+    CREATE INDEX durable_tasks_lease ON durable_tasks (lease_expires_at)
+        WHERE state = 'acquired';
+    CREATE INDEX durable_tasks_retry ON durable_tasks (timeout_at) WHERE state = 'pending';
+    CREATE INDEX durable_promises_pending ON durable_promises (timeout_at)
+        WHERE state = 'pending';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
