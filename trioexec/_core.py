@@ -216,7 +216,9 @@ class ExecutorCore:
         ):
             self._check_options(timeout, budget, name, correlation_id, task_id)
         causation_id = None
-        parent = current_job()
+        # Nothing running in this Trio run (the usual producer): no caller to look up.
+        registry = self.workers.registry
+        parent = None if registry is not None and not registry else current_job()
         if parent is not None:
             causation_id = parent.task_id
             if correlation_id is None:

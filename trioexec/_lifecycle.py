@@ -106,7 +106,9 @@ class Lifecycle:
             self.live[job.task_id] = job
             if not recovered:
                 self.log_submit(job)
-        tally.note_high_water()
+        inflight = tally.queue_depth + tally.active_count
+        if inflight > tally.max_inflight_count or tally.deferred_count:
+            tally.note_high_water()  # (a new mark is rare)
         self.wake_worker()
 
     def drop_new(self, job: Job) -> None:

@@ -41,6 +41,8 @@ class Workers:
     def __init__(self, pool: SlotPool, lifecycle: Lifecycle, thread_workers: int) -> None:
         self.pool = pool
         self.nursery: trio.Nursery | None = None  # (set by `start`)
+        # This Trio run's registry of running executions (set by `start`).
+        self.registry: dict[trio.lowlevel.Task, Job] | None = None
         self.thread_limiter = trio.CapacityLimiter(thread_workers)
         self.taken: set[Job] = set()  # started: running, deferred, or between attempts
         self.closing = False  # shutdown began: idle workers end
@@ -61,6 +63,7 @@ class Workers:
     def start(self, nursery: trio.Nursery) -> None:
         """Workers run in ``nursery`` from now on."""
         self.nursery = nursery
+        self.registry = running()
 
     def close(self) -> None:
         """Shutdown began: idle workers end; busy ones end once there is no work."""
@@ -72,7 +75,8 @@ class Workers:
     def work_arrived(self) -> None:
         """A job was queued: wake an idle worker, or start one if a slot has none."""
         if self._idle:
-            self._wake()
+            self._coming += 1
+            trio.lowlevel.reschedule(self._idle.pop())
         elif self._count < self._total:
             self._spawn()
 
