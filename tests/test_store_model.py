@@ -1,28 +1,33 @@
-"""The two stores side by side. A hypothesis state machine drives a `MemoryStore` and a
-`SQLiteStore` (a real file) with the same calls, and checks after every step that every
-answer agrees, with each other and with a reference model of the store contract kept
-here. Then, as targeted tests, the disagreements and contract gaps it cannot reach."""
+"""The stores side by side. A hypothesis state machine drives a `MemoryStore` and a
+`SQLiteStore` (a real file), or a `PostgresStore` (a real server), with the same
+calls, and checks after every step that every answer agrees, with each other and
+with a reference model of the store contract kept here. Then, as targeted tests,
+the disagreements and contract gaps it cannot reach."""
 
 from __future__ import annotations
 
 import datetime
 import functools
+import os
 import re
 import shutil
 import tempfile
+import uuid
 from pathlib import Path
 from typing import Any
 
 import attrs
+import psycopg
 import pytest
 from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from pg_server import STORE_KINDS
 
 from trioexec import (
     ExecutionRecord,
     MemoryStore,
+    PostgresStore,
     RunStatus,
     SQLiteStore,
     StepState,
@@ -171,7 +176,7 @@ class StoresAgree(RuleBasedStateMachine):
         self.dir = Path(tempfile.mkdtemp(prefix="trioexec-model-"))
         self.path = self.dir / "runs.db"
         self.memory = MemoryStore(clock=self.clock)
-        self.sqlite = SQLiteStore(self.path, clock=self.clock, inline=True)
+        self.sql = self.open_sql()
         self.rows: dict[str, Row] = {}  # in submission order
         self.runs: dict[str, Run] = {}
         self.leases: dict[str, float] = {}
@@ -180,16 +185,20 @@ class StoresAgree(RuleBasedStateMachine):
     def clock(self) -> float:
         return self.now
 
+    def open_sql(self) -> Any:
+        """The SQL store under test (opened again by `reopen_sql`)."""
+        return SQLiteStore(self.path, clock=self.clock, inline=True)
+
     def teardown(self) -> None:
         self.memory.close()
-        self.sqlite.close()
+        self.sql.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def both(self, method: str, *args: Any) -> Any:
         """Call ``method`` on both stores; they must answer the same."""
         from_memory = getattr(self.memory, method)(*args)
-        from_sqlite = getattr(self.sqlite, method)(*args)
-        assert from_memory == from_sqlite, (method, args)
+        from_sql = getattr(self.sql, method)(*args)
+        assert from_memory == from_sql, (method, args)
         return from_memory
 
     def lease_held(self, owner: str | None, now: float) -> bool:
@@ -481,18 +490,18 @@ class StoresAgree(RuleBasedStateMachine):
             if t in self.rows and (self.rows[t].owner != owner or self.rows[t].version != v)
         )
         from_memory = self.memory.taken_over(owner, live)
-        from_sqlite = self.sqlite.taken_over(owner, live)
+        from_sql = self.sql.taken_over(owner, live)
         # The order of the answer is no part of the contract (SQLite returns some of
         # it in index order): compare as sets.
-        assert sorted(from_memory) == sorted(from_sqlite) == expected, live
-        assert len(set(from_sqlite)) == len(from_sqlite)
+        assert sorted(from_memory) == sorted(from_sql) == expected, live
+        assert len(set(from_sql)) == len(from_sql)
         event(f"taken_over: {len(expected)} lost")
 
     @rule()
-    def reopen_sqlite(self) -> None:
-        """Everything written so far survives closing and reopening the file."""
-        self.sqlite.close()
-        self.sqlite = SQLiteStore(self.path, clock=self.clock, inline=True)
+    def reopen_sql(self) -> None:
+        """Everything written so far survives closing and reopening the store."""
+        self.sql.close()
+        self.sql = self.open_sql()
 
     # ------------------------------------------------------------------ workflow runs
 
@@ -595,9 +604,9 @@ class StoresAgree(RuleBasedStateMachine):
         queries += [{"run_id": "run-2", "deferred_longer_than": 0.5}]
         for query in queries:
             from_memory = self.memory.executions(**query)
-            from_sqlite = self.sqlite.executions(**query)
-            assert from_memory == from_sqlite, query
-            assert repr(from_memory) == repr(from_sqlite), query
+            from_sql = self.sql.executions(**query)
+            assert from_memory == from_sql, query
+            assert repr(from_memory) == repr(from_sql), query
             if from_memory and "deferred_longer_than" in query:
                 event(f"deferred_longer_than={query['deferred_longer_than']} matched")
         # Sorted and cut in SQL, in Python for the memory store: the same answer.
@@ -607,30 +616,30 @@ class StoresAgree(RuleBasedStateMachine):
             {"order": "longest_deferred", "sub_status": "deferred", "limit": 2},
             {"order": "longest_deferred", "status": TaskStatus.RUNNING, "limit": 3},
         ):
-            assert self.memory.executions(**query) == self.sqlite.executions(**query), query
+            assert self.memory.executions(**query) == self.sql.executions(**query), query
         for filters in ({"sub_status": SubStatus.DEFERRED}, {"deferred_longer_than": 2.5}):
-            assert self.memory.counts(**filters) == self.sqlite.counts(**filters), filters
+            assert self.memory.counts(**filters) == self.sql.counts(**filters), filters
         for task_id in (*self.rows, "never-submitted"):
             one = self.memory.execution(task_id)
-            assert one == self.sqlite.execution(task_id), task_id
-            assert repr(one) == repr(self.sqlite.execution(task_id)), task_id
+            assert one == self.sql.execution(task_id), task_id
+            assert repr(one) == repr(self.sql.execution(task_id)), task_id
 
     @invariant()
     def stores_follow_the_model(self) -> None:
         expected = [row.record(self.leases) for row in self.rows.values()]
         assert self.memory.executions() == expected  # oldest submission first
         assert self.memory.executions(order="newest") == expected[::-1]
-        assert self.sqlite.executions(order="newest", limit=2) == expected[::-1][:2]
+        assert self.sql.executions(order="newest", limit=2) == expected[::-1][:2]
         longest = sorted(  # stable: submission order breaks ties
             expected, key=lambda r: (r.deferred_since is None, r.deferred_since or 0.0)
         )
         assert self.memory.executions(order="longest_deferred") == longest
-        assert self.sqlite.executions(order="longest_deferred", limit=4) == longest[:4]
+        assert self.sql.executions(order="longest_deferred", limit=4) == longest[:4]
         counts = dict.fromkeys(TaskStatus, 0)
         for r in expected:
             counts[r.status] += 1
         assert self.memory.counts() == counts
-        assert self.sqlite.counts() == counts
+        assert self.sql.counts() == counts
         # deferred_longer_than right at (and around) how long each row has waited.
         waits = {self.now - r.deferred_since for r in expected if r.deferred_since is not None}
         for wait in sorted(waits | {2.5}):
@@ -642,14 +651,14 @@ class StoresAgree(RuleBasedStateMachine):
                     if r.sub_status is SubStatus.DEFERRED and r.deferred_since <= cutoff
                 ]
                 assert self.memory.executions(deferred_longer_than=seconds) == want, seconds
-                assert self.sqlite.executions(deferred_longer_than=seconds) == want, seconds
+                assert self.sql.executions(deferred_longer_than=seconds) == want, seconds
         runs = [attrs.asdict(run) for run in self.runs.values()]
         assert [attrs.asdict(r) for r in self.memory.runs()] == runs
-        assert [attrs.asdict(r) for r in self.sqlite.runs()] == runs
+        assert [attrs.asdict(r) for r in self.sql.runs()] == runs
         for status in RunStatus:
-            assert self.memory.runs(status=status) == self.sqlite.runs(status=status)
+            assert self.memory.runs(status=status) == self.sql.runs(status=status)
         for run_id in (*RUN_IDS[3:], "no-such-run"):
-            assert self.memory.run(run_id) == self.sqlite.run(run_id)
+            assert self.memory.run(run_id) == self.sql.run(run_id)
 
     @invariant()
     def record_invariants(self) -> None:
@@ -682,6 +691,33 @@ TestStoresAgree = StoresAgree.TestCase
 TestStoresAgree.settings = settings(max_examples=100, stateful_step_count=50, deadline=None)
 
 
+class PostgresAgrees(StoresAgree):
+    """The same machine with a `PostgresStore` (a schema of its own per example)."""
+
+    url = ""  # set by the test below
+
+    def open_sql(self) -> Any:
+        if not hasattr(self, "schema"):
+            self.schema = f"model_{uuid.uuid4().hex[:12]}"
+        return PostgresStore(self.url, schema=self.schema, clock=self.clock, inline=True)
+
+    def teardown(self) -> None:
+        super().teardown()
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA IF EXISTS {self.schema} CASCADE")
+
+
+@pytest.mark.hypothesis  # (the soak runs it again with new seeds)
+def test_postgres_agrees_with_memory_and_the_model(postgres_url: str) -> None:
+    """~2 s an example (a schema made and dropped each): 12 by default."""
+    PostgresAgrees.url = postgres_url
+    examples = int(os.environ.get("TRIOEXEC_PG_MODEL_EXAMPLES") or 12)
+    run_state_machine_as_test(
+        PostgresAgrees,
+        settings=settings(max_examples=examples, stateful_step_count=50, deadline=None),
+    )
+
+
 # ---------------------------------------------------------------------- targeted
 
 
@@ -692,7 +728,7 @@ def make_store(request, store_maker):
 
 @pytest.mark.parametrize(
     "make_store",
-    ["memory", "sqlite"],
+    STORE_KINDS,
     indirect=True,
 )
 def test_taken_over_reports_an_execution_failed_by_recovery(make_store):
@@ -710,7 +746,7 @@ def test_taken_over_reports_an_execution_failed_by_recovery(make_store):
 
 @pytest.mark.parametrize(
     "make_store",
-    ["memory", "sqlite"],
+    STORE_KINDS,
     indirect=True,
 )
 def test_sub_status_is_never_set_on_a_pending_execution(make_store):
@@ -725,7 +761,7 @@ def test_sub_status_is_never_set_on_a_pending_execution(make_store):
 
 @pytest.mark.parametrize(
     "make_store",
-    ["memory", "sqlite"],
+    STORE_KINDS,
     indirect=True,
 )
 def test_executions_limit_order_and_counts(make_store):
@@ -770,7 +806,7 @@ def test_executions_limit_order_and_counts(make_store):
 
 @pytest.mark.parametrize(
     "make_store",
-    ["memory", "sqlite"],
+    STORE_KINDS,
     indirect=True,
 )
 def test_use_after_close_raises_store_error(make_store):
