@@ -396,3 +396,39 @@ def test_a_schema_of_version_1_is_migrated_with_its_durable_rows(
         "durable_tasks_lease",
         "durable_tasks_retry",
     ]
+
+
+async def test_a_busy_worker_reads_its_notifications_before_each_claim(store_maker: Any) -> None:
+    """What came on the listening connection is read before a claim (which sees
+    those tasks anyway), so a worker that never idles never lets its connection
+    back up; a drained wake-up then waits (here: it stays blocked)."""
+    from trioexec.durable._store import open_wakeup
+
+    ds = DurableStore(store_maker("postgres"))
+    creator = DurableStore(store_maker("postgres"))
+    try:
+        async with open_wakeup(ds, "w") as wakeup:
+            assert wakeup.listening
+            await creator.promises.create("a", 60, target="w")
+            with trio.fail_after(30):
+                await wakeup.wait(3600)  # notified
+            await creator.promises.create("b", 60, target="w")
+            with trio.fail_after(30):  # it came
+                await trio.lowlevel.wait_readable(wakeup._listener.fileno())  # type: ignore[union-attr]
+            wakeup.drain()
+            async with trio.open_nursery() as nursery:
+                woken = trio.Event()
+
+                async def waiting() -> None:
+                    await wakeup.wait(3600)
+                    woken.set()
+
+                nursery.start_soon(waiting)
+                await trio.testing.wait_all_tasks_blocked()
+                assert not woken.is_set()  # nothing was left to wake it
+                nursery.cancel_scope.cancel()
+            assert wakeup.listening
+        assert not wakeup.listening  # closed with the block
+    finally:
+        ds.close()
+        creator.close()

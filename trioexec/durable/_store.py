@@ -448,6 +448,14 @@ class Wakeup:
                 await trio.lowlevel.wait_readable(self._listener.fileno())
             await trio.sleep_forever()
 
+    def drain(self) -> None:
+        """Read (and drop) the notifications that came: the claim about to run sees
+        those tasks anyway. A busy worker calls it before each claim, so that its
+        listening connection never backs up (the server would hold every later
+        notification of the database for it)."""
+        if self._listener is not None and self._listener.received() is None:
+            self.close()
+
     def close(self) -> None:
         listener, self._listener = self._listener, None
         self.listening = False

@@ -245,6 +245,7 @@ class Worker:
                 continue
             # One transaction claims a batch (with the fulfils and heartbeats queued
             # meanwhile: `DurableStore` groups them): workers never race for a task.
+            self._wakeup.drain()
             sent = trio.current_time()
             batch = await claim_work(
                 self.ds, self.target, pid=self.pid, ttl=self._lease, limit=room
