@@ -28,8 +28,8 @@ import trio
 
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError, SubStatus, TaskStatus
-from trioexec._store._open import is_postgres_url
 from trioexec._demo import demo_workload, run_workload, simulate
+from trioexec._store._open import is_postgres_url
 
 try:
     from rich.console import Console, Group
