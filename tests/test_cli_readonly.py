@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -50,7 +49,6 @@ def test_every_view_works_while_another_process_holds_the_write_lock(app: AppDb)
     """Before the fix each view waited 10 s for the write lock, then failed."""
     before = app.path.read_bytes()
     with write_lock_held(app.path):
-        started = time.monotonic()
         views = {
             " ".join(args): subprocess.Popen(
                 [*TRIOEXEC, *view(args, "app.db")],
@@ -62,8 +60,11 @@ def test_every_view_works_while_another_process_holds_the_write_lock(app: AppDb)
             )
             for args in VIEWS
         }
+        # The lock is held until every view has ended: a view that needed it
+        # would wait its busy timeout and fail (its exit status, checked below).
+        # No bound on the time: eight processes on a loaded 2-core machine under
+        # coverage took 8.7-10.7 s, though none of them waited for the lock.
         done = {name: proc.communicate(timeout=60) for name, proc in views.items()}
-        assert time.monotonic() - started < 8.0  # a writer's open alone waits 10 s
     for name, (_out, errors) in done.items():
         assert (views[name].returncode, errors) == (0, ""), name
     assert "app.db: 1 pending, 3 running, 4 completed, 2 failed" in done["status"][0]
