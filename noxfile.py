@@ -162,7 +162,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on the package."""
-    session.install("-e", ".[cli]", "mypy")
+    session.install("-e", ".[cli,postgres]", "mypy")
     session.run("mypy", "--strict", "trioexec")
 
 
