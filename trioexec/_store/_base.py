@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import datetime
 from collections.abc import Callable, Collection, Sequence
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import attrs
 
@@ -346,6 +346,58 @@ def check_query(limit: int | None, order: str) -> None:
         raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
+
+
+#: The SQL stores' query of executions with their owner's lease (``e``, ``o``).
+RECORD_FIELDS = tuple(field.name for field in attrs.fields(ExecutionRecord))
+SELECT_RECORDS = "SELECT {} FROM executions e LEFT JOIN owners o ON o.owner = e.owner".format(
+    ", ".join(f"o.{f}" if f == "lease_expires_at" else f"e.{f}" for f in RECORD_FIELDS)
+)
+
+
+def record_of(row: Sequence[object], where: str) -> ExecutionRecord:
+    """A row of `SELECT_RECORDS` as a record; `StoreError` naming ``where`` (the
+    store) and the task for a row this trioexec cannot read."""
+    from .._errors import StoreError
+
+    values: dict[str, Any] = dict(zip(RECORD_FIELDS, row, strict=True))
+    try:
+        status = TaskStatus(values["status"])
+        sub = None if values["sub_status"] is None else SubStatus(values["sub_status"])
+    except ValueError:
+        raise StoreError(
+            f"{where}: execution {values['task_id']!r} has an unreadable row"
+            f" (status {values['status']!r}, sub-status {values['sub_status']!r})"
+        ) from None
+    values.update(status=status, sub_status=sub)
+    return ExecutionRecord(**values)
+
+
+def filter_clause(
+    mark: str,
+    now: Callable[[], float],
+    status: TaskStatus | str | None,
+    sub_status: SubStatus | str | None,
+    deferred_longer_than: float | datetime.timedelta | None,
+    run_id: str | None,
+) -> tuple[str, list[object]]:
+    """The SQL stores' ``WHERE`` for `Store.executions`'s filters (on ``e``), with
+    ``mark`` as the parameter placeholder (``?`` or ``%s``), and its parameters."""
+    where: list[str] = []
+    params: list[object] = []
+    if status is not None:
+        where.append(f"e.status = {mark}")
+        params.append(TaskStatus(status).value)
+    if sub_status is not None:
+        where.append(f"e.sub_status = {mark}")
+        params.append(SubStatus(sub_status).value)
+    if deferred_longer_than is not None:
+        where.append(f"e.sub_status = 'deferred' AND e.deferred_since <= {mark}")
+        params.append(now() - seconds(deferred_longer_than))
+    if run_id is not None:
+        where.append(f"e.run_id = {mark}")
+        params.append(run_id)
+    return (" WHERE " + " AND ".join(where) if where else ""), params
 
 
 def abandoned_error(attempts: int) -> str:

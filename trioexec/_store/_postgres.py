@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, final
+from typing import final
 
 import attrs
 
@@ -24,6 +24,7 @@ from ._base import (
     ROW_COLUMNS,
     RUN_KINDS,
     RUN_ORPHANED,
+    SELECT_RECORDS,
     SUPERSEDED,
     Change,
     Order,
@@ -32,15 +33,14 @@ from ._base import (
     RunRecovery,
     abandoned_error,
     check_query,
+    filter_clause,
     fold_batch,
-    seconds,
+    record_of,
 )
 from ._durable_pg import PostgresTables
 from ._pg_conn import Connection, PGDatabase, redact
 
-_FIELDS = tuple(field.name for field in attrs.fields(ExecutionRecord))
-_COLUMNS = ", ".join(f"o.{f}" if f == "lease_expires_at" else f"e.{f}" for f in _FIELDS)
-_SELECT = f"SELECT {_COLUMNS} FROM executions e LEFT JOIN owners o ON o.owner = e.owner"
+_SELECT = SELECT_RECORDS
 _RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
 _LIVE = "('pending', 'running')"
 
@@ -240,7 +240,7 @@ class PostgresStore:
                 ([r[0] for r in locked], owner, now),
             ).fetchall()
             for row in rows:
-                record = self._record(row)
+                record = record_of(row, self.path)
                 if record.recovery_attempts >= max_recovery_attempts:
                     self._fail(conn, record, now, abandoned_error(record.recovery_attempts))
                     abandoned.append(self._one(conn, record.task_id))
@@ -268,20 +268,7 @@ class PostgresStore:
 
     def _one(self, conn: Connection, task_id: str) -> ExecutionRecord:
         row = conn.execute(f"{_SELECT} WHERE e.task_id = %s", (task_id,)).fetchone()
-        return self._record(row)
-
-    def _record(self, row: Sequence[Any]) -> ExecutionRecord:
-        values = dict(zip(_FIELDS, row, strict=True))
-        try:
-            status = TaskStatus(values["status"])
-            sub = None if values["sub_status"] is None else SubStatus(values["sub_status"])
-        except ValueError:
-            raise StoreError(
-                f"{self.path}: execution {values['task_id']!r} has an unreadable row"
-                f" (status {values['status']!r}, sub-status {values['sub_status']!r})"
-            ) from None
-        values.update(status=status, sub_status=sub)
-        return ExecutionRecord(**values)
+        return record_of(row, self.path)
 
     # ------------------------------------------------------------------ workflow runs
 
@@ -399,7 +386,9 @@ class PostgresStore:
         """Executions matching every given filter, in ``order`` (see `Order`), at
         most ``limit`` of them: sorted and cut in SQL."""
         check_query(limit, order)
-        where, params = self._where(status, sub_status, deferred_longer_than, run_id)
+        where, params = filter_clause(
+            "%s", self.clock, status, sub_status, deferred_longer_than, run_id
+        )
         if order == "oldest":
             by = "e.seq"
         elif order == "newest":
@@ -412,7 +401,7 @@ class PostgresStore:
             params.append(limit)
         with self._db.reading("query executions") as conn:
             rows = conn.execute(sql, params).fetchall()
-        return [self._record(row) for row in rows]
+        return [record_of(row, self.path) for row in rows]
 
     def counts(
         self,
@@ -423,7 +412,9 @@ class PostgresStore:
     ) -> dict[TaskStatus, int]:
         """How many executions match the filters, per status (every status present,
         zeros included)."""
-        where, params = self._where(None, sub_status, deferred_longer_than, run_id)
+        where, params = filter_clause(
+            "%s", self.clock, None, sub_status, deferred_longer_than, run_id
+        )
         sql = f"SELECT e.status, count(*) FROM executions e{where} GROUP BY e.status"
         counts = dict.fromkeys(TaskStatus, 0)
         with self._db.reading("count executions") as conn:
@@ -440,33 +431,10 @@ class PostgresStore:
                     ) from None
         return counts
 
-    def _where(
-        self,
-        status: TaskStatus | str | None,
-        sub_status: SubStatus | str | None,
-        deferred_longer_than: float | datetime.timedelta | None,
-        run_id: str | None,
-    ) -> tuple[str, list[object]]:
-        where: list[str] = []
-        params: list[object] = []
-        if status is not None:
-            where.append("e.status = %s")
-            params.append(TaskStatus(status).value)
-        if sub_status is not None:
-            where.append("e.sub_status = %s")
-            params.append(SubStatus(sub_status).value)
-        if deferred_longer_than is not None:
-            where.append("e.sub_status = 'deferred' AND e.deferred_since <= %s")
-            params.append(self.clock() - seconds(deferred_longer_than))
-        if run_id is not None:
-            where.append("e.run_id = %s")
-            params.append(run_id)
-        return (" WHERE " + " AND ".join(where) if where else ""), params
-
     def execution(self, task_id: str) -> ExecutionRecord | None:
         with self._db.reading("query execution") as conn:
             row = conn.execute(f"{_SELECT} WHERE e.task_id = %s", (task_id,)).fetchone()
-        return None if row is None else self._record(row)
+        return None if row is None else record_of(row, self.path)
 
     def close(self) -> None:
         """Close the pool's connections; idempotent."""

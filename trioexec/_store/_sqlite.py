@@ -15,7 +15,7 @@ import os
 import sqlite3
 import time
 from collections.abc import Callable, Collection, Sequence
-from typing import Any, final
+from typing import final
 
 import attrs
 
@@ -26,6 +26,7 @@ from ._base import (
     ROW_COLUMNS,
     RUN_KINDS,
     RUN_ORPHANED,
+    SELECT_RECORDS,
     SUPERSEDED,
     Change,
     Order,
@@ -34,35 +35,19 @@ from ._base import (
     RunRecovery,
     abandoned_error,
     check_query,
+    filter_clause,
     fold_batch,
-    seconds,
+    record_of,
 )
 from ._durable_tables import SQLiteTables
 from ._sqlite_file import READ_ONLY_BUSY_TIMEOUT, WRITE_BUSY_TIMEOUT, SQLiteFile
 
 #: `ExecutionRecord`'s fields: the executions table's columns, and the owner's lease.
-_FIELDS = tuple(field.name for field in attrs.fields(ExecutionRecord))
-_COLUMNS = ", ".join(f"o.{f}" if f == "lease_expires_at" else f"e.{f}" for f in _FIELDS)
-_SELECT = f"SELECT {_COLUMNS} FROM executions e LEFT JOIN owners o ON o.owner = e.owner"
+_SELECT = SELECT_RECORDS
 #: `RunRecord`'s fields but its steps: the workflow_runs table's columns.
 _RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
 #: A list passed as one JSON parameter (any length: no limit on ``?`` to mind).
 _JSON_LIST = "(SELECT value FROM json_each(?))"
-
-
-def _record(row: Sequence[Any], path: str) -> ExecutionRecord:
-    """A row of `_SELECT` as a record."""
-    values = dict(zip(_FIELDS, row, strict=True))
-    try:
-        status = TaskStatus(values["status"])
-        sub_status = None if values["sub_status"] is None else SubStatus(values["sub_status"])
-    except ValueError:
-        raise StoreError(
-            f"{path}: execution {values['task_id']!r} has an unreadable row"
-            f" (status {values['status']!r}, sub-status {values['sub_status']!r})"
-        ) from None
-    values.update(status=status, sub_status=sub_status)
-    return ExecutionRecord(**values)
 
 
 @final
@@ -314,7 +299,7 @@ class SQLiteStore:
                 (owner, now),
             ).fetchall()
             for row in rows:
-                record = _record(row, self.path)
+                record = record_of(row, self.path)
                 if record.recovery_attempts >= max_recovery_attempts:
                     error = abandoned_error(record.recovery_attempts)
                     self._fail(conn, record, now, error)
@@ -343,7 +328,7 @@ class SQLiteStore:
 
     def _one(self, conn: sqlite3.Connection, task_id: str) -> ExecutionRecord:
         row = conn.execute(f"{_SELECT} WHERE e.task_id = ?", (task_id,)).fetchone()
-        return _record(row, self.path)
+        return record_of(row, self.path)
 
     # ------------------------------------------------------------------ reads
 
@@ -365,7 +350,9 @@ class SQLiteStore:
             cannot read (an unknown status, say).
         """
         check_query(limit, order)
-        where, params = self._where(status, sub_status, deferred_longer_than, run_id)
+        where, params = filter_clause(
+            "?", self.clock, status, sub_status, deferred_longer_than, run_id
+        )
         if order == "oldest":
             by = "e.rowid"
         elif order == "newest":
@@ -382,7 +369,7 @@ class SQLiteStore:
             params.append(limit)
         with self._db.reading("query executions") as conn:
             rows = conn.execute(sql, params).fetchall()
-        return [_record(row, self.path) for row in rows]
+        return [record_of(row, self.path) for row in rows]
 
     def counts(
         self,
@@ -393,7 +380,9 @@ class SQLiteStore:
     ) -> dict[TaskStatus, int]:
         """How many executions match the filters, per status (every status present,
         zeros included): one ``GROUP BY`` on the status index, no rows loaded."""
-        where, params = self._where(None, sub_status, deferred_longer_than, run_id)
+        where, params = filter_clause(
+            "?", self.clock, None, sub_status, deferred_longer_than, run_id
+        )
         sql = f"SELECT e.status, count(*) FROM executions e{where} GROUP BY e.status"
         counts = dict.fromkeys(TaskStatus, 0)
         with self._db.reading("count executions") as conn:
@@ -410,35 +399,12 @@ class SQLiteStore:
                     ) from None
         return counts
 
-    def _where(
-        self,
-        status: TaskStatus | str | None,
-        sub_status: SubStatus | str | None,
-        deferred_longer_than: float | datetime.timedelta | None,
-        run_id: str | None,
-    ) -> tuple[str, list[object]]:
-        where: list[str] = []
-        params: list[object] = []
-        if status is not None:
-            where.append("e.status = ?")
-            params.append(TaskStatus(status).value)
-        if sub_status is not None:
-            where.append("e.sub_status = ?")
-            params.append(SubStatus(sub_status).value)
-        if deferred_longer_than is not None:
-            where.append("e.sub_status = 'deferred' AND e.deferred_since <= ?")
-            params.append(self.clock() - seconds(deferred_longer_than))
-        if run_id is not None:
-            where.append("e.run_id = ?")
-            params.append(run_id)
-        return (" WHERE " + " AND ".join(where) if where else ""), params
-
     def execution(self, task_id: str) -> ExecutionRecord | None:
         """One execution, or None: a primary-key read on this thread's read
         connection, so it never waits behind a write batch."""
         with self._db.reading("query execution") as conn:
             row = conn.execute(f"{_SELECT} WHERE e.task_id = ?", (task_id,)).fetchone()
-        return None if row is None else _record(row, self.path)
+        return None if row is None else record_of(row, self.path)
 
     def close(self) -> None:
         """Close every connection (each thread's reader and the writer); idempotent.
