@@ -60,7 +60,7 @@ _INSERT_ROWS = (
     + ", ".join(f"%b::{_ROW_TYPES.get(c, 'text')}[]" for c in ROW_COLUMNS)
     + f") WITH ORDINALITY AS r({', '.join(ROW_COLUMNS)}, n) ORDER BY n"
 )
-#: (ON CONFLICT costs the server a third more per row: only after a race)
+#: (ON CONFLICT's speculative insertion costs the server more per row: only after a race)
 _INSERT_NEW_ROWS = _INSERT_ROWS + " ON CONFLICT (task_id) DO NOTHING RETURNING task_id"
 _GUARD = " WHERE task_id = %s AND version = %s AND status IN ('pending', 'running')"
 _UPDATES = {
