@@ -83,13 +83,21 @@ async def test_handler_error_rejects_the_promise(ds, autojump_clock):
     assert "bad refund" in p.data
 
 
-async def test_handlers_by_name(ds, autojump_clock):
+async def test_handlers_by_name(make_store, durable):
+    """Plain-def handlers run in threads: on the real clock (threads and the autojump
+    clock do not mix: it jumped past the leases and the promises' timeouts while a
+    handler's thread ran), waiting for events."""
+    ds = durable(make_store())
+    done = await fulfilled_event(ds)
     await ds.promises.create("a", 100, target="w", data={"handler": "inc", "param": 1})
     await ds.promises.create("b", 100, target="w", data={"handler": "neg", "param": 5})
     await ds.promises.create("c", 100, target="w", data={"handler": "nope", "param": 0})
     handlers = {"inc": lambda x: x + 1, "neg": lambda x: -x}
-    async with open_worker(ds, "w", handlers):
-        a, b, c = [await settled(ds, i) for i in "abc"]
+    with trio.fail_after(10):
+        async with open_worker(ds, "w", handlers, poll_interval=0.01):
+            for id in "abc":
+                await done(id).wait()
+    a, b, c = [await ds.promises.get(i) for i in "abc"]
     assert (a.data, b.data) == ("2", "-5")
     assert c.state is PromiseState.REJECTED
     assert "nope" in c.data
@@ -164,7 +172,10 @@ async def test_an_abandoned_lease_is_claimed_again_at_a_higher_version(ds, autoj
     await ds.promises.create("t", 1000, target="w", data=1)
     await ds.tasks.acquire("t", 0, pid="dead-worker", ttl=5)  # then it "dies"
 
-    async with open_worker(ds, "w", lambda x: x + 1, lease=5):
+    async def inc(x):  # async: a thread would let the autojump clock pass the lease
+        return x + 1
+
+    async with open_worker(ds, "w", inc, lease=5):
         p = await settled(ds, "t")
     assert p.data == "2"
     assert (await ds.tasks.get("t")).version == 2

@@ -194,7 +194,11 @@ def test_sigkill_mid_run_then_recover_completes_every_execution_once(tmp_path, s
 # --------------------------------------------------------------------------- race
 
 
-RACE_LEASE = 0.3
+# Short enough that the two processes' recovery passes race often; long enough that
+# a loaded machine's stall (a heartbeat is due every third of it) never lets a live
+# worker's own lease lapse: 0.3 s did once in CI, and the other worker then ran its
+# tasks a second time, as a lapsed lease allows.
+RACE_LEASE = 1.0
 N_EXPIRED = 60  # one dead owner whose lease lapsed before the workers started
 N_OWNERS, PER_OWNER = 8, 30  # dead owners whose leases lapse one after another later
 
@@ -244,7 +248,7 @@ def test_two_processes_recover_one_store_each_execution_runs_once(tmp_path, spaw
         # every RACE_LEASE seconds.
         start = time.time()
         for k, owner in enumerate(owners):
-            store.heartbeat(owner, start + 0.1 * (k + 1))
+            store.heartbeat(owner, start + RACE_LEASE * 0.3 * (k + 1))
 
         done = {}
         for w in workers:
