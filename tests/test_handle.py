@@ -27,6 +27,9 @@ class Observer:
     def reclaim_deadline(self, job):
         return math.inf
 
+    async def reclaim(self, job, slot):
+        await slot.reclaim()
+
     def poller(self):
         return None
 

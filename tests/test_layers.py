@@ -61,6 +61,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "trioexec._handle",
                 "trioexec._poller",
                 "trioexec._slots",
+                "trioexec._keys",
                 "trioexec._backoff",
                 "trioexec.testing",
             }

@@ -20,6 +20,8 @@ from ._events import HealthEventKind as HealthEventKind
 from ._executor import Executor as Executor
 from ._executor import open_executor as open_executor
 from ._handle import TaskHandle as TaskHandle
+from ._keys import KeyLimit as KeyLimit
+from ._keys import KeyStatistics as KeyStatistics
 from ._metrics import ExecutorMetrics as ExecutorMetrics
 from ._records import ExecutionRecord as ExecutionRecord
 from ._records import ShutdownPolicy as ShutdownPolicy
@@ -48,6 +50,8 @@ __version__ = "0.1.0.dev0"
 
 __all__ = [
     # slots
+    "KeyLimit",
+    "KeyStatistics",
     "SlotPool",
     "SlotToken",
     # tasks

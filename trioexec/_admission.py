@@ -168,7 +168,7 @@ class Gate:
             capacity=self.capacity - self.reserved,
             policy=self.overflow,
             can_wait=can_wait,
-            droppable=self._pending.live,
+            droppable=self._pending.live + self._pending.held,
             backlogged=self.backlogged(),
         )
 

@@ -31,6 +31,7 @@ from ._admission import Admit, Gate, Overflow
 from ._causation import current_job
 from ._events import EventStream
 from ._journal import Journal
+from ._keys import KeyLimit, key_limits_for
 from ._lifecycle import Lifecycle
 from ._metrics import ExecutorMetrics, Tally
 from ._pending import Pending
@@ -38,7 +39,7 @@ from ._records import ExecutionRecord, ShutdownPolicy, check_id
 from ._recovery import Recovery
 from ._shutdown import Shutdown
 from ._slots import SlotPool
-from ._spec import CallInfo, TaskSpec, call_info
+from ._spec import CallInfo, TaskSpec, call_info, check_priority, spec_key
 from ._store import Store
 from ._taskref import Job
 from ._workers import Workers
@@ -96,6 +97,8 @@ class ExecutorConfig:
     task_budget: float | None = attrs.field(default=None, validator=_seconds)
     lease: float = attrs.field(default=30.0, validator=_seconds)
     max_recovery_attempts: int = attrs.field(default=3, validator=_int_at_least(0))
+    key_limits: dict[str, KeyLimit] = attrs.field(factory=dict, converter=key_limits_for)
+    priority_aging: float | None = attrs.field(default=60.0, validator=_seconds)
 
     @property
     def capacity(self) -> int:
@@ -140,7 +143,7 @@ class ExecutorCore:
         self.wall: Callable[[], float] = time.time if store is None else store.clock
         self.tally = tally = Tally()
         self.events = EventStream(config.event_capacity)
-        self.pending = pending = Pending()
+        self.pending = pending = Pending(config.key_limits, config.priority_aging)
         self.slots = SlotPool(config.max_concurrent_tasks)
         self.journal = journal = None if store is None else Journal(store)
         self.gate = Gate(config.capacity, config.overflow, tally, pending, journal, self.events)
@@ -152,7 +155,7 @@ class ExecutorCore:
         self.workers = Workers(
             self.slots, self.lifecycle, config.thread_workers or config.max_concurrent_tasks
         )
-        self.lifecycle.wake_worker = self.workers.work_arrived
+        self.lifecycle.wake_worker = pending.on_ready = self.workers.work_arrived
         self.shutdown = Shutdown(self.gate, self.lifecycle, self.workers)
         self.recovery = (
             None
@@ -187,6 +190,8 @@ class ExecutorCore:
         budget: float | None,
         correlation_id: str | None,
         run_id: str | None = None,
+        key: str | None = None,
+        priority: int | None = None,
     ) -> Job:
         """Check one submission and make its `Job` (not accepted yet)."""
         self.tally.submitted_count += 1
@@ -207,14 +212,24 @@ class ExecutorCore:
         if spec is not None:
             timeout = spec.timeout if timeout is None else timeout
             budget = spec.budget if budget is None else budget
+            if key is None and spec.key is not None:
+                key = spec_key(spec, args)
+            if priority is None:
+                priority = spec.priority
         if not (
             timeout is None
             and budget is None
             and name is None
             and correlation_id is None
             and task_id is None
+            and key is None
+            and priority is None
         ):
             self._check_options(timeout, budget, name, correlation_id, task_id)
+            if key is not None:
+                check_id("key", key)
+            if priority is not None:
+                check_priority(priority)
         causation_id = None
         # Nothing running in this Trio run (the usual producer): no caller to look up.
         registry = self.workers.registry
@@ -241,6 +256,8 @@ class ExecutorCore:
             # One plain async call (no retries, timeout or budget): the workers' fast path.
             info.is_async and timeout is None and budget is None and spec is None,
             run_id,
+            key,
+            priority or 0,
         )
         if task_id is not None:
             self.lifecycle.track_named(job)

@@ -9,7 +9,7 @@ policies, retries, timeouts, budgets, metrics and events behave as in
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, final
 
 import trio
@@ -18,6 +18,7 @@ from ._admission import Overflow
 from ._core import ExecutorConfig, ExecutorCore, check_store
 from ._events import EventStream
 from ._executor import split_tasks
+from ._keys import KeyLimit
 from ._metrics import ExecutorMetrics
 from ._records import ShutdownPolicy, TaskCompletion
 from ._store import Store
@@ -53,6 +54,8 @@ class DeterministicExecutor:
         recover: bool = False,
         lease: float = 30.0,
         max_recovery_attempts: int = 3,
+        key_limits: KeyLimit | Mapping[str, KeyLimit] | None = None,
+        priority_aging: float | None = 60.0,
     ) -> None:
         config = ExecutorConfig(
             max_concurrent_tasks=max_concurrent_tasks,
@@ -64,6 +67,8 @@ class DeterministicExecutor:
             task_budget=task_budget,
             lease=lease,
             max_recovery_attempts=max_recovery_attempts,
+            key_limits=key_limits,  # (its converter checks it)
+            priority_aging=priority_aging,
         )
         check_store(store)
         if recover:
@@ -88,17 +93,24 @@ class DeterministicExecutor:
         timeout: float | None = None,
         budget: float | None = None,
         correlation_id: str | None = None,
+        key: str | None = None,
+        priority: int | None = None,
     ) -> TaskRef:
         """Queue ``fn(*args)``; never blocks (``Overflow.BLOCK`` acts as ``REJECT``)."""
         core = self._core
-        job = core.new_job(fn, args, name, task_id, timeout, budget, correlation_id)
+        job = core.new_job(
+            fn, args, name, task_id, timeout, budget, correlation_id, None, key, priority
+        )
         core.submit_nowait(job)
         return TaskRef(job)
 
     async def run_ready(
         self, max_tasks: int | None = None, cancel: trio.Event | None = None
     ) -> list[TaskCompletion]:
-        """Run pending tasks one at a time, oldest first, in the calling task.
+        """Run pending tasks one at a time, in the order they may start (oldest
+        first, but higher priority first and keys honoured), in the calling task.
+        A task held back by its key's rate is waited for (``trio.sleep_until``
+        its next token: under a `trio.testing.MockClock`, no real time passes).
 
         Stops after ``max_tasks`` tasks (all pending ones by default). If ``cancel``
         is set before a task starts, every pending task is cancelled and the call
@@ -120,9 +132,14 @@ class DeterministicExecutor:
                     journal.write_inline()
                 completions.extend(job.make_completion() for job in cancelled)
                 break
+            pending = core.pending
+            pending.fire_timers()
             job = await core.workers.run_next()
             if job is None:
-                break
+                if not pending.held or math.isinf(pending.next_timer()):
+                    break
+                await trio.sleep_until(pending.next_timer())  # its key's next token
+                continue
             ran += 1
             if journal is not None:
                 journal.write_inline()

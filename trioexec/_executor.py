@@ -20,6 +20,7 @@ from ._coordinator import WorkflowResult, WorkflowRun, WorkflowRuns
 from ._core import ExecutorConfig, ExecutorCore, check_store
 from ._errors import ExecutorClosed, TaskDefinitionError
 from ._events import EventStream
+from ._keys import KeyLimit, KeyStatistics
 from ._metrics import ExecutorMetrics
 from ._records import ShutdownPolicy
 from ._slots import SlotPool
@@ -82,6 +83,8 @@ class Executor:
         timeout: float | None = None,
         budget: float | None = None,
         correlation_id: str | None = None,
+        key: str | None = None,
+        priority: int | None = None,
     ) -> TaskRef:
         """Submit ``fn(*args)`` and return its `TaskRef` once it is accepted.
 
@@ -92,6 +95,11 @@ class Executor:
         ``JOURNAL_LIMIT`` changes behind, ``BLOCK`` waits and every other policy
         refuses (reason ``store_backlog``).
 
+        ``key`` puts the task under that key's `KeyLimit` (``key_limits``);
+        ``priority`` (an int, higher first) orders it among the tasks that may
+        start. Both default to the `TaskSpec`'s (its ``key`` may be a function of
+        the arguments), else no key and priority 0.
+
         Raises:
           ExecutorClosed: if shutdown has begun (also while waiting for space);
             under ``DRAIN``, the executor's own running tasks may still submit.
@@ -100,14 +108,17 @@ class Executor:
           ValueError: a ``task_id``, ``name`` or ``correlation_id`` that is not a
             non-empty str of at most 1,000 characters a store can hold; a
             ``task_id`` live in this executor or recorded in its store; a
-            ``timeout`` or ``budget`` that is not a finite number > 0.
-          TypeError: ``fn`` is not callable.
+            ``timeout`` or ``budget`` that is not a finite number > 0; a ``key``
+            that is not such a str (or a spec's key function that raised).
+          TypeError: ``fn`` is not callable; a ``priority`` that is not an int.
         """
         # Exactly one schedule point: parking for space is one; otherwise a
         # cancel-shielded checkpoint after the (then certain) acceptance.
         await trio.lowlevel.checkpoint_if_cancelled()
         core = self._core
-        job = core.new_job(fn, args, name, task_id, timeout, budget, correlation_id)
+        job = core.new_job(
+            fn, args, name, task_id, timeout, budget, correlation_id, None, key, priority
+        )
         if core.accept_if_fits(job):  # (no coroutine of ours on the common path)
             await trio.lowlevel.cancel_shielded_checkpoint()
         else:
@@ -123,11 +134,15 @@ class Executor:
         timeout: float | None = None,
         budget: float | None = None,
         correlation_id: str | None = None,
+        key: str | None = None,
+        priority: int | None = None,
     ) -> TaskRef:
         """Like `submit`, but never blocks: under ``Overflow.BLOCK`` a full executor
         raises `TaskRejected`."""
         core = self._core
-        job = core.new_job(fn, args, name, task_id, timeout, budget, correlation_id)
+        job = core.new_job(
+            fn, args, name, task_id, timeout, budget, correlation_id, None, key, priority
+        )
         core.submit_nowait(job)
         return TaskRef(job)
 
@@ -216,6 +231,11 @@ class Executor:
         """Wait until nothing is pending, active or deferred. A checkpoint."""
         await self._core.lifecycle.wait_for_idle()
 
+    def key_statistics(self, key: str) -> KeyStatistics:
+        """A `KeyStatistics` snapshot of ``key``'s tasks now (all zero for a key
+        with none). Never blocks."""
+        return self._core.pending.statistics(key)
+
     def statistics(self) -> ExecutorMetrics:
         """A frozen `ExecutorMetrics` snapshot. Never blocks."""
         return self._core.statistics()
@@ -249,6 +269,7 @@ class Executor:
             await trio.lowlevel.checkpoint()
             return
         await core.lifecycle.wait_for_idle()
+        core.pending.close()
         core.workers.wake_idle()
         if core.workers.shared_poller is not None:
             core.workers.shared_poller.close()
@@ -294,6 +315,8 @@ async def open_executor(
     recover: bool = False,
     lease: float = 30.0,
     max_recovery_attempts: int = 3,
+    key_limits: KeyLimit | Mapping[str, KeyLimit] | None = None,
+    priority_aging: float | None = 60.0,
 ) -> AsyncIterator[Executor]:
     """Open an executor whose tasks run in a nursery inside this block.
 
@@ -326,6 +349,8 @@ async def open_executor(
         task_budget=task_budget,
         lease=lease,
         max_recovery_attempts=max_recovery_attempts,
+        key_limits=key_limits,  # (its converter checks it)
+        priority_aging=priority_aging,
     )
     specs, workflows = split_tasks(tasks)
     check_store(store)

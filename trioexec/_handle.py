@@ -36,6 +36,7 @@ class _Observer(Protocol):
     def resumed(self, handle: TaskHandle, job: Any) -> None: ...
     def reclaim_deadline(self, job: Any) -> float: ...
     def poller(self) -> Poller | None: ...
+    async def reclaim(self, job: Any, slot: SlotToken) -> None: ...
     async def thread_resumed(self, handle: TaskHandle) -> None: ...
     def thread_lend_ended(self, handle: TaskHandle) -> None: ...
 
@@ -150,6 +151,7 @@ class TaskHandle:
         "_sub_status",
         "_task_id",
         "_thread_scope",
+        "_waiting_for",
     )
 
     def __init__(
@@ -174,6 +176,7 @@ class TaskHandle:
         self._reclaim_scope: trio.CancelScope | None = None  # reclaiming after a cancel
         self._thread_scope: trio.CancelScope | None = None  # defer_until_sync's wait
         self._attempt_over = False  # the executor ended the attempt (its thread abandoned)
+        self._waiting_for: object = None  # the condition of the deferral under way
 
     @property
     def task_id(self) -> str:
@@ -273,6 +276,7 @@ class TaskHandle:
             if await waiter.holds():
                 await trio.lowlevel.checkpoint()
                 return
+        self._waiting_for = condition
         self._enter(SubStatus.DEFERRED)
         slot = self._slot
         slot.release()
@@ -284,14 +288,43 @@ class TaskHandle:
                 observer = self._observer
                 await waiter.wait(None if observer is None else observer.poller)
         except BaseException:
+            self._waiting_for = None
             await self._reclaim_unless_ending(slot)
             raise
+        self._waiting_for = None
         try:
-            await slot.reclaim()
+            await self._reclaim(slot)
         except trio.Cancelled:  # cancelled while queueing: no slot was taken
             await self._reclaim_unless_ending(slot)
             raise
         self._enter(SubStatus.ACTIVE)
+
+    async def _reclaim(self, slot: SlotToken) -> None:
+        observer = self._observer
+        if observer is None:
+            await slot.reclaim()
+        else:  # (the executor takes the task's key back first, if it has one)
+            await observer.reclaim(self._job, slot)
+
+    @property
+    def waiting_on(self) -> str | None:
+        """What a deferred task waits for: ``"event"`` (a `trio.Event` or an object
+        with an async ``wait()``), ``"condition <name>"`` (a predicate, or a
+        trio-util ``AsyncValue``), or ``"slot"`` once that holds and it queues
+        for a slot again; None while it holds its slot."""
+        if self._sub_status is not SubStatus.DEFERRED:
+            return None
+        condition = self._waiting_for
+        if condition is None:
+            return "slot"
+        if isinstance(condition, AsyncValue):
+            return f"condition {type(condition).__name__}"
+        if inspect.iscoroutinefunction(getattr(condition, "wait", None)) or callable(
+            getattr(condition, "is_set", None)
+        ):
+            return "event"
+        name = getattr(condition, "__qualname__", None) or type(condition).__qualname__
+        return f"condition {name}"
 
     async def _reclaim_unless_ending(self, slot: SlotToken) -> None:
         """The wait was cancelled or failed: take a slot back even while being
@@ -307,7 +340,7 @@ class TaskHandle:
         elif observer is not None:
             deadline = observer.reclaim_deadline(self._job)
         with trio.CancelScope(shield=True, deadline=deadline) as self._reclaim_scope:
-            await slot.reclaim()
+            await self._reclaim(slot)
         self._reclaim_scope = None
         if slot.is_held:
             self._enter(SubStatus.ACTIVE)

@@ -111,6 +111,21 @@ class Lifecycle:
             tally.note_high_water()  # (a new mark is rare)
         self.wake_worker()
 
+    def waiting_on(self, job: Job) -> str | None:
+        """Why ``job`` is not running now (`TaskRef.waiting_on`)."""
+        status = job.status
+        if status is TaskStatus.PENDING:
+            if job.key is not None and (reason := self.pending.waiting_on(job)) is not None:
+                return reason
+            return "slot" if job.scope is None else "retry backoff"
+        handle = job.handle
+        if status is not TaskStatus.RUNNING or handle is None:
+            return None
+        waiting = handle.waiting_on
+        if waiting == "slot" and job.key is not None:
+            return self.pending.waiting_on(job) or waiting
+        return waiting
+
     def drop_new(self, job: Job) -> None:
         """``job`` arrived at a full executor under ``DROP_NEWEST``."""
         self._gate.publish_refusal(HealthEventKind.TASK_DROP, job, "queue_full")
@@ -120,7 +135,7 @@ class Lifecycle:
 
     def drop_oldest(self) -> None:
         """Make room under ``DROP_OLDEST``: the oldest pending task is dropped."""
-        oldest = self.pending.pop()
+        oldest = self.pending.pop_oldest()
         assert oldest is not None
         self._gate.publish_refusal(HealthEventKind.TASK_DROP, oldest, "queue_full")
         self.tally.queue_depth -= 1
@@ -232,6 +247,8 @@ class Lifecycle:
     def ended(self, job: Job, status: TaskStatus) -> None:
         """A worker is done with ``job``: its last attempt ended with ``status``
         (CANCELLED if cancelled between attempts)."""
+        if job.key is not None:
+            self.pending.ended(job)
         if job.status is TaskStatus.RUNNING:
             self.tally.active_count -= 1
             self.finish(job, status)
@@ -349,7 +366,7 @@ class Lifecycle:
         """End every task that has not started as ``CANCELLED``; return how many
         (and append them to ``into``, if given)."""
         count = 0
-        while (job := self.pending.pop()) is not None:
+        for job in self.pending.take_all():
             self.tally.cancellation_requested_count += 1
             job.cancel_requested = True
             self.tally.queue_depth -= 1

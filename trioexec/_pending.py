@@ -1,55 +1,454 @@
 """`Pending`: accepted tasks that have not started, in the order they start.
 
-Submission order today (priority and per-key order later). A task cancelled
-while pending leaves a tombstone the workers skip, so a cancel costs O(1); the
-deque is compacted when tombstones outnumber live entries.
+Two shapes. Until a task with a key or a priority arrives, a plain deque in
+submission order (the fast path: most executors never use either). From then
+on, ranked: a heap of the tasks that may start now (``ready``), best first, and
+for each limited key a line of its own held-back tasks, let through to
+``ready`` as the key's room allows (`KeyState`). A key at its limit therefore
+never delays another key's tasks.
+
+Rank: higher priority first, then submission order. With ``priority_aging``,
+a waiting task's priority rises by 1 for every ``priority_aging`` seconds it has
+waited (continuously), so two tasks compare by ``submitted_at - priority *
+priority_aging``: a static order, kept in a heap. ``submitted_at`` is the
+executor's wall clock, made monotonic here, so equal priorities keep
+submission order even if the clock steps back.
+
+A task cancelled while pending leaves a tombstone the workers skip, so a cancel
+costs O(1); the structures are compacted when tombstones outnumber live entries.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from collections import deque
+from collections.abc import Callable, Mapping
 from typing import final
 
+import trio
+
+from ._keys import DEFAULT_KEY, KeyLimit, KeyState, KeyStatistics, Waiter
 from ._records import TaskStatus
 from ._taskref import Job
 
 # Compact only past this many tombstones (and when they are the majority).
 _COMPACT_AFTER = 64
 
+_Entry = tuple[float, int, Job]
+
+
+def _queued(job: Job) -> bool:
+    """``job`` is still waiting in the queue (not started, not ended)."""
+    return job.status is TaskStatus.PENDING and job.scope is None
+
 
 @final
 class Pending:
-    """The pending queue. ``live`` is how many it holds, tombstones aside (a
-    plain attribute: the workers read it on every turn)."""
+    """The pending queue. ``live`` is how many tasks may start now, tombstones
+    aside (a plain attribute: the workers read it on every turn); ``held`` is
+    how many more wait for their key.
 
-    __slots__ = ("_jobs", "live")
+    ``on_ready`` is called for each task a key lets through later (its room
+    came back): the workers' wake-up.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = (
+        "_aging",
+        "_jobs",
+        "_last",
+        "_limits",
+        "_order",
+        "_ranked",
+        "_ready",
+        "_seq",
+        "_timer_scope",
+        "_timers",
+        "_tombstones",
+        "held",
+        "keys",
+        "live",
+        "nursery",
+        "on_ready",
+    )
+
+    def __init__(
+        self, key_limits: Mapping[str, KeyLimit] | None = None, priority_aging: float | None = 60.0
+    ) -> None:
         self._jobs: deque[Job] = deque()
         self.live = 0
+        self.held = 0
+        self._ranked = False
+        self._ready: list[_Entry] = []
+        self._order: deque[Job] = deque()  # ranked: every queued task, oldest first
+        self._seq = 0
+        self._last = -math.inf  # the latest submission time ranked (monotonic)
+        self._aging = priority_aging
+        self._limits = dict(key_limits or {})
+        self._tombstones = 0
+        self.keys: dict[str, KeyState] = {}
+        self._timers: list[tuple[float, int, KeyState]] = []
+        self._timer_scope: trio.CancelScope | None = None
+        self.nursery: trio.Nursery | None = None  # (set by the workers: runs the timer)
+        self.on_ready: Callable[[], None] = lambda: None
+
+    # ------------------------------------------------------------ in and out
 
     def append(self, job: Job) -> None:
-        self._jobs.append(job)
-        self.live += 1
+        if not self._ranked:
+            if job.key is None and job.priority == 0:
+                self._jobs.append(job)
+                self.live += 1
+                return
+            self._rank_all()
+        self._add(job)
 
     def pop(self) -> Job | None:
-        """The next job to start (None if there is none), tombstones skipped."""
-        jobs = self._jobs
-        while jobs:
-            job = jobs.popleft()
-            if job.status is TaskStatus.PENDING:
-                self.live -= 1
+        """The next task to start (None if none may start now), tombstones
+        skipped. A task of a key now counts as holding it."""
+        if not self._ranked:
+            jobs = self._jobs
+            while jobs:
+                job = jobs.popleft()
+                if job.status is TaskStatus.PENDING:
+                    self.live -= 1
+                    return job
+            return None
+        ready = self._ready
+        while ready:
+            job = heapq.heappop(ready)[2]
+            if not _queued(job):
+                self._tombstones -= 1
+                continue
+            self.live -= 1
+            key = job.key
+            if key is not None:
+                state = self.keys[key]
+                state.pending -= 1
+                state.holders.add(job)
+                if state.limit is not None:
+                    state.earmarked.discard(job)
+                    if state.limit.rate is not None:
+                        state.refill(trio.current_time())
+                        state.tokens -= 1.0
+            self._trim_order()
+            return job
+        return None
+
+    def pop_oldest(self) -> Job | None:
+        """Take the oldest queued task out (``DROP_OLDEST``), whether it may start
+        or waits for its key; None if the queue is empty."""
+        if not self._ranked:
+            return self.pop()
+        order = self._order
+        while order:
+            job = order.popleft()
+            if _queued(job):
+                self._forget(job)
                 return job
         return None
 
     def discard(self, job: Job) -> None:
         """``job``, still in the queue, has ended (cancelled): it stays as a
         tombstone. Call after its status has left PENDING."""
-        self.live -= 1
-        jobs = self._jobs
-        tombstones = len(jobs) - self.live
-        if tombstones > _COMPACT_AFTER and tombstones * 2 > len(jobs):
-            self._jobs = deque(j for j in jobs if j.status is TaskStatus.PENDING)
+        if not self._ranked:
+            self.live -= 1
+            jobs = self._jobs
+            tombstones = len(jobs) - self.live
+            if tombstones > _COMPACT_AFTER and tombstones * 2 > len(jobs):
+                self._jobs = deque(j for j in jobs if j.status is TaskStatus.PENDING)
+            return
+        self._forget(job)
+
+    def take_all(self) -> list[Job]:
+        """Empty the queue: every queued task, oldest first."""
+        if not self._ranked:
+            jobs = [j for j in self._jobs if j.status is TaskStatus.PENDING]
+            self._jobs.clear()
+            self.live = 0
+            return jobs
+        jobs = [j for j in self._order if _queued(j)]
+        self._ready.clear()
+        self._order.clear()
+        self.live = self.held = self._tombstones = 0
+        for job in jobs:
+            if job.key is not None:
+                self.keys[job.key].pending -= 1
+        for state in list(self.keys.values()):
+            state.queue.clear()
+            if state.earmarked:
+                state.earmarked.clear()
+                if state.waiters:
+                    self._grant(state)  # the room they were let through into is free
+            self._maybe_forget_key(state)
+        return jobs
+
+    # ------------------------------------------------------------ ranked
+
+    def _rank_all(self) -> None:
+        """From now on ranked: what the deque holds moves over, in its order."""
+        self._ranked = True
+        jobs, self._jobs = self._jobs, deque()
+        self.live = 0
+        for job in jobs:
+            if job.status is TaskStatus.PENDING:
+                self._add(job)
+
+    def _add(self, job: Job) -> None:
+        seq = self._seq = self._seq + 1
+        t = job.submitted_at
+        if t < self._last:
+            t = self._last
+        else:
+            self._last = t
+        aging = self._aging
+        rank = -float(job.priority) if aging is None else t - job.priority * aging
+        entry = (rank, seq, job)
+        self._order.append(job)
+        key = job.key
+        if key is None:
+            heapq.heappush(self._ready, entry)
+            self.live += 1
+            return
+        state = self.state(key)
+        state.pending += 1
+        if state.limit is None:
+            heapq.heappush(self._ready, entry)
+            self.live += 1
+            return
+        heapq.heappush(state.queue, entry)
+        self.held += 1
+        self._grant(state, wake=False)  # (the submitter wakes a worker itself)
+        if job not in state.earmarked:
+            state.limited_count += 1
+
+    def _forget(self, job: Job) -> None:
+        """``job`` leaves the queue without starting (cancelled, dropped, or taken
+        by `take_all`); its entry stays behind as a tombstone."""
+        key = job.key
+        state = None if key is None else self.keys[key]
+        if state is not None:
+            state.pending -= 1
+        if state is None or state.limit is None or job in state.earmarked:
+            self.live -= 1
+            if state is not None and state.limit is not None:
+                state.earmarked.discard(job)
+                self._grant(state)  # its room is free again
+        else:
+            self.held -= 1
+        if state is not None:
+            self._maybe_forget_key(state)
+        self._tombstones += 1
+        entries = len(self._ready) + self.held
+        if self._tombstones > _COMPACT_AFTER and self._tombstones * 2 > entries:
+            self._compact()
+
+    def _compact(self) -> None:
+        self._ready = [e for e in self._ready if _queued(e[2])]
+        heapq.heapify(self._ready)
+        for state in self.keys.values():
+            if state.queue:
+                state.queue = [e for e in state.queue if _queued(e[2])]
+                heapq.heapify(state.queue)
+        self._order = deque(j for j in self._order if _queued(j))
+        self._tombstones = 0
+
+    def _trim_order(self) -> None:
+        order = self._order
+        while order and not _queued(order[0]):
+            order.popleft()
+        # A long-held task at the front keeps the started ones behind it: compact
+        # when they dominate.
+        if len(order) > 2 * (self.live + self.held) + _COMPACT_AFTER:
+            self._order = deque(j for j in order if _queued(j))
+
+    def _let_through(self, state: KeyState, entry: _Entry) -> None:
+        state.earmarked.add(entry[2])
+        heapq.heappush(self._ready, entry)
+        self.live += 1
+
+    # ------------------------------------------------------------ keys
+
+    def state(self, key: str) -> KeyState:
+        state = self.keys.get(key)
+        if state is None:
+            limits = self._limits
+            limit = limits.get(key) or limits.get(DEFAULT_KEY)
+            state = self.keys[key] = KeyState(key, limit, trio.current_time())
+        return state
+
+    def statistics(self, key: str) -> KeyStatistics:
+        state = self.keys.get(key)
+        return KeyStatistics(key=key) if state is None else state.statistics()
+
+    def release(self, job: Job, *, deferred: bool = False) -> None:
+        """``job`` (of a key) stops holding its key for a while: it gave its slot
+        back (``deferred``), or waits for its next attempt. No-op if it does not
+        hold it."""
+        state = self.keys[job.key]  # type: ignore[index]
+        if job not in state.holders:
+            return
+        state.holders.remove(job)
+        (state.deferred if deferred else state.retrying).add(job)
+        if state.limit is not None:
+            self._grant(state)
+
+    def ended(self, job: Job) -> None:
+        """``job`` (of a key, started) has ended: whatever it held of its key is free."""
+        state = self.keys[job.key]  # type: ignore[index]
+        if job in state.holders:
+            state.holders.remove(job)
+            if state.limit is not None:
+                self._grant(state)
+        else:
+            state.deferred.discard(job)
+            state.retrying.discard(job)
+        self._maybe_forget_key(state)
+
+    async def rejoin(self, job: Job) -> None:
+        """Hold ``job``'s key again, after a deferral or for a retry's attempt (which
+        takes a token too). First come, first served among the key's started
+        tasks, ahead of its pending ones. If cancelled while waiting, the key is
+        not held. Not a checkpoint when the key has room."""
+        state = self.keys[job.key]  # type: ignore[index]
+        start = job in state.retrying
+        if state.limit is not None:
+            state.refill(trio.current_time())
+            if state.waiters or not state.room(start):
+                waiter = Waiter(job, start)
+                state.waiters.append(waiter)
+                state.limited_count += 1
+                self._grant(state)  # (sets the timer for the token it may wait for)
+                try:
+                    await waiter.event.wait()
+                except BaseException:
+                    if not waiter.granted:
+                        state.waiters.remove(waiter)
+                        self._grant(state)  # the next in line may fit now
+                    else:
+                        self.release(job, deferred=not start)
+                    raise
+                return
+            if start and state.limit.rate is not None:
+                state.tokens -= 1.0
+        self._hold(state, job)
+
+    def _hold(self, state: KeyState, job: Job) -> None:
+        state.deferred.discard(job)
+        state.retrying.discard(job)
+        state.holders.add(job)
+
+    def waiting_on(self, job: Job) -> str | None:
+        """Why a queued or rejoining task of a limited key waits, if it waits for
+        its key (None otherwise)."""
+        key = job.key
+        state = None if key is None else self.keys.get(key)
+        if state is None or state.limit is None or job in state.earmarked:
+            return None
+        if _queued(job) or any(w.job is job for w in state.waiters):
+            state.refill(trio.current_time())
+            return state.reason()
+        return None
+
+    def _grant(self, state: KeyState, *, wake: bool = True) -> None:
+        """The key's room may have grown: hand it to its waiters in order, then
+        let pending tasks through; past that, set a timer for the next token."""
+        limit = state.limit
+        assert limit is not None
+        now = trio.current_time()
+        state.refill(now)
+        waiters = state.waiters
+        while waiters:
+            waiter = waiters[0]
+            if not state.room(waiter.start):
+                break
+            waiters.popleft()
+            self._hold(state, waiter.job)
+            if waiter.start and limit.rate is not None:
+                state.tokens -= 1.0
+            waiter.granted = True
+            waiter.event.set()
+        if not waiters:
+            queue = state.queue
+            while queue:
+                if not _queued(queue[0][2]):
+                    heapq.heappop(queue)
+                    self._tombstones -= 1
+                    continue
+                if not state.room():
+                    break
+                self.held -= 1
+                self._let_through(state, heapq.heappop(queue))
+                if wake:
+                    self.on_ready()
+        if (waiters or state.queue) and limit.rate is not None and state.by_rate():
+            self._set_timer(state, state.ready_at())
+
+    def _maybe_forget_key(self, state: KeyState) -> None:
+        """Drop an idle key's state once its bucket is full (its counts restart)."""
+        if not state.idle:
+            return
+        state.refill(trio.current_time())
+        full = state.full_at()
+        if full <= state.stamp:
+            if self.keys.get(state.key) is state:
+                del self.keys[state.key]
+        else:
+            self._set_timer(state, full)
+
+    # ------------------------------------------------------------ the timer
+
+    def _set_timer(self, state: KeyState, at: float) -> None:
+        if at >= state.timer_at:
+            return
+        state.timer_at = at
+        self._seq += 1
+        heapq.heappush(self._timers, (at, self._seq, state))
+        scope = self._timer_scope
+        if scope is not None:
+            scope.deadline = min(scope.deadline, at)
+        elif self.nursery is not None:
+            self._timer_scope = trio.CancelScope(deadline=at)
+            self.nursery.start_soon(self._run_timer, self._timer_scope, name="trioexec key timer")
+
+    async def _run_timer(self, scope: trio.CancelScope) -> None:
+        """Refill buckets when they are due (a child of the executor's nursery;
+        `close` ends it)."""
+        while self._timer_scope is scope:
+            with scope:
+                await trio.sleep_forever()
+            if self._timer_scope is not scope:
+                return
+            self.fire_timers()
+            scope = self._timer_scope = trio.CancelScope(
+                deadline=self._timers[0][0] if self._timers else math.inf
+            )
+
+    def fire_timers(self) -> None:
+        """Run the refills that are due now."""
+        now = trio.current_time()
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            at, _, state = heapq.heappop(timers)
+            if at != state.timer_at:
+                continue  # superseded by an earlier one
+            state.timer_at = math.inf
+            if state.limit is not None and (state.waiters or state.queue):
+                self._grant(state)
+            self._maybe_forget_key(state)
+
+    def next_timer(self) -> float:
+        """When the next refill is due (inf: none is)."""
+        return self._timers[0][0] if self._timers else math.inf
+
+    def close(self) -> None:
+        """The executor is done: the timer task ends."""
+        scope, self._timer_scope = self._timer_scope, None
+        if scope is not None:
+            scope.cancel()
 
     def __repr__(self) -> str:
-        return f"<Pending {self.live} live, {len(self._jobs) - self.live} tombstones>"
+        tombstones = self._tombstones if self._ranked else len(self._jobs) - self.live
+        return (
+            f"<Pending {self.live} live, {tombstones} tombstones, {self.held} held by their keys>"
+        )

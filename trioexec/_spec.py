@@ -142,6 +142,9 @@ class TaskSpec:
     retry_on: tuple[type[BaseException], ...] = (Exception,)
     timeout: float | None = None
     budget: float | None = None
+    #: the admission key of its tasks: a str, or a callable of the task's arguments
+    key: str | Callable[..., str] | None = None
+    priority: int = 0
     _info: CallInfo = attrs.field(alias="_info")
 
     @property
@@ -167,7 +170,49 @@ class TaskSpec:
         return f"<TaskSpec {self.id!r}>"
 
 
-_OPTION_NAMES = ("id", "dependencies", "retries", "backoff", "retry_on", "timeout", "budget")
+_OPTION_NAMES = (
+    "id",
+    "dependencies",
+    "retries",
+    "backoff",
+    "retry_on",
+    "timeout",
+    "budget",
+    "key",
+    "priority",
+)
+
+#: priorities are stored as 64-bit integers
+_PRIORITY_BOUND = 2**62
+
+
+def check_priority(priority: object) -> int:
+    """A task's priority: an int (not a bool) of magnitude below 2**62.
+    Raises TypeError or ValueError naming it."""
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be an int, got {priority!r}")
+    if not -_PRIORITY_BOUND < priority < _PRIORITY_BOUND:
+        raise ValueError(f"priority must be between -2**62 and 2**62, got {priority!r}")
+    return priority
+
+
+def spec_key(spec: TaskSpec, args: tuple[Any, ...]) -> str:
+    """The key of a task of ``spec`` called with ``args`` (its ``key``, or what
+    its key function returns for them).
+
+    Raises:
+      ValueError: the key function raised, or returned something that is not a
+        usable key (naming the spec and the value).
+    """
+    key = spec.key
+    if callable(key):
+        try:
+            key = key(*args)
+        except Exception as exc:
+            raise ValueError(f"{spec.id}: its key function raised {exc!r}") from exc
+    if not isinstance(key, str):
+        raise ValueError(f"{spec.id}: a key must be a str, got {key!r}")
+    return key
 
 
 def _make_spec(fn: object, options: dict[str, Any]) -> TaskSpec:
@@ -229,6 +274,17 @@ def _make_spec(fn: object, options: dict[str, Any]) -> TaskSpec:
             if value == 0:
                 raise TaskDefinitionError(f"{task_id}: {name} must be > 0, got {value!r}")
 
+    key = options["key"]
+    if key is not None and not callable(key):
+        try:
+            check_id("key", key)
+        except ValueError as exc:
+            raise TaskDefinitionError(f"{task_id}: {exc}") from None
+    try:
+        priority = check_priority(options["priority"])
+    except (TypeError, ValueError) as exc:
+        raise TaskDefinitionError(f"{task_id}: {exc}") from None
+
     assert callable(fn)
     return TaskSpec(
         fn=fn,
@@ -239,6 +295,8 @@ def _make_spec(fn: object, options: dict[str, Any]) -> TaskSpec:
         retry_on=retry_on,
         timeout=options["timeout"],
         budget=options["budget"],
+        key=key,
+        priority=priority,
         _info=CallInfo(_is_async_callable(fn), *_find_handle_param(fn)),
     )
 
@@ -257,6 +315,8 @@ def task(
     retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
     timeout: float | None = None,
     budget: float | None = None,
+    key: str | Callable[..., str] | None = None,
+    priority: int = 0,
     **unknown: object,
 ) -> Callable[[Callable[..., Any]], TaskSpec]: ...
 
@@ -272,6 +332,8 @@ def task(
     retry_on: type[BaseException] | tuple[type[BaseException], ...] = (Exception,),
     timeout: float | None = None,
     budget: float | None = None,
+    key: str | Callable[..., str] | None = None,
+    priority: int = 0,
     **unknown: object,
 ) -> TaskSpec | Callable[[Callable[..., Any]], TaskSpec]:
     """Declare a task. Use bare (``@task``) or with options (``@task(id=..., retries=3)``).
@@ -285,6 +347,11 @@ def task(
       timeout: hard per-attempt limit in seconds, deferred time included.
       budget: cooperative limit on active (slot-holding) seconds; exceeding it is
         recorded, not enforced.
+      key: the admission key of its tasks (`KeyLimit`): a str, or a callable
+        given the task's arguments that returns one (``submit(key=...)``
+        overrides it).
+      priority: its tasks' priority (higher starts first; ``submit(priority=...)``
+        overrides it).
 
     Returns a frozen `TaskSpec`, still callable like the function.
 
@@ -305,6 +372,8 @@ def task(
         "retry_on": retry_on,
         "timeout": timeout,
         "budget": budget,
+        "key": key,
+        "priority": priority,
     }
     if fn is not None:
         return _make_spec(fn, options)

@@ -35,6 +35,8 @@ class Owner(Protocol):
     def hurry(self) -> None:
         """Someone waits for a completion to be durable."""
 
+    def waiting_on(self, job: Job) -> str | None: ...
+
 
 @final
 @attrs.define(eq=False, repr=False, weakref_slot=False)
@@ -57,6 +59,8 @@ class Job:
     #: one plain async call (no retries, timeout or budget): the workers' fast path
     simple: bool
     run_id: str | None = None  # the workflow run it is a step of
+    key: str | None = None  # its admission key (`KeyLimit`)
+    priority: int = 0
     status: TaskStatus = TaskStatus.PENDING
     attempts: int = 0
     active_seconds: float = 0.0
@@ -155,6 +159,23 @@ class TaskRef:
         if job.status is not TaskStatus.RUNNING:
             return None
         return SubStatus.ACTIVE if job.handle is None else job.handle.sub_status
+
+    @property
+    def key(self) -> str | None:
+        """Its admission key (`KeyLimit`), or None."""
+        return self._job.key
+
+    @property
+    def priority(self) -> int:
+        """Its priority (higher starts first)."""
+        return self._job.priority
+
+    @property
+    def waiting_on(self) -> str | None:
+        """Why it is not running now: ``"slot"``, ``"key concurrency <key>"``,
+        ``"rate limit <key>"``, ``"retry backoff"``, ``"event"`` or
+        ``"condition <name>"`` (deferred); None while it runs or once it ended."""
+        return self._job.owner.waiting_on(self._job)
 
     @property
     def done(self) -> bool:

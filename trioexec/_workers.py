@@ -62,7 +62,7 @@ class Workers:
 
     def start(self, nursery: trio.Nursery) -> None:
         """Workers run in ``nursery`` from now on."""
-        self.nursery = nursery
+        self.nursery = self._pending.nursery = nursery
         self.registry = running()
 
     def close(self) -> None:
@@ -73,7 +73,10 @@ class Workers:
     # ------------------------------------------------------------ the pool
 
     def work_arrived(self) -> None:
-        """A job was queued: wake an idle worker, or start one if a slot has none."""
+        """A job may start: wake an idle worker, or start one if a slot has none
+        (unless the workers already woken will take every job that may start)."""
+        if self._pending.live <= self._coming:
+            return
         if self._idle:
             self._coming += 1
             trio.lowlevel.reschedule(self._idle.pop())
@@ -256,13 +259,17 @@ class Workers:
             status = await self._attempt(job, handle)
             if not _should_retry(spec, job, status):
                 return status
-            # Pending again, without a slot, until the next attempt.
+            # Pending again, without a slot (or its key), until the next attempt.
             token.release()
+            if job.key is not None:
+                self._pending.release(job)
             delay = spec.backoff.delay(job.attempts)
             self._lifecycle.retrying(job, status, delay)
             self._parked()
             try:
                 await trio.sleep(delay)
+                if job.key is not None:
+                    await self._pending.rejoin(job)  # (a start: it takes a token)
             finally:
                 self._count += 1
             if not token.try_reclaim():
@@ -362,8 +369,23 @@ class Workers:
             # (taken back in `thread_resumed` before the thread goes on).
             self._lent_threads.add(handle)
             self.thread_limiter.total_tokens += 1
+        if job.key is not None:
+            self._pending.release(job, deferred=True)
         self._lifecycle.deferred(job)
         self._parked()
+
+    async def reclaim(self, job: Job, slot: SlotToken) -> None:
+        """A deferred task takes its key (if it has one) back, then a slot. If
+        cancelled meanwhile, it holds neither."""
+        if job.key is None:
+            await slot.reclaim()
+            return
+        await self._pending.rejoin(job)
+        try:
+            await slot.reclaim()
+        except BaseException:
+            self._pending.release(job, deferred=True)
+            raise
 
     def resumed(self, handle: TaskHandle, job: Job) -> None:
         self._count += 1

@@ -1,0 +1,234 @@
+"""Admission by key: `KeyLimit` (the policy), `KeyStatistics` (a snapshot) and
+`KeyState` (one key's counts, token bucket and lines).
+
+A key's limit bounds its tasks that hold a slot (``concurrency``) and its starts
+(``rate`` per ``per`` seconds, a token bucket holding at most ``rate`` tokens). The
+queue that decides who starts (`Pending`) keeps each key's held-back tasks in a
+line of their own, so a key at its limit never delays another key's tasks.
+
+The arithmetic is pure (`KeyState.room`, `KeyState.refill`, `KeyState.ready_at`):
+it takes ``now`` on Trio's clock and returns numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+import trio
+
+if TYPE_CHECKING:
+    from ._taskref import Job
+
+#: the `KeyLimit` of every key a mapping does not list
+DEFAULT_KEY = "*"
+
+
+def _positive_int(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"KeyLimit {attribute.name} must be an int or None, got {value!r}")
+    if value < 1:
+        raise ValueError(f"KeyLimit {attribute.name} must be >= 1, got {value!r}")
+
+
+def _positive_number(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    if value is None and attribute.name == "rate":
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"KeyLimit {attribute.name} must be a number, got {value!r}")
+    if not (0 < value < math.inf):
+        raise ValueError(f"KeyLimit {attribute.name} must be a finite number > 0, got {value!r}")
+
+
+@attrs.frozen(kw_only=True)
+class KeyLimit:
+    """The limit of one key (`open_executor`'s ``key_limits``): either or both of
+
+    - ``concurrency``: at most that many tasks of the key hold a slot at once (a
+      deferred task holds none);
+    - ``rate`` starts (attempts, retries included) per ``per`` seconds: a token
+      bucket that holds at most ``rate`` tokens and gains ``rate`` every ``per``
+      seconds. Over any span of ``s`` seconds at most ``rate + rate * s / per``
+      tasks of the key start (a full bucket, then the refill).
+
+    Example::
+
+        KeyLimit(concurrency=2, rate=10, per=1.0)   # 2 at once, 10 starts a second
+
+    Raises:
+      TypeError, ValueError: a value that is not a positive int (``concurrency``)
+        or a finite number > 0 (``rate``, ``per``), naming it.
+    """
+
+    concurrency: int | None = attrs.field(default=None, validator=_positive_int)
+    rate: float | None = attrs.field(default=None, validator=_positive_number)
+    per: float = attrs.field(default=1.0, validator=_positive_number)
+
+
+@attrs.frozen(kw_only=True)
+class KeyStatistics:
+    """One key's tasks now (`Executor.key_statistics`): ``active`` hold a slot,
+    ``pending`` have not started (held back by the key or waiting for a slot),
+    ``deferred`` gave their slot back; ``limited_count`` counts the times one of
+    its tasks had to wait for the key's limit (to start, or to resume). The
+    counts of a key start from zero again once it has been idle: nothing
+    pending, running or deferred, and its rate bucket full."""
+
+    key: str
+    active: int = 0
+    pending: int = 0
+    deferred: int = 0
+    limited_count: int = 0
+
+
+def key_limits_for(value: object) -> dict[str, KeyLimit]:
+    """``key_limits=`` as a mapping from key to `KeyLimit` (``"*"``: every key not
+    listed). One `KeyLimit` applies to every key; None limits none.
+
+    Raises:
+      TypeError: anything else, naming it.
+    """
+    if value is None:
+        return {}
+    if isinstance(value, KeyLimit):
+        return {DEFAULT_KEY: value}
+    if isinstance(value, Mapping):
+        limits: dict[str, KeyLimit] = {}
+        for key, limit in value.items():
+            if not isinstance(key, str) or not key:
+                raise TypeError(f"key_limits keys must be non-empty str, got {key!r}")
+            if not isinstance(limit, KeyLimit):
+                raise TypeError(f"key_limits[{key!r}] must be a KeyLimit, got {limit!r}")
+            limits[key] = limit
+        return limits
+    raise TypeError(f"key_limits must be a KeyLimit or a mapping of them, got {value!r}")
+
+
+@final
+class Waiter:
+    """A started task of a limited key waiting for its key again: to resume from a
+    deferral, or (``start``) for a retry's attempt, which also takes a token."""
+
+    __slots__ = ("event", "granted", "job", "start")
+
+    def __init__(self, job: Job, start: bool) -> None:
+        self.job = job
+        self.start = start
+        self.event = trio.Event()
+        self.granted = False
+
+
+@final
+class KeyState:
+    """One key's counts and lines (kept while the key has tasks or a bucket that
+    is not full).
+
+    ``earmarked``: tasks of a limited key the queue has let through to start
+    (they count against the key's room until they start or are cancelled);
+    ``queue``: its held-back pending tasks, best first (a heap of
+    ``(rank, seq, job)``); ``waiters``: its started tasks waiting to hold the key
+    again, first come first served, ahead of every pending one.
+    """
+
+    __slots__ = (
+        "deferred",
+        "earmarked",
+        "holders",
+        "key",
+        "limit",
+        "limited_count",
+        "pending",
+        "queue",
+        "retrying",
+        "stamp",
+        "timer_at",
+        "tokens",
+        "waiters",
+    )
+
+    def __init__(self, key: str, limit: KeyLimit | None, now: float) -> None:
+        self.key = key
+        self.limit = limit
+        self.holders: set[Job] = set()  # its tasks that hold a slot
+        self.deferred: set[Job] = set()  # ... that gave theirs back
+        self.retrying: set[Job] = set()  # ... that wait for their next attempt
+        self.pending = 0  # its tasks in the queue
+        self.limited_count = 0
+        self.earmarked: set[Job] = set()
+        self.queue: list[tuple[float, int, Job]] = []
+        self.waiters: deque[Waiter] = deque()
+        self.tokens = float(limit.rate) if limit is not None and limit.rate else 0.0
+        self.stamp = now  # when `tokens` was last brought up to date
+        self.timer_at = math.inf  # a refill check is due then
+
+    def refill(self, now: float) -> None:
+        """Bring the bucket up to ``now``."""
+        limit = self.limit
+        if limit is None or limit.rate is None:
+            return
+        if now > self.stamp:
+            self.tokens = min(limit.rate, self.tokens + (now - self.stamp) * limit.rate / limit.per)
+            self.stamp = now
+
+    def room(self, start: bool = True) -> bool:
+        """One more task of the key may hold a slot now (and, with ``start``,
+        take a token), counting the ones already let through. (Call `refill` first.)"""
+        limit = self.limit
+        if limit is None:
+            return True
+        taken = len(self.earmarked)
+        if limit.concurrency is not None and len(self.holders) + taken >= limit.concurrency:
+            return False
+        return not start or limit.rate is None or self.tokens - taken >= 1.0
+
+    def by_rate(self) -> bool:
+        """The key is held back by its rate (not by its concurrency)."""
+        limit = self.limit
+        if limit is None or limit.rate is None:
+            return False
+        taken = len(self.earmarked)
+        return limit.concurrency is None or len(self.holders) + taken < limit.concurrency
+
+    def ready_at(self) -> float:
+        """When the bucket holds a token more than those already let through."""
+        limit = self.limit
+        assert limit is not None
+        assert limit.rate is not None
+        missing = len(self.earmarked) + 1.0 - self.tokens
+        return self.stamp + max(missing, 0.0) * limit.per / limit.rate
+
+    def full_at(self) -> float:
+        """When the bucket is full again (``stamp`` if it is, or has no rate)."""
+        limit = self.limit
+        if limit is None or limit.rate is None:
+            return self.stamp
+        return self.stamp + (limit.rate - self.tokens) * limit.per / limit.rate
+
+    @property
+    def idle(self) -> bool:
+        """Nothing of the key pending, running, deferred or waiting."""
+        return not (self.pending or self.holders or self.deferred or self.retrying or self.waiters)
+
+    def reason(self) -> str:
+        """What holds a task of this key back: its concurrency or its rate."""
+        return f"rate limit {self.key}" if self.by_rate() else f"key concurrency {self.key}"
+
+    def statistics(self) -> KeyStatistics:
+        return KeyStatistics(
+            key=self.key,
+            active=len(self.holders),
+            pending=self.pending + len(self.retrying),
+            deferred=len(self.deferred),
+            limited_count=self.limited_count,
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"<KeyState {self.key!r} {len(self.holders)} active, {self.pending} queued, "
+            f"{len(self.deferred)} deferred, {len(self.waiters)} waiting>"
+        )
