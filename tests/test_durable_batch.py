@@ -32,6 +32,7 @@ from trioexec.durable import (
     TaskState,
     open_worker,
 )
+from trioexec.durable._bulk import AloneTables
 from trioexec.durable._protocol import Core
 from trioexec.durable._store import RETRIES
 from trioexec.testing import FakeWallClock
@@ -218,6 +219,46 @@ def test_a_run_with_one_failing_operation_answers_each_alone(core: Any) -> None:
         "new": ("pending", "pending", 0),
     }
     assert core.get_promise("new2").state is PromiseState.PENDING
+    assert core.check_invariants() == []
+
+
+def test_an_operation_failing_after_writing_is_undone_alone(core: Any) -> None:
+    """Operations run without a savepoint where the backend can tell a failed one
+    wrote nothing; one that fails after writing rolls the transaction back, and
+    the batch runs again with a savepoint each: the others are written once, the
+    failing one's write is not."""
+    tasks = seed(core, 2)
+    core.create_promise("extra", 600, target="w")
+    runs = []
+
+    def writes_then_fails() -> None:
+        halted = core.halt("extra")  # a write
+        raise ValueError(f"fails after halting {halted.id}")
+
+    def taking() -> list[Any]:
+        runs.append(1)
+        return [
+            functools.partial(core.fulfill, tasks[0].id, tasks[0].version),
+            functools.partial(core.get_promise, "nope"),
+            functools.partial(core.fulfill, "nope", 1),  # fails, writing nothing
+            writes_then_fails,
+            functools.partial(core.claim_work, "w", pid="q", ttl=60, limit=5),
+            functools.partial(core.fulfill, tasks[1].id, tasks[1].version, rejected=True),
+        ]
+
+    results = core.run(taking)
+    assert [ok for ok, _ in results] == [True, True, False, False, True, True]
+    assert results[1][1] is None
+    assert isinstance(results[2][1], NotFound)
+    assert isinstance(results[3][1], ValueError)
+    assert [(t.id, t.version) for t, _ in results[4][1]] == [("extra", 1)]
+    # (Without savepoints first, then again with them; SQLite's cost little: always.)
+    assert len(runs) == (2 if isinstance(core.tables, AloneTables) else 1)
+    assert states(core) == {
+        "t0": ("resolved", "fulfilled", 1),
+        "t1": ("rejected", "fulfilled", 1),
+        "extra": ("pending", "acquired", 1),  # not halted: that write was undone
+    }
     assert core.check_invariants() == []
 
 

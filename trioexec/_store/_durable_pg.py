@@ -153,6 +153,10 @@ class PostgresTables:
         # write then updates only the columns that changed, or nothing.
         self._stored: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._wake: set[str] = set()  # targets with newly claimable tasks, to NOTIFY
+        # `AloneTables`: an operation that fails having written nothing needs no
+        # savepoint (two round trips fewer) to be undone.
+        self.writes = 0  # statements that changed rows
+        self.errors = (self._psycopg.Error, TransactionAborted)  # those fail the transaction
 
     def close(self) -> None:
         """Close the connection; idempotent."""
@@ -262,6 +266,7 @@ class PostgresTables:
                 f" VALUES ({', '.join(['%s'] * len(cols))}) ON CONFLICT (id) DO NOTHING",
                 values,
             ).rowcount
+            self.writes += 1
             if inserted != 1:
                 raise TransactionAborted(
                     f"{self.path}: durable store: {table} {values[0]!r} was inserted"
@@ -275,6 +280,7 @@ class PostgresTables:
                 f"UPDATE {table} SET {', '.join(f'{cols[i]} = %s' for i in changed)} WHERE id = %s",
                 [*(values[i] for i in changed), values[0]],
             )
+            self.writes += 1
         self._stored[key] = values
 
     def _keep(self, call: str) -> Overlay | None:
@@ -318,13 +324,17 @@ class PostgresTables:
         self._keep("update_task")  # never part of applying time: refused if read-only
         rows = _update(self.conn, "durable_tasks", id, expect, changes, _T_COLS)
         if rows:
+            self.writes += 1
             self._task(rows[0])
         return bool(rows)
 
     def update_promise(self, id: str, expect: Row, changes: Row) -> Row | None:
         self._keep("update_promise")
         rows = _update(self.conn, "durable_promises", id, expect, changes, _P_COLS)
-        return self._promise(rows[0]) if rows else None
+        if not rows:
+            return None
+        self.writes += 1
+        return self._promise(rows[0])
 
     def claim(
         self, target: str, limit: int, pid: str, ttl: float, now: float
@@ -333,6 +343,7 @@ class PostgresTables:
         skipping rows another transaction holds), in one statement."""
         self._keep("claim")
         rows = self.conn.execute(_CLAIM, (target, limit, pid, ttl, now + ttl)).fetchall()
+        self.writes += bool(rows)
         rows.sort(key=lambda r: r[0])
         return [(self._task(r[:-1]), r[-1]) for r in rows]
 
@@ -346,6 +357,7 @@ class PostgresTables:
         rows = self.conn.execute(_FULFIL_MANY, (*columns, len(items), now)).fetchall()
         if len(rows) != len(items):
             return None
+        self.writes += 1
         settled = {r[0]: (self._promise(r[:-2]), bool(r[-2])) for r in rows}
         for id, *_ in items:
             self._stored.pop(("durable_tasks", id), None)
@@ -372,6 +384,7 @@ class PostgresTables:
         p_columns = [list(c) for c in zip(*p_values, strict=True)]
         t_columns = [list(c) for c in zip(*t_values, strict=True)] or [[]] * len(_T_COLS)
         inserted = self.conn.execute(_CREATE_MANY, (*p_columns, *t_columns)).fetchone()
+        self.writes += 1
         if tuple(inserted) != (len(promises), len(tasks)):
             raise TransactionAborted(
                 f"{self.path}: durable store: a promise of this batch was inserted"
@@ -391,6 +404,7 @@ class PostgresTables:
             " ON CONFLICT DO NOTHING",
             (promise_id, task_id),
         )
+        self.writes += 1
 
     def tasks_awaiting(self, promise_id: str) -> list[str]:
         overlay = note(self._overlay, "tasks_awaiting")
@@ -421,6 +435,7 @@ class PostgresTables:
             overlay.dropped.add(task_id)
             return
         self.conn.execute("DELETE FROM durable_callbacks WHERE task_id = %s", (task_id,))
+        self.writes += 1
 
     def timed_out_promises(self, now: float) -> list[Row]:
         overlay = note(self._overlay, "timed_out_promises")

@@ -40,6 +40,10 @@ class DictTables:
         self.callbacks: dict[tuple[str, str], None] = {}  # (promise id, task id), ordered
         self._lock = threading.RLock()
         self._depth = 0  # transactions open in the thread holding the lock
+        # `AloneTables`: an operation that fails having changed nothing needs no
+        # copy of the tables to be undone.
+        self.writes = 0  # changes made
+        self.errors: tuple[type[Exception], ...] = ()  # none fails the transaction
 
     def _saved(self) -> tuple[dict[str, Row], dict[str, Row], dict[tuple[str, str], None]]:
         return copy.deepcopy(self.promises), copy.deepcopy(self.tasks), dict(self.callbacks)
@@ -76,6 +80,7 @@ class DictTables:
         return None if row is None else dict(row, tags=dict(row["tags"]))
 
     def put_promise(self, row: Row) -> None:
+        self.writes += 1
         self.promises[row["id"]] = dict(row, tags=dict(row["tags"]))
 
     def task(self, id: str) -> Row | None:
@@ -83,12 +88,14 @@ class DictTables:
         return None if row is None else dict(row)
 
     def put_task(self, row: Row) -> None:
+        self.writes += 1
         self.tasks[row["id"]] = dict(row)
 
     def update_task(self, id: str, expect: Row, changes: Row) -> bool:
         row = self.tasks.get(id)
         if row is None or any(row[k] != v for k, v in expect.items()):
             return False
+        self.writes += 1
         row.update(changes)
         return True
 
@@ -96,6 +103,7 @@ class DictTables:
         row = self.promises.get(id)
         if row is None or any(row[k] != v for k, v in expect.items()):
             return None
+        self.writes += 1
         row.update(changes)
         return self.promise(id)
 
@@ -105,6 +113,7 @@ class DictTables:
         return claim_by_search(self, target, limit, pid, ttl, now)
 
     def add_callback(self, promise_id: str, task_id: str) -> None:
+        self.writes += 1
         self.callbacks[(promise_id, task_id)] = None
 
     def tasks_awaiting(self, promise_id: str) -> list[str]:
@@ -115,6 +124,7 @@ class DictTables:
 
     def drop_callbacks(self, task_id: str) -> None:
         for key in [k for k in self.callbacks if k[1] == task_id]:
+            self.writes += 1
             del self.callbacks[key]
 
     def timed_out_promises(self, now: float) -> list[Row]:

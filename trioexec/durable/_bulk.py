@@ -1,11 +1,13 @@
 """Runs of like operations in one group commit, each run as one statement where the
 backend can (`BulkTables`: PostgreSQL): a worker's fulfils, a producer's creates.
 
-`Core.run` hands its operations here. A run of two or more consecutive fulfils (or
-creates) goes to the backend at once if every one of them is plainly valid and
-would succeed; the backend then writes them all, or nothing (and says so). Else,
-and for every other operation, each runs alone as before (`Tables.attempt`). The
-answers are the same either way: each operation's own, in order.
+`Core.run` hands its operations here. Every fulfil of the batch (and every
+create) goes to the backend at once if each of them is plainly valid and would
+succeed; the backend then writes them all, or nothing (and says so). Else, and
+for every other operation, each runs alone, undone alone if it fails: in a
+savepoint (`Tables.attempt`), or, where the backend can tell that it wrote nothing
+before failing (`AloneTables`), without one. The answers are the same either
+way: each operation's own.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from .._store._durable_rows import BulkTables, Row
 from ._checks import check_create, check_id, encode, new_rows, promise_record
@@ -26,33 +28,95 @@ _FULFIL_KEYWORDS = frozenset({"data", "rejected"})
 _CREATE_KEYWORDS = frozenset({"idempotency_key", "data", "tags", "target"})
 
 
-def run_calls(core: Core, now: float, calls: Sequence[Callable[[], Any]]) -> list[tuple[bool, Any]]:
-    """Each of ``calls`` (operations of ``core``, in the transaction open at ``now``),
-    in order: ``(True, value)`` or ``(False, exception)``."""
+@runtime_checkable
+class AloneTables(Protocol):
+    """A backend that counts its writes, so that an operation of a group commit
+    can run without a savepoint: one that fails having written nothing leaves
+    nothing to undo.
+
+    ``writes`` grows with every change of a row; ``errors`` are the storage's own
+    errors (they fail the whole transaction, as in `Tables.attempt`)."""
+
+    writes: int
+    errors: tuple[type[Exception], ...]
+
+
+def run_calls(
+    core: Core, now: float, calls: Sequence[Callable[[], Any]], *, careful: bool
+) -> list[tuple[bool, Any]] | None:
+    """Each of ``calls`` (operations of ``core``, in the transaction open at ``now``):
+    ``(True, value)`` or ``(False, exception)``, in the order of ``calls``.
+
+    Every fulfil of the batch runs at the place of its first, as one run, and so
+    does every create (one statement each where the backend can); the other
+    operations run alone, in order. (They were called concurrently: none of their
+    callers has had an answer yet, so any order is one they could have seen.)
+
+    An operation that fails is undone alone: ``careful``, each runs in a savepoint
+    (`Tables.attempt`); else (a backend that can, `AloneTables`) without one, and
+    an operation that fails after writing returns None: roll the transaction back
+    and run them again, carefully. A batch of one runs as it is: its failure fails
+    the transaction."""
     tables = core.tables
     bulk = tables if isinstance(tables, BulkTables) else None
-    results: list[tuple[bool, Any]] = []
-    i = 0
-    while i < len(calls):
-        j = i + 1
-        kind = None if bulk is None else _kind(core, calls[i])
+    alone = None if careful or not isinstance(tables, AloneTables) else tables
+    results: list[tuple[bool, Any] | None] = [None] * len(calls)
+    for kind, run in _runs(core, calls, bulk is not None):
         if kind is not None and bulk is not None:
-            while j < len(calls) and _kind(core, calls[j]) == kind:
-                j += 1
-            if j - i >= 2:
-                run = calls[i:j]
-                done = (
-                    _fulfils(core, bulk, now, run)
-                    if kind == "fulfil"
-                    else _creates(core, bulk, now, run)
-                )
-                if done is not None:
-                    results.extend((True, record) for record in done)
-                    i = j
-                    continue
-        results.extend(tables.attempt(call) for call in calls[i:j])
-        i = j
-    return results
+            group = [calls[i] for i in run]
+            done = (
+                _fulfils(core, bulk, now, group)
+                if kind == "fulfil"
+                else _creates(core, bulk, now, group)
+            )
+            if done is not None:
+                for i, record in zip(run, done, strict=True):
+                    results[i] = (True, record)
+                continue
+        for i in run:
+            if len(calls) == 1:
+                results[i] = (True, calls[i]())
+            elif alone is not None:
+                result = _try_alone(alone, calls[i])
+                if result is None:
+                    return None
+                results[i] = result
+            else:
+                results[i] = tables.attempt(calls[i])
+    return cast("list[tuple[bool, Any]]", results)
+
+
+def _try_alone(tables: AloneTables, call: Callable[[], Any]) -> tuple[bool, Any] | None:
+    """``call()`` as it is: ``(True, its value)``, ``(False, its exception)`` if it
+    failed having written nothing, or None if it failed after writing (it cannot
+    be undone alone)."""
+    writes = tables.writes
+    try:
+        return True, call()
+    except tables.errors:
+        raise
+    except Exception as exc:
+        return (False, exc) if tables.writes == writes else None
+
+
+def _runs(
+    core: Core, calls: Sequence[Callable[[], Any]], bulk: bool
+) -> list[tuple[str | None, list[int]]]:
+    """The indices of ``calls`` in the runs they go in, in order: with ``bulk``,
+    every fulfil in one run at the place of the first, likewise every create;
+    every other operation a run of its own."""
+    runs: list[tuple[str | None, list[int]]] = []
+    first: dict[str, int] = {}
+    for i, call in enumerate(calls):
+        kind = _kind(core, call) if bulk else None
+        if kind is None:
+            runs.append((None, [i]))
+        elif kind in first:
+            runs[first[kind]][1].append(i)
+        else:
+            first[kind] = len(runs)
+            runs.append((kind, [i]))
+    return runs
 
 
 def _kind(core: Core, call: Callable[[], Any]) -> str | None:

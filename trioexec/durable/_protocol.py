@@ -37,6 +37,10 @@ from ._records import (
 )
 
 
+class _RunAgain(Exception):
+    """An operation of `Core.run` failed after writing, without a savepoint."""
+
+
 class Core:
     """The protocol over ``tables``, synchronous. `DurableStore` wraps it in async calls.
 
@@ -57,25 +61,35 @@ class Core:
         """Several operations (each a call of one of this object's methods) in one
         transaction: a group commit. ``take()`` returns them once the transaction
         has begun (holding the write lock: what was queued while waiting for it
-        joins). Time is applied once, at the start, and every operation acts at
-        that moment, in order, seeing the ones before it; the result is what each
-        would have answered alone at that moment.
+        joins; it is called again, returning those and any more, if the
+        transaction runs again). Time is applied once, at the start, and every
+        operation acts at that moment, seeing the ones that ran before it; the
+        result is what each would have answered alone at that moment. They run in
+        order, except that the fulfils of a batch run together at the place of
+        the first, and so do its creates (`run_calls`).
 
-        Each operation is a unit: one that raises is undone (savepoint) and its
-        exception is returned as ``(False, exc)``, the others' ``(True, value)``.
-        Alone, an operation's error fails its transaction as it always has. A
-        failure of the storage itself (or the commit) raises: nothing is written.
+        Each operation is a unit: one that raises is undone and its exception is
+        returned as ``(False, exc)``, the others' ``(True, value)``. (Where the
+        backend can tell that a failed operation wrote nothing, no savepoint is
+        made; one that fails after writing rolls the transaction back, and it runs
+        again with a savepoint for each.) Alone, an operation's error fails its
+        transaction as it always has. A failure of the storage itself (or the
+        commit) raises: nothing is written.
         """
-        with self.tables.transaction():
-            self._now = self._begin()
+        careful = False
+        while True:
             try:
-                calls = take()
-                if len(calls) == 1:
-                    return [(True, calls[0]())]
-                # Runs of fulfils or creates: one statement each where the backend can.
-                return run_calls(self, self._now, calls)
-            finally:
-                self._now = None
+                with self.tables.transaction():
+                    self._now = self._begin()
+                    try:
+                        results = run_calls(self, self._now, take(), careful=careful)
+                    finally:
+                        self._now = None
+                    if results is None:
+                        raise _RunAgain  # (rolls the transaction back)
+                    return results
+            except _RunAgain:
+                careful = True  # one failed after writing: nothing was kept
 
     # ------------------------------------------------------------------ time
 
