@@ -159,7 +159,7 @@ class KeyState:
         self.retrying: set[Job] = set()  # ... that wait for their next attempt
         self.pending = 0  # its tasks in the queue
         self.limited_count = 0
-        self.earmarked: set[Job] = set()
+        self.earmarked: dict[Job, tuple[float, int, Job]] = {}  # (with their entries)
         self.queue: list[tuple[float, int, Job]] = []
         self.waiters: deque[Waiter] = deque()
         self.tokens = float(limit.rate) if limit is not None and limit.rate else 0.0

@@ -116,21 +116,24 @@ class Pending:
             return None
         ready = self._ready
         while ready:
-            job = heapq.heappop(ready)[2]
+            entry = heapq.heappop(ready)
+            job = entry[2]
             if not _queued(job):
                 self._tombstones -= 1
                 continue
-            self.live -= 1
             key = job.key
-            if key is not None:
-                state = self.keys[key]
+            state = None if key is None else self.keys[key]
+            if state is not None and state.limit is not None:
+                if state.earmarked.get(job) is not entry:
+                    continue  # sent back to its key's line by a better task
+                del state.earmarked[job]
+            self.live -= 1
+            if state is not None:
                 state.pending -= 1
                 state.holders.add(job)
-                if state.limit is not None:
-                    state.earmarked.discard(job)
-                    if state.limit.rate is not None:
-                        state.refill(trio.current_time())
-                        state.tokens -= 1.0
+                if state.limit is not None and state.limit.rate is not None:
+                    state.refill(trio.current_time())
+                    state.tokens -= 1.0
             self._trim_order()
             return job
         return None
@@ -221,6 +224,20 @@ class Pending:
         self._grant(state, wake=False)  # (the submitter wakes a worker itself)
         if job not in state.earmarked:
             state.limited_count += 1
+            if state.earmarked and not state.waiters:
+                self._displace(state, entry)
+
+    def _displace(self, state: KeyState, entry: _Entry) -> None:
+        """A held-back task that outranks one its key let through takes its place
+        (which goes back to the key's line): the key's best always start first."""
+        worst = max(state.earmarked.values())
+        if entry < worst:
+            job = worst[2]
+            del state.earmarked[job]  # (its entry in ``ready`` is now stale)
+            self.live -= 1
+            heapq.heappush(state.queue, (worst[0], worst[1], job))
+            self.held += 1
+            self._grant(state, wake=False)
 
     def _forget(self, job: Job) -> None:
         """``job`` leaves the queue without starting (cancelled, dropped, or taken
@@ -232,7 +249,7 @@ class Pending:
         if state is None or state.limit is None or job in state.earmarked:
             self.live -= 1
             if state is not None and state.limit is not None:
-                state.earmarked.discard(job)
+                del state.earmarked[job]
                 self._grant(state)  # its room is free again
         else:
             self.held -= 1
@@ -244,7 +261,7 @@ class Pending:
             self._compact()
 
     def _compact(self) -> None:
-        self._ready = [e for e in self._ready if _queued(e[2])]
+        self._ready = [e for e in self._ready if _queued(e[2]) and self._current(e)]
         heapq.heapify(self._ready)
         for state in self.keys.values():
             if state.queue:
@@ -252,6 +269,14 @@ class Pending:
                 heapq.heapify(state.queue)
         self._order = deque(j for j in self._order if _queued(j))
         self._tombstones = 0
+
+    def _current(self, entry: _Entry) -> bool:
+        """``entry`` in ``ready`` is not stale (its task was not sent back)."""
+        key = entry[2].key
+        if key is None:
+            return True
+        state = self.keys.get(key)
+        return state is None or state.limit is None or state.earmarked.get(entry[2]) is entry
 
     def _trim_order(self) -> None:
         order = self._order
@@ -263,7 +288,8 @@ class Pending:
             self._order = deque(j for j in order if _queued(j))
 
     def _let_through(self, state: KeyState, entry: _Entry) -> None:
-        state.earmarked.add(entry[2])
+        entry = (entry[0], entry[1], entry[2])  # a new tuple: an older one may be in `ready`
+        state.earmarked[entry[2]] = entry
         heapq.heappush(self._ready, entry)
         self.live += 1
 

@@ -1,0 +1,511 @@
+"""Admission by key (API §8): per-key concurrency and rate, priorities and aging,
+in one executor, under the mock clock."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import trio
+import trio.testing
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import trioexec
+from trioexec import (
+    Backoff,
+    DeterministicExecutor,
+    KeyLimit,
+    KeyStatistics,
+    MemoryStore,
+    Overflow,
+    TaskHandle,
+    TaskStatus,
+    open_executor,
+)
+from trioexec.testing import FakeWallClock
+
+
+class Log:
+    """Start and end times of tasks, by name, on Trio's clock."""
+
+    def __init__(self) -> None:
+        self.starts: dict[str, float] = {}
+        self.ends: dict[str, float] = {}
+        self.order: list[str] = []
+
+    async def work(self, name: str, seconds: float = 0.0) -> str:
+        self.starts[name] = trio.current_time()
+        self.order.append(name)
+        await trio.sleep(seconds)
+        self.ends[name] = trio.current_time()
+        return name
+
+
+# ---------------------------------------------------------------- KeyLimit
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "words"),
+    [
+        ({"concurrency": 0}, ValueError, "concurrency must be >= 1, got 0"),
+        ({"concurrency": 1.5}, TypeError, "concurrency must be an int or None, got 1.5"),
+        ({"concurrency": True}, TypeError, "concurrency"),
+        ({"rate": 0}, ValueError, "rate must be a finite number > 0, got 0"),
+        ({"rate": math.inf}, ValueError, "rate"),
+        ({"rate": "10"}, TypeError, "rate must be a number, got '10'"),
+        ({"rate": 1, "per": 0}, ValueError, "per must be a finite number > 0"),
+        ({"rate": 1, "per": None}, TypeError, "per must be a number, got None"),
+    ],
+)
+def test_key_limit_refuses_bad_values_naming_them(kwargs, error, words):
+    with pytest.raises(error, match=words.replace("(", r"\(")):
+        KeyLimit(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "bad", [KeyLimit, 3, {"a": 2}, {"": KeyLimit(concurrency=1)}, {1: KeyLimit(rate=1)}]
+)
+async def test_open_executor_refuses_bad_key_limits(bad):
+    with pytest.raises(TypeError, match="key_limits"):
+        async with open_executor(key_limits=bad):
+            pass  # pragma: no cover
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"key": ""}, ValueError),
+        ({"key": 3}, ValueError),
+        ({"key": "a\x00b"}, ValueError),
+        ({"priority": 1.5}, TypeError),
+        ({"priority": True}, TypeError),
+        ({"priority": 2**63}, ValueError),
+    ],
+)
+async def test_submit_refuses_a_bad_key_or_priority(options, error):
+    async with open_executor() as ex:
+        with pytest.raises(error, match=next(iter(options))):
+            await ex.submit(trio.sleep, 0, **options)
+        assert ex.statistics().queued_count == 0
+
+
+# ---------------------------------------------------------------- concurrency
+
+
+async def test_key_concurrency_bounds_a_key_and_never_delays_another(autojump_clock):
+    log = Log()
+    limits = {"slow.example": KeyLimit(concurrency=2)}
+    async with open_executor(max_concurrent_tasks=4, key_limits=limits) as ex:
+        for n in range(6):
+            await ex.submit(log.work, f"slow{n}", 10, key="slow.example")
+        for n in range(2):
+            await ex.submit(log.work, f"other{n}", 1, key="other.example")
+        await ex.submit(log.work, "plain", 1)
+        await trio.testing.wait_all_tasks_blocked()
+        assert ex.key_statistics("slow.example") == KeyStatistics(
+            key="slow.example", active=2, pending=4, deferred=0, limited_count=4
+        )
+    # Two at a time, in submission order; the other key and the keyless task
+    # start at once (slots 3 and 4), not behind the held-back ones.
+    assert [log.starts[f"slow{n}"] for n in range(6)] == [0, 0, 10, 10, 20, 20]
+    assert log.starts["other0"] == log.starts["other1"] == 0
+    assert log.starts["plain"] == 1  # (4 slots: the fifth startable task waits for one)
+    assert ex.key_statistics("slow.example") == KeyStatistics(key="slow.example")
+
+
+async def test_a_deferred_task_gives_its_key_back_and_resumes_ahead_of_pending_ones(
+    autojump_clock,
+):
+    log = Log()
+    go = trio.Event()
+
+    async def waits(handle: TaskHandle):
+        log.starts["waits"] = trio.current_time()
+        await handle.defer_until(go)
+        log.ends["waits"] = trio.current_time()
+
+    limits = KeyLimit(concurrency=1)
+    async with open_executor(max_concurrent_tasks=4, key_limits=limits) as ex:
+        ref = await ex.submit(waits, key="k")
+        await trio.testing.wait_all_tasks_blocked()
+        assert ref.waiting_on == "event"
+        await ex.submit(log.work, "second", 5, key="k")  # starts: the key is free
+        await ex.submit(log.work, "third", 5, key="k")
+        await trio.testing.wait_all_tasks_blocked()
+        assert ex.key_statistics("k").deferred == 1
+        go.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert ref.waiting_on == "key concurrency k"  # until "second" ends
+    assert log.starts["second"] == 0
+    assert log.ends["waits"] == 5  # resumed when "second" ended, before "third"
+    assert log.starts["third"] == 5
+
+
+async def test_a_task_cancelled_while_waiting_for_its_key_to_resume_holds_nothing(
+    autojump_clock,
+):
+    go = trio.Event()
+
+    async def waits(handle: TaskHandle):
+        await handle.defer_until(go)
+
+    async with open_executor(key_limits=KeyLimit(concurrency=1)) as ex:
+        ref = await ex.submit(waits, key="k")
+        await trio.testing.wait_all_tasks_blocked()
+        blocker = await ex.submit(trio.sleep, 10, key="k")
+        go.set()
+        await trio.testing.wait_all_tasks_blocked()
+        ref.cancel()
+        assert (await ref.wait()).status is TaskStatus.CANCELLED
+        assert ex.key_statistics("k").active == 1  # only the blocker
+        await blocker.wait()
+        after = await ex.submit(trio.sleep, 0, key="k")
+        assert (await after.wait()).ok
+
+
+# ---------------------------------------------------------------- rate
+
+
+async def test_rate_is_a_token_bucket_with_a_burst_of_rate(autojump_clock):
+    log = Log()
+    async with open_executor(max_concurrent_tasks=8, key_limits=KeyLimit(rate=2, per=1.0)) as ex:
+        refs = [await ex.submit(log.work, f"r{n}", key="api") for n in range(7)]
+        await trio.testing.wait_all_tasks_blocked()
+        assert refs[-1].waiting_on == "rate limit api"
+    assert [log.starts[f"r{n}"] for n in range(7)] == [0, 0, 0.5, 1.0, 1.5, 2.0, 2.5]
+
+
+async def test_a_retry_attempt_takes_a_token(autojump_clock):
+    attempts = []
+
+    @trioexec.task(retries=2, backoff=Backoff(initial=0.01, jitter=0), key="api")
+    async def flaky():
+        attempts.append(trio.current_time())
+        if len(attempts) < 3:
+            raise OSError("try again")
+
+    async with open_executor(key_limits=KeyLimit(rate=1, per=10.0)) as ex:
+        completion = await (await ex.submit(flaky)).wait()
+    assert completion.ok
+    assert attempts == [0, 10, 20]  # one start per 10 s, retries included
+
+
+async def test_rate_refills_are_timed_exactly_while_concurrency_also_holds(autojump_clock):
+    log = Log()
+    limits = KeyLimit(concurrency=1, rate=1, per=3.0)
+    async with open_executor(max_concurrent_tasks=4, key_limits=limits) as ex:
+        for n in range(3):
+            await ex.submit(log.work, f"t{n}", 1, key="k")
+    assert [log.starts[f"t{n}"] for n in range(3)] == [0, 3, 6]
+
+
+# ---------------------------------------------------------------- priority
+
+
+async def test_higher_priority_starts_first_and_equal_priority_keeps_submission_order(
+    autojump_clock,
+):
+    log = Log()
+    async with open_executor(max_concurrent_tasks=1) as ex:
+        await ex.submit(log.work, "busy", 1)
+        for name, priority in [("a", 0), ("b", 5), ("c", 0), ("d", 5), ("e", -1), ("f", 9)]:
+            ref = await ex.submit(log.work, name, priority=priority)
+            assert ref.priority == priority
+    assert log.order == ["busy", "f", "b", "d", "a", "c", "e"]
+
+
+async def test_priority_within_a_key_lets_its_best_through_first(autojump_clock):
+    log = Log()
+    async with open_executor(max_concurrent_tasks=1, key_limits=KeyLimit(concurrency=1)) as ex:
+        await ex.submit(log.work, "busy", 1)  # holds the one slot
+        await ex.submit(log.work, "low", key="k")  # let through by its key, no slot yet
+        await ex.submit(log.work, "high", key="k", priority=3)
+    assert log.order == ["busy", "high", "low"]
+
+
+async def test_aging_lets_a_low_priority_task_overtake_later_high_ones(autojump_clock):
+    log = Log()
+    store = MemoryStore(clock=FakeWallClock(0))  # (aging counts on the store's clock)
+    async with open_executor(max_concurrent_tasks=1, store=store, priority_aging=10) as ex:
+        await ex.submit(log.work, "busy", 100)
+        await ex.submit(log.work, "old low", 1)
+        await trio.sleep(30)
+        await ex.submit(log.work, "new high", 1, priority=2)  # 30 s younger: 3 levels
+        await trio.sleep(1)
+        await ex.submit(log.work, "newer high", 1, priority=4)
+    assert log.order == ["busy", "newer high", "old low", "new high"]
+
+
+async def test_without_aging_priority_alone_decides(autojump_clock):
+    log = Log()
+    store = MemoryStore(clock=FakeWallClock(0))
+    async with open_executor(max_concurrent_tasks=1, store=store, priority_aging=None) as ex:
+        await ex.submit(log.work, "busy", 100)
+        await ex.submit(log.work, "old low", 1)
+        await trio.sleep(99)
+        await ex.submit(log.work, "new high", 1, priority=1)
+    assert log.order == ["busy", "new high", "old low"]
+
+
+# ---------------------------------------------------------------- specs, refs, queue
+
+
+async def test_a_spec_key_may_be_a_function_of_the_arguments(autojump_clock):
+    @trioexec.task(key=lambda url: url.split("/")[2], priority=2)
+    async def fetch(url):
+        await trio.sleep(1)
+
+    async with open_executor(key_limits=KeyLimit(concurrency=1)) as ex:
+        a = await ex.submit(fetch, "https://a.example/1")
+        b = await ex.submit(fetch, "https://a.example/2")
+        c = await ex.submit(fetch, "https://b.example/1", priority=7)
+        d = await ex.submit(fetch, "https://b.example/2", key="other")
+        await trio.testing.wait_all_tasks_blocked()
+        assert (a.key, b.key, c.key, d.key) == ("a.example", "a.example", "b.example", "other")
+        assert (a.priority, c.priority) == (2, 7)
+        assert (a.waiting_on, b.waiting_on) == (None, "key concurrency a.example")
+
+
+async def test_a_spec_key_function_that_fails_is_refused_naming_the_spec():
+    @trioexec.task(key=lambda item: item["host"])
+    async def fetch(item):
+        pass  # pragma: no cover
+
+    async with open_executor() as ex:
+        with pytest.raises(ValueError, match=r"fetch.*key function raised KeyError"):
+            await ex.submit(fetch, {})
+
+
+async def test_cancelling_held_back_tasks_frees_nothing_twice(autojump_clock):
+    async with open_executor(max_concurrent_tasks=2, key_limits=KeyLimit(concurrency=1)) as ex:
+        first = await ex.submit(trio.sleep, 5, key="k")
+        held = [await ex.submit(trio.sleep, 5, key="k") for _ in range(3)]
+        held[1].cancel()
+        assert ex.cancel_pending() == 2
+        assert ex.key_statistics("k") == KeyStatistics(
+            key="k", active=1, pending=0, limited_count=3
+        )
+        again = await ex.submit(trio.sleep, 1, key="k")
+        assert (await first.wait()).ok
+        assert (await again.wait()).ok
+        assert [r.status for r in held] == [TaskStatus.CANCELLED] * 3
+
+
+async def test_drop_oldest_drops_the_oldest_even_when_it_is_held_back(autojump_clock):
+    async with open_executor(
+        max_concurrent_tasks=1,
+        queue_capacity=2,
+        overflow=Overflow.DROP_OLDEST,
+        key_limits=KeyLimit(concurrency=1),
+    ) as ex:
+        await ex.submit(trio.sleep, 5)
+        oldest = await ex.submit(trio.sleep, 1, key="k", priority=-5)
+        second = await ex.submit(trio.sleep, 1, priority=5)
+        third = await ex.submit(trio.sleep, 1)
+    assert oldest.status is TaskStatus.DROPPED
+    assert second.status is third.status is TaskStatus.COMPLETED
+
+
+async def test_waiting_on_names_the_slot_and_the_retry_backoff(autojump_clock):
+    @trioexec.task(retries=1, backoff=Backoff(initial=5, jitter=0))
+    async def fails_once(state=[]):  # noqa: B006  (the one call's memory)
+        state.append(1)
+        if len(state) == 1:
+            raise OSError("once")
+
+    def ready():
+        return False
+
+    async def polls(handle: TaskHandle):
+        await handle.defer_until(ready, poll_interval=1)
+
+    async with open_executor(max_concurrent_tasks=1) as ex:
+        ref = await ex.submit(fails_once)
+        queued = await ex.submit(trio.sleep, 0)
+        await trio.testing.wait_all_tasks_blocked()
+        assert ref.waiting_on == "retry backoff"
+        await trio.sleep(6)
+        assert ref.waiting_on is queued.waiting_on is None  # both ran
+        poller = await ex.submit(polls)
+        behind = await ex.submit(trio.sleep, 0)
+        await trio.sleep(0.5)
+        assert (
+            poller.waiting_on
+            == f"condition {ready.__qualname__}"
+        )
+        assert behind.waiting_on is None  # it ran in the freed slot
+        poller.cancel()
+
+
+# ---------------------------------------------------------------- DeterministicExecutor
+
+
+async def test_deterministic_executor_honours_keys_priorities_and_rates(autojump_clock):
+    log = Log()
+    ex = DeterministicExecutor(max_concurrent_tasks=1, key_limits={"r": KeyLimit(rate=1, per=2.0)})
+    for n in range(3):
+        ex.submit_nowait(log.work, f"r{n}", key="r")
+    ex.submit_nowait(log.work, "low", priority=-1)
+    ex.submit_nowait(log.work, "high", priority=1)
+    completions = await ex.run_ready()
+    assert [c.result for c in completions] == ["high", "r0", "low", "r1", "r2"]
+    assert [log.starts[f"r{n}"] for n in range(3)] == [0, 2, 4]
+
+
+# ---------------------------------------------------------------- the reference model
+
+KEYS = ["a", "b", "c"]
+LIMITS = st.fixed_dictionaries(
+    {},
+    optional={
+        key: st.builds(
+            KeyLimit,
+            concurrency=st.none() | st.integers(1, 3),
+            rate=st.none() | st.sampled_from([1, 2, 4]),
+            per=st.sampled_from([0.5, 1.0, 2.0]),
+        )
+        for key in KEYS
+    },
+)
+SUBMIT = st.tuples(st.just("submit"), st.sampled_from([None, *KEYS]), st.integers(-2, 2))
+STEP = st.one_of(
+    SUBMIT,
+    SUBMIT,
+    st.tuples(st.just("finish"), st.integers(0, 7)),  # the n-th running task (mod)
+    st.tuples(st.just("finish"), st.integers(0, 7)),
+    st.tuples(st.just("cancel"), st.integers(0, 7)),  # the n-th pending one (mod)
+    st.tuples(st.just("advance"), st.sampled_from([0.125, 0.25, 0.5, 1.0, 3.0])),
+)
+
+
+class Model:
+    """What should be running: whenever slots are free, the best-ranked pending
+    task whose key has room starts (rank: ``submitted - priority * aging``, then
+    submission order), its key's bucket losing a token."""
+
+    def __init__(self, slots: int, limits: dict[str, KeyLimit], aging: float | None) -> None:
+        self.slots = slots
+        self.limits = limits
+        self.aging = aging
+        self.pending: dict[int, tuple[float, int, str | None]] = {}  # n -> rank, n, key
+        self.running: dict[int, str | None] = {}
+        self.tokens = {k: float(limit.rate) for k, limit in limits.items() if limit.rate}
+        self.stamp = 0.0
+
+    def refill(self, now: float) -> None:
+        for key, limit in self.limits.items():
+            if limit.rate:
+                gained = (now - self.stamp) * limit.rate / limit.per
+                self.tokens[key] = min(limit.rate, self.tokens[key] + gained)
+        self.stamp = now
+
+    def room(self, key: str | None) -> bool:
+        limit = self.limits.get(key) if key is not None else None
+        if limit is None:
+            return True
+        if limit.concurrency and sum(k == key for k in self.running.values()) >= limit.concurrency:
+            return False
+        return not limit.rate or self.tokens[key] >= 1.0
+
+    def settle(self, now: float) -> None:
+        self.refill(now)
+        while len(self.running) < self.slots:
+            startable = [e for e in self.pending.values() if self.room(e[2])]
+            if not startable:
+                return
+            _, n, key = min(startable, key=lambda e: e[:2])
+            del self.pending[n]
+            self.running[n] = key
+            if key in self.tokens:
+                self.tokens[key] -= 1.0
+
+    def submit(self, n: int, key: str | None, priority: int, now: float) -> None:
+        rank = -priority if self.aging is None else now - priority * self.aging
+        self.pending[n] = (rank, n, key)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    slots=st.integers(1, 4),
+    limits=LIMITS,
+    aging=st.none() | st.sampled_from([0.5, 1.0, 4.0]),
+    steps=st.lists(STEP, min_size=10, max_size=60),
+)
+def test_keyed_admission_agrees_with_the_reference_model(slots, limits, aging, steps):
+    """After every step (a submission, a task finishing or cancelled, time
+    passing) the running set is the model's; the global and per-key bounds and
+    the token bucket's bound over every span hold; every task ends."""
+    model = Model(slots, limits, aging)
+    clock = trio.testing.MockClock()  # moves only when a step says so
+
+    async def main():
+        done = {}
+        refs = {}
+        keys = {}
+        starts: list[tuple[float, str | None]] = []
+        running_now: set[int] = set()
+        peak = {"all": 0}
+        over: list[object] = []  # a key over its concurrency, when it was
+
+        async def task(n, key):
+            running_now.add(n)
+            starts.append((trio.current_time(), key))
+            peak["all"] = max(peak["all"], len(running_now))
+            for k, limit in limits.items():
+                if limit.concurrency and sum(keys[m] == k for m in running_now) > (
+                    limit.concurrency
+                ):
+                    over.append((k, sorted(running_now)))
+            try:
+                await done[n].wait()
+            finally:
+                running_now.discard(n)
+
+        store = MemoryStore(clock=FakeWallClock(0))
+        async with open_executor(
+            max_concurrent_tasks=slots,
+            queue_capacity=100,
+            key_limits=limits,
+            priority_aging=aging,
+            store=store,
+        ) as ex:
+            for step in steps:
+                now = trio.current_time()
+                if step[0] == "submit":
+                    n = len(refs)
+                    done[n] = trio.Event()
+                    keys[n] = step[1]
+                    refs[n] = await ex.submit(task, n, step[1], key=step[1], priority=step[2])
+                    model.submit(n, step[1], step[2], now)
+                elif step[0] == "finish":
+                    if model.running:
+                        n = sorted(model.running)[step[1] % len(model.running)]
+                        done[n].set()
+                        del model.running[n]
+                elif step[0] == "cancel":
+                    if model.pending:
+                        n = sorted(model.pending)[step[1] % len(model.pending)]
+                        refs[n].cancel()
+                        del model.pending[n]
+                else:
+                    clock.jump(step[1])
+                await trio.testing.wait_all_tasks_blocked()
+                model.settle(trio.current_time())
+                assert running_now == set(model.running), (step, model.pending)
+            for event in done.values():
+                event.set()
+            clock.autojump_threshold = 0  # the rest drains through its rate limits
+        assert peak["all"] <= slots
+        assert over == []
+        assert [ref.completion.error for ref in refs.values() if ref.completion.error] == []
+        assert all(ref.done for ref in refs.values())
+        for key, limit in limits.items():
+            if limit.rate:
+                times = sorted(t for t, k in starts if k == key)
+                for i, t0 in enumerate(times):
+                    for j in range(i, len(times)):
+                        span = times[j] - t0
+                        assert j - i + 1 <= limit.rate + limit.rate * span / limit.per + 1e-9
+
+    trio.run(main, clock=clock)
