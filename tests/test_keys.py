@@ -330,10 +330,7 @@ async def test_waiting_on_names_the_slot_and_the_retry_backoff(autojump_clock):
         poller = await ex.submit(polls)
         behind = await ex.submit(trio.sleep, 0)
         await trio.sleep(0.5)
-        assert (
-            poller.waiting_on
-            == f"condition {ready.__qualname__}"
-        )
+        assert poller.waiting_on == f"condition {ready.__qualname__}"
         assert behind.waiting_on is None  # it ran in the freed slot
         poller.cancel()
 
