@@ -200,6 +200,22 @@ async def test_rate_refills_are_timed_exactly_while_concurrency_also_holds(autoj
     assert [log.starts[f"t{n}"] for n in range(3)] == [0, 3, 6]
 
 
+async def test_a_refill_a_rounding_error_short_of_a_token_still_starts_the_task(autojump_clock):
+    """Regression: with times that are not exact binary fractions (0.1 s), the
+    bucket came back 0.9999999999999998 full at the timer's moment, which set the
+    timer again for that same moment: the timer task spun forever."""
+    log = Log()
+    async with open_executor(max_concurrent_tasks=8, key_limits=KeyLimit(rate=3, per=0.7)) as ex:
+        for n in range(10):
+            await ex.submit(log.work, f"t{n}", 0.1, key="k")
+            await trio.sleep(0.1)
+    assert len(log.ends) == 10
+    times = sorted(log.starts.values())
+    for i, t0 in enumerate(times):  # the bucket's bound over every span
+        for j in range(i, len(times)):
+            assert j - i + 1 <= 3 + 3 * (times[j] - t0) / 0.7 + 1e-6
+
+
 # ---------------------------------------------------------------- priority
 
 

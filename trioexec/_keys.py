@@ -26,6 +26,10 @@ if TYPE_CHECKING:
 #: the `KeyLimit` of every key a mapping does not list
 DEFAULT_KEY = "*"
 
+# Token counts are floats refilled at arbitrary times: a count a rounding error
+# short of a whole token counts as one.
+_EPSILON = 1e-9
+
 
 def _positive_int(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is None:
@@ -184,7 +188,7 @@ class KeyState:
         taken = len(self.earmarked)
         if limit.concurrency is not None and len(self.holders) + taken >= limit.concurrency:
             return False
-        return not start or limit.rate is None or self.tokens - taken >= 1.0
+        return not start or limit.rate is None or self.tokens - taken > 1.0 - _EPSILON
 
     def by_rate(self) -> bool:
         """The key is held back by its rate (not by its concurrency)."""
@@ -200,7 +204,8 @@ class KeyState:
         assert limit is not None
         assert limit.rate is not None
         missing = len(self.earmarked) + 1.0 - self.tokens
-        return self.stamp + max(missing, 0.0) * limit.per / limit.rate
+        at = self.stamp + max(missing, 0.0) * limit.per / limit.rate
+        return max(at, math.nextafter(self.stamp, math.inf))  # (later, however little)
 
     def full_at(self) -> float:
         """When the bucket is full again (``stamp`` if it is, or has no rate)."""
