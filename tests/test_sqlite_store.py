@@ -19,7 +19,7 @@ import sqlite_utils
 import trio
 
 from trioexec import SQLiteStore, StoreError, SubStatus, TaskStatus
-from trioexec._store._sqlite_schema import MIGRATIONS
+from trioexec._store._sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 from trioexec.durable import DurableStore, PromiseState
 
 
@@ -615,7 +615,8 @@ def test_read_only_refuses_an_older_schema_until_a_writer_migrates_it(tmp_path):
     with pytest.raises(StoreError) as info:
         SQLiteStore(path, read_only=True)
     assert str(info.value) == (
-        f"{path}: written by an older trioexec (schema version 3; this trioexec reads 5):"
+        f"{path}: written by an older trioexec (schema version 3; this trioexec reads"
+        f" {SCHEMA_VERSION}):"
         " open it once read-write to migrate it"
     )
     assert path.read_bytes() == before

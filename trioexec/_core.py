@@ -292,8 +292,8 @@ class ExecutorCore:
             raise ValueError(f"task id {task_id!r} is already recorded in the store")
 
     def _recovered_job(self, spec: TaskSpec, args: tuple[Any, ...], record: ExecutionRecord) -> Job:
-        """The `Job` of an execution recovery claimed: its record's id, version
-        and attempts (and no new submission counted)."""
+        """The `Job` of an execution recovery claimed: its record's id, version,
+        attempts, key and priority (and no new submission counted)."""
         parent = current_job()
         causation_id = None if parent is None else parent.task_id
         correlation_id = None if parent is None else parent.correlation_id
@@ -312,6 +312,8 @@ class ExecutorCore:
             record.submitted_at or self.wall(),
             True,
             False,
+            key=record.key,
+            priority=record.priority,
             version=record.version,
             attempts=record.attempt,
         )

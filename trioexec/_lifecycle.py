@@ -160,6 +160,7 @@ class Lifecycle:
         row: list[object] = [  # the store's "row" layout
             "row", job.task_id, job.name, job.run_id, TaskStatus.PENDING, None, 0, 0,
             self._owner_id, job.version, job.submitted_at, None, None, None, None, spec_id, args,
+            job.key, job.priority,
         ]  # fmt: skip
         job.row = row
         job.row_batch = journal.batch

@@ -135,7 +135,10 @@ class ExecutionRecord:
 
     Times are wall-clock Unix seconds from the store's clock. ``sub_status`` is set
     only while ``status`` is RUNNING. ``lease_expires_at`` is the owner's lease
-    (one lease per executor, renewed by its heartbeat).
+    (one lease per executor, renewed by its heartbeat). ``key`` and ``priority``
+    are the submission's admission key (None: no key) and priority, as submitted.
+    ``waiting_on`` is why a live execution is not running (`TaskRef.waiting_on`);
+    the stores do not record it yet, so it is always None here for now.
     """
 
     task_id: str
@@ -155,6 +158,9 @@ class ExecutionRecord:
     error: str | None = None
     spec_id: str | None = None
     args: str | None = None  # JSON array of the arguments; None if they were not JSON
+    key: str | None = None
+    priority: int = 0
+    waiting_on: str | None = None  # (not recorded by the stores yet: always None)
 
     @property
     def recreatable(self) -> bool:

@@ -12,7 +12,8 @@ import attrs
 from .._records import ExecutionRecord, SubStatus, TaskStatus
 
 # A change is a plain tuple, cheap to build on the hot path:
-#   ("submit", task_id, version, name, run_id, spec_id, args, owner, submitted_at)
+#   ("submit", task_id, version, name, run_id, spec_id, args, owner, submitted_at[, key, priority])
+#                                                   (without the last two: no key, priority 0)
 #   ("start", task_id, version, attempt, started_at)
 #   ("sub", task_id, version, sub_status, deferred_since)     sub_status: SubStatus
 #   ("retry", task_id, version, error)                         back to pending
@@ -57,17 +58,24 @@ ROW_COLUMNS = (
     "error",
     "spec_id",
     "args",
+    "key",
+    "priority",
 )
 # Where each field sits in a "row" change (the kind is at 0).
 R_STATUS, R_SUB, R_ATTEMPT, R_VERSION = 4, 5, 6, 9
 R_STARTED, R_FINISHED, R_SINCE, R_ERROR = 11, 12, 13, 14
 
 
+def _submitted(change: Change) -> tuple[object, ...]:
+    """A ``submit`` change's fields after its kind, with key and priority."""
+    if len(change) == 9:
+        return (*change[1:], None, 0)
+    return change[1:]
+
+
 def submit_row(change: Change) -> list[object]:
     """The "row" change of a ``submit`` change: the execution, pending."""
-    _, task_id, version, name, run_id, spec_id, args, owner, submitted_at = change
-    return ["row", task_id, name, run_id, TaskStatus.PENDING, None, 0, 0, owner,
-            version, submitted_at, None, None, None, None, spec_id, args]  # fmt: skip
+    return ["row", *new_row(change).values()]  # (new_row keeps ROW_COLUMNS' order)
 
 
 def fold_row(row: list[object], change: Change) -> bool:
@@ -149,7 +157,7 @@ def new_row(change: Change) -> dict[str, object]:
     """The row a ``submit`` or ``row`` change creates."""
     if change[0] == "row":
         return dict(zip(ROW_COLUMNS, change[1:], strict=True))
-    _, task_id, version, name, run_id, spec_id, args, owner, submitted_at = change
+    task_id, version, name, run_id, spec_id, args, owner, at, key, priority = _submitted(change)
     return {
         "task_id": task_id,
         "name": name,
@@ -160,13 +168,15 @@ def new_row(change: Change) -> dict[str, object]:
         "recovery_attempts": 0,
         "owner": owner,
         "version": version,
-        "submitted_at": submitted_at,
+        "submitted_at": at,
         "started_at": None,
         "finished_at": None,
         "deferred_since": None,
         "error": None,
         "spec_id": spec_id,
         "args": args,
+        "key": key,
+        "priority": priority,
     }
 
 
@@ -315,11 +325,13 @@ class Store(Protocol):
         sub_status: SubStatus | str | None = None,
         deferred_longer_than: float | datetime.timedelta | None = None,
         run_id: str | None = None,
+        key: str | None = None,
         limit: int | None = None,
         order: Order = "oldest",
     ) -> list[ExecutionRecord]:
-        """Executions matching every given filter, in ``order`` (oldest submission
-        first by default), at most ``limit`` of them (None: all)."""
+        """Executions matching every given filter (``key``: the admission key they
+        were submitted with), in ``order`` (oldest submission first by default), at
+        most ``limit`` of them (None: all)."""
         ...
 
     def execution(self, task_id: str) -> ExecutionRecord | None:
@@ -349,7 +361,8 @@ def check_query(limit: int | None, order: str) -> None:
 
 
 #: The SQL stores' query of executions with their owner's lease (``e``, ``o``).
-RECORD_FIELDS = tuple(field.name for field in attrs.fields(ExecutionRecord))
+#: (``waiting_on`` is not a column yet: records have it None.)
+RECORD_FIELDS = tuple(f.name for f in attrs.fields(ExecutionRecord) if f.name != "waiting_on")
 SELECT_RECORDS = "SELECT {} FROM executions e LEFT JOIN owners o ON o.owner = e.owner".format(
     ", ".join(f"o.{f}" if f == "lease_expires_at" else f"e.{f}" for f in RECORD_FIELDS)
 )
@@ -380,6 +393,7 @@ def filter_clause(
     sub_status: SubStatus | str | None,
     deferred_longer_than: float | datetime.timedelta | None,
     run_id: str | None,
+    key: str | None = None,
 ) -> tuple[str, list[object]]:
     """The SQL stores' ``WHERE`` for `Store.executions`'s filters (on ``e``), with
     ``mark`` as the parameter placeholder (``?`` or ``%s``), and its parameters."""
@@ -397,6 +411,9 @@ def filter_clause(
     if run_id is not None:
         where.append(f"e.run_id = {mark}")
         params.append(run_id)
+    if key is not None:
+        where.append(f"e.key = {mark}")
+        params.append(key)
     return (" WHERE " + " AND ".join(where) if where else ""), params
 
 

@@ -253,11 +253,12 @@ class MemoryStore:
         sub_status: SubStatus | str | None = None,
         deferred_longer_than: float | datetime.timedelta | None = None,
         run_id: str | None = None,
+        key: str | None = None,
         limit: int | None = None,
         order: Order = "oldest",
     ) -> list[ExecutionRecord]:
         check_query(limit, order)
-        match = self._matcher(status, sub_status, deferred_longer_than, run_id)
+        match = self._matcher(status, sub_status, deferred_longer_than, run_id, key)
         with self._locked():
             rows = self._rows.values()
             if order == "longest_deferred":
@@ -280,9 +281,10 @@ class MemoryStore:
         sub_status: SubStatus | str | None = None,
         deferred_longer_than: float | datetime.timedelta | None = None,
         run_id: str | None = None,
+        key: str | None = None,
     ) -> dict[TaskStatus, int]:
         """How many executions match the filters, per status (zeros included)."""
-        match = self._matcher(None, sub_status, deferred_longer_than, run_id)
+        match = self._matcher(None, sub_status, deferred_longer_than, run_id, key)
         counts = dict.fromkeys(TaskStatus, 0)
         with self._locked():
             for row in self._rows.values():
@@ -296,6 +298,7 @@ class MemoryStore:
         sub_status: SubStatus | str | None,
         deferred_longer_than: float | datetime.timedelta | None,
         run_id: str | None,
+        key: str | None,
     ) -> Callable[[dict[str, Any]], bool]:
         want_status = None if status is None else TaskStatus(status)
         want_sub = None if sub_status is None else SubStatus(sub_status)
@@ -312,6 +315,7 @@ class MemoryStore:
                     or (row["sub_status"] is SubStatus.DEFERRED and row["deferred_since"] <= cutoff)
                 )
                 and (run_id is None or row["run_id"] == run_id)
+                and (key is None or row["key"] == key)
             )
 
         return match

@@ -115,6 +115,14 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX durable_promises_pending ON durable_promises (timeout_at)
         WHERE state = 'pending';
     """,
+    # 3: admission by key: each execution's key and priority as submitted (rows
+    # from before: NULL key, priority 0; a constant default rewrites no row). The
+    # index holds keyed rows only: a keyless insert writes no entry to it.
+    """
+    ALTER TABLE executions ADD COLUMN key text,
+        ADD COLUMN priority bigint NOT NULL DEFAULT 0;
+    CREATE INDEX executions_key ON executions (key, seq) WHERE key IS NOT NULL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -53,6 +53,7 @@ _ROW_TYPES = {
     "started_at": "double precision",
     "finished_at": "double precision",
     "deferred_since": "double precision",
+    "priority": "bigint",  # (a priority may be up to 2**62 either way)
 }
 _INSERT_ROWS = (
     f"INSERT INTO executions ({', '.join(ROW_COLUMNS)})"
@@ -380,14 +381,16 @@ class PostgresStore:
         sub_status: SubStatus | str | None = None,
         deferred_longer_than: float | datetime.timedelta | None = None,
         run_id: str | None = None,
+        key: str | None = None,
         limit: int | None = None,
         order: Order = "oldest",
     ) -> list[ExecutionRecord]:
-        """Executions matching every given filter, in ``order`` (see `Order`), at
-        most ``limit`` of them: sorted and cut in SQL."""
+        """Executions matching every given filter (``key``: the admission key they
+        were submitted with), in ``order`` (see `Order`), at most ``limit`` of
+        them: sorted and cut in SQL."""
         check_query(limit, order)
         where, params = filter_clause(
-            "%s", self.clock, status, sub_status, deferred_longer_than, run_id
+            "%s", self.clock, status, sub_status, deferred_longer_than, run_id, key
         )
         if order == "oldest":
             by = "e.seq"
@@ -409,11 +412,12 @@ class PostgresStore:
         sub_status: SubStatus | str | None = None,
         deferred_longer_than: float | datetime.timedelta | None = None,
         run_id: str | None = None,
+        key: str | None = None,
     ) -> dict[TaskStatus, int]:
         """How many executions match the filters, per status (every status present,
         zeros included)."""
         where, params = filter_clause(
-            "%s", self.clock, None, sub_status, deferred_longer_than, run_id
+            "%s", self.clock, None, sub_status, deferred_longer_than, run_id, key
         )
         sql = f"SELECT e.status, count(*) FROM executions e{where} GROUP BY e.status"
         counts = dict.fromkeys(TaskStatus, 0)

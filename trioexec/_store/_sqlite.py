@@ -339,11 +339,13 @@ class SQLiteStore:
         sub_status: SubStatus | str | None = None,
         deferred_longer_than: float | datetime.timedelta | None = None,
         run_id: str | None = None,
+        key: str | None = None,
         limit: int | None = None,
         order: Order = "oldest",
     ) -> list[ExecutionRecord]:
-        """Executions matching every given filter, in ``order`` (see `Order`), at most
-        ``limit`` of them: sorted and cut in SQL, on an index where the filters allow.
+        """Executions matching every given filter (``key``: the admission key they
+        were submitted with), in ``order`` (see `Order`), at most ``limit`` of them:
+        sorted and cut in SQL, on an index where the filters allow.
 
         Raises:
           StoreError: naming the path and the task id, for a row this trioexec
@@ -351,7 +353,7 @@ class SQLiteStore:
         """
         check_query(limit, order)
         where, params = filter_clause(
-            "?", self.clock, status, sub_status, deferred_longer_than, run_id
+            "?", self.clock, status, sub_status, deferred_longer_than, run_id, key
         )
         if order == "oldest":
             by = "e.rowid"
@@ -377,11 +379,12 @@ class SQLiteStore:
         sub_status: SubStatus | str | None = None,
         deferred_longer_than: float | datetime.timedelta | None = None,
         run_id: str | None = None,
+        key: str | None = None,
     ) -> dict[TaskStatus, int]:
         """How many executions match the filters, per status (every status present,
         zeros included): one ``GROUP BY`` on the status index, no rows loaded."""
         where, params = filter_clause(
-            "?", self.clock, None, sub_status, deferred_longer_than, run_id
+            "?", self.clock, None, sub_status, deferred_longer_than, run_id, key
         )
         sql = f"SELECT e.status, count(*) FROM executions e{where} GROUP BY e.status"
         counts = dict.fromkeys(TaskStatus, 0)

@@ -13,7 +13,7 @@ from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 MIGRATIONS = Migrations("trioexec")
 #: Every migration this trioexec defines, by name: a file with any other applied
 #: was written by a newer trioexec.
@@ -142,6 +142,18 @@ def _durable_claim_index(db: sqlite_utils.Database) -> None:
     # index it sorted the target's whole backlog on every claim.
     db.execute("CREATE INDEX durable_tasks_claim ON durable_tasks (state, target, id)")
     db.execute("UPDATE trioexec_meta SET value = '5' WHERE key = 'schema_version'")
+
+
+@_migration("0006_execution_keys")
+def _execution_keys(db: sqlite_utils.Database) -> None:
+    # Admission by key: each execution's key and priority as submitted. Rows from
+    # before have none (NULL key, priority 0). The index holds keyed rows only, so
+    # a keyless insert costs nothing more; `executions(key=...)` reads it in rowid
+    # order (the index's own order after the key).
+    db.execute("ALTER TABLE executions ADD COLUMN key TEXT")
+    db.execute("ALTER TABLE executions ADD COLUMN priority INTEGER NOT NULL DEFAULT 0")
+    db.execute("CREATE INDEX executions_key ON executions (key) WHERE key IS NOT NULL")
+    db.execute("UPDATE trioexec_meta SET value = '6' WHERE key = 'schema_version'")
 
 
 def schema_version(db: sqlite_utils.Database, path: str) -> int:
