@@ -263,6 +263,71 @@ def test_status_filters(app: AppDb, args: list[str], expected: Any) -> None:
     assert want or args == ["--older-than", "2h"]
 
 
+def build_keyed_db(path: Path | str) -> None:
+    """Executions with admission keys (and one without), at ``path`` (a SQLite file,
+    or a PostgreSQL database's URL)."""
+    now = time.time()
+    with trioexec.open_store(path) as store:
+        store.write(
+            [
+                ("submit", "fetch-a1", 1, "fetch", None, None, None, "w", now, "api.example", 5),
+                ("submit", "fetch-b1", 1, "fetch", None, None, None, "w", now, "b.example", 0),
+                ("submit", "plain-1", 1, "plain", None, None, None, "w", now),
+                ("submit", "fetch-a2", 1, "fetch", None, None, None, "w", now, "api.example", 1),
+                ("finish", "fetch-a1", 1, TaskStatus.COMPLETED, now, None),
+            ]
+        )
+
+
+def keyed_status_checks(db: str, cwd: Path) -> None:
+    """What `trioexec status` shows of `build_keyed_db`'s database ``db``."""
+    out = ok(cli("status", db, cwd=cwd))
+    header, *table = out.splitlines()[1:]
+    assert header.split() == [
+        "task",
+        "name",
+        "key",
+        "status",
+        "sub-status",
+        "try",
+        "deferred",
+        "error",
+    ]
+    rows = {line.split()[0]: line.split()[1:] for line in table if line.strip()}
+    assert rows == {
+        "fetch-a1": ["fetch", "api.example", "completed", "0"],
+        "fetch-b1": ["fetch", "b.example", "pending", "0"],
+        "plain-1": ["plain", "pending", "0"],  # (no key: an empty cell)
+        "fetch-a2": ["fetch", "api.example", "pending", "0"],
+    }
+    got = json.loads(ok(cli("status", db, "--key", "api.example", "--json", cwd=cwd)))
+    assert [(r["task_id"], r["key"], r["priority"]) for r in got] == [
+        ("fetch-a1", "api.example", 5),
+        ("fetch-a2", "api.example", 1),
+    ]
+    out = ok(cli("status", db, "--key", "api.example", "--limit", "1", cwd=cwd))
+    lines = out.rstrip().splitlines()
+    assert lines[0].endswith(": 3 pending, 1 completed")  # (the whole database)
+    assert [line.split()[0] for line in lines[2:-1]] == ["fetch-a1"]
+    assert lines[-1] == "... and 1 more (--limit)"
+    out = ok(cli("status", db, "--key", "api.example", "--status", "pending", cwd=cwd))
+    assert "fetch-a2" in out
+    assert "fetch-a1" not in out
+    assert json.loads(ok(cli("status", db, "--key", "nobody", "--json", cwd=cwd))) == []
+
+
+def test_status_shows_and_filters_by_key(tmp_path: Path) -> None:
+    build_keyed_db(tmp_path / "keys.db")
+    keyed_status_checks("keys.db", tmp_path)
+
+
+def test_status_without_keys_has_no_key_column(app: AppDb) -> None:
+    out = ok(cli("status", "app.db", cwd=app.path.parent))
+    assert out.splitlines()[1].split() == [
+        "task", "name", "status", "sub-status", "try", "deferred", "error"
+    ]  # fmt: skip
+
+
 def test_status_older_than_table_shows_only_the_long_waits(app: AppDb) -> None:
     out = ok(cli("status", "app.db", "--older-than", "10m", cwd=app.path.parent))
     assert "approval-old" in out

@@ -14,7 +14,9 @@ from test_cli import (
     AppDb,
     approval_and_its_waiter,
     build_app_db,
+    build_keyed_db,
     cli,
+    keyed_status_checks,
     ok,
     one_line_error,
     plain,
@@ -42,6 +44,11 @@ def durable_view(url: str, fn: Any) -> Any:
             return await fn(ds)
 
     return trio.run(main)
+
+
+def test_status_of_a_url_shows_and_filters_by_key(pg_database: str, tmp_path: Path) -> None:
+    build_keyed_db(pg_database)
+    keyed_status_checks(pg_database, tmp_path)
 
 
 def test_status_and_runs_of_a_url_match_the_store(pg_app: AppDb, tmp_path: Path) -> None:

@@ -284,10 +284,14 @@ def demo(db: str | None, slots: int, tasks: int) -> None:
 
 
 def execution_table(rows: list[trioexec.ExecutionRecord], now: float) -> Table:
+    """The executions' table; a ``key`` column only if one of them has a key."""
+    keyed = any(r.key is not None for r in rows)
     table = Table(box=None, padding=(0, 1))
     # Ids and states must stay whole (people copy them); the rest gives way.
     table.add_column("task", no_wrap=True)
     table.add_column("name", overflow="fold", ratio=1)
+    if keyed:
+        table.add_column("key", overflow="fold", ratio=1)
     table.add_column("status", no_wrap=True)
     table.add_column("sub-status", no_wrap=True)
     table.add_column("try", no_wrap=True)
@@ -298,6 +302,7 @@ def execution_table(rows: list[trioexec.ExecutionRecord], now: float) -> Table:
         table.add_row(
             cell(r.task_id),
             cell(r.name),
+            *([cell(r.key)] if keyed else []),
             cell(r.status.value),
             cell(r.sub_status.value if r.sub_status else ""),
             cell(r.attempt),
@@ -312,6 +317,7 @@ def execution_table(rows: list[trioexec.ExecutionRecord], now: float) -> Table:
 @click.option("--status", "status_", type=click.Choice([s.value for s in TaskStatus]))
 @click.option("--sub-status", type=click.Choice([s.value for s in SubStatus]))
 @click.option("--older-than", help="only tasks deferred longer than this (90s, 10m, 2h)")
+@click.option("--key", help="only tasks submitted with this admission key")
 @click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print JSON for scripts")
 def status(
@@ -319,25 +325,26 @@ def status(
     status_: str | None,
     sub_status: str | None,
     older_than: str | None,
+    key: str | None,
     limit: int,
     as_json: bool,
 ) -> None:
     """Executions in DB, with their status and sub-status (oldest first, at most
-    --limit of them; --json too)."""
+    --limit of them; --json too). A key column shows when any of them has a key."""
     age = parse_age(older_than) if older_than is not None else None
     with open_store(db) as store:
         # Cut and counted in SQL: a view of a million rows reads --limit of them.
         rows = store.executions(
-            status=status_, sub_status=sub_status, deferred_longer_than=age, limit=limit
+            status=status_, sub_status=sub_status, deferred_longer_than=age, key=key, limit=limit
         )
         if as_json:
             emit_json(rows)
             return
         counts = store.counts()
-        if status_ is None and sub_status is None and age is None:
+        if status_ is None and sub_status is None and age is None and key is None:
             matching = sum(counts.values())
         else:
-            found = store.counts(sub_status=sub_status, deferred_longer_than=age)
+            found = store.counts(sub_status=sub_status, deferred_longer_than=age, key=key)
             matching = found[TaskStatus(status_)] if status_ else sum(found.values())
     summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
     console.print(Text.assemble((db, "bold"), f": {summary or 'no executions'}"))
