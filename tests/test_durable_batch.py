@@ -35,6 +35,7 @@ from trioexec.durable import (
 from trioexec.durable._bulk import AloneTables
 from trioexec.durable._protocol import Core
 from trioexec.durable._store import RETRIES
+from trioexec.durable._worker import AHEAD
 from trioexec.testing import FakeWallClock
 
 START = 1_000.0
@@ -541,3 +542,46 @@ async def test_batch_claims_never_hand_a_task_to_two_workers(db_target: str) -> 
     assert await stores[0].check_invariants() == []
     for ds in stores:
         ds.close()
+
+
+def claim_limits(ds: DurableStore) -> list[int]:
+    """Record the ``limit`` of each claim ``ds`` writes."""
+    limits: list[int] = []
+    claim = ds._core.claim_work
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        limits.append(kwargs["limit"])
+        return claim(*args, **kwargs)
+
+    ds._core.claim_work = recorded  # type: ignore[method-assign]
+    return limits
+
+
+@pytest.mark.parametrize("seconds", [0, 1])
+async def test_the_worker_claims_ahead_as_far_as_its_runs_go(
+    seconds: int, make_store: Any, autojump_clock: Any
+) -> None:
+    """Runs that end as soon as they start: each claim asks for as many more as
+    ran out since the last one was sent (at most `AHEAD` times the slots ahead).
+    Runs that take a while: never more than the slots ahead."""
+    ds = DurableStore(make_store(clock=FakeWallClock(START)))
+    n = 300
+    for i in range(n):
+        await ds.promises.create(f"t{i:03d}", 600, target="w", data=i)
+    limits = claim_limits(ds)
+
+    async def run(param: int) -> int:
+        await trio.sleep(seconds)
+        return param
+
+    async with open_worker(ds, "w", run, max_concurrent_tasks=2, lease=600) as worker:
+        with trio.fail_after(1000):
+            while worker.fulfilled < n:
+                await trio.sleep(0.5)
+    assert max(limits) <= 2 + 2 * AHEAD
+    if seconds:
+        assert max(limits) == 4  # the slots, and as many ahead
+    else:
+        assert max(limits) > 4 * 4  # (it was 4 with claims up to twice the slots)
+    assert await ds.check_invariants() == []
+    ds.close()

@@ -7,13 +7,19 @@ still-pending durable promise suspends its task: the handler is unwound, its slo
 and lease are given up, and the task is delivered again, from the top, once the
 promise settles (handlers are written to be re-entrant).
 
-Claims and fulfils go in batches: the worker claims up to its free room (twice its
-slots, less the runs not yet over) at once, and a finished run's fulfil is written
-by the worker after the run has given its slot back, together with every other
-store call made meanwhile (`DurableStore` writes them in one transaction). Until
-its fulfil is written the task stays held, its lease renewed; a fulfil that cannot
-be written in time is given up (counted ``lost``): the lease lapses and the task
-runs again elsewhere, never twice at once.
+Claims and fulfils go in batches: the worker claims ahead of its free slots, and
+a finished run's fulfil is written by the worker after the run has given its slot
+back, together with every other store call made meanwhile (`DurableStore` writes
+them in one transaction). It holds, beyond the runs going on, as many tasks as
+ran out while its last claim was under way (what the slots will take before the
+next claim is back): its slots' worth at least, `AHEAD` times that at most. Runs
+that take a while keep it to its slots (long tasks are not hoarded while other
+workers wait); runs that end as soon as they start let it grow, so that each
+transaction carries more claims and fulfils. A task held but not started is
+leased like a running one (renewed by the heartbeat, cancelled if lost, released
+when the worker leaves). Until its fulfil is written the task stays held, its
+lease renewed; a fulfil that cannot be written in time is given up (counted
+``lost``): the lease lapses and the task runs again elsewhere, never twice at once.
 
 A lease this worker can no longer vouch for is lost at once: when the heartbeat
 finds the task is not this worker's at that version any more, or when the lease
@@ -46,6 +52,10 @@ from .._taskref import TaskRef
 from ._checks import check_id, encode
 from ._records import Conflict, NotFound, PromiseRecord, PromiseState, Suspend, TaskRecord
 from ._store import DurableStore, Wakeup, claim_work, lost_leases, open_wakeup
+
+#: A worker holds at most this many times its slots in tasks claimed ahead (held,
+#: not started).
+AHEAD = 16
 
 
 class _Suspended(BaseException):
@@ -193,6 +203,7 @@ class Worker:
         self._wakeup = wakeup
         self._held: dict[str, _Lease] = {}  # task id -> its lease, while this worker holds it
         self._finished = 0  # held leases whose run is over (their fulfil is in flight)
+        self._ended = 0  # runs over (or given up) so far: what the claims ahead follow
         self._roomy = trio.Event()  # set when the room to claim may have grown
         # Where a finished run's fulfil goes on (None: closed; the run waits for it).
         self._settling: trio.Nursery | None = None
@@ -235,14 +246,19 @@ class Worker:
     async def _claim_loop(self) -> None:
         ex = self.executor
         idle = min(0.005, self._poll_interval)
+        ended = self._ended  # when the last claim was sent
         while True:
             roomy = self._roomy = trio.Event()
-            # Up to twice the slots in runs not yet over (a finished run's task is
-            # only waiting for its fulfil to be written).
-            room = ex.slots.total * 2 - (len(self._held) - self._finished)
+            # Runs not yet over (a finished run's task only waits for its fulfil to
+            # be written): the slots, and as many more as ran out since the last
+            # claim was sent (what the slots will take before this claim is back).
+            slots = ex.slots.total
+            ahead = min(max(slots, self._ended - ended), slots * AHEAD)
+            room = slots + ahead - (len(self._held) - self._finished)
             if room <= 0:
                 await roomy.wait()
                 continue
+            ended = self._ended
             # One transaction claims a batch (with the fulfils and heartbeats queued
             # meanwhile: `DurableStore` groups them): workers never race for a task.
             self._wakeup.drain()
@@ -322,6 +338,8 @@ class Worker:
         """No longer hold ``id``: its room is free."""
         if self._held.pop(id).finished:
             self._finished -= 1
+        else:
+            self._ended += 1
         self._roomy.set()
 
     def _ours(self, record: TaskRecord) -> _Lease | None:
@@ -433,6 +451,7 @@ class Worker:
             return
         lease.finished = True
         self._finished += 1
+        self._ended += 1
         self._roomy.set()
         self._settling.start_soon(self._fulfil_in_background, record, lease, data, rejected)
 
@@ -525,6 +544,11 @@ async def open_worker(
     methods). Its return value (JSON) fulfils the task's promise; an exception
     rejects it with ``{"error": repr(exc)}``, and so does a return value that is not
     JSON (the error names the task and the type).
+
+    Tasks are claimed in batches, ahead of the free slots: as many more as ran out
+    while the last claim was under way, between ``max_concurrent_tasks`` and 16
+    times that. A task claimed ahead is held like a running one (leased, renewed,
+    released on leaving) until a slot takes it.
 
     ``lease`` (seconds) is renewed by one heartbeat every ``lease / 3``. A lost lease
     (the heartbeat finds the task taken over, or no heartbeat renewed it in time)
