@@ -111,7 +111,7 @@ async def test_key_concurrency_bounds_a_key_and_never_delays_another(autojump_cl
     assert [log.starts[f"slow{n}"] for n in range(6)] == [0, 0, 10, 10, 20, 20]
     assert log.starts["other0"] == log.starts["other1"] == 0
     assert log.starts["plain"] == 1  # (4 slots: the fifth startable task waits for one)
-    assert ex.key_statistics("slow.example") == KeyStatistics(key="slow.example")
+    assert ex.key_statistics("slow.example") == KeyStatistics(key="slow.example", limited_count=4)
 
 
 async def test_a_deferred_task_gives_its_key_back_and_resumes_ahead_of_pending_ones(
@@ -262,6 +262,15 @@ async def test_without_aging_priority_alone_decides(autojump_clock):
         await trio.sleep(99)
         await ex.submit(log.work, "new high", 1, priority=1)
     assert log.order == ["busy", "new high", "old low"]
+
+
+async def test_idle_keys_are_forgotten_so_memory_follows_the_keys_in_use(autojump_clock):
+    async with open_executor(max_concurrent_tasks=8, key_limits=KeyLimit(concurrency=1)) as ex:
+        for n in range(5000):
+            await ex.submit(trio.sleep, 0, key=f"tenant-{n}")
+        await ex.wait_for_idle()
+        assert len(ex._core.pending.keys) <= 2048  # (swept at 1,024, then at twice that)
+        assert ex.key_statistics("tenant-0") == KeyStatistics(key="tenant-0")
 
 
 # ---------------------------------------------------------------- specs, refs, queue

@@ -177,6 +177,7 @@ class ExecutorCore:
         self._last_info = CallInfo(True, None)
         self._last_name = ""
         self._last_spec: TaskSpec | None = None
+        self._good_keys: set[str] = set()
 
     # ------------------------------------------------------------ submission
 
@@ -222,14 +223,15 @@ class ExecutorCore:
             and name is None
             and correlation_id is None
             and task_id is None
-            and key is None
-            and priority is None
         ):
             self._check_options(timeout, budget, name, correlation_id, task_id)
-            if key is not None:
-                check_id("key", key)
-            if priority is not None:
-                check_priority(priority)
+        if key is not None and (type(key) is not str or key not in self._good_keys):
+            check_id("key", key)
+            if len(self._good_keys) >= 4096:  # (a cache of keys checked lately)
+                self._good_keys.clear()
+            self._good_keys.add(key)
+        if priority is not None:
+            check_priority(priority)
         causation_id = None
         # Nothing running in this Trio run (the usual producer): no caller to look up.
         registry = self.workers.registry

@@ -79,9 +79,10 @@ class KeyStatistics:
     """One key's tasks now (`Executor.key_statistics`): ``active`` hold a slot,
     ``pending`` have not started (held back by the key or waiting for a slot),
     ``deferred`` gave their slot back; ``limited_count`` counts the times one of
-    its tasks had to wait for the key's limit (to start, or to resume). The
-    counts of a key start from zero again once it has been idle: nothing
-    pending, running or deferred, and its rate bucket full."""
+    its tasks had to wait for the key's limit (to start, or to resume). An
+    idle key (nothing pending, running or deferred, its rate bucket full) may
+    be forgotten once there are more than 1,024 keys: its counts then start
+    from zero again."""
 
     key: str
     active: int = 0

@@ -34,6 +34,8 @@ from ._taskref import Job
 
 # Compact only past this many tombstones (and when they are the majority).
 _COMPACT_AFTER = 64
+# Keep at least this many keys' states before dropping idle ones.
+_SWEEP_AFTER = 1024
 
 _Entry = tuple[float, int, Job]
 
@@ -62,6 +64,7 @@ class Pending:
         "_ranked",
         "_ready",
         "_seq",
+        "_sweep_at",
         "_timer_scope",
         "_timers",
         "_tombstones",
@@ -87,6 +90,7 @@ class Pending:
         self._limits = dict(key_limits or {})
         self._tombstones = 0
         self.keys: dict[str, KeyState] = {}
+        self._sweep_at = _SWEEP_AFTER
         self._timers: list[tuple[float, int, KeyState]] = []
         self._timer_scope: trio.CancelScope | None = None
         self.nursery: trio.Nursery | None = None  # (set by the workers: runs the timer)
@@ -134,7 +138,6 @@ class Pending:
                 if state.limit is not None and state.limit.rate is not None:
                     state.refill(trio.current_time())
                     state.tokens -= 1.0
-            self._trim_order()
             return job
         return None
 
@@ -207,7 +210,12 @@ class Pending:
         aging = self._aging
         rank = -float(job.priority) if aging is None else t - job.priority * aging
         entry = (rank, seq, job)
-        self._order.append(job)
+        order = self._order
+        order.append(job)
+        if len(order) > 2 * (self.live + self.held) + _COMPACT_AFTER:
+            # It keeps started tasks until the oldest queued one goes: drop them
+            # when they dominate (amortized O(1) a task).
+            self._order = deque(j for j in order if _queued(j))
         key = job.key
         if key is None:
             heapq.heappush(self._ready, entry)
@@ -219,6 +227,12 @@ class Pending:
             heapq.heappush(self._ready, entry)
             self.live += 1
             return
+        if not state.queue and not state.waiters:  # (the common case: straight through)
+            if state.limit.rate is not None:
+                state.refill(trio.current_time())
+            if state.room():
+                self._let_through(state, entry)
+                return
         heapq.heappush(state.queue, entry)
         self.held += 1
         self._grant(state, wake=False)  # (the submitter wakes a worker itself)
@@ -278,17 +292,9 @@ class Pending:
         state = self.keys.get(key)
         return state is None or state.limit is None or state.earmarked.get(entry[2]) is entry
 
-    def _trim_order(self) -> None:
-        order = self._order
-        while order and not _queued(order[0]):
-            order.popleft()
-        # A long-held task at the front keeps the started ones behind it: compact
-        # when they dominate.
-        if len(order) > 2 * (self.live + self.held) + _COMPACT_AFTER:
-            self._order = deque(j for j in order if _queued(j))
-
     def _let_through(self, state: KeyState, entry: _Entry) -> None:
-        entry = (entry[0], entry[1], entry[2])  # a new tuple: an older one may be in `ready`
+        # (An entry sent back by `_displace` was copied: its stale twin in
+        # ``ready`` is told apart by identity.)
         state.earmarked[entry[2]] = entry
         heapq.heappush(self._ready, entry)
         self.live += 1
@@ -316,7 +322,7 @@ class Pending:
             return
         state.holders.remove(job)
         (state.deferred if deferred else state.retrying).add(job)
-        if state.limit is not None:
+        if state.limit is not None and (state.queue or state.waiters):
             self._grant(state)
 
     def ended(self, job: Job) -> None:
@@ -324,7 +330,7 @@ class Pending:
         state = self.keys[job.key]  # type: ignore[index]
         if job in state.holders:
             state.holders.remove(job)
-            if state.limit is not None:
+            if state.limit is not None and (state.queue or state.waiters):
                 self._grant(state)
         else:
             state.deferred.discard(job)
@@ -381,8 +387,8 @@ class Pending:
         let pending tasks through; past that, set a timer for the next token."""
         limit = state.limit
         assert limit is not None
-        now = trio.current_time()
-        state.refill(now)
+        if limit.rate is not None:
+            state.refill(trio.current_time())
         waiters = state.waiters
         while waiters:
             waiter = waiters[0]
@@ -411,16 +417,17 @@ class Pending:
             self._set_timer(state, state.ready_at())
 
     def _maybe_forget_key(self, state: KeyState) -> None:
-        """Drop an idle key's state once its bucket is full (its counts restart)."""
-        if not state.idle:
-            return
-        state.refill(trio.current_time())
-        full = state.full_at()
-        if full <= state.stamp:
-            if self.keys.get(state.key) is state:
-                del self.keys[state.key]
-        else:
-            self._set_timer(state, full)
+        """Memory stays bounded by the keys in use: once there are twice as many
+        states as at the last sweep, drop those of idle keys whose buckets are
+        full (their counts restart)."""
+        if state.idle and len(self.keys) > self._sweep_at:
+            now = trio.current_time()
+            for key, other in list(self.keys.items()):
+                if other.idle:
+                    other.refill(now)
+                    if other.full_at() <= other.stamp:
+                        del self.keys[key]
+            self._sweep_at = max(_SWEEP_AFTER, 2 * len(self.keys))
 
     # ------------------------------------------------------------ the timer
 
