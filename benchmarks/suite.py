@@ -328,6 +328,57 @@ def executor(n: int, limit: int, store: bool = False, url: str = "") -> Result:
 
 
 @case
+def keyed(n: int, limit: int, keys: int) -> Result:
+    """``executor`` with a key on every task: n no-op tasks spread over ``keys`` keys
+    whose `KeyLimit` never holds one back (what a key costs by itself)."""
+    out: Result = {}
+    names = [f"tenant-{k}" for k in range(keys)]
+    limits = trioexec.KeyLimit(concurrency=limit)
+
+    async def main(st: trioexec.Store | None) -> None:
+        async with trioexec.open_executor(max_concurrent_tasks=limit, key_limits=limits) as ex:
+            for i in range(n):
+                await ex.submit(noop, key=names[i % keys])
+        out["completed"] = ex.statistics().completed_count
+
+    run_timed(main, False, out)
+    if out["completed"] != n:
+        raise RuntimeError(f"{out['completed']} of {n} tasks completed")
+    return out
+
+
+@case
+def key_backlog(n: int, keys: int) -> Result:
+    """n tasks over ``keys`` keys (concurrency 1 each, priorities 0-3) queued behind
+    one busy slot, then drained: seconds to queue them all and to start them all."""
+    out: Result = {}
+    names = [f"tenant-{k}" for k in range(keys)]
+
+    async def main() -> None:
+        release = trio.Event()
+        limits = trioexec.KeyLimit(concurrency=1)
+        async with trioexec.open_executor(
+            max_concurrent_tasks=1, queue_capacity=n + 1, key_limits=limits
+        ) as ex:
+            await ex.submit(release.wait)  # holds the one slot
+            t0 = time.perf_counter()
+            for i in range(n):
+                ex.submit_nowait(noop, key=names[i % keys], priority=i % 4)
+            out["queue_s"] = time.perf_counter() - t0
+            out["peak_rss_kb"] = peak_rss_kb()
+            t0 = time.perf_counter()
+            release.set()
+            await ex.wait_for_idle()
+            out["drain_s"] = time.perf_counter() - t0
+        out["completed"] = ex.statistics().completed_count
+
+    trio.run(main)
+    if out["completed"] != n + 1:
+        raise RuntimeError(f"{out['completed']} of {n + 1} tasks completed")
+    return out
+
+
+@case
 def sqlite_raw(single: int, batches: int, batch: int = 1000) -> Result:
     """Raw sqlite3 (WAL, synchronous=NORMAL): one row per transaction vs. ``batch`` rows."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -845,6 +896,7 @@ class Sizes:
     parked_noops: int  # ... while this many no-op tasks run
     backlog_n: int  # scenario 11
     pg_durable_n: int  # scenario 12: durable tasks end to end
+    key_backlog_ns: tuple[int, int]  # scenario 13: keyed tasks queued, smaller and larger
 
 
 FULL = Sizes(
@@ -866,6 +918,7 @@ FULL = Sizes(
     parked_noops=100_000,
     backlog_n=100_000,
     pg_durable_n=5_000,
+    key_backlog_ns=(100_000, 1_000_000),
 )
 QUICK = Sizes(
     overhead_n=20_000,
@@ -886,6 +939,7 @@ QUICK = Sizes(
     parked_noops=50_000,
     backlog_n=100_000,  # the issue's size: a smaller one would not test the bound
     pg_durable_n=1_000,
+    key_backlog_ns=(10_000, 100_000),
 )
 
 
@@ -898,6 +952,7 @@ BEST_BY = {
     "channel_pool": "seconds",
     "shaped_pool": "seconds",
     "executor": "seconds",
+    "keyed": "seconds",
     "deferral_mix": "compute_s",
     "park_hand": "resume_s",
     "park_defer": "resume_s",
@@ -1529,6 +1584,59 @@ def scenario_12(run: Runner, sizes: Sizes) -> Result:
     )
 
 
+def scenario_13(run: Runner, sizes: Sizes) -> Result:
+    n, lim, keys = sizes.overhead_n, 4, 100
+    run.interleave(
+        ("executor", {"n": n, "limit": lim}), ("keyed", {"n": n, "limit": lim, "keys": keys})
+    )
+    plain = run("executor", n=n, limit=lim)
+    keyed_run = run("keyed", n=n, limit=lim, keys=keys)
+    cost = keyed_run["seconds"] / plain["seconds"]
+    small_n, big_n = sizes.key_backlog_ns
+    small = run("key_backlog", n=small_n, keys=10_000)
+    big = run("key_backlog", n=big_n, keys=10_000)
+    queue_growth = (big["queue_s"] / big_n) / (small["queue_s"] / small_n)
+    drain_growth = (big["drain_s"] / big_n) / (small["drain_s"] / small_n)
+    return finish(
+        13,
+        "admission by key",
+        f"a keyed submit costs <= 1.3x an unkeyed one (limit {lim}, {keys} keys); with"
+        f" 10,000 keys, queueing and starting a task cost about the same at {big_n:,}"
+        f" pending as at {small_n:,} (O(log n): <= 1.3x)",
+        [
+            ratio(
+                f"keyed vs unkeyed submit, seconds per task, limit {lim}",
+                cost,
+                "<= 1.3x",
+                cost <= 1.3,
+                rounds=per_round(keyed_run, plain),
+            ),
+            ratio(
+                f"queue a keyed task at {big_n:,} vs {small_n:,} pending",
+                queue_growth,
+                "<= 1.3x",
+                queue_growth <= 1.3,
+            ),
+            ratio(
+                f"start a keyed task at {big_n:,} vs {small_n:,} pending",
+                drain_growth,
+                "<= 1.3x",
+                drain_growth <= 1.3,
+            ),
+        ],
+        tasks=n,
+        keyed_tasks_per_s=round(n / keyed_run["seconds"]),
+        unkeyed_tasks_per_s=round(n / plain["seconds"]),
+        backlog_us_per_task={
+            f"queue_{small_n}": rnd(small["queue_s"] / small_n * 1e6),
+            f"queue_{big_n}": rnd(big["queue_s"] / big_n * 1e6),
+            f"start_{small_n}": rnd(small["drain_s"] / small_n * 1e6),
+            f"start_{big_n}": rnd(big["drain_s"] / big_n * 1e6),
+        },
+        backlog_peak_rss_mb=mb(big["peak_rss_kb"]),
+    )
+
+
 def durable_e2e(url: str, n: int) -> dict[Any, Any]:
     """benchmarks/durable_e2e.py on the server at ``url``: (system, workers) -> its
     result; procrastinate only where it is installed (else a ``note`` says so)."""
@@ -1564,6 +1672,7 @@ SCENARIOS: dict[int, tuple[str, Callable[[Runner, Sizes], Result]]] = {
     10: ("throughput beside deferred tasks", scenario_10),
     11: ("store backlog memory", scenario_11),
     12: ("PostgreSQL", scenario_12),
+    13: ("admission by key", scenario_13),
 }
 
 
