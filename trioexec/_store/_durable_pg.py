@@ -56,9 +56,11 @@ _CLAIM = (
 )
 _P_TYPES = ("text", "text", "text", "float8", "text", "text", "text", "float8", "float8")
 _T_TYPES = ("text", "text", "bigint", "text", "text", "float8", "float8", "float8")
+# A batch's rows go as one JSON parameter (json.dumps, in C), not an array per column:
+# psycopg builds those in Python (1.8 ms of CPU for 64 creates, 0.4 ms as JSON).
 _FULFIL_MANY = (
-    "WITH f AS (SELECT * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[])"
-    " AS f(id, version, state, data)),"
+    "WITH f AS (SELECT * FROM json_to_recordset(%s::json)"
+    " AS f(id text, version bigint, state text, data text)),"
     # Each row found (and locked) by its primary key: a join on the state columns
     # would scan every acquired task's index entries, dead ones included.
     " ok AS (SELECT f.id, f.state, f.data FROM f"
@@ -78,15 +80,17 @@ _FULFIL_MANY = (
     " (SELECT count(*) FROM t) FROM p"
 )
 _CREATE_MANY = (
-    f"WITH r AS (SELECT * FROM unnest({', '.join(f'%s::{t}[]' for t in _P_TYPES)})"
-    f" AS r({', '.join(_P_COLS)})),"
+    "WITH r AS (SELECT * FROM json_to_recordset(%s::json)"
+    f" AS r({', '.join(f'{c} {t}' for c, t in zip(_P_COLS, _P_TYPES, strict=True))})),"
+    # Nothing is inserted if a promise of the batch exists already.
+    " seen AS (SELECT 1 FROM r JOIN durable_promises p ON p.id = r.id LIMIT 1),"
     f" p AS (INSERT INTO durable_promises ({', '.join(_P_COLS)}) SELECT * FROM r"
-    " ON CONFLICT (id) DO NOTHING RETURNING 1),"
-    f" k AS (SELECT * FROM unnest({', '.join(f'%s::{t}[]' for t in _T_TYPES)})"
-    f" AS k({', '.join(_T_COLS)})),"
+    " WHERE NOT EXISTS (SELECT FROM seen) ON CONFLICT (id) DO NOTHING RETURNING 1),"
+    " k AS (SELECT * FROM json_to_recordset(%s::json)"
+    f" AS k({', '.join(f'{c} {t}' for c, t in zip(_T_COLS, _T_TYPES, strict=True))})),"
     f" t AS (INSERT INTO durable_tasks ({', '.join(_T_COLS)}) SELECT * FROM k"
-    " ON CONFLICT (id) DO NOTHING RETURNING 1)"
-    " SELECT (SELECT count(*) FROM p), (SELECT count(*) FROM t)"
+    " WHERE NOT EXISTS (SELECT FROM seen) ON CONFLICT (id) DO NOTHING RETURNING 1)"
+    " SELECT (SELECT count(*) FROM seen), (SELECT count(*) FROM p), (SELECT count(*) FROM t)"
 )
 #: Whether any row is due at ``now`` for each of the three queries of time (a
 #: simple query: ``now`` is a float's repr, sent with the transaction's BEGIN).
@@ -353,8 +357,8 @@ class PostgresTables:
         """`BulkTables.fulfil_many`: one statement, which writes only if every task
         is acquired at its version and every promise pending (rows locked)."""
         self._keep("fulfil_many")
-        columns = [list(c) for c in zip(*items, strict=True)]
-        rows = self.conn.execute(_FULFIL_MANY, (*columns, len(items), now)).fetchall()
+        batch = _json([{"id": i, "version": v, "state": s, "data": d} for i, v, s, d in items])
+        rows = self.conn.execute(_FULFIL_MANY, (batch, len(items), now)).fetchall()
         if len(rows) != len(items):
             return None
         self.writes += 1
@@ -364,26 +368,24 @@ class PostgresTables:
         return [settled[id] for id, *_ in items]
 
     def create_many(self, promises: list[Row], tasks: list[Row]) -> bool:
-        """`BulkTables.create_many`: one look for existing promises, one statement
-        inserting the rows (one inserted meanwhile by another transaction aborts
-        this one: `TransactionAborted`)."""
+        """`BulkTables.create_many`: one statement, which inserts the rows unless a
+        promise of the batch exists (one inserted meanwhile by another transaction
+        aborts this one: `TransactionAborted`)."""
         self._keep("create_many")
-        ids = [row["id"] for row in promises]
-        found = self.conn.execute(
-            "SELECT 1 FROM unnest(%s::text[]) u(id) JOIN durable_promises p ON p.id = u.id LIMIT 1",
-            (ids,),
-        ).fetchall()
-        if found:
-            return False
         p_values = [tuple(row[c] for c in _P_COLS) for row in promises]
         t_values = [tuple(row[c] for c in _T_COLS) for row in tasks]
         tags = _P_COLS.index("tags")
         p_values = [
             (*v[:tags], json.dumps(v[tags], sort_keys=True), *v[tags + 1 :]) for v in p_values
         ]
-        p_columns = [list(c) for c in zip(*p_values, strict=True)]
-        t_columns = [list(c) for c in zip(*t_values, strict=True)] or [[]] * len(_T_COLS)
-        inserted = self.conn.execute(_CREATE_MANY, (*p_columns, *t_columns)).fetchone()
+        try:
+            p_batch = _json([dict(zip(_P_COLS, v, strict=True)) for v in p_values])
+            t_batch = _json([dict(zip(_T_COLS, v, strict=True)) for v in t_values])
+        except ValueError:
+            return False  # (a float JSON cannot hold: one by one)
+        seen, *inserted = self.conn.execute(_CREATE_MANY, (p_batch, t_batch)).fetchone()
+        if seen:
+            return False
         self.writes += 1
         if tuple(inserted) != (len(promises), len(tasks)):
             raise TransactionAborted(
@@ -551,6 +553,11 @@ class PostgresTables:
         ).fetchall()
         dropped = set() if overlay is None else overlay.dropped
         return iter([(r[0], r[1]) for r in rows if r[1] not in dropped])
+
+
+def _json(rows: list[dict[str, Any]]) -> str:
+    """A batch's rows as one JSON parameter (ValueError: a float JSON cannot hold)."""
+    return json.dumps(rows, allow_nan=False)
 
 
 def _commit(psycopg: Any, channel: str, wake: set[str]) -> Any:
