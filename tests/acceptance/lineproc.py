@@ -23,7 +23,9 @@ class LineProcess:
         stderr_path: Path,
         *,
         stdin: int = subprocess.DEVNULL,
-        timeout: float = 20.0,
+        # Bounds a hang, never a wait for success: on a loaded machine a crash
+        # worker's READY (start-up, 200 submissions, a flush) took over 20 s.
+        timeout: float = 60.0,
     ) -> None:
         self.stderr_path = stderr_path
         self.timeout = timeout
