@@ -194,11 +194,16 @@ def test_sigkill_mid_run_then_recover_completes_every_execution_once(tmp_path, s
 # --------------------------------------------------------------------------- race
 
 
-# Short enough that the two processes' recovery passes race often; long enough that
-# a loaded machine's stall (a heartbeat is due every third of it) never lets a live
-# worker's own lease lapse: 0.3 s did once in CI, and the other worker then ran its
-# tasks a second time, as a lapsed lease allows.
-RACE_LEASE = 1.0
+# Long enough that a loaded machine never lets a live worker's own lease lapse (the
+# other worker then takes its tasks, as a lapsed lease allows): a heartbeat waits
+# for the worker's store calls in progress, and on a loaded machine one recovery
+# pass of 60 rows took 2.5 s on PostgreSQL, so a heartbeat was written 3.2 s after
+# the one before, and single store calls took up to 5 s (0.3 s lapsed once in CI,
+# 1.0 s in 2 of 6 runs here). Both processes recover every RACE_LEASE seconds from
+# the same start, and the dead owners' lapses are spread over 1.2 leases between
+# their passes, so the passes still race whatever its length.
+RACE_LEASE = 8.0
+RACE_DEADLINE = 90  # seconds: the last lapse comes 1.2 leases in, then a pass and 30 tasks
 N_EXPIRED = 60  # one dead owner whose lease lapsed before the workers started
 N_OWNERS, PER_OWNER = 8, 30  # dead owners whose leases lapse one after another later
 
@@ -237,7 +242,7 @@ def test_two_processes_recover_one_store_each_execution_runs_once(tmp_path, spaw
             store.heartbeat(owner, far)  # alive, for now
 
         # Both start at once: their first recovery passes race for "expired".
-        workers = [spawn("recover", db, RACE_LEASE, 30) for _ in range(2)]
+        workers = [spawn("recover", db, RACE_LEASE, RACE_DEADLINE) for _ in range(2)]
         opened = {}
         for w in workers:
             _, owner, pid = w.expect("OPEN")
@@ -248,11 +253,11 @@ def test_two_processes_recover_one_store_each_execution_runs_once(tmp_path, spaw
         # every RACE_LEASE seconds.
         start = time.time()
         for k, owner in enumerate(owners):
-            store.heartbeat(owner, start + RACE_LEASE * 0.3 * (k + 1))
+            store.heartbeat(owner, start + RACE_LEASE * 0.15 * (k + 1))
 
         done = {}
         for w in workers:
-            _, owner, completed = w.expect("DONE", timeout=30)
+            _, owner, completed = w.expect("DONE", timeout=RACE_DEADLINE)
             done[owner] = int(completed)
             assert w.proc.wait(timeout=10) == 0, w.lines
 
