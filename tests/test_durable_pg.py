@@ -432,3 +432,28 @@ async def test_a_busy_worker_reads_its_notifications_before_each_claim(store_mak
     finally:
         ds.close()
         creator.close()
+
+
+def test_a_batch_of_fulfils_finds_its_rows_by_key(store_maker: Any) -> None:
+    """The one statement that fulfils a batch reads and writes its rows through
+    their keys: no table is scanned whole, however many rows it holds (a join
+    planned as a hash join scanned both tables once per batch)."""
+    from trioexec._store._durable_pg import _FULFIL_MANY, _json
+    from trioexec.durable._protocol import Core
+
+    tables = store_maker("postgres").durable_tables()
+    core = Core(tables, lambda: 1_000.0)
+    creates = [
+        functools.partial(core.create_promise, f"t{i:05d}", 600, target="w") for i in range(3000)
+    ]
+    assert all(ok for ok, _ in core.run(lambda: creates))
+    claimed = core.claim_work("w", pid="p", ttl=60, limit=64)
+    batch = _json([{"id": t.id, "version": t.version, "state": "resolved"} for t, _ in claimed])
+    with tables.transaction():
+        tables.conn.execute("ANALYZE durable_tasks; ANALYZE durable_promises")
+        plan = "\n".join(
+            row[0] for row in tables.conn.execute(f"EXPLAIN {_FULFIL_MANY}", (batch, 64, 1.0))
+        )
+    tables.close()
+    assert "Seq Scan on durable_tasks" not in plan, plan
+    assert "Seq Scan on durable_promises" not in plan, plan

@@ -68,14 +68,15 @@ _FULFIL_MANY = (
     " AND t.state = 'acquired' AND t.version = f.version FOR UPDATE) AS t"
     " CROSS JOIN LATERAL (SELECT 1 FROM durable_promises p WHERE p.id = f.id"
     " AND p.state = 'pending' FOR UPDATE) AS p),"
-    " go AS (SELECT count(*) = %s AS every FROM ok),"
+    " go AS (SELECT array_agg(id) AS ids FROM ok HAVING count(*) = %s),"
+    # The rows to write found by their keys too (= ANY: an index scan), not by a
+    # join with ``ok``, which the planner may make a hash join over a whole table.
     " t AS (UPDATE durable_tasks t SET state = 'fulfilled', pid = NULL,"
-    " lease_expires_at = NULL, timeout_at = NULL FROM ok, go"
-    " WHERE go.every AND t.id = ok.id RETURNING t.id),"
+    " lease_expires_at = NULL, timeout_at = NULL"
+    " WHERE t.id = ANY((SELECT ids FROM go)::text[]) RETURNING t.id),"
     " p AS (UPDATE durable_promises p SET state = ok.state, data = ok.data, iku = NULL,"
-    " settled_at = %s FROM ok, go WHERE go.every AND p.id = ok.id RETURNING "
-    + ", ".join(f"p.{c}" for c in _P_COLS)
-    + f") SELECT {', '.join(_P_COLS)},"
+    " settled_at = %s FROM ok WHERE p.id = ANY((SELECT ids FROM go)::text[]) AND p.id = ok.id"
+    " RETURNING " + ", ".join(f"p.{c}" for c in _P_COLS) + f") SELECT {', '.join(_P_COLS)},"
     " EXISTS (SELECT 1 FROM durable_callbacks c WHERE c.promise_id = p.id),"
     " (SELECT count(*) FROM t) FROM p"
 )
