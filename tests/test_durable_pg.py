@@ -434,11 +434,12 @@ async def test_a_busy_worker_reads_its_notifications_before_each_claim(store_mak
         creator.close()
 
 
-def test_a_batch_of_fulfils_finds_its_rows_by_key(store_maker: Any) -> None:
-    """The one statement that fulfils a batch reads and writes its rows through
-    their keys: no table is scanned whole, however many rows it holds (a join
-    planned as a hash join scanned both tables once per batch)."""
-    from trioexec._store._durable_pg import _FULFIL_MANY, _json
+def test_a_batch_claim_and_fulfil_find_their_rows_by_key(store_maker: Any) -> None:
+    """The one statement that claims a batch, and the one that fulfils a batch,
+    read and write their rows through their keys: no table is scanned whole,
+    however many rows it holds (a join with the batch planned as a hash join
+    scanned the table once per batch)."""
+    from trioexec._store._durable_pg import _CLAIM, _FULFIL_MANY, _json
     from trioexec.durable._protocol import Core
 
     tables = store_maker("postgres").durable_tables()
@@ -449,11 +450,12 @@ def test_a_batch_of_fulfils_finds_its_rows_by_key(store_maker: Any) -> None:
     assert all(ok for ok, _ in core.run(lambda: creates))
     claimed = core.claim_work("w", pid="p", ttl=60, limit=64)
     batch = _json([{"id": t.id, "version": t.version, "state": "resolved"} for t, _ in claimed])
+    plans = []
     with tables.transaction():
         tables.conn.execute("ANALYZE durable_tasks; ANALYZE durable_promises")
-        plan = "\n".join(
-            row[0] for row in tables.conn.execute(f"EXPLAIN {_FULFIL_MANY}", (batch, 64, 1.0))
-        )
+        for sql, args in [(_CLAIM, ("w", 64, "p", 60.0, 1060.0)), (_FULFIL_MANY, (batch, 64, 1.0))]:
+            plans.append("\n".join(row[0] for row in tables.conn.execute(f"EXPLAIN {sql}", args)))
     tables.close()
-    assert "Seq Scan on durable_tasks" not in plan, plan
-    assert "Seq Scan on durable_promises" not in plan, plan
+    for plan in plans:
+        assert "Seq Scan on durable_tasks" not in plan, plan
+        assert "Seq Scan on durable_promises" not in plan, plan

@@ -50,7 +50,9 @@ _CLAIM = (
     "WITH c AS (SELECT id FROM durable_tasks WHERE state = 'pending' AND target = %s"
     " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
     " UPDATE durable_tasks t SET state = 'acquired', version = t.version + 1, pid = %s,"
-    " ttl = %s, lease_expires_at = %s, timeout_at = NULL FROM c WHERE t.id = c.id RETURNING "
+    # (By key, = ANY: a join with ``c`` may be planned as a hash join over the table.)
+    " ttl = %s, lease_expires_at = %s, timeout_at = NULL"
+    " WHERE t.id = ANY((SELECT array_agg(id) FROM c)::text[]) RETURNING "
     + ", ".join(f"t.{c}" for c in _T_COLS)
     + ", (SELECT p.data FROM durable_promises p WHERE p.id = t.id)"
 )
