@@ -96,6 +96,8 @@ class Row:
     finished_at: float | None = None
     deferred_since: float | None = None
     error: Any = None
+    key: str | None = None
+    priority: int = 0
 
     def apply(self, change: tuple[Any, ...]) -> bool:
         """A non-submit change, as the contract says; False if it is fenced out."""
@@ -155,6 +157,8 @@ submit_spec = st.tuples(
     st.sampled_from(SPEC_IDS),
     st.sampled_from(ARGS),
     st.sampled_from((*OWNERS, None)),
+    st.sampled_from((None, None, "tenant-a", "tenant-b")),  # key
+    st.sampled_from((0, 0, 3, -(2**62) + 1)),  # priority
 )
 start_spec = st.tuples(st.just("start"), targets, version_delta)
 sub_spec = st.tuples(st.just("sub"), targets, version_delta, st.sampled_from(SubStatus))
@@ -242,10 +246,15 @@ class StoresAgree(RuleBasedStateMachine):
             task_id = self.target(kind, spec[1])
             row = self.rows.get(task_id)
             if kind == "submit":
-                _, _, name, run_id, spec_id, args, owner = spec
-                changes.append(("submit", task_id, 1, name, run_id, spec_id, args, owner, self.now))
+                _, _, name, run_id, spec_id, args, owner, *keyed = spec
+                changes.append(
+                    ("submit", task_id, 1, name, run_id, spec_id, args, owner, self.now, *keyed)
+                )
                 if row is None:
-                    self.rows[task_id] = Row(task_id, name, run_id, owner, self.now, spec_id, args)
+                    self.rows[task_id] = Row(
+                        task_id, name, run_id, owner, self.now, spec_id, args,
+                        **dict(zip(("key", "priority"), keyed, strict=False)),
+                    )  # fmt: skip
                 else:
                     expected.append(task_id)
                     refused.add(task_id)
@@ -602,6 +611,8 @@ class StoresAgree(RuleBasedStateMachine):
         queries += [{"run_id": r} for r in RUN_IDS[3:]]
         queries += [{"run_id": "run-1", "status": s} for s in LIVE]
         queries += [{"run_id": "run-2", "deferred_longer_than": 0.5}]
+        queries += [{"key": k} for k in ("tenant-a", "tenant-b", "none")]
+        queries += [{"key": "tenant-a", "status": s} for s in LIVE]
         for query in queries:
             from_memory = self.memory.executions(**query)
             from_sql = self.sql.executions(**query)
