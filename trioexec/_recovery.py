@@ -80,7 +80,9 @@ class Recovery:
             async for _, since_last in beats:
                 if since_last is None:
                     continue  # renewed on entry
-                await journal.call(store.heartbeat, owner, lifecycle.wall() + lease)
+                # The lease runs from when the heartbeat is written: it may have
+                # waited for this executor's own store calls (a recovery pass).
+                await journal.call_with(store.heartbeat, lambda: (owner, lifecycle.wall() + lease))
                 live = {task_id: job.version for task_id, job in lifecycle.live.items()}
                 for task_id in await journal.call(store.taken_over, owner, live):
                     lifecycle.lose(task_id)
