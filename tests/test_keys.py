@@ -164,6 +164,79 @@ async def test_a_task_cancelled_while_waiting_for_its_key_to_resume_holds_nothin
         assert (await after.wait()).ok
 
 
+async def test_a_retry_waits_for_its_key_and_says_so(autojump_clock):
+    attempts = []
+
+    @trioexec.task(retries=1, backoff=Backoff(initial=1, jitter=0))
+    async def flaky():
+        attempts.append(trio.current_time())
+        if len(attempts) == 1:
+            raise OSError("once")
+
+    async with open_executor(max_concurrent_tasks=4, key_limits=KeyLimit(concurrency=1)) as ex:
+        ref = await ex.submit(flaky, key="k")
+        await trio.testing.wait_all_tasks_blocked()
+        other = await ex.submit(trio.sleep, 5, key="k")  # takes the key during the backoff
+        await trio.sleep(2)
+        assert ref.waiting_on == "key concurrency k"
+        assert ex.key_statistics("k") == KeyStatistics(
+            key="k", active=1, pending=1, limited_count=1
+        )
+        assert (await ref.wait()).ok
+        assert other.done
+    assert attempts == [0, 5]  # the retry waited for the key, not just its backoff
+
+
+@pytest.mark.parametrize("policy", [trioexec.ShutdownPolicy.CANCEL, "ref"])
+async def test_cancelling_tasks_that_wait_for_their_key_leaks_no_key(autojump_clock, policy):
+    go = trio.Event()
+
+    async def waits(handle: TaskHandle):
+        await handle.defer_until(go)
+
+    async with open_executor(max_concurrent_tasks=4, key_limits=KeyLimit(concurrency=1)) as ex:
+        resumers = [await ex.submit(waits, key="k") for _ in range(3)]
+        await trio.testing.wait_all_tasks_blocked()
+        holder = await ex.submit(trio.sleep_forever, key="k")
+        go.set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert [r.waiting_on for r in resumers] == ["key concurrency k"] * 3
+        if policy == "ref":
+            for ref in [*resumers, holder]:
+                ref.cancel()
+            await ex.wait_for_idle()
+            stats = ex.key_statistics("k")
+            assert (stats.active, stats.pending, stats.deferred) == (0, 0, 0)
+            assert stats.limited_count >= 3  # (the three resumers waited, at least)
+            assert (await (await ex.submit(trio.sleep, 0, key="k")).wait()).ok
+        else:
+            await ex.shutdown(policy)
+    assert {r.status for r in [*resumers, holder]} == {TaskStatus.CANCELLED}
+
+
+async def test_a_sync_task_defers_and_resumes_with_its_key():
+    """A plain def task (in a worker thread) gives its key back while deferred (the
+    real clock: threads and the autojump clock do not mix)."""
+    go = trio.Event()
+    deferred = trio.Event()
+
+    def blocking(handle: TaskHandle):
+        trio.from_thread.run_sync(deferred.set)
+        handle.defer_until_sync(go)
+        return "done"
+
+    with trio.fail_after(10):
+        async with open_executor(key_limits=KeyLimit(concurrency=1)) as ex:
+            ref = await ex.submit(blocking, key="k")
+            await deferred.wait()
+            while ex.key_statistics("k").deferred != 1:
+                await trio.testing.wait_all_tasks_blocked()
+            other = await ex.submit(trio.sleep, 0, key="k")
+            assert (await other.wait()).ok  # the key was free meanwhile
+            go.set()
+            assert (await ref.wait()).result == "done"
+
+
 # ---------------------------------------------------------------- rate
 
 

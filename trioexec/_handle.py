@@ -339,6 +339,8 @@ class TaskHandle:
             deadline = -math.inf
         elif observer is not None:
             deadline = observer.reclaim_deadline(self._job)
+        if deadline == -math.inf:
+            return  # ending: nothing to take back (not even a place in a key's line)
         with trio.CancelScope(shield=True, deadline=deadline) as self._reclaim_scope:
             await self._reclaim(slot)
         self._reclaim_scope = None
