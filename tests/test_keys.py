@@ -315,7 +315,9 @@ async def test_priority_within_a_key_lets_its_best_through_first(autojump_clock)
 
 async def test_aging_lets_a_low_priority_task_overtake_later_high_ones(autojump_clock):
     log = Log()
-    store = MemoryStore(clock=FakeWallClock(0))  # (aging counts on the store's clock)
+    # (The wall clock follows Trio's: "old low" was queued before anything had a
+    # priority, and its age then comes from its submission time.)
+    store = MemoryStore(clock=FakeWallClock(0))
     async with open_executor(max_concurrent_tasks=1, store=store, priority_aging=10) as ex:
         await ex.submit(log.work, "busy", 100)
         await ex.submit(log.work, "old low", 1)
@@ -328,8 +330,7 @@ async def test_aging_lets_a_low_priority_task_overtake_later_high_ones(autojump_
 
 async def test_without_aging_priority_alone_decides(autojump_clock):
     log = Log()
-    store = MemoryStore(clock=FakeWallClock(0))
-    async with open_executor(max_concurrent_tasks=1, store=store, priority_aging=None) as ex:
+    async with open_executor(max_concurrent_tasks=1, priority_aging=None) as ex:
         await ex.submit(log.work, "busy", 100)
         await ex.submit(log.work, "old low", 1)
         await trio.sleep(99)
@@ -604,3 +605,122 @@ def test_keyed_admission_agrees_with_the_reference_model(slots, limits, aging, s
                         assert j - i + 1 <= limit.rate + limit.rate * span / limit.per + 1e-9
 
     trio.run(main, clock=clock)
+
+
+# ---------------------------------------------------------------- regressions (review)
+
+
+async def test_a_retry_after_an_attempt_that_timed_out_deferred_still_takes_a_token(
+    autojump_clock,
+):
+    starts = []
+    never = trio.Event()
+
+    @trioexec.task(retries=1, timeout=1.0, backoff=Backoff(initial=0.5, jitter=0))
+    async def job(handle: TaskHandle):
+        starts.append(trio.current_time())
+        if len(starts) == 1:
+            await handle.defer_until(never)  # times out while deferred
+
+    async with open_executor(max_concurrent_tasks=2, key_limits=KeyLimit(rate=1, per=100.0)) as ex:
+        ref = await ex.submit(job, key="k")
+        await trio.sleep(1.2)  # in the backoff
+        assert ref.waiting_on == "retry backoff"
+        assert ex.key_statistics("k") == KeyStatistics(key="k", pending=1)
+        assert (await ref.wait()).ok
+    assert starts == [0, 100]
+
+
+async def test_a_retry_takes_its_token_when_it_starts_not_while_it_waits_for_a_slot(
+    autojump_clock,
+):
+    starts = []
+
+    @trioexec.task(retries=1, backoff=Backoff(initial=1.0, jitter=0))
+    async def flaky():
+        starts.append(("retry", trio.current_time()))
+        if len(starts) == 1:
+            raise OSError("once")
+
+    async def plain():
+        starts.append(("plain", trio.current_time()))
+
+    async with open_executor(max_concurrent_tasks=2, key_limits=KeyLimit(rate=1, per=10.0)) as ex:
+        await ex.submit(flaky, key="k")  # takes the one token at 0, fails
+        await trio.testing.wait_all_tasks_blocked()
+        await ex.submit(trio.sleep, 50)  # both slots busy until 50
+        await ex.submit(trio.sleep, 50)
+        await trio.sleep(20)
+        ref = await ex.submit(plain, key="k")
+        await trio.sleep(1)
+        assert ref.waiting_on == "rate limit k"  # the retry's token is spoken for
+    assert starts == [("retry", 0), ("retry", 50), ("plain", 60)]
+
+
+async def test_a_resume_never_waits_behind_a_retry_that_waits_for_a_token(autojump_clock):
+    log: dict[str, list[float]] = {}
+    go = trio.Event()
+
+    @trioexec.task(retries=1, backoff=Backoff(initial=1.0, jitter=0))
+    async def flaky():
+        log.setdefault("retry", []).append(trio.current_time())
+        if len(log["retry"]) == 1:
+            raise OSError("once")
+
+    async def deferring(handle: TaskHandle):
+        await handle.defer_until(go)
+        log["resumed"] = [trio.current_time()]
+
+    async with open_executor(max_concurrent_tasks=4, key_limits=KeyLimit(rate=2, per=100.0)) as ex:
+        await ex.submit(deferring, key="k")  # token 1 of 2
+        await ex.submit(flaky, key="k")  # token 2 of 2; its retry waits for a token
+        await trio.sleep(2)
+        go.set()
+    assert log == {"retry": [0, 50], "resumed": [2]}  # a resume takes no token
+
+
+async def test_sending_let_through_tasks_back_keeps_the_tombstone_count_honest(autojump_clock):
+    """Regression: a task sent back to its key's line left an uncounted stale entry,
+    and the count of tombstones drifted below zero (compaction then never ran)."""
+    async with open_executor(max_concurrent_tasks=1, key_limits=KeyLimit(concurrency=1)) as ex:
+        for _ in range(100):
+            await ex.submit(trio.sleep, 1)  # holds the one slot for 1 s
+            low = await ex.submit(trio.sleep, 0, key="k")  # let through by its key
+            await ex.submit(trio.sleep, 0, key="k", priority=5)  # sends it back
+            low.cancel()
+            await ex.wait_for_idle()
+        pending = ex._core.pending
+        assert int(repr(pending).split(", ")[1].split()[0]) >= 0  # (it was -99)
+        gate = trio.Event()
+        await ex.submit(gate.wait)
+        refs = [await ex.submit(trio.sleep, 0, priority=-1) for _ in range(300)]
+        for ref in refs:
+            ref.cancel()
+        tombstones = int(repr(pending).split(", ")[1].split()[0])
+        assert 0 <= tombstones <= 64 + 1  # never negative
+        assert len(pending._ready) <= 2 * 64 + 2  # compacted along the way: no 300 kept
+        gate.set()
+
+
+async def test_a_retry_past_its_backoff_waits_on_a_slot(autojump_clock):
+    attempts = []
+
+    @trioexec.task(retries=1, backoff=Backoff(initial=1.0, jitter=0))
+    async def flaky():
+        attempts.append(trio.current_time())
+        if len(attempts) == 1:
+            raise OSError("once")
+
+    for key in (None, "k"):
+        attempts.clear()
+        async with open_executor(max_concurrent_tasks=1, key_limits=KeyLimit(concurrency=2)) as ex:
+            ref = await ex.submit(flaky, key=key)
+            await trio.testing.wait_all_tasks_blocked()
+            await ex.submit(trio.sleep, 10)  # the slot, from 0 to 10
+            await trio.sleep(0.5)
+            assert ref.waiting_on == "retry backoff"
+            await trio.sleep(4.5)
+            assert ref.waiting_on == "slot", key
+            if key is not None:
+                assert ex.key_statistics(key) == KeyStatistics(key=key, pending=1)
+        assert attempts[-1] - attempts[0] == 10

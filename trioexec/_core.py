@@ -143,7 +143,7 @@ class ExecutorCore:
         self.wall: Callable[[], float] = time.time if store is None else store.clock
         self.tally = tally = Tally()
         self.events = EventStream(config.event_capacity)
-        self.pending = pending = Pending(config.key_limits, config.priority_aging)
+        self.pending = pending = Pending(config.key_limits, config.priority_aging, self.wall)
         self.slots = SlotPool(config.max_concurrent_tasks)
         self.journal = journal = None if store is None else Journal(store)
         self.gate = Gate(config.capacity, config.overflow, tally, pending, journal, self.events)

@@ -136,8 +136,11 @@ class KeyState:
     ``earmarked``: tasks of a limited key the queue has let through to start
     (they count against the key's room until they start or are cancelled);
     ``queue``: its held-back pending tasks, best first (a heap of
-    ``(rank, seq, job)``); ``waiters``: its started tasks waiting to hold the key
-    again, first come first served, ahead of every pending one.
+    ``(rank, seq, job)``); ``resumers`` and ``retriers``: its started tasks
+    waiting to hold the key again after a deferral (concurrency only) or for a
+    retry's attempt (and a token), each line first come first served, resumers
+    first, both ahead of every pending task; ``reserved``: retries the key has
+    let through that wait for a slot (their token is taken when they get it).
     """
 
     __slots__ = (
@@ -149,11 +152,13 @@ class KeyState:
         "limited_count",
         "pending",
         "queue",
+        "reserved",
+        "resumers",
+        "retriers",
         "retrying",
         "stamp",
         "timer_at",
         "tokens",
-        "waiters",
     )
 
     def __init__(self, key: str, limit: KeyLimit | None, now: float) -> None:
@@ -162,11 +167,13 @@ class KeyState:
         self.holders: set[Job] = set()  # its tasks that hold a slot
         self.deferred: set[Job] = set()  # ... that gave theirs back
         self.retrying: set[Job] = set()  # ... that wait for their next attempt
+        self.reserved: set[Job] = set()  # ... let through to it, waiting for a slot
         self.pending = 0  # its tasks in the queue
         self.limited_count = 0
         self.earmarked: dict[Job, tuple[float, int, Job]] = {}  # (with their entries)
         self.queue: list[tuple[float, int, Job]] = []
-        self.waiters: deque[Waiter] = deque()
+        self.resumers: deque[Waiter] = deque()
+        self.retriers: deque[Waiter] = deque()
         self.tokens = float(limit.rate) if limit is not None and limit.rate else 0.0
         self.stamp = now  # when `tokens` was last brought up to date
         self.timer_at = math.inf  # a refill check is due then
@@ -186,7 +193,7 @@ class KeyState:
         limit = self.limit
         if limit is None:
             return True
-        taken = len(self.earmarked)
+        taken = len(self.earmarked) + len(self.reserved)
         if limit.concurrency is not None and len(self.holders) + taken >= limit.concurrency:
             return False
         return not start or limit.rate is None or self.tokens - taken > 1.0 - _EPSILON
@@ -196,7 +203,7 @@ class KeyState:
         limit = self.limit
         if limit is None or limit.rate is None:
             return False
-        taken = len(self.earmarked)
+        taken = len(self.earmarked) + len(self.reserved)
         return limit.concurrency is None or len(self.holders) + taken < limit.concurrency
 
     def ready_at(self) -> float:
@@ -204,7 +211,7 @@ class KeyState:
         limit = self.limit
         assert limit is not None
         assert limit.rate is not None
-        missing = len(self.earmarked) + 1.0 - self.tokens
+        missing = len(self.earmarked) + len(self.reserved) + 1.0 - self.tokens
         at = self.stamp + max(missing, 0.0) * limit.per / limit.rate
         return max(at, math.nextafter(self.stamp, math.inf))  # (later, however little)
 
@@ -218,7 +225,14 @@ class KeyState:
     @property
     def idle(self) -> bool:
         """Nothing of the key pending, running, deferred or waiting."""
-        return not (self.pending or self.holders or self.deferred or self.retrying or self.waiters)
+        return not (
+            self.pending
+            or self.holders
+            or self.deferred
+            or self.retrying
+            or self.reserved
+            or self.resumers
+        )
 
     def reason(self) -> str:
         """What holds a task of this key back: its concurrency or its rate."""
@@ -228,7 +242,7 @@ class KeyState:
         return KeyStatistics(
             key=self.key,
             active=len(self.holders),
-            pending=self.pending + len(self.retrying),
+            pending=self.pending + len(self.retrying) + len(self.reserved),
             deferred=len(self.deferred),
             limited_count=self.limited_count,
         )
@@ -236,5 +250,5 @@ class KeyState:
     def __repr__(self) -> str:
         return (
             f"<KeyState {self.key!r} {len(self.holders)} active, {self.pending} queued, "
-            f"{len(self.deferred)} deferred, {len(self.waiters)} waiting>"
+            f"{len(self.deferred)} deferred, {len(self.retrying)} retrying>"
         )

@@ -81,6 +81,7 @@ class Lifecycle:
         self._events = events
         self._owner_id = owner_id
         self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
+        self.backing_off: set[Job] = set()  # (the workers keep it) between attempts
 
     # ------------------------------------------------------------ accepted
 
@@ -117,7 +118,7 @@ class Lifecycle:
         if status is TaskStatus.PENDING:
             if job.key is not None and (reason := self.pending.waiting_on(job)) is not None:
                 return reason
-            return "slot" if job.scope is None else "retry backoff"
+            return "retry backoff" if job in self.backing_off else "slot"
         handle = job.handle
         if status is not TaskStatus.RUNNING or handle is None:
             return None

@@ -9,10 +9,11 @@ never delays another key's tasks.
 
 Rank: higher priority first, then submission order. With ``priority_aging``,
 a waiting task's priority rises by 1 for every ``priority_aging`` seconds it has
-waited (continuously), so two tasks compare by ``submitted_at - priority *
-priority_aging``: a static order, kept in a heap. ``submitted_at`` is the
-executor's wall clock, made monotonic here, so equal priorities keep
-submission order even if the clock steps back.
+waited (continuously), so two tasks compare by ``queued_at - priority *
+priority_aging``: a static order, kept in a heap. ``queued_at`` is Trio's clock
+when the task was queued (for the tasks already waiting when the first key or
+priority arrives, worked out from their ``submitted_at``), made monotonic, so
+equal priorities keep submission order.
 
 A task cancelled while pending leaves a tombstone the workers skip, so a cancel
 costs O(1); the structures are compacted when tombstones outnumber live entries.
@@ -68,6 +69,7 @@ class Pending:
         "_timer_scope",
         "_timers",
         "_tombstones",
+        "_wall",
         "held",
         "keys",
         "live",
@@ -76,7 +78,10 @@ class Pending:
     )
 
     def __init__(
-        self, key_limits: Mapping[str, KeyLimit] | None = None, priority_aging: float | None = 60.0
+        self,
+        key_limits: Mapping[str, KeyLimit] | None = None,
+        priority_aging: float | None = 60.0,
+        wall: Callable[[], float] | None = None,
     ) -> None:
         self._jobs: deque[Job] = deque()
         self.live = 0
@@ -87,6 +92,7 @@ class Pending:
         self._seq = 0
         self._last = -math.inf  # the latest submission time ranked (monotonic)
         self._aging = priority_aging
+        self._wall = wall  # the clock of ``Job.submitted_at``
         self._limits = dict(key_limits or {})
         self._tombstones = 0
         self.keys: dict[str, KeyState] = {}
@@ -129,6 +135,7 @@ class Pending:
             state = None if key is None else self.keys[key]
             if state is not None and state.limit is not None:
                 if state.earmarked.get(job) is not entry:
+                    self._tombstones -= 1
                     continue  # sent back to its key's line by a better task
                 del state.earmarked[job]
             self.live -= 1
@@ -184,7 +191,7 @@ class Pending:
             state.queue.clear()
             if state.earmarked:
                 state.earmarked.clear()
-                if state.waiters:
+                if state.resumers or state.retriers:
                     self._grant(state)  # the room they were let through into is free
             self._maybe_forget_key(state)
         return jobs
@@ -196,13 +203,17 @@ class Pending:
         self._ranked = True
         jobs, self._jobs = self._jobs, deque()
         self.live = 0
+        now, wall = trio.current_time(), self._wall
         for job in jobs:
             if job.status is TaskStatus.PENDING:
-                self._add(job)
+                # Queued before anything was ranked: its age from its submission time.
+                waited = 0.0 if wall is None else max(0.0, wall() - job.submitted_at)
+                self._add(job, now - waited)
 
-    def _add(self, job: Job) -> None:
+    def _add(self, job: Job, t: float | None = None) -> None:
         seq = self._seq = self._seq + 1
-        t = job.submitted_at
+        if t is None:
+            t = trio.current_time()
         if t < self._last:
             t = self._last
         else:
@@ -227,7 +238,7 @@ class Pending:
             heapq.heappush(self._ready, entry)
             self.live += 1
             return
-        if not state.queue and not state.waiters:  # (the common case: straight through)
+        if not state.queue and not state.resumers and not state.retriers:  # (the common case)
             if state.limit.rate is not None:
                 state.refill(trio.current_time())
             if state.room():
@@ -235,10 +246,10 @@ class Pending:
                 return
         heapq.heappush(state.queue, entry)
         self.held += 1
-        self._grant(state, wake=False)  # (the submitter wakes a worker itself)
+        self._grant(state)
         if job not in state.earmarked:
             state.limited_count += 1
-            if state.earmarked and not state.waiters:
+            if state.earmarked and not state.resumers and not state.retriers:
                 self._displace(state, entry)
 
     def _displace(self, state: KeyState, entry: _Entry) -> None:
@@ -251,7 +262,8 @@ class Pending:
             self.live -= 1
             heapq.heappush(state.queue, (worst[0], worst[1], job))
             self.held += 1
-            self._grant(state, wake=False)
+            self._tombstones += 1  # (its old entry in ``ready``)
+            self._grant(state)
 
     def _forget(self, job: Job) -> None:
         """``job`` leaves the queue without starting (cancelled, dropped, or taken
@@ -272,16 +284,22 @@ class Pending:
         self._tombstones += 1
         entries = len(self._ready) + self.held
         if self._tombstones > _COMPACT_AFTER and self._tombstones * 2 > entries:
-            self._compact()
+            self._compact(job)
 
-    def _compact(self) -> None:
-        self._ready = [e for e in self._ready if _queued(e[2]) and self._current(e)]
+    def _compact(self, leaving: Job) -> None:
+        """Drop the tombstones (``leaving``'s entries too: it may still be PENDING,
+        dropped a moment from now)."""
+
+        def keep(entry: _Entry) -> bool:
+            return entry[2] is not leaving and _queued(entry[2])
+
+        self._ready = [e for e in self._ready if keep(e) and self._current(e)]
         heapq.heapify(self._ready)
         for state in self.keys.values():
             if state.queue:
-                state.queue = [e for e in state.queue if _queued(e[2])]
+                state.queue = [e for e in state.queue if keep(e)]
                 heapq.heapify(state.queue)
-        self._order = deque(j for j in self._order if _queued(j))
+        self._order = deque(j for j in self._order if j is not leaving and _queued(j))
         self._tombstones = 0
 
     def _current(self, entry: _Entry) -> bool:
@@ -313,24 +331,31 @@ class Pending:
         state = self.keys.get(key)
         return KeyStatistics(key=key) if state is None else state.statistics()
 
+    def _state_of(self, job: Job) -> KeyState:
+        assert job.key is not None
+        return self.keys[job.key]
+
     def release(self, job: Job, *, deferred: bool = False) -> None:
         """``job`` (of a key) stops holding its key for a while: it gave its slot
-        back (``deferred``), or waits for its next attempt. No-op if it does not
-        hold it."""
-        state = self.keys[job.key]  # type: ignore[index]
-        if job not in state.holders:
-            return
-        state.holders.remove(job)
-        (state.deferred if deferred else state.retrying).add(job)
-        if state.limit is not None and (state.queue or state.waiters):
-            self._grant(state)
+        back (``deferred``), or waits for its next attempt (also after an attempt
+        that ended while deferred)."""
+        state = self._state_of(job)
+        if job in state.holders:
+            state.holders.remove(job)
+            (state.deferred if deferred else state.retrying).add(job)
+            if state.limit is not None and (state.queue or state.resumers or state.retriers):
+                self._grant(state)
+        elif not deferred and job in state.deferred:
+            state.deferred.remove(job)
+            state.retrying.add(job)
 
     def ended(self, job: Job) -> None:
         """``job`` (of a key, started) has ended: whatever it held of its key is free."""
-        state = self.keys[job.key]  # type: ignore[index]
-        if job in state.holders:
-            state.holders.remove(job)
-            if state.limit is not None and (state.queue or state.waiters):
+        state = self._state_of(job)
+        if job in state.holders or job in state.reserved:
+            state.holders.discard(job)
+            state.reserved.discard(job)
+            if state.limit is not None and (state.queue or state.resumers or state.retriers):
                 self._grant(state)
         else:
             state.deferred.discard(job)
@@ -338,37 +363,56 @@ class Pending:
         self._maybe_forget_key(state)
 
     async def rejoin(self, job: Job) -> None:
-        """Hold ``job``'s key again, after a deferral or for a retry's attempt (which
-        takes a token too). First come, first served among the key's started
-        tasks, ahead of its pending ones. If cancelled while waiting, the key is
-        not held. Not a checkpoint when the key has room."""
-        state = self.keys[job.key]  # type: ignore[index]
+        """Take ``job``'s key back: after a deferral (it holds it on return), or
+        for a retry's attempt (it is let through; `attempt_starts` takes the token
+        once it holds a slot). First come, first served among the key's started
+        tasks (resumes first: a rate holds back starts only), ahead of its pending
+        ones. If cancelled while waiting, it takes nothing. Not a checkpoint when
+        the key has room."""
+        state = self._state_of(job)
         start = job in state.retrying
         if state.limit is not None:
             state.refill(trio.current_time())
-            if state.waiters or not state.room(start):
+            ahead = state.resumers or (start and state.retriers)
+            if ahead or not state.room(start):
                 waiter = Waiter(job, start)
-                state.waiters.append(waiter)
+                (state.retriers if start else state.resumers).append(waiter)
                 state.limited_count += 1
                 self._grant(state)  # (sets the timer for the token it may wait for)
                 try:
                     await waiter.event.wait()
                 except BaseException:
-                    if not waiter.granted:
-                        state.waiters.remove(waiter)
-                        self._grant(state)  # the next in line may fit now
-                    else:
+                    if waiter.granted:
                         self.release(job, deferred=not start)
+                        if start:
+                            state.reserved.discard(job)
+                            state.retrying.add(job)
+                            self._grant(state)
+                    else:
+                        (state.retriers if start else state.resumers).remove(waiter)
+                        self._grant(state)  # the next in line may fit now
                     raise
                 return
-            if start and state.limit.rate is not None:
-                state.tokens -= 1.0
-        self._hold(state, job)
+        self._take(state, job, start)
 
-    def _hold(self, state: KeyState, job: Job) -> None:
-        state.deferred.discard(job)
-        state.retrying.discard(job)
+    def _take(self, state: KeyState, job: Job, start: bool) -> None:
+        if start:
+            state.retrying.discard(job)
+            state.reserved.add(job)
+        else:
+            state.deferred.discard(job)
+            state.holders.add(job)
+
+    def attempt_starts(self, job: Job) -> None:
+        """A retry let through by its key holds its slot now: it holds the key,
+        and takes its token."""
+        state = self._state_of(job)
+        state.reserved.discard(job)
         state.holders.add(job)
+        limit = state.limit
+        if limit is not None and limit.rate is not None:
+            state.refill(trio.current_time())
+            state.tokens -= 1.0
 
     def waiting_on(self, job: Job) -> str | None:
         """Why a queued or rejoining task of a limited key waits, if it waits for
@@ -377,30 +421,30 @@ class Pending:
         state = None if key is None else self.keys.get(key)
         if state is None or state.limit is None or job in state.earmarked:
             return None
-        if _queued(job) or any(w.job is job for w in state.waiters):
+        if job in state.reserved:
+            return "slot"
+        if _queued(job) or any(w.job is job for w in (*state.resumers, *state.retriers)):
             state.refill(trio.current_time())
             return state.reason()
         return None
 
-    def _grant(self, state: KeyState, *, wake: bool = True) -> None:
-        """The key's room may have grown: hand it to its waiters in order, then
-        let pending tasks through; past that, set a timer for the next token."""
+    def _grant(self, state: KeyState) -> None:
+        """The key's room may have grown: hand it to its resumers, then its
+        retries, then let pending tasks through, each in order; past that, set a
+        timer for the next token."""
         limit = state.limit
         assert limit is not None
         if limit.rate is not None:
             state.refill(trio.current_time())
-        waiters = state.waiters
-        while waiters:
-            waiter = waiters[0]
-            if not state.room(waiter.start):
+        for line, start in ((state.resumers, False), (state.retriers, True)):
+            while line and state.room(start):
+                waiter = line.popleft()
+                self._take(state, waiter.job, start)
+                waiter.granted = True
+                waiter.event.set()
+            if line:
                 break
-            waiters.popleft()
-            self._hold(state, waiter.job)
-            if waiter.start and limit.rate is not None:
-                state.tokens -= 1.0
-            waiter.granted = True
-            waiter.event.set()
-        if not waiters:
+        if not state.resumers and not state.retriers:
             queue = state.queue
             while queue:
                 if not _queued(queue[0][2]):
@@ -411,9 +455,9 @@ class Pending:
                     break
                 self.held -= 1
                 self._let_through(state, heapq.heappop(queue))
-                if wake:
-                    self.on_ready()
-        if (waiters or state.queue) and limit.rate is not None and state.by_rate():
+                self.on_ready()
+        waiting = state.retriers or state.queue
+        if waiting and not state.resumers and limit.rate is not None and state.by_rate():
             self._set_timer(state, state.ready_at())
 
     def _maybe_forget_key(self, state: KeyState) -> None:
@@ -466,13 +510,17 @@ class Pending:
             if at != state.timer_at:
                 continue  # superseded by an earlier one
             state.timer_at = math.inf
-            if state.limit is not None and (state.waiters or state.queue):
+            if state.limit is not None and (state.resumers or state.retriers or state.queue):
                 self._grant(state)
             self._maybe_forget_key(state)
 
     def next_timer(self) -> float:
         """When the next refill is due (inf: none is)."""
         return self._timers[0][0] if self._timers else math.inf
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """Refill timers run in ``nursery`` from now on."""
+        self.nursery = nursery
 
     def close(self) -> None:
         """The executor is done: the timer task ends."""

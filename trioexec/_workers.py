@@ -62,7 +62,8 @@ class Workers:
 
     def start(self, nursery: trio.Nursery) -> None:
         """Workers run in ``nursery`` from now on."""
-        self.nursery = self._pending.nursery = nursery
+        self.nursery = nursery
+        self._pending.start(nursery)
         self.registry = running()
 
     def close(self) -> None:
@@ -266,14 +267,20 @@ class Workers:
             delay = spec.backoff.delay(job.attempts)
             self._lifecycle.retrying(job, status, delay)
             self._parked()
+            backing_off = self._lifecycle.backing_off
+            backing_off.add(job)
             try:
                 await trio.sleep(delay)
+                backing_off.discard(job)
                 if job.key is not None:
-                    await self._pending.rejoin(job)  # (a start: it takes a token)
+                    await self._pending.rejoin(job)
             finally:
+                backing_off.discard(job)
                 self._count += 1
             if not token.try_reclaim():
                 await token.reclaim()
+            if job.key is not None:
+                self._pending.attempt_starts(job)  # (it takes its token now)
             if handle is not None and not job.info.is_async:
                 # The last attempt's thread may live on (abandoned): it keeps its handle.
                 handle = self._new_handle(job, token)
