@@ -178,6 +178,16 @@ class KeyState:
         self.stamp = now  # when `tokens` was last brought up to date
         self.timer_at = math.inf  # a refill check is due then
 
+    def take(self, job: Job, start: bool) -> None:
+        """A started task takes its key back: after a deferral it holds it again;
+        a retry is let through (``reserved``) until it holds a slot."""
+        if start:
+            self.retrying.discard(job)
+            self.reserved.add(job)
+        else:
+            self.deferred.discard(job)
+            self.holders.add(job)
+
     def refill(self, now: float) -> None:
         """Bring the bucket up to ``now``."""
         limit = self.limit

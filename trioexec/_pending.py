@@ -393,15 +393,7 @@ class Pending:
                         self._grant(state)  # the next in line may fit now
                     raise
                 return
-        self._take(state, job, start)
-
-    def _take(self, state: KeyState, job: Job, start: bool) -> None:
-        if start:
-            state.retrying.discard(job)
-            state.reserved.add(job)
-        else:
-            state.deferred.discard(job)
-            state.holders.add(job)
+        state.take(job, start)
 
     def attempt_starts(self, job: Job) -> None:
         """A retry let through by its key holds its slot now: it holds the key,
@@ -439,7 +431,7 @@ class Pending:
         for line, start in ((state.resumers, False), (state.retriers, True)):
             while line and state.room(start):
                 waiter = line.popleft()
-                self._take(state, waiter.job, start)
+                state.take(waiter.job, start)
                 waiter.granted = True
                 waiter.event.set()
             if line:
