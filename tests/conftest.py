@@ -3,6 +3,7 @@ and a throwaway PostgreSQL server (started once per session, when a test asks)."
 
 from __future__ import annotations
 
+import functools
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pg_server import NoServer, postgres_server
+from pg_server import STORE_KINDS, NoServer, postgres_server
 
 #: Set (CI does): no server is a failure, not a skip.
 REQUIRE_ENV = "TRIOEXEC_REQUIRE_POSTGRES"
@@ -96,3 +97,10 @@ def store_maker(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Call
     yield make
     for store in stores:
         store.close()
+
+
+@pytest.fixture(params=STORE_KINDS)
+def make_store(request: pytest.FixtureRequest, store_maker: Callable[..., Any]) -> Any:
+    """``make_store(**kw)``: a store of this test's kind, one test per kind in
+    ``STORE_KINDS`` (two made in one test share their data; see `store_maker`)."""
+    return functools.partial(store_maker, request.param)

@@ -3,13 +3,11 @@ SQLite and PostgreSQL, inline: the wall clock follows Trio's)."""
 
 from __future__ import annotations
 
-import functools
 import json
 
 import pytest
 import trio
 import trio.testing
-from pg_server import STORE_KINDS
 
 from trioexec.durable import (
     DurableStore,
@@ -19,12 +17,6 @@ from trioexec.durable import (
     open_worker,
 )
 from trioexec.testing import FakeWallClock
-
-
-@pytest.fixture(params=STORE_KINDS)
-def make_store(request, store_maker):
-    """``make_store(**kw)``: a store of this test's kind (two share their data)."""
-    return functools.partial(store_maker, request.param)
 
 
 @pytest.fixture

@@ -724,3 +724,10 @@ async def test_a_retry_past_its_backoff_waits_on_a_slot(autojump_clock):
             if key is not None:
                 assert ex.key_statistics(key) == KeyStatistics(key=key, pending=1)
         assert attempts[-1] - attempts[0] == 10
+
+
+def test_an_executor_config_with_key_limits_stays_hashable_and_comparable():
+    a = trioexec.ExecutorConfig(key_limits=KeyLimit(concurrency=1))
+    b = trioexec.ExecutorConfig(key_limits={"*": KeyLimit(concurrency=1)})
+    assert a == b
+    assert hash(a) == hash(b)

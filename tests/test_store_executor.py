@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import functools
 import json
 
 import attrs
 import pytest
 import trio
 import trio.testing
-from pg_server import STORE_KINDS
 
 from trioexec import (
     HealthEventKind,
@@ -20,11 +18,6 @@ from trioexec import (
     task,
 )
 from trioexec.testing import FakeWallClock
-
-
-@pytest.fixture(params=STORE_KINDS)
-def make_store(request, store_maker):
-    return functools.partial(store_maker, request.param)
 
 
 async def test_sub_status_sequence_through_the_store(make_store, autojump_clock):

@@ -5,7 +5,6 @@ migrates a database from before keys (NULL key, priority 0)."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import sqlite3
 
 import psycopg
@@ -13,7 +12,6 @@ import pytest
 import sqlite_utils
 import trio
 import trio.testing
-from pg_server import STORE_KINDS
 
 from trioexec import (
     KeyLimit,
@@ -27,11 +25,6 @@ from trioexec import (
 )
 from trioexec._store import _pg_schema, _sqlite_schema
 from trioexec.testing import FakeWallClock
-
-
-@pytest.fixture(params=STORE_KINDS)
-def make_store(request, store_maker):
-    return functools.partial(store_maker, request.param)
 
 
 def keyed(task_id, key, priority, *, owner="dead", spec="work", args="[1]", at=0.0):
@@ -79,6 +72,29 @@ async def test_a_task_spec_key_and_priority_are_recorded(make_store, autojump_cl
         await ref.wait()
     record = store.execution(ref.task_id)
     assert (record.key, record.priority) == ("a.example", 7)
+
+
+ODD_KEYS = ["tenant[1]", "o'brien", 'say "hi"', "🦊 fox", "a%b_c", "x; DROP TABLE t"]
+
+
+async def test_keys_with_brackets_quotes_emoji_and_wildcards_are_kept_as_given(
+    make_store, autojump_clock
+):
+    store = make_store(clock=FakeWallClock(start=100))
+    limits = KeyLimit(concurrency=1)
+    async with open_executor(max_concurrent_tasks=8, store=store, key_limits=limits) as ex:
+        refs = {key: await ex.submit(trio.sleep, 1, key=key) for key in ODD_KEYS}
+        await trio.testing.wait_all_tasks_blocked()
+        assert all(ex.key_statistics(key).active == 1 for key in ODD_KEYS)  # one key each
+    for key, ref in refs.items():
+        assert [r.task_id for r in store.executions(key=key)] == [ref.task_id], key
+    assert store.executions(key="a_b%c") == []  # no LIKE: "%" and "_" are plain characters
+
+
+async def test_a_key_with_a_lone_surrogate_is_refused_naming_it():
+    async with open_executor() as ex:
+        with pytest.raises(ValueError, match="lone surrogate"):
+            await ex.submit(trio.sleep, 0, key="bad\udc80")
 
 
 def test_executions_and_counts_filter_by_key(make_store):

@@ -7,7 +7,6 @@ the disagreements and contract gaps it cannot reach."""
 from __future__ import annotations
 
 import datetime
-import functools
 import os
 import re
 import shutil
@@ -730,11 +729,6 @@ def test_postgres_agrees_with_memory_and_the_model(postgres_url: str) -> None:
 
 
 # ---------------------------------------------------------------------- targeted
-
-
-@pytest.fixture(params=STORE_KINDS)
-def make_store(request, store_maker):
-    return functools.partial(store_maker, request.param)
 
 
 @pytest.mark.parametrize(

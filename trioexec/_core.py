@@ -97,7 +97,10 @@ class ExecutorConfig:
     task_budget: float | None = attrs.field(default=None, validator=_seconds)
     lease: float = attrs.field(default=30.0, validator=_seconds)
     max_recovery_attempts: int = attrs.field(default=3, validator=_int_at_least(0))
-    key_limits: dict[str, KeyLimit] = attrs.field(factory=dict, converter=key_limits_for)
+    # (A dict: left out of the hash, so a config stays hashable.)
+    key_limits: dict[str, KeyLimit] = attrs.field(
+        factory=dict, converter=key_limits_for, hash=False
+    )
     priority_aging: float | None = attrs.field(default=60.0, validator=_seconds)
 
     @property
