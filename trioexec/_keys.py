@@ -116,14 +116,13 @@ def key_limits_for(value: object) -> dict[str, KeyLimit]:
 
 @final
 class Waiter:
-    """A started task of a limited key waiting for its key again: to resume from a
-    deferral, or (``start``) for a retry's attempt, which also takes a token."""
+    """A started task of a limited key waiting in one of its key's lines (to
+    resume from a deferral, or for a retry's attempt)."""
 
-    __slots__ = ("event", "granted", "job", "start")
+    __slots__ = ("event", "granted", "job")
 
-    def __init__(self, job: Job, start: bool) -> None:
+    def __init__(self, job: Job) -> None:
         self.job = job
-        self.start = start
         self.event = trio.Event()
         self.granted = False
 

@@ -375,7 +375,7 @@ class Pending:
             state.refill(trio.current_time())
             ahead = state.resumers or (start and state.retriers)
             if ahead or not state.room(start):
-                waiter = Waiter(job, start)
+                waiter = Waiter(job)
                 (state.retriers if start else state.resumers).append(waiter)
                 state.limited_count += 1
                 self._grant(state)  # (sets the timer for the token it may wait for)
