@@ -1,0 +1,110 @@
+"""Key limits shared through a store: the arithmetic of one key in one
+`Store.key_round`, the same for every store.
+
+Every executor sharing a store holds some of a limited key's concurrency (a row
+``(key, owner, held, wanted)``, valid while the owner's lease is live: a dead
+owner's rows are reclaimed like its executions) and takes start tokens from one
+bucket per key (``(key, tokens, stamp)`` on the store's clock). An executor asks
+for what its waiting tasks need and gives back what they no longer hold, in
+batches (`trioexec._keyshare`); the store never grants more than the key's limit
+in all, counting every live owner. While other owners wait for a key, each may
+use only its share (``ceil(concurrency / owners wanting)``, or the floor while a
+waiting owner holds less than the floor), so one busy executor cannot keep a key
+from the rest.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+
+# A token count a rounding error short of a whole token counts as one.
+_EPSILON = 1e-9
+
+
+@attrs.frozen
+class KeyRequest:
+    """One owner's request for one key in a `Store.key_round`."""
+
+    key: str
+    concurrency: int | None  #: the key's limit as this owner knows it
+    rate: float | None
+    per: float
+    in_use: int  #: slots of the key its tasks hold or were let through to (kept)
+    wanted: int  #: slots it would hold now (``in_use`` and its waiting tasks)
+    tokens: int  #: start tokens it asks for now
+    returned: float = 0.0  #: tokens it took earlier and will not use, given back
+
+
+@attrs.frozen
+class KeyGrant:
+    """What a `Store.key_round` gave one owner for one key."""
+
+    key: str
+    held: int  #: slots of the key the owner holds now (never below ``in_use``)
+    usable: int  #: of those, how many it may use (its share while others wait)
+    tokens: int  #: start tokens it took
+    next_token_in: float  #: seconds until the bucket has a whole token again (0: now)
+
+
+@attrs.frozen
+class Hold:
+    """A live owner's row of a key: ``held`` slots, ``wanted`` asked for."""
+
+    owner: str
+    held: int
+    wanted: int
+
+
+def _share(concurrency: int, waiters: list[int]) -> int:
+    """What one owner may use while the owners holding ``waiters`` slots wait."""
+    if not waiters:
+        return concurrency
+    owners = len(waiters) + 1
+    # The ceiling, unless a waiter holds less than the floor: ceilings can add up
+    # to more than the limit, and the first owners in would keep the last out
+    # for good (4 slots, 3 owners: 2 + 2 + 0).
+    if min(waiters) < concurrency // owners:
+        return concurrency // owners
+    return -(-concurrency // owners)
+
+
+def settle(
+    request: KeyRequest,
+    others: list[Hold],
+    bucket: tuple[float, float] | None,
+    now: float,
+) -> tuple[KeyGrant, Hold | None, tuple[float, float] | None]:
+    """One key of a round. ``others``: the rows of the key's other live owners;
+    ``bucket``: its ``(tokens, stamp)`` (None: full). Returns the grant, the
+    owner's new row (None: delete it) and the new bucket (None: full, delete)."""
+    held = usable = request.in_use
+    row = None
+    concurrency = request.concurrency
+    if concurrency is not None:
+        taken = sum(h.held for h in others)
+        share = _share(concurrency, [h.held for h in others if h.wanted > h.held])
+        held = max(request.in_use, min(request.wanted, concurrency - taken, share))
+        usable = min(held, share)
+        if held or request.wanted:
+            row = Hold("", held, request.wanted)
+
+    rate = request.rate
+    if rate is None:
+        return KeyGrant(request.key, held, usable, 0, 0.0), row, None
+    if bucket is None:
+        level, stamp = float(rate), now
+    else:
+        level, stamp = bucket
+        if now > stamp:
+            level = min(rate, level + (now - stamp) * rate / request.per)
+            stamp = now
+    level = min(rate, level + max(0.0, request.returned))
+    tokens = max(0, min(request.tokens, math.floor(level + _EPSILON)))
+    level -= tokens
+    next_in = 0.0
+    if level < 1.0 - _EPSILON:
+        next_in = (1.0 - level) * request.per / rate
+    grant = KeyGrant(request.key, held, usable, tokens, next_in)
+    return grant, row, None if level >= rate - _EPSILON else (level, stamp)
