@@ -44,6 +44,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "trioexec._taskref",
                 "trioexec._admission",
                 "trioexec._pending",
+                "trioexec._keyshare",
                 "trioexec._lifecycle",
                 "trioexec._workers",
                 "trioexec._journal",

@@ -32,6 +32,7 @@ from ._causation import current_job
 from ._events import EventStream
 from ._journal import Journal
 from ._keys import KeyLimit, key_limits_for
+from ._keyshare import broker_for
 from ._lifecycle import Lifecycle
 from ._metrics import ExecutorMetrics, Tally
 from ._pending import Pending
@@ -139,6 +140,7 @@ class ExecutorCore:
         config: ExecutorConfig,
         store: Store | None = None,
         specs: dict[str, TaskSpec] | None = None,
+        share_keys: bool = True,
     ) -> None:
         self.config = config
         self.store = store
@@ -146,9 +148,16 @@ class ExecutorCore:
         self.wall: Callable[[], float] = time.time if store is None else store.clock
         self.tally = tally = Tally()
         self.events = EventStream(config.event_capacity)
-        self.pending = pending = Pending(config.key_limits, config.priority_aging, self.wall)
+        # With a store, limited keys are shared with every executor on it.
+        shared = share_keys and store is not None and bool(config.key_limits)
+        self.pending = pending = Pending(
+            config.key_limits, config.priority_aging, self.wall, shared
+        )
         self.slots = SlotPool(config.max_concurrent_tasks)
         self.journal = journal = None if store is None else Journal(store)
+        self.keyshare = (
+            None if journal is None or not shared else (broker_for(pending, journal, self.owner_id))
+        )
         self.gate = Gate(config.capacity, config.overflow, tally, pending, journal, self.events)
         self.lifecycle = Lifecycle(
             tally, pending, self.gate, self.events, journal, self.wall, self.owner_id

@@ -80,7 +80,7 @@ class DeterministicExecutor:
             )
         specs, _ = split_tasks(tasks)
         # The same parts as `open_executor`'s, with no nursery: jobs run in `run_ready`.
-        self._core = ExecutorCore(config, store, specs)
+        self._core = ExecutorCore(config, store, specs, share_keys=False)
         if store is not None:
             store.heartbeat(self._core.owner_id, math.inf)  # never expires: nothing to recover
 
@@ -133,12 +133,12 @@ class DeterministicExecutor:
                 completions.extend(job.make_completion() for job in cancelled)
                 break
             pending = core.pending
-            pending.fire_timers()
+            pending.timers.fire()
             job = await core.workers.run_next()
             if job is None:
-                if not pending.held or math.isinf(pending.next_timer()):
+                if not pending.held or math.isinf(pending.timers.next()):
                     break
-                await trio.sleep_until(pending.next_timer())  # its key's next token
+                await trio.sleep_until(pending.timers.next())  # its key's next token
                 continue
             ran += 1
             if journal is not None:

@@ -421,6 +421,8 @@ async def _store_services(
         async with trio.open_nursery() as services:
             services.start_soon(core.guarded, core.journal.run_writer)
             services.start_soon(core.guarded, core.recovery.heartbeat, lease)
+            if core.keyshare is not None:
+                services.start_soon(core.guarded, core.keyshare.run)
             task_status.started()
 
 

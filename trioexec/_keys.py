@@ -143,6 +143,7 @@ class KeyState:
     """
 
     __slots__ = (
+        "cap",
         "deferred",
         "earmarked",
         "holders",
@@ -155,14 +156,26 @@ class KeyState:
         "resumers",
         "retriers",
         "retrying",
+        "shared",
         "stamp",
         "timer_at",
         "tokens",
     )
 
-    def __init__(self, key: str, limit: KeyLimit | None, now: float) -> None:
+    def __init__(self, key: str, limit: KeyLimit | None, now: float, shared: bool = False) -> None:
         self.key = key
         self.limit = limit
+        # Shared through a store (`trioexec._keyshare`): ``cap`` is the part of the
+        # key's concurrency this executor holds, and tokens come from the store's
+        # bucket, not from a refill here (``stamp`` never passes).
+        self.shared = shared = shared and limit is not None
+        self.cap = (
+            None
+            if limit is None or limit.concurrency is None
+            else 0
+            if shared
+            else limit.concurrency
+        )
         self.holders: set[Job] = set()  # its tasks that hold a slot
         self.deferred: set[Job] = set()  # ... that gave theirs back
         self.retrying: set[Job] = set()  # ... that wait for their next attempt
@@ -173,8 +186,8 @@ class KeyState:
         self.queue: list[tuple[float, int, Job]] = []
         self.resumers: deque[Waiter] = deque()
         self.retriers: deque[Waiter] = deque()
-        self.tokens = float(limit.rate) if limit is not None and limit.rate else 0.0
-        self.stamp = now  # when `tokens` was last brought up to date
+        self.tokens = float(limit.rate) if limit is not None and limit.rate and not shared else 0.0
+        self.stamp = math.inf if shared else now  # when `tokens` was last brought up to date
         self.timer_at = math.inf  # a refill check is due then
 
     def take(self, job: Job, start: bool) -> None:
@@ -203,7 +216,7 @@ class KeyState:
         if limit is None:
             return True
         taken = len(self.earmarked) + len(self.reserved)
-        if limit.concurrency is not None and len(self.holders) + taken >= limit.concurrency:
+        if self.cap is not None and len(self.holders) + taken >= self.cap:
             return False
         return not start or limit.rate is None or self.tokens - taken > 1.0 - _EPSILON
 
@@ -213,7 +226,7 @@ class KeyState:
         if limit is None or limit.rate is None:
             return False
         taken = len(self.earmarked) + len(self.reserved)
-        return limit.concurrency is None or len(self.holders) + taken < limit.concurrency
+        return self.cap is None or len(self.holders) + taken < self.cap
 
     def ready_at(self) -> float:
         """When the bucket holds a token more than those already let through."""
@@ -225,11 +238,16 @@ class KeyState:
         return max(at, math.nextafter(self.stamp, math.inf))  # (later, however little)
 
     def full_at(self) -> float:
-        """When the bucket is full again (``stamp`` if it is, or has no rate)."""
+        """When the bucket is full again (``stamp`` if it is, has no rate, or is
+        the store's)."""
         limit = self.limit
-        if limit is None or limit.rate is None:
+        if limit is None or limit.rate is None or self.shared:
             return self.stamp
         return self.stamp + (limit.rate - self.tokens) * limit.per / limit.rate
+
+    def in_use(self) -> int:
+        """Its tasks that hold the key or were let through to it."""
+        return len(self.holders) + len(self.earmarked) + len(self.reserved)
 
     @property
     def idle(self) -> bool:

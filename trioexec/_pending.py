@@ -65,16 +65,16 @@ class Pending:
         "_ranked",
         "_ready",
         "_seq",
+        "_shared",
         "_sweep_at",
-        "_timer_scope",
-        "_timers",
         "_tombstones",
         "_wall",
         "held",
         "keys",
         "live",
-        "nursery",
         "on_ready",
+        "on_want",
+        "timers",
     )
 
     def __init__(
@@ -82,6 +82,7 @@ class Pending:
         key_limits: Mapping[str, KeyLimit] | None = None,
         priority_aging: float | None = 60.0,
         wall: Callable[[], float] | None = None,
+        shared: bool = False,
     ) -> None:
         self._jobs: deque[Job] = deque()
         self.live = 0
@@ -97,10 +98,12 @@ class Pending:
         self._tombstones = 0
         self.keys: dict[str, KeyState] = {}
         self._sweep_at = _SWEEP_AFTER
-        self._timers: list[tuple[float, int, KeyState]] = []
-        self._timer_scope: trio.CancelScope | None = None
-        self.nursery: trio.Nursery | None = None  # (set by the workers: runs the timer)
+        self.timers = KeyTimers(self._token_due)
         self.on_ready: Callable[[], None] = lambda: None
+        # Limits shared through a store: ``on_want`` hears of every change in what
+        # a key's tasks hold or wait for (`trioexec._keyshare.KeyBroker.want`).
+        self._shared = shared
+        self.on_want: Callable[[KeyState], None] = lambda state: None
 
     # ------------------------------------------------------------ in and out
 
@@ -280,6 +283,8 @@ class Pending:
         else:
             self.held -= 1
         if state is not None:
+            if state.shared:
+                self.on_want(state)
             self._maybe_forget_key(state)
         self._tombstones += 1
         entries = len(self._ready) + self.held
@@ -324,7 +329,7 @@ class Pending:
         if state is None:
             limits = self._limits
             limit = limits.get(key) or limits.get(DEFAULT_KEY)
-            state = self.keys[key] = KeyState(key, limit, trio.current_time())
+            state = self.keys[key] = KeyState(key, limit, trio.current_time(), self._shared)
         return state
 
     def statistics(self, key: str) -> KeyStatistics:
@@ -345,6 +350,8 @@ class Pending:
             (state.deferred if deferred else state.retrying).add(job)
             if state.limit is not None and (state.queue or state.resumers or state.retriers):
                 self._grant(state)
+            elif state.shared:
+                self.on_want(state)
         elif not deferred and job in state.deferred:
             state.deferred.remove(job)
             state.retrying.add(job)
@@ -357,6 +364,8 @@ class Pending:
             state.reserved.discard(job)
             if state.limit is not None and (state.queue or state.resumers or state.retriers):
                 self._grant(state)
+            elif state.shared:
+                self.on_want(state)
         else:
             state.deferred.discard(job)
             state.retrying.discard(job)
@@ -420,6 +429,12 @@ class Pending:
             return state.reason()
         return None
 
+    def regrant(self, state: KeyState) -> None:
+        """``state``'s room changed from outside (the store granted or took back
+        part of a shared key): let its waiting tasks through as it allows."""
+        if state.queue or state.resumers or state.retriers:
+            self._grant(state)
+
     def _grant(self, state: KeyState) -> None:
         """The key's room may have grown: hand it to its resumers, then its
         retries, then let pending tasks through, each in order; past that, set a
@@ -448,9 +463,12 @@ class Pending:
                 self.held -= 1
                 self._let_through(state, heapq.heappop(queue))
                 self.on_ready()
+        if state.shared:
+            self.on_want(state)  # (the store's bucket: no timer here)
+            return
         waiting = state.retriers or state.queue
         if waiting and not state.resumers and limit.rate is not None and state.by_rate():
-            self._set_timer(state, state.ready_at())
+            self.timers.set(state, state.ready_at())
 
     def _maybe_forget_key(self, state: KeyState) -> None:
         """Memory stays bounded by the keys in use: once there are twice as many
@@ -465,63 +483,81 @@ class Pending:
                         del self.keys[key]
             self._sweep_at = max(_SWEEP_AFTER, 2 * len(self.keys))
 
-    # ------------------------------------------------------------ the timer
-
-    def _set_timer(self, state: KeyState, at: float) -> None:
-        if at >= state.timer_at:
-            return
-        state.timer_at = at
-        self._seq += 1
-        heapq.heappush(self._timers, (at, self._seq, state))
-        scope = self._timer_scope
-        if scope is not None:
-            scope.deadline = min(scope.deadline, at)
-        elif self.nursery is not None:
-            self._timer_scope = trio.CancelScope(deadline=at)
-            self.nursery.start_soon(self._run_timer, self._timer_scope, name="trioexec key timer")
-
-    async def _run_timer(self, scope: trio.CancelScope) -> None:
-        """Refill buckets when they are due (a child of the executor's nursery;
-        `close` ends it)."""
-        while self._timer_scope is scope:
-            with scope:
-                await trio.sleep_forever()
-            if self._timer_scope is not scope:
-                return
-            self.fire_timers()
-            scope = self._timer_scope = trio.CancelScope(
-                deadline=self._timers[0][0] if self._timers else math.inf
-            )
-
-    def fire_timers(self) -> None:
-        """Run the refills that are due now."""
-        now = trio.current_time()
-        timers = self._timers
-        while timers and timers[0][0] <= now:
-            at, _, state = heapq.heappop(timers)
-            if at != state.timer_at:
-                continue  # superseded by an earlier one
-            state.timer_at = math.inf
-            if state.limit is not None and (state.resumers or state.retriers or state.queue):
-                self._grant(state)
-            self._maybe_forget_key(state)
-
-    def next_timer(self) -> float:
-        """When the next refill is due (inf: none is)."""
-        return self._timers[0][0] if self._timers else math.inf
+    def _token_due(self, state: KeyState) -> None:
+        """``state``'s bucket has its next token now (`KeyTimers`)."""
+        if state.limit is not None and (state.resumers or state.retriers or state.queue):
+            self._grant(state)
+        self._maybe_forget_key(state)
 
     def start(self, nursery: trio.Nursery) -> None:
         """Refill timers run in ``nursery`` from now on."""
-        self.nursery = nursery
+        self.timers.nursery = nursery
 
     def close(self) -> None:
         """The executor is done: the timer task ends."""
-        scope, self._timer_scope = self._timer_scope, None
-        if scope is not None:
-            scope.cancel()
+        self.timers.close()
 
     def __repr__(self) -> str:
         tombstones = self._tombstones if self._ranked else len(self._jobs) - self.live
         return (
             f"<Pending {self.live} live, {tombstones} tombstones, {self.held} held by their keys>"
         )
+
+
+@final
+class KeyTimers:
+    """When limited keys' buckets have their next token: one task (started in
+    ``nursery`` when first needed) sleeps until the earliest and calls
+    ``on_due(state)`` for each that is due."""
+
+    __slots__ = ("_heap", "_scope", "_seq", "nursery", "on_due")
+
+    def __init__(self, on_due: Callable[[KeyState], None]) -> None:
+        self.on_due = on_due
+        self.nursery: trio.Nursery | None = None  # (set by the workers: runs the task)
+        self._heap: list[tuple[float, int, KeyState]] = []
+        self._seq = 0
+        self._scope: trio.CancelScope | None = None
+
+    def set(self, state: KeyState, at: float) -> None:
+        """Wake ``state``'s key at ``at`` (unless it is to be woken sooner)."""
+        if at >= state.timer_at:
+            return
+        state.timer_at = at
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq, state))
+        scope = self._scope
+        if scope is not None:
+            scope.deadline = min(scope.deadline, at)
+        elif self.nursery is not None:
+            self._scope = trio.CancelScope(deadline=at)
+            self.nursery.start_soon(self._run, self._scope, name="trioexec key timer")
+
+    async def _run(self, scope: trio.CancelScope) -> None:
+        while self._scope is scope:
+            with scope:
+                await trio.sleep_forever()
+            if self._scope is not scope:
+                return
+            self.fire()
+            scope = self._scope = trio.CancelScope(deadline=self.next())
+
+    def fire(self) -> None:
+        """Call ``on_due`` for every key due now."""
+        now = trio.current_time()
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            at, _, state = heapq.heappop(heap)
+            if at != state.timer_at:
+                continue  # superseded by an earlier one
+            state.timer_at = math.inf
+            self.on_due(state)
+
+    def next(self) -> float:
+        """When the next key is due (inf: none is)."""
+        return self._heap[0][0] if self._heap else math.inf
+
+    def close(self) -> None:
+        scope, self._scope = self._scope, None
+        if scope is not None:
+            scope.cancel()

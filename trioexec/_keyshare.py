@@ -1,0 +1,197 @@
+"""`KeyBroker`: an executor's part of key limits shared through its store.
+
+With a store, a limited key's concurrency and rate hold across every executor
+that shares it. Each executor holds part of a key's concurrency in the store
+(rows under its lease: a crashed executor's part comes back when its lease
+expires) and takes start tokens from the key's one bucket there
+(`trioexec._store._key_ledger`). The queue (`Pending`) lets a key's tasks
+through only as far as the part held here (``KeyState.cap``) and the tokens
+taken; it tells the broker whenever a key's tasks come, go or wait, and the
+broker settles every key that changed in one store call (a round): it asks for
+what the waiting tasks need and gives back what nobody here uses.
+
+A key the store could not satisfy (other executors hold it, or its bucket is
+empty) is asked again later: when the bucket has a token, or after a short poll
+(`POLL_MIN` doubling to `POLL_MAX`) while others hold its concurrency.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from typing import TYPE_CHECKING, final
+
+import trio
+
+from ._store._key_ledger import KeyGrant, KeyRequest
+
+if TYPE_CHECKING:
+    from ._journal import Journal
+    from ._keys import KeyState
+    from ._pending import Pending
+
+#: How soon a key that others hold is asked for again, first and at most.
+POLL_MIN = 0.05
+POLL_MAX = 1.0
+#: Keys settled in one store call at most (the rest wait for the next round).
+ROUND_KEYS = 512
+
+
+@final
+class KeyBroker:
+    """Settles this executor's shared keys with the store."""
+
+    def __init__(self, pending: Pending, journal: Journal, owner: str) -> None:
+        self._pending = pending
+        self._journal = journal
+        self._owner = owner
+        self._held: dict[str, int] = {}  # key -> slots of it held in the store
+        # Keys to settle next round, in order; True: even if nothing changed here
+        # (a poll: the store may have more, or others may want it).
+        self._dirty: dict[str, bool] = {}
+        self._later: list[tuple[float, str]] = []  # (when, key): ask again then
+        self._due: dict[str, float] = {}  # key -> its entry in ``later`` (others: stale)
+        self._poll: dict[str, float] = {}  # key -> its poll interval while others hold it
+        self._lot = trio.lowlevel.ParkingLot()
+        self._settling = False
+        self.rounds = 0  # store calls made (tests and statistics)
+
+    def want(self, state: KeyState) -> None:
+        """``state``'s key changed: settle it in the next round (`Pending.on_want`)."""
+        if not self._settling:
+            self._dirty.setdefault(state.key, False)
+            if self._lot:
+                self._lot.unpark()
+
+    async def run(self) -> None:
+        """Settle changed keys, round after round, forever."""
+        while True:
+            await self._wait()
+            keys = list(self._dirty.items())[:ROUND_KEYS]
+            for key, _ in keys:
+                del self._dirty[key]
+            requests = self._requests(keys)
+            if requests:
+                self.rounds += 1
+                journal = self._journal
+                grants = await journal.call(journal.store.key_round, self._owner, requests)
+                self._apply(requests, grants)
+
+    async def _wait(self) -> None:
+        later = self._later
+        while not self._dirty:
+            at = later[0][0] if later else math.inf
+            if at <= trio.current_time():
+                at, key = heapq.heappop(later)
+                if self._due.get(key) == at:
+                    del self._due[key]
+                    self._dirty[key] = True
+                continue
+            with trio.move_on_at(at):
+                await self._lot.park()
+
+    def _requests(self, keys: list[tuple[str, bool]]) -> list[KeyRequest]:
+        """What each key's tasks here hold and want now. Until the round is
+        settled, a key lets tasks through only as far as the store is sure to
+        leave it (what they use now)."""
+        requests = []
+        for key, poll in keys:
+            request = self._request(key, poll)
+            if request is not None:
+                requests.append(request)
+        return requests
+
+    def _request(self, key: str, poll: bool) -> KeyRequest | None:
+        state = self._pending.keys.get(key)
+        held = self._held.get(key, 0)
+        if state is None or state.limit is None:
+            if not held:
+                return None
+            return KeyRequest(key, held, None, 1.0, 0, 0, 0)  # give it all back
+        limit = state.limit
+        in_use = state.in_use()
+        queued = state.pending - len(state.earmarked)
+        wanted = in_use + queued + len(state.resumers) + len(state.retriers)
+        if limit.concurrency is not None:
+            wanted = min(wanted, limit.concurrency)
+        tokens, returned = 0, 0.0
+        if limit.rate is not None:
+            starters = queued + len(state.retriers)
+            spare = state.tokens - len(state.earmarked) - len(state.reserved)
+            if limit.concurrency is not None:  # (no more than may start at once)
+                starters = min(starters, limit.concurrency - in_use - len(state.resumers))
+            if starters > 0:
+                tokens = max(0, min(starters, math.ceil(limit.rate)) - math.floor(spare + 1e-9))
+            elif spare > 0 and not queued and not state.retriers:
+                returned = spare  # nobody here will use them: back to the bucket
+                state.tokens -= spare
+        unchanged = limit.concurrency is None or (wanted == held and state.cap == held)
+        if unchanged and not (poll or tokens or returned):
+            waiting = queued or state.resumers or state.retriers
+            if limit.concurrency is not None and waiting and key not in self._due:
+                self._poll_later(key, trio.current_time())  # (others may come to want it)
+            return None  # nothing the store needs to hear
+        if state.cap is not None:
+            state.cap = min(state.cap, in_use)
+        return KeyRequest(
+            key, limit.concurrency, limit.rate, limit.per, in_use, wanted, tokens, returned
+        )
+
+    def _apply(self, requests: list[KeyRequest], grants: list[KeyGrant]) -> None:
+        """Hand each key what the store granted, and plan the keys to ask again."""
+        now = trio.current_time()
+        pending = self._pending
+        self._settling = True
+        try:
+            for request, grant in zip(requests, grants, strict=True):
+                key = request.key
+                if grant.held:
+                    self._held[key] = grant.held
+                else:
+                    self._held.pop(key, None)
+                state = pending.keys.get(key)
+                if state is None or not state.shared:
+                    if grant.held:
+                        self._dirty[key] = False  # its tasks are gone: give it back
+                    continue
+                if state.cap is not None:
+                    state.cap = grant.usable
+                state.tokens += grant.tokens
+                pending.regrant(state)
+                self._plan(state, request, grant, now)
+        finally:
+            self._settling = False
+
+    def _plan(self, state: KeyState, request: KeyRequest, grant: KeyGrant, now: float) -> None:
+        """Ask for ``state``'s key again when the store may have more for it."""
+        key = state.key
+        at = math.inf
+        if request.tokens > grant.tokens:
+            at = now + grant.next_token_in
+        waiting = state.queue or state.resumers or state.retriers
+        if request.concurrency is not None and (grant.usable < request.wanted or waiting):
+            # Others may hold it, or come to want it: ask again (backing off).
+            self._poll_later(key, now)
+        else:
+            self._poll.pop(key, None)
+        self._ask_at(key, at)
+
+    def _poll_later(self, key: str, now: float) -> None:
+        poll = self._poll[key] = min(self._poll.get(key, POLL_MIN / 2) * 2, POLL_MAX)
+        self._ask_at(key, now + poll)
+
+    def _ask_at(self, key: str, at: float) -> None:
+        if at < self._due.get(key, math.inf):
+            self._due[key] = at
+            heapq.heappush(self._later, (at, key))
+
+    def held(self) -> dict[str, int]:
+        """Slots held in the store, by key."""
+        return dict(self._held)
+
+
+def broker_for(pending: Pending, journal: Journal, owner: str) -> KeyBroker:
+    """A broker wired to ``pending`` (its `Pending.on_want`)."""
+    broker = KeyBroker(pending, journal, owner)
+    pending.on_want = broker.want
+    return broker
