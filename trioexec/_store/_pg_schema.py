@@ -123,6 +123,23 @@ MIGRATIONS: tuple[str, ...] = (
         ADD COLUMN priority bigint NOT NULL DEFAULT 0;
     CREATE INDEX executions_key ON executions (key, seq) WHERE key IS NOT NULL;
     """,
+    # 4: key limits shared by the executors on this schema: the slots of a key
+    # each owner holds (valid while its lease is), and each key's token bucket.
+    """
+    CREATE TABLE key_holds (
+        key text NOT NULL,
+        owner text NOT NULL,
+        held integer NOT NULL,
+        wanted integer NOT NULL,
+        PRIMARY KEY (key, owner)
+    );
+    CREATE INDEX key_holds_owner ON key_holds (owner);
+    CREATE TABLE key_buckets (
+        key text PRIMARY KEY,
+        tokens double precision NOT NULL,
+        stamp double precision NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -13,7 +13,7 @@ from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 MIGRATIONS = Migrations("trioexec")
 #: Every migration this trioexec defines, by name: a file with any other applied
 #: was written by a newer trioexec.
@@ -154,6 +154,21 @@ def _execution_keys(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE executions ADD COLUMN priority INTEGER NOT NULL DEFAULT 0")
     db.execute("CREATE INDEX executions_key ON executions (key) WHERE key IS NOT NULL")
     db.execute("UPDATE trioexec_meta SET value = '6' WHERE key = 'schema_version'")
+
+
+@_migration("0007_key_ledger")
+def _key_ledger(db: sqlite_utils.Database) -> None:
+    # Key limits shared by the executors on this file: the slots of a key each
+    # owner holds (valid while its lease is), and each key's token bucket.
+    db.execute(
+        "CREATE TABLE key_holds (key TEXT NOT NULL, owner TEXT NOT NULL,"
+        " held INTEGER NOT NULL, wanted INTEGER NOT NULL, PRIMARY KEY (key, owner))"
+    )
+    db.execute("CREATE INDEX key_holds_owner ON key_holds (owner)")  # (release_owner)
+    db.execute(
+        "CREATE TABLE key_buckets (key TEXT PRIMARY KEY, tokens REAL NOT NULL, stamp REAL NOT NULL)"
+    )
+    db.execute("UPDATE trioexec_meta SET value = '7' WHERE key = 'schema_version'")
 
 
 def schema_version(db: sqlite_utils.Database, path: str) -> int:
