@@ -10,6 +10,7 @@ from typing import Any, Literal, Protocol
 import attrs
 
 from .._records import ExecutionRecord, SubStatus, TaskStatus
+from ._key_ledger import Hold, KeyGrant, KeyRequest, settle
 
 # A change is a plain tuple, cheap to build on the hot path:
 #   ("submit", task_id, version, name, run_id, spec_id, args, owner, submitted_at[, key, priority])
@@ -315,7 +316,16 @@ class Store(Protocol):
         ...
 
     def release_owner(self, owner: str) -> None:
-        """Forget ``owner``'s lease (a clean shutdown)."""
+        """Forget ``owner``'s lease and its slots of limited keys (a clean shutdown)."""
+        ...
+
+    def key_round(self, owner: str, requests: Sequence[KeyRequest]) -> list[KeyGrant]:
+        """Settle ``owner``'s share of each requested key, in one transaction: the
+        slots of dead owners (lease expired or gone) are reclaimed, then `settle`
+        decides against the other live owners' rows and the key's token bucket on
+        the store's clock, and the owner's row and the bucket are written back.
+        Keys are settled in sorted order (hosts lock them in that order); the
+        grants come back in the order of ``requests``."""
         ...
 
     def executions(
@@ -415,6 +425,47 @@ def filter_clause(
         where.append(f"e.key = {mark}")
         params.append(key)
     return (" WHERE " + " AND ".join(where) if where else ""), params
+
+
+def settle_key(conn: Any, mark: str, owner: str, request: KeyRequest, now: float) -> KeyGrant:
+    """One key of a SQL store's `Store.key_round` (``mark``: the placeholder, ``?``
+    or ``%s``): reclaim dead owners' slots, `settle`, write the owner's row and the
+    key's bucket back. ``conn`` is in the round's transaction."""
+    key = request.key
+    conn.execute(
+        f"DELETE FROM key_holds WHERE key = {mark} AND owner <> {mark} AND owner NOT IN"
+        f" (SELECT owner FROM owners WHERE lease_expires_at > {mark})",
+        (key, owner, now),
+    )
+    others = [
+        Hold(*row)
+        for row in conn.execute(
+            f"SELECT owner, held, wanted FROM key_holds WHERE key = {mark} AND owner <> {mark}",
+            (key, owner),
+        )
+    ]
+    found = conn.execute(
+        f"SELECT tokens, stamp FROM key_buckets WHERE key = {mark}", (key,)
+    ).fetchone()
+    grant, row, bucket = settle(request, others, None if found is None else tuple(found), now)
+    if row is None:
+        conn.execute(f"DELETE FROM key_holds WHERE key = {mark} AND owner = {mark}", (key, owner))
+    else:
+        conn.execute(
+            f"INSERT INTO key_holds (key, owner, held, wanted) VALUES ({mark}, {mark}, {mark},"
+            f" {mark}) ON CONFLICT (key, owner) DO UPDATE SET held = excluded.held,"
+            " wanted = excluded.wanted",
+            (key, owner, row.held, row.wanted),
+        )
+    if bucket is None:
+        conn.execute(f"DELETE FROM key_buckets WHERE key = {mark}", (key,))
+    else:
+        conn.execute(
+            f"INSERT INTO key_buckets (key, tokens, stamp) VALUES ({mark}, {mark}, {mark})"
+            " ON CONFLICT (key) DO UPDATE SET tokens = excluded.tokens, stamp = excluded.stamp",
+            (key, *bucket),
+        )
+    return grant
 
 
 def abandoned_error(attempts: int) -> str:

@@ -30,6 +30,7 @@ from ._base import (
     seconds,
 )
 from ._durable_tables import DictTables
+from ._key_ledger import Hold, KeyGrant, KeyRequest, settle
 
 
 @final
@@ -56,6 +57,8 @@ class MemoryStore:
         self._closed = False
         self._lock = threading.Lock()
         self._durable = DictTables()
+        self._holds: dict[str, dict[str, Hold]] = {}  # key -> owner -> its row
+        self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, stamp)
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -187,6 +190,41 @@ class MemoryStore:
     def release_owner(self, owner: str) -> None:
         with self._locked():
             self._owners.pop(owner, None)
+            for key in list(self._holds):
+                self._drop_hold(key, owner)
+
+    def key_round(self, owner: str, requests: Sequence[KeyRequest]) -> list[KeyGrant]:
+        with self._locked():
+            now = self.clock()
+            grants: dict[int, KeyGrant] = {}
+            for i in sorted(range(len(requests)), key=lambda i: requests[i].key):
+                grants[i] = self._settle_key(owner, requests[i], now)
+            return [grants[i] for i in range(len(requests))]
+
+    def _settle_key(self, owner: str, request: KeyRequest, now: float) -> KeyGrant:
+        key = request.key
+        holds = self._holds.get(key, {})
+        for other in [o for o in holds if o != owner]:
+            lease = self._owners.get(other)
+            if lease is None or lease <= now:
+                del holds[other]
+        others = [h for o, h in holds.items() if o != owner]
+        grant, row, bucket = settle(request, others, self._buckets.get(key), now)
+        if row is None:
+            self._drop_hold(key, owner)
+        else:
+            self._holds.setdefault(key, {})[owner] = Hold(owner, row.held, row.wanted)
+        if bucket is None:
+            self._buckets.pop(key, None)
+        else:
+            self._buckets[key] = bucket
+        return grant
+
+    def _drop_hold(self, key: str, owner: str) -> None:
+        holds = self._holds.get(key, {})
+        holds.pop(owner, None)
+        if not holds:
+            self._holds.pop(key, None)
 
     def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
         with self._locked():

@@ -11,6 +11,7 @@ another host inserted meanwhile is refused, not overwritten.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import time
 from collections.abc import Callable, Collection, Sequence
 from typing import final
@@ -36,8 +37,10 @@ from ._base import (
     filter_clause,
     fold_batch,
     record_of,
+    settle_key,
 )
 from ._durable_pg import PostgresTables
+from ._key_ledger import KeyGrant, KeyRequest
 from ._pg_conn import Connection, PGDatabase, redact
 
 _SELECT = SELECT_RECORDS
@@ -186,6 +189,25 @@ class PostgresStore:
     def release_owner(self, owner: str) -> None:
         with self._db.transaction("release owner") as conn:
             conn.execute("DELETE FROM owners WHERE owner = %s", (owner,))
+            # Its keys' locks first, in a round's order: a round reclaiming these
+            # rows holds the lock, and the two would otherwise wait on each other.
+            held = conn.execute("SELECT key FROM key_holds WHERE owner = %s", (owner,))
+            for key in sorted(row[0] for row in held.fetchall()):
+                _lock_key(conn, self.schema, key)
+            conn.execute("DELETE FROM key_holds WHERE owner = %s", (owner,))
+
+    def key_round(self, owner: str, requests: Sequence[KeyRequest]) -> list[KeyGrant]:
+        """See `Store.key_round`. Each key is settled under a transaction-level
+        advisory lock on (schema, key), taken in sorted key order: two hosts
+        settling one key take turns, and never wait on each other in a cycle."""
+        grants: dict[int, KeyGrant] = {}
+        with self._db.transaction("key round") as conn:
+            for i in sorted(range(len(requests)), key=lambda i: requests[i].key):
+                _lock_key(conn, self.schema, requests[i].key)
+                # (read after the lock: under READ COMMITTED each statement sees
+                # the commits of the rounds that held the key before)
+                grants[i] = settle_key(conn, "%s", owner, requests[i], self.clock())
+        return [grants[i] for i in range(len(requests))]
 
     def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
         if not live:
@@ -458,6 +480,13 @@ class PostgresStore:
         connection of their own (read-only if the store is; closed by their
         ``close``)."""
         return PostgresTables(self._db)
+
+
+def _lock_key(conn: Connection, schema: str, key: str) -> None:
+    """Take the transaction's advisory lock of ``key`` in ``schema`` (a 64-bit
+    hash of both: rounds on other schemas of the database never wait for it)."""
+    digest = hashlib.blake2b(f"{schema}\0{key}".encode(), digest_size=8).digest()
+    conn.execute("SELECT pg_advisory_xact_lock(%s)", (int.from_bytes(digest, "big", signed=True),))
 
 
 def _write_run(conn: Connection, change: Change) -> bool:

@@ -38,8 +38,10 @@ from ._base import (
     filter_clause,
     fold_batch,
     record_of,
+    settle_key,
 )
 from ._durable_tables import SQLiteTables
+from ._key_ledger import KeyGrant, KeyRequest
 from ._sqlite_file import READ_ONLY_BUSY_TIMEOUT, WRITE_BUSY_TIMEOUT, SQLiteFile
 
 #: `ExecutionRecord`'s fields: the executions table's columns, and the owner's lease.
@@ -254,6 +256,15 @@ class SQLiteStore:
     def release_owner(self, owner: str) -> None:
         with self._db.transaction("release owner") as conn:
             conn.execute("DELETE FROM owners WHERE owner = ?", (owner,))
+            conn.execute("DELETE FROM key_holds WHERE owner = ?", (owner,))
+
+    def key_round(self, owner: str, requests: Sequence[KeyRequest]) -> list[KeyGrant]:
+        grants: dict[int, KeyGrant] = {}
+        with self._db.transaction("key round") as conn:
+            now = self.clock()  # (under the write lock: rounds see the clock in order)
+            for i in sorted(range(len(requests)), key=lambda i: requests[i].key):
+                grants[i] = settle_key(conn, "?", owner, requests[i], now)
+        return [grants[i] for i in range(len(requests))]
 
     def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
         if not live:
