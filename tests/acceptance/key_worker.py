@@ -35,7 +35,9 @@ def _limit(concurrency: str, rate: str) -> KeyLimit:
     return KeyLimit(concurrency=int(concurrency) or None, rate=float(rate) or None)
 
 
-async def run(db: str, log: str, key: str, n: str, conc: str, rate: str, lease: str, s: str) -> None:
+async def run(
+    db: str, log: str, key: str, n: str, conc: str, rate: str, lease: str, s: str
+) -> None:
     async def work(i: int) -> None:
         task = f"{os.getpid()}-{i}"
         append_line(log, "start", task, os.getpid(), f"{time.monotonic():.6f}")
