@@ -731,3 +731,21 @@ def test_an_executor_config_with_key_limits_stays_hashable_and_comparable():
     b = trioexec.ExecutorConfig(key_limits={"*": KeyLimit(concurrency=1)})
     assert a == b
     assert hash(a) == hash(b)
+
+
+async def test_a_rate_below_one_lets_one_start_through_every_so_often(autojump_clock):
+    """rate=0.5 per second: one start every 2 s (the bucket holds one token, not
+    half of one: it would never start anything)."""
+    starts: list[float] = []
+
+    async def note() -> None:
+        starts.append(trio.current_time())
+
+    limits = trioexec.KeyLimit(rate=0.5, per=1.0)
+    async with trioexec.open_executor(key_limits=limits) as ex:
+        refs = [await ex.submit(note, key="slow") for _ in range(3)]
+        for ref in refs:
+            await ref.wait()
+    assert starts == [pytest.approx(0.0), pytest.approx(2.0), pytest.approx(4.0)]
+    assert trioexec.KeyLimit(rate=0.5).burst == 1.0
+    assert trioexec.KeyLimit(rate=3).burst == 3.0

@@ -224,3 +224,32 @@ async def test_deferred_tasks_give_the_shared_key_back(autojump_clock):
             await (await b.submit(other, key=KEY)).wait()
         await ref_a.wait()
     assert order == ["a starts", "b runs", "a resumes"]
+
+
+async def test_with_one_slot_executors_take_turns(autojump_clock):
+    """concurrency=1 and a backlog in each executor: they take turns, rather than
+    the first one in keeping the key until its backlog is done."""
+    store = memory_store()
+    limits = KeyLimit(concurrency=1)
+    log: list[tuple[str, float]] = []
+    tracker = Tracker()
+
+    async def work(who: str) -> None:
+        log.append((who, trio.current_time()))
+        await tracker.work(1.0)
+
+    async with trioexec.open_executor(store=store, key_limits=limits) as a:
+        refs = [await a.submit(work, "a", key=KEY) for _ in range(6)]
+        await trio.sleep(0.5)
+        async with trioexec.open_executor(store=store, key_limits=limits) as b:
+            refs += [await b.submit(work, "b", key=KEY) for _ in range(6)]
+            for ref in refs:
+                await ref.wait()
+    assert tracker.most == 1
+    order = "".join(who for who, _ in log)
+    # A alone would have run all six first ("aaaaaabbbbbb"); each holder notices
+    # the other waiting at its next poll (within a second) and hands the key over
+    # when its task ends.
+    assert order.index("b") < 3, order
+    switches = sum(x != y for x, y in zip(order, order[1:], strict=False))
+    assert switches >= 3, order

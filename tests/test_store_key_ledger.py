@@ -81,7 +81,7 @@ def held_in_all(store: Any, key: str = "k") -> int:
 def test_settle_never_grants_more_than_the_limit_across_owners() -> None:
     grant, row, bucket = settle(req(concurrency=5, wanted=4), [Hold("b", 3, 3)], None, 0.0)
     assert (grant.held, grant.usable) == (2, 2)
-    assert row == Hold("", 2, 4)
+    assert row == Hold("", 2, 4, since=0.0)  # (waiting for two more from now on)
     assert bucket is None
 
 
@@ -129,7 +129,7 @@ def test_settle_deletes_a_row_that_holds_and_wants_nothing() -> None:
     _, row, _ = settle(req(concurrency=2), [Hold("b", 1, 1)], None, 0.0)
     assert row is None
     _, row, _ = settle(req(concurrency=2, wanted=1), [Hold("b", 2, 2)], None, 0.0)
-    assert row == Hold("", 0, 1)  # waiting: the others see it
+    assert row == Hold("", 0, 1, since=0.0)  # waiting: the others see it, and since when
     grant, row, _ = settle(req(concurrency=None, in_use=3, wanted=4), [], None, 0.0)
     assert (grant.held, grant.usable, row) == (3, 3, None)  # no limit: no row
 
@@ -216,7 +216,9 @@ def test_a_dead_owners_slots_are_reclaimed_once_its_lease_expired(make_store: An
     clock.now = 109.5
     assert store.key_round("B", [req(wanted=2)])[0].held == 0  # A is alive
     assert ("k", "A") in holds(store)
-    clock.now = 110.0  # (a lease expiring now is expired)
+    clock.now = 110.0  # (a lease expiring now is still live, as `recover` has it)
+    assert store.key_round("B", [req(wanted=2)])[0].held == 0
+    clock.now = 110.5
     assert store.key_round("B", [req(wanted=2)])[0].held == 2
     assert holds(store) == {("k", "B"): (2, 2)}
 
@@ -503,3 +505,36 @@ class KeysShared(RuleBasedStateMachine):
 
 TestKeysShared = KeysShared.TestCase
 TestKeysShared.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+def test_settle_keeps_when_an_owner_began_to_wait() -> None:
+    mine = Hold("", 0, 1, since=3.0)
+    _, row, _ = settle(req(concurrency=1, wanted=1), [Hold("b", 1, 1)], None, 7.0, mine)
+    assert row == Hold("", 0, 1, since=3.0)
+    _, row, _ = settle(req(concurrency=1, wanted=1), [], None, 8.0, mine)
+    assert row == Hold("", 1, 1, since=None)  # it has what it wants: no longer waiting
+
+
+def test_settle_lets_the_longest_waiting_owner_take_a_free_slot_first() -> None:
+    """One slot, free; b has waited since 1.0, the caller since 2.0: b's turn."""
+    waiting_b = Hold("b", 0, 1, since=1.0)
+    mine = Hold("", 0, 1, since=2.0)
+    grant, _, _ = settle(req(concurrency=1, wanted=1), [waiting_b], None, 5.0, mine)
+    assert (grant.held, grant.usable) == (0, 0)
+    # Once b holds it, the caller is the longest waiting; b hands over after its task.
+    grant, _, _ = settle(
+        req(concurrency=1, wanted=1), [Hold("b", 0, 1, since=None)], None, 5.0, mine
+    )
+    assert (grant.held, grant.usable) == (1, 1)
+
+
+def test_settle_makes_a_holder_hand_over_to_one_waiting_with_none() -> None:
+    """One slot: the holder's task goes on (in use), but it starts no other, and
+    gives the slot up when that task ends."""
+    waiting_b = Hold("b", 0, 1, since=1.0)
+    mine = Hold("", 1, 1)
+    grant, row, _ = settle(req(concurrency=1, in_use=1, wanted=1), [waiting_b], None, 5.0, mine)
+    assert (grant.held, grant.usable) == (1, 0)
+    grant, row, _ = settle(req(concurrency=1, in_use=0, wanted=1), [waiting_b], None, 6.0, mine)
+    assert (grant.held, grant.usable) == (0, 0)
+    assert row == Hold("", 0, 1, since=6.0)  # now it waits its turn

@@ -56,9 +56,10 @@ class KeyLimit:
     - ``concurrency``: at most that many tasks of the key hold a slot at once (a
       deferred task holds none);
     - ``rate`` starts (attempts, retries included) per ``per`` seconds: a token
-      bucket that holds at most ``rate`` tokens and gains ``rate`` every ``per``
-      seconds. Over any span of ``s`` seconds at most ``rate + rate * s / per``
-      tasks of the key start (a full bucket, then the refill).
+      bucket that holds at most ``rate`` tokens (one, for a rate below 1) and
+      gains ``rate`` every ``per`` seconds. Over any span of ``s`` seconds at
+      most ``rate + rate * s / per`` tasks of the key start (a full bucket, then
+      the refill; ``rate=0.5`` is one start every 2 seconds).
 
     Example::
 
@@ -72,6 +73,11 @@ class KeyLimit:
     concurrency: int | None = attrs.field(default=None, validator=_positive_int)
     rate: float | None = attrs.field(default=None, validator=_positive_number)
     per: float = attrs.field(default=1.0, validator=_positive_number)
+
+    @property
+    def burst(self) -> float:
+        """The most tokens the bucket holds: ``rate``, and at least one."""
+        return 0.0 if self.rate is None else max(float(self.rate), 1.0)
 
 
 @attrs.frozen(kw_only=True)
@@ -186,7 +192,7 @@ class KeyState:
         self.queue: list[tuple[float, int, Job]] = []
         self.resumers: deque[Waiter] = deque()
         self.retriers: deque[Waiter] = deque()
-        self.tokens = float(limit.rate) if limit is not None and limit.rate and not shared else 0.0
+        self.tokens = limit.burst if limit is not None and not shared else 0.0
         self.stamp = math.inf if shared else now  # when `tokens` was last brought up to date
         self.timer_at = math.inf  # a refill check is due then
 
@@ -206,7 +212,9 @@ class KeyState:
         if limit is None or limit.rate is None:
             return
         if now > self.stamp:
-            self.tokens = min(limit.rate, self.tokens + (now - self.stamp) * limit.rate / limit.per)
+            self.tokens = min(
+                limit.burst, self.tokens + (now - self.stamp) * limit.rate / limit.per
+            )
             self.stamp = now
 
     def room(self, start: bool = True) -> bool:
@@ -243,7 +251,7 @@ class KeyState:
         limit = self.limit
         if limit is None or limit.rate is None or self.shared:
             return self.stamp
-        return self.stamp + (limit.rate - self.tokens) * limit.per / limit.rate
+        return self.stamp + (limit.burst - self.tokens) * limit.per / limit.rate
 
     def in_use(self) -> int:
         """Its tasks that hold the key or were let through to it."""

@@ -434,28 +434,30 @@ def settle_key(conn: Any, mark: str, owner: str, request: KeyRequest, now: float
     key = request.key
     conn.execute(
         f"DELETE FROM key_holds WHERE key = {mark} AND owner <> {mark} AND owner NOT IN"
-        f" (SELECT owner FROM owners WHERE lease_expires_at > {mark})",
+        f" (SELECT owner FROM owners WHERE lease_expires_at >= {mark})",
         (key, owner, now),
     )
-    others = [
+    rows = [
         Hold(*row)
         for row in conn.execute(
-            f"SELECT owner, held, wanted FROM key_holds WHERE key = {mark} AND owner <> {mark}",
-            (key, owner),
+            f"SELECT owner, held, wanted, since FROM key_holds WHERE key = {mark}", (key,)
         )
     ]
+    others = [h for h in rows if h.owner != owner]
+    mine = next((h for h in rows if h.owner == owner), None)
     found = conn.execute(
         f"SELECT tokens, stamp FROM key_buckets WHERE key = {mark}", (key,)
     ).fetchone()
-    grant, row, bucket = settle(request, others, None if found is None else tuple(found), now)
+    bucket_row = None if found is None else tuple(found)
+    grant, row, bucket = settle(request, others, bucket_row, now, mine)
     if row is None:
         conn.execute(f"DELETE FROM key_holds WHERE key = {mark} AND owner = {mark}", (key, owner))
     else:
         conn.execute(
-            f"INSERT INTO key_holds (key, owner, held, wanted) VALUES ({mark}, {mark}, {mark},"
-            f" {mark}) ON CONFLICT (key, owner) DO UPDATE SET held = excluded.held,"
-            " wanted = excluded.wanted",
-            (key, owner, row.held, row.wanted),
+            f"INSERT INTO key_holds (key, owner, held, wanted, since) VALUES ({mark}, {mark},"
+            f" {mark}, {mark}, {mark}) ON CONFLICT (key, owner) DO UPDATE SET"
+            " held = excluded.held, wanted = excluded.wanted, since = excluded.since",
+            (key, owner, row.held, row.wanted, row.since),
         )
     if bucket is None:
         conn.execute(f"DELETE FROM key_buckets WHERE key = {mark}", (key,))

@@ -2,15 +2,18 @@
 `Store.key_round`, the same for every store.
 
 Every executor sharing a store holds some of a limited key's concurrency (a row
-``(key, owner, held, wanted)``, valid while the owner's lease is live: a dead
-owner's rows are reclaimed like its executions) and takes start tokens from one
+``(key, owner, held, wanted, since)``, valid while the owner's lease is live: a
+dead owner's rows are reclaimed like its executions) and takes start tokens from one
 bucket per key (``(key, tokens, stamp)`` on the store's clock). An executor asks
 for what its waiting tasks need and gives back what they no longer hold, in
 batches (`trioexec._keyshare`); the store never grants more than the key's limit
 in all, counting every live owner. While other owners wait for a key, each may
 use only its share (``ceil(concurrency / owners wanting)``, or the floor while a
 waiting owner holds less than the floor), so one busy executor cannot keep a key
-from the rest.
+from the rest. Owners take turns: a free slot goes to the owner that has waited
+longest (``since``), and with no slot free, an owner that holds two more than a
+waiter (or any, while a waiter holds none) starts no more until it has handed
+one over.
 """
 
 from __future__ import annotations
@@ -50,11 +53,13 @@ class KeyGrant:
 
 @attrs.frozen
 class Hold:
-    """A live owner's row of a key: ``held`` slots, ``wanted`` asked for."""
+    """A live owner's row of a key: ``held`` slots, ``wanted`` asked for, and
+    since when it has wanted more than it holds (None: it does not)."""
 
     owner: str
     held: int
     wanted: int
+    since: float | None = None
 
 
 def _share(concurrency: int, waiters: list[int]) -> int:
@@ -70,41 +75,63 @@ def _share(concurrency: int, waiters: list[int]) -> int:
     return -(-concurrency // owners)
 
 
+def _ahead(other: Hold, held: int, since: float) -> bool:
+    """``other`` (waiting) comes before an owner that holds ``held`` and has
+    waited since ``since``."""
+    return other.held <= held and other.since is not None and other.since < since
+
+
 def settle(
     request: KeyRequest,
     others: list[Hold],
     bucket: tuple[float, float] | None,
     now: float,
+    mine: Hold | None = None,
 ) -> tuple[KeyGrant, Hold | None, tuple[float, float] | None]:
     """One key of a round. ``others``: the rows of the key's other live owners;
-    ``bucket``: its ``(tokens, stamp)`` (None: full). Returns the grant, the
-    owner's new row (None: delete it) and the new bucket (None: full, delete)."""
+    ``bucket``: its ``(tokens, stamp)`` (None: full); ``mine``: the owner's row
+    until now. Returns the grant, the owner's new row (None: delete it) and the
+    new bucket (None: full, delete)."""
     held = usable = request.in_use
     row = None
     concurrency = request.concurrency
     if concurrency is not None:
+        before = 0 if mine is None else mine.held
+        since = now if mine is None or mine.since is None else mine.since
         taken = sum(h.held for h in others)
-        share = _share(concurrency, [h.held for h in others if h.wanted > h.held])
+        waiters = [h for h in others if h.wanted > h.held]
+        share = _share(concurrency, [h.held for h in waiters])
         held = max(request.in_use, min(request.wanted, concurrency - taken, share))
         usable = min(held, share)
+        if held > before and any(_ahead(h, before, since) for h in waiters):
+            # Owners that waited longer with no more come first: wait your turn.
+            usable = held = max(request.in_use, before)
+        fewer = min((h.held for h in waiters), default=concurrency)
+        if taken + held >= concurrency and before and (fewer == 0 < held or fewer < held - 1):
+            # Someone waits with none, or two fewer, and no slot is free: one that
+            # held the key so far starts no more, so that its slot goes to them
+            # when it ends (1 slot: owners take turns).
+            usable = min(usable, held - 1)
+            held = max(request.in_use, held - 1)
         if held or request.wanted:
-            row = Hold("", held, request.wanted)
+            row = Hold("", held, request.wanted, since if request.wanted > held else None)
 
     rate = request.rate
     if rate is None:
         return KeyGrant(request.key, held, usable, 0, 0.0), row, None
+    burst = max(float(rate), 1.0)  # (a rate below 1 still lets one through at a time)
     if bucket is None:
-        level, stamp = float(rate), now
+        level, stamp = burst, now
     else:
         level, stamp = bucket
         if now > stamp:
-            level = min(rate, level + (now - stamp) * rate / request.per)
+            level = min(burst, level + (now - stamp) * rate / request.per)
             stamp = now
-    level = min(rate, level + max(0.0, request.returned))
+    level = min(burst, level + max(0.0, request.returned))
     tokens = max(0, min(request.tokens, math.floor(level + _EPSILON)))
     level -= tokens
     next_in = 0.0
     if level < 1.0 - _EPSILON:
         next_in = (1.0 - level) * request.per / rate
     grant = KeyGrant(request.key, held, usable, tokens, next_in)
-    return grant, row, None if level >= rate - _EPSILON else (level, stamp)
+    return grant, row, None if level >= burst - _EPSILON else (level, stamp)

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import Any, final
 
+import attrs
+
 from .._errors import StoreError
 from .._records import ExecutionRecord, SubStatus, TaskStatus
 from ._base import (
@@ -206,14 +208,14 @@ class MemoryStore:
         holds = self._holds.get(key, {})
         for other in [o for o in holds if o != owner]:
             lease = self._owners.get(other)
-            if lease is None or lease <= now:
+            if lease is None or lease < now:  # (as `recover`: expired before now)
                 del holds[other]
         others = [h for o, h in holds.items() if o != owner]
-        grant, row, bucket = settle(request, others, self._buckets.get(key), now)
+        grant, row, bucket = settle(request, others, self._buckets.get(key), now, holds.get(owner))
         if row is None:
             self._drop_hold(key, owner)
         else:
-            self._holds.setdefault(key, {})[owner] = Hold(owner, row.held, row.wanted)
+            self._holds.setdefault(key, {})[owner] = attrs.evolve(row, owner=owner)
         if bucket is None:
             self._buckets.pop(key, None)
         else:

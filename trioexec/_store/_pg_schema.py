@@ -131,6 +131,7 @@ MIGRATIONS: tuple[str, ...] = (
         owner text NOT NULL,
         held integer NOT NULL,
         wanted integer NOT NULL,
+        since double precision,
         PRIMARY KEY (key, owner)
     );
     CREATE INDEX key_holds_owner ON key_holds (owner);

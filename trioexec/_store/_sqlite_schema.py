@@ -162,7 +162,8 @@ def _key_ledger(db: sqlite_utils.Database) -> None:
     # owner holds (valid while its lease is), and each key's token bucket.
     db.execute(
         "CREATE TABLE key_holds (key TEXT NOT NULL, owner TEXT NOT NULL,"
-        " held INTEGER NOT NULL, wanted INTEGER NOT NULL, PRIMARY KEY (key, owner))"
+        " held INTEGER NOT NULL, wanted INTEGER NOT NULL, since REAL,"
+        " PRIMARY KEY (key, owner))"
     )
     db.execute("CREATE INDEX key_holds_owner ON key_holds (owner)")  # (release_owner)
     db.execute(
