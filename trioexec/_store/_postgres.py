@@ -25,6 +25,7 @@ from ._base import (
     ROW_COLUMNS,
     RUN_KINDS,
     RUN_ORPHANED,
+    SCHEDULE_FIELDS,
     SELECT_RECORDS,
     SUPERSEDED,
     Change,
@@ -32,11 +33,13 @@ from ._base import (
     Recovery,
     RunRecord,
     RunRecovery,
+    ScheduleRecord,
     abandoned_error,
     check_query,
     filter_clause,
     fold_batch,
     record_of,
+    schedule_of,
     settle_key,
 )
 from ._durable_pg import PostgresTables
@@ -46,6 +49,7 @@ from ._pg_conn import Connection, PGDatabase, redact
 _SELECT = SELECT_RECORDS
 _RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
 _LIVE = "('pending', 'running')"
+_SCHEDULE_COLUMNS = ", ".join(SCHEDULE_FIELDS)
 
 #: The SQL type of each "row" column, for the arrays `unnest` takes apart.
 _ROW_TYPES = {
@@ -208,6 +212,49 @@ class PostgresStore:
                 # the commits of the rounds that held the key before)
                 grants[i] = settle_key(conn, "%s", owner, requests[i], self.clock())
         return [grants[i] for i in range(len(requests))]
+
+    def save_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
+        with self._db.transaction("save schedule") as conn:
+            before = conn.execute(
+                f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE schedule_id = %s FOR UPDATE",
+                (record.schedule_id,),
+            ).fetchone()
+            conn.execute(
+                f"INSERT INTO schedules ({_SCHEDULE_COLUMNS}) VALUES (%s, %s, %s, %s, %s, NULL)"
+                " ON CONFLICT (schedule_id) DO UPDATE SET cron = excluded.cron,"
+                " tz = excluded.tz, name = excluded.name, next_run = excluded.next_run",
+                (record.schedule_id, record.cron, record.tz, record.name, record.next_run),
+            )
+        return None if before is None else schedule_of(before)
+
+    def schedules(self) -> list[ScheduleRecord]:
+        with self._db.reading("query schedules") as conn:
+            rows = conn.execute(
+                f"SELECT {_SCHEDULE_COLUMNS} FROM schedules ORDER BY schedule_id"
+            ).fetchall()
+        return [schedule_of(row) for row in rows]
+
+    def claim_occurrence(
+        self, schedule_id: str, at: float, owner: str, next_run: float | None
+    ) -> bool:
+        with self._db.transaction("claim schedule occurrence") as conn:
+            won = (
+                int(
+                    conn.execute(
+                        "INSERT INTO schedule_runs (schedule_id, at, owner) VALUES (%s, %s, %s)"
+                        " ON CONFLICT DO NOTHING",
+                        (schedule_id, at, owner),
+                    ).rowcount
+                )
+                == 1
+            )
+            if won:
+                conn.execute(
+                    "UPDATE schedules SET last_run = greatest(last_run, %s), next_run = %s"
+                    " WHERE schedule_id = %s",
+                    (at, next_run, schedule_id),
+                )
+        return won
 
     def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
         if not live:

@@ -26,6 +26,7 @@ from ._base import (
     ROW_COLUMNS,
     RUN_KINDS,
     RUN_ORPHANED,
+    SCHEDULE_FIELDS,
     SELECT_RECORDS,
     SUPERSEDED,
     Change,
@@ -33,11 +34,13 @@ from ._base import (
     Recovery,
     RunRecord,
     RunRecovery,
+    ScheduleRecord,
     abandoned_error,
     check_query,
     filter_clause,
     fold_batch,
     record_of,
+    schedule_of,
     settle_key,
 )
 from ._durable_tables import SQLiteTables
@@ -266,6 +269,47 @@ class SQLiteStore:
                 grants[i] = settle_key(conn, "?", owner, requests[i], now)
         return [grants[i] for i in range(len(requests))]
 
+    def save_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
+        with self._db.transaction("save schedule") as conn:
+            before = conn.execute(
+                f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE schedule_id = ?",
+                (record.schedule_id,),
+            ).fetchone()
+            conn.execute(
+                f"INSERT INTO schedules ({_SCHEDULE_COLUMNS}) VALUES (?, ?, ?, ?, ?, NULL)"
+                " ON CONFLICT (schedule_id) DO UPDATE SET cron = excluded.cron,"
+                " tz = excluded.tz, name = excluded.name, next_run = excluded.next_run",
+                (record.schedule_id, record.cron, record.tz, record.name, record.next_run),
+            )
+        return None if before is None else schedule_of(before)
+
+    def schedules(self) -> list[ScheduleRecord]:
+        with self._db.reading("query schedules") as conn:
+            rows = conn.execute(
+                f"SELECT {_SCHEDULE_COLUMNS} FROM schedules ORDER BY schedule_id"
+            ).fetchall()
+        return [schedule_of(row) for row in rows]
+
+    def claim_occurrence(
+        self, schedule_id: str, at: float, owner: str, next_run: float | None
+    ) -> bool:
+        with self._db.transaction("claim schedule occurrence") as conn:
+            won = (
+                conn.execute(
+                    "INSERT INTO schedule_runs (schedule_id, at, owner) VALUES (?, ?, ?)"
+                    " ON CONFLICT DO NOTHING",
+                    (schedule_id, at, owner),
+                ).rowcount
+                == 1
+            )
+            if won:
+                conn.execute(
+                    "UPDATE schedules SET last_run = max(coalesce(last_run, ?), ?),"
+                    " next_run = ? WHERE schedule_id = ?",
+                    (at, at, next_run, schedule_id),
+                )
+        return won
+
     def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
         if not live:
             return []
@@ -487,6 +531,7 @@ _INSERT_EACH = (
     f" VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
 )
 _JSON_ARROW = sqlite3.sqlite_version_info >= (3, 38)  # the ->> operator
+_SCHEDULE_COLUMNS = ", ".join(SCHEDULE_FIELDS)
 _GUARD = " WHERE task_id = ? AND version = ? AND status IN ('pending', 'running')"
 _UPDATES = {
     "start": "UPDATE executions SET status = 'running', sub_status = 'active', attempt = ?,"

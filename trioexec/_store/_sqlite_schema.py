@@ -13,7 +13,7 @@ from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 MIGRATIONS = Migrations("trioexec")
 #: Every migration this trioexec defines, by name: a file with any other applied
 #: was written by a newer trioexec.
@@ -170,6 +170,21 @@ def _key_ledger(db: sqlite_utils.Database) -> None:
         "CREATE TABLE key_buckets (key TEXT PRIMARY KEY, tokens REAL NOT NULL, stamp REAL NOT NULL)"
     )
     db.execute("UPDATE trioexec_meta SET value = '7' WHERE key = 'schema_version'")
+
+
+@_migration("0008_schedules")
+def _schedules(db: sqlite_utils.Database) -> None:
+    # Schedules (`Executor.schedule`): each one's definition as last saved, and one
+    # row per occurrence claimed: the primary key lets one executor of many win it.
+    db.execute(
+        "CREATE TABLE schedules (schedule_id TEXT PRIMARY KEY, cron TEXT NOT NULL,"
+        " tz TEXT NOT NULL, name TEXT NOT NULL, next_run REAL, last_run REAL)"
+    )
+    db.execute(
+        "CREATE TABLE schedule_runs (schedule_id TEXT NOT NULL, at REAL NOT NULL,"
+        " owner TEXT NOT NULL, PRIMARY KEY (schedule_id, at))"
+    )
+    db.execute("UPDATE trioexec_meta SET value = '8' WHERE key = 'schema_version'")
 
 
 def schema_version(db: sqlite_utils.Database, path: str) -> int:
