@@ -51,6 +51,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "trioexec._recovery",
                 "trioexec._shutdown",
                 "trioexec._causation",
+                "trioexec._schedule",
             }
         ),
     ),

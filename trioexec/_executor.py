@@ -23,6 +23,7 @@ from ._events import EventStream
 from ._keys import KeyLimit, KeyStatistics
 from ._metrics import ExecutorMetrics
 from ._records import ShutdownPolicy
+from ._schedule import Schedule, Schedules
 from ._slots import SlotPool
 from ._spec import TaskSpec, collect_specs
 from ._store import Store
@@ -207,6 +208,51 @@ class Executor:
         run = await self.start_workflow(workflow, context, run_id=run_id)
         return await run.wait()
 
+    # ---------------------------------------------------------------- schedules
+
+    _schedules: Schedules | None = None  # (made by the first `schedule`)
+
+    def schedule(
+        self,
+        spec: Callable[..., Any],
+        *,
+        cron: str,
+        schedule_id: str,
+        tz: str = "UTC",
+        catch_up: bool = False,
+        args: Iterable[Any] = (),
+    ) -> Schedule:
+        """Submit ``spec(*args)`` at every occurrence of ``cron`` (read in time zone
+        ``tz``) until the executor shuts down or the schedule is cancelled; return
+        the `Schedule` at once. Never blocks.
+
+        Each occurrence's task has the id ``"<schedule_id>@<its time, UTC, ISO
+        8601>"``. With a store, every executor on it that schedules ``schedule_id``
+        claims each occurrence in the store first: one of them runs it. With
+        ``catch_up``, a schedule that missed occurrences since its last run the
+        store recorded (its executors were down) runs the latest of them once at
+        start. An occurrence that passes while the schedule waits for room is run
+        late, once. See ``docs/howto/schedules.rst``.
+
+        Example::
+
+            ex.schedule(report, cron="0 2 * * *", schedule_id="nightly", tz="Europe/Berlin")
+
+        Raises:
+          ValueError: a cron expression cronsim refuses (or that never occurs), an
+            unknown time zone, a bad ``schedule_id`` or one already running here.
+          TypeError: ``spec`` is not callable, ``cron`` or ``tz`` not a str.
+          ExecutorClosed: if shutdown has begun.
+        """
+        if self._schedules is None:
+            self._schedules = Schedules(self._core, self.submit)
+        return self._schedules.add(spec, cron, schedule_id, tz, catch_up, args)
+
+    def unschedule(self, schedule_id: str) -> bool:
+        """Cancel the schedule ``schedule_id`` (`Schedule.cancel`); False if it is
+        not running in this executor. Never blocks."""
+        return self._schedules is not None and self._schedules.remove(schedule_id)
+
     # ---------------------------------------------------------------- store, idle, stats
 
     async def flush(self) -> None:
@@ -264,6 +310,8 @@ class Executor:
         core = self._core
         policy = core.config.shutdown_policy if policy is None else ShutdownPolicy(policy)
         core.shutdown.begin(policy)
+        if self._schedules is not None:
+            self._schedules.close()  # (no occurrence is submitted from now on)
         if core.shutdown.called_by_own_task():
             # Called by one of our own tasks: it cannot wait for itself to end.
             await trio.lowlevel.checkpoint()

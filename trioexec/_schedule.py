@@ -1,0 +1,284 @@
+"""Schedules: one task per occurrence of a cron expression (`Executor.schedule`).
+
+Occurrences are wall-clock times (the store's clock, else ``time.time``) that
+cronsim computes in the schedule's time zone (a `zoneinfo` zone; cronsim places
+the occurrences a DST change skips or repeats as Debian cron does). The wait for
+each one is a sleep on Trio's clock, so a mock clock drives schedules in tests
+(with ``trioexec.testing.FakeWallClock`` as the store's clock).
+
+Each occurrence runs as a task with the id ``"<schedule id>@<time, UTC, ISO 8601>"``.
+With a store, an executor claims the occurrence in the store (one insert keyed by
+schedule id and time, `Store.claim_occurrence`) before it submits it, so of the
+executors sharing a store one runs it. The claim, not the execution row, decides:
+a task can start before its submission is durable.
+"""
+
+from __future__ import annotations
+
+import datetime
+import math
+import zoneinfo
+from collections.abc import Awaitable, Callable, Iterable
+from typing import TYPE_CHECKING, Any, final
+
+import attrs
+import trio
+from cronsim import CronSim, CronSimError
+
+from ._errors import ExecutorClosed, TaskRejected
+from ._records import check_id
+from ._spec import TaskSpec
+from ._store import ScheduleRecord
+
+if TYPE_CHECKING:
+    from ._core import ExecutorCore
+    from ._taskref import TaskRef
+
+__all__ = [
+    "Schedule",
+    "Schedules",
+    "occurrence_after",
+    "occurrence_before",
+    "occurrence_task_id",
+    "time_zone",
+]
+
+
+def time_zone(tz: object) -> zoneinfo.ZoneInfo:
+    """``tz`` as a zone. Raises ValueError naming a name `zoneinfo` does not know."""
+    if not isinstance(tz, str):
+        raise TypeError(f"tz must be the name of a time zone (a str), got {tz!r}")
+    try:
+        return zoneinfo.ZoneInfo(tz)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        raise ValueError(
+            f"unknown time zone {tz!r} (an IANA name such as 'Europe/Berlin')"
+        ) from None
+
+
+def _at(t: float, zone: zoneinfo.ZoneInfo) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(t, zone)
+
+
+def _cron(cron: str, start: datetime.datetime, *, reverse: bool = False) -> CronSim:
+    try:
+        return CronSim(cron, start, reverse=reverse)
+    except CronSimError as exc:
+        raise ValueError(f"bad cron expression {cron!r}: {exc}") from None
+
+
+def occurrence_after(cron: str, zone: zoneinfo.ZoneInfo, t: float) -> float:
+    """The first occurrence of ``cron`` in ``zone`` after the second ``t`` falls in
+    (wall-clock seconds in, seconds out; always a whole second).
+
+    Raises:
+      ValueError: a cron expression cronsim refuses, or one with no occurrence
+        in the next 50 years.
+    """
+    try:
+        return next(_cron(cron, _at(t, zone))).timestamp()
+    except StopIteration:
+        raise ValueError(f"cron expression {cron!r} has no occurrence after {t}") from None
+
+
+def occurrence_before(cron: str, zone: zoneinfo.ZoneInfo, t: float) -> float | None:
+    """The last occurrence of ``cron`` in ``zone`` before the whole second ``t``
+    (None: none in the 50 years before)."""
+    try:
+        return next(_cron(cron, _at(t, zone), reverse=True)).timestamp()
+    except StopIteration:
+        return None
+
+
+def occurrence_task_id(schedule_id: str, at: float) -> str:
+    """The task id of ``schedule_id``'s occurrence at ``at``: ``"nightly@2026-03-29T01:00:00Z"``."""
+    when = datetime.datetime.fromtimestamp(at, datetime.UTC)
+    return f"{schedule_id}@{when:%Y-%m-%dT%H:%M:%SZ}"
+
+
+@attrs.define(eq=False, kw_only=True)
+class Schedule:
+    """A schedule running in an executor, as `Executor.schedule` returns it.
+
+    ``next_run`` and ``last_run`` are wall-clock seconds (the store's clock): the
+    next occurrence this executor waits for (None once the schedule has ended),
+    and the last one it submitted (None: none yet).
+    """
+
+    schedule_id: str
+    cron: str
+    tz: str
+    name: str  #: the task name its occurrences run under
+    catch_up: bool
+    next_run: float | None
+    last_run: float | None = None
+    _spec: Callable[..., Any] = attrs.field(repr=False)
+    _args: tuple[Any, ...] = attrs.field(repr=False)
+    _zone: zoneinfo.ZoneInfo = attrs.field(repr=False)
+    _scope: trio.CancelScope = attrs.field(factory=trio.CancelScope, repr=False)
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the schedule was cancelled (or its executor shut down)."""
+        return self._scope.cancel_called
+
+    def cancel(self) -> None:
+        """Stop the schedule: no occurrence is submitted from now on (tasks already
+        submitted go on). Never blocks; idempotent. The store keeps its record."""
+        self._scope.cancel()
+        self.next_run = None
+
+
+Submit = Callable[..., Awaitable["TaskRef"]]
+
+
+@final
+class Schedules:
+    """The schedules of one executor: each a task in the executor's nursery."""
+
+    def __init__(self, core: ExecutorCore, submit: Submit) -> None:
+        self._core = core
+        self._submit = submit
+        self.active: dict[str, Schedule] = {}
+
+    def add(
+        self,
+        spec: Callable[..., Any],
+        cron: str,
+        schedule_id: str,
+        tz: str,
+        catch_up: bool,
+        args: Iterable[Any],
+    ) -> Schedule:
+        """Check a schedule, start it, and return it (see `Executor.schedule`)."""
+        core = self._core
+        if core.shutdown.closing:
+            raise ExecutorClosed("the executor is shutting down; no new schedules")
+        nursery = core.workers.nursery
+        if nursery is None:
+            raise RuntimeError("schedules run only in an executor from open_executor")
+        if not callable(spec):
+            raise TypeError(f"schedule needs a TaskSpec or a function, got {spec!r}")
+        check_id("schedule_id", schedule_id)
+        if schedule_id in self.active:
+            raise ValueError(f"schedule {schedule_id!r} is already running in this executor")
+        if not isinstance(cron, str):
+            raise TypeError(f"cron must be a cron expression (a str), got {cron!r}")
+        zone = time_zone(tz)
+        # The first occurrence is the first at or after now (a whole second).
+        first = occurrence_after(cron, zone, math.ceil(core.wall()) - 1)
+        name = spec.id if isinstance(spec, TaskSpec) else _name(spec)
+        schedule = Schedule(
+            schedule_id=schedule_id,
+            cron=cron,
+            tz=tz,
+            name=name,
+            catch_up=bool(catch_up),
+            next_run=first,
+            spec=spec,
+            args=tuple(args),
+            zone=zone,
+        )
+        self.active[schedule_id] = schedule
+        if core.journal is None:
+            nursery.start_soon(self._run, schedule, name=f"trioexec schedule {schedule_id}")
+        else:  # (a store failure stops the executor, as the writer's does)
+            nursery.start_soon(
+                core.guarded, self._run, schedule, name=f"trioexec schedule {schedule_id}"
+            )
+        return schedule
+
+    def remove(self, schedule_id: str) -> bool:
+        """Cancel the schedule ``schedule_id`` runs here; False if none does."""
+        schedule = self.active.pop(schedule_id, None)
+        if schedule is None:
+            return False
+        schedule.cancel()
+        return True
+
+    def close(self) -> None:
+        """The executor is shutting down: every schedule stops."""
+        for schedule_id in list(self.active):
+            self.remove(schedule_id)
+
+    async def _run(self, schedule: Schedule) -> None:
+        try:
+            with schedule._scope:
+                await self._occurrences(schedule)
+        finally:
+            if self.active.get(schedule.schedule_id) is schedule:
+                del self.active[schedule.schedule_id]
+            schedule.next_run = None
+
+    async def _occurrences(self, schedule: Schedule) -> None:
+        core = self._core
+        wall = core.wall
+        cron, zone = schedule.cron, schedule._zone
+        at = schedule.next_run
+        assert at is not None
+        journal = core.journal
+        if journal is not None:
+            record = ScheduleRecord(
+                schedule_id=schedule.schedule_id,
+                cron=cron,
+                tz=schedule.tz,
+                name=schedule.name,
+                next_run=at,
+            )
+            before = await journal.call(journal.store.save_schedule, record)
+            if schedule.catch_up and before is not None:
+                missed = occurrence_before(cron, zone, at)
+                if (
+                    missed is not None
+                    and _missed(missed, before)
+                    and await self._fire(schedule, missed, at)
+                ):
+                    return
+        while True:
+            delay = at - wall()
+            if delay > 0:
+                await trio.sleep(delay)
+                continue  # (the wall clock may lag Trio's: look again)
+            # (if a submission waits for room past several occurrences, the first
+            # of them runs late and the others are skipped)
+            following = occurrence_after(cron, zone, max(at, wall()))
+            schedule.next_run = following
+            if await self._fire(schedule, at, following):
+                return
+            at = following
+
+    async def _fire(self, schedule: Schedule, at: float, following: float) -> bool:
+        """Claim and submit the occurrence at ``at``. True: the executor closed."""
+        core = self._core
+        journal = core.journal
+        if journal is not None:
+            won = await journal.call(
+                journal.store.claim_occurrence, schedule.schedule_id, at, core.owner_id, following
+            )
+            if not won:
+                return False  # another executor on the store runs it
+        try:
+            await self._submit(
+                schedule._spec,
+                *schedule._args,
+                task_id=occurrence_task_id(schedule.schedule_id, at),
+            )
+        except ExecutorClosed:
+            return True
+        except (TaskRejected, ValueError):
+            # Refused (a full executor under REJECT, FAIL_FAST, DROP_OLDEST), or
+            # its id is in use here or in the store: this occurrence is skipped.
+            return False
+        schedule.last_run = at
+        return False
+
+
+def _missed(at: float, before: ScheduleRecord) -> bool:
+    """``at`` (an occurrence before now) was due and did not run, by the store's record."""
+    if before.last_run is not None:
+        return at > before.last_run
+    return before.next_run is not None and at >= before.next_run
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    return str(getattr(fn, "__qualname__", None) or type(fn).__name__)
