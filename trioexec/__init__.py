@@ -28,6 +28,7 @@ from ._records import ShutdownPolicy as ShutdownPolicy
 from ._records import SubStatus as SubStatus
 from ._records import TaskCompletion as TaskCompletion
 from ._records import TaskStatus as TaskStatus
+from ._schedule import Schedule as Schedule
 from ._slots import SlotPool as SlotPool
 from ._slots import SlotToken as SlotToken
 from ._spec import Backoff as Backoff
@@ -35,6 +36,7 @@ from ._spec import TaskSpec as TaskSpec
 from ._spec import task as task
 from ._store import MemoryStore as MemoryStore
 from ._store import PostgresStore as PostgresStore
+from ._store import ScheduleRecord as ScheduleRecord
 from ._store import SQLiteStore as SQLiteStore
 from ._store import Store as Store
 from ._store import open_store as open_store
@@ -63,6 +65,7 @@ __all__ = [
     "open_executor",
     "Executor",
     "ExecutorConfig",
+    "Schedule",
     "DeterministicExecutor",
     "TaskRef",
     "Overflow",
@@ -75,6 +78,7 @@ __all__ = [
     "SubStatus",
     "TaskCompletion",
     "ExecutionRecord",
+    "ScheduleRecord",
     # persistence
     "Store",
     "MemoryStore",
