@@ -34,7 +34,10 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     ("durable", frozenset({"trioexec.durable*"})),
     # The facade is where workflows meet the executor (API.md puts start_workflow
     # on Executor), so it sits above them; the coordinator is built on the parts.
-    ("executor facade", frozenset({"trioexec._executor", "trioexec._deterministic"})),
+    (
+        "executor facade",
+        frozenset({"trioexec._executor", "trioexec._deterministic", "trioexec._signals"}),
+    ),
     ("workflows", frozenset({"trioexec._coordinator", "trioexec._workflow"})),
     (
         "executor parts",

@@ -29,6 +29,7 @@ from ._records import SubStatus as SubStatus
 from ._records import TaskCompletion as TaskCompletion
 from ._records import TaskStatus as TaskStatus
 from ._schedule import Schedule as Schedule
+from ._signals import serve_until_signal as serve_until_signal
 from ._slots import SlotPool as SlotPool
 from ._slots import SlotToken as SlotToken
 from ._spec import Backoff as Backoff
@@ -66,6 +67,7 @@ __all__ = [
     "Executor",
     "ExecutorConfig",
     "Schedule",
+    "serve_until_signal",
     "DeterministicExecutor",
     "TaskRef",
     "Overflow",

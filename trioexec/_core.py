@@ -66,6 +66,20 @@ def check_seconds(name: str, value: object) -> None:
         raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
 
 
+def check_grace(name: str, value: object) -> None:
+    """A shutdown's grace: None (no limit) or a finite number of seconds >= 0."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
+    try:
+        seconds = float(value)
+    except OverflowError:
+        seconds = math.inf
+    if not (0 <= seconds < math.inf):
+        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+
+
 def _int_at_least(minimum: int) -> Callable[[Any, attrs.Attribute[Any], object], None]:
     """An attrs validator: an int (not a bool) >= ``minimum``."""
 
@@ -78,6 +92,11 @@ def _int_at_least(minimum: int) -> Callable[[Any, attrs.Attribute[Any], object],
 def _seconds(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
     """An attrs validator: None, or a finite number of seconds > 0."""
     check_seconds(attribute.name, value)
+
+
+def _grace(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+    """An attrs validator: None, or a finite number of seconds >= 0."""
+    check_grace(attribute.name, value)
 
 
 @attrs.frozen(kw_only=True)
@@ -103,6 +122,8 @@ class ExecutorConfig:
         factory=dict, converter=key_limits_for, hash=False
     )
     priority_aging: float | None = attrs.field(default=60.0, validator=_seconds)
+    # How long a shutdown drains before it cancels what is left (None: no limit).
+    shutdown_grace: float | None = attrs.field(default=None, validator=_grace)
 
     @property
     def capacity(self) -> int:

@@ -31,7 +31,8 @@ class DeterministicExecutor:
 
     Takes the same options as `open_executor`. A ``store`` must be inline (it is
     written in the caller's task after each task); ``recover`` is not supported and
-    the lease options are accepted for symmetry.
+    the lease options (and ``shutdown_policy``, ``shutdown_grace``: it has no
+    shutdown of its own) are accepted for symmetry.
 
     Example::
 
@@ -56,6 +57,7 @@ class DeterministicExecutor:
         max_recovery_attempts: int = 3,
         key_limits: KeyLimit | Mapping[str, KeyLimit] | None = None,
         priority_aging: float | None = 60.0,
+        shutdown_grace: float | None = None,
     ) -> None:
         config = ExecutorConfig(
             max_concurrent_tasks=max_concurrent_tasks,
@@ -69,6 +71,7 @@ class DeterministicExecutor:
             max_recovery_attempts=max_recovery_attempts,
             key_limits=key_limits,  # (its converter checks it)
             priority_aging=priority_aging,
+            shutdown_grace=shutdown_grace,
         )
         check_store(store)
         if recover:

@@ -29,6 +29,7 @@ class HealthEventKind(enum.StrEnum):
     TASK_RETRY_SCHEDULED = "task_retry_scheduled"
     TASK_ABANDONED = "task_abandoned"
     WORKFLOW_PROGRESS = "workflow_progress"
+    SHUTDOWN_GRACE_EXPIRED = "shutdown_grace_expired"
 
 
 _COALESCING = frozenset({HealthEventKind.TASK_REJECT, HealthEventKind.TASK_DROP})

@@ -17,7 +17,7 @@ import trio
 
 from ._admission import Overflow
 from ._coordinator import WorkflowResult, WorkflowRun, WorkflowRuns
-from ._core import ExecutorConfig, ExecutorCore, check_store
+from ._core import ExecutorConfig, ExecutorCore, check_grace, check_store
 from ._errors import ExecutorClosed, TaskDefinitionError
 from ._events import EventStream
 from ._keys import KeyLimit, KeyStatistics
@@ -301,15 +301,39 @@ class Executor:
         """The same snapshot as `statistics`."""
         return self._core.statistics()
 
-    async def shutdown(self, policy: ShutdownPolicy | None = None) -> None:
+    async def shutdown(
+        self, policy: ShutdownPolicy | None = None, *, grace: float | None = None
+    ) -> None:
         """Stop accepting work and finish according to ``policy`` (default: the
         executor's ``shutdown_policy``); returns once nothing is outstanding.
 
+        ``grace`` (default: the executor's ``shutdown_grace``; None there means no
+        limit) bounds a ``DRAIN`` or ``CANCEL_PENDING``: what is still pending,
+        running, deferred or waiting to retry ``grace`` seconds after this call is
+        cancelled as under ``CANCEL`` (and a ``shutdown_grace_expired`` health event
+        says how much was left). A second call may shorten the grace, never extend it.
+
         Called from one of this executor's own tasks, it begins the shutdown and
-        returns at once (a task cannot wait for itself to end)."""
+        returns at once (a task cannot wait for itself to end); the grace still holds.
+
+        If the caller is cancelled while waiting, the shutdown goes on without it.
+
+        Example::
+
+            await ex.shutdown(ShutdownPolicy.DRAIN, grace=30.0)
+
+        Raises:
+          ValueError: ``policy`` is not a `ShutdownPolicy`; ``grace`` is negative,
+            NaN or infinite.
+          TypeError: ``grace`` is not a number (or None).
+        """
         core = self._core
         policy = core.config.shutdown_policy if policy is None else ShutdownPolicy(policy)
-        core.shutdown.begin(policy)
+        if grace is None:
+            grace = core.config.shutdown_grace
+        else:
+            check_grace("grace", grace)
+        core.shutdown.begin(policy, grace)
         if self._schedules is not None:
             self._schedules.close()  # (no occurrence is submitted from now on)
         if core.shutdown.called_by_own_task():
@@ -365,11 +389,14 @@ async def open_executor(
     max_recovery_attempts: int = 3,
     key_limits: KeyLimit | Mapping[str, KeyLimit] | None = None,
     priority_aging: float | None = 60.0,
+    shutdown_grace: float | None = None,
 ) -> AsyncIterator[Executor]:
     """Open an executor whose tasks run in a nursery inside this block.
 
     On leaving the block normally, the executor shuts down with ``shutdown_policy``
-    and waits for it; if the block raises, outstanding work is cancelled. No task
+    and waits for it, for at most ``shutdown_grace`` seconds (None: no limit)
+    before what is left is cancelled (see `Executor.shutdown`); if the block
+    raises, outstanding work is cancelled. No task
     outlives the block (the one exception: the thread of a sync task abandoned at
     its ``timeout`` runs on until its function returns, without a slot). Errors
     from the body propagate unwrapped (never inside an ExceptionGroup); a store
@@ -399,6 +426,7 @@ async def open_executor(
         max_recovery_attempts=max_recovery_attempts,
         key_limits=key_limits,  # (its converter checks it)
         priority_aging=priority_aging,
+        shutdown_grace=shutdown_grace,
     )
     specs, workflows = split_tasks(tasks)
     check_store(store)

@@ -78,7 +78,7 @@ class Lifecycle:
         self.space_freed = trio.Event()  # set when a task ends (recovery waits on it)
         self._named: dict[str, Job] = {}  # tasks with a chosen id, from submission to end
         self._gate = gate
-        self._events = events
+        self.events = events  # (the shutdown publishes on it too)
         self._owner_id = owner_id
         self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
         self.backing_off: set[Job] = set()  # (the workers keep it) between attempts
@@ -205,7 +205,7 @@ class Lifecycle:
         journal = self.journal
         if journal is not None:
             journal.fold(job, ("retry", job.task_id, job.version, error))
-        self._events.publish(
+        self.events.publish(
             HealthEventKind.TASK_RETRY_SCHEDULED,
             job.task_id,
             reason=status.value,
@@ -220,7 +220,7 @@ class Lifecycle:
         tally.deferral_count += 1
         if tally.deferred_count > tally.max_deferred_count:
             tally.max_deferred_count = tally.deferred_count
-        self._events.note(HealthEventKind.TASK_DEFERRED, job.task_id)
+        self.events.note(HealthEventKind.TASK_DEFERRED, job.task_id)
         journal = self.journal
         if journal is not None:
             journal.fold(job, ("sub", job.task_id, job.version, SubStatus.DEFERRED, self.wall()))
@@ -232,7 +232,7 @@ class Lifecycle:
         tally.deferred_count -= 1
         tally.active_count += 1
         tally.resumed_count += 1
-        self._events.note(HealthEventKind.TASK_RESUMED, job.task_id)
+        self.events.note(HealthEventKind.TASK_RESUMED, job.task_id)
         journal = self.journal
         if journal is not None:
             journal.fold(job, ("sub", job.task_id, job.version, SubStatus.ACTIVE, None))
@@ -318,7 +318,7 @@ class Lifecycle:
         if self._idle_lot and self.is_idle():
             self._idle_lot.unpark_all()
         if status is TaskStatus.FAILED or status is TaskStatus.TIMED_OUT:
-            self._events.publish(
+            self.events.publish(
                 HealthEventKind.TASK_FAILED,
                 job.task_id,
                 reason=status.value,

@@ -1,19 +1,27 @@
-"""`Shutdown`: closing an executor under one of the three policies.
+"""`Shutdown`: closing an executor under one of the three policies, with a grace.
 
 ``DRAIN`` lets everything accepted finish (and started workflow runs, and the
 executor's own running tasks, may still submit until the drain ends);
 ``CANCEL_PENDING`` also cancels what has not started; ``CANCEL`` also
 cancels what is running. Whichever: new submissions raise `ExecutorClosed`, and
 submitters blocked for space wake up to learn it.
+
+A grace bounds the first two: once it has run out, what is left is cancelled as
+``CANCEL`` would. A timer in the executor's nursery keeps it, so the grace holds
+whoever waits (or does not) for the shutdown to end.
 """
 
 from __future__ import annotations
 
+import math
 from typing import final
+
+import trio
 
 from ._admission import Gate
 from ._causation import current_job
 from ._errors import ExecutorClosed
+from ._events import HealthEventKind
 from ._lifecycle import Lifecycle
 from ._records import ShutdownPolicy
 from ._workers import Workers
@@ -29,6 +37,8 @@ class Shutdown:
         self._gate = gate
         self._lifecycle = lifecycle
         self._workers = workers
+        self._deadline = math.inf  # (Trio's clock) when the earliest grace runs out
+        self._expired = False
 
     def check_open(self, internal: bool = False) -> None:
         """Raise `ExecutorClosed` if a submission may not be accepted now.
@@ -41,9 +51,13 @@ class Shutdown:
         caller = current_job()
         return caller is not None and caller.owner is self._lifecycle
 
-    def begin(self, policy: ShutdownPolicy) -> None:
+    def begin(self, policy: ShutdownPolicy, grace: float | None = None) -> None:
         """Stop accepting work and apply ``policy``. Never blocks; may be called
-        again with a stricter policy."""
+        again with a stricter policy or a shorter grace.
+
+        With a ``grace`` (seconds, checked by the caller), what is still outstanding
+        that long from now is cancelled as under ``CANCEL``.
+        """
         self.closing = True
         if policy is not ShutdownPolicy.DRAIN:
             self._drain_runs = False
@@ -56,3 +70,38 @@ class Shutdown:
             for job in list(self._workers.taken):
                 self._lifecycle.cancel(job)
         self._workers.close()
+        if grace is not None and policy is not ShutdownPolicy.CANCEL:
+            self._start_grace(grace)
+
+    def _start_grace(self, grace: float) -> None:
+        nursery = self._workers.nursery
+        deadline = trio.current_time() + grace
+        # An earlier grace's timer already covers a later deadline.
+        if self._expired or deadline >= self._deadline or self._lifecycle.is_idle():
+            return
+        if nursery is not None:
+            self._deadline = deadline
+            nursery.start_soon(self._expire_at, deadline, grace, name="trioexec shutdown grace")
+
+    async def _expire_at(self, deadline: float, grace: float) -> None:
+        """At ``deadline``, cancel what is left (nothing to do if idle by then)."""
+        lifecycle = self._lifecycle
+        with trio.move_on_at(deadline) as scope:
+            await lifecycle.wait_for_idle()
+        if not scope.cancelled_caught or self._expired:
+            return
+        if lifecycle.is_idle() or lifecycle.failure is not None:
+            return
+        self._expired = True
+        tally = lifecycle.tally
+        lifecycle.events.publish(
+            HealthEventKind.SHUTDOWN_GRACE_EXPIRED,
+            reason="grace_expired",
+            attributes={
+                "grace": grace,
+                "pending_depth": tally.queue_depth,
+                "active_count": tally.active_count,
+                "deferred_count": tally.deferred_count,
+            },
+        )
+        self.begin(ShutdownPolicy.CANCEL)
