@@ -3,8 +3,8 @@
 The only module that imports the CLI libraries (click, rich). Every failure a person
 can cause (bad arguments, a missing or corrupt database) ends in one line on stderr
 and a non-zero exit, never a traceback. The views (``status``, ``watch``, ``runs``,
-``tasks``, ``promises`` without an action, ``check``) open the database read-only:
-they never create, migrate or lock it. Everything that comes from the database is
+``schedules``, ``tasks``, ``promises`` without an action, ``check``) open the database
+read-only: they never create, migrate or lock it. Everything that comes from the database is
 printed as plain text, never parsed as rich markup.
 """
 
@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 # click is also a dependency of sqlite-utils, so it is there wherever trioexec imports;
 # rich comes only with the `cli` extra: without it, `run` says so in one line.
@@ -435,6 +436,36 @@ def runs(db: str, run_id: str | None, as_json: bool) -> None:
     if run_id is not None:
         for r in records:
             console.print(execution_table(steps[r.run_id][:100], time.time()))
+
+
+def zoned(t: float | None, tz: str) -> str:
+    """``t`` to the minute in the time zone ``tz`` (UTC if this machine lacks it)."""
+    if t is None:
+        return ""
+    try:
+        zone: datetime.tzinfo = ZoneInfo(tz)
+    except (ZoneInfoNotFoundError, ValueError):
+        zone = datetime.UTC
+    return datetime.datetime.fromtimestamp(t, zone).strftime("%Y-%m-%d %H:%M")
+
+
+@main.command()
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True, help="print JSON for scripts")
+def schedules(db: str, as_json: bool) -> None:
+    """Schedules in DB (Executor.schedule) with their last and next run."""
+    with open_store(db) as store:
+        records = store.schedules()
+    if as_json:
+        emit_json(records)
+        return
+    table = Table(box=None, padding=(0, 1))  # (fits 80 columns: times read in tz)
+    for column in ("schedule", "cron", "tz", "task", "last run", "next run"):
+        table.add_column(column, overflow="fold", no_wrap=column.endswith("run"))
+    for r in records:
+        when = zoned(r.last_run, r.tz), zoned(r.next_run, r.tz)
+        table.add_row(*map(cell, (r.schedule_id, r.cron, r.tz, r.name, *when)))
+    console.print(table)
 
 
 # --------------------------------------------------------------------------- durable
