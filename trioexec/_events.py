@@ -40,7 +40,9 @@ class HealthEvent:
     """One observation. ``at`` is wall-clock Unix seconds. Reject and drop events
     carry ``pending_depth``, ``active_count``, ``deferred_count`` and ``capacity`` in
     ``attributes``; ``occurrence_count`` says how many like it were merged into it
-    while it was unread."""
+    while it was unread. A ``shutdown_grace_expired`` event (a shutdown's grace ran
+    out; what is left is cancelled next) carries ``grace`` and the same three counts
+    of what was left."""
 
     kind: HealthEventKind
     task_id: str | None = None
