@@ -181,10 +181,10 @@ class Schedules:
         )
         self.active[schedule_id] = schedule
         if core.journal is None:
-            nursery.start_soon(self._run, schedule, name=f"trioexec schedule {schedule_id}")
+            nursery.start_soon(self._run, schedule, first, name=f"trioexec schedule {schedule_id}")
         else:  # (a store failure stops the executor, as the writer's does)
             nursery.start_soon(
-                core.guarded, self._run, schedule, name=f"trioexec schedule {schedule_id}"
+                core.guarded, self._run, schedule, first, name=f"trioexec schedule {schedule_id}"
             )
         return schedule
 
@@ -201,21 +201,19 @@ class Schedules:
         for schedule_id in list(self.active):
             self.remove(schedule_id)
 
-    async def _run(self, schedule: Schedule) -> None:
+    async def _run(self, schedule: Schedule, first: float) -> None:
         try:
             with schedule._scope:
-                await self._occurrences(schedule)
+                await self._occurrences(schedule, first)
         finally:
             if self.active.get(schedule.schedule_id) is schedule:
                 del self.active[schedule.schedule_id]
             schedule.next_run = None
 
-    async def _occurrences(self, schedule: Schedule) -> None:
+    async def _occurrences(self, schedule: Schedule, at: float) -> None:
         core = self._core
         wall = core.wall
         cron, zone = schedule.cron, schedule._zone
-        at = schedule.next_run
-        assert at is not None
         journal = core.journal
         if journal is not None:
             record = ScheduleRecord(

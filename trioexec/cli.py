@@ -459,7 +459,7 @@ def schedules(db: str, as_json: bool) -> None:
     if as_json:
         emit_json(records)
         return
-    table = Table(box=None, padding=(0, 1))  # (fits 80 columns: times read in tz)
+    table = Table(box=None, padding=(0, 1), pad_edge=False)  # (fits 80 columns)
     for column in ("schedule", "cron", "tz", "task", "last run", "next run"):
         table.add_column(column, overflow="fold", no_wrap=column.endswith("run"))
     for r in records:
