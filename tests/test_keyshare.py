@@ -5,6 +5,8 @@ SQLite file and on PostgreSQL: tests/acceptance/test_shared_keys.py.)"""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import trio
 import trio.testing
@@ -251,5 +253,5 @@ async def test_with_one_slot_executors_take_turns(autojump_clock):
     # the other waiting at its next poll (within a second) and hands the key over
     # when its task ends.
     assert order.index("b") < 3, order
-    switches = sum(x != y for x, y in zip(order, order[1:], strict=False))
+    switches = sum(x != y for x, y in itertools.pairwise(order))
     assert switches >= 3, order

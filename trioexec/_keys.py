@@ -245,6 +245,14 @@ class KeyState:
         at = self.stamp + max(missing, 0.0) * limit.per / limit.rate
         return max(at, math.nextafter(self.stamp, math.inf))  # (later, however little)
 
+    def spent(self, now: float) -> bool:
+        """Its bucket is as good as new: full, or (shared) no tokens of the
+        store's left here to give back. (A forgotten key starts again from it.)"""
+        if self.shared:
+            return self.tokens <= 0.0
+        self.refill(now)
+        return self.full_at() <= self.stamp
+
     def full_at(self) -> float:
         """When the bucket is full again (``stamp`` if it is, has no rate, or is
         the store's)."""

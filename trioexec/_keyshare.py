@@ -35,6 +35,8 @@ POLL_MIN = 0.05
 POLL_MAX = 1.0
 #: Keys settled in one store call at most (the rest wait for the next round).
 ROUND_KEYS = 512
+# A token count a rounding error short of a whole token counts as one (as KeyState's).
+_EPSILON = 1e-9
 
 
 @final
@@ -107,7 +109,10 @@ class KeyBroker:
         if state is None or state.limit is None:
             if not held:
                 return None
-            return KeyRequest(key, held, None, 1.0, 0, 0, 0)  # give it all back
+            # Its tasks are gone: give it all back.
+            return KeyRequest(
+                key=key, concurrency=held, rate=None, per=1.0, in_use=0, wanted=0, tokens=0
+            )
         limit = state.limit
         in_use = state.in_use()
         queued = state.pending - len(state.earmarked)
@@ -121,7 +126,7 @@ class KeyBroker:
             if limit.concurrency is not None:  # (no more than may start at once)
                 starters = min(starters, limit.concurrency - in_use - len(state.resumers))
             if starters > 0:
-                tokens = max(0, min(starters, math.ceil(limit.rate)) - math.floor(spare + 1e-9))
+                tokens = max(0, min(starters, math.ceil(limit.rate)) - math.floor(spare + _EPSILON))
             elif spare > 0 and not queued and not state.retriers:
                 returned = spare  # nobody here will use them: back to the bucket
                 state.tokens -= spare
@@ -134,7 +139,14 @@ class KeyBroker:
         if state.cap is not None:
             state.cap = min(state.cap, in_use)
         return KeyRequest(
-            key, limit.concurrency, limit.rate, limit.per, in_use, wanted, tokens, returned
+            key=key,
+            concurrency=limit.concurrency,
+            rate=limit.rate,
+            per=limit.per,
+            in_use=in_use,
+            wanted=wanted,
+            tokens=tokens,
+            returned=returned,
         )
 
     def _apply(self, requests: list[KeyRequest], grants: list[KeyGrant]) -> None:
@@ -166,8 +178,8 @@ class KeyBroker:
         """Ask for ``state``'s key again when the store may have more for it."""
         key = state.key
         at = math.inf
-        if request.tokens > grant.tokens:
-            at = now + grant.next_token_in
+        if (state.queue or state.retriers) and state.by_rate():
+            at = now + grant.next_token_in  # (its tasks wait for tokens: ask when there are)
         waiting = state.queue or state.resumers or state.retriers
         if request.concurrency is not None and (grant.usable < request.wanted or waiting):
             # Others may hold it, or come to want it: ask again (backing off).

@@ -196,6 +196,8 @@ class Pending:
                 state.earmarked.clear()
                 if state.resumers or state.retriers:
                     self._grant(state)  # the room they were let through into is free
+            if state.shared:
+                self.on_want(state)  # (the store's part of it may go back)
             self._maybe_forget_key(state)
         return jobs
 
@@ -477,10 +479,8 @@ class Pending:
         if state.idle and len(self.keys) > self._sweep_at:
             now = trio.current_time()
             for key, other in list(self.keys.items()):
-                if other.idle:
-                    other.refill(now)
-                    if other.full_at() <= other.stamp:
-                        del self.keys[key]
+                if other.idle and other.spent(now):
+                    del self.keys[key]
             self._sweep_at = max(_SWEEP_AFTER, 2 * len(self.keys))
 
     def _token_due(self, state: KeyState) -> None:

@@ -479,7 +479,7 @@ def settle_key(conn: Any, mark: str, owner: str, request: KeyRequest, now: float
         (key, owner, now),
     )
     rows = [
-        Hold(*row)
+        Hold(row[0], held=row[1], wanted=row[2], since=row[3])
         for row in conn.execute(
             f"SELECT owner, held, wanted, since FROM key_holds WHERE key = {mark}", (key,)
         )

@@ -26,7 +26,7 @@ import attrs
 _EPSILON = 1e-9
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class KeyRequest:
     """One owner's request for one key in a `Store.key_round`."""
 
@@ -40,7 +40,7 @@ class KeyRequest:
     returned: float = 0.0  #: tokens it took earlier and will not use, given back
 
 
-@attrs.frozen
+@attrs.frozen(kw_only=True)
 class KeyGrant:
     """What a `Store.key_round` gave one owner for one key."""
 
@@ -57,9 +57,9 @@ class Hold:
     since when it has wanted more than it holds (None: it does not)."""
 
     owner: str
-    held: int
-    wanted: int
-    since: float | None = None
+    held: int = attrs.field(kw_only=True)
+    wanted: int = attrs.field(kw_only=True)
+    since: float | None = attrs.field(default=None, kw_only=True)
 
 
 def _share(concurrency: int, waiters: list[int]) -> int:
@@ -114,11 +114,17 @@ def settle(
             usable = min(usable, held - 1)
             held = max(request.in_use, held - 1)
         if held or request.wanted:
-            row = Hold("", held, request.wanted, since if request.wanted > held else None)
+            row = Hold(
+                "", held=held, wanted=request.wanted, since=since if request.wanted > held else None
+            )
 
     rate = request.rate
     if rate is None:
-        return KeyGrant(request.key, held, usable, 0, 0.0), row, None
+        return (
+            KeyGrant(key=request.key, held=held, usable=usable, tokens=0, next_token_in=0.0),
+            row,
+            None,
+        )
     burst = max(float(rate), 1.0)  # (a rate below 1 still lets one through at a time)
     if bucket is None:
         level, stamp = burst, now
@@ -133,5 +139,7 @@ def settle(
     next_in = 0.0
     if level < 1.0 - _EPSILON:
         next_in = (1.0 - level) * request.per / rate
-    grant = KeyGrant(request.key, held, usable, tokens, next_in)
+    grant = KeyGrant(
+        key=request.key, held=held, usable=usable, tokens=tokens, next_token_in=next_in
+    )
     return grant, row, None if level >= burst - _EPSILON else (level, stamp)

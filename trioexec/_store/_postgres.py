@@ -88,6 +88,12 @@ def _value(v: object) -> object:
     return getattr(v, "value", v)
 
 
+# Key rounds read each key's rows after taking its lock: every statement must see
+# the rounds committed before (a REPEATABLE READ default would read a snapshot
+# from before the lock, and grant past the limit).
+_READ_COMMITTED = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
+
+
 @final
 class PostgresStore:
     """Executions, workflow runs, durable promises and durable tasks in a PostgreSQL
@@ -192,6 +198,7 @@ class PostgresStore:
 
     def release_owner(self, owner: str) -> None:
         with self._db.transaction("release owner") as conn:
+            conn.execute(_READ_COMMITTED)
             conn.execute("DELETE FROM owners WHERE owner = %s", (owner,))
             # Its keys' locks first, in a round's order: a round reclaiming these
             # rows holds the lock, and the two would otherwise wait on each other.
@@ -206,6 +213,7 @@ class PostgresStore:
         settling one key take turns, and never wait on each other in a cycle."""
         grants: dict[int, KeyGrant] = {}
         with self._db.transaction("key round") as conn:
+            conn.execute(_READ_COMMITTED)  # (whatever the database's default)
             for i in sorted(range(len(requests)), key=lambda i: requests[i].key):
                 _lock_key(conn, self.schema, requests[i].key)
                 # (read after the lock: under READ COMMITTED each statement sees
