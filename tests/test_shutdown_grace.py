@@ -19,9 +19,11 @@ from trioexec import (
     Backoff,
     DeterministicExecutor,
     HealthEventKind,
+    RunStatus,
     ShutdownPolicy,
     SubStatus,
     TaskStatus,
+    Workflow,
     open_executor,
     open_store,
     serve_until_signal,
@@ -104,7 +106,8 @@ async def test_deferred_tasks_are_drained_within_the_grace_and_cancelled_after(a
             await trio.testing.wait_all_tasks_blocked()
             assert (a.sub_status, b.sub_status) == (SubStatus.DEFERRED, SubStatus.DEFERRED)
             outside.start_soon(set_soon)
-            await ex.shutdown(grace=4)
+            with trio.fail_after(100):  # (without the grace: never)
+                await ex.shutdown(grace=4)
             assert trio.current_time() == 4
         assert (a.status, b.status) == (C, X)
         assert seen == [2]
@@ -123,6 +126,27 @@ async def test_a_task_waiting_to_retry_is_cancelled_at_the_grace(autojump_clock)
         await ex.shutdown(grace=1)
         assert trio.current_time() == 1
     assert ref.status is X
+
+
+async def test_a_workflow_run_past_the_grace_ends_cancelled(autojump_clock):
+    @task(id="first")
+    async def first(ctx):
+        await trio.sleep(1)
+
+    @task(id="slow", dependencies=["first"])
+    async def slow(ctx):
+        await trio.sleep(100)
+
+    @task(id="never", dependencies=["slow"])
+    async def never(ctx):
+        raise AssertionError("started after the grace")
+
+    async with open_executor(shutdown_grace=5) as ex:
+        run = await ex.start_workflow(Workflow("wf", [first, slow, never]))
+    assert trio.current_time() == 5
+    result = await run.wait()
+    assert result.status is RunStatus.CANCELLED
+    assert {k: v.status for k, v in result.steps.items()} == {"first": C, "slow": X}
 
 
 async def test_grace_zero_cancels_at_once(autojump_clock):
@@ -158,7 +182,7 @@ async def test_cancel_pending_with_a_grace_bounds_the_running_ones(autojump_cloc
 async def test_block_exit_drains_for_shutdown_grace(autojump_clock):
     async with open_executor(max_concurrent_tasks=2, shutdown_grace=7.5) as ex:
         done = await ex.submit(trio.sleep, 7)
-        cut = await ex.submit(trio.sleep_forever)
+        cut = await ex.submit(trio.sleep, 10_000)
     assert trio.current_time() == 7.5
     assert (done.status, cut.status) == (C, X)
     assert len(grace_events(ex)) == 1
