@@ -328,20 +328,26 @@ def executor(n: int, limit: int, store: bool = False, url: str = "") -> Result:
 
 
 @case
-def keyed(n: int, limit: int, keys: int) -> Result:
+def keyed(n: int, limit: int, keys: int, store: bool = False) -> Result:
     """``executor`` with a key on every task: n no-op tasks spread over ``keys`` keys
-    whose `KeyLimit` never holds one back (what a key costs by itself)."""
+    whose `KeyLimit` never holds one back (what a key costs by itself); with
+    ``store``, a SQLiteStore, through which the limits are shared (``key_rounds``:
+    the store calls that took)."""
     out: Result = {}
     names = [f"tenant-{k}" for k in range(keys)]
     limits = trioexec.KeyLimit(concurrency=limit)
 
     async def main(st: trioexec.Store | None) -> None:
-        async with trioexec.open_executor(max_concurrent_tasks=limit, key_limits=limits) as ex:
+        async with trioexec.open_executor(
+            max_concurrent_tasks=limit, key_limits=limits, store=st
+        ) as ex:
             for i in range(n):
                 await ex.submit(noop, key=names[i % keys])
         out["completed"] = ex.statistics().completed_count
+        broker = ex._core.keyshare
+        out["key_rounds"] = 0 if broker is None else broker.rounds
 
-    run_timed(main, False, out)
+    run_timed(main, store, out)
     if out["completed"] != n:
         raise RuntimeError(f"{out['completed']} of {n} tasks completed")
     return out
@@ -1595,6 +1601,13 @@ def scenario_13(run: Runner, sizes: Sizes) -> Result:
     small_n, big_n = sizes.key_backlog_ns
     small = run("key_backlog", n=small_n, keys=10_000)
     big = run("key_backlog", n=big_n, keys=10_000)
+    run.interleave(
+        ("executor", {"n": n, "limit": lim, "store": True}),
+        ("keyed", {"n": n, "limit": lim, "keys": keys, "store": True}),
+    )
+    plain_store = run("executor", n=n, limit=lim, store=True)
+    shared = run("keyed", n=n, limit=lim, keys=keys, store=True)
+    shared_cost = shared["seconds"] / plain_store["seconds"]
     queue_growth = (big["queue_s"] / big_n) / (small["queue_s"] / small_n)
     drain_growth = (big["drain_s"] / big_n) / (small["drain_s"] / small_n)
     return finish(
@@ -1612,6 +1625,13 @@ def scenario_13(run: Runner, sizes: Sizes) -> Result:
                 rounds=per_round(keyed_run, plain),
             ),
             ratio(
+                f"keyed (limits shared through a SQLiteStore) vs unkeyed, same store, limit {lim}",
+                shared_cost,
+                "context",
+                None,
+                rounds=per_round(shared, plain_store),
+            ),
+            ratio(
                 f"queue a keyed task at {big_n:,} vs {small_n:,} pending",
                 queue_growth,
                 "<= 1.3x",
@@ -1627,6 +1647,7 @@ def scenario_13(run: Runner, sizes: Sizes) -> Result:
         tasks=n,
         keyed_tasks_per_s=round(n / keyed_run["seconds"]),
         unkeyed_tasks_per_s=round(n / plain["seconds"]),
+        shared_key_rounds=shared["key_rounds"],
         backlog_us_per_task={
             f"queue_{small_n}": rnd(small["queue_s"] / small_n * 1e6),
             f"queue_{big_n}": rnd(big["queue_s"] / big_n * 1e6),
