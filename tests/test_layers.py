@@ -29,7 +29,7 @@ PACKAGE = pathlib.Path(trioexec.__file__).parent
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     (
         "package, CLI",
-        frozenset({"trioexec", "trioexec.__main__", "trioexec.cli", "trioexec._demo"}),
+        frozenset({"trioexec", "trioexec.__main__", "trioexec.cli*", "trioexec._demo"}),
     ),
     ("durable", frozenset({"trioexec.durable*"})),
     # The facade is where workflows meet the executor (API.md puts start_workflow
@@ -91,8 +91,8 @@ MAX_METHODS = 30
 LIBRARY_OWNERS = {
     "sqlite3": frozenset({"trioexec._store._sqlite*", "trioexec._store._durable_tables"}),
     "sqlite_utils": frozenset({"trioexec._store._sqlite*"}),
-    "click": frozenset({"trioexec.cli"}),
-    "rich": frozenset({"trioexec.cli"}),
+    "click": frozenset({"trioexec.cli*"}),
+    "rich": frozenset({"trioexec.cli*"}),
 }
 
 
@@ -240,7 +240,8 @@ def test_the_scan_sees_the_whole_package():
         "trioexec._store._sqlite",
         "trioexec.durable._worker",
     } <= set(NAMES)
-    cli = modules()["trioexec.cli"]
+    # The CLI package's durable commands import `trioexec.durable` inside functions.
+    cli = modules()["trioexec.cli._durable"]
     assert {"click", "trioexec.durable"} <= {i.target for i in cli.imports}
 
 

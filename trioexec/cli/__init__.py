@@ -1,0 +1,102 @@
+"""The ``trioexec`` command: a demo, and views of a trioexec database.
+
+The only package that imports the CLI libraries (click, rich). Every failure a person
+can cause (bad arguments, a missing or corrupt database) ends in one line on stderr
+and a non-zero exit, never a traceback. The views (``status``, ``watch``, ``runs``,
+``schedules``, ``tasks``, ``promises`` without an action, ``check``) open the database
+read-only: they never create, migrate or lock it. Everything that comes from the database is
+printed as plain text, never parsed as rich markup.
+
+One module per concern: `_common` (consoles, failures, the read-only store), `_demo`,
+`_views` (status, watch, runs), `_schedules`, `_durable` (promises, tasks, check).
+This module holds the group and the console-script entry point, `run`.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import click
+
+import trioexec
+from trioexec import StoreError
+
+from ._common import EXIT_PROBLEM, EXIT_USAGE, MISSING_EXTRA, fail
+
+__all__ = ["main", "run"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(trioexec.__version__, prog_name="trioexec")
+def main() -> None:
+    """trioexec: tasks that give their slot back while they wait.
+
+    Start with `trioexec demo`; the other commands look at the SQLite database an
+    executor (or the demo) writes, from any other process.
+    """
+
+
+if MISSING_EXTRA is None:  # the commands render with rich; without it `run` says so
+    from ._demo import demo
+    from ._durable import check, promises, tasks
+    from ._schedules import schedules
+    from ._views import runs, status, watch
+
+    for _command in (demo, status, watch, runs, schedules, promises, tasks, check):
+        main.add_command(_command)
+
+
+def _interrupted(exc: BaseException) -> bool:
+    if isinstance(exc, KeyboardInterrupt):
+        return True
+    return isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is not None
+
+
+def _store_error(exc: BaseException) -> StoreError | None:
+    """The StoreError ``exc`` is, or the first of a group made only of StoreErrors
+    (the demo's nurseries wrap the executor's)."""
+    if isinstance(exc, StoreError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup) and exc.split(StoreError)[1] is None:
+        return _store_error(exc.exceptions[0])
+    return None
+
+
+def run(args: Sequence[str] | None = None) -> None:
+    """Console-script entry point. Every failure is one line on stderr: usage errors
+    (and a missing `cli` extra) exit 2, problems with the database (unreadable rows,
+    a locked file) exit 1, Ctrl-C 130."""
+    if MISSING_EXTRA is not None:
+        sys.stderr.write(
+            f"trioexec: the command line needs the 'cli' extra (no module named"
+            f" {MISSING_EXTRA!r}): pip install 'trioexec[cli]'\n"
+        )
+        raise SystemExit(EXIT_USAGE)
+    try:
+        code = main.main(args=args, prog_name="trioexec", standalone_mode=False)
+    except click.UsageError as exc:
+        hint = (
+            f" (see 'trioexec {exc.ctx.command_path.split(' ', 1)[-1]} --help')" if exc.ctx else ""
+        )
+        fail(f"{exc.format_message()}{hint}", EXIT_USAGE)
+    except click.ClickException as exc:
+        fail(exc.format_message(), exc.exit_code)
+    except click.Abort:
+        fail("aborted", EXIT_PROBLEM)
+    except (StoreError, ValueError, KeyError) as exc:
+        # A row this trioexec cannot read, a locked or broken table, ...
+        fail(f"cannot read the database: {type(exc).__name__}: {exc}")
+    except BaseException as exc:
+        if _interrupted(exc):
+            fail("interrupted", 130)
+        store_error = _store_error(exc)
+        if store_error is not None:
+            fail(str(store_error))
+        raise
+    if isinstance(code, int) and code:
+        raise SystemExit(code)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    run()

@@ -1,0 +1,112 @@
+"""What every command shares: the consoles, one-line failures, the read-only store,
+and how times, ages and cells are shown.
+
+rich comes only with the `cli` extra: without it, `MISSING_EXTRA` names the missing
+module and `trioexec.cli.run` says so in one line (no command is loaded then).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any, NoReturn
+
+# click is also a dependency of sqlite-utils, so it is there wherever trioexec imports.
+import click
+
+import trioexec
+from trioexec import PostgresStore, SQLiteStore, StoreError
+
+try:
+    from rich.console import Console
+    from rich.text import Text
+except ModuleNotFoundError as exc:  # pragma: no cover - tested in a fresh venv
+    MISSING_EXTRA: str | None = exc.name or "rich"
+else:
+    MISSING_EXTRA = None
+
+EXIT_USAGE = 2
+EXIT_PROBLEM = 1
+
+if MISSING_EXTRA is None:
+    console = Console()
+    err = Console(stderr=True)
+
+
+def fail(message: str, code: int = EXIT_PROBLEM) -> NoReturn:
+    # Text, not markup: messages carry paths and ids (a task named "batch[/]").
+    err.print(
+        Text.assemble(("trioexec:", "bold red"), " ", message), highlight=False, soft_wrap=True
+    )
+    raise SystemExit(code)
+
+
+def cell(value: object) -> Text:
+    """A table cell showing ``value`` as it is (no markup, no emoji codes)."""
+    return Text("" if value is None else str(value))
+
+
+@contextmanager
+def open_store(path: str) -> Iterator[SQLiteStore | PostgresStore]:
+    """An existing database (a SQLite file or a PostgreSQL URL) opened read-only,
+    or one clear line and exit 1."""
+    try:
+        store = trioexec.open_store(path, read_only=True)
+    except (StoreError, ValueError, ModuleNotFoundError) as exc:
+        fail(str(exc))
+    try:
+        yield store
+    except StoreError as exc:
+        fail(str(exc))
+    finally:
+        store.close()
+
+
+def parse_age(text: str) -> float:
+    """'90', '90s', '10m', '2h', '1d' -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    raw = text.strip().lower()
+    try:
+        value = float(raw[:-1]) * units[raw[-1]] if raw and raw[-1] in units else float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0 <= value < math.inf):
+        raise click.BadParameter(
+            f"{text!r} is not a duration like 90s, 10m, 2h", param_hint="'--older-than'"
+        )
+    return value
+
+
+def ago(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def stamp(t: float | None) -> str:
+    if t is None:
+        return ""
+    return datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S")
+
+
+def emit_json(rows: Sequence[Any]) -> None:
+    def plain(value: Any) -> Any:
+        if hasattr(value, "__attrs_attrs__"):
+            import attrs
+
+            return {k: plain(v) for k, v in attrs.asdict(value, recurse=False).items()}
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [plain(v) for v in value]
+        return getattr(value, "value", value)
+
+    click.echo(json.dumps([plain(r) for r in rows], indent=2, default=str))

@@ -1,0 +1,205 @@
+"""Durable promises and tasks: ``promises`` (list, resolve, reject), ``tasks``, and
+``check`` (the invariants of a database's tables)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING
+
+import click
+import trio
+from rich.table import Table
+from rich.text import Text
+
+from trioexec import StoreError, TaskStatus
+from trioexec._store._open import is_postgres_url
+
+from ._common import (
+    EXIT_PROBLEM,
+    EXIT_USAGE,
+    cell,
+    console,
+    emit_json,
+    err,
+    fail,
+    open_store,
+    stamp,
+)
+
+if TYPE_CHECKING:
+    from trioexec.durable import DurableStore
+
+
+PROMISE_STATES = ["pending", "resolved", "rejected", "rejected_canceled", "rejected_timedout"]
+TASK_STATES = ["pending", "acquired", "suspended", "halted", "fulfilled"]
+
+
+class _DefaultList(click.Group):
+    """`trioexec promises DB` means `trioexec promises list DB`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = ["list", *args]
+        return super().parse_args(ctx, args)
+
+
+@contextmanager
+def open_durable(db: str, *, read_only: bool = True) -> Iterator[DurableStore]:
+    """The durable tables of an existing database (read-only unless asked), or one
+    clear line and exit 1."""
+    from trioexec.durable import DurableStore
+
+    if read_only:
+        with open_store(db) as store, DurableStore(store) as ds:
+            yield ds
+        return
+    if not is_postgres_url(db) and not os.path.exists(db):  # a writer would create it
+        fail(f"{db}: no such database file")
+    try:
+        writable = DurableStore(db)
+    except StoreError as exc:
+        fail(str(exc))
+    with writable:
+        yield writable
+
+
+@click.group(cls=_DefaultList)
+def promises() -> None:
+    """Durable promises: list them, or resolve/reject one (e.g. approve from a shell)."""
+
+
+@promises.command("list")
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.option("--state", type=click.Choice(PROMISE_STATES))
+@click.option("--limit", type=click.IntRange(1), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def promises_list(db: str, state: str | None, limit: int, as_json: bool) -> None:
+    """Promises in DB, by id."""
+    with open_durable(db) as ds:
+        rows, _ = trio.run(lambda: ds.promises.search(state=state, limit=limit))
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table(box=None, padding=(0, 2))
+    for column in ("id", "state", "data", "times out", "tags"):
+        table.add_column(column, overflow="fold")
+    for p in rows:
+        table.add_row(
+            cell(p.id),
+            cell(p.state.value),
+            cell((p.data or "")[:40]),
+            cell(stamp(p.timeout_at)),
+            cell(json.dumps(p.tags, ensure_ascii=False)),
+        )
+    console.print(table)
+
+
+def _settle(db: str, id: str, data: str | None, how: str) -> None:
+    from trioexec.durable import Conflict, NotFound
+
+    try:
+        value = None if data is None else json.loads(data)
+    except json.JSONDecodeError as exc:
+        fail(f"--data is not JSON: {exc}", EXIT_USAGE)
+    with open_durable(db, read_only=False) as ds:
+        settle = getattr(ds.promises, how)
+        try:
+            record = trio.run(lambda: settle(id, data=value))
+        except (Conflict, NotFound) as exc:
+            fail(f"{db}: {exc}")
+    console.print(Text(f"promise {record.id}: {record.state.value}"))
+
+
+@promises.command("resolve")
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.argument("id")
+@click.option("--data", help="the value, as JSON")
+def promises_resolve(db: str, id: str, data: str | None) -> None:
+    """Resolve promise ID (tasks waiting on it resume)."""
+    _settle(db, id, data, "resolve")
+
+
+@promises.command("reject")
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.argument("id")
+@click.option("--data", help="the reason, as JSON")
+def promises_reject(db: str, id: str, data: str | None) -> None:
+    """Reject promise ID."""
+    _settle(db, id, data, "reject")
+
+
+@click.command()
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.option(
+    "--state", type=click.Choice(["pending", "acquired", "suspended", "halted", "fulfilled"])
+)
+@click.option("--target")
+@click.option("--limit", type=click.IntRange(1), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+def tasks(db: str, state: str | None, target: str | None, limit: int, as_json: bool) -> None:
+    """Durable tasks in DB, by id."""
+    with open_durable(db) as ds:
+        rows, _ = trio.run(lambda: ds.tasks.search(state=state, target=target, limit=limit))
+    if as_json:
+        emit_json(rows)
+        return
+    table = Table(box=None, padding=(0, 2))
+    for column in ("id", "state", "version", "target", "holder", "lease until", "awaiting"):
+        table.add_column(column, overflow="fold")
+    for t in rows:
+        table.add_row(
+            cell(t.id),
+            cell(t.state.value),
+            cell(t.version),
+            cell(t.target),
+            cell(t.pid),
+            cell(stamp(t.lease_expires_at)),
+            cell(", ".join(t.awaiting)),
+        )
+    console.print(table)
+
+
+@click.command()
+@click.argument("db", type=click.Path(dir_okay=False))
+@click.option("--json", "as_json", is_flag=True)
+def check(db: str, as_json: bool) -> None:
+    """Check DB's invariants; exit 1 if any is violated."""
+    from trioexec.durable import DurableStore
+
+    problems: list[str] = []
+    with open_store(db) as store, DurableStore(store) as ds:
+        for r in store.executions():
+            running = r.status is TaskStatus.RUNNING
+            if (r.sub_status is not None) != running:
+                problems.append(
+                    f"sub_status_truth: {r.task_id} is {r.status.value}"
+                    f" with sub-status {r.sub_status}"
+                )
+            if r.status not in (TaskStatus.PENDING, TaskStatus.RUNNING) and r.finished_at is None:
+                problems.append(f"finished_without_time: {r.task_id}")
+        problems += [f"durable: {name}" for name in trio.run(ds.check_invariants)]
+
+        async def read_all() -> None:  # every row must be one this trioexec can read
+            for search in (ds.tasks.search, ds.promises.search):
+                cursor = None
+                while True:
+                    _, cursor = await search(limit=500, cursor=cursor)
+                    if cursor is None:
+                        break
+
+        try:
+            trio.run(read_all)
+        except (ValueError, KeyError) as exc:
+            problems.append(f"durable: unreadable row: {exc}")
+    if as_json:
+        click.echo(json.dumps({"ok": not problems, "violations": problems}))
+    elif problems:
+        for p in problems:
+            err.print(Text.assemble(("violated", "red"), " ", p), highlight=False)
+    else:
+        console.print(Text(f"{db}: all invariants hold"))
+    if problems:
+        raise SystemExit(EXIT_PROBLEM)
