@@ -8,7 +8,8 @@ read-only: they never create, migrate or lock it. Everything that comes from the
 printed as plain text, never parsed as rich markup.
 
 One module per concern: `_common` (consoles, failures, the read-only store), `_demo`,
-`_views` (status, watch, runs), `_schedules`, `_durable` (promises, tasks, check).
+`_views` (status, watch, runs), `_schedules`, `_durable` (promises, tasks, check),
+`_worker` (a durable worker).
 This module holds the group and the console-script entry point, `run`.
 """
 
@@ -42,8 +43,9 @@ if MISSING_EXTRA is None:  # the commands render with rich; without it `run` say
     from ._durable import check, promises, tasks
     from ._schedules import schedules
     from ._views import runs, status, watch
+    from ._worker import worker
 
-    for _command in (demo, status, watch, runs, schedules, promises, tasks, check):
+    for _command in (demo, status, watch, runs, schedules, promises, tasks, check, worker):
         main.add_command(_command)
 
 
