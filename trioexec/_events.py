@@ -30,6 +30,7 @@ class HealthEventKind(enum.StrEnum):
     TASK_ABANDONED = "task_abandoned"
     WORKFLOW_PROGRESS = "workflow_progress"
     SHUTDOWN_GRACE_EXPIRED = "shutdown_grace_expired"
+    SCHEDULE_SKIPPED = "schedule_skipped"
 
 
 _COALESCING = frozenset({HealthEventKind.TASK_REJECT, HealthEventKind.TASK_DROP})
@@ -42,7 +43,11 @@ class HealthEvent:
     ``attributes``; ``occurrence_count`` says how many like it were merged into it
     while it was unread. A ``shutdown_grace_expired`` event (a shutdown's grace ran
     out; what is left is cancelled next) carries ``grace`` and the same three counts
-    of what was left."""
+    of what was left. A ``schedule_skipped`` event (a schedule's occurrence this
+    executor did not run: its submission was refused) has the occurrence's task id,
+    ``reason`` ``"refused"`` (its claim went back to the store, for another
+    executor) or ``"task_id_in_use"`` (submitted before), and ``schedule_id``,
+    ``at`` (wall-clock seconds) and ``error`` in ``attributes``."""
 
     kind: HealthEventKind
     task_id: str | None = None

@@ -10,7 +10,14 @@ Each occurrence runs as a task with the id ``"<schedule id>@<time, UTC, ISO 8601
 With a store, an executor claims the occurrence in the store (one insert keyed by
 schedule id and time, `Store.claim_occurrence`) before it submits it, so of the
 executors sharing a store one runs it. The claim, not the execution row, decides:
-a task can start before its submission is durable.
+a task can start before its submission is durable. A claimed occurrence that this
+executor does not submit after all (refused, or it closed or was cancelled while
+waiting for room) is released (`Store.release_occurrence`), so another executor
+on the store may still run it.
+
+The wait for an occurrence sleeps at most `MAX_SLEEP` at a time and reads the
+wall clock again: a wall clock that steps forward (NTP, a resumed VM) delays an
+occurrence by at most that much.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ import trio
 from cronsim import CronSim, CronSimError
 
 from ._errors import ExecutorClosed, TaskRejected
-from ._records import check_id
+from ._events import HealthEventKind
+from ._records import MAX_ID_LENGTH, check_id
 from ._spec import TaskSpec
 from ._store import ScheduleRecord
 
@@ -42,6 +50,13 @@ __all__ = [
     "occurrence_task_id",
     "time_zone",
 ]
+
+#: The longest sleep (seconds) before the wall clock is read again.
+MAX_SLEEP = 60.0
+#: How long releasing a claim may hold up a cancelled schedule (seconds).
+RELEASE_BOUND = 10.0
+#: What `occurrence_task_id` adds to a schedule id: ``"@2026-01-01T00:00:00Z"``.
+_OCCURRENCE_SUFFIX = 21
 
 
 def time_zone(tz: object) -> zoneinfo.ZoneInfo:
@@ -69,25 +84,35 @@ def _cron(cron: str, start: datetime.datetime, *, reverse: bool = False) -> Cron
 
 def occurrence_after(cron: str, zone: zoneinfo.ZoneInfo, t: float) -> float:
     """The first occurrence of ``cron`` in ``zone`` after the second ``t`` falls in
-    (wall-clock seconds in, seconds out; always a whole second).
+    (wall-clock seconds in, seconds out; always a whole second, always later than ``t``).
 
     Raises:
       ValueError: a cron expression cronsim refuses, or one with no occurrence
         in the next 50 years.
     """
+    occurrences = _cron(cron, _at(t, zone))
     try:
-        return next(_cron(cron, _at(t, zone))).timestamp()
+        found = next(occurrences).timestamp()
+        # In the hour a DST change repeats, cronsim steps through local times: from
+        # 01:10 of the second pass it yields 01:30 of the first, which is past.
+        while found <= t:
+            found = next(occurrences).timestamp()
     except StopIteration:
         raise ValueError(f"cron expression {cron!r} has no occurrence after {t}") from None
+    return found
 
 
 def occurrence_before(cron: str, zone: zoneinfo.ZoneInfo, t: float) -> float | None:
     """The last occurrence of ``cron`` in ``zone`` before the whole second ``t``
     (None: none in the 50 years before)."""
+    occurrences = _cron(cron, _at(t, zone), reverse=True)
     try:
-        return next(_cron(cron, _at(t, zone), reverse=True)).timestamp()
+        found = next(occurrences).timestamp()
+        while found >= t:  # (the repeated hour of a DST change, as in occurrence_after)
+            found = next(occurrences).timestamp()
     except StopIteration:
         return None
+    return found
 
 
 def occurrence_task_id(schedule_id: str, at: float) -> str:
@@ -160,6 +185,12 @@ class Schedules:
         if not callable(spec):
             raise TypeError(f"schedule needs a TaskSpec or a function, got {spec!r}")
         check_id("schedule_id", schedule_id)
+        if len(schedule_id) > MAX_ID_LENGTH - _OCCURRENCE_SUFFIX:
+            raise ValueError(
+                f"schedule_id is {len(schedule_id)} characters long (at most"
+                f" {MAX_ID_LENGTH - _OCCURRENCE_SUFFIX}, so that its occurrences' task ids"
+                f" fit in {MAX_ID_LENGTH}): {schedule_id[:40]!r}..."
+            )
         if schedule_id in self.active:
             raise ValueError(f"schedule {schedule_id!r} is already running in this executor")
         if not isinstance(cron, str):
@@ -206,9 +237,12 @@ class Schedules:
             with schedule._scope:
                 await self._occurrences(schedule, first)
         finally:
+            # However it ended (cancelled, its executor closed, the executor's
+            # block raised and its nursery was cancelled, a store failure), it
+            # says so: ``cancelled`` is True.
             if self.active.get(schedule.schedule_id) is schedule:
                 del self.active[schedule.schedule_id]
-            schedule.next_run = None
+            schedule.cancel()
 
     async def _occurrences(self, schedule: Schedule, at: float) -> None:
         core = self._core
@@ -235,20 +269,25 @@ class Schedules:
         while True:
             delay = at - wall()
             if delay > 0:
-                await trio.sleep(delay)
-                continue  # (the wall clock may lag Trio's: look again)
+                # In steps, looking at the wall clock again after each: it may lag
+                # Trio's, or step forward (NTP, a resumed VM) while we sleep.
+                await trio.sleep(min(delay, MAX_SLEEP))
+                continue
             # (if a submission waits for room past several occurrences, the first
             # of them runs late and the others are skipped)
             following = occurrence_after(cron, zone, max(at, wall()))
+            assert following > at, (at, following)  # each occurrence once, in order
             schedule.next_run = following
             if await self._fire(schedule, at, following):
                 return
             at = following
 
     async def _fire(self, schedule: Schedule, at: float, following: float) -> bool:
-        """Claim and submit the occurrence at ``at``. True: the executor closed."""
+        """Claim and submit the occurrence at ``at``. True: the executor closed.
+        Checkpoints on every path."""
         core = self._core
         journal = core.journal
+        task_id = occurrence_task_id(schedule.schedule_id, at)
         if journal is not None:
             won = await journal.call(
                 journal.store.claim_occurrence, schedule.schedule_id, at, core.owner_id, following
@@ -256,19 +295,56 @@ class Schedules:
             if not won:
                 return False  # another executor on the store runs it
         try:
-            await self._submit(
-                schedule._spec,
-                *schedule._args,
-                task_id=occurrence_task_id(schedule.schedule_id, at),
-            )
+            await self._submit(schedule._spec, *schedule._args, task_id=task_id)
         except ExecutorClosed:
+            await self._release(schedule, at)
             return True
-        except (TaskRejected, ValueError):
-            # Refused (a full executor under REJECT, FAIL_FAST, DROP_OLDEST), or
-            # its id is in use here or in the store: this occurrence is skipped.
+        except (TaskRejected, ValueError) as exc:
+            # Refused: a full executor under REJECT, FAIL_FAST, DROP_OLDEST, or a
+            # ValueError (an argument its key is made of, say). Another executor
+            # may have room: the claim goes back. An id in use here or in the
+            # store, though, means the occurrence was submitted already.
+            in_use = isinstance(exc, ValueError) and self._in_use(task_id)
+            if not in_use:
+                await self._release(schedule, at)
+            reason = "task_id_in_use" if in_use else "refused"
+            core.events.publish(
+                HealthEventKind.SCHEDULE_SKIPPED,
+                task_id,
+                reason=reason,
+                attributes={
+                    "schedule_id": schedule.schedule_id,
+                    "at": at,
+                    "error": f"{type(exc).__name__}: {exc}",
+                },
+            )
+            await trio.lowlevel.checkpoint()  # (submit refuses before its first yield)
             return False
+        except BaseException:  # cancelled while it waited for room
+            with trio.move_on_after(RELEASE_BOUND, shield=True):
+                await self._release(schedule, at)
+            raise
         schedule.last_run = at
         return False
+
+    def _in_use(self, task_id: str) -> bool:
+        core = self._core
+        if core.lifecycle.is_live(task_id):
+            return True
+        return core.store is not None and core.store.execution(task_id) is not None
+
+    async def _release(self, schedule: Schedule, at: float) -> None:
+        """Give the claim of the occurrence at ``at`` back (if there is a store)."""
+        core = self._core
+        journal = core.journal
+        if journal is None:
+            return
+        try:
+            await journal.call(
+                journal.store.release_occurrence, schedule.schedule_id, at, core.owner_id
+            )
+        except Exception as exc:  # (the store failed: that stops the executor)
+            core.store_failed(exc)
 
 
 def _missed(at: float, before: ScheduleRecord) -> bool:

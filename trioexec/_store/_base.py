@@ -369,6 +369,13 @@ class Store(Protocol):
         last run (if later) and ``next_run`` as its next."""
         ...
 
+    def release_occurrence(self, schedule_id: str, at: float, owner: str) -> bool:
+        """Give back ``owner``'s claim of ``schedule_id``'s occurrence at ``at`` (it
+        did not submit it after all), so that another caller may claim it; the
+        schedule's last run goes back to its latest occurrence still claimed.
+        False if ``owner`` held no such claim (another owner's is never touched)."""
+        ...
+
     def executions(
         self,
         *,

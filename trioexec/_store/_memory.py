@@ -77,6 +77,21 @@ class MemorySchedules:
                 )
             return True
 
+    def release_occurrence(self, schedule_id: str, at: float, owner: str) -> bool:
+        with self._lock:
+            if self._closed:
+                raise StoreError("memory store: the store is closed")
+            if self._occurrences.get((schedule_id, at)) != owner:
+                return False
+            del self._occurrences[schedule_id, at]
+            record = self._schedules.get(schedule_id)
+            if record is not None and record.last_run == at:
+                claimed = [t for (s, t) in self._occurrences if s == schedule_id]
+                self._schedules[schedule_id] = attrs.evolve(
+                    record, last_run=max(claimed, default=None)
+                )
+            return True
+
 
 @final
 class MemoryStore(MemorySchedules):

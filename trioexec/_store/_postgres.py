@@ -264,6 +264,26 @@ class PostgresStore:
                 )
         return won
 
+    def release_occurrence(self, schedule_id: str, at: float, owner: str) -> bool:
+        with self._db.transaction("release schedule occurrence") as conn:
+            released = (
+                int(
+                    conn.execute(
+                        "DELETE FROM schedule_runs WHERE schedule_id = %s AND at = %s"
+                        " AND owner = %s",
+                        (schedule_id, at, owner),
+                    ).rowcount
+                )
+                == 1
+            )
+            if released:
+                conn.execute(
+                    "UPDATE schedules SET last_run = (SELECT max(at) FROM schedule_runs"
+                    " WHERE schedule_id = %s) WHERE schedule_id = %s AND last_run = %s",
+                    (schedule_id, schedule_id, at),
+                )
+        return released
+
     def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
         if not live:
             return []
