@@ -312,6 +312,11 @@ class Executor:
         running, deferred or waiting to retry ``grace`` seconds after this call is
         cancelled as under ``CANCEL`` (and a ``shutdown_grace_expired`` health event
         says how much was left). A second call may shorten the grace, never extend it.
+        The grace cannot interrupt the thread of a plain ``def`` task without a
+        ``timeout=``: the task is cancelled (its thread sees that only through
+        ``trio.from_thread.check_cancelled()`` or ``defer_until_sync``) and the
+        shutdown waits for the thread to return. Give sync tasks a ``timeout=``
+        (their thread is then abandoned when cancelled) if the grace must bound it.
 
         Called from one of this executor's own tasks, it begins the shutdown and
         returns at once (a task cannot wait for itself to end); the grace still holds.
@@ -345,6 +350,13 @@ class Executor:
         core.workers.wake_idle()
         if core.workers.shared_poller is not None:
             core.workers.shared_poller.close()
+
+
+async def wait_closed(ex: Executor) -> None:
+    """Wait until ``ex``'s shutdown has begun, by whatever means (`Executor.shutdown`
+    from anywhere, the block's end, an error, a store failure), and nothing is
+    outstanding (`serve_until_signal` stops waiting for a signal then)."""
+    await ex._core.shutdown.wait_closed()
 
 
 def split_tasks(tasks: Iterable[object]) -> tuple[dict[str, TaskSpec], dict[str, Workflow]]:
@@ -395,7 +407,8 @@ async def open_executor(
 
     On leaving the block normally, the executor shuts down with ``shutdown_policy``
     and waits for it, for at most ``shutdown_grace`` seconds (None: no limit)
-    before what is left is cancelled (see `Executor.shutdown`); if the block
+    before what is left is cancelled (see `Executor.shutdown`: the thread of a
+    sync task without a ``timeout=`` is waited for even then); if the block
     raises, outstanding work is cancelled. No task
     outlives the block (the one exception: the thread of a sync task abandoned at
     its ``timeout`` runs on until its function returns, without a slot). Errors

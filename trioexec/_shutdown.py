@@ -39,6 +39,7 @@ class Shutdown:
         self._workers = workers
         self._deadline = math.inf  # (Trio's clock) when the earliest grace runs out
         self._expired = False
+        self._begun = trio.Event()
 
     def check_open(self, internal: bool = False) -> None:
         """Raise `ExecutorClosed` if a submission may not be accepted now.
@@ -59,6 +60,7 @@ class Shutdown:
         that long from now is cancelled as under ``CANCEL``.
         """
         self.closing = True
+        self._begun.set()
         if policy is not ShutdownPolicy.DRAIN:
             self._drain_runs = False
         # Blocked submitters decide again: ExecutorClosed (or, fan-out under
@@ -72,6 +74,12 @@ class Shutdown:
         self._workers.close()
         if grace is not None and policy is not ShutdownPolicy.CANCEL:
             self._start_grace(grace)
+
+    async def wait_closed(self) -> None:
+        """Wait until a shutdown has begun (whoever began it) and nothing is
+        outstanding any more. A checkpoint."""
+        await self._begun.wait()
+        await self._lifecycle.wait_for_idle()
 
     def _start_grace(self, grace: float) -> None:
         nursery = self._workers.nursery

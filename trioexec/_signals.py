@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Iterable
 import trio
 
 from ._core import check_grace
-from ._executor import Executor
+from ._executor import Executor, wait_closed
 from ._records import ShutdownPolicy
 
 __all__ = ["serve_until_signal"]
@@ -28,8 +28,9 @@ async def serve_until_signal(
     *,
     signals: Iterable[int] = DEFAULT_SIGNALS,
     grace: float | None = None,
-) -> signal.Signals:
-    """Wait for one of ``signals``, then shut ``ex`` down; return that signal.
+) -> signal.Signals | None:
+    """Wait for one of ``signals``, then shut ``ex`` down; return that signal
+    (None: ``ex`` was shut down otherwise, without a signal).
 
     Await it inside the ``async with open_executor(...)`` block, once the work is
     started: it waits until one of ``signals`` arrives, then drains the executor
@@ -39,6 +40,11 @@ async def serve_until_signal(
     cancelled. A second signal during the drain cancels what is left at once
     (``ShutdownPolicy.CANCEL``). Returns, with the first signal's number, once
     nothing is outstanding; leaving the block then closes the executor.
+
+    If ``ex`` shuts down some other way first (one of its tasks, or another task,
+    called `Executor.shutdown`; a store failure), it returns None once that
+    shutdown is over, without waiting for a signal. A signal that arrives while
+    such a shutdown still drains is handled as above.
 
     Its handlers are in place before it first yields, so a task started just
     before the call runs with them installed; they are taken down when it
@@ -54,7 +60,7 @@ async def serve_until_signal(
         async with trioexec.open_executor(store=store, shutdown_grace=30.0) as ex:
             await ex.submit(work)
             signum = await trioexec.serve_until_signal(ex)
-        print(f"stopped by {signum.name}")
+        print(f"stopped by {signum.name if signum else 'the work itself'}")
 
     Raises:
       ValueError: ``signals`` is empty or names a signal that cannot be caught
@@ -70,7 +76,9 @@ async def serve_until_signal(
         if s in _UNCATCHABLE:
             raise ValueError(f"{s.name} cannot be caught; signals must not include it")
     with trio.open_signal_receiver(*wanted) as received:
-        first = await _next(received)
+        first = await _first_signal(ex, received)
+        if first is None:
+            return None
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_cancel_on_next, ex, received)
             await ex.shutdown(ShutdownPolicy.DRAIN, grace=grace)
@@ -80,6 +88,21 @@ async def serve_until_signal(
 
 async def _next(received: AsyncIterator[int]) -> int:
     return await received.__anext__()
+
+
+async def _first_signal(ex: Executor, received: AsyncIterator[int]) -> int | None:
+    """The first signal, or None once ``ex`` has shut down otherwise."""
+    first: list[int] = []
+
+    async def closed(cancel_scope: trio.CancelScope) -> None:
+        await wait_closed(ex)
+        cancel_scope.cancel()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(closed, nursery.cancel_scope)
+        first.append(await _next(received))
+        nursery.cancel_scope.cancel()
+    return first[0] if first else None
 
 
 async def _cancel_on_next(ex: Executor, received: AsyncIterator[int]) -> None:
