@@ -50,7 +50,7 @@ async def test_key_and_priority_round_trip_through_an_executor(make_store, autoj
         await ex.flush()
         live = store.execution(held.task_id)
         assert (live.status, live.key, live.priority) == (TaskStatus.RUNNING, "k", 3)
-        assert live.waiting_on is None  # (not recorded by the stores yet)
+        assert live.waiting_on == held.waiting_on == "event"  # (recorded by the stores)
         release.set()
     records = {r.task_id: r for r in store.executions()}
     assert {t: (r.status, r.key, r.priority) for t, r in records.items()} == {

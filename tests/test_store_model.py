@@ -97,6 +97,7 @@ class Row:
     error: Any = None
     key: str | None = None
     priority: int = 0
+    waiting_on: str | None = "slot"
 
     def apply(self, change: tuple[Any, ...]) -> bool:
         """A non-submit change, as the contract says; False if it is fenced out."""
@@ -105,21 +106,24 @@ class Row:
         kind = change[0]
         if kind == "start":
             self.status, self.sub_status = TaskStatus.RUNNING, SubStatus.ACTIVE
-            self.attempt = change[3]
+            self.attempt, self.waiting_on = change[3], None
             if self.started_at is None:  # the first start
                 self.started_at = change[4]
         elif kind == "sub":
             self.sub_status, self.deferred_since = change[3], change[4]
+            self.waiting_on = change[5] if len(change) > 5 else None  # (the old shape: None)
+        elif kind == "wait":
+            self.waiting_on = change[3]
         elif kind == "retry":
             self.status, self.sub_status, self.deferred_since = TaskStatus.PENDING, None, None
-            self.error = change[3]
+            self.error, self.waiting_on = change[3], "retry backoff"
         else:
             self.end(change[3], change[4], change[5])
         return True
 
     def end(self, status: TaskStatus, at: float, error: Any) -> None:
         self.status, self.sub_status, self.deferred_since = status, None, None
-        self.finished_at, self.error = at, error
+        self.finished_at, self.error, self.waiting_on = at, error, None
 
     def record(self, leases: dict[str, float]) -> ExecutionRecord:
         lease = None if self.owner is None else leases.get(self.owner)
@@ -160,7 +164,17 @@ submit_spec = st.tuples(
     st.sampled_from((0, 0, 3, -(2**62) + 1)),  # priority
 )
 start_spec = st.tuples(st.just("start"), targets, version_delta)
-sub_spec = st.tuples(st.just("sub"), targets, version_delta, st.sampled_from(SubStatus))
+#: What a change says a task waits on (OLD: a "sub" of the previous shape, without it).
+OLD = object()
+WAITING = (None, "slot", "event", "condition is_ready", "key concurrency t'[%]🚀", "promise p*")
+sub_spec = st.tuples(
+    st.just("sub"),
+    targets,
+    version_delta,
+    st.sampled_from(SubStatus),
+    st.sampled_from((OLD, *WAITING)),
+)
+wait_spec = st.tuples(st.just("wait"), targets, version_delta, st.sampled_from(WAITING))
 retry_spec = st.tuples(st.just("retry"), targets, version_delta, st.sampled_from(["boom", "E(1)"]))
 finish_spec = st.tuples(
     st.just("finish"),
@@ -169,7 +183,7 @@ finish_spec = st.tuples(
     st.sampled_from(TERMINAL),
     st.sampled_from([None, "ValueError('x')"]),
 )
-any_spec = st.one_of(submit_spec, start_spec, sub_spec, retry_spec, finish_spec)
+any_spec = st.one_of(submit_spec, start_spec, sub_spec, wait_spec, retry_spec, finish_spec)
 
 
 class StoresAgree(RuleBasedStateMachine):
@@ -278,6 +292,10 @@ class StoresAgree(RuleBasedStateMachine):
             elif kind == "sub":
                 since = self.now if spec[3] is SubStatus.DEFERRED else None
                 change = ("sub", task_id, version, spec[3], since)
+                if spec[4:] and spec[4] is not OLD:
+                    change = (*change, spec[4])
+            elif kind == "wait":
+                change = ("wait", task_id, version, spec[3])
             elif kind == "retry":
                 change = ("retry", task_id, version, spec[3])
             else:
@@ -298,6 +316,10 @@ class StoresAgree(RuleBasedStateMachine):
 
     @rule(spec=sub_spec)
     def sub(self, spec: tuple[Any, ...]) -> None:
+        self.write([spec])
+
+    @rule(spec=wait_spec)
+    def wait(self, spec: tuple[Any, ...]) -> None:
         self.write([spec])
 
     @rule(spec=retry_spec)
@@ -426,7 +448,7 @@ class StoresAgree(RuleBasedStateMachine):
             elif limit is None or len(expected["claimed"]) < limit:
                 expected["claimed"].append(task_id)
                 row.status, row.sub_status, row.deferred_since = TaskStatus.PENDING, None, None
-                row.owner = owner
+                row.owner, row.waiting_on = owner, "slot"
                 row.version += 1
                 row.recovery_attempts += 1
         result = self.both("recover", owner, now, recreatable, MAX_RECOVERY_ATTEMPTS, limit)

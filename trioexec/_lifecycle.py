@@ -30,6 +30,7 @@ from ._store._base import (
     R_STARTED,
     R_STATUS,
     R_SUB,
+    R_WAITING,
 )
 from ._taskref import Job
 
@@ -82,6 +83,10 @@ class Lifecycle:
         self._owner_id = owner_id
         self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
         self.backing_off: set[Job] = set()  # (the workers keep it) between attempts
+        if journal is not None:
+            # What a task of a limited key waits on changes as its key lets it
+            # through or holds it back (unkeyed tasks never call this).
+            pending.on_waiting = lambda job: journal_waiting(self, job)
 
     # ------------------------------------------------------------ accepted
 
@@ -107,6 +112,8 @@ class Lifecycle:
             self.live[job.task_id] = job
             if not recovered:
                 self.log_submit(job)
+            elif job.key is not None:
+                journal_waiting(self, job)  # (recovered as waiting for a slot)
         inflight = tally.queue_depth + tally.active_count
         if inflight > tally.max_inflight_count or tally.deferred_count:
             tally.note_high_water()  # (a new mark is rare)
@@ -161,8 +168,10 @@ class Lifecycle:
         row: list[object] = [  # the store's "row" layout
             "row", job.task_id, job.name, job.run_id, TaskStatus.PENDING, None, 0, 0,
             self._owner_id, job.version, job.submitted_at, None, None, None, None, spec_id, args,
-            job.key, job.priority,
+            job.key, job.priority, "slot",
         ]  # fmt: skip
+        if job.key is not None:  # (its key may hold it back; queued already)
+            row[R_WAITING] = self.pending.waiting_on(job) or "slot"
         job.row = row
         job.row_batch = journal.batch
         journal.append(row)  # type: ignore[arg-type]
@@ -185,6 +194,7 @@ class Lifecycle:
                 row[R_STATUS] = TaskStatus.RUNNING
                 row[R_SUB] = SubStatus.ACTIVE
                 row[R_ATTEMPT] = job.attempts
+                row[R_WAITING] = None
                 if row[R_STARTED] is None:
                     row[R_STARTED] = now
             else:
@@ -223,7 +233,10 @@ class Lifecycle:
         self.events.note(HealthEventKind.TASK_DEFERRED, job.task_id)
         journal = self.journal
         if journal is not None:
-            journal.fold(job, ("sub", job.task_id, job.version, SubStatus.DEFERRED, self.wall()))
+            waiting = self.waiting_on(job)  # (what the handle waits for)
+            journal.fold(
+                job, ("sub", job.task_id, job.version, SubStatus.DEFERRED, self.wall(), waiting)
+            )
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
 
@@ -235,7 +248,7 @@ class Lifecycle:
         self.events.note(HealthEventKind.TASK_RESUMED, job.task_id)
         journal = self.journal
         if journal is not None:
-            journal.fold(job, ("sub", job.task_id, job.version, SubStatus.ACTIVE, None))
+            journal.fold(job, ("sub", job.task_id, job.version, SubStatus.ACTIVE, None, None))
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
         tally.note_high_water()
@@ -297,7 +310,7 @@ class Lifecycle:
             if row is not None and row[R_STATUS] in LIVE:
                 # `fold_row`'s "finish", inlined: the hot path of a short task.
                 row[R_STATUS] = status
-                row[R_SUB] = row[R_SINCE] = None
+                row[R_SUB] = row[R_SINCE] = row[R_WAITING] = None
                 row[R_FINISHED] = job.finished_at
                 row[R_ERROR] = error
             else:
@@ -461,3 +474,14 @@ class Lifecycle:
     def failure_error(self) -> StoreError:
         assert self.journal is not None
         return self.journal.failure_error()
+
+
+def journal_waiting(lifecycle: Lifecycle, job: Job) -> None:
+    """What ``job`` waits on changed without a transition of its own (its key let
+    it through or held it back, its deferral's condition held, its backoff is
+    over): journal `Lifecycle.waiting_on` as a "wait" change. Never on the hot
+    path of an unkeyed task; nothing before its submission is journaled (that
+    carries the value) or after it ended."""
+    journal = lifecycle.journal
+    if journal is not None and job.task_id in lifecycle.live and not job.ended:
+        journal.fold(job, ("wait", job.task_id, job.version, lifecycle.waiting_on(job)))

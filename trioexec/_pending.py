@@ -73,6 +73,7 @@ class Pending:
         "keys",
         "live",
         "on_ready",
+        "on_waiting",
         "on_want",
         "timers",
     )
@@ -100,6 +101,9 @@ class Pending:
         self._sweep_at = _SWEEP_AFTER
         self.timers = KeyTimers(self._token_due)
         self.on_ready: Callable[[], None] = lambda: None
+        # What a task of a limited key waits on changed: its key let it through
+        # or held it back (`trioexec._lifecycle.journal_waiting` records it).
+        self.on_waiting: Callable[[Job], None] = lambda job: None
         # Limits shared through a store: ``on_want`` hears of every change in what
         # a key's tasks hold or wait for (`trioexec._keyshare.KeyBroker.want`).
         self._shared = shared
@@ -269,6 +273,7 @@ class Pending:
             self.held += 1
             self._tombstones += 1  # (its old entry in ``ready``)
             self._grant(state)
+            self.on_waiting(job)
 
     def _forget(self, job: Job) -> None:
         """``job`` leaves the queue without starting (cancelled, dropped, or taken
@@ -390,6 +395,8 @@ class Pending:
                 (state.retriers if start else state.resumers).append(waiter)
                 state.limited_count += 1
                 self._grant(state)  # (sets the timer for the token it may wait for)
+                if not waiter.granted:
+                    self.on_waiting(job)
                 try:
                     await waiter.event.wait()
                 except BaseException:
@@ -451,6 +458,7 @@ class Pending:
                 state.take(waiter.job, start)
                 waiter.granted = True
                 waiter.event.set()
+                self.on_waiting(waiter.job)
             if line:
                 break
         if not state.resumers and not state.retriers:
@@ -463,8 +471,10 @@ class Pending:
                 if not state.room():
                     break
                 self.held -= 1
-                self._let_through(state, heapq.heappop(queue))
+                entry = heapq.heappop(queue)
+                self._let_through(state, entry)
                 self.on_ready()
+                self.on_waiting(entry[2])
         if state.shared:
             self.on_want(state)  # (the store's bucket: no timer here)
             return

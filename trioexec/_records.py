@@ -137,8 +137,11 @@ class ExecutionRecord:
     only while ``status`` is RUNNING. ``lease_expires_at`` is the owner's lease
     (one lease per executor, renewed by its heartbeat). ``key`` and ``priority``
     are the submission's admission key (None: no key) and priority, as submitted.
-    ``waiting_on`` is why a live execution is not running (`TaskRef.waiting_on`);
-    the stores do not record it yet, so it is always None here for now.
+    ``waiting_on`` is why a live execution is not running, as its executor last
+    journaled it (`TaskRef.waiting_on`: ``"slot"``, ``"key concurrency <key>"``,
+    ``"rate limit <key>"``, ``"retry backoff"``, ``"event"``, ``"condition
+    <name>"``...); None while it runs, once it ended, and for rows written
+    before the stores recorded it.
     """
 
     task_id: str
@@ -160,7 +163,7 @@ class ExecutionRecord:
     args: str | None = None  # JSON array of the arguments; None if they were not JSON
     key: str | None = None
     priority: int = 0
-    waiting_on: str | None = None  # (not recorded by the stores yet: always None)
+    waiting_on: str | None = None
 
     @property
     def recreatable(self) -> bool:

@@ -25,7 +25,7 @@ import trio
 from ._causation import running
 from ._errors import PermanentError, TaskTimeout
 from ._handle import TaskHandle
-from ._lifecycle import Lifecycle
+from ._lifecycle import Lifecycle, journal_waiting
 from ._poller import Poller
 from ._records import SubStatus, TaskStatus
 from ._slots import SlotPool, SlotToken
@@ -272,6 +272,7 @@ class Workers:
             try:
                 await trio.sleep(delay)
                 backing_off.discard(job)
+                journal_waiting(self._lifecycle, job)  # (a slot, or its key, next)
                 if job.key is not None:
                     await self._pending.rejoin(job)
             finally:
@@ -384,6 +385,7 @@ class Workers:
     async def reclaim(self, job: Job, slot: SlotToken) -> None:
         """A deferred task takes its key (if it has one) back, then a slot. If
         cancelled meanwhile, it holds neither."""
+        journal_waiting(self._lifecycle, job)  # (its condition held: a slot next)
         if job.key is None:
             await slot.reclaim()
             return

@@ -13,13 +13,19 @@ from .._records import ExecutionRecord, SubStatus, TaskStatus
 from ._key_ledger import Hold, KeyGrant, KeyRequest, settle
 
 # A change is a plain tuple, cheap to build on the hot path:
-#   ("submit", task_id, version, name, run_id, spec_id, args, owner, submitted_at[, key, priority])
-#                                                   (without the last two: no key, priority 0)
-#   ("start", task_id, version, attempt, started_at)
-#   ("sub", task_id, version, sub_status, deferred_since)     sub_status: SubStatus
-#   ("retry", task_id, version, error)                         back to pending
-#   ("finish", task_id, version, status, finished_at, error)   status: TaskStatus
+#   ("submit", task_id, version, name, run_id, spec_id, args, owner, submitted_at
+#              [, key, priority[, waiting_on]])
+#              (without the last three: no key, priority 0; without waiting_on: "slot")
+#   ("start", task_id, version, attempt, started_at)           waiting on nothing (None)
+#   ("sub", task_id, version, sub_status, deferred_since[, waiting_on])
+#              sub_status: SubStatus; without waiting_on (the old shape): None
+#   ("wait", task_id, version, waiting_on)                     only what it waits on changed
+#   ("retry", task_id, version, error)                         back to pending: "retry backoff"
+#   ("finish", task_id, version, status, finished_at, error)   status: TaskStatus; None
 #   ["row", *(one value per ROW_COLUMNS)]                      a list, see below
+# ``waiting_on`` is `ExecutionRecord.waiting_on`: why a live execution is not
+# running. A "wait" is journaled only off the hot path (a task held back by its
+# key and let through, a deferral's condition met, a backoff over).
 # A "row" is a new execution's whole row: a "submit" with the changes that
 # followed it folded in (`fold_row`) by the executor while the batch was still
 # gathering, so a short task is one change, not three. It is fenced like a
@@ -61,17 +67,40 @@ ROW_COLUMNS = (
     "args",
     "key",
     "priority",
+    "waiting_on",
 )
 # Where each field sits in a "row" change (the kind is at 0).
 R_STATUS, R_SUB, R_ATTEMPT, R_VERSION = 4, 5, 6, 9
 R_STARTED, R_FINISHED, R_SINCE, R_ERROR = 11, 12, 13, 14
+R_WAITING = len(ROW_COLUMNS)
+_ROW_LEN = len(ROW_COLUMNS) + 1
+RETRY_BACKOFF = "retry backoff"
 
 
 def _submitted(change: Change) -> tuple[object, ...]:
-    """A ``submit`` change's fields after its kind, with key and priority."""
+    """A ``submit`` change's fields after its kind, with key, priority and
+    waiting_on (the shorter shapes of older trioexecs too)."""
     if len(change) == 9:
-        return (*change[1:], None, 0)
+        return (*change[1:], None, 0, "slot")
+    if len(change) == 11:
+        return (*change[1:], "slot")
     return change[1:]
+
+
+def full_row(change: Change) -> Change:
+    """A "row" change with every field of `ROW_COLUMNS` (one of the previous
+    shape, without ``waiting_on``, waits for a slot)."""
+    if len(change) == _ROW_LEN:
+        return change
+    return [*change, "slot"]  # type: ignore[return-value]
+
+
+def full_change(change: Change) -> Change:
+    """A non-submit change in its current shape (a "sub" of the previous shape,
+    without ``waiting_on``, waits on nothing)."""
+    if change[0] == "sub" and len(change) == 5:
+        return (*change, None)
+    return change
 
 
 def submit_row(change: Change) -> list[object]:
@@ -89,11 +118,12 @@ def fold_row(row: list[object], change: Change) -> bool:
         row[R_STATUS] = TaskStatus.RUNNING
         row[R_SUB] = SubStatus.ACTIVE
         row[R_ATTEMPT] = change[3]
+        row[R_WAITING] = None
         if row[R_STARTED] is None:
             row[R_STARTED] = change[4]
     elif kind == "finish":
         row[R_STATUS] = change[3]
-        row[R_SUB] = row[R_SINCE] = None
+        row[R_SUB] = row[R_SINCE] = row[R_WAITING] = None
         row[R_FINISHED] = change[4]
         row[R_ERROR] = change[5]
     elif kind == "sub":
@@ -101,10 +131,14 @@ def fold_row(row: list[object], change: Change) -> bool:
             return False  # a sub-status exists only while running
         row[R_SUB] = change[3]
         row[R_SINCE] = change[4]
+        row[R_WAITING] = change[5] if len(change) > 5 else None
+    elif kind == "wait":
+        row[R_WAITING] = change[3]
     elif kind == "retry":
         row[R_STATUS] = TaskStatus.PENDING
         row[R_SUB] = row[R_SINCE] = None
         row[R_ERROR] = change[3]
+        row[R_WAITING] = RETRY_BACKOFF
     else:  # pragma: no cover - a bug in the executor
         raise ValueError(f"unknown change {change!r}")
     return True
@@ -134,6 +168,9 @@ def fold_batch(
                 fenced.append(str(task_id))
                 refused.add(task_id)
             elif kind == "row":
+                if len(change) != _ROW_LEN:  # (the previous shape: a copy)
+                    change = full_row(change)
+                    copied.add(task_id)
                 fresh[task_id] = change  # type: ignore[assignment]
             else:
                 fresh[task_id] = submit_row(change)
@@ -157,8 +194,10 @@ def fold_batch(
 def new_row(change: Change) -> dict[str, object]:
     """The row a ``submit`` or ``row`` change creates."""
     if change[0] == "row":
-        return dict(zip(ROW_COLUMNS, change[1:], strict=True))
-    task_id, version, name, run_id, spec_id, args, owner, at, key, priority = _submitted(change)
+        return dict(zip(ROW_COLUMNS, full_row(change)[1:], strict=True))
+    task_id, version, name, run_id, spec_id, args, owner, at, key, priority, waiting = _submitted(
+        change
+    )
     return {
         "task_id": task_id,
         "name": name,
@@ -178,6 +217,7 @@ def new_row(change: Change) -> dict[str, object]:
         "args": args,
         "key": key,
         "priority": priority,
+        "waiting_on": waiting,
     }
 
 
@@ -191,6 +231,7 @@ def apply_change(row: dict[str, object] | None, change: Change) -> bool:
         row["status"] = TaskStatus.RUNNING
         row["sub_status"] = SubStatus.ACTIVE
         row["attempt"] = change[3]
+        row["waiting_on"] = None
         if row["started_at"] is None:
             row["started_at"] = change[4]
     elif kind == "sub":
@@ -198,15 +239,20 @@ def apply_change(row: dict[str, object] | None, change: Change) -> bool:
             return False  # a sub-status exists only while running
         row["sub_status"] = change[3]
         row["deferred_since"] = change[4]
+        row["waiting_on"] = change[5] if len(change) > 5 else None
+    elif kind == "wait":
+        row["waiting_on"] = change[3]
     elif kind == "retry":
         row["status"] = TaskStatus.PENDING
         row["sub_status"] = None
         row["deferred_since"] = None
         row["error"] = change[3]
+        row["waiting_on"] = RETRY_BACKOFF
     elif kind == "finish":
         row["status"] = change[3]
         row["sub_status"] = None
         row["deferred_since"] = None
+        row["waiting_on"] = None
         row["finished_at"] = change[4]
         row["error"] = change[5]
     else:  # pragma: no cover - a bug in the executor
@@ -419,8 +465,7 @@ def check_query(limit: int | None, order: str) -> None:
 
 
 #: The SQL stores' query of executions with their owner's lease (``e``, ``o``).
-#: (``waiting_on`` is not a column yet: records have it None.)
-RECORD_FIELDS = tuple(f.name for f in attrs.fields(ExecutionRecord) if f.name != "waiting_on")
+RECORD_FIELDS = tuple(f.name for f in attrs.fields(ExecutionRecord))
 SELECT_RECORDS = "SELECT {} FROM executions e LEFT JOIN owners o ON o.owner = e.owner".format(
     ", ".join(f"o.{f}" if f == "lease_expires_at" else f"e.{f}" for f in RECORD_FIELDS)
 )

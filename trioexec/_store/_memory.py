@@ -219,6 +219,7 @@ class MemoryStore(MemorySchedules):
                     status=status,
                     sub_status=None,
                     deferred_since=None,
+                    waiting_on=None,
                     finished_at=now,
                     error=error,
                 )
@@ -330,6 +331,7 @@ class MemoryStore(MemorySchedules):
                         status=TaskStatus.PENDING,
                         sub_status=None,
                         deferred_since=None,
+                        waiting_on="slot",
                         recovery_attempts=row["recovery_attempts"] + 1,
                     )
                     claimed.append(self._record(row))
@@ -341,6 +343,7 @@ class MemoryStore(MemorySchedules):
             status=TaskStatus.FAILED,
             sub_status=None,
             deferred_since=None,
+            waiting_on=None,
             finished_at=now,
             error=error,
         )

@@ -157,6 +157,10 @@ MIGRATIONS: tuple[str, ...] = (
         owner text NOT NULL,
         PRIMARY KEY (schedule_id, at)
     );
+    """,  # 6: why a live execution is not running (`ExecutionRecord.waiting_on`);
+    # rows written before it was recorded have it NULL.
+    """
+    ALTER TABLE executions ADD COLUMN waiting_on text;
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -38,6 +38,7 @@ from ._base import (
     check_query,
     filter_clause,
     fold_batch,
+    full_change,
     record_of,
     schedule_of,
     settle_key,
@@ -73,13 +74,14 @@ _INSERT_NEW_ROWS = _INSERT_ROWS + " ON CONFLICT (task_id) DO NOTHING RETURNING t
 _GUARD = " WHERE task_id = %s AND version = %s AND status IN ('pending', 'running')"
 _UPDATES = {
     "start": "UPDATE executions SET status = 'running', sub_status = 'active', attempt = %s,"
-    " started_at = coalesce(started_at, %s)" + _GUARD,
-    "sub": "UPDATE executions SET sub_status = %s, deferred_since = %s"
+    " started_at = coalesce(started_at, %s), waiting_on = NULL" + _GUARD,
+    "sub": "UPDATE executions SET sub_status = %s, deferred_since = %s, waiting_on = %s"
     " WHERE task_id = %s AND version = %s AND status = 'running'",
+    "wait": "UPDATE executions SET waiting_on = %s" + _GUARD,
     "retry": "UPDATE executions SET status = 'pending', sub_status = NULL,"
-    " deferred_since = NULL, error = %s" + _GUARD,
+    " deferred_since = NULL, error = %s, waiting_on = 'retry backoff'" + _GUARD,
     "finish": "UPDATE executions SET status = %s, sub_status = NULL, deferred_since = NULL,"
-    " finished_at = %s, error = %s" + _GUARD,
+    " waiting_on = NULL, finished_at = %s, error = %s" + _GUARD,
 }
 
 
@@ -172,7 +174,7 @@ class PostgresStore:
             def update(change: Change) -> bool:
                 if change[0] in RUN_KINDS:
                     return _write_run(conn, change)
-                args = (*(_value(v) for v in change[3:]), change[1], change[2])
+                args = (*(_value(v) for v in full_change(change)[3:]), change[1], change[2])
                 return int(conn.execute(_UPDATES[str(change[0])], args).rowcount) == 1
 
             fresh, fenced = fold_batch(changes, existing, update)
@@ -349,7 +351,7 @@ class PostgresStore:
                     conn.execute(
                         "UPDATE executions SET owner = %s, version = version + 1,"
                         " status = 'pending', sub_status = NULL, deferred_since = NULL,"
-                        " recovery_attempts = recovery_attempts + 1"
+                        " waiting_on = 'slot', recovery_attempts = recovery_attempts + 1"
                         " WHERE task_id = %s AND version = %s",
                         (owner, record.task_id, record.version),
                     )
@@ -360,6 +362,7 @@ class PostgresStore:
     def _fail(conn: Connection, record: ExecutionRecord, now: float, error: str) -> None:
         conn.execute(
             "UPDATE executions SET status = 'failed', sub_status = NULL, deferred_since = NULL,"
+            " waiting_on = NULL,"
             " finished_at = %s, error = %s WHERE task_id = %s AND version = %s",
             (now, error, record.task_id, record.version),
         )
@@ -423,6 +426,7 @@ class PostgresStore:
     def _end_steps(conn: Connection, run_id: str, status: str, now: float, error: str) -> None:
         conn.execute(
             "UPDATE executions SET status = %s, sub_status = NULL, deferred_since = NULL,"
+            " waiting_on = NULL,"
             f" finished_at = %s, error = %s WHERE run_id = %s AND status IN {_LIVE}",
             (status, now, error, run_id),
         )

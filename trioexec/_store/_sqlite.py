@@ -39,6 +39,7 @@ from ._base import (
     check_query,
     filter_clause,
     fold_batch,
+    full_change,
     record_of,
     schedule_of,
     settle_key,
@@ -200,6 +201,7 @@ class SQLiteStore:
     ) -> None:
         conn.execute(
             "UPDATE executions SET status = ?, sub_status = NULL, deferred_since = NULL,"
+            " waiting_on = NULL,"
             " finished_at = ?, error = ? WHERE run_id = ? AND status IN ('pending', 'running')",
             (status, now, error, run_id),
         )
@@ -385,7 +387,7 @@ class SQLiteStore:
                     conn.execute(
                         "UPDATE executions SET owner = ?, version = version + 1,"
                         " status = 'pending', sub_status = NULL, deferred_since = NULL,"
-                        " recovery_attempts = recovery_attempts + 1"
+                        " waiting_on = 'slot', recovery_attempts = recovery_attempts + 1"
                         " WHERE task_id = ? AND version = ?",
                         (owner, record.task_id, record.version),
                     )
@@ -396,6 +398,7 @@ class SQLiteStore:
     def _fail(conn: sqlite3.Connection, record: ExecutionRecord, now: float, error: str) -> None:
         conn.execute(
             "UPDATE executions SET status = 'failed', sub_status = NULL, deferred_since = NULL,"
+            " waiting_on = NULL,"
             " finished_at = ?, error = ? WHERE task_id = ? AND version = ?",
             (now, error, record.task_id, record.version),
         )
@@ -554,16 +557,17 @@ _SCHEDULE_COLUMNS = ", ".join(SCHEDULE_FIELDS)
 _GUARD = " WHERE task_id = ? AND version = ? AND status IN ('pending', 'running')"
 _UPDATES = {
     "start": "UPDATE executions SET status = 'running', sub_status = 'active', attempt = ?,"
-    " started_at = coalesce(started_at, ?)" + _GUARD,
-    "sub": "UPDATE executions SET sub_status = ?, deferred_since = ?"
+    " started_at = coalesce(started_at, ?), waiting_on = NULL" + _GUARD,
+    "sub": "UPDATE executions SET sub_status = ?, deferred_since = ?, waiting_on = ?"
     " WHERE task_id = ? AND version = ? AND status = 'running'",
+    "wait": "UPDATE executions SET waiting_on = ?" + _GUARD,
     "retry": "UPDATE executions SET status = 'pending', sub_status = NULL,"
-    " deferred_since = NULL, error = ?" + _GUARD,
+    " deferred_since = NULL, error = ?, waiting_on = 'retry backoff'" + _GUARD,
     "finish": "UPDATE executions SET status = ?, sub_status = NULL, deferred_since = NULL,"
-    " finished_at = ?, error = ?" + _GUARD,
+    " waiting_on = NULL, finished_at = ?, error = ?" + _GUARD,
 }
 
 
 def _update_args(change: Change) -> tuple[object, ...]:
     """The parameters of a non-submit change's UPDATE: its fields, then the guard."""
-    return (*(_value(v) for v in change[3:]), change[1], change[2])
+    return (*(_value(v) for v in full_change(change)[3:]), change[1], change[2])

@@ -13,7 +13,7 @@ from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 MIGRATIONS = Migrations("trioexec")
 #: Every migration this trioexec defines, by name: a file with any other applied
 #: was written by a newer trioexec.
@@ -185,6 +185,14 @@ def _schedules(db: sqlite_utils.Database) -> None:
         " owner TEXT NOT NULL, PRIMARY KEY (schedule_id, at))"
     )
     db.execute("UPDATE trioexec_meta SET value = '8' WHERE key = 'schema_version'")
+
+
+@_migration("0009_waiting_on")
+def _waiting_on(db: sqlite_utils.Database) -> None:
+    # Why a live execution is not running (`ExecutionRecord.waiting_on`); rows
+    # written before it was recorded have it NULL.
+    db.execute("ALTER TABLE executions ADD COLUMN waiting_on TEXT")
+    db.execute("UPDATE trioexec_meta SET value = '9' WHERE key = 'schema_version'")
 
 
 def schema_version(db: sqlite_utils.Database, path: str) -> int:

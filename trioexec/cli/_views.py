@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import time
 
 import click
@@ -17,10 +18,39 @@ from trioexec import PostgresStore, SQLiteStore, SubStatus, TaskStatus
 
 from ._common import ago, cell, console, emit_json, fail, open_store, parse_age, stamp
 
+_LIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
+
+
+def waiting_matches(
+    store: SQLiteStore | PostgresStore,
+    pattern: str,
+    status: str | None,
+    sub_status: str | None,
+    age: float | None,
+    key: str | None,
+) -> list[trioexec.ExecutionRecord]:
+    """The executions whose ``waiting_on`` matches the glob ``pattern`` (fnmatch,
+    case-sensitive), oldest first. Matched here, after the query, never in SQL:
+    reasons hold quotes, brackets, ``%`` and ``_``. Only live executions wait on
+    anything, so only they are read."""
+    statuses = _LIVE if status is None else [s for s in _LIVE if s.value == status]
+    found = [
+        r
+        for s in statuses
+        for r in store.executions(
+            status=s, sub_status=sub_status, deferred_longer_than=age, key=key
+        )
+        if r.waiting_on is not None and fnmatch.fnmatchcase(r.waiting_on, pattern)
+    ]
+    found.sort(key=lambda r: r.submitted_at or 0.0)  # (stable: the store's order on ties)
+    return found
+
 
 def execution_table(rows: list[trioexec.ExecutionRecord], now: float) -> Table:
-    """The executions' table; a ``key`` column only if one of them has a key."""
+    """The executions' table; a ``key`` column only if one of them has a key, a
+    ``waiting on`` column only if one of them is live."""
     keyed = any(r.key is not None for r in rows)
+    live = any(r.status in _LIVE for r in rows)
     table = Table(box=None, padding=(0, 1))
     # Ids and states must stay whole (people copy them); the rest gives way.
     table.add_column("task", no_wrap=True)
@@ -31,6 +61,8 @@ def execution_table(rows: list[trioexec.ExecutionRecord], now: float) -> Table:
     table.add_column("sub-status", no_wrap=True)
     table.add_column("try", no_wrap=True)
     table.add_column("deferred", no_wrap=True)
+    if live:
+        table.add_column("waiting on", overflow="fold", ratio=1)
     table.add_column("error", overflow="ellipsis", no_wrap=True, ratio=1)
     for r in rows:
         deferred = now - r.deferred_since if r.deferred_since is not None else None
@@ -42,6 +74,7 @@ def execution_table(rows: list[trioexec.ExecutionRecord], now: float) -> Table:
             cell(r.sub_status.value if r.sub_status else ""),
             cell(r.attempt),
             cell(ago(deferred)),
+            *([cell(r.waiting_on)] if live else []),
             cell((r.error or "")[:40]),
         )
     return table
@@ -53,6 +86,11 @@ def execution_table(rows: list[trioexec.ExecutionRecord], now: float) -> Table:
 @click.option("--sub-status", type=click.Choice([s.value for s in SubStatus]))
 @click.option("--older-than", help="only tasks deferred longer than this (90s, 10m, 2h)")
 @click.option("--key", help="only tasks submitted with this admission key")
+@click.option(
+    "--waiting-on",
+    metavar="GLOB",
+    help="only live tasks waiting on what matches this glob ('promise*', 'key concurrency *')",
+)
 @click.option("--limit", type=click.IntRange(1), default=50, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="print JSON for scripts")
 def status(
@@ -61,22 +99,34 @@ def status(
     sub_status: str | None,
     older_than: str | None,
     key: str | None,
+    waiting_on: str | None,
     limit: int,
     as_json: bool,
 ) -> None:
     """Executions in DB, with their status and sub-status (oldest first, at most
-    --limit of them; --json too). A key column shows when any of them has a key."""
+    --limit of them; --json too). A key column shows when any of them has a key,
+    a waiting-on column when any of them is live."""
     age = parse_age(older_than) if older_than is not None else None
     with open_store(db) as store:
-        # Cut and counted in SQL: a view of a million rows reads --limit of them.
-        rows = store.executions(
-            status=status_, sub_status=sub_status, deferred_longer_than=age, key=key, limit=limit
-        )
+        if waiting_on is not None:
+            hits = waiting_matches(store, waiting_on, status_, sub_status, age, key)
+            rows, matching = hits[:limit], len(hits)
+        else:
+            # Cut and counted in SQL: a view of a million rows reads --limit of them.
+            rows = store.executions(
+                status=status_,
+                sub_status=sub_status,
+                deferred_longer_than=age,
+                key=key,
+                limit=limit,
+            )
         if as_json:
             emit_json(rows)
             return
         counts = store.counts()
-        if status_ is None and sub_status is None and age is None and key is None:
+        if waiting_on is not None:
+            pass  # (counted as matched above)
+        elif status_ is None and sub_status is None and age is None and key is None:
             matching = sum(counts.values())
         else:
             found = store.counts(sub_status=sub_status, deferred_longer_than=age, key=key)
