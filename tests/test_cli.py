@@ -233,7 +233,7 @@ def test_status_shows_counts_and_every_execution(app: AppDb) -> None:
     assert rows["webhook-new"][1:5] == ["webhook", "running", "deferred", "1"]
     assert re.fullmatch(r"\d+\.\ds", rows["webhook-new"][5])
     assert rows["crunch-1"][1:] == ["crunch", "running", "active", "1"]
-    assert rows["queued-1"][1:] == ["queued", "pending", "0"]
+    assert rows["queued-1"][1:] == ["queued", "pending", "0", "slot"]  # (waiting on)
 
 
 def test_status_json_matches_the_store(app: AppDb) -> None:
@@ -291,14 +291,16 @@ def keyed_status_checks(db: str, cwd: Path) -> None:
         "sub-status",
         "try",
         "deferred",
+        "waiting",  # ("waiting on": some are live)
+        "on",
         "error",
     ]
     rows = {line.split()[0]: line.split()[1:] for line in table if line.strip()}
     assert rows == {
         "fetch-a1": ["fetch", "api.example", "completed", "0"],
-        "fetch-b1": ["fetch", "b.example", "pending", "0"],
-        "plain-1": ["plain", "pending", "0"],  # (no key: an empty cell)
-        "fetch-a2": ["fetch", "api.example", "pending", "0"],
+        "fetch-b1": ["fetch", "b.example", "pending", "0", "slot"],
+        "plain-1": ["plain", "pending", "0", "slot"],  # (no key: an empty cell)
+        "fetch-a2": ["fetch", "api.example", "pending", "0", "slot"],
     }
     got = json.loads(ok(cli("status", db, "--key", "api.example", "--json", cwd=cwd)))
     assert [(r["task_id"], r["key"], r["priority"]) for r in got] == [
@@ -324,7 +326,7 @@ def test_status_shows_and_filters_by_key(tmp_path: Path) -> None:
 def test_status_without_keys_has_no_key_column(app: AppDb) -> None:
     out = ok(cli("status", "app.db", cwd=app.path.parent))
     assert out.splitlines()[1].split() == [
-        "task", "name", "status", "sub-status", "try", "deferred", "error"
+        "task", "name", "status", "sub-status", "try", "deferred", "waiting", "on", "error"
     ]  # fmt: skip
 
 
