@@ -793,3 +793,27 @@ def test_a_file_that_is_no_database_leaves_no_connection_open(tmp_path):
             SQLiteStore(path)
         gc.collect()
     assert [w for w in caught if issubclass(w.category, ResourceWarning)] == []
+
+
+def test_opening_waits_while_another_process_holds_the_new_files_lock(tmp_path, monkeypatch):
+    """Two processes creating one store at once (CI: two workers on a fresh file):
+    the second was refused at once with 'database is locked', as SQLite refuses a
+    connection that read first; now it tries again until the lock is free."""
+
+    from trioexec._store import _sqlite_file
+
+    path = tmp_path / "fresh.db"
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # (the other process, creating the schema)
+    retries: list[float] = []
+
+    def other_commits(seconds: float) -> None:  # (instead of waiting: it commits)
+        retries.append(seconds)
+        if other.in_transaction:
+            other.execute("COMMIT")
+
+    monkeypatch.setattr(_sqlite_file.time, "sleep", other_commits)
+    with SQLiteStore(path) as store:
+        assert store.executions() == []
+    assert retries  # it did have to wait
+    other.close()

@@ -9,6 +9,7 @@ import os
 import sqlite3
 import stat
 import threading
+import time
 import urllib.parse
 import weakref
 from collections.abc import Iterator
@@ -44,6 +45,10 @@ def _uri(path: str, **params: str) -> str:
     in a URI (``?``, ``#``, ``%``, spaces, quotes, non-ASCII) percent-encoded."""
     quoted = urllib.parse.quote(os.fsencode(path), safe="/")
     return f"file://{quoted}?{urllib.parse.urlencode(params)}"
+
+
+# How long a store being opened waits before it tries the file's lock again.
+_OPEN_RETRY = 0.02
 
 
 @final
@@ -83,9 +88,23 @@ class SQLiteFile:
     def _open_writer(self) -> None:
         self._write_conn = conn = self._connect(read_only=False)
         db = sqlite_utils.Database(conn)
-        schema_version(db, self.path)  # before anything writes: a foreign file is left as it was
-        conn.execute("PRAGMA journal_mode=WAL")
-        migrate(db, self.path)
+        # Another process may be creating or migrating the file right now. Switching
+        # to WAL and migrating need its lock, and SQLite refuses a connection that
+        # read first at once (its busy handler would deadlock): try again until
+        # ``busy_timeout`` has passed.
+        deadline = time.monotonic() + self.busy_timeout
+        while True:
+            try:
+                schema_version(db, self.path)  # before anything writes: a foreign file is kept
+                conn.execute("PRAGMA journal_mode=WAL")
+                migrate(db, self.path)
+                break
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() >= deadline:
+                    raise
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                time.sleep(_OPEN_RETRY)
         self._identity = self._stat()
         self._checkin(self._checkout())  # a reader at once: a file it cannot read fails here
 
