@@ -608,8 +608,7 @@ async def open_worker(
     cancels running handlers and releases every task this worker still holds
     (back to pending, same version) so other workers take them at once; that
     cleanup is shielded and bounded by ``lease``. A killed worker's tasks come
-    back when their leases expire. To stop without cancelling the runs, call
-    `Worker.drain` first.
+    back when their leases expire.
 
     Raises:
       ValueError: ``lease`` or ``poll_interval`` is not a finite number > 0, or
