@@ -134,27 +134,10 @@ def test_postgres_rounds_keep_the_bound_under_repeatable_read(store_maker, monke
     whose default_transaction_isolation is REPEATABLE READ, the snapshot is
     taken by the lock statement itself, before the lock is granted, and racing
     owners each see the key as free."""
-    import concurrent.futures
-    import random
 
-    from test_store_key_ledger import LONG, Clock, held_in_all, req
+    from test_store_key_ledger import Clock, most_held_in_racing_threads
 
     monkeypatch.setenv("PGOPTIONS", "-c default_transaction_isolation=repeatable\\ read")
     limit = 3
     stores = [store_maker("postgres", clock=Clock()) for _ in range(4)]
-    for n, store in enumerate(stores):
-        store.heartbeat(f"o{n}", LONG)
-
-    def owner(n: int) -> list[int]:
-        rng = random.Random(n)
-        held, seen = 0, []
-        for _ in range(25):
-            in_use = rng.randint(0, held)
-            request = req(concurrency=limit, in_use=in_use, wanted=in_use + rng.randint(0, 3))
-            held = stores[n].key_round(f"o{n}", [request])[0].held
-            seen.append(held_in_all(stores[n]))
-        return seen
-
-    with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        seen = [total for totals in pool.map(owner, range(4)) for total in totals]
-    assert max(seen) <= limit
+    assert most_held_in_racing_threads(stores, limit) <= limit
