@@ -20,7 +20,9 @@ that are never killed recover everything, and then:
   acknowledged submission is in the store at the end of each round;
 - every durable task is FULFILLED once, its promise settled by the last run (the
   resolved value names that run's pid and version), each (task, version) run at
-  most once, and the store's invariants hold after every round.
+  most once (but for the worker's in-place re-run of a handler whose awaited
+  promise settled just before its suspend was written: same process, right after
+  the run unwound), and the store's invariants hold after every round.
 
 The plan of each round (batches, kinds, the moments of kills, gates and promise
 resolutions) comes from a seeded RNG: ``TRIOEXEC_KILL_SEED`` picks the seed (a
@@ -192,13 +194,20 @@ class Run:
     how: str | None = None  # done / fail / unwound; None: no end logged (killed)
     end: float | None = None
     awaited: float | None = None  # durable: when it called await_promise
+    rerun: bool = False  # durable: run again in place (its suspension found the promise settled)
 
 
 def read_runs(log: Path, *, durable: bool) -> dict[str, list[Run]]:
-    """Execution id -> its runs in the order they started."""
+    """Execution id -> its runs in the order they started.
+
+    A durable (task, version) starts at most once, but for the worker's in-place
+    re-run: a run that asked to suspend (``await`` then ``unwound``) whose awaited
+    promise settled before the worker's suspend was written (`Suspend.ALREADY_SETTLED`)
+    is run again at once, by the same process under the same lease and version.
+    """
     runs: dict[str, list[Run]] = collections.defaultdict(list)
     running: dict[tuple[str, int], Run] = {}  # (id, pid) -> its open run
-    started: set[tuple[str, int]] = set()  # durable (id, version) pairs seen starting
+    started: dict[tuple[str, int], Run] = {}  # durable (id, version) -> its last run
     if not log.exists():
         return runs
     for line in log.read_text().splitlines():
@@ -210,11 +219,19 @@ def read_runs(log: Path, *, durable: bool) -> dict[str, list[Run]]:
         key, t = (tid, int(pid)), float(at)
         if event == "start":
             assert key not in running, f"{tid} started again in pid {pid} while running: {line}"
+            run = running[key] = Run(int(pid), t, int(version))
             if durable:
-                assert (tid, int(version)) not in started, f"{tid} v{version} ran twice: {line}"
-                started.add((tid, int(version)))
-            running[key] = Run(int(pid), t, int(version))
-            runs[tid].append(running[key])
+                before = started.get((tid, run.version))
+                in_place = (
+                    before is not None
+                    and before.pid == run.pid
+                    and before.how == "unwound"
+                    and before.awaited is not None
+                )
+                assert before is None or in_place, f"{tid} v{version} ran twice: {line}"
+                run.rerun = in_place
+                started[(tid, run.version)] = run
+            runs[tid].append(run)
         elif event == "await":
             running[key].awaited = t
         else:
@@ -616,7 +633,7 @@ class Campaign:
             what = f"durable task {tid} {param}: {promise}; {task}; runs {runs.get(tid)}"
             assert task.state is TaskState.FULFILLED, what
             assert tid in runs, what
-            versions = [run.version for run in runs[tid]]
+            versions = [run.version for run in runs[tid] if not run.rerun]
             assert versions == sorted(set(versions)), f"versions out of order: {what}"
             terminal = ("fail",) if param["kind"] == "fail" else ("done",)
             self._check_sequence(runs[tid], what, terminal=terminal)
@@ -644,9 +661,13 @@ class Campaign:
             by_final += last.pid == final_pid
             self.stats["durable runs"] += len(runs[tid])
             self.stats["durable runs cut by a kill"] += sum(run.how is None for run in runs[tid])
-            self.stats["durable suspensions"] += sum(
-                run.how == "unwound" and run.awaited is not None for run in runs[tid]
+            # (A run asked to suspend; its promise then settled before the suspend
+            # was written: re-run in place, not suspended.)
+            reruns = sum(run.rerun for run in runs[tid])
+            self.stats["durable suspensions"] += (
+                sum(run.how == "unwound" and run.awaited is not None for run in runs[tid]) - reruns
             )
+            self.stats["durable re-runs in place"] += reruns
         assert fulfilled == by_final, (fulfilled, by_final)
         self.stats["durable tasks"] = len(self.durable)
 
@@ -702,6 +723,35 @@ def run_campaign(tmp: Path, seed: int, rounds: int, nodeid: str) -> collections.
 
 
 # ------------------------------------------------------------------ the tests
+
+
+@pytest.mark.parametrize(
+    ("second", "accepted"),
+    [
+        ("unwound-after-await", True),  # the worker's in-place re-run (seed 3064598182)
+        ("unwound", False),  # unwound without asking to suspend: a cancelled run
+        ("done", False),
+        ("other-pid", False),
+    ],
+)
+def test_read_runs_accepts_a_version_twice_only_for_an_in_place_rerun(tmp_path, second, accepted):
+    pid = 7 if second != "other-pid" else 8
+    first = ["start d-1 1 7 1.0"]
+    if second in ("unwound-after-await", "other-pid"):
+        first += ["await d-1 1 7 1.1", "unwound d-1 1 7 1.2"]
+    else:
+        first += [f"{second} d-1 1 7 1.2"]
+    log = tmp_path / "durable.log"
+    log.write_text("\n".join([*first, f"start d-1 1 {pid} 1.5", f"done d-1 1 {pid} 1.6"]) + "\n")
+    if not accepted:
+        with pytest.raises(AssertionError, match="d-1 v1 ran twice"):
+            read_runs(log, durable=True)
+        return
+    runs = read_runs(log, durable=True)["d-1"]
+    assert [(run.version, run.how, run.rerun) for run in runs] == [
+        (1, "unwound", False),
+        (1, "done", True),
+    ]
 
 
 def test_random_kill(tmp_path, request):
