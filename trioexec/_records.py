@@ -141,7 +141,10 @@ class ExecutionRecord:
     journaled it (`TaskRef.waiting_on`: ``"slot"``, ``"key concurrency <key>"``,
     ``"rate limit <key>"``, ``"retry backoff"``, ``"event"``, ``"condition
     <name>"``...); None while it runs, once it ended, and for rows written
-    before the stores recorded it.
+    before the stores recorded it. ``traceback`` is the formatted traceback of
+    the exception that ended a FAILED or TIMED_OUT execution (None otherwise, and
+    for rows written before the stores recorded it); a requeued execution keeps
+    its last error and traceback until its next attempt ends.
     """
 
     task_id: str
@@ -164,6 +167,7 @@ class ExecutionRecord:
     key: str | None = None
     priority: int = 0
     waiting_on: str | None = None
+    traceback: str | None = None
 
     @property
     def recreatable(self) -> bool:

@@ -2,7 +2,10 @@
 `PostgresStore` behave the same."""
 
 from ._base import Change as Change
+from ._base import Command as Command
+from ._base import Pause as Pause
 from ._base import Recovery as Recovery
+from ._base import Requeued as Requeued
 from ._base import RunRecord as RunRecord
 from ._base import RunRecovery as RunRecovery
 from ._base import ScheduleRecord as ScheduleRecord

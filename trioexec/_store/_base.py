@@ -10,7 +10,7 @@ from typing import Any, Literal, Protocol
 import attrs
 
 from .._records import ExecutionRecord, SubStatus, TaskStatus
-from ._key_ledger import Hold, KeyGrant, KeyRequest, settle
+from ._key_ledger import KeyGrant, KeyRequest
 
 # A change is a plain tuple, cheap to build on the hot path:
 #   ("submit", task_id, version, name, run_id, spec_id, args, owner, submitted_at
@@ -21,7 +21,11 @@ from ._key_ledger import Hold, KeyGrant, KeyRequest, settle
 #              sub_status: SubStatus; without waiting_on (the old shape): None
 #   ("wait", task_id, version, waiting_on)                     only what it waits on changed
 #   ("retry", task_id, version, error)                         back to pending: "retry backoff"
-#   ("finish", task_id, version, status, finished_at, error)   status: TaskStatus; None
+#   ("finish", task_id, version, status, finished_at, error[, traceback[, args]])
+#              status: TaskStatus; traceback: the formatted traceback of the exception
+#              that ended it, or None; args: the arguments' JSON, recorded only if the
+#              row has none (a dead letter shows them to operators; without a spec
+#              id it is still not re-creatable). The old shape has neither: None
 #   ["row", *(one value per ROW_COLUMNS)]                      a list, see below
 # ``waiting_on`` is `ExecutionRecord.waiting_on`: why a live execution is not
 # running. A "wait" is journaled only off the hot path (a task held back by its
@@ -68,12 +72,16 @@ ROW_COLUMNS = (
     "key",
     "priority",
     "waiting_on",
+    "traceback",
 )
 # Where each field sits in a "row" change (the kind is at 0).
 R_STATUS, R_SUB, R_ATTEMPT, R_VERSION = 4, 5, 6, 9
 R_STARTED, R_FINISHED, R_SINCE, R_ERROR = 11, 12, 13, 14
-R_WAITING = len(ROW_COLUMNS)
+R_ARGS, R_WAITING, R_TRACEBACK = 16, 19, 20
 _ROW_LEN = len(ROW_COLUMNS) + 1
+# What a "row" of a previous shape lacks at its end, oldest first: without
+# waiting_on (it waits for a slot), without traceback (none).
+_ROW_TAIL = ("slot", None)
 RETRY_BACKOFF = "retry backoff"
 
 
@@ -88,18 +96,21 @@ def _submitted(change: Change) -> tuple[object, ...]:
 
 
 def full_row(change: Change) -> Change:
-    """A "row" change with every field of `ROW_COLUMNS` (one of the previous
-    shape, without ``waiting_on``, waits for a slot)."""
+    """A "row" change with every field of `ROW_COLUMNS` (one of a previous shape
+    waits for a slot if it has no ``waiting_on``, and has no ``traceback``)."""
     if len(change) == _ROW_LEN:
         return change
-    return [*change, "slot"]  # type: ignore[return-value]
+    return [*change, *_ROW_TAIL[len(change) - _ROW_LEN :]]  # type: ignore[return-value]
 
 
 def full_change(change: Change) -> Change:
     """A non-submit change in its current shape (a "sub" of the previous shape,
-    without ``waiting_on``, waits on nothing)."""
+    without ``waiting_on``, waits on nothing; a "finish" without ``traceback``
+    or ``args`` has none)."""
     if change[0] == "sub" and len(change) == 5:
         return (*change, None)
+    if change[0] == "finish" and len(change) < 8:
+        return (*change, *(None,) * (8 - len(change)))
     return change
 
 
@@ -113,6 +124,8 @@ def fold_row(row: list[object], change: Change) -> bool:
     Returns False (and changes nothing) if the change is fenced out."""
     if row[R_VERSION] != change[2] or row[R_STATUS] not in LIVE:
         return False
+    if len(row) < _ROW_LEN:  # (the executor's row, of a previous shape)
+        row.extend(_ROW_TAIL[len(row) - _ROW_LEN :])
     kind = change[0]
     if kind == "start":
         row[R_STATUS] = TaskStatus.RUNNING
@@ -126,6 +139,9 @@ def fold_row(row: list[object], change: Change) -> bool:
         row[R_SUB] = row[R_SINCE] = row[R_WAITING] = None
         row[R_FINISHED] = change[4]
         row[R_ERROR] = change[5]
+        row[R_TRACEBACK] = change[6] if len(change) > 6 else None
+        if len(change) > 7 and row[R_ARGS] is None:
+            row[R_ARGS] = change[7]
     elif kind == "sub":
         if row[R_STATUS] is not TaskStatus.RUNNING:
             return False  # a sub-status exists only while running
@@ -218,6 +234,7 @@ def new_row(change: Change) -> dict[str, object]:
         "key": key,
         "priority": priority,
         "waiting_on": waiting,
+        "traceback": None,
     }
 
 
@@ -255,6 +272,9 @@ def apply_change(row: dict[str, object] | None, change: Change) -> bool:
         row["waiting_on"] = None
         row["finished_at"] = change[4]
         row["error"] = change[5]
+        row["traceback"] = change[6] if len(change) > 6 else None
+        if len(change) > 7 and row["args"] is None:
+            row["args"] = change[7]
     else:  # pragma: no cover - a bug in the executor
         raise ValueError(f"unknown change {change!r}")
     return True
@@ -317,6 +337,53 @@ class Recovery:
     claimed: list[ExecutionRecord]  #: now ours (pending, version bumped): run them again
     orphaned: list[ExecutionRecord]  #: failed 'orphaned': cannot be re-created
     abandoned: list[ExecutionRecord]  #: failed 'abandoned': recovered too often
+
+
+@attrs.frozen(kw_only=True)
+class Command:
+    """One operator command as a store recorded it (`Store.command`,
+    `Store.requeue`): every command is kept, whether or not it changed anything.
+
+    ``seq`` increases from 1 per store (every process on it sees one order);
+    ``at`` is the store's clock. ``detail`` says what it did, for people:
+    ``"paused"``, ``"already paused"``, ``"resumed"``, ``"not paused"``, ``"sent to
+    its owner <owner>"``, ``"cancelled in the store (no live owner)"``, ``"no such
+    task"``, ``"already finished (<status>)"``, ``"requeued 3, refused 1"``.
+    """
+
+    seq: int
+    kind: str  #: "pause", "resume", "cancel" or "retry"
+    name: str | None = None
+    key: str | None = None
+    task_id: str | None = None
+    who: str
+    at: float
+    changed: bool  #: False: nothing to do (already in that state, unknown, finished...)
+    detail: str
+
+
+#: `Command`'s fields, in order: the SQL stores' commands columns.
+COMMAND_FIELDS = tuple(f.name for f in attrs.fields(Command))
+
+
+@attrs.frozen(kw_only=True)
+class Pause:
+    """What is paused now (`Store.pauses`): pending tasks of that name, or of
+    that admission key, do not start."""
+
+    kind: Literal["name", "key"]
+    value: str
+    who: str
+    at: float
+
+
+@attrs.frozen(kw_only=True)
+class Requeued:
+    """What one `Store.requeue` did."""
+
+    requeued: list[ExecutionRecord]  #: as they are now: pending, no owner, version + 1
+    refused: list[tuple[str, str]]  #: (task id, why), in the order asked
+    command: Command  #: the "retry" command recorded for this call
 
 
 class Store(Protocol):
@@ -422,6 +489,61 @@ class Store(Protocol):
         False if ``owner`` held no such claim (another owner's is never touched)."""
         ...
 
+    def command(
+        self,
+        kind: str,
+        *,
+        name: str | None = None,
+        key: str | None = None,
+        task_id: str | None = None,
+        who: str,
+    ) -> Command:
+        """Carry out and record one operator command, in one transaction.
+
+        ``"pause"`` / ``"resume"`` (exactly one of ``name``, ``key``): add or remove
+        that pause (`pauses`); changed False if it already was (or was not).
+        ``"cancel"`` (``task_id``): a live execution whose owner's lease is live
+        is left to its owner, which sees the command and cancels it ("sent to its
+        owner <owner>"); one with no owner or an expired lease is cancelled by the
+        store at once (CANCELLED, version + 1, error ``"cancelled by <who>"``). An
+        unknown or finished task changes nothing. Every call appends one command.
+
+        Raises:
+          ValueError: an unknown kind, a missing or extra target, or an id that is
+            not a storable id (`check_id`), naming it.
+        """
+        ...
+
+    def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
+        """The commands with ``seq > after``, in order, at most ``limit`` (a range of
+        the primary key: cheap to poll)."""
+        ...
+
+    def pauses(self) -> list[Pause]:
+        """What is paused now, by (kind, value)."""
+        ...
+
+    def requeue(
+        self,
+        task_ids: Sequence[str] | None = None,
+        *,
+        name: str | None = None,
+        since: float | None = None,
+        who: str,
+    ) -> Requeued:
+        """Send dead letters back to pending, in one transaction, for recovery (any
+        executor with ``recover=True`` and their spec) to claim and run again.
+
+        ``task_ids``: each in order (FAILED, TIMED_OUT or CANCELLED ones); None:
+        every FAILED execution, oldest first (only of ``name``; only finished at
+        or after ``since``). Workflow steps, executions that cannot be re-created,
+        unknown, live and other finished ones are refused, with the reason. A
+        requeued execution is pending with no owner, version + 1, recovery
+        attempts 0, waiting for a slot; its attempt, error and traceback are kept
+        until its next attempt ends. Appends one "retry" command.
+        """
+        ...
+
     def executions(
         self,
         *,
@@ -462,105 +584,6 @@ def check_query(limit: int | None, order: str) -> None:
         raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
-
-
-#: The SQL stores' query of executions with their owner's lease (``e``, ``o``).
-RECORD_FIELDS = tuple(f.name for f in attrs.fields(ExecutionRecord))
-SELECT_RECORDS = "SELECT {} FROM executions e LEFT JOIN owners o ON o.owner = e.owner".format(
-    ", ".join(f"o.{f}" if f == "lease_expires_at" else f"e.{f}" for f in RECORD_FIELDS)
-)
-
-
-def record_of(row: Sequence[object], where: str) -> ExecutionRecord:
-    """A row of `SELECT_RECORDS` as a record; `StoreError` naming ``where`` (the
-    store) and the task for a row this trioexec cannot read."""
-    from .._errors import StoreError
-
-    values: dict[str, Any] = dict(zip(RECORD_FIELDS, row, strict=True))
-    try:
-        status = TaskStatus(values["status"])
-        sub = None if values["sub_status"] is None else SubStatus(values["sub_status"])
-    except ValueError:
-        raise StoreError(
-            f"{where}: execution {values['task_id']!r} has an unreadable row"
-            f" (status {values['status']!r}, sub-status {values['sub_status']!r})"
-        ) from None
-    values.update(status=status, sub_status=sub)
-    return ExecutionRecord(**values)
-
-
-def filter_clause(
-    mark: str,
-    now: Callable[[], float],
-    status: TaskStatus | str | None,
-    sub_status: SubStatus | str | None,
-    deferred_longer_than: float | datetime.timedelta | None,
-    run_id: str | None,
-    key: str | None = None,
-) -> tuple[str, list[object]]:
-    """The SQL stores' ``WHERE`` for `Store.executions`'s filters (on ``e``), with
-    ``mark`` as the parameter placeholder (``?`` or ``%s``), and its parameters."""
-    where: list[str] = []
-    params: list[object] = []
-    if status is not None:
-        where.append(f"e.status = {mark}")
-        params.append(TaskStatus(status).value)
-    if sub_status is not None:
-        where.append(f"e.sub_status = {mark}")
-        params.append(SubStatus(sub_status).value)
-    if deferred_longer_than is not None:
-        where.append(f"e.sub_status = 'deferred' AND e.deferred_since <= {mark}")
-        params.append(now() - seconds(deferred_longer_than))
-    if run_id is not None:
-        where.append(f"e.run_id = {mark}")
-        params.append(run_id)
-    if key is not None:
-        where.append(f"e.key = {mark}")
-        params.append(key)
-    return (" WHERE " + " AND ".join(where) if where else ""), params
-
-
-def settle_key(conn: Any, mark: str, owner: str, request: KeyRequest, now: float) -> KeyGrant:
-    """One key of a SQL store's `Store.key_round` (``mark``: the placeholder, ``?``
-    or ``%s``): reclaim dead owners' slots, `settle`, write the owner's row and the
-    key's bucket back. ``conn`` is in the round's transaction."""
-    key = request.key
-    conn.execute(
-        f"DELETE FROM key_holds WHERE key = {mark} AND owner <> {mark} AND owner NOT IN"
-        f" (SELECT owner FROM owners WHERE lease_expires_at >= {mark})",
-        (key, owner, now),
-    )
-    rows = [
-        Hold(row[0], held=row[1], wanted=row[2], since=row[3])
-        for row in conn.execute(
-            f"SELECT owner, held, wanted, since FROM key_holds WHERE key = {mark}", (key,)
-        )
-    ]
-    others = [h for h in rows if h.owner != owner]
-    mine = next((h for h in rows if h.owner == owner), None)
-    found = conn.execute(
-        f"SELECT tokens, stamp FROM key_buckets WHERE key = {mark}", (key,)
-    ).fetchone()
-    bucket_row = None if found is None else tuple(found)
-    grant, row, bucket = settle(request, others, bucket_row, now, mine)
-    if row is None:
-        conn.execute(f"DELETE FROM key_holds WHERE key = {mark} AND owner = {mark}", (key, owner))
-    else:
-        conn.execute(
-            f"INSERT INTO key_holds (key, owner, held, wanted, since) VALUES ({mark}, {mark},"
-            f" {mark}, {mark}, {mark}) ON CONFLICT (key, owner) DO UPDATE SET"
-            " held = excluded.held, wanted = excluded.wanted, since = excluded.since",
-            (key, owner, row.held, row.wanted, row.since),
-        )
-    if bucket is None:
-        conn.execute(f"DELETE FROM key_buckets WHERE key = {mark}", (key,))
-    else:
-        conn.execute(
-            f"INSERT INTO key_buckets (key, tokens, stamp) VALUES ({mark}, {mark}, {mark})"
-            " ON CONFLICT (key) DO UPDATE SET tokens = excluded.tokens, stamp = excluded.stamp",
-            (key, *bucket),
-        )
-    return grant
 
 
 def abandoned_error(attempts: int) -> str:

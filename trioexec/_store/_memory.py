@@ -21,8 +21,11 @@ from ._base import (
     RUN_ORPHANED,
     SUPERSEDED,
     Change,
+    Command,
     Order,
+    Pause,
     Recovery,
+    Requeued,
     RunRecord,
     RunRecovery,
     ScheduleRecord,
@@ -31,6 +34,16 @@ from ._base import (
     check_query,
     new_row,
     seconds,
+)
+from ._control import (
+    cancel_plan,
+    cancelled_by,
+    check_command,
+    check_commands_query,
+    check_requeue,
+    requeue_refusal,
+    retry_fields,
+    sorted_pauses,
 )
 from ._durable_tables import DictTables
 from ._key_ledger import Hold, KeyGrant, KeyRequest, settle
@@ -93,8 +106,141 @@ class MemorySchedules:
             return True
 
 
+class MemoryControl:
+    """`MemoryStore`'s operator commands (`Store.command`, `Store.requeue` and
+    their reads), kept apart like its schedules: the rules are `_control`'s, as
+    the SQL stores'."""
+
+    _lock: threading.Lock
+    _closed: bool
+    _rows: dict[str, dict[str, Any]]
+    _owners: dict[str, float]
+    clock: Callable[[], float]
+
+    def __init__(self) -> None:
+        self._commands: list[Command] = []  # seq n is self._commands[n - 1]
+        self._pauses: dict[tuple[str, str], Pause] = {}
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock:
+            if self._closed:
+                raise StoreError("memory store: the store is closed")
+            yield
+
+    def _record(self, row: dict[str, Any]) -> ExecutionRecord:
+        return ExecutionRecord(**row, lease_expires_at=self._owners.get(row["owner"]))
+
+    def _append(self, now: float, who: str, **fields: Any) -> Command:
+        values = {"name": None, "key": None, "task_id": None, **fields}
+        command = Command(seq=len(self._commands) + 1, who=who, at=now, **values)
+        self._commands.append(command)
+        return command
+
+    def command(
+        self,
+        kind: str,
+        *,
+        name: str | None = None,
+        key: str | None = None,
+        task_id: str | None = None,
+        who: str,
+    ) -> Command:
+        pause = check_command(kind, name, key, task_id, who)
+        with self._locked():
+            now = self.clock()
+            if pause is not None:
+                if kind == "pause":
+                    changed = pause not in self._pauses
+                    if changed:
+                        self._pauses[pause] = Pause(
+                            kind=pause[0],  # type: ignore[arg-type]
+                            value=pause[1],
+                            who=who,
+                            at=now,
+                        )
+                    detail = "paused" if changed else "already paused"
+                else:
+                    changed = self._pauses.pop(pause, None) is not None
+                    detail = "resumed" if changed else "not paused"
+                return self._append(
+                    now, who, kind=kind, name=name, key=key, changed=changed, detail=detail
+                )
+            assert task_id is not None
+            row = self._rows.get(task_id)
+            changed, in_store, detail = cancel_plan(None if row is None else self._record(row), now)
+            if in_store:
+                assert row is not None
+                row.update(
+                    status=TaskStatus.CANCELLED,
+                    version=row["version"] + 1,
+                    sub_status=None,
+                    deferred_since=None,
+                    waiting_on=None,
+                    traceback=None,
+                    finished_at=now,
+                    error=cancelled_by(who),
+                )
+            return self._append(
+                now, who, kind="cancel", task_id=task_id, changed=changed, detail=detail
+            )
+
+    def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
+        check_commands_query(after, limit)
+        with self._locked():
+            return self._commands[after : None if limit is None else after + limit]
+
+    def pauses(self) -> list[Pause]:
+        with self._locked():
+            return sorted_pauses(list(self._pauses.values()))
+
+    def requeue(
+        self,
+        task_ids: Sequence[str] | None = None,
+        *,
+        name: str | None = None,
+        since: float | None = None,
+        who: str,
+    ) -> Requeued:
+        asked, name, since = check_requeue(task_ids, name, since, who)
+        with self._locked():
+            now = self.clock()
+            todo: list[tuple[str, dict[str, Any] | None]]
+            if asked is None:
+                todo = [
+                    (task_id, row)
+                    for task_id, row in self._rows.items()
+                    if row["status"] is TaskStatus.FAILED
+                    and (name is None or row["name"] == name)
+                    and (since is None or row["finished_at"] >= since)
+                ]
+            else:
+                todo = [(task_id, self._rows.get(task_id)) for task_id in asked]
+            done: list[ExecutionRecord] = []
+            refused: list[tuple[str, str]] = []
+            for task_id, found in todo:
+                why = requeue_refusal(None if found is None else self._record(found))
+                if why is not None:
+                    refused.append((task_id, why))
+                    continue
+                assert found is not None
+                found.update(
+                    status=TaskStatus.PENDING,
+                    owner=None,
+                    version=found["version"] + 1,
+                    recovery_attempts=0,
+                    sub_status=None,
+                    deferred_since=None,
+                    finished_at=None,
+                    waiting_on="slot",
+                )
+                done.append(self._record(found))
+            command = self._append(now, who, **retry_fields(asked, name, len(done), len(refused)))
+            return Requeued(requeued=done, refused=refused, command=command)
+
+
 @final
-class MemoryStore(MemorySchedules):
+class MemoryStore(MemorySchedules, MemoryControl):
     """An in-memory store: for tests, and for executors that only want the
     recording (sub-status, queries) without a file.
 
@@ -109,7 +255,8 @@ class MemoryStore(MemorySchedules):
     inline = True
 
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
-        super().__init__()
+        MemorySchedules.__init__(self)
+        MemoryControl.__init__(self)
         self.clock = clock
         self._rows: dict[str, dict[str, Any]] = {}
         self._owners: dict[str, float] = {}
@@ -120,13 +267,6 @@ class MemoryStore(MemorySchedules):
         self._durable = DictTables()
         self._holds: dict[str, dict[str, Hold]] = {}  # key -> owner -> its row
         self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, stamp)
-
-    @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._lock:
-            if self._closed:
-                raise StoreError("memory store: the store is closed")
-            yield
 
     def write(self, changes: Sequence[Change]) -> list[str]:
         with self._locked():
@@ -220,6 +360,7 @@ class MemoryStore(MemorySchedules):
                     sub_status=None,
                     deferred_since=None,
                     waiting_on=None,
+                    traceback=None,
                     finished_at=now,
                     error=error,
                 )
@@ -344,6 +485,7 @@ class MemoryStore(MemorySchedules):
             sub_status=None,
             deferred_since=None,
             waiting_on=None,
+            traceback=None,
             finished_at=now,
             error=error,
         )
@@ -426,9 +568,6 @@ class MemoryStore(MemorySchedules):
         with self._locked():
             row = self._rows.get(task_id)
             return None if row is None else self._record(row)
-
-    def _record(self, row: dict[str, Any]) -> ExecutionRecord:
-        return ExecutionRecord(**row, lease_expires_at=self._owners.get(row["owner"]))
 
     def durable_tables(self) -> DictTables:
         """The durable tables of this store, for `trioexec.durable`: every

@@ -9,7 +9,10 @@ psycopg's synchronous API only: on Trio the store's calls run in worker threads
 from __future__ import annotations
 
 import contextlib
+import math
 import re
+import threading
+import time
 import urllib.parse
 from collections.abc import Iterator
 from typing import Any, final
@@ -23,6 +26,9 @@ Connection = Any  # psycopg.Connection[tuple[Any, ...]] (psycopg is an optional 
 CONNECT_TIMEOUT = 10.0
 _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 _DSN_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
+#: The channel commands are notified on; the payload is the store's schema (a
+#: channel name of the schema's own could pass PostgreSQL's 63-byte limit).
+COMMANDS_CHANNEL = "trioexec_commands"
 
 
 def load_psycopg() -> tuple[Any, Any]:
@@ -83,6 +89,8 @@ class PGDatabase:
         #: psycopg's error for a duplicate key (to catch around a savepoint)
         self.unique_violation: type[Exception] = psycopg.errors.UniqueViolation
         self._pool: Any = None  # a psycopg_pool.ConnectionPool until closed
+        self._listener: Connection | None = None  # LISTENs for commands (opened lazily)
+        self._listening = threading.Lock()  # one waiter on the listener at a time
         with self.errors("cannot open"):
             with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
                 self._configure(conn)
@@ -167,7 +175,55 @@ class PGDatabase:
                 raise
             return conn
 
+    def notify(self, conn: Connection) -> None:
+        """Notify the listeners on this schema when ``conn``'s transaction commits."""
+        conn.execute("SELECT pg_notify(%s, %s)", (COMMANDS_CHANNEL, self.schema))
+
+    def wait_notify(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a notification on this schema (see
+        `PostgresStore.wait_for_command`). True if one came."""
+        if isinstance(timeout, bool) or not (
+            isinstance(timeout, int | float) and 0 <= timeout < math.inf
+        ):
+            raise ValueError(f"timeout must be seconds >= 0, got {timeout!r}")
+        deadline = time.monotonic() + timeout
+        with self._listening:
+            if self._pool is None:
+                raise StoreError(f"{self.where}: the store is closed")
+            conn = self._listener
+            if conn is None:
+                conn = self.connect()
+                try:
+                    with self.errors("listen for commands"):
+                        conn.execute(f"LISTEN {COMMANDS_CHANNEL}")
+                except BaseException:
+                    conn.close()
+                    raise
+                self._listener = conn
+            try:
+                with self.errors("wait for commands"):
+                    while True:
+                        remaining = max(0.0, deadline - time.monotonic())
+                        for notify in conn.notifies(timeout=remaining, stop_after=1):
+                            if notify.payload == self.schema:
+                                return self._pool is not None  # (False: `close` woke it)
+                        if remaining == 0.0:
+                            return False
+            except StoreError:
+                self._listener = None  # (the next call connects again)
+                conn.close()
+                raise
+
     def close(self) -> None:
-        pool, self._pool = self._pool, None
+        if self._listener is not None and self._pool is not None:
+            # Wake a wait in progress (it holds the listener): a notification of
+            # our own, and it returns at once instead of at its timeout.
+            with contextlib.suppress(self._psycopg.Error), self._pool.connection() as conn:
+                self.notify(conn)
+        with self._listening:
+            pool, self._pool = self._pool, None
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         if pool is not None:
             pool.close()

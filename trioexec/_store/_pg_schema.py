@@ -162,6 +162,33 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE executions ADD COLUMN waiting_on text;
     """,
+    # 7: operator commands: the traceback of the exception that ended an
+    # execution (dead letters show it); the append-only log of every command
+    # (executors poll it by seq; commands take turns under an advisory lock, so
+    # seq order is commit order); what is paused now; the failed executions
+    # (dead letters), for a requeue of them all (the live index skips them).
+    """
+    ALTER TABLE executions ADD COLUMN traceback text;
+    CREATE TABLE commands (
+        seq bigserial PRIMARY KEY,
+        kind text NOT NULL,
+        name text,
+        key text,
+        task_id text,
+        who text NOT NULL,
+        at double precision NOT NULL,
+        changed boolean NOT NULL,
+        detail text NOT NULL
+    );
+    CREATE TABLE pauses (
+        kind text NOT NULL,
+        value text NOT NULL,
+        who text NOT NULL,
+        at double precision NOT NULL,
+        PRIMARY KEY (kind, value)
+    );
+    CREATE INDEX executions_failed ON executions (seq) WHERE status = 'failed';
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -10,10 +10,11 @@ another host inserted meanwhile is refused, not overwritten.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from typing import final
 
 import attrs
@@ -26,7 +27,6 @@ from ._base import (
     RUN_KINDS,
     RUN_ORPHANED,
     SCHEDULE_FIELDS,
-    SELECT_RECORDS,
     SUPERSEDED,
     Change,
     Order,
@@ -36,16 +36,15 @@ from ._base import (
     ScheduleRecord,
     abandoned_error,
     check_query,
-    filter_clause,
     fold_batch,
     full_change,
-    record_of,
     schedule_of,
-    settle_key,
 )
+from ._control import SQLControl
 from ._durable_pg import PostgresTables
 from ._key_ledger import KeyGrant, KeyRequest
 from ._pg_conn import Connection, PGDatabase, redact
+from ._sql import SELECT_RECORDS, filter_clause, record_of, settle_key
 
 _SELECT = SELECT_RECORDS
 _RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
@@ -81,7 +80,8 @@ _UPDATES = {
     "retry": "UPDATE executions SET status = 'pending', sub_status = NULL,"
     " deferred_since = NULL, error = %s, waiting_on = 'retry backoff'" + _GUARD,
     "finish": "UPDATE executions SET status = %s, sub_status = NULL, deferred_since = NULL,"
-    " waiting_on = NULL, finished_at = %s, error = %s" + _GUARD,
+    " waiting_on = NULL, finished_at = %s, error = %s, traceback = %s,"
+    " args = coalesce(args, %s)" + _GUARD,
 }
 
 
@@ -97,7 +97,7 @@ _READ_COMMITTED = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
 
 
 @final
-class PostgresStore:
+class PostgresStore(SQLControl):
     """Executions, workflow runs, durable promises and durable tasks in a PostgreSQL
     database that executors and durable workers on many hosts share.
 
@@ -131,6 +131,12 @@ class PostgresStore:
         async with trioexec.open_executor(store=store, recover=True) as ex:
             ...
     """
+
+    _MARK = "%s"
+    _OLDEST = "e.seq"
+    _LOCK_ROW = " FOR UPDATE OF e"  # (a command locks the row of the task it reads)
+
+    _db: PGDatabase
 
     def __init__(
         self,
@@ -362,7 +368,7 @@ class PostgresStore:
     def _fail(conn: Connection, record: ExecutionRecord, now: float, error: str) -> None:
         conn.execute(
             "UPDATE executions SET status = 'failed', sub_status = NULL, deferred_since = NULL,"
-            " waiting_on = NULL,"
+            " waiting_on = NULL, traceback = NULL,"
             " finished_at = %s, error = %s WHERE task_id = %s AND version = %s",
             (now, error, record.task_id, record.version),
         )
@@ -370,6 +376,39 @@ class PostgresStore:
     def _one(self, conn: Connection, task_id: str) -> ExecutionRecord:
         row = conn.execute(f"{_SELECT} WHERE e.task_id = %s", (task_id,)).fetchone()
         return record_of(row, self.path)
+
+    # ------------------------------------------------------------------ commands
+
+    @contextlib.contextmanager
+    def _commanding(self, what: str) -> Iterator[Connection]:
+        """A command's transaction (`command`, `requeue`): commands take turns (a
+        transaction-level advisory lock of the schema's), so their seq order is
+        their commit order and a poller never skips one; the listeners
+        (`wait_for_command`) are notified when it commits."""
+        with self._db.transaction(what) as conn:
+            conn.execute(_READ_COMMITTED)  # (its reads see the commands before it)
+            _lock_key(conn, self.schema, "", b"commands")
+            yield conn
+            self._db.notify(conn)
+
+    def wait_for_command(self, timeout: float) -> bool:
+        """Block the calling thread until a command is recorded on this store's
+        schema (by any process), at most ``timeout`` seconds. Returns True if one
+        was (or may have been: a wake-up is only a hint to read `commands`), False
+        once the time is up. The first call opens a connection of its own that
+        LISTENs (closed by `close`); commands recorded before it are not
+        reported, so read `commands` after the first call too.
+
+        Only PostgreSQL stores have it: an executor looks for it with
+        ``getattr(store, "wait_for_command", None)`` and polls otherwise. Call it
+        from a worker thread, never the Trio thread (it blocks); `close` wakes a
+        call in progress.
+
+        Raises:
+          StoreError: naming the server, if it cannot be reached (the next call
+            connects again), or the store is closed.
+        """
+        return self._db.wait_notify(timeout)
 
     # ------------------------------------------------------------------ workflow runs
 
@@ -426,7 +465,7 @@ class PostgresStore:
     def _end_steps(conn: Connection, run_id: str, status: str, now: float, error: str) -> None:
         conn.execute(
             "UPDATE executions SET status = %s, sub_status = NULL, deferred_since = NULL,"
-            " waiting_on = NULL,"
+            " waiting_on = NULL, traceback = NULL,"
             f" finished_at = %s, error = %s WHERE run_id = %s AND status IN {_LIVE}",
             (status, now, error, run_id),
         )
@@ -561,10 +600,12 @@ class PostgresStore:
         return PostgresTables(self._db)
 
 
-def _lock_key(conn: Connection, schema: str, key: str) -> None:
+def _lock_key(conn: Connection, schema: str, key: str, person: bytes = b"") -> None:
     """Take the transaction's advisory lock of ``key`` in ``schema`` (a 64-bit
-    hash of both: rounds on other schemas of the database never wait for it)."""
-    digest = hashlib.blake2b(f"{schema}\0{key}".encode(), digest_size=8).digest()
+    hash of both: rounds on other schemas of the database never wait for it).
+    ``person`` picks another space of locks: the commands' turn is
+    ``("", b"commands")``, never a key's."""
+    digest = hashlib.blake2b(f"{schema}\0{key}".encode(), digest_size=8, person=person).digest()
     conn.execute("SELECT pg_advisory_xact_lock(%s)", (int.from_bytes(digest, "big", signed=True),))
 
 

@@ -27,7 +27,6 @@ from ._base import (
     RUN_KINDS,
     RUN_ORPHANED,
     SCHEDULE_FIELDS,
-    SELECT_RECORDS,
     SUPERSEDED,
     Change,
     Order,
@@ -37,15 +36,14 @@ from ._base import (
     ScheduleRecord,
     abandoned_error,
     check_query,
-    filter_clause,
     fold_batch,
     full_change,
-    record_of,
     schedule_of,
-    settle_key,
 )
+from ._control import SQLControl
 from ._durable_tables import SQLiteTables
 from ._key_ledger import KeyGrant, KeyRequest
+from ._sql import SELECT_RECORDS, filter_clause, record_of, settle_key
 from ._sqlite_file import READ_ONLY_BUSY_TIMEOUT, WRITE_BUSY_TIMEOUT, SQLiteFile
 
 #: `ExecutionRecord`'s fields: the executions table's columns, and the owner's lease.
@@ -57,7 +55,7 @@ _JSON_LIST = "(SELECT value FROM json_each(?))"
 
 
 @final
-class SQLiteStore:
+class SQLiteStore(SQLControl):
     """Executions in a SQLite file, shared safely by several processes, and by
     several executors and threads of one process.
 
@@ -98,6 +96,8 @@ class SQLiteStore:
                 ...
             print(store.executions(sub_status="deferred"))
     """
+
+    _db: SQLiteFile
 
     def __init__(
         self,
@@ -201,7 +201,7 @@ class SQLiteStore:
     ) -> None:
         conn.execute(
             "UPDATE executions SET status = ?, sub_status = NULL, deferred_since = NULL,"
-            " waiting_on = NULL,"
+            " waiting_on = NULL, traceback = NULL,"
             " finished_at = ?, error = ? WHERE run_id = ? AND status IN ('pending', 'running')",
             (status, now, error, run_id),
         )
@@ -398,7 +398,7 @@ class SQLiteStore:
     def _fail(conn: sqlite3.Connection, record: ExecutionRecord, now: float, error: str) -> None:
         conn.execute(
             "UPDATE executions SET status = 'failed', sub_status = NULL, deferred_since = NULL,"
-            " waiting_on = NULL,"
+            " waiting_on = NULL, traceback = NULL,"
             " finished_at = ?, error = ? WHERE task_id = ? AND version = ?",
             (now, error, record.task_id, record.version),
         )
@@ -564,7 +564,8 @@ _UPDATES = {
     "retry": "UPDATE executions SET status = 'pending', sub_status = NULL,"
     " deferred_since = NULL, error = ?, waiting_on = 'retry backoff'" + _GUARD,
     "finish": "UPDATE executions SET status = ?, sub_status = NULL, deferred_since = NULL,"
-    " waiting_on = NULL, finished_at = ?, error = ?" + _GUARD,
+    " waiting_on = NULL, finished_at = ?, error = ?, traceback = ?, args = coalesce(args, ?)"
+    + _GUARD,
 }
 
 

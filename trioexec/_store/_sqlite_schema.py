@@ -13,7 +13,7 @@ from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 MIGRATIONS = Migrations("trioexec")
 #: Every migration this trioexec defines, by name: a file with any other applied
 #: was written by a newer trioexec.
@@ -193,6 +193,25 @@ def _waiting_on(db: sqlite_utils.Database) -> None:
     # written before it was recorded have it NULL.
     db.execute("ALTER TABLE executions ADD COLUMN waiting_on TEXT")
     db.execute("UPDATE trioexec_meta SET value = '9' WHERE key = 'schema_version'")
+
+
+@_migration("0010_control")
+def _control(db: sqlite_utils.Database) -> None:
+    # Operator commands: the traceback of the exception that ended an execution
+    # (dead letters show it), the append-only log of every command (executors
+    # poll it by seq: AUTOINCREMENT never hands out a seq again), and what is
+    # paused now.
+    db.execute("ALTER TABLE executions ADD COLUMN traceback TEXT")
+    db.execute(
+        "CREATE TABLE commands (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL,"
+        " name TEXT, key TEXT, task_id TEXT, who TEXT NOT NULL, at REAL NOT NULL,"
+        " changed INTEGER NOT NULL, detail TEXT NOT NULL)"
+    )
+    db.execute(
+        "CREATE TABLE pauses (kind TEXT NOT NULL, value TEXT NOT NULL, who TEXT NOT NULL,"
+        " at REAL NOT NULL, PRIMARY KEY (kind, value))"
+    )
+    db.execute("UPDATE trioexec_meta SET value = '10' WHERE key = 'schema_version'")
 
 
 def schema_version(db: sqlite_utils.Database, path: str) -> int:

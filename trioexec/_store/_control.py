@@ -1,0 +1,398 @@
+"""Operator commands (pause, resume, cancel) and dead letters sent back to pending
+(requeue): the rules every store follows (`check_command`, `cancel_plan`,
+`requeue_refusal`), and the SQL the two SQL stores share, written once with the
+placeholder (``?`` or ``%s``) as a parameter, like `settle_key`."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable, Sequence
+from typing import Any, ClassVar, Protocol
+
+import attrs
+
+from .._records import ExecutionRecord, TaskStatus, check_id
+from ._base import COMMAND_FIELDS, LIVE, Command, Pause, Requeued
+from ._sql import SELECT_RECORDS, record_of
+
+#: What `Store.command` does; a "retry" is recorded by `Store.requeue`.
+KINDS = ("pause", "resume", "cancel")
+#: The finished statuses `Store.requeue` sends back (asked by id).
+REQUEUEABLE = (TaskStatus.FAILED, TaskStatus.TIMED_OUT, TaskStatus.CANCELLED)
+CANCELLED_IN_STORE = "cancelled in the store (no live owner)"
+NOT_RECREATABLE = (
+    "not re-creatable: submitted without a registered TaskSpec or with arguments that are not JSON"
+)
+A_STEP = "a workflow step: resume its run"
+
+
+def check_command(
+    kind: object, name: object, key: object, task_id: object, who: object
+) -> tuple[str, str] | None:
+    """Refuse a `Store.command` that cannot be carried out (ValueError naming the
+    bad value). Returns the pause's (kind, value) of a pause or resume, None for
+    a cancel."""
+    check_id("who", who)
+    if kind == "pause" or kind == "resume":
+        if task_id is not None:
+            raise ValueError(f"a {kind} takes a name or a key, not a task_id ({task_id!r})")
+        if (name is None) == (key is None):
+            raise ValueError(
+                f"a {kind} takes exactly one of name and key, got name={name!r}, key={key!r}"
+            )
+        if name is not None:
+            return ("name", check_id("name", name))
+        return ("key", check_id("key", key))
+    if kind == "cancel":
+        if name is not None or key is not None:
+            raise ValueError(f"a cancel takes a task_id only, got name={name!r}, key={key!r}")
+        if task_id is None:
+            raise ValueError("a cancel needs a task_id")
+        check_id("task_id", task_id)
+        return None
+    hint = " (a retry is Store.requeue)" if kind == "retry" else ""
+    raise ValueError(f"kind must be 'pause', 'resume' or 'cancel', got {kind!r}{hint}")
+
+
+def check_requeue(
+    task_ids: object, name: object, since: object, who: object
+) -> tuple[list[str] | None, str | None, float | None]:
+    """`Store.requeue`'s arguments, checked (ValueError naming the bad value):
+    the ids asked (None: every failed one), the name filter and ``since``."""
+    check_id("who", who)
+    if name is not None:
+        check_id("name", name)
+    if since is not None:
+        if isinstance(since, bool) or not isinstance(since, int | float) or math.isnan(since):
+            raise ValueError(f"since must be seconds (a float) or None, got {since!r}")
+        since = float(since)
+    if task_ids is None:
+        return None, name, since  # type: ignore[return-value]
+    if isinstance(task_ids, str | bytes) or not isinstance(task_ids, Sequence):
+        raise ValueError(f"task_ids must be a sequence of task ids or None, got {task_ids!r}")
+    if name is not None or since is not None:
+        raise ValueError(
+            "name and since choose among the failed executions: give them without task_ids"
+            f" (got name={name!r}, since={since!r})"
+        )
+    return [check_id("task_id", t) for t in task_ids], None, None
+
+
+def cancel_plan(record: ExecutionRecord | None, now: float) -> tuple[bool, bool, str]:
+    """What a cancel of ``record`` (None: unknown) does at ``now``: (changed,
+    cancel it in the store, detail). A live owner's execution is left to its
+    owner, which sees the command; one nobody runs is the store's to cancel."""
+    if record is None:
+        return False, False, "no such task"
+    if record.status not in LIVE:
+        return False, False, f"already finished ({record.status.value})"
+    lease = record.lease_expires_at
+    if record.owner is not None and lease is not None and lease >= now:
+        return True, False, f"sent to its owner {record.owner}"
+    return True, True, CANCELLED_IN_STORE
+
+
+def cancelled_by(who: str) -> str:
+    """The error of an execution a store cancelled on ``who``'s command."""
+    return f"cancelled by {who}"
+
+
+def requeue_refusal(record: ExecutionRecord | None) -> str | None:
+    """Why ``record`` (None: unknown) cannot be requeued, or None if it can."""
+    if record is None:
+        return "no such task"
+    if record.status in LIVE:
+        return f"still {record.status.value}"
+    if record.status not in REQUEUEABLE:
+        return record.status.value  # "completed", "dropped", "rejected"
+    if record.run_id is not None:
+        return A_STEP
+    if not record.recreatable:
+        return NOT_RECREATABLE
+    return None
+
+
+def requeued(record: ExecutionRecord) -> ExecutionRecord:
+    """``record`` as a requeue leaves it (its attempt, error and traceback kept)."""
+    return attrs.evolve(
+        record,
+        status=TaskStatus.PENDING,
+        owner=None,
+        lease_expires_at=None,
+        version=record.version + 1,
+        recovery_attempts=0,
+        sub_status=None,
+        deferred_since=None,
+        finished_at=None,
+        waiting_on="slot",
+    )
+
+
+def retry_fields(
+    asked: list[str] | None, name: str | None, done: int, refused: int
+) -> dict[str, Any]:
+    """The "retry" command's fields for a requeue (but who, when and its seq)."""
+    return {
+        "kind": "retry",
+        "name": name,
+        "task_id": asked[0] if asked is not None and len(asked) == 1 else None,
+        "changed": done > 0,
+        "detail": f"requeued {done}, refused {refused}",
+    }
+
+
+def check_commands_query(after: object, limit: object) -> None:
+    """Refuse an ``after`` or ``limit`` that `Store.commands` cannot honour."""
+    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
+        raise ValueError(f"after must be an int >= 0 (a command's seq), got {after!r}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+        raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
+
+
+def sorted_pauses(pauses: list[Pause]) -> list[Pause]:
+    """By (kind, value), as Python orders text (a database's collation may not)."""
+    return sorted(pauses, key=lambda p: (p.kind, p.value))
+
+
+# ---------------------------------------------------------------------- SQL
+
+_COMMAND_COLUMNS = ", ".join(COMMAND_FIELDS)
+_REQUEUE = (
+    "UPDATE executions SET status = 'pending', owner = NULL, version = version + 1,"
+    " recovery_attempts = 0, sub_status = NULL, deferred_since = NULL, finished_at = NULL,"
+    " waiting_on = 'slot' WHERE task_id = {m} AND version = {m}"
+)
+
+
+def command_of(row: Sequence[Any]) -> Command:
+    """A row of the commands table (`COMMAND_FIELDS`) as a record."""
+    values = dict(zip(COMMAND_FIELDS, row, strict=True))
+    values["changed"] = bool(values["changed"])  # (SQLite: 0 or 1)
+    return Command(**values)
+
+
+def append_command(conn: Any, mark: str, now: float, who: str, **fields: Any) -> Command:
+    """Append one command (``fields``: kind, name, key, task_id, changed, detail)."""
+    values = {"name": None, "key": None, "task_id": None, **fields, "who": who, "at": now}
+    columns = [c for c in COMMAND_FIELDS if c != "seq"]
+    row = conn.execute(
+        f"INSERT INTO commands ({', '.join(columns)})"
+        f" VALUES ({', '.join([mark] * len(columns))}) RETURNING seq",
+        [values[c] for c in columns],
+    ).fetchone()
+    return Command(seq=int(row[0]), **values)
+
+
+def sql_command(
+    conn: Any,
+    mark: str,
+    where: str,
+    now: float,
+    kind: str,
+    name: str | None,
+    key: str | None,
+    task_id: str | None,
+    who: str,
+    *,
+    lock: str = "",
+) -> Command:
+    """`Store.command` in a SQL store's transaction (``conn``), at ``now``;
+    ``where`` names the store in errors; ``lock`` locks the task's row (PostgreSQL:
+    ``" FOR UPDATE OF e"``; SQLite's write transaction holds the whole file)."""
+    m = mark
+    pause = check_command(kind, name, key, task_id, who)
+    if pause is not None:
+        if kind == "pause":
+            changed = (
+                int(
+                    conn.execute(
+                        f"INSERT INTO pauses (kind, value, who, at) VALUES ({m}, {m}, {m}, {m})"
+                        " ON CONFLICT (kind, value) DO NOTHING",
+                        (*pause, who, now),
+                    ).rowcount
+                )
+                == 1
+            )
+            detail = "paused" if changed else "already paused"
+        else:
+            changed = (
+                int(
+                    conn.execute(
+                        f"DELETE FROM pauses WHERE kind = {m} AND value = {m}", pause
+                    ).rowcount
+                )
+                == 1
+            )
+            detail = "resumed" if changed else "not paused"
+        return append_command(
+            conn, m, now, who, kind=kind, name=name, key=key, changed=changed, detail=detail
+        )
+    row = conn.execute(f"{SELECT_RECORDS} WHERE e.task_id = {m}{lock}", (task_id,)).fetchone()
+    record = None if row is None else record_of(row, where)
+    changed, in_store, detail = cancel_plan(record, now)
+    if in_store:
+        assert record is not None
+        conn.execute(
+            "UPDATE executions SET status = 'cancelled', version = version + 1,"
+            " sub_status = NULL, deferred_since = NULL, waiting_on = NULL, traceback = NULL,"
+            f" finished_at = {m}, error = {m} WHERE task_id = {m} AND version = {m}",
+            (now, cancelled_by(who), record.task_id, record.version),
+        )
+    return append_command(
+        conn, m, now, who, kind="cancel", task_id=task_id, changed=changed, detail=detail
+    )
+
+
+def sql_requeue(
+    conn: Any,
+    mark: str,
+    where: str,
+    now: float,
+    task_ids: Sequence[str] | None,
+    name: str | None,
+    since: float | None,
+    who: str,
+    *,
+    oldest: str,
+    lock: str = "",
+) -> Requeued:
+    """`Store.requeue` in a SQL store's transaction (``conn``), at ``now``;
+    ``oldest`` orders executions by submission (``e.rowid``, ``e.seq``); ``lock``
+    as in `sql_command`."""
+    m = mark
+    asked, name, since = check_requeue(task_ids, name, since, who)
+    done: list[ExecutionRecord] = []
+    refused: list[tuple[str, str]] = []
+
+    def judge(task_id: str, record: ExecutionRecord | None) -> None:
+        why = requeue_refusal(record)
+        if why is not None:
+            refused.append((task_id, why))
+            return
+        assert record is not None
+        conn.execute(_REQUEUE.format(m=m), (record.task_id, record.version))
+        done.append(requeued(record))
+
+    if asked is None:
+        sql = f"{SELECT_RECORDS} WHERE e.status = 'failed'"
+        params: list[object] = []
+        if name is not None:
+            sql += f" AND e.name = {m}"
+            params.append(name)
+        if since is not None:
+            sql += f" AND e.finished_at >= {m}"
+            params.append(since)
+        for row in conn.execute(f"{sql} ORDER BY {oldest}{lock}", params).fetchall():
+            record = record_of(row, where)
+            judge(record.task_id, record)
+    else:
+        for task_id in asked:  # (read one by one: an id asked twice is pending the second time)
+            row = conn.execute(
+                f"{SELECT_RECORDS} WHERE e.task_id = {m}{lock}", (task_id,)
+            ).fetchone()
+            judge(task_id, None if row is None else record_of(row, where))
+    command = append_command(
+        conn, m, now, who, **retry_fields(asked, name, len(done), len(refused))
+    )
+    return Requeued(requeued=done, refused=refused, command=command)
+
+
+def sql_commands(conn: Any, mark: str, after: int, limit: int | None) -> list[Command]:
+    """`Store.commands`: a range of the commands' primary key."""
+    check_commands_query(after, limit)
+    sql = f"SELECT {_COMMAND_COLUMNS} FROM commands WHERE seq > {mark} ORDER BY seq"
+    params: list[object] = [after]
+    if limit is not None:
+        sql += f" LIMIT {mark}"
+        params.append(limit)
+    return [command_of(row) for row in conn.execute(sql, params).fetchall()]
+
+
+def sql_pauses(conn: Any) -> list[Pause]:
+    """`Store.pauses`: the pauses table."""
+    rows = conn.execute("SELECT kind, value, who, at FROM pauses").fetchall()
+    return sorted_pauses([Pause(kind=k, value=v, who=w, at=a) for k, v, w, a in rows])
+
+
+class _Database(Protocol):
+    """A SQL store's connections (`SQLiteFile`, `PGDatabase`)."""
+
+    def transaction(self, what: str, /) -> contextlib.AbstractContextManager[Any]: ...
+
+    def reading(
+        self, what: str, /, *, snapshot: bool = False
+    ) -> contextlib.AbstractContextManager[Any]: ...
+
+
+class SQLControl:
+    """The operator commands of a SQL store (`Store.command`, `Store.requeue` and
+    their reads), one body for `SQLiteStore` and `PostgresStore`: each says its
+    placeholder, its submission order and how it locks a task's row, and may
+    wrap a command's transaction (`_commanding`)."""
+
+    _MARK: ClassVar[str] = "?"
+    _OLDEST: ClassVar[str] = "e.rowid"  #: submission order
+    #: Locks the row of the task a command reads (SQLite: the write transaction
+    #: holds the whole file already).
+    _LOCK_ROW: ClassVar[str] = ""
+    _db: _Database
+    path: str
+    clock: Callable[[], float]
+
+    def _commanding(self, what: str) -> contextlib.AbstractContextManager[Any]:
+        """The write transaction of a command."""
+        return self._db.transaction(what)
+
+    def command(
+        self,
+        kind: str,
+        *,
+        name: str | None = None,
+        key: str | None = None,
+        task_id: str | None = None,
+        who: str,
+    ) -> Command:
+        """See `Store.command`: one write transaction."""
+        check_command(kind, name, key, task_id, who)  # (before waiting for the lock)
+        with self._commanding("record a command") as conn:
+            now = self.clock()  # (its turn taken: commands see the clock in order)
+            return sql_command(
+                conn, self._MARK, self.path, now, kind, name, key, task_id, who, lock=self._LOCK_ROW
+            )
+
+    def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
+        """See `Store.commands`: a range of the primary key (never waits for a write)."""
+        check_commands_query(after, limit)
+        with self._db.reading("query commands") as conn:
+            return sql_commands(conn, self._MARK, after, limit)
+
+    def pauses(self) -> list[Pause]:
+        """See `Store.pauses`."""
+        with self._db.reading("query pauses") as conn:
+            return sql_pauses(conn)
+
+    def requeue(
+        self,
+        task_ids: Sequence[str] | None = None,
+        *,
+        name: str | None = None,
+        since: float | None = None,
+        who: str,
+    ) -> Requeued:
+        """See `Store.requeue`: one write transaction."""
+        check_requeue(task_ids, name, since, who)
+        with self._commanding("requeue") as conn:
+            now = self.clock()
+            return sql_requeue(
+                conn,
+                self._MARK,
+                self.path,
+                now,
+                task_ids,
+                name,
+                since,
+                who,
+                oldest=self._OLDEST,
+                lock=self._LOCK_ROW,
+            )

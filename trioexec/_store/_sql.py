@@ -1,0 +1,113 @@
+"""What the two SQL stores (SQLite and PostgreSQL) share, written once with the
+placeholder (``?`` or ``%s``) as a parameter: the query of execution records,
+the filters of `Store.executions`, and one key of a `Store.key_round`."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from .._records import ExecutionRecord, SubStatus, TaskStatus
+from ._base import seconds
+from ._key_ledger import Hold, KeyGrant, KeyRequest, settle
+
+#: The SQL stores' query of executions with their owner's lease (``e``, ``o``).
+RECORD_FIELDS = tuple(f.name for f in attrs.fields(ExecutionRecord))
+SELECT_RECORDS = "SELECT {} FROM executions e LEFT JOIN owners o ON o.owner = e.owner".format(
+    ", ".join(f"o.{f}" if f == "lease_expires_at" else f"e.{f}" for f in RECORD_FIELDS)
+)
+
+
+def record_of(row: Sequence[object], where: str) -> ExecutionRecord:
+    """A row of `SELECT_RECORDS` as a record; `StoreError` naming ``where`` (the
+    store) and the task for a row this trioexec cannot read."""
+    from .._errors import StoreError
+
+    values: dict[str, Any] = dict(zip(RECORD_FIELDS, row, strict=True))
+    try:
+        status = TaskStatus(values["status"])
+        sub = None if values["sub_status"] is None else SubStatus(values["sub_status"])
+    except ValueError:
+        raise StoreError(
+            f"{where}: execution {values['task_id']!r} has an unreadable row"
+            f" (status {values['status']!r}, sub-status {values['sub_status']!r})"
+        ) from None
+    values.update(status=status, sub_status=sub)
+    return ExecutionRecord(**values)
+
+
+def filter_clause(
+    mark: str,
+    now: Callable[[], float],
+    status: TaskStatus | str | None,
+    sub_status: SubStatus | str | None,
+    deferred_longer_than: float | datetime.timedelta | None,
+    run_id: str | None,
+    key: str | None = None,
+) -> tuple[str, list[object]]:
+    """The SQL stores' ``WHERE`` for `Store.executions`'s filters (on ``e``), with
+    ``mark`` as the parameter placeholder (``?`` or ``%s``), and its parameters."""
+    where: list[str] = []
+    params: list[object] = []
+    if status is not None:
+        where.append(f"e.status = {mark}")
+        params.append(TaskStatus(status).value)
+    if sub_status is not None:
+        where.append(f"e.sub_status = {mark}")
+        params.append(SubStatus(sub_status).value)
+    if deferred_longer_than is not None:
+        where.append(f"e.sub_status = 'deferred' AND e.deferred_since <= {mark}")
+        params.append(now() - seconds(deferred_longer_than))
+    if run_id is not None:
+        where.append(f"e.run_id = {mark}")
+        params.append(run_id)
+    if key is not None:
+        where.append(f"e.key = {mark}")
+        params.append(key)
+    return (" WHERE " + " AND ".join(where) if where else ""), params
+
+
+def settle_key(conn: Any, mark: str, owner: str, request: KeyRequest, now: float) -> KeyGrant:
+    """One key of a SQL store's `Store.key_round` (``mark``: the placeholder, ``?``
+    or ``%s``): reclaim dead owners' slots, `settle`, write the owner's row and the
+    key's bucket back. ``conn`` is in the round's transaction."""
+    key = request.key
+    conn.execute(
+        f"DELETE FROM key_holds WHERE key = {mark} AND owner <> {mark} AND owner NOT IN"
+        f" (SELECT owner FROM owners WHERE lease_expires_at >= {mark})",
+        (key, owner, now),
+    )
+    rows = [
+        Hold(row[0], held=row[1], wanted=row[2], since=row[3])
+        for row in conn.execute(
+            f"SELECT owner, held, wanted, since FROM key_holds WHERE key = {mark}", (key,)
+        )
+    ]
+    others = [h for h in rows if h.owner != owner]
+    mine = next((h for h in rows if h.owner == owner), None)
+    found = conn.execute(
+        f"SELECT tokens, stamp FROM key_buckets WHERE key = {mark}", (key,)
+    ).fetchone()
+    bucket_row = None if found is None else tuple(found)
+    grant, row, bucket = settle(request, others, bucket_row, now, mine)
+    if row is None:
+        conn.execute(f"DELETE FROM key_holds WHERE key = {mark} AND owner = {mark}", (key, owner))
+    else:
+        conn.execute(
+            f"INSERT INTO key_holds (key, owner, held, wanted, since) VALUES ({mark}, {mark},"
+            f" {mark}, {mark}, {mark}) ON CONFLICT (key, owner) DO UPDATE SET"
+            " held = excluded.held, wanted = excluded.wanted, since = excluded.since",
+            (key, owner, row.held, row.wanted, row.since),
+        )
+    if bucket is None:
+        conn.execute(f"DELETE FROM key_buckets WHERE key = {mark}", (key,))
+    else:
+        conn.execute(
+            f"INSERT INTO key_buckets (key, tokens, stamp) VALUES ({mark}, {mark}, {mark})"
+            " ON CONFLICT (key) DO UPDATE SET tokens = excluded.tokens, stamp = excluded.stamp",
+            (key, *bucket),
+        )
+    return grant
