@@ -243,6 +243,40 @@ def test_two_stores_on_one_database_see_one_log(store_maker, kind):
     assert one.pauses() == two.pauses()
 
 
+@pytest.mark.parametrize("kind", ["sqlite", "postgres"])
+def test_a_poller_never_skips_a_command_committed_late(store_maker, kind):
+    """Commands from four threads (four store objects: four connections) while a
+    poller reads what follows the last seq it saw: it sees every seq, in order,
+    none skipped (PostgreSQL hands out seqs before commit: commands take turns
+    so that a lower seq never commits after a higher one is read)."""
+    stores = [store_maker(kind, inline=False) for _ in range(5)]
+    poller, senders = stores[0], stores[1:]
+    each = 25
+    errors: list[BaseException] = []
+
+    def send(store, n):
+        try:
+            for i in range(each):
+                store.command("pause" if i % 2 else "resume", key=f"k{n}", who=WHO)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=send, args=(s, n)) for n, s in enumerate(senders)]
+    for thread in threads:
+        thread.start()
+    seen = 0
+    try:
+        while seen < each * len(senders) and not errors:
+            got = [c.seq for c in poller.commands(after=seen)]
+            assert got == list(range(seen + 1, seen + 1 + len(got)))
+            seen += len(got)
+    finally:
+        for thread in threads:
+            thread.join()
+    assert errors == []
+    assert seen == each * len(senders)
+
+
 # ---------------------------------------------------------------------- requeue
 
 
