@@ -44,6 +44,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
         frozenset(
             {
                 "trioexec._core",
+                "trioexec._control",
                 "trioexec._taskref",
                 "trioexec._admission",
                 "trioexec._pending",

@@ -29,6 +29,7 @@ import trio
 
 from ._admission import Admit, Gate, Overflow
 from ._causation import current_job
+from ._control import Control
 from ._events import EventStream
 from ._journal import Journal
 from ._keys import KeyLimit, key_limits_for
@@ -203,6 +204,10 @@ class ExecutorCore:
                 specs or {},
                 self._recovered_job,
             )
+        )
+        # (A DeterministicExecutor keeps its pauses, like its limits, to itself.)
+        self.control = Control(
+            pending, self.lifecycle, journal if share_keys else None, self.owner_id
         )
         self._id_prefix = uuid.uuid4().hex[:12] + "-"
         self._ids = itertools.count(1)

@@ -149,6 +149,14 @@ class DeterministicExecutor:
             completions.append(job.make_completion())
         return completions
 
+    def pause(self, *, name: str | None = None, key: str | None = None) -> None:
+        """`Executor.pause`, here only (never through the store)."""
+        self._core.control.pause(name, key)
+
+    def resume(self, *, name: str | None = None, key: str | None = None) -> None:
+        """`Executor.resume`, here only."""
+        self._core.control.resume(name, key)
+
     def cancel_pending(self) -> int:
         """End every queued task as ``CANCELLED``; return how many."""
         return self._core.lifecycle.cancel_pending()

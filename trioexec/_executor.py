@@ -253,6 +253,38 @@ class Executor:
         not running in this executor. Never blocks."""
         return self._schedules is not None and self._schedules.remove(schedule_id)
 
+    # ---------------------------------------------------------------- pauses
+
+    def pause(self, *, name: str | None = None, key: str | None = None) -> None:
+        """Pause the tasks named ``name`` and those of admission key ``key``:
+        those that have not started wait (`TaskRef.waiting_on` ``"paused"``) until
+        they are resumed; running and deferred ones go on. Takes effect at once.
+        Never blocks; pausing twice is pausing once.
+
+        With a store, what is paused is the store's: every executor on it
+        pauses within a second (as for ``trioexec pause DB --name N``), and the
+        command is recorded with who sent it and when.
+
+        A shutdown cancels paused tasks (they would never start); with a store
+        and a registered spec, ``trioexec retry`` can requeue them.
+
+        Raises:
+          ValueError: neither ``name`` nor ``key`` given, or one that is not a
+            valid name (an empty or over-long str).
+        """
+        self._core.control.pause(name, key)
+
+    def resume(self, *, name: str | None = None, key: str | None = None) -> None:
+        """Undo `pause` for ``name`` and ``key``: their waiting tasks go back to
+        their place in the queue. Resuming what is not paused does nothing."""
+        self._core.control.resume(name, key)
+
+    def paused(self) -> tuple[frozenset[str], frozenset[str]]:
+        """What is paused now (here, or in the store for every executor on it):
+        ``(names, keys)``."""
+        control = self._core.control
+        return frozenset(control.names), frozenset(control.keys)
+
     # ---------------------------------------------------------------- store, idle, stats
 
     async def flush(self) -> None:
@@ -459,6 +491,7 @@ async def open_executor(
             keepalive = trio.CancelScope(shield=True)
             if core.recovery is not None:
                 await core.recovery.take_lease(lease)
+                await core.control.load()
                 await infra.start(_store_services, core, lease, keepalive)
             try:
                 async with _one_level(body_error), trio.open_nursery() as nursery:
@@ -467,6 +500,7 @@ async def open_executor(
                     if recover:
                         assert core.recovery is not None
                         more = await core.recovery.recover(max_recovery_attempts)
+                        core.control.on_retry = core.recovery.poke
                         infra.start_soon(
                             core.guarded, core.recovery.run, lease, max_recovery_attempts, more
                         )
@@ -510,6 +544,7 @@ async def _store_services(
         async with trio.open_nursery() as services:
             services.start_soon(core.guarded, core.journal.run_writer)
             services.start_soon(core.guarded, core.recovery.heartbeat, lease)
+            services.start_soon(core.guarded, core.control.run)
             if core.keyshare is not None:
                 services.start_soon(core.guarded, core.keyshare.run)
             task_status.started()

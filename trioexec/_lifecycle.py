@@ -11,6 +11,7 @@ another owner (a lease lost, a write fenced out), are transitions too.
 from __future__ import annotations
 
 import json
+import traceback
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Protocol, final
 
@@ -19,10 +20,11 @@ import trio
 from ._errors import StoreError, TaskCancelled
 from ._events import EventStream, HealthEventKind
 from ._metrics import Tally
-from ._records import SubStatus, TaskStatus, safe_repr
+from ._records import SubStatus, TaskStatus, safe_repr, storable_text
 from ._spec import TaskSpec
 from ._store._base import (
     LIVE,
+    R_ARGS,
     R_ATTEMPT,
     R_ERROR,
     R_FINISHED,
@@ -30,6 +32,7 @@ from ._store._base import (
     R_STARTED,
     R_STATUS,
     R_SUB,
+    R_TRACEBACK,
     R_WAITING,
 )
 from ._taskref import Job
@@ -123,6 +126,8 @@ class Lifecycle:
         """Why ``job`` is not running now (`TaskRef.waiting_on`)."""
         status = job.status
         if status is TaskStatus.PENDING:
+            if job.paused:
+                return "paused"
             if job.key is not None and (reason := self.pending.waiting_on(job)) is not None:
                 return reason
             return "retry backoff" if job in self.backing_off else "slot"
@@ -168,9 +173,9 @@ class Lifecycle:
         row: list[object] = [  # the store's "row" layout
             "row", job.task_id, job.name, job.run_id, TaskStatus.PENDING, None, 0, 0,
             self._owner_id, job.version, job.submitted_at, None, None, None, None, spec_id, args,
-            job.key, job.priority, "slot",
+            job.key, job.priority, "slot", None,
         ]  # fmt: skip
-        if job.key is not None:  # (its key may hold it back; queued already)
+        if job.key is not None or job.paused:  # (held back by its key or a pause)
             row[R_WAITING] = self.pending.waiting_on(job) or "slot"
         job.row = row
         job.row_batch = journal.batch
@@ -313,8 +318,15 @@ class Lifecycle:
                 row[R_SUB] = row[R_SINCE] = row[R_WAITING] = None
                 row[R_FINISHED] = job.finished_at
                 row[R_ERROR] = error
-            else:
-                self.log(("finish", job.task_id, job.version, status, job.finished_at, error))
+                if job.error is not None:
+                    row[R_TRACEBACK], args = _dead_letter(job)
+                    if row[R_ARGS] is None:
+                        row[R_ARGS] = args
+            elif job.error is None:
+                self.log(("finish", job.task_id, job.version, status, job.finished_at, None))
+            else:  # what operators look at in a dead letter: its traceback and arguments
+                change = ("finish", job.task_id, job.version, status, job.finished_at, error)
+                self.log((*change, *_dead_letter(job)))
             job.row = None
             if job.run_id is not None and status is TaskStatus.COMPLETED and self.runs is not None:
                 # A completed step's record goes into the same transaction as its
@@ -485,3 +497,24 @@ def journal_waiting(lifecycle: Lifecycle, job: Job) -> None:
     journal = lifecycle.journal
     if journal is not None and job.task_id in lifecycle.live and not job.ended:
         journal.fold(job, ("wait", job.task_id, job.version, lifecycle.waiting_on(job)))
+
+
+_DEAD_ARGS_MAX = 65_536
+
+
+def _dead_letter(job: Job) -> tuple[str | None, str | None]:
+    """The traceback text of ``job``'s error and its arguments as JSON (None if
+    they are not JSON), for the store to keep with a failed execution."""
+    error = job.error
+    assert error is not None
+    try:
+        text = "".join(traceback.format_exception(error))
+    except Exception:  # (a broken __str__ in the chain)
+        text = f"{type(error).__name__} (its traceback could not be formatted)"
+    try:
+        args: str | None = json.dumps(job.args)
+    except (TypeError, ValueError, RecursionError):
+        args = None
+    if args is not None and len(args) > _DEAD_ARGS_MAX:
+        args = None  # (shown to people only: not worth a huge row)
+    return storable_text(text), args

@@ -41,6 +41,14 @@ _SWEEP_AFTER = 1024
 _Entry = tuple[float, int, Job]
 
 
+def _paused_by(paused: tuple[frozenset[str], frozenset[str]] | None, job: Job) -> bool:
+    """``job`` is of a name or key ``paused`` (`Pending.set_paused`)."""
+    if paused is None:
+        return False
+    names, keys = paused
+    return job.name in names or (job.key is not None and job.key in keys)
+
+
 def _queued(job: Job) -> bool:
     """``job`` is still waiting in the queue (not started, not ended)."""
     return job.status is TaskStatus.PENDING and job.scope is None
@@ -75,6 +83,8 @@ class Pending:
         "on_ready",
         "on_waiting",
         "on_want",
+        "parked",
+        "paused",
         "timers",
     )
 
@@ -108,6 +118,10 @@ class Pending:
         # a key's tasks hold or wait for (`trioexec._keyshare.KeyBroker.want`).
         self._shared = shared
         self.on_want: Callable[[KeyState], None] = lambda state: None
+        # Paused names and keys (None: nothing is paused; `set_paused`), and the
+        # queued tasks they hold out of the queue, each with its place in it.
+        self.paused: tuple[frozenset[str], frozenset[str]] | None = None
+        self.parked: dict[Job, _Entry] = {}
 
     # ------------------------------------------------------------ in and out
 
@@ -161,16 +175,26 @@ class Pending:
         if not self._ranked:
             return self.pop()
         order = self._order
+        parked: list[Job] = []  # (paused tasks are not dropped: they keep their place)
+        found = None
         while order:
             job = order.popleft()
-            if _queued(job):
+            if job.paused:
+                parked.append(job)
+            elif _queued(job):
                 self._forget(job)
-                return job
-        return None
+                found = job
+                break
+        order.extendleft(reversed(parked))
+        return found
 
     def discard(self, job: Job) -> None:
         """``job``, still in the queue, has ended (cancelled): it stays as a
         tombstone. Call after its status has left PENDING."""
+        if job.paused:
+            del self.parked[job]
+            job.paused = False
+            return
         if not self._ranked:
             self.live -= 1
             jobs = self._jobs
@@ -192,8 +216,11 @@ class Pending:
         self._order.clear()
         self.live = self.held = self._tombstones = 0
         for job in jobs:
-            if job.key is not None:
+            if job.paused:
+                job.paused = False  # (not counted in its key)
+            elif job.key is not None:
                 self.keys[job.key].pending -= 1
+        self.parked.clear()
         for state in list(self.keys.values()):
             state.queue.clear()
             if state.earmarked:
@@ -232,10 +259,19 @@ class Pending:
         entry = (rank, seq, job)
         order = self._order
         order.append(job)
-        if len(order) > 2 * (self.live + self.held) + _COMPACT_AFTER:
+        if len(order) > 2 * (self.live + self.held + len(self.parked)) + _COMPACT_AFTER:
             # It keeps started tasks until the oldest queued one goes: drop them
             # when they dominate (amortized O(1) a task).
             self._order = deque(j for j in order if _queued(j))
+        if self.paused is not None and _paused_by(self.paused, job):
+            job.paused = True
+            self.parked[job] = entry
+            return
+        self._place(entry)
+
+    def _place(self, entry: _Entry) -> None:
+        """Queue ``entry``'s task: ready to start, or in its key's line."""
+        job = entry[2]
         key = job.key
         if key is None:
             heapq.heappush(self._ready, entry)
@@ -298,12 +334,12 @@ class Pending:
         if self._tombstones > _COMPACT_AFTER and self._tombstones * 2 > entries:
             self._compact(job)
 
-    def _compact(self, leaving: Job) -> None:
+    def _compact(self, leaving: Job | None) -> None:
         """Drop the tombstones (``leaving``'s entries too: it may still be PENDING,
         dropped a moment from now)."""
 
         def keep(entry: _Entry) -> bool:
-            return entry[2] is not leaving and _queued(entry[2])
+            return entry[2] is not leaving and _queued(entry[2]) and not entry[2].paused
 
         self._ready = [e for e in self._ready if keep(e) and self._current(e)]
         heapq.heapify(self._ready)
@@ -426,7 +462,9 @@ class Pending:
 
     def waiting_on(self, job: Job) -> str | None:
         """Why a queued or rejoining task of a limited key waits, if it waits for
-        its key (None otherwise)."""
+        its key, or ``"paused"`` (None otherwise)."""
+        if job.paused:
+            return "paused"
         key = job.key
         state = None if key is None else self.keys.get(key)
         if state is None or state.limit is None or job in state.earmarked:
@@ -498,6 +536,48 @@ class Pending:
         if state.limit is not None and (state.resumers or state.retriers or state.queue):
             self._grant(state)
         self._maybe_forget_key(state)
+
+    # ------------------------------------------------------------ paused
+
+    def set_paused(self, names: frozenset[str], keys: frozenset[str]) -> None:
+        """Pause exactly the tasks of these ``names`` and ``keys``: queued tasks
+        that match leave the queue for ``parked`` (new ones go there at once), and
+        those that match no more go back to their place in it. Running tasks go
+        on. Rare (an operator's command): O(queue) each time."""
+        if not names and not keys:
+            if self.paused is None:
+                return
+            self.paused = None
+        else:
+            if not self._ranked:
+                self._rank_all()  # (one queue shape for parking and unparking)
+            self.paused = (names, keys)
+        back = [entry for job, entry in self.parked.items() if not _paused_by(self.paused, job)]
+        for entry in sorted(back):
+            job = entry[2]
+            del self.parked[job]
+            job.paused = False
+            self._place(entry)
+            self.on_waiting(job)
+        if self.paused is not None:
+            found: dict[Job, _Entry] = {}
+            for entry in self._ready:
+                if _queued(entry[2]) and self._current(entry) and _paused_by(self.paused, entry[2]):
+                    found[entry[2]] = entry
+            for state in self.keys.values():
+                for entry in state.queue:
+                    if _queued(entry[2]) and _paused_by(self.paused, entry[2]):
+                        found[entry[2]] = entry
+            for entry in sorted(found.values()):
+                job = entry[2]
+                self._forget(job)  # (its entry stays behind: compacted below)
+                job.paused = True
+                self.parked[job] = entry
+                self.on_waiting(job)
+            if found:
+                self._compact(None)
+        for _ in back:
+            self.on_ready()
 
     def start(self, nursery: trio.Nursery) -> None:
         """Refill timers run in ``nursery`` from now on."""

@@ -65,6 +65,7 @@ class Recovery:
         self._owner_id = owner_id
         self._specs = specs
         self._recovered_job = recovered_job
+        self._poked = trio.Event()  # (`poke`)
 
     async def take_lease(self, lease: float) -> None:
         journal = self._journal
@@ -171,8 +172,14 @@ class Recovery:
                     await lifecycle.space_freed.wait()
                     lifecycle.space_freed = trio.Event()
             else:
-                await trio.sleep(lease)
+                with trio.move_on_after(lease):
+                    await self._poked.wait()
+            self._poked = trio.Event()
             more = await self.recover(max_recovery_attempts)
+
+    def poke(self) -> None:
+        """Recover now (executions were requeued), not at the next period."""
+        self._poked.set()
 
     async def close(self) -> None:
         """Write what is left and give up the lease (if nothing of ours is live).

@@ -68,6 +68,9 @@ class Shutdown:
         self._gate.wake_all()
         if policy is not ShutdownPolicy.DRAIN:
             self._lifecycle.cancel_pending()
+        else:
+            for job in list(self._lifecycle.pending.parked):
+                self._lifecycle.cancel(job)  # paused: it would never start
         if policy is ShutdownPolicy.CANCEL:
             for job in list(self._workers.taken):
                 self._lifecycle.cancel(job)

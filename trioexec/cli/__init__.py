@@ -3,13 +3,14 @@
 The only package that imports the CLI libraries (click, rich). Every failure a person
 can cause (bad arguments, a missing or corrupt database) ends in one line on stderr
 and a non-zero exit, never a traceback. The views (``status``, ``watch``, ``runs``,
-``schedules``, ``tasks``, ``promises`` without an action, ``check``) open the database
-read-only: they never create, migrate or lock it. Everything that comes from the database is
-printed as plain text, never parsed as rich markup.
+``schedules``, ``tasks``, ``promises`` without an action, ``check``, ``commands``) open
+the database read-only: they never create, migrate or lock it. Everything that comes
+from the database is printed as plain text, never parsed as rich markup.
 
 One module per concern: `_common` (consoles, failures, the read-only store), `_demo`,
 `_views` (status, watch, runs), `_schedules`, `_durable` (promises, tasks, check),
-`_worker` (a durable worker).
+`_worker` (a durable worker), `_control` (pause, resume, cancel, retry, commands: the
+commands that write, through the store, to every executor on it).
 This module holds the group and the console-script entry point, `run`.
 """
 
@@ -39,6 +40,7 @@ def main() -> None:
 
 
 if MISSING_EXTRA is None:  # the commands render with rich; without it `run` says so
+    from ._control import cancel, commands, pause, resume, retry
     from ._demo import demo
     from ._durable import check, promises, tasks
     from ._schedules import schedules
@@ -46,6 +48,8 @@ if MISSING_EXTRA is None:  # the commands render with rich; without it `run` say
     from ._worker import worker
 
     for _command in (demo, status, watch, runs, schedules, promises, tasks, check, worker):
+        main.add_command(_command)
+    for _command in (pause, resume, cancel, retry, commands):
         main.add_command(_command)
 
 

@@ -1,0 +1,169 @@
+"""`Control`: pauses, and the commands operators send through the store.
+
+Without a store, `Executor.pause` and `Executor.resume` change this executor's
+pauses at once, and that is all. With one, the store holds what is paused, for
+every executor on it: a pause or resume here takes effect here at once and is
+recorded as a command (in order, by one task), and every executor follows the
+store. Each executor reads the commands after the last it has seen
+(`Store.commands`) every `POLL` seconds, or as soon as PostgreSQL notifies it
+(``wait_for_command``): a pause or resume re-reads what is paused, a cancel
+stops the task if it runs here, a retry starts a recovery pass now.
+"""
+
+from __future__ import annotations
+
+import getpass
+import os
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, final
+
+import trio
+
+from ._records import check_id
+
+if TYPE_CHECKING:
+    from ._journal import Journal
+    from ._lifecycle import Lifecycle
+    from ._pending import Pending
+    from ._store import Command
+
+#: How often an executor reads the store's commands (within a second, as promised).
+POLL = 0.5
+
+
+def who_am_i(what: str | None = None) -> str:
+    """Who sends a command, as it is recorded: ``user@host pid N`` (and ``what``)."""
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no login name (a container's numeric user)
+        user = f"uid {os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    who = f"{user}@{socket.gethostname()} pid {os.getpid()}"
+    return who if what is None else f"{who} ({what})"
+
+
+def check_target(name: str | None, key: str | None) -> list[tuple[str, str]]:
+    """``name`` and ``key`` of a pause or resume as ``[(kind, value)]``: at least
+    one, each a valid id. Raises ValueError naming the bad value."""
+    targets = []
+    if name is not None:
+        targets.append(("name", check_id("name", name)))
+    if key is not None:
+        targets.append(("key", check_id("key", key)))
+    if not targets:
+        raise ValueError("pause and resume need a task name= or a key=")
+    return targets
+
+
+@final
+class Control:
+    """The pauses of one executor, and (with a store) the commands it follows."""
+
+    def __init__(
+        self,
+        pending: Pending,
+        lifecycle: Lifecycle,
+        journal: Journal | None,
+        owner_id: str,
+    ) -> None:
+        self._pending = pending
+        self._lifecycle = lifecycle
+        self._journal = journal
+        self.names: set[str] = set()
+        self.keys: set[str] = set()
+        self.on_retry: Callable[[], None] = lambda: None  # (recovery's `poke`)
+        self._who = who_am_i(f"executor {owner_id[:8]}")
+        self._outbox: list[tuple[str, str, str]] = []  # (command, kind, value) not yet recorded
+        self._seq = 0  # the last command seen
+        self._wake = trio.Event()
+
+    # ------------------------------------------------------------ here
+
+    def pause(self, name: str | None, key: str | None) -> None:
+        self._command("pause", check_target(name, key))
+
+    def resume(self, name: str | None, key: str | None) -> None:
+        self._command("resume", check_target(name, key))
+
+    def _command(self, command: str, targets: list[tuple[str, str]]) -> None:
+        for kind, value in targets:
+            self._apply(command, kind, value)
+            if self._journal is not None:
+                self._outbox.append((command, kind, value))
+        self._changed()
+        self._wake.set()
+
+    def _apply(self, command: str, kind: str, value: str) -> None:
+        into = self.names if kind == "name" else self.keys
+        if command == "pause":
+            into.add(value)
+        else:
+            into.discard(value)
+
+    def _changed(self) -> None:
+        self._pending.set_paused(frozenset(self.names), frozenset(self.keys))
+
+    # ------------------------------------------------------------ the store
+
+    async def load(self) -> None:
+        """Take what the store has paused, and start after its last command
+        (before any task starts)."""
+        journal = self._journal
+        assert journal is not None
+        commands = await journal.call(journal.store.commands, 0)
+        self._seq = commands[-1].seq if commands else 0
+        await self._sync()
+
+    async def _sync(self) -> None:
+        """What is paused is what the store says, and what is not recorded yet."""
+        journal = self._journal
+        assert journal is not None
+        pauses = await journal.call(journal.store.pauses)
+        self.names = {p.value for p in pauses if p.kind == "name"}
+        self.keys = {p.value for p in pauses if p.kind == "key"}
+        for command, kind, value in self._outbox:
+            self._apply(command, kind, value)
+        self._changed()
+
+    async def run(self) -> None:
+        """Record this executor's commands and follow everyone's, forever."""
+        journal = self._journal
+        assert journal is not None
+        store = journal.store
+        listen = getattr(store, "wait_for_command", None)
+        while True:
+            if self._outbox:
+                pass  # (record it now)
+            elif listen is not None:  # PostgreSQL: until a command is sent, or POLL
+                await trio.to_thread.run_sync(listen, POLL, abandon_on_cancel=True)
+            else:
+                with trio.move_on_after(POLL):
+                    await self._wake.wait()
+            self._wake = trio.Event()
+            while self._outbox:
+                command, kind, value = self._outbox[0]
+                await journal.call(self._record, command, kind, value)
+                del self._outbox[0]
+            await self.follow(await journal.call(store.commands, self._seq))
+
+    def _record(self, command: str, kind: str, value: str) -> None:
+        """Record one of this executor's commands (in the store's thread)."""
+        assert self._journal is not None
+        target = {kind: value}
+        self._journal.store.command(command, who=self._who, **target)
+
+    async def follow(self, commands: list[Command]) -> None:
+        """Act on ``commands`` (new, in order)."""
+        if not commands:
+            return
+        self._seq = commands[-1].seq
+        lifecycle = self._lifecycle
+        for command in commands:
+            if command.kind == "cancel" and command.task_id is not None:
+                job = lifecycle.live.get(command.task_id)
+                if job is not None:
+                    lifecycle.cancel(job)
+            elif command.kind == "retry" and command.changed:
+                self.on_retry()
+        if any(c.kind in ("pause", "resume") for c in commands):
+            await self._sync()
