@@ -224,3 +224,41 @@ class PauseMachine(RuleBasedStateMachine):
 
 TestPauseMachine = PauseMachine.TestCase
 TestPauseMachine.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+async def test_a_pause_holds_a_retry_until_resumed(autojump_clock: trio.abc.Clock) -> None:
+    attempts: list[float] = []
+
+    @trioexec.task(retries=1, backoff=trioexec.Backoff(initial=10, jitter=0.0))
+    async def flaky() -> None:
+        attempts.append(trio.current_time())
+        if len(attempts) == 1:
+            raise ValueError("first attempt fails")
+
+    async with trioexec.open_executor() as ex:
+        t0 = trio.current_time()
+        ref = await ex.submit(flaky)
+        await trio.sleep(1)
+        assert ref.waiting_on == "retry backoff"
+        ex.pause(name=ref.name)
+        await trio.sleep(20)  # the backoff is over, the pause holds the next attempt
+        assert len(attempts) == 1
+        assert ref.waiting_on == "paused"
+        ex.resume(name=ref.name)
+        assert (await ref.wait()).ok
+    assert [t - t0 for t in attempts] == [0.0, 21.0]
+
+
+async def test_a_retry_held_by_a_pause_can_be_cancelled(autojump_clock: trio.abc.Clock) -> None:
+    @trioexec.task(retries=1, backoff=trioexec.Backoff(initial=1, jitter=0.0))
+    async def fails() -> None:
+        raise ValueError("no")
+
+    async with trioexec.open_executor() as ex:
+        ex.pause(name="fails")
+        ref = await ex.submit(fails, name="x")
+        ex.pause(name="x")
+        await trio.sleep(5)
+        assert ref.waiting_on == "paused"
+        ref.cancel()
+        assert (await ref.wait()).status is TaskStatus.CANCELLED

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
+from ._errors import TaskCancelled
 from ._records import check_id
 
 if TYPE_CHECKING:
@@ -161,7 +162,9 @@ class Control:
         for command in commands:
             if command.kind == "cancel" and command.task_id is not None:
                 job = lifecycle.live.get(command.task_id)
-                if job is not None:
+                if job is not None and not job.ended:
+                    if job.error is None:  # (the store records it, as when it cancels one)
+                        job.error = TaskCancelled(f"cancelled by {command.who}")
                     lifecycle.cancel(job)
             elif command.kind == "retry" and command.changed:
                 self.on_retry()

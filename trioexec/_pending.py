@@ -85,6 +85,8 @@ class Pending:
         "on_want",
         "parked",
         "paused",
+        "paused_retries",
+        "resumed",
         "timers",
     )
 
@@ -122,6 +124,8 @@ class Pending:
         # queued tasks they hold out of the queue, each with its place in it.
         self.paused: tuple[frozenset[str], frozenset[str]] | None = None
         self.parked: dict[Job, _Entry] = {}
+        self.paused_retries: set[Job] = set()  # retries a pause holds (`wait_unpaused`)
+        self.resumed = trio.Event()  # set (and replaced) when a pause is lifted
 
     # ------------------------------------------------------------ in and out
 
@@ -578,6 +582,9 @@ class Pending:
                 self._compact(None)
         for _ in back:
             self.on_ready()
+        if self.paused_retries:
+            self.resumed.set()
+            self.resumed = trio.Event()
 
     def start(self, nursery: trio.Nursery) -> None:
         """Refill timers run in ``nursery`` from now on."""
@@ -592,6 +599,21 @@ class Pending:
         return (
             f"<Pending {self.live} live, {tombstones} tombstones, {self.held} held by their keys>"
         )
+
+
+async def wait_unpaused(pending: Pending, job: Job) -> None:
+    """Wait while ``job``'s name or key is paused: a pause holds a retry's next
+    attempt too (its ``waiting_on`` says ``"paused"``). Not a checkpoint if it is
+    not paused."""
+    if not _paused_by(pending.paused, job):
+        return
+    pending.paused_retries.add(job)
+    pending.on_waiting(job)
+    try:
+        while _paused_by(pending.paused, job):
+            await pending.resumed.wait()
+    finally:
+        pending.paused_retries.discard(job)
 
 
 @final

@@ -26,6 +26,7 @@ from ._causation import running
 from ._errors import PermanentError, TaskTimeout
 from ._handle import TaskHandle
 from ._lifecycle import Lifecycle, journal_waiting
+from ._pending import wait_unpaused
 from ._poller import Poller
 from ._records import SubStatus, TaskStatus
 from ._slots import SlotPool, SlotToken
@@ -272,6 +273,7 @@ class Workers:
             try:
                 await trio.sleep(delay)
                 backing_off.discard(job)
+                await wait_unpaused(self._pending, job)
                 journal_waiting(self._lifecycle, job)  # (a slot, or its key, next)
                 if job.key is not None:
                     await self._pending.rejoin(job)
