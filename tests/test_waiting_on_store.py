@@ -60,6 +60,34 @@ async def test_deferred_on_an_event_then_queued_for_its_slot(make_store, autojum
         assert await recorded(ex, store, second) is None
 
 
+async def test_a_condition_can_say_what_it_waits_on(make_store, autojump_clock):
+    store = make_store(clock=FakeWallClock(start=100))
+
+    class Approval:
+        """An event-like condition that names itself (as durable promises do)."""
+
+        __trioexec_waiting_on__ = "promise approval [o'brien] 🚀"
+
+        def __init__(self) -> None:
+            self.event = trio.Event()
+
+        async def wait(self) -> None:
+            await self.event.wait()
+
+    approval = Approval()
+
+    async def waits(handle: TaskHandle):
+        await handle.defer_until(approval)
+
+    async with open_executor(store=store) as ex:
+        ref = await ex.submit(waits)
+        assert await recorded(ex, store, ref) == "promise approval [o'brien] 🚀"
+        assert ref.waiting_on == "promise approval [o'brien] 🚀"
+        approval.event.set()
+        await ref.wait()
+        assert await recorded(ex, store, ref) is None
+
+
 async def test_deferred_on_a_condition(make_store, autojump_clock):
     store = make_store(clock=FakeWallClock(start=100))
     ready = False

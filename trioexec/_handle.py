@@ -311,12 +311,17 @@ class TaskHandle:
         """What a deferred task waits for: ``"event"`` (a `trio.Event` or an object
         with an async ``wait()``), ``"condition <name>"`` (a predicate, or a
         trio-util ``AsyncValue``), or ``"slot"`` once that holds and it queues
-        for a slot again; None while it holds its slot."""
+        for a slot again; None while it holds its slot. A condition object may
+        say itself what it is, with a str attribute ``__trioexec_waiting_on__``
+        (``trioexec.durable``'s ``Promises.settled(id)`` says ``"promise <id>"``)."""
         if self._sub_status is not SubStatus.DEFERRED:
             return None
         condition = self._waiting_for
         if condition is None:
             return "slot"
+        named = getattr(condition, "__trioexec_waiting_on__", None)
+        if isinstance(named, str):
+            return named
         if isinstance(condition, AsyncValue):
             return f"condition {type(condition).__name__}"
         if inspect.iscoroutinefunction(getattr(condition, "wait", None)) or callable(
