@@ -462,15 +462,18 @@ def test_an_abandoned_execution_requeued_is_recovered_again(make_store):
     assert [r.task_id for r in store.recover("E", clock.now, lambda r: True, 1).claimed] == ["lost"]
 
 
-def test_a_requeued_execution_no_executor_can_recreate_is_orphaned(make_store):
+def test_a_requeued_execution_waits_for_an_executor_that_can_recreate_it(make_store):
     store = make_store()
     store.write(ended("dead", TaskStatus.FAILED))
     store.requeue(["dead"], who=WHO)
+    # An executor without its spec leaves it (a dead owner's would be orphaned)...
     found = store.recover("C", 10.0, lambda r: False, 3)
-    assert [r.task_id for r in found.orphaned] == ["dead"]
+    assert (found.claimed, found.orphaned, found.abandoned) == ([], [], [])
     record = store.execution("dead")
-    assert record.error.startswith("orphaned")
-    assert record.traceback is None  # (no exception ended it this time)
+    assert (record.status, record.owner) == (TaskStatus.PENDING, None)
+    # ...for one that has it.
+    [claimed] = store.recover("D", 10.0, lambda r: True, 3).claimed
+    assert (claimed.task_id, claimed.owner) == ("dead", "D")
 
 
 def test_cancel_of_a_requeued_execution_is_done_by_the_store(make_store):

@@ -443,6 +443,8 @@ class StoresAgree(RuleBasedStateMachine):
                 expected["abandoned"].append(task_id)
                 row.end(TaskStatus.FAILED, now, StartsWith("abandoned"))
             elif not (row.spec_id in REGISTERED and row.args is not None):
+                if row.owner is None:
+                    continue  # (requeued: left for an executor that can re-create it)
                 expected["orphaned"].append(task_id)
                 row.end(TaskStatus.FAILED, now, StartsWith("orphaned"))
             elif limit is None or len(expected["claimed"]) < limit:

@@ -35,8 +35,11 @@ from ._slots import SlotToken as SlotToken
 from ._spec import Backoff as Backoff
 from ._spec import TaskSpec as TaskSpec
 from ._spec import task as task
+from ._store import Command as Command
 from ._store import MemoryStore as MemoryStore
+from ._store import Pause as Pause
 from ._store import PostgresStore as PostgresStore
+from ._store import Requeued as Requeued
 from ._store import ScheduleRecord as ScheduleRecord
 from ._store import SQLiteStore as SQLiteStore
 from ._store import Store as Store
@@ -81,6 +84,9 @@ __all__ = [
     "TaskCompletion",
     "ExecutionRecord",
     "ScheduleRecord",
+    "Command",
+    "Pause",
+    "Requeued",
     # persistence
     "Store",
     "MemoryStore",

@@ -420,7 +420,9 @@ class Store(Protocol):
         """Atomically claim the live executions of owners whose lease expired before
         ``now``, oldest first: the re-creatable ones become ``owner``'s (pending,
         version + 1, ``recovery_attempts`` + 1), at most ``limit`` of them; the rest
-        fail ``orphaned``; past ``max_recovery_attempts`` they fail ``abandoned``.
+        fail ``orphaned`` (but one with no owner, requeued by `requeue`, is left
+        for an executor that can re-create it); past ``max_recovery_attempts``
+        they fail ``abandoned``.
         Never touches finished rows."""
         ...
 

@@ -463,6 +463,8 @@ class MemoryStore(MemorySchedules, MemoryControl):
                     self._fail(row, now, abandoned_error(row["recovery_attempts"]))
                     abandoned.append(self._record(row))
                 elif not recreatable(record):
+                    if record.owner is None:
+                        continue  # requeued (a retry): left for an executor that can re-create it
                     self._fail(row, now, ORPHANED)
                     orphaned.append(self._record(row))
                 elif limit is None or len(claimed) < limit:

@@ -381,6 +381,8 @@ class SQLiteStore(SQLControl):
                     self._fail(conn, record, now, error)
                     abandoned.append(self._one(conn, record.task_id))
                 elif not recreatable(record):
+                    if record.owner is None:
+                        continue  # requeued (a retry): left for an executor that can re-create it
                     self._fail(conn, record, now, ORPHANED)
                     orphaned.append(self._one(conn, record.task_id))
                 elif limit is None or len(claimed) < limit:
