@@ -1,0 +1,313 @@
+"""Review of issue 18 items 2 and 3 (29d067b, f0f6859): pause/resume, operator
+commands through the store, dead letters and requeue. Each test shows one bug
+and is marked xfail(strict=True) until it is fixed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import trioexec
+import trioexec._control
+from trioexec import Backoff, KeyLimit, Overflow, ShutdownPolicy, SQLiteStore, TaskStatus
+from trioexec.testing import FakeWallClock
+
+
+async def _noop() -> None:
+    pass
+
+
+# ------------------------------------------------------------ pauses and shutdown
+
+
+@pytest.mark.xfail(
+    strict=True, reason="review: a task parked by a pause after a DRAIN began is never cancelled"
+)
+@pytest.mark.parametrize("how", ["pause after the drain began", "own task submits during drain"])
+async def test_a_drain_ends_when_tasks_are_paused_after_it_began(
+    autojump_clock: trio.abc.Clock, how: str
+) -> None:
+    gate = trio.Event()
+    later: list[trioexec.TaskRef] = []
+
+    async def blocker() -> None:
+        await gate.wait()
+
+    async def producer() -> None:
+        await gate.wait()
+        later.append(await ex.submit(_noop, name="later"))  # (allowed while draining)
+
+    with trio.fail_after(100):
+        async with trioexec.open_executor(max_concurrent_tasks=1) as ex:
+            if how == "pause after the drain began":
+                await ex.submit(blocker)
+                later.append(await ex.submit(_noop, name="later"))
+            else:
+                ex.pause(name="later")
+                await ex.submit(producer)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ex.shutdown)  # DRAIN: the parked ones were cancelled here
+                await trio.testing.wait_all_tasks_blocked()
+                ex.pause(name="later")
+                gate.set()
+    # A paused task would never start: the drain must not wait for it forever.
+    assert later[0].status is TaskStatus.CANCELLED
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review: Pending.pop_oldest puts skipped paused tasks back into a deque"
+    " that _forget's compaction replaced, so they leave Pending._order",
+)
+async def test_drop_oldest_keeps_a_paused_task_where_cancel_pending_finds_it(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    gate = trio.Event()
+
+    async def blocker() -> None:
+        await gate.wait()
+
+    with trio.fail_after(100):
+        async with trioexec.open_executor(
+            max_concurrent_tasks=1, queue_capacity=3, overflow=Overflow.DROP_OLDEST
+        ) as ex:
+            await ex.submit(blocker)
+            await trio.testing.wait_all_tasks_blocked()
+            ex.pause(name="p")
+            parked = await ex.submit(_noop, name="p")  # the oldest queued task
+            for _ in range(200):  # each drops the oldest that is not paused
+                await ex.submit(_noop, name="w")
+            gate.set()
+            # take_all walks Pending._order: the paused task is not there any more,
+            # so it stays PENDING and this shutdown waits for it forever.
+            await ex.shutdown(ShutdownPolicy.CANCEL_PENDING)
+    assert parked.status is TaskStatus.CANCELLED
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review: set_paused parks through _forget, whose compaction"
+    " (_compact(leaving=job)) drops the job being parked from Pending._order",
+)
+async def test_pausing_many_queued_tasks_keeps_them_where_cancel_pending_finds_them(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    gate = trio.Event()
+
+    async def blocker() -> None:
+        await gate.wait()
+
+    with trio.fail_after(100):
+        async with trioexec.open_executor(max_concurrent_tasks=1) as ex:
+            await ex.submit(blocker)
+            refs = [await ex.submit(_noop, name="n") for _ in range(100)]
+            ex.pause(name="n")  # the 65th parked passes _COMPACT_AFTER tombstones
+            ex.resume(name="n")
+            gate.set()
+            # take_all walks Pending._order: one task is not there, stays PENDING,
+            # and this shutdown waits for it forever.
+            await ex.shutdown(ShutdownPolicy.CANCEL_PENDING)
+    assert {ref.status for ref in refs} == {TaskStatus.CANCELLED}
+
+
+# ------------------------------------------------------------ pauses and keys
+
+
+@pytest.mark.xfail(
+    strict=True, reason="review: paused tasks leave KeyState.pending, so key_statistics hides them"
+)
+async def test_key_statistics_count_paused_tasks_as_pending(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    async with trioexec.open_executor(key_limits=KeyLimit(concurrency=1)) as ex:
+        ex.pause(key="k")
+        for _ in range(3):
+            await ex.submit(_noop, key="k")
+        assert ex.statistics().queue_depth == 3
+        # KeyStatistics.pending: "have not started (held back by the key or
+        # waiting for a slot)"; these have not started either.
+        assert ex.key_statistics("k").pending == 3
+        ex.resume(key="k")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review: set_paused parks a held task, then _forget of a let-through one"
+    " calls _grant, which lets the parked task's stale entry through (held < 0,"
+    " phantom live: a worker then spins without a checkpoint)",
+)
+async def test_pausing_with_a_retry_waiting_for_its_key_keeps_the_queue_counts(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    gate = trio.Event()
+    calls: list[float] = []
+
+    @trioexec.task(retries=1, backoff=Backoff(initial=10, max=10), key="K")
+    async def flaky() -> None:
+        calls.append(trio.current_time())
+        if len(calls) == 1:
+            raise RuntimeError("once")
+
+    async def hold() -> None:
+        await gate.wait()
+
+    async with trioexec.open_executor(
+        max_concurrent_tasks=2, key_limits={"K": KeyLimit(concurrency=3)}
+    ) as ex:
+        pending = ex._core.pending
+        retry = await ex.submit(flaky)  # fails, waits 10 s for its next attempt
+        await trio.testing.wait_all_tasks_blocked()
+        held = [await ex.submit(hold, key="K"), await ex.submit(hold)]  # both slots busy
+        await trio.testing.wait_all_tasks_blocked()
+        # Let through by K (it has room), waiting for a slot:
+        low = [await ex.submit(_noop, key="K", name="n") for _ in range(2)]
+        await trio.sleep(20)  # the retry waits in K's line now (no room)
+        assert retry.waiting_on == "key concurrency K"
+        # A retry in K's line: a better task is held, not swapped with a let-through one.
+        high = await ex.submit(_noop, key="K", name="n", priority=10)
+        ex.pause(name="n")
+        state = pending.keys["K"]
+        assert not [job for job in state.earmarked if job.paused]
+        assert (pending.live, pending.held) == (0, 0)  # nothing of "n" may start
+        ex.resume(name="n")
+        gate.set()
+        with trio.fail_after(100):
+            for ref in (retry, *held, *low, high):
+                assert (await ref.wait()).ok
+
+
+# ------------------------------------------------------------ the store
+
+
+@trioexec.task(id="review-boom")
+async def boom(n: int) -> None:
+    raise ValueError(f"boom {n}")
+
+
+@trioexec.task(id="review-other")
+async def other() -> None:
+    pass
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review: a requeued dead letter is failed 'orphaned' (error and traceback"
+    " lost) by the first recovering executor whose tasks= lacks its spec",
+)
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+async def test_a_requeued_task_waits_for_an_executor_that_registers_its_spec(
+    autojump_clock: trio.abc.Clock, store_maker: Callable[..., Any], kind: str
+) -> None:
+    store = store_maker(kind, clock=FakeWallClock())
+    async with trioexec.open_executor(store=store, tasks=[boom]) as ex:
+        await (await ex.submit(boom, 1, task_id="dead")).wait()
+    assert store.requeue(["dead"], who="op").requeued
+    # Another service on the same store, with other tasks: it cannot run it.
+    async with trioexec.open_executor(store=store, tasks=[other], recover=True):
+        pass
+    record = store.execution("dead")
+    assert record.status is TaskStatus.PENDING, record.error
+    # API.md section 9: "for any executor on that store with recover=True whose
+    # tasks= can re-create it".
+    async with trioexec.open_executor(store=store, tasks=[boom], recover=True) as ex:
+        await ex.wait_for_idle()
+    record = store.execution("dead")
+    assert (record.status, record.attempt) == (TaskStatus.FAILED, 2)
+    assert record.traceback is not None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review: a recovered task parked by a pause keeps waiting_on 'slot' in"
+    " the store (accept(recovered=True) journals 'wait' only for keyed tasks)",
+)
+async def test_a_recovered_paused_task_is_recorded_as_paused(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    store = trioexec.MemoryStore(clock=FakeWallClock())
+    async with trioexec.open_executor(store=store, tasks=[boom]) as ex:
+        await (await ex.submit(boom, 1, task_id="dead")).wait()
+    store.requeue(["dead"], who="op")
+    store.command("pause", name="boom", who="op")
+    async with trioexec.open_executor(store=store, tasks=[boom], recover=True) as ex:
+        await ex.flush()
+        record = store.execution("dead")
+        assert record.status is TaskStatus.PENDING
+        assert record.waiting_on == "paused"  # TaskRef.waiting_on says so
+        ex.resume(name="boom")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review: finish() stores a traceback (and args) for any job.error, CANCELLED too",
+)
+async def test_a_cancelled_task_keeps_no_traceback(autojump_clock: trio.abc.Clock) -> None:
+    store = trioexec.MemoryStore(clock=FakeWallClock())
+
+    async def with_a_nursery() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.sleep_forever)
+
+    async with trioexec.open_executor(store=store) as ex:
+        ref = await ex.submit(with_a_nursery, task_id="c")
+        await trio.testing.wait_all_tasks_blocked()
+        ref.cancel()
+        assert (await ref.wait()).status is TaskStatus.CANCELLED
+    record = store.execution("c")
+    assert record.status is TaskStatus.CANCELLED
+    # ExecutionRecord: traceback is that of "a FAILED or TIMED_OUT execution (None otherwise)"
+    assert record.traceback is None
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review: on PostgreSQL a pause is recorded only after the LISTEN wait"
+    " (up to 0.5 s); the executor's exit cancels Control.run and drops its outbox",
+)
+async def test_a_pause_just_before_the_executor_exits_is_recorded(
+    store_maker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # (A longer poll only widens the window: with 0.5 s, an exit within 0.5 s of
+    # the pause loses it just the same.)
+    monkeypatch.setattr(trioexec._control, "POLL", 30.0)
+    store = store_maker("postgres")
+    async with trioexec.open_executor(store=store) as ex:
+        await trio.testing.wait_all_tasks_blocked()  # Control.run waits in LISTEN
+        ex.pause(name="nightly")
+    # "Every command is recorded": the other executors on the store never hear of it.
+    assert [(p.kind, p.value) for p in store.pauses()] == [("name", "nightly")]
+
+
+# ------------------------------------------------------------ the command line
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="review: trioexec pause records the targets before a bad one exits 2",
+)
+def test_cli_pause_with_a_bad_target_records_nothing(tmp_path: Path) -> None:
+    db = tmp_path / "app.db"
+    SQLiteStore(db).close()
+    done = subprocess.run(
+        [sys.executable, "-m", "trioexec", "pause", str(db), "--name", "ok", "--name", ""],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    store = SQLiteStore(db)
+    try:
+        # A usage error is refused as a whole, before anything is written.
+        assert store.pauses() == []
+        assert store.commands() == []
+    finally:
+        store.close()
