@@ -192,38 +192,6 @@ async def boom(n: int) -> None:
     raise ValueError(f"boom {n}")
 
 
-@trioexec.task(id="review-other")
-async def other() -> None:
-    pass
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a requeued dead letter is failed 'orphaned' (error and traceback"
-    " lost) by the first recovering executor whose tasks= lacks its spec",
-)
-@pytest.mark.parametrize("kind", ["memory", "sqlite"])
-async def test_a_requeued_task_waits_for_an_executor_that_registers_its_spec(
-    autojump_clock: trio.abc.Clock, store_maker: Callable[..., Any], kind: str
-) -> None:
-    store = store_maker(kind, clock=FakeWallClock())
-    async with trioexec.open_executor(store=store, tasks=[boom]) as ex:
-        await (await ex.submit(boom, 1, task_id="dead")).wait()
-    assert store.requeue(["dead"], who="op").requeued
-    # Another service on the same store, with other tasks: it cannot run it.
-    async with trioexec.open_executor(store=store, tasks=[other], recover=True):
-        pass
-    record = store.execution("dead")
-    assert record.status is TaskStatus.PENDING, record.error
-    # API.md section 9: "for any executor on that store with recover=True whose
-    # tasks= can re-create it".
-    async with trioexec.open_executor(store=store, tasks=[boom], recover=True) as ex:
-        await ex.wait_for_idle()
-    record = store.execution("dead")
-    assert (record.status, record.attempt) == (TaskStatus.FAILED, 2)
-    assert record.traceback is not None
-
-
 @pytest.mark.xfail(
     strict=True,
     reason="review: a recovered task parked by a pause keeps waiting_on 'slot' in"
