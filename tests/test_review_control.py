@@ -118,6 +118,35 @@ async def test_pausing_many_queued_tasks_keeps_them_where_cancel_pending_finds_t
     assert {ref.status for ref in refs} == {TaskStatus.CANCELLED}
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="review: a retry held by a pause (wait_unpaused, 49bc543) is never"
+    " cancelled by a shutdown: Shutdown.begin cancels Pending.parked only",
+)
+@pytest.mark.parametrize("policy", [ShutdownPolicy.DRAIN, ShutdownPolicy.CANCEL_PENDING])
+async def test_a_shutdown_ends_with_a_retry_held_by_a_pause(
+    autojump_clock: trio.abc.Clock, policy: ShutdownPolicy
+) -> None:
+    calls: list[int] = []
+
+    @trioexec.task(retries=1, backoff=Backoff(initial=1, max=1), id="review-flaky")
+    async def flaky() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("once")
+
+    with trio.fail_after(100):
+        async with trioexec.open_executor(shutdown_policy=policy) as ex:
+            ref = await ex.submit(flaky, name="r")
+            await trio.testing.wait_all_tasks_blocked()  # failed once, in its backoff
+            ex.pause(name="r")
+            await trio.sleep(5)
+            assert (ref.status, ref.waiting_on) == (TaskStatus.PENDING, "paused")
+    # Its next attempt would never start: the shutdown must end it, as it ends
+    # the paused queued tasks.
+    assert ref.status is TaskStatus.CANCELLED
+
+
 # ------------------------------------------------------------ pauses and keys
 
 
