@@ -283,6 +283,37 @@ async def test_a_pause_just_before_the_executor_exits_is_recorded(
     assert [(p.kind, p.value) for p in store.pauses()] == [("name", "nightly")]
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="review: Control.follow sets job.error = TaskCancelled('cancelled by ...')"
+    " before cancelling (49bc543); a task that completes anyway keeps that error",
+)
+async def test_a_task_that_completes_despite_a_cancel_command_has_no_error(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    store = trioexec.MemoryStore(clock=FakeWallClock())
+    done = trio.Event()
+
+    async def finishing() -> int:
+        with trio.CancelScope(shield=True):  # (its last step cannot be interrupted)
+            await done.wait()
+        return 42
+
+    async with trioexec.open_executor(store=store) as ex:
+        ref = await ex.submit(finishing, task_id="s")
+        await trio.testing.wait_all_tasks_blocked()
+        await ex.flush()
+        command = store.command("cancel", task_id="s", who="op")
+        assert command.detail.startswith("sent to its owner")
+        await trio.sleep(1)  # the executor follows the command (POLL)
+        done.set()
+        completion = await ref.wait()
+    assert (completion.status, completion.result) == (TaskStatus.COMPLETED, 42)
+    assert completion.error is None
+    record = store.execution("s")
+    assert (record.status, record.error, record.traceback) == (TaskStatus.COMPLETED, None, None)
+
+
 # ------------------------------------------------------------ the command line
 
 
