@@ -11,7 +11,7 @@ from ._records import Suspend as Suspend
 from ._records import TaskRecord as TaskRecord
 from ._records import TaskState as TaskState
 from ._store import DurableStore as DurableStore
-from ._worker import DurableHandle as DurableHandle
+from ._suspend import DurableHandle as DurableHandle
 from ._worker import Worker as Worker
 from ._worker import open_worker as open_worker
 

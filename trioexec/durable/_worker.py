@@ -26,6 +26,15 @@ finds the task is not this worker's at that version any more, or when the lease
 runs out on this worker's own clock before a heartbeat renewed it (the heartbeat
 may be stuck). The local attempt is then cancelled and nothing it produces is
 written: another worker may be running the task already.
+
+`Worker.drain` stops a worker without cancelling its work: it claims nothing more,
+gives back at once what it claimed but did not start, and lets the runs end (then,
+past its grace, cancels them and gives their tasks back). A run's outcome is what
+its handler did: a value or an error settles the promise, an await on a pending
+promise suspends the task. A suspension is written even if the run is cancelled
+meanwhile (draining, leaving): the task is then the store's, suspended, never
+released at its version nor run again here. Only a run that ends without any
+outcome (cancelled) has its task released, same version, for another worker.
 """
 
 from __future__ import annotations
@@ -43,49 +52,20 @@ from typing import Any, NoReturn, final
 
 import trio
 
-from .._errors import PromiseRejected, TrioexecError
+from .._errors import TrioexecError
 from .._executor import Executor, open_executor
 from .._handle import TaskHandle
 from .._records import ShutdownPolicy, safe_repr
 from .._spec import call_info
 from .._taskref import TaskRef
 from ._checks import check_id, encode
-from ._records import Conflict, NotFound, PromiseRecord, PromiseState, Suspend, TaskRecord
+from ._records import Conflict, NotFound, Suspend, TaskRecord
 from ._store import DurableStore, Wakeup, claim_work, lost_leases, open_wakeup
+from ._suspend import DurableHandle, leftover
 
 #: A worker holds at most this many times its slots in tasks claimed ahead (held,
 #: not started).
 AHEAD = 16
-
-
-class _Suspended(BaseException):
-    """Unwinds a handler that awaits a pending promise (not an error; the worker
-    catches it, at any depth of the handler's task tree, and never lets it out)."""
-
-
-def _value(record: PromiseRecord) -> Any:
-    if record.state is PromiseState.RESOLVED:
-        return None if record.data is None else json.loads(record.data)
-    raise PromiseRejected(record)
-
-
-def _leftover(exc: BaseException, *, cancelled_here: bool) -> BaseException | None:
-    """A handler that asked to suspend ended with ``exc``: what of it must still
-    propagate (None: nothing). Dropped: the suspension signals, the `trio.Cancelled`
-    of the siblings they cancelled, and errors raised while unwinding (a re-run
-    meets a real one again). Kept: a Cancelled when the task itself is being
-    cancelled (``cancelled_here``), and KeyboardInterrupt and the like."""
-
-    def keep(e: BaseException) -> bool:
-        if isinstance(e, BaseExceptionGroup | _Suspended | Exception):
-            return False  # a group: look inside it
-        if isinstance(e, trio.Cancelled):
-            return cancelled_here
-        return True
-
-    if isinstance(exc, BaseExceptionGroup):
-        return exc.subgroup(keep)
-    return exc if keep(exc) else None
 
 
 def _check_seconds(value: object, what: str) -> None:
@@ -94,80 +74,18 @@ def _check_seconds(value: object, what: str) -> None:
 
 
 @final
-class DurableHandle:
-    """What a worker's handler gets as ``handle``: the executor's `TaskHandle`
-    features (``defer_until`` ...) plus `await_promise`.
-
-    A plain ``def`` handler runs in a worker thread: it uses the blocking
-    ``*_sync`` methods (`await_promise_sync`, `defer_until_sync`), which block only
-    its thread.
-    """
-
-    def __init__(self, worker: Worker, record: TaskRecord, task: TaskHandle) -> None:
-        self._worker = worker
-        self.task_id = record.id
-        self.version = record.version
-        self.task = task
-        self._awaited: list[str] = []  # pending promises this run asked to suspend on
-
-    @property
-    def cancel_requested(self) -> bool:
-        """True once the worker has asked this run to stop (its lease was lost, or
-        the worker is closing). A thread can poll it."""
-        return self.task.cancel_requested
-
-    async def defer_until(self, condition: Any, poll_interval: Any = 1.0) -> None:
-        """`TaskHandle.defer_until`: give the slot back while waiting in-process.
-        The lease is kept (the heartbeat renews it)."""
-        await self.task.defer_until(condition, poll_interval)
-
-    def defer_until_sync(self, condition: Any, poll_interval: Any = 1.0) -> None:
-        """`defer_until` for a ``def`` handler: blocks only its thread."""
-        self.task.defer_until_sync(condition, poll_interval)
-
-    async def await_promise(self, id: str) -> Any:
-        """The value of durable promise ``id``.
-
-        If it is settled, returns its value at once (or raises `PromiseRejected`).
-        If it is pending, the task suspends: this call never returns, the handler
-        is unwound (from any depth: a child task of a nursery in the handler
-        suspends the whole handler; siblings are cancelled), and the task is
-        delivered again from the top once the promise settles. Several children
-        awaiting pending promises suspend the task on all those that were reached
-        before the unwinding cancelled the rest; any of them settling re-delivers it.
-
-        Raises:
-          NotFound: there is no promise ``id``.
-          PromiseRejected: the promise was rejected, canceled or timed out.
-          ValueError: ``id`` is not a usable id.
-        """
-        check_id(id, "promise id")
-        record = await self._worker.ds.promises.get(id)
-        if record is None:
-            raise NotFound(f"no promise {id!r}")
-        if record.pending:
-            self._awaited.append(id)  # the worker suspends on it once the handler unwound
-            raise _Suspended(id)
-        return _value(record)
-
-    def await_promise_sync(self, id: str) -> Any:
-        """`await_promise` for a ``def`` handler (in its worker thread): blocks only
-        the thread; on a pending promise it raises the suspension signal, which
-        the handler must let through (like `await_promise`, it never returns then)."""
-        return trio.from_thread.run(self.await_promise, id)
-
-
-@final
 class _Lease:
     """A task this worker holds: its version, the last moment (on Trio's clock) by
     which its lease is surely still ours, and its executor task."""
 
-    __slots__ = ("deadline", "finished", "ref", "settling", "version")
+    __slots__ = ("deadline", "finished", "over", "ref", "settling", "started", "version")
 
     def __init__(self, version: int, deadline: float) -> None:
         self.version = version
         self.deadline = deadline
         self.ref: TaskRef | None = None
+        self.started = False  # its handler may have run: released only once it is over
+        self.over = False  # its run ended with no outcome recorded (cancelled): released
         self.settling = False  # a fulfil or suspend is in flight: that call decides
         self.finished = False  # the run is over, its fulfil in flight: no room taken
 
@@ -177,9 +95,12 @@ class Worker:
     """The object `open_worker` yields.
 
     Counters: ``claimed`` (tasks acquired), ``fulfilled`` (promises this worker
-    settled from a handler's outcome), ``suspended`` (runs that suspended on a
-    pending promise), ``lost`` (runs cancelled or discarded because the lease
-    was lost: their outcome was not recorded).
+    settled from a handler's outcome), ``rejected`` (of those, how many with an
+    error), ``suspended`` (runs that suspended on a pending promise), ``lost`` (runs
+    cancelled or discarded because the lease was lost: their outcome was not
+    recorded), ``cancelled`` (runs that ended with no outcome recorded while this
+    worker held their task: cancelled by the drain's grace or by leaving the
+    block; their tasks are released), and ``running`` (handlers running now).
     """
 
     def __init__(
@@ -207,10 +128,73 @@ class Worker:
         self._roomy = trio.Event()  # set when the room to claim may have grown
         # Where a finished run's fulfil goes on (None: closed; the run waits for it).
         self._settling: trio.Nursery | None = None
+        self._stopping = False  # draining or leaving: no handler starts any more
+        self._claiming = trio.CancelScope()  # the claim loop's (drain() cancels it)
+        self._claims_over = trio.Event()
+        self._run_ended = trio.Event()  # set (and replaced) when a handler's run ends
         self.claimed = 0
         self.fulfilled = 0
+        self.rejected = 0
         self.suspended = 0
         self.lost = 0
+        self.cancelled = 0
+        self.running = 0
+
+    async def drain(self, grace: float | None = None) -> bool:
+        """Stop taking work and wait for the handlers running to end.
+
+        From the call on, the worker claims nothing more and starts no handler: the
+        tasks it claimed but has not started are released at once (back to pending,
+        same version) for other workers. The runs already going on are let finish
+        (their outcomes recorded as usual: a handler that suspends on a pending
+        promise suspends its task; one whose promise settled just before its
+        suspension was written goes on, its handler called again at once); once
+        ``grace`` seconds have passed (None: no limit) those still going are
+        cancelled, and once they ended their tasks are released too (but for those
+        whose suspension or fulfil was being written: that is written). The
+        worker's block can then be left without cancelling anything. Calling it
+        again drains nothing more: it waits again.
+
+        Blocks until no handler runs; a checkpoint. Returns True if every run
+        ended by itself, False if the grace ran out. Cancelling it stops the
+        wait only: the worker stays drained, and leaving the block cancels the
+        runs still going and releases their tasks.
+
+        Raises:
+          ValueError: ``grace`` is not None nor a finite number of seconds >= 0.
+
+        Example::
+
+            async with open_worker(ds, "refunds", refund) as worker:
+                await stop_requested.wait()
+                await worker.drain(grace=30)
+        """
+        usable = isinstance(grace, int | float) and not isinstance(grace, bool)
+        if grace is not None and not (usable and 0 <= grace < math.inf):
+            raise ValueError(
+                f"grace must be None or a finite number of seconds >= 0, got {grace!r}"
+            )
+        self._stopping = True
+        self._claiming.cancel()
+        await self._claims_over.wait()  # a claim under way is held once it is back
+        for lease in self._held.values():
+            if not lease.started and lease.ref is not None:
+                lease.ref.cancel()  # (it cannot start its handler any more anyway)
+        await self._release_all()
+        with trio.move_on_after(math.inf if grace is None else grace):
+            while self.running:
+                await self._run_ended.wait()
+        by_themselves = not self.running
+        if not by_themselves:
+            # A run writing its suspension is cancelled too: the write completes
+            # (shielded), and the run is not called again if the store refuses it.
+            for lease in self._held.values():
+                if lease.started and not lease.finished and lease.ref is not None:
+                    lease.ref.cancel()
+            while self.running:
+                await self._run_ended.wait()
+        await self._release_all()  # the cancelled runs' tasks
+        return by_themselves
 
     # ------------------------------------------------------------ the loops
 
@@ -244,6 +228,13 @@ class Worker:
         return (self._run_async if is_async else self._run_sync), record, handler, param
 
     async def _claim_loop(self) -> None:
+        try:
+            with self._claiming:
+                await self._claim_forever()
+        finally:
+            self._claims_over.set()
+
+    async def _claim_forever(self) -> None:
         ex = self.executor
         idle = min(0.005, self._poll_interval)
         ended = self._ended  # when the last claim was sent
@@ -266,10 +257,15 @@ class Worker:
             batch = await claim_work(
                 self.ds, self.target, pid=self.pid, ttl=self._lease, limit=room
             )
-            for record, data in batch:
+            # The whole batch is held before the first await: a cancellation there
+            # (leaving, draining) then releases all of it, submitted or not.
+            leases = []
+            for record, _ in batch:
                 # The store's lease runs from a moment after ``sent``.
-                lease = self._held[record.id] = _Lease(record.version, sent + self._lease)
-                self.claimed += 1
+                leases.append(_Lease(record.version, sent + self._lease))
+                self._held[record.id] = leases[-1]
+            self.claimed += len(batch)
+            for (record, data), lease in zip(batch, leases, strict=True):
                 # The name is for people; the executor bounds it, ids are unbounded.
                 name = f"durable:{record.id}"[:200]
                 ref = await ex.submit(*self._job(record, data), name=name)
@@ -352,7 +348,43 @@ class Worker:
 
     # ------------------------------------------------------------ one run
 
+    def _start(self, record: TaskRecord) -> bool:
+        """Whether the run of ``record`` may start its handler (not once draining or
+        leaving, nor once the lease is lost); counts it as running if so."""
+        lease = self._ours(record)
+        if lease is None or self._stopping:
+            return False
+        lease.started = True
+        self.running += 1
+        return True
+
+    def _end(self, record: TaskRecord) -> None:
+        """The run of ``record`` is over. If it recorded nothing (no fulfil, no
+        suspension: it was cancelled) and its task is still ours, the task is to be
+        released."""
+        self.running -= 1
+        lease = self._ours(record)
+        if lease is not None and not lease.settling:
+            lease.over = True
+            self.cancelled += 1
+        self._run_ended.set()
+        self._run_ended = trio.Event()
+
     async def _run_async(
+        self,
+        record: TaskRecord,
+        handler: Callable[..., Any],
+        param: Any,
+        handle: TaskHandle,
+    ) -> Any:
+        if not self._start(record):
+            return None  # drained, leaving or lost: the task is released or someone else's
+        try:
+            return await self._run_handler(record, handler, param, handle)
+        finally:
+            self._end(record)
+
+    async def _run_handler(
         self,
         record: TaskRecord,
         handler: Callable[..., Any],
@@ -361,27 +393,34 @@ class Worker:
     ) -> Any:
         info = call_info(handler)
         while True:
-            durable = None
+            awaited: list[str] = []  # pending promises the run asked to suspend on
             kwargs = {}
             if info.handle_param is not None:
-                durable = kwargs[info.handle_param] = DurableHandle(self, record, handle)
+                kwargs[info.handle_param] = DurableHandle(self, record, handle, awaited)
             try:
                 result = await handler(param, **kwargs)
             except BaseException as exc:
-                if durable is None or not durable._awaited:
-                    if isinstance(exc, Exception):
+                cancelled_here = trio.current_effective_deadline() == -math.inf
+                if not awaited:
+                    # A cancelled run's error is not its outcome: it is released.
+                    cancelled = cancelled_here or handle.cancel_requested
+                    if isinstance(exc, Exception) and not cancelled:
                         await self._reject(record, exc)
                     raise
-                cancelled_here = trio.current_effective_deadline() == -math.inf
-                rest = _leftover(exc, cancelled_here=cancelled_here)
+                rest = leftover(exc, cancelled_here=cancelled_here)
                 if rest is not None:
                     raise rest from None
             else:
-                if durable is None or not durable._awaited:
+                if not awaited:
                     return await self._complete(record, result)
-            # The handler asked to suspend (even if it swallowed the signal).
-            if not await self._suspend(record, durable._awaited):
+            # The handler asked to suspend (even if it swallowed the signal): that is
+            # its outcome, written even if the run is being cancelled meanwhile.
+            if not await self._suspend(record, awaited):
                 return None
+            # A promise settled before the suspension was written: the handler runs
+            # again at once, unless the run is being cancelled (nothing was recorded:
+            # its task is released).
+            await trio.lowlevel.checkpoint_if_cancelled()
 
     def _run_sync(
         self,
@@ -392,12 +431,26 @@ class Worker:
     ) -> Any:
         # In a worker thread of the executor: the store is reached through
         # trio.from_thread (which raises Cancelled here once the run is cancelled).
+        if not trio.from_thread.run_sync(self._start, record):
+            return None
+        try:
+            return self._run_handler_sync(record, handler, param, handle)
+        finally:
+            trio.from_thread.run_sync(self._end, record)
+
+    def _run_handler_sync(
+        self,
+        record: TaskRecord,
+        handler: Callable[..., Any],
+        param: Any,
+        handle: TaskHandle,
+    ) -> Any:
         info = call_info(handler)
         while True:
-            durable = None
+            awaited: list[str] = []  # pending promises the run asked to suspend on
             kwargs = {}
             if info.handle_param is not None:
-                durable = kwargs[info.handle_param] = DurableHandle(self, record, handle)
+                kwargs[info.handle_param] = DurableHandle(self, record, handle, awaited)
             try:
                 result = handler(param, **kwargs)
                 if inspect.isawaitable(result):
@@ -409,19 +462,25 @@ class Worker:
                         "make it an async def"
                     )
             except BaseException as exc:
-                if durable is None or not durable._awaited:
+                if not awaited:
+                    if isinstance(exc, Exception) and handle.cancel_requested:
+                        # A thread is not cancelled: it learns of it and raises
+                        # something. The run was cancelled: released, not rejected.
+                        trio.from_thread.check_cancelled()
+                        raise
                     if isinstance(exc, Exception):
                         trio.from_thread.run(self._reject, record, exc)
                     raise
                 # In a thread, a Cancelled can only come from this run being cancelled.
-                rest = _leftover(exc, cancelled_here=True)
+                rest = leftover(exc, cancelled_here=True)
                 if rest is not None:
                     raise rest from None
             else:
-                if durable is None or not durable._awaited:
+                if not awaited:
                     return trio.from_thread.run(self._complete, record, result)
-            if not trio.from_thread.run(self._suspend, record, durable._awaited):
+            if not trio.from_thread.run(self._suspend, record, awaited):
                 return None
+            trio.from_thread.check_cancelled()  # (see _run_handler)
 
     async def _complete(self, record: TaskRecord, result: Any) -> Any:
         try:
@@ -487,23 +546,35 @@ class Worker:
             raise
         self._forget(record, lease)
         self.fulfilled += 1
+        self.rejected += rejected
 
     async def _suspend(self, record: TaskRecord, awaited: list[str]) -> bool:
         """Suspend the task on ``awaited``; True if one has settled meanwhile (the
-        handler is to run again at once)."""
+        handler is to run again at once).
+
+        The suspension is the run's outcome, not a cancellation: it is written even
+        if the run is being cancelled meanwhile (shielded; bounded by the lease,
+        past which the task is not surely ours to suspend: it is then given up,
+        counted ``lost``, and its lease lapses)."""
         lease = self._ours(record)
         if lease is None:
             return False
         lease.settling = True
-        try:
-            answer = await self.ds.tasks.suspend(record.id, record.version, awaited)
-        except Conflict:
+        answer = None
+        with trio.CancelScope(shield=True), trio.move_on_after(self._lease):
+            try:
+                answer = await self.ds.tasks.suspend(record.id, record.version, awaited)
+            except Conflict:
+                self._forget(record, lease)
+                self.lost += 1
+                return False
+            except BaseException:
+                lease.settling = False  # not written (a store error): still held
+                raise
+        if answer is None:  # not written in time: give it up
             self._forget(record, lease)
             self.lost += 1
             return False
-        except BaseException:
-            lease.settling = False
-            raise
         if answer is Suspend.SUSPENDED:
             self._forget(record, lease)  # the store holds it now, without a lease
             self.suspended += 1
@@ -512,15 +583,20 @@ class Worker:
         return True
 
     async def _release_all(self) -> None:
-        """Give back every held task whose run has ended (a run still going, e.g. a
-        thread, keeps it until its lease lapses: releasing would run it twice)."""
-        for id, lease in list(self._held.items()):
-            if lease.ref is not None and not lease.ref.done:
-                continue
-            with contextlib.suppress(Conflict, NotFound):  # someone else's already
-                await self.ds.tasks.release(id, lease.version)
-            if self._held.get(id) is lease:
-                self._drop(id)
+        """Give back every held task whose handler has not started, or whose run
+        ended with no outcome recorded. Never one whose run is still going (e.g. a
+        thread: it keeps it until its lease lapses; releasing would run it twice),
+        nor one whose fulfil or suspension is being written (that call decides)."""
+        async with trio.open_nursery() as nursery:  # together: one transaction
+            for id, lease in list(self._held.items()):
+                if (not lease.started or lease.over) and not lease.settling:
+                    nursery.start_soon(self._release, id, lease)
+
+    async def _release(self, id: str, lease: _Lease) -> None:
+        with contextlib.suppress(Conflict, NotFound):  # someone else's already
+            await self.ds.tasks.release(id, lease.version)
+        if self._held.get(id) is lease:
+            self._drop(id)
 
 
 @asynccontextmanager
@@ -560,8 +636,10 @@ async def open_worker(
     Leaving the block, by any means (cancellation included), stops claiming,
     cancels running handlers and releases every task this worker still holds
     (back to pending, same version) so other workers take them at once; that
-    cleanup is shielded and bounded by ``lease``. A killed worker's tasks come
-    back when their leases expire.
+    cleanup is shielded and bounded by ``lease``. A fulfil or a suspension under
+    way is written first (a handler that suspended is not cancelled back to
+    pending). A killed worker's tasks come back when their leases expire. To stop
+    without cancelling the runs, call `Worker.drain` first.
 
     Raises:
       ValueError: ``lease`` or ``poll_interval`` is not a finite number > 0, or
@@ -600,6 +678,7 @@ async def open_worker(
                         finally:
                             nursery.cancel_scope.cancel()
                 finally:
+                    worker._stopping = True  # a run that has not started never will
                     # Also when leaving by cancellation: shielded, and bounded by the
                     # lease (past it, whatever is still held has lapsed anyway).
                     with trio.move_on_after(lease, shield=True):
