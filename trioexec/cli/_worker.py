@@ -2,31 +2,26 @@
 command line, stopped by a signal the way `trioexec.serve_until_signal` stops an
 executor.
 
-The first SIGTERM or SIGINT drains it: no handler starts from then on, the runs
-already started go on to their end (bounded by ``--grace``), then the worker leaves
-its block. A second signal, or the grace running out, cancels the runs still going.
-Either way nothing is lost: leaving `open_worker`'s block cancels what still runs
-and releases every task the worker holds (a cancelled run's task, and tasks it had
-claimed but not started) back to pending, same version, for another worker; a
-finished run's fulfil is written before it leaves.
+The first SIGTERM or SIGINT drains it (`Worker.drain`): it claims nothing more, the
+tasks it claimed but has not started go back to pending at once, no handler starts
+from then on, and the runs already started go on to their end (bounded by
+``--grace``); then the worker leaves its block. A second signal, or the grace
+running out, cancels the runs still going. Either way nothing is lost: leaving
+`open_worker`'s block cancels what still runs and releases every task the worker
+holds (a cancelled run's) back to pending, same version, for another worker; a
+finished run's fulfil, or a suspension, is written before it leaves.
 
-`open_worker` has no drain of its own, so the drain is made here, around the
-handlers: each one is wrapped in a `_Gate` that, once closed, lets no handler start.
-A run the worker starts after that (it claims ahead of its free slots, and its claim
-loop goes on) is parked without its slot (deferred on an event that is never set)
-until leaving the block cancels it; its handler never ran, so it runs once,
-elsewhere.
+The grace and the second signal are this command's (not the drain's own grace):
+its lines say how many runs were still going when either came.
 """
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import math
 import os
 import signal
 import sys
-import threading
 import traceback
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -34,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 import click
 import trio
 
-from trioexec._spec import call_info
 from trioexec._store._open import is_postgres_url
 from trioexec.durable._checks import check_id
 
@@ -126,116 +120,6 @@ def _where(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{place}"
 
 
-# --------------------------------------------------------------------------- the gate
-
-
-class _Gate:
-    """Lets handlers start until `close`; counts the runs of those that started.
-
-    The counts are kept under a lock: a plain ``def`` handler runs in one of the
-    executor's threads. `wait_idle` returns once it is closed and no handler runs.
-    """
-
-    def __init__(self) -> None:
-        self._token = trio.lowlevel.current_trio_token()
-        self._lock = threading.Lock()
-        self._open = True
-        self._idle = trio.Event()
-        self._never = trio.Event()  # what a parked run waits on
-        self.running = 0
-        self.completed = 0
-        self.failed = 0
-        self.cancelled = 0
-
-    def close(self) -> None:
-        with self._lock:
-            self._open = False
-            idle = self.running == 0
-        if idle:
-            self._idle.set()
-
-    async def wait_idle(self) -> None:
-        await self._idle.wait()
-
-    def _enter(self) -> bool:
-        with self._lock:
-            if self._open:
-                self.running += 1
-            return self._open
-
-    def _leave(self, outcome: BaseException | None, handle: Any) -> None:
-        with self._lock:
-            self.running -= 1
-            if outcome is None:
-                self.completed += 1
-            elif handle.cancel_requested:  # (a thread's run may raise anything then)
-                self.cancelled += 1
-            elif isinstance(outcome, Exception):  # the worker rejects its promise
-                self.failed += 1
-            idle = not self._open and self.running == 0
-        if idle:  # (from a handler's thread too: run_sync_soon is thread-safe)
-            self._token.run_sync_soon(self._idle.set)
-
-    def wrap(self, handlers: Handlers) -> Handlers:
-        if isinstance(handlers, Mapping):
-            return {name: self._wrap(fn) for name, fn in handlers.items()}
-        return self._wrap(handlers)
-
-    def _wrap(self, fn: Handler) -> Handler:
-        info = call_info(fn)
-        # The wrapper always takes the worker's DurableHandle (parked runs defer on
-        # it); the handler gets it only if it asks, under its own parameter name.
-        keyword = info.handle_param
-
-        if info.is_async:
-
-            async def run_async(param: Any, handle: Any) -> Any:
-                if not self._enter():
-                    await handle.defer_until(self._never)  # until cancelled
-                try:
-                    result = await (fn(param, **{keyword: handle}) if keyword else fn(param))
-                except BaseException as exc:
-                    self._leave(exc, handle)
-                    raise
-                self._leave(None, handle)
-                return result
-
-            return run_async
-
-        def run_sync(param: Any, handle: Any) -> Any:
-            if not self._enter():
-                try:
-                    handle.defer_until_sync(self._never)  # until cancelled
-                except Exception:
-                    _cancelled_in_thread(handle)
-                    raise
-            try:
-                result = fn(param, **{keyword: handle}) if keyword else fn(param)
-            except BaseException as exc:
-                self._leave(exc, handle)
-                if isinstance(exc, Exception):
-                    _cancelled_in_thread(handle)
-                raise
-            self._leave(None, handle)
-            return result
-
-        return run_sync
-
-
-def _cancelled_in_thread(handle: Any) -> None:
-    """In a plain ``def`` handler's thread, whose run raised an exception: if the run
-    was cancelled, raise `trio.Cancelled` instead (from the run's Trio task).
-
-    A thread cannot be cancelled: a cancelled run learns of it from
-    ``handle.cancel_requested`` (or `TaskCancelled` from a ``*_sync`` call) and
-    unwinds with an exception. `open_worker` would reject the task's promise with
-    that exception, as with any failure of a handler; the run was cancelled
-    instead, so its task must go back to pending (released) like an async one.
-    """
-    if handle.cancel_requested:
-        trio.from_thread.check_cancelled()
-
-
 # --------------------------------------------------------------------------- the command
 
 
@@ -243,15 +127,15 @@ def _seconds(value: float | None) -> str:
     return "no limit" if value is None else f"{value:g}s"
 
 
-def _counts(gate: _Gate, worker: Worker) -> str:
-    parts = [f"{gate.completed} completed", f"{gate.failed} failed"]
-    if gate.cancelled:
-        parts.append(f"{gate.cancelled} cancelled")
+def _counts(worker: Worker) -> str:
+    parts = [f"{worker.fulfilled - worker.rejected} completed", f"{worker.rejected} failed"]
+    if worker.cancelled:
+        parts.append(f"{worker.cancelled} cancelled")
     if worker.suspended:
         parts.append(f"{worker.suspended} suspended")
     if worker.lost:
         parts.append(f"{worker.lost} lost")
-    parts.append(f"{gate.running} running")
+    parts.append(f"{worker.running} running")
     return ", ".join(parts)
 
 
@@ -259,11 +143,11 @@ def _say(text: str) -> None:
     click.echo(f"trioexec worker: {text}", err=True)
 
 
-async def _progress(gate: _Gate, worker: Worker) -> None:
+async def _progress(worker: Worker) -> None:
     last = ""
     while True:
         await trio.sleep(PROGRESS_EVERY)
-        now = _counts(gate, worker)
+        now = _counts(worker)
         if now != last:
             _say(now)
             last = now
@@ -283,10 +167,9 @@ async def _serve(
 ) -> None:
     from trioexec.durable import open_worker
 
-    gate = _Gate()
     with trio.open_signal_receiver(*SIGNALS) as signals:
         async with open_worker(
-            ds, target, gate.wrap(handlers), lease=lease, max_concurrent_tasks=concurrency
+            ds, target, handlers, lease=lease, max_concurrent_tasks=concurrency
         ) as worker:
             _say(
                 f"pid {os.getpid()} serving target {target!r} of {shown} with {spec}"
@@ -294,11 +177,10 @@ async def _serve(
                 f" grace {_seconds(grace)}; worker id {worker.pid}"
             )
             async with trio.open_nursery() as nursery:
-                nursery.start_soon(_progress, gate, worker)
+                nursery.start_soon(_progress, worker)
                 first = signal.Signals(await signals.__anext__())
-                gate.close()
                 _say(
-                    f"{first.name}: draining ({gate.running} running; no new task starts;"
+                    f"{first.name}: draining ({worker.running} running; no new task starts;"
                     f" grace {_seconds(grace)}; another signal cancels)"
                 )
                 second: signal.Signals | None = None
@@ -311,9 +193,9 @@ async def _serve(
                             waiting.cancel_scope.cancel()
 
                         waiting.start_soon(on_second)
-                        await gate.wait_idle()
+                        await worker.drain()
                         waiting.cancel_scope.cancel()
-                left = gate.running
+                left = worker.running
                 if second is not None:
                     _say(
                         f"{second.name}: cancelling {left} running; their tasks go back to pending"
@@ -326,35 +208,8 @@ async def _serve(
                 nursery.cancel_scope.cancel()
             # Leaving the block cancels what still runs, writes the last fulfils and
             # releases every task still held (claimed, not finished) to pending.
-        with trio.move_on_after(lease, shield=True):
-            await _release_leftovers(ds, target, worker.pid)
         how = "drained" if second is None and not drain.cancelled_caught else "cancelled"
-        _say(f"stopped ({first.name}, {how}): {_counts(gate, worker)}")
-
-
-async def _release_leftovers(ds: DurableStore, target: str, pid: str) -> None:
-    """Release the tasks of ``target`` still acquired by the worker ``pid`` once it
-    has left its block.
-
-    A claim that is under way when the worker leaves completes (its transaction
-    has begun), but the worker's claim loop is cancelled at its next checkpoint,
-    before it has taken in the whole batch: those tasks would stay acquired until
-    their leases lapse. Nothing of this worker runs any more, so each is released
-    now, for another worker to take at once.
-    """
-    from trioexec.durable import Conflict, NotFound
-
-    cursor = None
-    while True:
-        page, cursor = await ds.tasks.search(
-            state="acquired", target=target, limit=500, cursor=cursor
-        )
-        for task in page:
-            if task.pid == pid:
-                with contextlib.suppress(Conflict, NotFound):
-                    await ds.tasks.release(task.id, task.version)
-        if cursor is None:
-            return
+        _say(f"stopped ({first.name}, {how}): {_counts(worker)}")
 
 
 @click.command()
