@@ -140,7 +140,11 @@ class PauseMachine(RuleBasedStateMachine):
 
     @initialize()
     def make(self) -> None:
-        self.ex = DeterministicExecutor(max_concurrent_tasks=1, priority_aging=None)
+        # k1 lets one task through at a time: tasks wait in its line, or are let
+        # through, when a pause takes them out and puts them back.
+        self.ex = DeterministicExecutor(
+            max_concurrent_tasks=1, priority_aging=None, key_limits={"k1": KeyLimit(concurrency=1)}
+        )
         self.names: set[str] = set()
         self.keys: set[str] = set()
         self.queued: list[tuple[int, int, str, str | None, trioexec.TaskRef]] = []
@@ -215,11 +219,25 @@ class PauseMachine(RuleBasedStateMachine):
 
     @invariant()
     def waiting_on_is_exact(self) -> None:
+        self._in_trio(self._check_waiting_on)  # (a key's answer reads Trio's clock)
+
+    def _check_waiting_on(self) -> None:
         for _, _, name, key, ref in self.queued:
             assert ref.status is TaskStatus.PENDING
             paused = self._paused(name, key)
             assert (ref.waiting_on == "paused") is paused, (name, key, ref.waiting_on)
         assert self.ex.pending == len(self.queued)
+
+    @invariant()
+    def the_queue_counts_add_up(self) -> None:
+        pending = self.ex._core.pending
+        paused = [e for e in self.queued if self._paused(e[2], e[3])]
+        assert len(pending.parked) == len(paused)
+        assert pending.live + pending.held == len(self.queued) - len(paused)
+        for key, state in pending.keys.items():
+            assert state.pending == sum(e[3] == key for e in self.queued), key
+            assert state.parked == sum(e[3] == key for e in paused), key
+            assert state.statistics().pending == state.pending
 
 
 TestPauseMachine = PauseMachine.TestCase

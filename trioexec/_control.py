@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
-from ._errors import TaskCancelled
+from ._errors import ExecutorClosed
 from ._records import check_id
 
 if TYPE_CHECKING:
@@ -77,6 +77,7 @@ class Control:
         self._outbox: list[tuple[str, str, str]] = []  # (command, kind, value) not yet recorded
         self._seq = 0  # the last command seen
         self._wake = trio.Event()
+        self.closed = False  # (the executor has: pause and resume raise)
 
     # ------------------------------------------------------------ here
 
@@ -87,6 +88,8 @@ class Control:
         self._command("resume", check_target(name, key))
 
     def _command(self, command: str, targets: list[tuple[str, str]]) -> None:
+        if self.closed:
+            raise ExecutorClosed(f"cannot {command}: the executor has closed")
         for kind, value in targets:
             self._apply(command, kind, value)
             if self._journal is not None:
@@ -141,11 +144,16 @@ class Control:
                 with trio.move_on_after(POLL):
                     await self._wake.wait()
             self._wake = trio.Event()
-            while self._outbox:
-                command, kind, value = self._outbox[0]
-                await journal.call(self._record, command, kind, value)
-                del self._outbox[0]
+            await self.flush()
             await self.follow(await journal.call(store.commands, self._seq))
+
+    async def flush(self) -> None:
+        """Record this executor's commands not recorded yet (also as it closes)."""
+        journal = self._journal
+        assert journal is not None
+        while self._outbox:
+            command, kind, value = self._outbox.pop(0)  # (taken first: recorded once)
+            await journal.call(self._record, command, kind, value)
 
     def _record(self, command: str, kind: str, value: str) -> None:
         """Record one of this executor's commands (in the store's thread)."""
@@ -163,8 +171,7 @@ class Control:
             if command.kind == "cancel" and command.task_id is not None:
                 job = lifecycle.live.get(command.task_id)
                 if job is not None and not job.ended:
-                    if job.error is None:  # (the store records it, as when it cancels one)
-                        job.error = TaskCancelled(f"cancelled by {command.who}")
+                    lifecycle.cancelled_by[job.task_id] = command.who  # (its error says so)
                     lifecycle.cancel(job)
             elif command.kind == "retry" and command.changed:
                 self.on_retry()

@@ -452,6 +452,7 @@ class ExecutorCore:
         assert self.recovery is not None
         with trio.move_on_after(60, shield=True):
             try:
+                await self.control.flush()  # (a pause just before the end is recorded)
                 await self.recovery.close()
             except Exception as exc:
                 self.store_failed(exc)

@@ -271,6 +271,7 @@ class Executor:
         Raises:
           ValueError: neither ``name`` nor ``key`` given, or one that is not a
             valid name (an empty or over-long str).
+          ExecutorClosed: the executor has closed (its ``async with`` block ended).
         """
         self._core.control.pause(name, key)
 
@@ -518,6 +519,7 @@ async def open_executor(
                         core.shutdown.begin(ShutdownPolicy.CANCEL)
                         raise
             finally:
+                core.control.closed = True
                 try:
                     if store is not None:
                         await core.close_store()

@@ -12,9 +12,10 @@ it takes ``now`` on Trio's clock and returns numbers.
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, final
 
 import attrs
@@ -156,6 +157,7 @@ class KeyState:
         "key",
         "limit",
         "limited_count",
+        "parked",
         "pending",
         "queue",
         "reserved",
@@ -186,7 +188,8 @@ class KeyState:
         self.deferred: set[Job] = set()  # ... that gave theirs back
         self.retrying: set[Job] = set()  # ... that wait for their next attempt
         self.reserved: set[Job] = set()  # ... let through to it, waiting for a slot
-        self.pending = 0  # its tasks in the queue
+        self.pending = 0  # its tasks in the queue (paused ones too)
+        self.parked = 0  # ... of which a pause holds out of it (`Pending.parked`)
         self.limited_count = 0
         self.earmarked: dict[Job, tuple[float, int, Job]] = {}  # (with their entries)
         self.queue: list[tuple[float, int, Job]] = []
@@ -295,3 +298,62 @@ class KeyState:
             f"<KeyState {self.key!r} {len(self.holders)} active, {self.pending} queued, "
             f"{len(self.deferred)} deferred, {len(self.retrying)} retrying>"
         )
+
+
+@final
+class KeyTimers:
+    """When limited keys' buckets have their next token: one task (started in
+    ``nursery`` when first needed) sleeps until the earliest and calls
+    ``on_due(state)`` for each that is due."""
+
+    __slots__ = ("_heap", "_scope", "_seq", "nursery", "on_due")
+
+    def __init__(self, on_due: Callable[[KeyState], None]) -> None:
+        self.on_due = on_due
+        self.nursery: trio.Nursery | None = None  # (set by the workers: runs the task)
+        self._heap: list[tuple[float, int, KeyState]] = []
+        self._seq = 0
+        self._scope: trio.CancelScope | None = None
+
+    def set(self, state: KeyState, at: float) -> None:
+        """Wake ``state``'s key at ``at`` (unless it is to be woken sooner)."""
+        if at >= state.timer_at:
+            return
+        state.timer_at = at
+        self._seq += 1
+        heapq.heappush(self._heap, (at, self._seq, state))
+        scope = self._scope
+        if scope is not None:
+            scope.deadline = min(scope.deadline, at)
+        elif self.nursery is not None:
+            self._scope = trio.CancelScope(deadline=at)
+            self.nursery.start_soon(self._run, self._scope, name="trioexec key timer")
+
+    async def _run(self, scope: trio.CancelScope) -> None:
+        while self._scope is scope:
+            with scope:
+                await trio.sleep_forever()
+            if self._scope is not scope:
+                return
+            self.fire()
+            scope = self._scope = trio.CancelScope(deadline=self.next())
+
+    def fire(self) -> None:
+        """Call ``on_due`` for every key due now."""
+        now = trio.current_time()
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            at, _, state = heapq.heappop(heap)
+            if at != state.timer_at:
+                continue  # superseded by an earlier one
+            state.timer_at = math.inf
+            self.on_due(state)
+
+    def next(self) -> float:
+        """When the next key is due (inf: none is)."""
+        return self._heap[0][0] if self._heap else math.inf
+
+    def close(self) -> None:
+        scope, self._scope = self._scope, None
+        if scope is not None:
+            scope.cancel()

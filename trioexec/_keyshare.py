@@ -115,7 +115,7 @@ class KeyBroker:
             )
         limit = state.limit
         in_use = state.in_use()
-        queued = state.pending - len(state.earmarked)
+        queued = state.pending - len(state.earmarked) - state.parked  # (paused: no)
         wanted = in_use + queued + len(state.resumers) + len(state.retriers)
         if limit.concurrency is not None:
             wanted = min(wanted, limit.concurrency)

@@ -29,7 +29,7 @@ from typing import final
 
 import trio
 
-from ._keys import DEFAULT_KEY, KeyLimit, KeyState, KeyStatistics, Waiter
+from ._keys import DEFAULT_KEY, KeyLimit, KeyState, KeyStatistics, KeyTimers, Waiter
 from ._records import TaskStatus
 from ._taskref import Job
 
@@ -80,6 +80,7 @@ class Pending:
         "held",
         "keys",
         "live",
+        "on_parked",
         "on_ready",
         "on_waiting",
         "on_want",
@@ -126,6 +127,8 @@ class Pending:
         self.parked: dict[Job, _Entry] = {}
         self.paused_retries: set[Job] = set()  # retries a pause holds (`wait_unpaused`)
         self.resumed = trio.Event()  # set (and replaced) when a pause is lifted
+        # A task was parked, or a retry held, by a pause (the shutdown cancels it).
+        self.on_parked: Callable[[Job], None] = lambda job: None
 
     # ------------------------------------------------------------ in and out
 
@@ -179,18 +182,13 @@ class Pending:
         if not self._ranked:
             return self.pop()
         order = self._order
-        parked: list[Job] = []  # (paused tasks are not dropped: they keep their place)
-        found = None
-        while order:
-            job = order.popleft()
-            if job.paused:
-                parked.append(job)
-            elif _queued(job):
+        while order and not _queued(order[0]):
+            order.popleft()
+        for job in order:  # (a paused task is not dropped: it keeps its place)
+            if not job.paused and _queued(job):
                 self._forget(job)
-                found = job
-                break
-        order.extendleft(reversed(parked))
-        return found
+                return job
+        return None
 
     def discard(self, job: Job) -> None:
         """``job``, still in the queue, has ended (cancelled): it stays as a
@@ -198,6 +196,11 @@ class Pending:
         if job.paused:
             del self.parked[job]
             job.paused = False
+            if job.key is not None:
+                state = self.keys[job.key]
+                state.pending -= 1
+                state.parked -= 1
+                self._maybe_forget_key(state)
             return
         if not self._ranked:
             self.live -= 1
@@ -215,17 +218,18 @@ class Pending:
             self._jobs.clear()
             self.live = 0
             return jobs
-        jobs = [j for j in self._order if _queued(j)]
+        jobs = [j for j in self._order if _queued(j) and not j.paused]
+        jobs.extend(entry[2] for entry in sorted(self.parked.values()))
         self._ready.clear()
         self._order.clear()
+        self.parked.clear()
         self.live = self.held = self._tombstones = 0
         for job in jobs:
-            if job.paused:
-                job.paused = False  # (not counted in its key)
-            elif job.key is not None:
+            job.paused = False
+            if job.key is not None:
                 self.keys[job.key].pending -= 1
-        self.parked.clear()
         for state in list(self.keys.values()):
+            state.parked = 0
             state.queue.clear()
             if state.earmarked:
                 state.earmarked.clear()
@@ -267,14 +271,16 @@ class Pending:
             # It keeps started tasks until the oldest queued one goes: drop them
             # when they dominate (amortized O(1) a task).
             self._order = deque(j for j in order if _queued(j))
+        if job.key is not None:
+            self.state(job.key).pending += 1
         if self.paused is not None and _paused_by(self.paused, job):
-            job.paused = True
-            self.parked[job] = entry
+            _park(self, entry)
             return
         self._place(entry)
 
     def _place(self, entry: _Entry) -> None:
-        """Queue ``entry``'s task: ready to start, or in its key's line."""
+        """Queue ``entry``'s task (counted in its key's ``pending`` already):
+        ready to start, or in its key's line."""
         job = entry[2]
         key = job.key
         if key is None:
@@ -282,7 +288,6 @@ class Pending:
             self.live += 1
             return
         state = self.state(key)
-        state.pending += 1
         if state.limit is None:
             heapq.heappush(self._ready, entry)
             self.live += 1
@@ -561,6 +566,8 @@ class Pending:
             job = entry[2]
             del self.parked[job]
             job.paused = False
+            if job.key is not None:
+                self.keys[job.key].parked -= 1
             self._place(entry)
             self.on_waiting(job)
         if self.paused is not None:
@@ -572,14 +579,27 @@ class Pending:
                 for entry in state.queue:
                     if _queued(entry[2]) and _paused_by(self.paused, entry[2]):
                         found[entry[2]] = entry
+            # Out of the queue first, all of them (their entries too), then the
+            # room they leave in their keys goes to who waits there.
+            touched: dict[str, KeyState] = {}
             for entry in sorted(found.values()):
                 job = entry[2]
-                self._forget(job)  # (its entry stays behind: compacted below)
-                job.paused = True
-                self.parked[job] = entry
-                self.on_waiting(job)
+                of = None if job.key is None else self.keys[job.key]
+                if of is None or of.limit is None:
+                    self.live -= 1
+                elif job in of.earmarked:
+                    del of.earmarked[job]
+                    self.live -= 1
+                else:
+                    self.held -= 1
+                if of is not None:
+                    touched[of.key] = of
+                _park(self, entry)
             if found:
                 self._compact(None)
+                for state in touched.values():
+                    if state.limit is not None:
+                        self._grant(state)
         for _ in back:
             self.on_ready()
         if self.paused_retries:
@@ -601,6 +621,18 @@ class Pending:
         )
 
 
+def _park(pending: Pending, entry: _Entry) -> None:
+    """Hold ``entry``'s task out of the queue (it is in no heap now): a pause
+    matches it. It keeps its place (``entry``) for when the pause is lifted."""
+    job = entry[2]
+    job.paused = True
+    pending.parked[job] = entry
+    if job.key is not None:
+        pending.keys[job.key].parked += 1
+    pending.on_waiting(job)
+    pending.on_parked(job)
+
+
 async def wait_unpaused(pending: Pending, job: Job) -> None:
     """Wait while ``job``'s name or key is paused: a pause holds a retry's next
     attempt too (its ``waiting_on`` says ``"paused"``). Not a checkpoint if it is
@@ -609,67 +641,9 @@ async def wait_unpaused(pending: Pending, job: Job) -> None:
         return
     pending.paused_retries.add(job)
     pending.on_waiting(job)
+    pending.on_parked(job)
     try:
         while _paused_by(pending.paused, job):
             await pending.resumed.wait()
     finally:
         pending.paused_retries.discard(job)
-
-
-@final
-class KeyTimers:
-    """When limited keys' buckets have their next token: one task (started in
-    ``nursery`` when first needed) sleeps until the earliest and calls
-    ``on_due(state)`` for each that is due."""
-
-    __slots__ = ("_heap", "_scope", "_seq", "nursery", "on_due")
-
-    def __init__(self, on_due: Callable[[KeyState], None]) -> None:
-        self.on_due = on_due
-        self.nursery: trio.Nursery | None = None  # (set by the workers: runs the task)
-        self._heap: list[tuple[float, int, KeyState]] = []
-        self._seq = 0
-        self._scope: trio.CancelScope | None = None
-
-    def set(self, state: KeyState, at: float) -> None:
-        """Wake ``state``'s key at ``at`` (unless it is to be woken sooner)."""
-        if at >= state.timer_at:
-            return
-        state.timer_at = at
-        self._seq += 1
-        heapq.heappush(self._heap, (at, self._seq, state))
-        scope = self._scope
-        if scope is not None:
-            scope.deadline = min(scope.deadline, at)
-        elif self.nursery is not None:
-            self._scope = trio.CancelScope(deadline=at)
-            self.nursery.start_soon(self._run, self._scope, name="trioexec key timer")
-
-    async def _run(self, scope: trio.CancelScope) -> None:
-        while self._scope is scope:
-            with scope:
-                await trio.sleep_forever()
-            if self._scope is not scope:
-                return
-            self.fire()
-            scope = self._scope = trio.CancelScope(deadline=self.next())
-
-    def fire(self) -> None:
-        """Call ``on_due`` for every key due now."""
-        now = trio.current_time()
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            at, _, state = heapq.heappop(heap)
-            if at != state.timer_at:
-                continue  # superseded by an earlier one
-            state.timer_at = math.inf
-            self.on_due(state)
-
-    def next(self) -> float:
-        """When the next key is due (inf: none is)."""
-        return self._heap[0][0] if self._heap else math.inf
-
-    def close(self) -> None:
-        scope, self._scope = self._scope, None
-        if scope is not None:
-            scope.cancel()

@@ -24,6 +24,7 @@ from ._errors import ExecutorClosed
 from ._events import HealthEventKind
 from ._lifecycle import Lifecycle
 from ._records import ShutdownPolicy
+from ._taskref import Job
 from ._workers import Workers
 
 
@@ -68,15 +69,22 @@ class Shutdown:
         self._gate.wake_all()
         if policy is not ShutdownPolicy.DRAIN:
             self._lifecycle.cancel_pending()
-        else:
-            for job in list(self._lifecycle.pending.parked):
-                self._lifecycle.cancel(job)  # paused: it would never start
+        # What a pause holds would never start (nor would a task paused from now on).
+        pending = self._lifecycle.pending
+        pending.on_parked = self._cancel_soon
+        for job in [*pending.parked, *pending.paused_retries]:
+            self._lifecycle.cancel(job)
         if policy is ShutdownPolicy.CANCEL:
             for job in list(self._workers.taken):
                 self._lifecycle.cancel(job)
         self._workers.close()
         if grace is not None and policy is not ShutdownPolicy.CANCEL:
             self._start_grace(grace)
+
+    def _cancel_soon(self, job: Job) -> None:
+        """Cancel ``job``, paused during the shutdown, once its caller is done
+        with it (it is being queued or parked right now)."""
+        trio.lowlevel.current_trio_token().run_sync_soon(self._lifecycle.cancel, job)
 
     async def wait_closed(self) -> None:
         """Wait until a shutdown has begun (whoever began it) and nothing is

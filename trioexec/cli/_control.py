@@ -17,6 +17,7 @@ from rich.text import Text
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError
 from trioexec._control import who_am_i
+from trioexec._records import check_id
 from trioexec._store._open import is_postgres_url
 
 from ._common import EXIT_USAGE, ago, cell, console, emit_json, err, fail, open_store, parse_age
@@ -41,9 +42,16 @@ def open_writable(db: str) -> Iterator[SQLiteStore | PostgresStore]:
 
 
 def _targets(names: tuple[str, ...], keys: tuple[str, ...]) -> list[dict[str, str]]:
+    """Every target, checked before any is written (one bad value: nothing done)."""
     targets = [{"name": n} for n in names] + [{"key": k} for k in keys]
     if not targets:
         raise click.UsageError("give at least one --name or --key")
+    for target in targets:
+        [(what, value)] = target.items()
+        try:
+            check_id(what, value)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
     return targets
 
 
@@ -90,6 +98,11 @@ def cancel(db: str, task_ids: tuple[str, ...]) -> None:
     unknown; a task that already ended is left as it is."""
     who = who_am_i()
     unknown = 0
+    for task_id in task_ids:
+        try:
+            check_id("task id", task_id)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
     with open_writable(db) as store:
         for task_id in task_ids:
             try:

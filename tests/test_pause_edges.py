@@ -1,6 +1,6 @@
-"""Review of issue 18 items 2 and 3 (29d067b, f0f6859): pause/resume, operator
-commands through the store, dead letters and requeue. Each test shows one bug
-and is marked xfail(strict=True) until it is fixed."""
+"""The edges a review of issue 18 items 2 and 3 found: pause/resume against the
+queue's counts, keys, retries and shutdown; operator commands through the store;
+dead letters. Each test failed before its fix."""
 
 from __future__ import annotations
 
@@ -28,9 +28,6 @@ async def _noop() -> None:
 # ------------------------------------------------------------ pauses and shutdown
 
 
-@pytest.mark.xfail(
-    strict=True, reason="review: a task parked by a pause after a DRAIN began is never cancelled"
-)
 @pytest.mark.parametrize("how", ["pause after the drain began", "own task submits during drain"])
 async def test_a_drain_ends_when_tasks_are_paused_after_it_began(
     autojump_clock: trio.abc.Clock, how: str
@@ -62,11 +59,6 @@ async def test_a_drain_ends_when_tasks_are_paused_after_it_began(
     assert later[0].status is TaskStatus.CANCELLED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: Pending.pop_oldest puts skipped paused tasks back into a deque"
-    " that _forget's compaction replaced, so they leave Pending._order",
-)
 async def test_drop_oldest_keeps_a_paused_task_where_cancel_pending_finds_it(
     autojump_clock: trio.abc.Clock,
 ) -> None:
@@ -92,11 +84,6 @@ async def test_drop_oldest_keeps_a_paused_task_where_cancel_pending_finds_it(
     assert parked.status is TaskStatus.CANCELLED
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: set_paused parks through _forget, whose compaction"
-    " (_compact(leaving=job)) drops the job being parked from Pending._order",
-)
 async def test_pausing_many_queued_tasks_keeps_them_where_cancel_pending_finds_them(
     autojump_clock: trio.abc.Clock,
 ) -> None:
@@ -118,11 +105,6 @@ async def test_pausing_many_queued_tasks_keeps_them_where_cancel_pending_finds_t
     assert {ref.status for ref in refs} == {TaskStatus.CANCELLED}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a retry held by a pause (wait_unpaused, 49bc543) is never"
-    " cancelled by a shutdown: Shutdown.begin cancels Pending.parked only",
-)
 @pytest.mark.parametrize("policy", [ShutdownPolicy.DRAIN, ShutdownPolicy.CANCEL_PENDING])
 async def test_a_shutdown_ends_with_a_retry_held_by_a_pause(
     autojump_clock: trio.abc.Clock, policy: ShutdownPolicy
@@ -150,9 +132,6 @@ async def test_a_shutdown_ends_with_a_retry_held_by_a_pause(
 # ------------------------------------------------------------ pauses and keys
 
 
-@pytest.mark.xfail(
-    strict=True, reason="review: paused tasks leave KeyState.pending, so key_statistics hides them"
-)
 async def test_key_statistics_count_paused_tasks_as_pending(
     autojump_clock: trio.abc.Clock,
 ) -> None:
@@ -167,12 +146,6 @@ async def test_key_statistics_count_paused_tasks_as_pending(
         ex.resume(key="k")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: set_paused parks a held task, then _forget of a let-through one"
-    " calls _grant, which lets the parked task's stale entry through (held < 0,"
-    " phantom live: a worker then spins without a checkpoint)",
-)
 async def test_pausing_with_a_retry_waiting_for_its_key_keeps_the_queue_counts(
     autojump_clock: trio.abc.Clock,
 ) -> None:
@@ -221,11 +194,6 @@ async def boom(n: int) -> None:
     raise ValueError(f"boom {n}")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: a recovered task parked by a pause keeps waiting_on 'slot' in"
-    " the store (accept(recovered=True) journals 'wait' only for keyed tasks)",
-)
 async def test_a_recovered_paused_task_is_recorded_as_paused(
     autojump_clock: trio.abc.Clock,
 ) -> None:
@@ -233,19 +201,15 @@ async def test_a_recovered_paused_task_is_recorded_as_paused(
     async with trioexec.open_executor(store=store, tasks=[boom]) as ex:
         await (await ex.submit(boom, 1, task_id="dead")).wait()
     store.requeue(["dead"], who="op")
-    store.command("pause", name="boom", who="op")
+    store.command("pause", name="review-boom", who="op")
     async with trioexec.open_executor(store=store, tasks=[boom], recover=True) as ex:
         await ex.flush()
         record = store.execution("dead")
         assert record.status is TaskStatus.PENDING
         assert record.waiting_on == "paused"  # TaskRef.waiting_on says so
-        ex.resume(name="boom")
+        ex.resume(name="review-boom")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: finish() stores a traceback (and args) for any job.error, CANCELLED too",
-)
 async def test_a_cancelled_task_keeps_no_traceback(autojump_clock: trio.abc.Clock) -> None:
     store = trioexec.MemoryStore(clock=FakeWallClock())
 
@@ -264,11 +228,6 @@ async def test_a_cancelled_task_keeps_no_traceback(autojump_clock: trio.abc.Cloc
     assert record.traceback is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: on PostgreSQL a pause is recorded only after the LISTEN wait"
-    " (up to 0.5 s); the executor's exit cancels Control.run and drops its outbox",
-)
 async def test_a_pause_just_before_the_executor_exits_is_recorded(
     store_maker: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -283,11 +242,6 @@ async def test_a_pause_just_before_the_executor_exits_is_recorded(
     assert [(p.kind, p.value) for p in store.pauses()] == [("name", "nightly")]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: Control.follow sets job.error = TaskCancelled('cancelled by ...')"
-    " before cancelling (49bc543); a task that completes anyway keeps that error",
-)
 async def test_a_task_that_completes_despite_a_cancel_command_has_no_error(
     autojump_clock: trio.abc.Clock,
 ) -> None:
@@ -317,10 +271,6 @@ async def test_a_task_that_completes_despite_a_cancel_command_has_no_error(
 # ------------------------------------------------------------ the command line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="review: trioexec pause records the targets before a bad one exits 2",
-)
 def test_cli_pause_with_a_bad_target_records_nothing(tmp_path: Path) -> None:
     db = tmp_path / "app.db"
     SQLiteStore(db).close()
