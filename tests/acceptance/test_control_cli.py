@@ -83,6 +83,7 @@ def test_pause_and_resume_reach_the_worker_within_a_second(worker, db_target):
     said(worker, "START", "beta", "b1")
     status = cli("status", db_target, "--waiting-on", "paused", "--json")
     assert [r["task_id"] for r in json.loads(status.stdout)] == ["a1"]
+    assert f"paused: name {NAME}\n" in cli("status", db_target).stdout
     # Twice is once: recorded, nothing changes.
     again = cli("pause", db_target, "--name", NAME)
     assert again.stdout.strip() == f"name {NAME}: already paused"

@@ -124,6 +124,7 @@ def status(
             emit_json(rows)
             return
         counts = store.counts()
+        paused = store.pauses()
         if waiting_on is not None:
             pass  # (counted as matched above)
         elif status_ is None and sub_status is None and age is None and key is None:
@@ -133,6 +134,9 @@ def status(
             matching = found[TaskStatus(status_)] if status_ else sum(found.values())
     summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
     console.print(Text.assemble((db, "bold"), f": {summary or 'no executions'}"))
+    if paused:  # (what every executor on it holds back: trioexec resume lifts it)
+        what = ", ".join(f"{p.kind} {p.value}" for p in paused)
+        console.print(Text(f"paused: {what}", style="yellow"), highlight=False)
     console.print(execution_table(rows, time.time()))
     if matching > len(rows):
         console.print(f"... and {matching - len(rows)} more (--limit)")
