@@ -4,6 +4,9 @@ failure, refused or dropped steps) and the step specs a workflow keeps."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import attrs
 import pytest
 import trio
@@ -226,6 +229,25 @@ async def test_two_runs_of_one_workflow_keep_their_outputs_apart(autojump_clock)
     assert r1.context == {"n": 2, "seen": 20}
     assert r2.context == {"n": 1, "seen": 10}
     assert (r1.steps["w"].result, r2.steps["w"].result) == ("n=2", "n=1")
+
+
+async def test_a_finished_run_is_freed_without_the_cyclic_gc():
+    # A run keeps its step jobs; were a job to keep the run (its on_done), every
+    # finished run would wait for the cyclic GC, which then took a large share of a
+    # chain's time (issue 15, scenario 9).
+    wf = Workflow("w", [step("a"), step("b", "a"), step("c", "a")])
+    gc.collect()
+    gc.disable()
+    try:
+        async with open_executor(max_concurrent_tasks=2) as ex:
+            run = await ex.start_workflow(wf, {"n": 1})
+            result = await run.wait()
+            assert result.ok
+            alive = weakref.ref(result)  # (the run holds it)
+            del run, result
+            assert alive() is None
+    finally:
+        gc.enable()
 
 
 # ---------------------------------------------------------------- progress attributes

@@ -287,6 +287,9 @@ class WorkflowRun:
             return
         for sid, job in ended:
             del self._started[sid]
+            # The run keeps the job, so the job must not keep the run: without
+            # this cycle a finished run is freed at once, not by the cyclic GC.
+            job.on_done = None
             if job.status is TaskStatus.COMPLETED:
                 # `wrap_step`'s function returned the step function's value and the
                 # output; the completion (made here, first) gets the value.
