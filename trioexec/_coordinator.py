@@ -98,7 +98,7 @@ class WorkflowRun:
         "_started",
         "_states",
         "_unblocked",
-        "_wake",
+        "_waiting",
         "run_id",
         "workflow",
     )
@@ -130,9 +130,11 @@ class WorkflowRun:
         self._is_lost = False
         self._closed = False  # the executor refused a step with ExecutorClosed
         # Step jobs that have ended (with a store: durably), told by the job's
-        # `on_done` (`_step_ended`), which also sets `_wake` for the coordinator.
+        # `on_done` (`_step_ended`), which also wakes the coordinator if it waits.
         self._ended: list[Job] = []
-        self._wake = trio.Event()
+        # The coordinator's task while it is parked waiting for a step to end (a
+        # trio.Event per wait cost more than the wait itself).
+        self._waiting: trio.lowlevel.Task | None = None
         self._scope = trio.CancelScope()
         self._done = trio.Event()
         self._result: WorkflowResult | None = None
@@ -214,8 +216,8 @@ class WorkflowRun:
                     if self._queue:
                         await self._submit(self._queue.popleft())
                     elif self._started:
-                        await self._wake.wait()
-                        self._wake = trio.Event()
+                        self._waiting = trio.lowlevel.current_task()
+                        await trio.lowlevel.wait_task_rescheduled(self._stop_waiting)
                     else:
                         break
         finally:
@@ -225,7 +227,15 @@ class WorkflowRun:
     def _step_ended(self, job: Job) -> None:
         """A step job's `on_done`: it has ended (durably), or the store failed."""
         self._ended.append(job)
-        self._wake.set()
+        task = self._waiting
+        if task is not None:
+            self._waiting = None
+            trio.lowlevel.reschedule(task)
+
+    def _stop_waiting(self, _: object) -> trio.lowlevel.Abort:
+        """The parked coordinator is cancelled (`_lost`, or the executor's nursery)."""
+        self._waiting = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     def _advance(self) -> None:
         """Make the unblocked steps READY (queued for the coordinator to submit,
