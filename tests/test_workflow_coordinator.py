@@ -5,6 +5,8 @@ failure, refused or dropped steps) and the step specs a workflow keeps."""
 from __future__ import annotations
 
 import gc
+import json
+import re
 import weakref
 
 import attrs
@@ -34,6 +36,7 @@ from trioexec import (
 from trioexec._coordinator import WorkflowRun, wrap_step
 from trioexec._events import HealthEventKind
 from trioexec._workflow import (
+    load_json,
     progress_attributes,
     run_spec,
     summarize,
@@ -248,6 +251,29 @@ async def test_a_finished_run_is_freed_without_the_cyclic_gc():
             assert alive() is None
     finally:
         gc.enable()
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(), inner, max_size=3),
+    max_leaves=8,
+)
+
+
+@given(
+    value=_JSON, before=st.sampled_from(["", " ", "\n"]), after=st.sampled_from(["", " ", "x", "]"])
+)
+def test_load_json_is_json_loads(value, before, after):
+    text = before + json.dumps(value) + after
+    try:
+        expected: object = json.loads(text)
+    except json.JSONDecodeError as exc:
+        expected = exc
+    if isinstance(expected, json.JSONDecodeError):
+        with pytest.raises(json.JSONDecodeError, match=re.escape(str(expected))):
+            load_json(text)
+    else:  # (compared as text: NaN != NaN)
+        assert json.dumps(load_json(text)) == json.dumps(expected)
 
 
 # ---------------------------------------------------------------- progress attributes

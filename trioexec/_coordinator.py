@@ -35,6 +35,7 @@ from ._workflow import (
     WorkflowStatus,
     context_json,
     count_states,
+    load_json,
     merged_input_json,
     progress_attributes,
     run_spec,
@@ -399,11 +400,11 @@ class WorkflowRun:
             run_status = RunStatus.FAILED
         else:
             run_status = RunStatus.COMPLETED
-        final: dict[str, Any] = json.loads(self._initial_json)
+        final: dict[str, Any] = load_json(self._initial_json)
         outputs = self._outputs
         for sid in order:
             if sid in outputs:
-                final.update(json.loads(outputs[sid]))
+                final.update(load_json(outputs[sid]))
         errors = self._errors
         error = next((errors[sid] for sid in order if sid in errors), None) if errors else None
         self._result = WorkflowResult(
@@ -442,14 +443,14 @@ def wrap_step(spec: TaskSpec) -> TaskSpec:
     if spec.is_async:
 
         async def run_async(input_json: str, **handle: Any) -> tuple[Any, str]:
-            context = Context._trusted(json.loads(input_json))
+            context = Context._trusted(load_json(input_json))
             result = await fn(context, **handle)
             return result, context_json(context)
 
         return attrs.evolve(spec, fn=run_async)
 
     def run_sync(input_json: str, **handle: Any) -> tuple[Any, str]:
-        context = Context._trusted(json.loads(input_json))
+        context = Context._trusted(load_json(input_json))
         result = fn(context, **handle)
         return result, context_json(context)
 

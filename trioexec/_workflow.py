@@ -289,6 +289,25 @@ def context_json(context: Context) -> str:
         raise
 
 
+# The default decoder's scanner: what `json.loads` ends up calling, without the
+# layers around it (which cost twice the scan of a small context).
+# (An attribute every JSONDecoder has since Python 2.6; typeshed leaves it out.)
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+
+
+def load_json(text: str) -> Any:
+    """``json.loads(text)``, faster for text `context_json` wrote (nothing around
+    the value); any other text, or a bad one, goes through `json.loads` (the same
+    value, or the same error)."""
+    try:
+        value, end = _SCAN(text, 0)
+    except StopIteration:
+        return json.loads(text)
+    if end != len(text):
+        return json.loads(text)
+    return value
+
+
 def run_spec(workflow: Workflow, step_id: str, wrap: Callable[[TaskSpec], TaskSpec]) -> TaskSpec:
     """The spec a run submits for ``step_id``: ``wrap(spec)``, made once per step
     of ``workflow`` and kept with it (so what ``wrap`` makes must hold nothing of
@@ -313,7 +332,7 @@ def merged_input_json(
         return outputs[deps[0]]
     merged: dict[str, Any] = {}
     for dep in deps:
-        merged.update(json.loads(outputs[dep]))
+        merged.update(load_json(outputs[dep]))
     return json.dumps(merged)
 
 
