@@ -13,6 +13,7 @@ from typing import Any, TypeVar, cast, final
 
 import trio
 
+from .._errors import NotFound
 from .._store import MemoryStore, PostgresStore, SQLiteStore
 from .._store._durable_pg import Listener, PostgresTables
 from .._store._durable_rows import Tables, TransactionAborted
@@ -301,6 +302,21 @@ class Promises:
         """The promise, or None."""
         return await self._ds._op(self._ds._core.get_promise, id)
 
+    def settled(self, id: str, *, poll: float = 1.0) -> PromiseSettled:
+        """A condition for `~trioexec.TaskHandle.defer_until`: the promise ``id``
+        is settled. The task gives its slot back meanwhile, says it waits on
+        ``"promise <id>"`` (`trioexec.TaskRef.waiting_on`, the stores, ``trioexec
+        status``), and looks every ``poll`` seconds. Then read the promise with
+        `get`::
+
+            await handle.defer_until(ds.promises.settled("approval-42"))
+            record = await ds.promises.get("approval-42")
+
+        The wait raises `NotFound` if there is no such promise."""
+        if not (isinstance(poll, int | float) and 0 < poll < math.inf):
+            raise ValueError(f"poll must be a positive number of seconds, got {poll!r}")
+        return PromiseSettled(self, id, float(poll))
+
     async def search(
         self,
         *,
@@ -314,6 +330,31 @@ class Promises:
         return await self._ds._op(
             core.search_promises, state=state, tag=tag, limit=limit, cursor=cursor
         )
+
+
+@final
+class PromiseSettled:
+    """``ds.promises.settled(id)``: waits (polling) until a promise is settled."""
+
+    def __init__(self, promises: Promises, id: str, poll: float) -> None:
+        self._promises = promises
+        self.id = id
+        self.poll = poll
+        self.__trioexec_waiting_on__ = f"promise {id}"  # (`TaskHandle.waiting_on`)
+
+    async def wait(self) -> None:
+        """Return once the promise is settled (resolved, rejected, cancelled or
+        timed out). Raises `NotFound` if there is no such promise."""
+        while True:
+            record = await self._promises.get(self.id)
+            if record is None:
+                raise NotFound(f"no promise {self.id!r}")
+            if record.state is not PromiseState.PENDING:
+                return
+            await trio.sleep(self.poll)
+
+    def __repr__(self) -> str:
+        return f"<PromiseSettled {self.id!r}, polled every {self.poll}s>"
 
 
 @final
