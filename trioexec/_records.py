@@ -139,9 +139,9 @@ class ExecutionRecord:
     are the submission's admission key (None: no key) and priority, as submitted.
     ``waiting_on`` is why a live execution is not running, as its executor last
     journaled it (`TaskRef.waiting_on`: ``"slot"``, ``"key concurrency <key>"``,
-    ``"rate limit <key>"``, ``"retry backoff"``, ``"event"``, ``"condition
-    <name>"``...); None while it runs, once it ended, and for rows written
-    before the stores recorded it. ``traceback`` is the formatted traceback of
+    ``"rate limit <key>"``, ``"paused"``, ``"retry backoff"``, ``"event"``,
+    ``"condition <name>"``, ``"promise <id>"``); None while it runs, once it
+    ended, and for rows written before the stores recorded it. ``traceback`` is the formatted traceback of
     the exception that ended a FAILED or TIMED_OUT execution (None otherwise, and
     for rows written before the stores recorded it); a requeued execution keeps
     its last error and traceback until its next attempt ends.
