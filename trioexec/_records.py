@@ -141,10 +141,11 @@ class ExecutionRecord:
     journaled it (`TaskRef.waiting_on`: ``"slot"``, ``"key concurrency <key>"``,
     ``"rate limit <key>"``, ``"paused"``, ``"retry backoff"``, ``"event"``,
     ``"condition <name>"``, ``"promise <id>"``); None while it runs, once it
-    ended, and for rows written before the stores recorded it. ``traceback`` is the formatted traceback of
-    the exception that ended a FAILED or TIMED_OUT execution (None otherwise, and
-    for rows written before the stores recorded it); a requeued execution keeps
-    its last error and traceback until its next attempt ends.
+    ended, and for rows written before the stores recorded it. ``traceback`` is
+    the formatted traceback of the exception that ended a FAILED or TIMED_OUT
+    execution (None otherwise, and for rows written before the stores recorded
+    it); a requeued execution keeps its last error and traceback until its next
+    attempt ends.
     """
 
     task_id: str
