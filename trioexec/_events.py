@@ -70,9 +70,10 @@ class EventStream:
         self._capacity = capacity
         self._clock = clock
         # Boxes, so an unread reject/drop event can be replaced by its merged
-        # successor; or (kind, task_id, at) of a plain event, made into a
-        # HealthEvent only if it is read (most are not: see `note`).
-        self._buffer: deque[list[HealthEvent] | tuple[HealthEventKind, str, float]] = deque()
+        # successor; or a tuple of any other event's fields ((kind, task_id, at)
+        # from `note`, those and policy, reason, attributes from `publish`),
+        # made into a HealthEvent only if it is read (most are not).
+        self._buffer: deque[list[HealthEvent] | tuple[Any, ...]] = deque()
         self._unread: dict[tuple[Any, ...], list[HealthEvent]] = {}
         self._lot = trio.lowlevel.ParkingLot()
         self._closed = False
@@ -88,20 +89,23 @@ class EventStream:
         attributes: dict[str, Any] | None = None,
     ) -> None:
         """Add an event. Never blocks; drops the oldest unread event when full."""
-        key = None
-        if kind in _COALESCING:
-            key = (kind, policy, reason)
-            box = self._unread.get(key)
-            if box is not None:
-                old = box[0]
-                box[0] = attrs.evolve(
-                    old,
-                    task_id=task_id,
-                    attributes=attributes or {},
-                    occurrence_count=old.occurrence_count + 1,
-                    at=self._clock(),
-                )
-                return
+        if kind not in _COALESCING:
+            # Kept as a tuple, made into a HealthEvent only if it is read (most are
+            # not: a workflow step publishes two).
+            self._push((kind, task_id, self._clock(), policy, reason, attributes))
+            return
+        key = (kind, policy, reason)
+        box = self._unread.get(key)
+        if box is not None:
+            old = box[0]
+            box[0] = attrs.evolve(
+                old,
+                task_id=task_id,
+                attributes=attributes or {},
+                occurrence_count=old.occurrence_count + 1,
+                at=self._clock(),
+            )
+            return
         event = HealthEvent(
             kind=kind,
             task_id=task_id,
@@ -112,15 +116,14 @@ class EventStream:
         )
         box = [event]
         self._push(box)
-        if key is not None:
-            self._unread[key] = box
+        self._unread[key] = box
 
     def note(self, kind: HealthEventKind, task_id: str) -> None:
         """`publish` an event with no policy, reason or attributes (not a coalescing
         kind): the cheap path for one per deferral and resumption."""
         self._push((kind, task_id, self._clock()))
 
-    def _push(self, box: list[HealthEvent] | tuple[HealthEventKind, str, float]) -> None:
+    def _push(self, box: list[HealthEvent] | tuple[Any, ...]) -> None:
         if len(self._buffer) >= self._capacity:
             self._forget(self._buffer.popleft())
             self.dropped += 1
@@ -128,7 +131,7 @@ class EventStream:
         if self._lot:
             self._lot.unpark_all()
 
-    def _forget(self, box: list[HealthEvent] | tuple[HealthEventKind, str, float]) -> None:
+    def _forget(self, box: list[HealthEvent] | tuple[Any, ...]) -> None:
         if isinstance(box, tuple):
             return
         event = box[0]
@@ -148,8 +151,17 @@ class EventStream:
             return None
         box = self._buffer.popleft()
         if isinstance(box, tuple):
-            kind, task_id, at = box
-            return HealthEvent(kind=kind, task_id=task_id, at=at)
+            if len(box) == 3:  # (`note`)
+                return HealthEvent(kind=box[0], task_id=box[1], at=box[2])
+            kind, task_id, at, policy, reason, attributes = box
+            return HealthEvent(
+                kind=kind,
+                task_id=task_id,
+                policy=policy,
+                reason=reason,
+                attributes=attributes or {},
+                at=at,
+            )
         self._forget(box)
         return box[0]
 
