@@ -107,10 +107,10 @@ class Gate:
         "_journal",
         "_pending",
         "_tally",
-        "_waiters",
         "capacity",
         "overflow",
         "reserved",
+        "waiters",
     )
 
     def __init__(
@@ -129,7 +129,9 @@ class Gate:
         self._pending = pending
         self._journal = journal
         self._events = events
-        self._waiters: deque[trio.lowlevel.Task] = deque()  # BLOCK submitters, FIFO
+        # BLOCK submitters, FIFO (always this one deque: the lifecycle holds it
+        # to see at no cost whether a finished task's place goes to one of them).
+        self.waiters: deque[trio.lowlevel.Task] = deque()
 
     @property
     def room(self) -> int:
@@ -145,7 +147,7 @@ class Gate:
             tally.queue_depth + tally.active_count + tally.deferred_count
             < self.capacity - self.reserved
             and (journal is None or not journal.backlogged)
-            and not self._waiters
+            and not self.waiters
         )
 
     def backlogged(self) -> bool:
@@ -157,7 +159,7 @@ class Gate:
         first in the line of blocked submitters."""
         if self.fits():
             return Admit.ACCEPT
-        if not woken and self._waiters:
+        if not woken and self.waiters:
             # Blocked submitters are ahead in line: nobody overtakes them.
             return Admit.WAIT if can_wait else Admit.REJECT
         tally = self._tally
@@ -190,7 +192,7 @@ class Gate:
     async def _park(self, front: bool) -> bool:
         """Park, first in line or last, until woken: True if handed a freed place."""
         task = trio.lowlevel.current_task()
-        waiters = self._waiters
+        waiters = self.waiters
         if front:
             waiters.appendleft(task)
         else:
@@ -204,25 +206,22 @@ class Gate:
         woken: bool = await trio.lowlevel.wait_task_rescheduled(abort)
         return woken
 
-    @property
-    def has_waiters(self) -> bool:
-        return bool(self._waiters)
-
     def wake_next(self, *, handing_place: bool = False) -> None:
         """Wake the longest-waiting blocked submitter: with a freed place handed
         to it (a task finished), or to decide again if there may be room now."""
-        if not self._waiters:
+        if not self.waiters:
             return
         if handing_place:
             self.reserved += 1
         elif self._tally.outstanding >= self.capacity - self.reserved or self.backlogged():
             return  # no room yet
-        trio.lowlevel.reschedule(self._waiters.popleft(), outcome.Value(handing_place))
+        trio.lowlevel.reschedule(self.waiters.popleft(), outcome.Value(handing_place))
 
     def wake_all(self) -> None:
         """Shutdown began: every blocked submitter decides again (and learns).
         A place handed to one is its own to give back."""
-        waiters, self._waiters = self._waiters, deque()
+        waiters = list(self.waiters)
+        self.waiters.clear()
         for task in waiters:
             trio.lowlevel.reschedule(task, outcome.Value(False))
 

@@ -82,9 +82,11 @@ class Lifecycle:
         self.space_freed = trio.Event()  # set when a task ends (recovery waits on it)
         self._named: dict[str, Job] = {}  # tasks with a chosen id, from submission to end
         self._gate = gate
+        self._blocked = gate.waiters  # BLOCK submitters (read on every finish)
         self.events = events  # (the shutdown publishes on it too)
         self._owner_id = owner_id
         self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
+        self._idle_waiting = 0  # how many (a ParkingLot's bool is a Python call)
         self.backing_off: set[Job] = set()  # (the workers keep it) between attempts
         self.cancelled_by: dict[str, str] = {}  # task id -> who sent the cancel command
         if journal is not None:
@@ -306,7 +308,7 @@ class Lifecycle:
             self._named.pop(job.task_id, None)
         journal = self.journal
         if journal is None:
-            if job.waited_on:
+            if job.done is not None or job.on_done is not None:  # (`Job.waited_on`)
                 job.wake_waiters()
         else:
             # Acknowledged (wait() returns) only once the record is durable.
@@ -343,10 +345,10 @@ class Lifecycle:
                 journal.hurry()  # someone waits for it
             if not self.space_freed.is_set():
                 self.space_freed.set()  # (recovery only happens with a store)
-        if freed and self._gate.has_waiters:
+        if freed and self._blocked:
             # Hand the freed place to the longest-waiting BLOCK submitter.
             self._gate.wake_next(handing_place=True)
-        if self._idle_lot and self.is_idle():
+        if self._idle_waiting and self.is_idle():
             self._idle_lot.unpark_all()
         if status is TaskStatus.FAILED or status is TaskStatus.TIMED_OUT:
             self.events.publish(
@@ -463,12 +465,16 @@ class Lifecycle:
             await trio.lowlevel.checkpoint()
             return
         while not self.is_idle() and self.failure is None:
-            await self._idle_lot.park()
+            self._idle_waiting += 1
+            try:
+                await self._idle_lot.park()
+            finally:
+                self._idle_waiting -= 1
 
     def maybe_idle(self) -> None:
         """Something other than a task ended (a run, the store): wake the
         `wait_for_idle` callers if that was the last of it."""
-        if self._idle_lot and self.is_idle():
+        if self._idle_waiting and self.is_idle():
             self._idle_lot.unpark_all()
 
     def wake_all_waiters(self) -> None:

@@ -32,14 +32,17 @@ class SlotPool:
             ...  # runs holding one of the four slots
     """
 
-    __slots__ = ("_limiter", "_listeners", "_queued")
+    __slots__ = ("_limiter", "_listeners", "reclaiming")
 
     def __init__(self, total: int) -> None:
         _check_total(total)
         self._limiter = trio.CapacityLimiter(total)
-        # Tokens inside `reclaim` now: a holder that could keep its slot for more
-        # work gives it up instead while anyone is queued (FIFO).
-        self._queued = 0
+        #: Tokens queued in `SlotToken.reclaim` now (read it, never assign): a
+        #: holder that could keep its slot for more work gives it up instead
+        #: while anyone is queued (FIFO). Cheaper than `waiting`, which also
+        #: counts borrowers of the raw `limiter`; a plain attribute because the
+        #: executor's workers read it between every two jobs.
+        self.reclaiming = 0
         # Told (synchronously) after every resize; the executor starts workers.
         self._listeners: list[Callable[[], None]] = []
 
@@ -74,12 +77,6 @@ class SlotPool:
     def available(self) -> int:
         """Slots free right now (0 while the pool is over-committed after a shrink)."""
         return max(0, self.total - self.in_use)
-
-    @property
-    def reclaiming(self) -> int:
-        """Tokens queued in `SlotToken.reclaim` now (cheaper than `waiting`, which
-        also counts borrowers of the raw `limiter`)."""
-        return self._queued
 
     def on_resize(self, callback: Callable[[], None]) -> None:
         """Call ``callback()`` (synchronously) after every resize through `total`."""
@@ -163,11 +160,11 @@ class SlotToken:
         if self._held:
             raise RuntimeError("this SlotToken already holds a slot")
         pool = self._pool
-        pool._queued += 1
+        pool.reclaiming += 1
         try:
             await pool._limiter.acquire_on_behalf_of(self)
         finally:
-            pool._queued -= 1
+            pool.reclaiming -= 1
         self._held = True
 
     def try_reclaim(self) -> bool:
@@ -179,6 +176,22 @@ class SlotToken:
         """
         if self._held:
             raise RuntimeError("this SlotToken already holds a slot")
+        try:
+            self._pool._limiter.acquire_on_behalf_of_nowait(self)
+        except trio.WouldBlock:
+            return False
+        self._held = True
+        return True
+
+    def hold_nowait(self) -> bool:
+        """Hold a slot without waiting: True if this token holds one now (it
+        did already, or took a free one); False if none is free or someone is
+        queued (FIFO is kept). Never blocks and is not a checkpoint.
+
+        `try_reclaim` for a caller that does not know whether it holds one (the
+        executor's workers, between jobs: one call instead of two)."""
+        if self._held:
+            return True
         try:
             self._pool._limiter.acquire_on_behalf_of_nowait(self)
         except trio.WouldBlock:

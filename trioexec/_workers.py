@@ -147,11 +147,10 @@ class Workers:
                             await trio.lowlevel.wait_task_rescheduled(leave_idle)
                             self._coming -= 1
                             continue
-                        if not token.is_held:
-                            if not token.try_reclaim():
-                                await token.reclaim()
-                        elif pool.reclaiming:  # someone stands in line for a slot: after them
+                        if pool.reclaiming:  # someone stands in line for a slot: after them
                             token.release()
+                            await token.reclaim()
+                        elif not token.hold_nowait():
                             await token.reclaim()
                         job = self._pending.pop()
                         if job is None:  # taken by another worker or cancelled meanwhile
