@@ -136,13 +136,12 @@ class Control:
         store = journal.store
         listen = getattr(store, "wait_for_command", None)
         while True:
-            if self._outbox:
-                pass  # (record it now)
-            elif listen is not None:  # PostgreSQL: until a command is sent, or POLL
-                await trio.to_thread.run_sync(listen, POLL, abandon_on_cancel=True)
-            else:
-                with trio.move_on_after(POLL):
-                    await self._wake.wait()
+            if not self._outbox:  # (else: record it now)
+                if listen is not None:  # PostgreSQL: until a command is sent, or POLL
+                    await trio.to_thread.run_sync(listen, POLL, abandon_on_cancel=True)
+                else:
+                    with trio.move_on_after(POLL):
+                        await self._wake.wait()
             self._wake = trio.Event()
             await self.flush()
             await self.follow(await journal.call(store.commands, self._seq))

@@ -524,10 +524,12 @@ def _dead_letter(job: Job) -> tuple[str | None, str | None]:
         text = traceback_text(error)
     except Exception:  # (a broken __str__ in the chain)
         text = f"{type(error).__name__} (its traceback could not be formatted)"
-    try:
-        args: str | None = json.dumps(job.args)
-    except (TypeError, ValueError, RecursionError):
-        args = None
+    args: str | None = None
+    if not isinstance(job.fn, TaskSpec):  # (a spec's were recorded at submission, if JSON)
+        try:
+            args = json.dumps(job.args)
+        except (TypeError, ValueError, RecursionError):
+            args = None
     if args is not None and len(args) > _DEAD_ARGS_MAX:
         args = None  # (shown to people only: not worth a huge row)
     return storable_text(text), args
