@@ -237,6 +237,30 @@ async def test_a_cancelled_thread_that_raises_has_its_task_released_not_rejected
     assert (worker.cancelled, worker.fulfilled) == (1, 0)
 
 
+async def test_a_thread_that_ignores_its_cancellation_does_not_hold_the_drain(make_store, durable):
+    import threading
+
+    ds = durable(make_store())
+    await ds.promises.create("t", 10_000, target="w", data="t")
+    entered, let_go = trio.Event(), threading.Event()
+
+    def deaf(param):
+        trio.from_thread.run_sync(entered.set)
+        let_go.wait(30)  # (never looks at cancel_requested)
+        return "done"
+
+    with trio.fail_after(20):
+        async with open_worker(ds, "w", deaf, poll_interval=0.01, lease=1.0) as worker:
+            await entered.wait()
+            started = trio.current_time()
+            assert await worker.drain(grace=0) is False  # after at most a lease more
+            assert trio.current_time() - started < 1.0 + 2.0  # (slack for a loaded host)
+            assert worker.running == 1
+            # Its task is not given back while its thread runs (it would run twice).
+            assert (await ds.tasks.get("t")).state is not TaskState.PENDING
+            let_go.set()
+
+
 # A suspension is the run's outcome, not a cancellation: once the handler asked to
 # suspend (and unwound with nothing but the suspension), the worker writes it,
 # even if the drain's grace or the worker's leaving cancels the run meanwhile; the

@@ -59,7 +59,7 @@ from .._records import ShutdownPolicy, safe_repr
 from .._spec import call_info
 from .._taskref import TaskRef
 from ._checks import check_id, encode
-from ._records import Conflict, NotFound, Suspend, TaskRecord
+from ._records import Conflict, Suspend, TaskRecord
 from ._store import DurableStore, Wakeup, claim_work, lost_leases, open_wakeup
 from ._suspend import DurableHandle, leftover
 
@@ -150,8 +150,9 @@ class Worker:
         promise suspends its task; one whose promise settled just before its
         suspension was written goes on, its handler called again at once); once
         ``grace`` seconds have passed (None: no limit) those still going are
-        cancelled, and once they ended their tasks are released too (but for those
-        whose suspension or fulfil was being written: that is written). The
+        cancelled, and once they ended (a lease at most: a thread that ignores it
+        keeps its task till its lease lapses) their tasks are released too (but for
+        those whose suspension or fulfil was being written: that is written). The
         worker's block can then be left without cancelling anything. Calling it
         again drains nothing more: it waits again.
 
@@ -177,7 +178,7 @@ class Worker:
         self._stopping = True
         self._claiming.cancel()
         await self._claims_over.wait()  # a claim under way is held once it is back
-        for lease in self._held.values():
+        for lease in list(self._held.values()):
             if not lease.started and lease.ref is not None:
                 lease.ref.cancel()  # (it cannot start its handler any more anyway)
         await self._release_all()
@@ -188,11 +189,12 @@ class Worker:
         if not by_themselves:
             # A run writing its suspension is cancelled too: the write completes
             # (shielded), and the run is not called again if the store refuses it.
-            for lease in self._held.values():
+            for lease in list(self._held.values()):
                 if lease.started and not lease.finished and lease.ref is not None:
                     lease.ref.cancel()
-            while self.running:
-                await self._run_ended.wait()
+            with trio.move_on_after(self._lease):  # (a thread may ignore it: see above)
+                while self.running:
+                    await self._run_ended.wait()
         await self._release_all()  # the cancelled runs' tasks
         return by_themselves
 
@@ -593,7 +595,7 @@ class Worker:
                     nursery.start_soon(self._release, id, lease)
 
     async def _release(self, id: str, lease: _Lease) -> None:
-        with contextlib.suppress(Conflict, NotFound):  # someone else's already
+        with contextlib.suppress(TrioexecError):  # someone else's; else: its lease lapses
             await self.ds.tasks.release(id, lease.version)
         if self._held.get(id) is lease:
             self._drop(id)
