@@ -91,6 +91,7 @@ class PGDatabase:
         self._pool: Any = None  # a psycopg_pool.ConnectionPool until closed
         self._listener: Connection | None = None  # LISTENs for commands (opened lazily)
         self._listening = threading.Lock()  # one waiter on the listener at a time
+        self._closing = False  # (set by `close` before it wakes a waiter)
         with self.errors("cannot open"):
             with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
                 self._configure(conn)
@@ -200,13 +201,15 @@ class PGDatabase:
                     conn.close()
                     raise
                 self._listener = conn
+            if self._closing:  # (listening since after close's wake-up: it missed it)
+                return False
             try:
                 with self.errors("wait for commands"):
                     while True:
                         remaining = max(0.0, deadline - time.monotonic())
                         for notify in conn.notifies(timeout=remaining, stop_after=1):
                             if notify.payload == self.schema:
-                                return self._pool is not None  # (False: `close` woke it)
+                                return not self._closing  # (False: `close` woke it)
                         if remaining == 0.0:
                             return False
             except StoreError:
@@ -215,9 +218,11 @@ class PGDatabase:
                 raise
 
     def close(self) -> None:
-        if self._listener is not None and self._pool is not None:
-            # Wake a wait in progress (it holds the listener): a notification of
-            # our own, and it returns at once instead of at its timeout.
+        self._closing = True
+        if self._pool is not None:
+            # Wake a wait in progress (it holds the listener, or is starting to
+            # listen: then it sees ``_closing``): a notification of our own, and
+            # it returns at once instead of at its timeout.
             with contextlib.suppress(self._psycopg.Error), self._pool.connection() as conn:
                 self.notify(conn)
         with self._listening:
