@@ -8,7 +8,7 @@ Opens an executor on ``open_store(DB)`` (two slots, ``recover=True``, the specs
 below registered, a lease of 3 s), prints ``READY <pid>``, then follows lines
 on stdin: ``submit SPEC TASK_ID`` submits ``SPEC(TASK_ID)`` with that task id
 and prints ``QUEUED <task id> <waiting_on>`` once it is queued (and flushed to
-the store), later ``END <task id> <status>``. A task prints ``START <spec>
+the store), later ``END <task id> <status> <time.time()>``. A task prints ``START <spec>
 <task id>`` when it runs. Whenever what is paused here changes it prints
 ``PAUSED <time.time()> <names,...> <keys,...>`` (``-`` for none). ``quit``
 leaves the executor (shutdown drains) and prints ``BYE``.
@@ -79,7 +79,7 @@ async def watch_pauses(ex: trioexec.Executor) -> None:
 
 async def report(ref: trioexec.TaskRef) -> None:
     completion = await ref.wait()
-    say("END", ref.task_id, completion.status.value)
+    say("END", ref.task_id, completion.status.value, f"{time.time():.6f}")
 
 
 async def main(db: str) -> None:

@@ -12,11 +12,13 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+import trio
 from lineproc import LineProcess
+
+import trioexec
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "control_worker.py"
@@ -62,6 +64,11 @@ def said(worker: LineProcess, *words: str) -> list[str]:
             return fields
 
 
+def last_command_at(db: str) -> float:
+    """When the store recorded its latest command (the store's clock: this host's)."""
+    return json.loads(cli("commands", db, "--json").stdout)[-1]["at"]
+
+
 def submit(worker: LineProcess, spec: str, task_id: str) -> str:
     """Submit and return its waiting_on as the worker saw it once queued."""
     send(worker, f"submit {spec} {task_id}")
@@ -73,9 +80,9 @@ def submit(worker: LineProcess, spec: str, task_id: str) -> str:
 def test_pause_and_resume_reach_the_worker_within_a_second(worker, db_target):
     done = cli("pause", db_target, "--name", NAME)
     assert done.returncode == 0, done.stderr
-    sent = time.time()
     assert done.stdout.strip() == f"name {NAME}: paused"
     words = worker.expect("PAUSED")
+    sent = last_command_at(db_target)
     assert words[2:] == [NAME, "-"]
     assert float(words[1]) - sent <= WITHIN
     assert submit(worker, "alpha", "a1") == "paused"
@@ -90,8 +97,8 @@ def test_pause_and_resume_reach_the_worker_within_a_second(worker, db_target):
 
     done = cli("resume", db_target, "--name", NAME)
     assert done.stdout.strip() == f"name {NAME}: resumed"
-    sent = time.time()
     words = worker.expect("PAUSED")
+    sent = last_command_at(db_target)
     assert words[2:] == ["-", "-"]
     assert float(words[1]) - sent <= WITHIN
     said(worker, "START", "alpha", "a1")
@@ -112,9 +119,9 @@ def test_cancel_stops_a_running_task_in_the_worker(worker, db_target):
     done = cli("cancel", db_target, "s1")
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("s1: sent to its owner")
-    sent = time.monotonic()
-    assert said(worker, "END", "s1")[2] == "cancelled"
-    assert time.monotonic() - sent <= WITHIN
+    ended = said(worker, "END", "s1")
+    assert ended[2] == "cancelled"
+    assert float(ended[3]) - last_command_at(db_target) <= WITHIN
     [row] = json.loads(cli("status", db_target, "--json").stdout)
     assert row["status"] == "cancelled"
     assert "cancelled by " in row["error"]  # who, as the command log says
@@ -159,3 +166,25 @@ def test_retry_failed_filters_and_usage_errors(tmp_path):
     assert "--name and --since go with --failed" in cli("retry", db, "x", "--name", "n").stderr
     assert "at least one --name or --key" in cli("pause", db).stderr
     assert "neither a duration" in cli("retry", db, "--failed", "--since", "soon").stderr
+
+
+def test_retry_failed_by_name_and_since(tmp_path):
+    db = str(tmp_path / "runs.db")
+
+    @trioexec.task(id="nightly-export")
+    async def export(day: str) -> None:
+        raise ValueError(f"no data for {day}")
+
+    async def fail_one() -> None:
+        with trioexec.SQLiteStore(db) as store:
+            async with trioexec.open_executor(store=store, tasks=[export]) as ex:
+                await (await ex.submit(export, "2026-11-26", task_id="e1")).wait()
+
+    trio.run(fail_one)
+    other = cli("retry", db, "--failed", "--name", "something-else")
+    assert (other.returncode, other.stdout.strip()) == (0, "nothing to requeue")
+    later = cli("retry", db, "--failed", "--since", "2999-01-01T00:00")
+    assert later.stdout.strip() == "nothing to requeue"
+    done = cli("retry", db, "--failed", "--name", "nightly-export", "--since", "2000-01-01T00:00")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("e1: requeued (attempt 2 next)")

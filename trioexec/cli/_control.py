@@ -55,6 +55,15 @@ def _targets(names: tuple[str, ...], keys: tuple[str, ...]) -> list[dict[str, st
     return targets
 
 
+def _check_ids(values: tuple[str, ...], what: str = "task id") -> None:
+    """Usage error for a value no store can hold, before the database is opened."""
+    for value in values:
+        try:
+            check_id(what, value)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
+
+
 def _pause_or_resume(kind: str, db: str, names: tuple[str, ...], keys: tuple[str, ...]) -> None:
     targets = _targets(names, keys)
     who = who_am_i()
@@ -98,11 +107,7 @@ def cancel(db: str, task_ids: tuple[str, ...]) -> None:
     unknown; a task that already ended is left as it is."""
     who = who_am_i()
     unknown = 0
-    for task_id in task_ids:
-        try:
-            check_id("task id", task_id)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
+    _check_ids(task_ids)
     with open_writable(db) as store:
         for task_id in task_ids:
             try:
@@ -151,6 +156,9 @@ def retry(
     if (name is not None or since is not None) and not failed:
         raise click.UsageError("--name and --since go with --failed")
     after = None if since is None else parse_since(since)
+    _check_ids(task_ids)
+    if name is not None:
+        _check_ids((name,), "name")
     with open_writable(db) as store:
         try:
             result = store.requeue(list(task_ids) or None, name=name, since=after, who=who_am_i())
