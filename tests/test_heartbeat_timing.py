@@ -1,5 +1,6 @@
-"""The lease a heartbeat writes runs from when it is written, not from when it
-queued behind the executor's other store calls (a long recovery pass)."""
+"""A lease is renewed beside the executor's other store calls, not queued
+behind them (a long recovery pass, a slow write): a renewal that waited let a
+live executor's lease lapse on a loaded machine, and another took its tasks."""
 
 from __future__ import annotations
 
@@ -8,41 +9,51 @@ import threading
 import trio
 import trio.testing
 
-from trioexec import MemoryStore
-from trioexec._journal import Journal
+from trioexec import MemoryStore, open_executor
+from trioexec._journal import GATHER_SECONDS
 
 
-class SlowStore(MemoryStore):
-    """A MemoryStore whose calls run in worker threads (like SQLiteStore's), with
-    a ``slow`` call that moves its own clock on by 100 s while it runs."""
+class HeldWrite(MemoryStore):
+    """A MemoryStore in worker threads whose next `write` (once ``hold`` is set)
+    waits until a renewal of the lease has been written beside it."""
 
     inline = False
 
     def __init__(self) -> None:
         super().__init__()
-        self.now = 0.0
-        self.release = threading.Event()
-        self.entered = threading.Event()
-        self.written: list[tuple[str, float]] = []
-
-    def slow(self) -> None:
-        self.entered.set()
-        self.release.wait(10)
-        self.now += 100.0  # the time the call took
+        self.hold = False
+        self.beats = 0
+        self.renewed = threading.Event()
+        self.waited: bool | None = None
 
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:
-        self.written.append((owner, lease_expires_at))
         super().heartbeat(owner, lease_expires_at)
+        self.beats += 1
+        if self.beats >= 2:  # (the first takes the lease)
+            self.renewed.set()
+
+    def write(self, changes):
+        if self.hold:
+            self.hold = False
+            self.waited = self.renewed.wait(10)  # a failsafe: it comes at once, or never
+        return super().write(changes)
 
 
-async def test_a_queued_heartbeat_computes_its_lease_when_its_turn_comes():
-    store = SlowStore()
-    journal = Journal(store)
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(journal.call, store.slow)
-        await trio.to_thread.run_sync(store.entered.wait)
-        nursery.start_soon(journal.call_with, store.heartbeat, lambda: ("me", store.now + 30.0))
+async def test_a_renewal_does_not_wait_for_the_executors_other_store_calls(mock_clock):
+    # (A clock moved by hand: autojump would also jump while threads run.)
+    store = HeldWrite()
+    async with open_executor(store=store, lease=3.0) as ex:
+        store.hold = True
+        await ex.submit(_noop)
         await trio.testing.wait_all_tasks_blocked()
-        assert store.written == []  # queued behind the slow call
-        store.release.set()
-    assert store.written == [("me", 130.0)]  # from the end of the slow call, not 30.0
+        mock_clock.jump(GATHER_SECONDS)  # the write starts, and is held
+        await trio.testing.wait_all_tasks_blocked()
+        assert store.beats == 1
+        mock_clock.jump(1.0)  # a renewal is due (at a third of the lease)
+    assert store.waited is True
+    assert store.beats >= 2
+    assert store._owners == {}  # given up at the end, after the renewals
+
+
+async def _noop() -> None:
+    pass

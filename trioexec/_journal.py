@@ -184,15 +184,7 @@ class Journal:
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Call one of the store's operations, in order with the writes (in a
         worker thread unless the store is inline)."""
-        return await self.call_with(fn, lambda: args)
-
-    async def call_with(
-        self, fn: Callable[..., Any], make_args: Callable[[], tuple[Any, ...]]
-    ) -> Any:
-        """`call` with arguments made once its turn has come (in the Trio thread):
-        a time among them is the time it is written, not the time it queued."""
         async with self._lock:
-            args = make_args()
             if self.store.inline:
                 return fn(*args)
             return await trio.to_thread.run_sync(functools.partial(fn, *args))

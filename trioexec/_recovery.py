@@ -66,6 +66,11 @@ class Recovery:
         self._specs = specs
         self._recovered_job = recovered_job
         self._poked = trio.Event()  # (`poke`)
+        # Renewals take turns with giving the lease up (`close`), not with the
+        # journal's calls: a renewal queued behind a long recovery pass or a
+        # slow write let a live executor's lease lapse on a loaded machine.
+        self._lease_lock = trio.Lock()
+        self._released = False
 
     async def take_lease(self, lease: float) -> None:
         journal = self._journal
@@ -81,15 +86,28 @@ class Recovery:
             async for _, since_last in beats:
                 if since_last is None:
                     continue  # renewed on entry
-                # The lease runs from when the heartbeat is written: it may have
-                # waited for this executor's own store calls (a recovery pass).
-                await journal.call_with(store.heartbeat, lambda: (owner, lifecycle.wall() + lease))
+                await self._renew(lease)
+                # What was taken over is asked in order with the writes: a
+                # version written but not yet committed is not "taken over".
                 live = {task_id: job.version for task_id, job in lifecycle.live.items()}
                 for task_id in await journal.call(store.taken_over, owner, live):
                     lifecycle.lose(task_id)
                 runs = self.runs
                 if runs is not None and (active := runs.active_ids()):
                     runs.lost(await journal.call(store.runs_taken_over, owner, active))
+
+    async def _renew(self, lease: float) -> None:
+        """Renew the lease now, beside the journal's calls (every store is
+        thread-safe), unless it was given up."""
+        store = self._journal.store
+        async with self._lease_lock:
+            if self._released:
+                return
+            args = (self._owner_id, self._lifecycle.wall() + lease)  # (the Trio thread's clock)
+            if store.inline:
+                store.heartbeat(*args)
+            else:
+                await trio.to_thread.run_sync(store.heartbeat, *args)
 
     async def recover(self, max_recovery_attempts: int) -> bool:
         """Claim the executions of owners whose lease expired, as many as there is
@@ -187,4 +205,6 @@ class Recovery:
         journal = self._journal
         await journal.write()
         if journal.failure is None and not self._lifecycle.live and not journal.changes:
-            await journal.call(journal.store.release_owner, self._owner_id)
+            async with self._lease_lock:  # (not while a renewal is being written)
+                self._released = True
+                await journal.call(journal.store.release_owner, self._owner_id)

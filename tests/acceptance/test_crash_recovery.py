@@ -195,13 +195,13 @@ def test_sigkill_mid_run_then_recover_completes_every_execution_once(tmp_path, s
 
 
 # Long enough that a loaded machine never lets a live worker's own lease lapse (the
-# other worker then takes its tasks, as a lapsed lease allows): a heartbeat waits
-# for the worker's store calls in progress, and on a loaded machine one recovery
-# pass of 60 rows took 2.5 s on PostgreSQL, so a heartbeat was written 3.2 s after
-# the one before, and single store calls took up to 5 s (0.3 s lapsed once in CI,
-# 1.0 s in 2 of 6 runs here). Both processes recover every RACE_LEASE seconds from
-# the same start, and the dead owners' lapses are spread over 1.2 leases between
-# their passes, so the passes still race whatever its length.
+# other worker then takes its tasks, as a lapsed lease allows). A renewal used to
+# wait for the worker's store calls in progress: on a loaded machine one recovery
+# pass of 60 rows took 2.5 s on PostgreSQL and single calls up to 5 s, and a lease
+# lapsed in CI even at 8 s; renewals now run beside those calls. Both processes
+# recover every RACE_LEASE seconds from the same start, and the dead owners' lapses
+# are spread over 1.2 leases between their passes, so the passes still race
+# whatever their length.
 RACE_LEASE = 8.0
 RACE_DEADLINE = 90  # seconds: the last lapse comes 1.2 leases in, then a pass and 30 tasks
 N_EXPIRED = 60  # one dead owner whose lease lapsed before the workers started

@@ -387,7 +387,11 @@ class Requeued:
 
 
 class Store(Protocol):
-    """What an executor needs from a store. All calls are synchronous and short."""
+    """What an executor needs from a store. All calls are synchronous and short.
+
+    An executor makes one call at a time, except `heartbeat`: it renews the
+    lease from a thread of its own, while another call may be running (a
+    store serialises what must be, as the SQLite store's write lock does)."""
 
     clock: Callable[[], float]
 

@@ -327,6 +327,7 @@ class PostgresStore(SQLControl):
         orphaned: list[ExecutionRecord] = []
         abandoned: list[ExecutionRecord] = []
         with self._db.transaction("recover") as conn:
+            conn.execute(_READ_COMMITTED)  # (the second read below needs a new snapshot)
             expired = (
                 f" e.status IN {_LIVE} AND e.owner IS DISTINCT FROM %s"
                 " AND e.run_id IS NULL"  # a workflow step is resumed with its run
@@ -345,6 +346,7 @@ class PostgresStore(SQLControl):
                 f"{_SELECT} WHERE e.task_id = ANY(%s) AND{expired} ORDER BY e.seq",
                 ([r[0] for r in locked], owner, now),
             ).fetchall()
+            claim: list[str] = []
             for row in rows:
                 record = record_of(row, self.path)
                 if record.recovery_attempts >= max_recovery_attempts:
@@ -355,15 +357,22 @@ class PostgresStore(SQLControl):
                         continue  # requeued (a retry): left for an executor that can re-create it
                     self._fail(conn, record, now, ORPHANED)
                     orphaned.append(self._one(conn, record.task_id))
-                elif limit is None or len(claimed) < limit:
-                    conn.execute(
-                        "UPDATE executions SET owner = %s, version = version + 1,"
-                        " status = 'pending', sub_status = NULL, deferred_since = NULL,"
-                        " waiting_on = 'slot', recovery_attempts = recovery_attempts + 1"
-                        " WHERE task_id = %s AND version = %s",
-                        (owner, record.task_id, record.version),
+                elif limit is None or len(claim) < limit:
+                    claim.append(record.task_id)
+            if claim:  # in two statements, not two per row (they are locked: ours)
+                conn.execute(
+                    "UPDATE executions SET owner = %s, version = version + 1,"
+                    " status = 'pending', sub_status = NULL, deferred_since = NULL,"
+                    " waiting_on = 'slot', recovery_attempts = recovery_attempts + 1"
+                    " WHERE task_id = ANY(%s)",
+                    (owner, claim),
+                )
+                claimed = [
+                    record_of(row, self.path)
+                    for row in conn.execute(
+                        f"{_SELECT} WHERE e.task_id = ANY(%s) ORDER BY e.seq", (claim,)
                     )
-                    claimed.append(self._one(conn, record.task_id))
+                ]
         return Recovery(claimed, orphaned, abandoned)
 
     @staticmethod
@@ -426,6 +435,7 @@ class PostgresStore(SQLControl):
         orphaned: list[RunRecord] = []
         abandoned: list[RunRecord] = []
         with self._db.transaction("claim workflow runs") as conn:
+            conn.execute(_READ_COMMITTED)  # (see `recover`)
             expired = (
                 " FROM workflow_runs r LEFT JOIN owners o ON o.owner = r.owner"
                 " WHERE r.status = 'running' AND r.owner IS DISTINCT FROM %s"
