@@ -752,12 +752,6 @@ async def test_a_rate_below_one_lets_one_start_through_every_so_often(autojump_c
     assert trioexec.KeyLimit(rate=3).burst == 3.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="shared key rate: the store's bucket gives a token when the task is let"
-    " through; a task that then waits for a slot starts late, and the next token"
-    " comes a period after the grant, so two starts fall closer than the rate allows",
-)
 async def test_a_shared_rate_counts_starts_not_grants(autojump_clock) -> None:
     """API §8: at most ``rate`` starts per ``per``, with a store too. Found by the
     model test above while it ran with a MemoryStore (its limits shared)."""

@@ -116,8 +116,9 @@ async def test_a_dead_executors_share_comes_back_after_its_lease(autojump_clock)
         started.set()
         await trio.sleep_forever()
 
-    async def freeze(journal, task_status=trio.TASK_STATUS_IGNORED) -> None:
-        async with journal._lock:  # every store call of A waits behind this
+    async def freeze(core, task_status=trio.TASK_STATUS_IGNORED) -> None:
+        # Every store call of A waits behind these (renewals take their own turns).
+        async with core.journal._lock, core.recovery._lease_lock:
             task_status.started()
             await trio.sleep_forever()
 
@@ -129,7 +130,7 @@ async def test_a_dead_executors_share_comes_back_after_its_lease(autojump_clock)
             await trio.testing.wait_all_tasks_blocked()
             assert ref.waiting_on == f"key concurrency {KEY}"
             async with trio.open_nursery() as nursery:
-                await nursery.start(freeze, a._core.journal)
+                await nursery.start(freeze, a._core)
                 frozen_at = trio.current_time()
                 with trio.fail_after(lease + 5):
                     await ref.wait()
@@ -255,3 +256,76 @@ async def test_with_one_slot_executors_take_turns(autojump_clock):
     assert order.index("b") < 3, order
     switches = sum(x != y for x, y in itertools.pairwise(order))
     assert switches >= 3, order
+
+
+# ------------------------------------------------- a shared rate counts starts
+
+
+def _starts_keep_to(starts: list[float], rate: int, per: float) -> list[tuple[float, float]]:
+    """The pairs of starts that break a token bucket of ``rate`` per ``per``
+    (burst ``rate``): more starts in a span than ``rate`` + the span's refill."""
+    times = sorted(starts)
+    broken = []
+    for i, t0 in enumerate(times):
+        for j in range(i + rate, len(times)):
+            if j - i + 1 > rate + rate * (times[j] - t0) / per + 1e-9:
+                broken.append((t0, times[j]))
+    return broken
+
+
+async def test_tokens_are_not_taken_for_tasks_that_wait_for_a_slot(autojump_clock):
+    """A busy executor asks the store for no tokens while no slot is free: had
+    it held two (granted half a second apart) while its slot was busy, both
+    tasks would start at once when it came free (rate 1 per 0.5 s)."""
+    tracker = Tracker()
+    gate = trio.Event()
+
+    async def busy() -> None:
+        await gate.wait()
+
+    limits = {KEY: KeyLimit(rate=1, per=0.5)}
+    async with trioexec.open_executor(
+        store=memory_store(), key_limits=limits, max_concurrent_tasks=1
+    ) as ex:
+        await ex.submit(busy)
+        refs = [await ex.submit(tracker.work, 0, key=KEY) for _ in range(3)]
+        await trio.sleep(2.0)
+        assert ex._core.pending.keys[KEY].tokens == 0  # none asked for yet
+        assert refs[0].waiting_on == f"rate limit {KEY}"
+        gate.set()
+        for ref in refs:
+            await ref.wait()
+    assert tracker.starts[0] == pytest.approx(2.0)
+    assert _starts_keep_to(tracker.starts, 1, 0.5) == []
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_two_busy_executors_keep_a_shared_rate_at_their_starts(autojump_clock, seed):
+    """Two executors with one slot each share a key of rate 2 per second, while
+    unlimited tasks keep taking their slots for random spans: the key's starts,
+    across both, never come closer than its bucket allows."""
+    import random
+
+    rng = random.Random(seed)
+    store = memory_store()
+    tracker = Tracker()
+    limits = {KEY: KeyLimit(rate=2, per=1.0)}
+
+    async def busy(seconds: float) -> None:
+        await trio.sleep(seconds)
+
+    async def feed(ex: trioexec.Executor) -> None:
+        for _ in range(12):
+            await ex.submit(tracker.work, rng.choice([0, 0.1, 0.3]), key=KEY)
+            await ex.submit(busy, rng.uniform(0.0, 1.5))
+            await trio.sleep(rng.uniform(0.0, 0.4))
+
+    async with (
+        trioexec.open_executor(store=store, key_limits=limits, max_concurrent_tasks=1) as a,
+        trioexec.open_executor(store=store, key_limits=limits, max_concurrent_tasks=1) as b,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(feed, a)
+        nursery.start_soon(feed, b)
+    assert len(tracker.starts) == 24
+    assert _starts_keep_to(tracker.starts, 2, 1.0) == []

@@ -39,6 +39,7 @@ def req(
     rate: float | None = None,
     per: float = 1.0,
     returned: float = 0.0,
+    late: float = 0.0,
 ) -> KeyRequest:
     return KeyRequest(
         key=key,
@@ -49,6 +50,7 @@ def req(
         wanted=wanted,
         tokens=tokens,
         returned=returned,
+        late=late,
     )
 
 
@@ -186,6 +188,22 @@ def test_settle_returned_tokens_go_back_to_the_bucket_capped() -> None:
     assert (grant.tokens, bucket) == (1, (0.0, 10.0))
     grant, _, bucket = settle(req(rate=2, returned=5.0), [], (1.5, 10.0), 10.0)
     assert (grant.tokens, grant.next_token_in, bucket) == (0, 0.0, None)  # full: deleted
+
+
+def test_settle_says_when_the_bucket_would_have_been_full_and_takes_what_late_starts_owe() -> None:
+    # Full (rate 2 per 1 s): taken now, it would have been full again at once.
+    grant, _, bucket = settle(req(rate=2, tokens=1), [], None, 10.0)
+    assert (grant.tokens, grant.full_in, bucket) == (1, 0.0, (1.0, 10.0))
+    # Half a token short: full in a quarter of a second (before this grant).
+    grant, _, bucket = settle(req(rate=2, tokens=1), [], (1.5, 10.0), 10.0)
+    assert (grant.tokens, grant.full_in, bucket) == (1, 0.25, (0.5, 10.0))
+    # A token that started 0.3 s after the bucket would have been full owes
+    # 0.6 of a token: paid before anything is granted, even below zero.
+    grant, _, bucket = settle(req(rate=2, tokens=1, late=0.6), [], (0.5, 10.0), 10.0)
+    assert grant.tokens == 0
+    assert bucket is not None
+    assert bucket[0] == pytest.approx(-0.1)
+    assert grant.next_token_in == pytest.approx(0.55)  # (1.1 tokens at 2 per second)
 
 
 def test_settle_deletes_a_full_bucket() -> None:

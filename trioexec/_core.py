@@ -190,6 +190,10 @@ class ExecutorCore:
             self.slots, self.lifecycle, config.thread_workers or config.max_concurrent_tasks
         )
         self.lifecycle.wake_worker = pending.on_ready = self.workers.work_arrived
+        if self.keyshare is not None:
+            slots = self.slots
+            self.keyshare.free_slots = lambda: slots.available - pending.live
+            self.workers.on_idle = self.keyshare.slot_freed
         self.shutdown = Shutdown(self.gate, self.lifecycle, self.workers)
         self.recovery = (
             None

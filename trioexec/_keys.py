@@ -153,8 +153,10 @@ class KeyState:
         "cap",
         "deferred",
         "earmarked",
+        "granted",
         "holders",
         "key",
+        "late",
         "limit",
         "limited_count",
         "parked",
@@ -197,6 +199,11 @@ class KeyState:
         self.retriers: deque[Waiter] = deque()
         self.tokens = limit.burst if limit is not None and not shared else 0.0
         self.stamp = math.inf if shared else now  # when `tokens` was last brought up to date
+        # Shared: when each token of the store's held here came, and how long
+        # after that the store's bucket would have been full without it (oldest
+        # first); and what the ones started late owe the bucket (`use_token`).
+        self.granted: deque[tuple[float, float]] = deque()
+        self.late = 0.0
         self.timer_at = math.inf  # a refill check is due then
 
     def take(self, job: Job, start: bool) -> None:
@@ -208,6 +215,40 @@ class KeyState:
         else:
             self.deferred.discard(job)
             self.holders.add(job)
+
+    def use_token(self, now: float) -> None:
+        """A task of the key starts: it takes a token. A shared key's token
+        that waited here past the time the store's bucket would have filled up
+        owes what the bucket gained since (at most itself): the next round pays
+        it (``KeyRequest.late``), so starts keep to the rate, not grants."""
+        if self.shared:
+            limit = self.limit
+            assert limit is not None
+            assert limit.rate is not None
+            if self.granted:
+                at, full_in = self.granted.popleft()
+                owed = (now - at - full_in) * limit.rate / limit.per
+                if owed > 0.0:
+                    self.late += min(owed, 1.0)
+        else:
+            self.refill(now)
+        self.tokens -= 1.0
+
+    def add_tokens(self, tokens: int, full_in: float, now: float) -> None:
+        """The store granted ``tokens`` (shared), taken from a bucket that would
+        have been full ``full_in`` seconds later without them."""
+        limit = self.limit
+        assert limit is not None
+        assert limit.rate is not None
+        step = limit.per / limit.rate  # (each token taken puts it one further off)
+        self.granted.extend((now, full_in + i * step) for i in range(tokens))
+        self.tokens += tokens
+
+    def give_back(self, tokens: float) -> None:
+        """``tokens`` held here go back to the store's bucket (the newest)."""
+        self.tokens -= tokens
+        for _ in range(min(len(self.granted), math.ceil(tokens - _EPSILON))):
+            self.granted.pop()
 
     def refill(self, now: float) -> None:
         """Bring the bucket up to ``now``."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from typing import TYPE_CHECKING, final
 
 import trio
@@ -57,11 +58,28 @@ class KeyBroker:
         self._lot = trio.lowlevel.ParkingLot()
         self._settling = False
         self.rounds = 0  # store calls made (tests and statistics)
+        # Slots free for tasks not let through yet (the executor sets it). A
+        # shared rate's token is asked for only for a task that can start: a
+        # token that waits for a slot lets the next start come too soon (the
+        # bucket fills meanwhile). Keys that wait for a slot so are `_starved`.
+        self.free_slots: Callable[[], int] = lambda: 1 << 30
+        self._starved: set[str] = set()
+        self._budget = 0  # (free slots left in the round being made)
 
     def want(self, state: KeyState) -> None:
         """``state``'s key changed: settle it in the next round (`Pending.on_want`)."""
         if not self._settling:
             self._dirty.setdefault(state.key, False)
+            if self._lot:
+                self._lot.unpark()
+
+    def slot_freed(self) -> None:
+        """A worker found no work and gave its slot back: keys that asked for
+        no tokens for want of one ask again."""
+        if self._starved:
+            for key in self._starved:
+                self._dirty.setdefault(key, False)
+            self._starved.clear()
             if self._lot:
                 self._lot.unpark()
 
@@ -76,8 +94,9 @@ class KeyBroker:
             if requests:
                 self.rounds += 1
                 journal = self._journal
+                asked = trio.current_time()  # (the tokens' age counts from here: never less)
                 grants = await journal.call(journal.store.key_round, self._owner, requests)
-                self._apply(requests, grants)
+                self._apply(requests, grants, asked)
 
     async def _wait(self) -> None:
         later = self._later
@@ -97,6 +116,7 @@ class KeyBroker:
         settled, a key lets tasks through only as far as the store is sure to
         leave it (what they use now)."""
         requests = []
+        self._budget = max(0, self.free_slots())
         for key, poll in keys:
             request = self._request(key, poll)
             if request is not None:
@@ -126,12 +146,18 @@ class KeyBroker:
             if limit.concurrency is not None:  # (no more than may start at once)
                 starters = min(starters, limit.concurrency - in_use - len(state.resumers))
             if starters > 0:
-                tokens = max(0, min(starters, math.ceil(limit.rate)) - math.floor(spare + _EPSILON))
+                want = min(starters, math.ceil(limit.rate))
+                if self._budget < want:
+                    want = self._budget
+                    self._starved.add(key)  # (asked again when a slot is free)
+                tokens = max(0, want - math.floor(spare + _EPSILON))
+                self._budget -= tokens
             elif spare > 0 and not queued and not state.retriers:
                 returned = spare  # nobody here will use them: back to the bucket
-                state.tokens -= spare
+                state.give_back(spare)
+        late, state.late = state.late, 0.0
         unchanged = limit.concurrency is None or (wanted == held and state.cap == held)
-        if unchanged and not (poll or tokens or returned):
+        if unchanged and not (poll or tokens or returned or late):
             waiting = queued or state.resumers or state.retriers
             if limit.concurrency is not None and waiting and key not in self._due:
                 self._poll_later(key, trio.current_time())  # (others may come to want it)
@@ -147,10 +173,12 @@ class KeyBroker:
             wanted=wanted,
             tokens=tokens,
             returned=returned,
+            late=late,
         )
 
-    def _apply(self, requests: list[KeyRequest], grants: list[KeyGrant]) -> None:
-        """Hand each key what the store granted, and plan the keys to ask again."""
+    def _apply(self, requests: list[KeyRequest], grants: list[KeyGrant], asked: float) -> None:
+        """Hand each key what the store granted (in a round sent at ``asked``),
+        and plan the keys to ask again."""
         now = trio.current_time()
         pending = self._pending
         self._settling = True
@@ -168,7 +196,8 @@ class KeyBroker:
                     continue
                 if state.cap is not None:
                     state.cap = grant.usable
-                state.tokens += grant.tokens
+                if grant.tokens:
+                    state.add_tokens(grant.tokens, grant.full_in, asked)
                 pending.regrant(state)
                 self._plan(state, request, grant, now)
         finally:
@@ -178,7 +207,12 @@ class KeyBroker:
         """Ask for ``state``'s key again when the store may have more for it."""
         key = state.key
         at = math.inf
-        if (state.queue or state.retriers) and state.by_rate():
+        short = grant.tokens < request.tokens  # (the bucket had fewer than asked for)
+        if (
+            (state.queue or state.retriers)
+            and state.by_rate()
+            and (short or key not in self._starved)
+        ):
             at = now + grant.next_token_in  # (its tasks wait for tokens: ask when there are)
         waiting = state.queue or state.resumers or state.retriers
         if request.concurrency is not None and (grant.usable < request.wanted or waiting):

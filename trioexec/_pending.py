@@ -171,8 +171,9 @@ class Pending:
                 state.pending -= 1
                 state.holders.add(job)
                 if state.limit is not None and state.limit.rate is not None:
-                    state.refill(trio.current_time())
-                    state.tokens -= 1.0
+                    state.use_token(trio.current_time())
+                    if state.late:
+                        self.on_want(state)  # (the store hears of it at once)
             return job
         return None
 
@@ -466,8 +467,9 @@ class Pending:
         state.holders.add(job)
         limit = state.limit
         if limit is not None and limit.rate is not None:
-            state.refill(trio.current_time())
-            state.tokens -= 1.0
+            state.use_token(trio.current_time())
+            if state.late:
+                self.on_want(state)
 
     def waiting_on(self, job: Job) -> str | None:
         """Why a queued or rejoining task of a limited key waits, if it waits for

@@ -59,6 +59,9 @@ class Workers:
         self._count = 0  # workers not parked in a deferral
         self._total = pool.total
         self._lent_threads: set[TaskHandle] = set()  # deferred sync tasks' thread tokens
+        # Told when a worker finds no work and gives its slot back (the key
+        # broker asks for a shared rate's tokens only for tasks that can start).
+        self.on_idle: Callable[[], None] | None = None
         pool.on_resize(self._resized)
 
     def start(self, nursery: trio.Nursery) -> None:
@@ -141,9 +144,13 @@ class Workers:
                         if self._pending.live <= self._coming:  # (those coming take it)
                             token.release()
                             if self.closing:
+                                if self.on_idle is not None:
+                                    self.on_idle()  # (a worker comes back for what is let through)
                                 return
                             # Park until `_wake` (a ParkingLot would do, at twice the cost).
                             self._idle.append(me)
+                            if self.on_idle is not None:
+                                self.on_idle()
                             await trio.lowlevel.wait_task_rescheduled(leave_idle)
                             self._coming -= 1
                             continue

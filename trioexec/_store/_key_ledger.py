@@ -38,6 +38,10 @@ class KeyRequest:
     wanted: int  #: slots it would hold now (``in_use`` and its waiting tasks)
     tokens: int  #: start tokens it asks for now
     returned: float = 0.0  #: tokens it took earlier and will not use, given back
+    #: tokens owed for tokens started late: while a token waited to be used, the
+    #: bucket kept filling as if it had been taken, past where it would have
+    #: stopped, full, had it been taken at the start (see `KeyGrant.full_in`)
+    late: float = 0.0
 
 
 @attrs.frozen(kw_only=True)
@@ -49,6 +53,10 @@ class KeyGrant:
     usable: int  #: of those, how many it may use (its share while others wait)
     tokens: int  #: start tokens it took
     next_token_in: float  #: seconds until the bucket has a whole token again (0: now)
+    #: seconds until the bucket, as it was before these tokens were taken, would
+    #: have been full: a token started later than that owes what the bucket
+    #: gained meanwhile (at most the token; ``KeyRequest.late``)
+    full_in: float = 0.0
 
 
 @attrs.frozen
@@ -133,13 +141,19 @@ def settle(
         if now > stamp:
             level = min(burst, level + (now - stamp) * rate / request.per)
             stamp = now
-    level = min(burst, level + max(0.0, request.returned))
+    level = min(burst, level + max(0.0, request.returned)) - max(0.0, request.late)
+    full_in = max(0.0, burst - level) * request.per / rate
     tokens = max(0, min(request.tokens, math.floor(level + _EPSILON)))
     level -= tokens
     next_in = 0.0
     if level < 1.0 - _EPSILON:
         next_in = (1.0 - level) * request.per / rate
     grant = KeyGrant(
-        key=request.key, held=held, usable=usable, tokens=tokens, next_token_in=next_in
+        key=request.key,
+        held=held,
+        usable=usable,
+        tokens=tokens,
+        next_token_in=next_in,
+        full_in=full_in,
     )
     return grant, row, None if level >= burst - _EPSILON else (level, stamp)
