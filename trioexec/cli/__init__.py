@@ -16,6 +16,7 @@ This module holds the group and the console-script entry point, `run`.
 
 from __future__ import annotations
 
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
@@ -26,11 +27,39 @@ from trioexec import StoreError
 
 from ._common import EXIT_PROBLEM, EXIT_USAGE, MISSING_EXTRA, fail
 
-__all__ = ["main", "run"]
+# click needs no guard: sqlite-utils, which the library imports, depends on it.
+
+__all__ = ["main", "run", "version"]
+
+
+def version() -> str:
+    """The installed distribution's version (``trioexec.__version__`` when the
+    package runs from a checkout that was never installed)."""
+    try:
+        return importlib.metadata.version("trioexec")
+    except importlib.metadata.PackageNotFoundError:
+        return trioexec.__version__
+
+
+def _version_line() -> str:
+    return f"trioexec, version {version()}"
+
+
+def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(_version_line())
+        ctx.exit()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(trioexec.__version__, prog_name="trioexec")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_show_version,
+    help="Show the installed version and exit.",
+)
 def main() -> None:
     """trioexec: tasks that give their slot back while they wait.
 
@@ -72,15 +101,20 @@ def _store_error(exc: BaseException) -> StoreError | None:
 def run(args: Sequence[str] | None = None) -> None:
     """Console-script entry point. Every failure is one line on stderr: usage errors
     (and a missing `cli` extra) exit 2, problems with the database (unreadable rows,
-    a locked file) exit 1, Ctrl-C 130."""
+    a locked file) exit 1, Ctrl-C 130. ``trioexec --version`` works without the
+    extra too."""
+    argv = list(sys.argv[1:] if args is None else args)
     if MISSING_EXTRA is not None:
+        if argv == ["--version"]:
+            sys.stdout.write(f"{_version_line()}\n")
+            return
         sys.stderr.write(
             f"trioexec: the command line needs the 'cli' extra (no module named"
             f" {MISSING_EXTRA!r}): pip install 'trioexec[cli]'\n"
         )
         raise SystemExit(EXIT_USAGE)
     try:
-        code = main.main(args=args, prog_name="trioexec", standalone_mode=False)
+        code = main.main(args=argv, prog_name="trioexec", standalone_mode=False)
     except click.UsageError as exc:
         hint = (
             f" (see 'trioexec {exc.ctx.command_path.split(' ', 1)[-1]} --help')" if exc.ctx else ""
