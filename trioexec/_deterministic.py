@@ -9,8 +9,8 @@ policies, retries, timeouts, budgets, metrics and events behave as in
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any, final
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Unpack, final, overload
 
 import trio
 
@@ -18,11 +18,20 @@ from ._admission import Overflow
 from ._core import ExecutorConfig, ExecutorCore, check_store
 from ._events import EventStream
 from ._executor import split_tasks
+from ._handle import TaskHandle
 from ._keys import KeyLimit
 from ._metrics import ExecutorMetrics
 from ._records import ShutdownPolicy, TaskCompletion
 from ._store import Store
-from ._taskref import Job, TaskRef
+from ._taskref import (
+    Job,
+    R,
+    SubmitOptions,
+    TakesHandleKeyword,
+    TakesTaskHandleKeyword,
+    TaskRef,
+    Ts,
+)
 
 
 @final
@@ -43,6 +52,7 @@ class DeterministicExecutor:
 
     def __init__(
         self,
+        *,
         max_concurrent_tasks: int = 4,
         queue_capacity: int = 1024,
         overflow: Overflow = Overflow.BLOCK,
@@ -87,10 +97,43 @@ class DeterministicExecutor:
         if store is not None:
             store.heartbeat(self._core.owner_id, math.inf)  # never expires: nothing to recover
 
+    if TYPE_CHECKING:  # its overloads (see `trioexec._taskref.Ts`)
+
+        @overload
+        def submit_nowait(
+            self, fn: Callable[[*Ts], Awaitable[R]], *args: *Ts, **options: Unpack[SubmitOptions]
+        ) -> TaskRef[R]: ...
+
+        @overload
+        def submit_nowait(
+            self,
+            fn: Callable[[*Ts, TaskHandle], Awaitable[R]],
+            *args: *Ts,
+            **options: Unpack[SubmitOptions],
+        ) -> TaskRef[R]: ...
+
+        @overload
+        def submit_nowait(
+            self, fn: Callable[[*Ts], R], *args: *Ts, **options: Unpack[SubmitOptions]
+        ) -> TaskRef[R]: ...
+
+        @overload
+        def submit_nowait(
+            self, fn: Callable[[*Ts, TaskHandle], R], *args: *Ts, **options: Unpack[SubmitOptions]
+        ) -> TaskRef[R]: ...
+
+        @overload
+        def submit_nowait(
+            self,
+            fn: TakesHandleKeyword[*Ts] | TakesTaskHandleKeyword[*Ts],
+            *args: *Ts,
+            **options: Unpack[SubmitOptions],
+        ) -> TaskRef[Any]: ...
+
     def submit_nowait(
         self,
         fn: Callable[..., Any],
-        *args: Any,
+        *args: object,
         name: str | None = None,
         task_id: str | None = None,
         timeout: float | None = None,
@@ -98,7 +141,7 @@ class DeterministicExecutor:
         correlation_id: str | None = None,
         key: str | None = None,
         priority: int | None = None,
-    ) -> TaskRef:
+    ) -> TaskRef[Any]:
         """Queue ``fn(*args)``; never blocks (``Overflow.BLOCK`` acts as ``REJECT``)."""
         core = self._core
         job = core.new_job(
@@ -109,7 +152,7 @@ class DeterministicExecutor:
 
     async def run_ready(
         self, max_tasks: int | None = None, cancel: trio.Event | None = None
-    ) -> list[TaskCompletion]:
+    ) -> list[TaskCompletion[Any]]:
         """Run pending tasks one at a time, in the order they may start (oldest
         first, but higher priority first and keys honoured), in the calling task.
         A task held back by its key's rate is waited for (``trio.sleep_until``
@@ -124,7 +167,7 @@ class DeterministicExecutor:
             raise ValueError(f"max_tasks must be >= 0 or None, got {max_tasks!r}")
         core = self._core
         journal = core.journal
-        completions: list[TaskCompletion] = []
+        completions: list[TaskCompletion[Any]] = []
         ran = 0
         await trio.lowlevel.checkpoint()
         while max_tasks is None or ran < max_tasks:

@@ -9,9 +9,9 @@ the block's errors down to the one that ended it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import Any, final
+from typing import TYPE_CHECKING, Any, Unpack, final, overload
 
 import trio
 
@@ -20,6 +20,7 @@ from ._coordinator import WorkflowResult, WorkflowRun, WorkflowRuns
 from ._core import ExecutorConfig, ExecutorCore, check_grace, check_store
 from ._errors import ExecutorClosed, TaskDefinitionError
 from ._events import EventStream
+from ._handle import TaskHandle
 from ._keys import KeyLimit, KeyStatistics
 from ._metrics import ExecutorMetrics
 from ._records import ShutdownPolicy
@@ -27,7 +28,14 @@ from ._schedule import Schedule, Schedules
 from ._slots import SlotPool
 from ._spec import TaskSpec, collect_specs
 from ._store import Store
-from ._taskref import TaskRef, unwrap
+from ._taskref import (
+    R,
+    SubmitOptions,
+    TakesHandleKeyword,
+    TakesTaskHandleKeyword,
+    TaskRef,
+    Ts,
+)
 from ._workflow import Workflow
 
 __all__ = ["Executor", "ExecutorConfig", "open_executor", "split_tasks"]
@@ -75,10 +83,43 @@ class Executor:
 
     # ---------------------------------------------------------------- submission
 
+    if TYPE_CHECKING:  # its overloads (see `trioexec._taskref.Ts`)
+
+        @overload
+        async def submit(
+            self, fn: Callable[[*Ts], Awaitable[R]], *args: *Ts, **options: Unpack[SubmitOptions]
+        ) -> TaskRef[R]: ...
+
+        @overload
+        async def submit(
+            self,
+            fn: Callable[[*Ts, TaskHandle], Awaitable[R]],
+            *args: *Ts,
+            **options: Unpack[SubmitOptions],
+        ) -> TaskRef[R]: ...
+
+        @overload
+        async def submit(
+            self, fn: Callable[[*Ts], R], *args: *Ts, **options: Unpack[SubmitOptions]
+        ) -> TaskRef[R]: ...
+
+        @overload
+        async def submit(
+            self, fn: Callable[[*Ts, TaskHandle], R], *args: *Ts, **options: Unpack[SubmitOptions]
+        ) -> TaskRef[R]: ...
+
+        @overload
+        async def submit(
+            self,
+            fn: TakesHandleKeyword[*Ts] | TakesTaskHandleKeyword[*Ts],
+            *args: *Ts,
+            **options: Unpack[SubmitOptions],
+        ) -> TaskRef[Any]: ...
+
     async def submit(
         self,
         fn: Callable[..., Any],
-        *args: Any,
+        *args: object,
         name: str | None = None,
         task_id: str | None = None,
         timeout: float | None = None,
@@ -86,7 +127,7 @@ class Executor:
         correlation_id: str | None = None,
         key: str | None = None,
         priority: int | None = None,
-    ) -> TaskRef:
+    ) -> TaskRef[Any]:
         """Submit ``fn(*args)`` and return its `TaskRef` once it is accepted.
 
         A checkpoint. Under ``Overflow.BLOCK`` waits for space when the executor is
@@ -126,10 +167,43 @@ class Executor:
             await core.submit(job)
         return TaskRef(job)
 
+    if TYPE_CHECKING:  # its overloads (see `trioexec._taskref.Ts`)
+
+        @overload
+        def submit_nowait(
+            self, fn: Callable[[*Ts], Awaitable[R]], *args: *Ts, **options: Unpack[SubmitOptions]
+        ) -> TaskRef[R]: ...
+
+        @overload
+        def submit_nowait(
+            self,
+            fn: Callable[[*Ts, TaskHandle], Awaitable[R]],
+            *args: *Ts,
+            **options: Unpack[SubmitOptions],
+        ) -> TaskRef[R]: ...
+
+        @overload
+        def submit_nowait(
+            self, fn: Callable[[*Ts], R], *args: *Ts, **options: Unpack[SubmitOptions]
+        ) -> TaskRef[R]: ...
+
+        @overload
+        def submit_nowait(
+            self, fn: Callable[[*Ts, TaskHandle], R], *args: *Ts, **options: Unpack[SubmitOptions]
+        ) -> TaskRef[R]: ...
+
+        @overload
+        def submit_nowait(
+            self,
+            fn: TakesHandleKeyword[*Ts] | TakesTaskHandleKeyword[*Ts],
+            *args: *Ts,
+            **options: Unpack[SubmitOptions],
+        ) -> TaskRef[Any]: ...
+
     def submit_nowait(
         self,
         fn: Callable[..., Any],
-        *args: Any,
+        *args: object,
         name: str | None = None,
         task_id: str | None = None,
         timeout: float | None = None,
@@ -137,7 +211,7 @@ class Executor:
         correlation_id: str | None = None,
         key: str | None = None,
         priority: int | None = None,
-    ) -> TaskRef:
+    ) -> TaskRef[Any]:
         """Like `submit`, but never blocks: under ``Overflow.BLOCK`` a full executor
         raises `TaskRejected`."""
         core = self._core
@@ -147,8 +221,28 @@ class Executor:
         core.submit_nowait(job)
         return TaskRef(job)
 
-    async def run(self, fn: Callable[..., Any], *args: Any) -> Any:
-        """Submit ``fn(*args)``, wait for it, and return its value or raise its error.
+    if TYPE_CHECKING:  # its overloads (see `trioexec._taskref.Ts`)
+
+        @overload
+        async def run(self, fn: Callable[[*Ts], Awaitable[R]], *args: *Ts) -> R: ...
+
+        @overload
+        async def run(self, fn: Callable[[*Ts, TaskHandle], Awaitable[R]], *args: *Ts) -> R: ...
+
+        @overload
+        async def run(self, fn: Callable[[*Ts], R], *args: *Ts) -> R: ...
+
+        @overload
+        async def run(self, fn: Callable[[*Ts, TaskHandle], R], *args: *Ts) -> R: ...
+
+        @overload
+        async def run(
+            self, fn: TakesHandleKeyword[*Ts] | TakesTaskHandleKeyword[*Ts], *args: *Ts
+        ) -> Any: ...
+
+    async def run(self, fn: Callable[..., Any], *args: object) -> Any:
+        """Submit ``fn(*args)``, wait for it, and return its value or raise its error
+        (`TaskCompletion.unwrap`).
 
         Raises:
           Exception: the task's own exception, as it is, if it failed.
@@ -158,7 +252,7 @@ class Executor:
         """
         ref = await self.submit(fn, *args)
         completion = await ref.wait()
-        return unwrap(completion)
+        return completion.unwrap()
 
     def cancel_pending(self) -> int:
         """End every task that has not started yet as ``CANCELLED``; return how many.
@@ -420,6 +514,7 @@ def _same_leaves(a: BaseException, b: BaseException) -> bool:
 
 @asynccontextmanager
 async def open_executor(
+    *,
     max_concurrent_tasks: int = 4,
     queue_capacity: int = 1024,
     overflow: Overflow = Overflow.BLOCK,

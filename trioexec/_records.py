@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 import enum
-from typing import Any
+from typing import TYPE_CHECKING, Any, Generic
 
 import attrs
+
+from ._errors import TaskCancelled, TaskRejected
+
+if TYPE_CHECKING:
+    # PEP 696 defaults (typing has them from 3.13): a bare `TaskCompletion` is
+    # `TaskCompletion[Any]`, as it was before it was generic. Type checkers only:
+    # at run time the parameters are plain TypeVars (no dependency, no cost).
+    from typing_extensions import TypeVar
+
+    T_co = TypeVar("T_co", covariant=True, default=Any)
+else:
+    from typing import TypeVar
+
+    T_co = TypeVar("T_co", covariant=True)
 
 MAX_ID_LENGTH = 1000
 
@@ -100,10 +114,16 @@ class SubStatus(enum.StrEnum):
 
 
 @attrs.frozen(kw_only=True)
-class TaskCompletion:
+class TaskCompletion(Generic[T_co]):
     """How one execution ended. Exactly one exists per accepted submission.
 
-    ``error`` is the exception object (or None); ``result`` the return value.
+    Generic in the task's value: ``TaskCompletion[T]`` for a task that returns a
+    ``T`` (``ex.submit(fn, ...)`` of ``async def fn(...) -> T`` gives a
+    ``TaskRef[T]``, whose ``wait()`` returns one); `unwrap` returns that value or
+    raises the task's error.
+
+    ``error`` is the exception object (or None); ``result`` the return value
+    (None unless ``ok``).
     ``submitted_at``/``started_at``/``finished_at`` are wall-clock Unix seconds
     (``started_at`` is None if the task never started); ``deferred_seconds`` is
     measured on Trio's clock.
@@ -112,7 +132,8 @@ class TaskCompletion:
     task_id: str
     name: str
     status: TaskStatus
-    result: Any = None
+    #: the return value (a ``T`` when ``ok``; None otherwise)
+    result: T_co = None  # type: ignore[assignment]
     error: BaseException | None = None
     attempts: int = 0
     submitted_at: float = 0.0
@@ -127,6 +148,25 @@ class TaskCompletion:
     def ok(self) -> bool:
         """True when the task returned normally."""
         return self.status is TaskStatus.COMPLETED
+
+    def unwrap(self) -> T_co:
+        """The task's value if it completed, else its error raised (what `Executor.run`
+        does with a completion).
+
+        Raises:
+          BaseException: the task's own exception, as it is, if it failed or
+            timed out (`TaskTimeout`).
+          TaskCancelled: it was cancelled without an error of its own.
+          TaskRejected: it was dropped or rejected.
+        """
+        status = self.status
+        if status is TaskStatus.COMPLETED:
+            return self.result
+        if self.error is not None:
+            raise self.error
+        if status is TaskStatus.CANCELLED:
+            raise TaskCancelled(f"task {self.name!r} ({self.task_id}) was cancelled")
+        raise TaskRejected(f"task {self.name!r} ({self.task_id}) was {status.value}")
 
 
 @attrs.frozen(kw_only=True)

@@ -11,7 +11,7 @@ import inspect
 import math
 import weakref
 from collections.abc import Callable, Iterable
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, overload
 
 import attrs
 
@@ -21,6 +21,22 @@ from ._handle import TaskHandle
 from ._records import check_id
 
 HANDLE_PARAM_NAMES = ("handle", "task_handle")
+
+if TYPE_CHECKING:
+    # PEP 696 defaults (typing has them from 3.13): a bare `TaskSpec` is
+    # `TaskSpec[..., Any]`. Type checkers only: at run time they are plain.
+    from typing_extensions import ParamSpec
+    from typing_extensions import TypeVar as DefaultTypeVar
+
+    P = ParamSpec("P", default=...)
+    R_co = DefaultTypeVar("R_co", covariant=True, default=Any)
+else:
+    from typing import ParamSpec
+
+    P = ParamSpec("P")
+    R_co = TypeVar("R_co", covariant=True)
+P2 = ParamSpec("P2")
+R = TypeVar("R")
 
 
 def _non_negative_finite(name: str, value: float) -> None:
@@ -128,13 +144,16 @@ def call_info(fn: Callable[..., Any]) -> CallInfo:
 
 
 @attrs.frozen(kw_only=True)
-class TaskSpec:
+class TaskSpec(Generic[P, R_co]):
     """A task declaration made by `task`: the function and its options.
 
-    Still directly callable: ``await spec(context)`` calls the function.
+    Still directly callable: ``await spec(context)`` calls the function. Generic
+    like the function it wraps: ``@task`` on ``async def f(url: str) -> bytes``
+    makes a ``TaskSpec[[str], Coroutine[Any, Any, bytes]]``, which
+    ``ex.submit``/``ex.run`` accept wherever they accept ``f``.
     """
 
-    fn: Callable[..., Any]
+    fn: Callable[P, R_co]
     id: str
     dependencies: tuple[str, ...] = ()
     retries: int = 0
@@ -163,7 +182,7 @@ class TaskSpec:
         """True for ``async def`` functions; plain functions run in a worker thread."""
         return self._info.is_async
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R_co:
         return self.fn(*args, **kwargs)
 
     def __repr__(self) -> str:
@@ -215,11 +234,12 @@ def spec_key(spec: TaskSpec, args: tuple[Any, ...]) -> str:
     return key
 
 
-def _make_spec(fn: object, options: dict[str, Any]) -> TaskSpec:
-    if isinstance(fn, TaskSpec):
-        raise TaskDefinitionError(f"{fn.id!r} is already a TaskSpec; decorate the function once")
-    if not callable(fn):
-        raise TaskDefinitionError(f"@task needs a callable, got {fn!r}")
+def _make_spec(fn: Callable[P2, R], options: dict[str, Any]) -> TaskSpec[P2, R]:
+    what: object = fn  # (checked: the caller's type checker may not have been run)
+    if isinstance(what, TaskSpec):
+        raise TaskDefinitionError(f"{what.id!r} is already a TaskSpec; decorate the function once")
+    if not callable(what):
+        raise TaskDefinitionError(f"@task needs a callable, got {what!r}")
     task_id = options["id"]
     if task_id is None:
         task_id = _describe(fn)
@@ -301,8 +321,14 @@ def _make_spec(fn: object, options: dict[str, Any]) -> TaskSpec:
     )
 
 
+class TaskDecorator(Protocol):
+    """What ``@task(...)`` with options returns: a decorator keeping the function's type."""
+
+    def __call__(self, fn: Callable[P2, R], /) -> TaskSpec[P2, R]: ...
+
+
 @overload
-def task(fn: Callable[..., Any], /) -> TaskSpec: ...
+def task(fn: Callable[P2, R], /) -> TaskSpec[P2, R]: ...
 @overload
 def task(
     fn: None = None,
@@ -317,8 +343,7 @@ def task(
     budget: float | None = None,
     key: str | Callable[..., str] | None = None,
     priority: int = 0,
-    **unknown: object,
-) -> Callable[[Callable[..., Any]], TaskSpec]: ...
+) -> TaskDecorator: ...
 
 
 def task(
@@ -335,7 +360,7 @@ def task(
     key: str | Callable[..., str] | None = None,
     priority: int = 0,
     **unknown: object,
-) -> TaskSpec | Callable[[Callable[..., Any]], TaskSpec]:
+) -> TaskSpec | TaskDecorator:
     """Declare a task. Use bare (``@task``) or with options (``@task(id=..., retries=3)``).
 
     Args:
@@ -353,7 +378,8 @@ def task(
       priority: its tasks' priority (higher starts first; ``submit(priority=...)``
         overrides it).
 
-    Returns a frozen `TaskSpec`, still callable like the function.
+    Returns a frozen `TaskSpec`, still callable like the function (and typed like
+    it). Unknown options are an error at decoration time (and for a type checker).
 
     Raises:
       TaskDefinitionError: at decoration time, for a non-callable, a bad option
@@ -378,7 +404,7 @@ def task(
     if fn is not None:
         return _make_spec(fn, options)
 
-    def decorate(f: Callable[..., Any]) -> TaskSpec:
+    def decorate(f: Callable[P2, R], /) -> TaskSpec[P2, R]:
         return _make_spec(f, options)
 
     return decorate

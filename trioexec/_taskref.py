@@ -12,17 +12,56 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol, final
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, TypeVarTuple, final
 
 import attrs
 import trio
 
-from ._errors import StoreError, TaskCancelled, TaskRejected
-from ._records import SubStatus, TaskCompletion, TaskStatus
+from ._errors import StoreError
+from ._records import SubStatus, T_co, TaskCompletion, TaskStatus
 from ._spec import CallInfo
 
 if TYPE_CHECKING:
     from ._handle import TaskHandle
+
+
+# The types of `Executor.submit`, `submit_nowait` and `run` (API.md §12): overloads,
+# tried in order, each taking ``*args: *Ts`` (the handle is injected, not an argument):
+#   async def f(*args) -> T                  -> TaskRef[T]
+#   async def f(*args, h: TaskHandle) -> T   -> TaskRef[T] (the handle last, any name)
+#   def f(*args) -> T, def f(*args, h) -> T  -> TaskRef[T] (run in a thread)
+#   a keyword-only handle (named ``handle`` or ``task_handle``) -> TaskRef[Any]: the
+#     arguments are checked, not the value (mypy solves no return type through a
+#     protocol with a TypeVarTuple).
+# A `TaskSpec` is typed like its function. The overloads sit under TYPE_CHECKING
+# (the facade's classes stay small); the implementations take ``*args: object``
+# (mypy matches no ``*args: Any`` with ``*Ts`` there).
+Ts = TypeVarTuple("Ts")
+R = TypeVar("R")
+
+
+class SubmitOptions(TypedDict, total=False):
+    """`Executor.submit`'s keyword options, as its overloads type them."""
+
+    name: str | None
+    task_id: str | None
+    timeout: float | None
+    budget: float | None
+    correlation_id: str | None
+    key: str | None
+    priority: int | None
+
+
+class TakesHandleKeyword(Protocol[*Ts]):
+    """A task function taking ``*args`` and the handle as keyword-only ``handle``."""
+
+    def __call__(self, *args: *Ts, handle: TaskHandle) -> object: ...
+
+
+class TakesTaskHandleKeyword(Protocol[*Ts]):
+    """A task function taking ``*args`` and the handle as keyword-only ``task_handle``."""
+
+    def __call__(self, *args: *Ts, task_handle: TaskHandle) -> object: ...
 
 
 class Owner(Protocol):
@@ -73,7 +112,7 @@ class Job:
     done: trio.Event | None = None  # made by the first waiter
     #: called once it has ended (with a store: once that is durable), or the store failed
     on_done: Callable[[Job], None] | None = None
-    completion: TaskCompletion | None = None
+    completion: TaskCompletion[Any] | None = None
     result: Any = None
     error: BaseException | None = None
     version: int = 1  # the store's fencing version (-1: nothing more may be written)
@@ -102,7 +141,7 @@ class Job:
         if self.on_done is not None:
             self.on_done(self)
 
-    def make_completion(self) -> TaskCompletion:
+    def make_completion(self) -> TaskCompletion[Any]:
         """The `TaskCompletion` of an ended job (made once)."""
         if self.completion is None:
             handle = self.handle
@@ -130,8 +169,13 @@ class Job:
 
 
 @final
-class TaskRef:
-    """One accepted (or refused) submission: its status now, and its completion later."""
+class TaskRef(Generic[T_co]):
+    """One accepted (or refused) submission: its status now, and its completion later.
+
+    Generic in the task's value: ``ex.submit(fn, ...)`` of ``async def fn(...) -> T``
+    (or a plain ``def``) gives a ``TaskRef[T]``, and ``await ref.wait()`` a
+    ``TaskCompletion[T]``.
+    """
 
     __slots__ = ("_job",)
 
@@ -184,12 +228,12 @@ class TaskRef:
         return self._job.ended
 
     @property
-    def completion(self) -> TaskCompletion | None:
+    def completion(self) -> TaskCompletion[T_co] | None:
         """The `TaskCompletion`, or None while the task has not finished."""
         job = self._job
         return job.make_completion() if job.ended else None
 
-    async def wait(self) -> TaskCompletion:
+    async def wait(self) -> TaskCompletion[T_co]:
         """Wait until the task ends and return its `TaskCompletion`. A checkpoint.
 
         Cancelling the wait does not cancel the task (use `cancel`).
@@ -227,13 +271,6 @@ class TaskRef:
         return f"<TaskRef {job.task_id!r} {job.name!r} {job.status.value}>"
 
 
-def unwrap(completion: TaskCompletion) -> Any:
-    """The task's value, or its error raised (`Executor.run`)."""
-    status = completion.status
-    if status is TaskStatus.COMPLETED:
-        return completion.result
-    if completion.error is not None:
-        raise completion.error
-    if status is TaskStatus.CANCELLED:
-        raise TaskCancelled(f"task {completion.name!r} ({completion.task_id}) was cancelled")
-    raise TaskRejected(f"task {completion.name!r} ({completion.task_id}) was {status.value}")
+def unwrap(completion: TaskCompletion[T_co]) -> T_co:
+    """The task's value, or its error raised (`TaskCompletion.unwrap`)."""
+    return completion.unwrap()
