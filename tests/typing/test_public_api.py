@@ -7,8 +7,8 @@ no error. Every ``assert_type`` states what a user's code gets, with no cast.
 from __future__ import annotations
 
 import functools
-from collections.abc import Coroutine
-from typing import Any, assert_type
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any, TypeVar, assert_type
 
 import trio
 
@@ -117,6 +117,34 @@ async def check_specs() -> None:
     assert_type(bare_spec.requires_handle, bool)
     any_spec: TaskSpec = step  # a bare TaskSpec takes any spec
     assert_type(any_spec, TaskSpec[..., Any])
+
+
+# ---------------------------------------------------------------- code generic over tasks
+
+T = TypeVar("T")
+
+
+async def submit_each(
+    ex: Executor, fn: Callable[[int], Awaitable[T]], items: list[int]
+) -> list[TaskRef[T]]:
+    return [await ex.submit(fn, item) for item in items]
+
+
+async def run_untyped(ex: Executor, fn: Callable[..., Any], *args: Any) -> Any:
+    return await ex.run(fn, *args)
+
+
+async def check_generic_code(ex: Executor) -> None:
+    assert_type(await submit_each(ex, fetch_length, [1, 2]), list[TaskRef[int]])
+    assert_type(await run_untyped(ex, add, 1, 2), Any)
+    pair = (1, 2)
+    assert_type(await ex.run(add, *pair), int)  # a tuple of known length unpacks
+    untyped: Callable[..., Any] = add
+    assert_type(await ex.submit(untyped, "anything"), TaskRef[Any])
+
+
+async def fetch_length(n: int) -> int:
+    return n
 
 
 # ---------------------------------------------------------------- the executor
