@@ -531,7 +531,8 @@ async def open_executor(
     priority_aging: float | None = 60.0,
     shutdown_grace: float | None = None,
 ) -> AsyncIterator[Executor]:
-    """Open an executor whose tasks run in a nursery inside this block.
+    """Open an executor whose tasks run in a nursery inside this block. Every
+    option is keyword-only.
 
     On leaving the block normally, the executor shuts down with ``shutdown_policy``
     and waits for it, for at most ``shutdown_grace`` seconds (None: no limit)
