@@ -38,9 +38,9 @@ from ._taskref import (
 class DeterministicExecutor:
     """Queue with `submit_nowait`, run with ``await run_ready()``.
 
-    Takes the same options as `open_executor` (keyword-only). A ``store`` must be inline (it is
-    written in the caller's task after each task); ``recover`` is not supported and
-    the lease options (and ``shutdown_policy``, ``shutdown_grace``: it has no
+    Takes the same options as `open_executor` (keyword-only). A ``store`` must be
+    inline (it is written in the caller's task after each task); ``recover`` is not
+    supported and the lease options (and ``shutdown_policy``, ``shutdown_grace``: it has no
     shutdown of its own) are accepted for symmetry.
 
     Example::
