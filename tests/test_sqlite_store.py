@@ -413,6 +413,7 @@ def test_a_database_deleted_or_replaced_while_open_refuses_to_write(tmp_path, ho
     calls = {
         "write": lambda: store.write([submit("t2")]),
         "heartbeat": lambda: store.heartbeat("A", 99.0),
+        "renew_lease": lambda: store.renew_lease("A", 30.0),
         "recover": lambda: store.recover("B", 1.0, lambda r: True, 3),
         "claim_runs": lambda: store.claim_runs("B", 1.0, ["etl"], 3),
         "release_owner": lambda: store.release_owner("A"),
@@ -637,6 +638,7 @@ def test_read_only_store_refuses_every_write_and_changes_nothing(tmp_path):
         writes = {
             "write": lambda: store.write([submit("t2")]),
             "heartbeat": lambda: store.heartbeat("A", 1.0),
+            "renew_lease": lambda: store.renew_lease("A", 1.0),
             "recover": lambda: store.recover("B", 1e9, lambda r: True, 3),
             "claim_runs": lambda: store.claim_runs("B", 1e9, ["etl"], 3),
             "release_owner": lambda: store.release_owner("A"),

@@ -194,6 +194,7 @@ class ExecutorCore:
             slots = self.slots
             self.keyshare.free_slots = lambda: slots.available - pending.live
             self.workers.on_idle = self.keyshare.slot_freed
+            self.slots.on_resize(self.keyshare.slot_freed)
         self.shutdown = Shutdown(self.gate, self.lifecycle, self.workers)
         self.recovery = (
             None

@@ -202,7 +202,7 @@ class KeyState:
         # Shared: when each token of the store's held here came, and how long
         # after that the store's bucket would have been full without it (oldest
         # first); and what the ones started late owe the bucket (`use_token`).
-        self.granted: deque[tuple[float, float]] = deque()
+        self.granted: deque[list[float]] = deque()
         self.late = 0.0
         self.timer_at = math.inf  # a refill check is due then
 
@@ -222,17 +222,29 @@ class KeyState:
         owes what the bucket gained since (at most itself): the next round pays
         it (``KeyRequest.late``), so starts keep to the rate, not grants."""
         if self.shared:
-            limit = self.limit
-            assert limit is not None
-            assert limit.rate is not None
             if self.granted:
-                at, full_in = self.granted.popleft()
-                owed = (now - at - full_in) * limit.rate / limit.per
-                if owed > 0.0:
-                    self.late += min(owed, 1.0)
+                self.late += self._owed(self.granted.popleft(), now)
         else:
             self.refill(now)
         self.tokens -= 1.0
+
+    def owe_for_waiting(self, now: float) -> None:
+        """Shared: the tokens held here and not used yet owe for their wait so
+        far (asked before more tokens are: else a token that waited for a slot
+        and a new one could start together)."""
+        for entry in self.granted:
+            self.late += self._owed(entry, now)
+
+    def _owed(self, entry: list[float], now: float) -> float:
+        """What ``entry`` (a token: when it came, when the bucket would have
+        been full without it, what it paid) owes at ``now`` beyond what it paid."""
+        limit = self.limit
+        assert limit is not None
+        assert limit.rate is not None
+        at, full_in, paid = entry
+        owed = min(1.0, max(0.0, (now - at - full_in) * limit.rate / limit.per))
+        entry[2] = max(owed, paid)
+        return max(0.0, owed - paid)
 
     def add_tokens(self, tokens: int, full_in: float, now: float) -> None:
         """The store granted ``tokens`` (shared), taken from a bucket that would
@@ -241,7 +253,7 @@ class KeyState:
         assert limit is not None
         assert limit.rate is not None
         step = limit.per / limit.rate  # (each token taken puts it one further off)
-        self.granted.extend((now, full_in + i * step) for i in range(tokens))
+        self.granted.extend([now, full_in + i * step, 0.0] for i in range(tokens))
         self.tokens += tokens
 
     def give_back(self, tokens: float) -> None:

@@ -59,9 +59,9 @@ class KeyBroker:
         self._settling = False
         self.rounds = 0  # store calls made (tests and statistics)
         # Slots free for tasks not let through yet (the executor sets it). A
-        # shared rate's token is asked for only for a task that can start: a
-        # token that waits for a slot lets the next start come too soon (the
-        # bucket fills meanwhile). Keys that wait for a slot so are `_starved`.
+        # shared rate's tokens are asked for only for tasks that can start (and
+        # one more): tokens that wait for slots would let starts bunch up when
+        # the slots come free. Keys held to fewer so are `_starved`.
         self.free_slots: Callable[[], int] = lambda: 1 << 30
         self._starved: set[str] = set()
         self._budget = 0  # (free slots left in the round being made)
@@ -148,9 +148,16 @@ class KeyBroker:
             if starters > 0:
                 want = min(starters, math.ceil(limit.rate))
                 if self._budget < want:
-                    want = self._budget
-                    self._starved.add(key)  # (asked again when a slot is free)
+                    self._starved.add(key)  # (asked for more when a slot is free)
+                    # One at least, slot or not: its task waits in line with the
+                    # rest (by rank), so the key never starves behind other work;
+                    # the token pays for its wait when it is used (`use_token`).
+                    want = max(self._budget, 0 if state.tokens > 1.0 - _EPSILON else 1)
                 tokens = max(0, want - math.floor(spare + _EPSILON))
+                if tokens and state.granted:
+                    # Tokens still held pay for their wait first: else one that
+                    # waited for a slot and a new one could start together.
+                    state.owe_for_waiting(trio.current_time())
                 self._budget -= tokens
             elif spare > 0 and not queued and not state.retriers:
                 returned = spare  # nobody here will use them: back to the bucket

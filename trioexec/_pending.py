@@ -172,8 +172,8 @@ class Pending:
                 state.holders.add(job)
                 if state.limit is not None and state.limit.rate is not None:
                     state.use_token(trio.current_time())
-                    if state.late:
-                        self.on_want(state)  # (the store hears of it at once)
+                    if state.shared:
+                        self.on_want(state)  # (the store hears of it; the next token)
             return job
         return None
 
@@ -468,7 +468,7 @@ class Pending:
         limit = state.limit
         if limit is not None and limit.rate is not None:
             state.use_token(trio.current_time())
-            if state.late:
+            if state.shared:
                 self.on_want(state)
 
     def waiting_on(self, job: Job) -> str | None:

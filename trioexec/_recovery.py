@@ -103,11 +103,17 @@ class Recovery:
         async with self._lease_lock:
             if self._released:
                 return
-            args = (self._owner_id, self._lifecycle.wall() + lease)  # (the Trio thread's clock)
-            if store.inline:
-                store.heartbeat(*args)
+            # The lease runs from when it is written: a store that can counts
+            # it once it has its own lock (another call of ours may hold it).
+            renew = getattr(store, "renew_lease", None)
+            if renew is not None:
+                call, args = renew, (self._owner_id, lease)
             else:
-                await trio.to_thread.run_sync(store.heartbeat, *args)
+                call, args = store.heartbeat, (self._owner_id, self._lifecycle.wall() + lease)
+            if store.inline:
+                call(*args)
+            else:
+                await trio.to_thread.run_sync(call, *args)
 
     async def recover(self, max_recovery_attempts: int) -> bool:
         """Claim the executions of owners whose lease expired, as many as there is

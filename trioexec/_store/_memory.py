@@ -390,6 +390,12 @@ class MemoryStore(MemorySchedules, MemoryControl):
         with self._locked():
             self._owners[owner] = lease_expires_at
 
+    def renew_lease(self, owner: str, lease: float) -> float:
+        """`heartbeat` for ``lease`` seconds from when it is written."""
+        with self._locked():
+            at = self._owners[owner] = self.clock() + lease
+        return at
+
     def release_owner(self, owner: str) -> None:
         with self._locked():
             self._owners.pop(owner, None)

@@ -252,11 +252,16 @@ class SQLiteStore(SQLControl):
 
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:
         with self._db.transaction("heartbeat") as conn:
-            conn.execute(
-                "INSERT INTO owners (owner, lease_expires_at) VALUES (?, ?)"
-                " ON CONFLICT (owner) DO UPDATE SET lease_expires_at = excluded.lease_expires_at",
-                (owner, lease_expires_at),
-            )
+            _write_lease(conn, owner, lease_expires_at)
+
+    def renew_lease(self, owner: str, lease: float) -> float:
+        """`heartbeat` for ``lease`` seconds from when it is written (this
+        store's clock, once its transaction has begun: not from a wait for the
+        store's lock). Returns when it expires."""
+        with self._db.transaction("heartbeat") as conn:
+            at = self.clock() + lease
+            _write_lease(conn, owner, at)
+        return at
 
     def release_owner(self, owner: str) -> None:
         with self._db.transaction("release owner") as conn:
@@ -574,3 +579,11 @@ _UPDATES = {
 def _update_args(change: Change) -> tuple[object, ...]:
     """The parameters of a non-submit change's UPDATE: its fields, then the guard."""
     return (*(_value(v) for v in full_change(change)[3:]), change[1], change[2])
+
+
+def _write_lease(conn: sqlite3.Connection, owner: str, lease_expires_at: float) -> None:
+    conn.execute(
+        "INSERT INTO owners (owner, lease_expires_at) VALUES (?, ?)"
+        " ON CONFLICT (owner) DO UPDATE SET lease_expires_at = excluded.lease_expires_at",
+        (owner, lease_expires_at),
+    )
