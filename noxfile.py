@@ -1,5 +1,9 @@
 """Developer tasks: ``nox -s tests``, ``lint``, ``typecheck``, ``examples``, ``demo``, ``soak``,
-``bench``, ``bench_peers``, ``bench_profile``."""
+``docs``, ``changelog``, ``bench``, ``bench_peers``, ``bench_profile``.
+
+nox itself goes in a virtualenv of its own (a system Python may refuse ``pip install``,
+PEP 668): ``python3 -m venv .venv && .venv/bin/pip install nox``, then ``.venv/bin/nox``.
+"""
 
 from __future__ import annotations
 
@@ -16,9 +20,11 @@ import nox
 nox.options.default_venv_backend = "venv"
 nox.options.sessions = ["tests", "lint", "typecheck", "examples"]
 nox.options.reuse_existing_virtualenvs = True
-# Interpreters this machine lacks are skipped, never an error, and never downloaded:
-# `tests` runs on the supported Pythons that are installed here.
-nox.options.error_on_missing_interpreters = False
+# `tests` runs on every supported Python installed here (_installed_pythons), the
+# other sessions on the oldest of them. An interpreter nox cannot find is an error,
+# never a skip that exits 0 (with none found, every session fails: see PYTHONS), and
+# none is ever downloaded.
+nox.options.error_on_missing_interpreters = True
 if hasattr(nox.options, "download_python"):
     nox.options.download_python = "never"
 
@@ -40,12 +46,16 @@ def _runs(python: str) -> bool:
 
 
 def _installed_pythons() -> list[str]:
-    """The supported versions that run here. pyenv exposes only its selected
-    versions through its shims, so the other installed ones are put on PATH
-    (ahead of the shims) for nox to find."""
+    """The supported versions that run here: nox's own, and those on PATH. pyenv
+    exposes only its selected versions through its shims, so the other installed
+    ones are put on PATH (ahead of the shims) for nox to find."""
     root = pathlib.Path(os.environ.get("PYENV_ROOT") or pathlib.Path.home() / ".pyenv")
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
     found = []
     for version in SUPPORTED:
+        if version == running:  # nox uses the interpreter it runs on for its own version
+            found.append(version)
+            continue
         if not _runs(f"python{version}"):
             for prefix in sorted((root / "versions").glob(f"{version}.*"), reverse=True):
                 if (prefix / "bin" / f"python{version}").exists():
@@ -56,7 +66,15 @@ def _installed_pythons() -> list[str]:
     return found
 
 
-PYTHONS = _installed_pythons() or [SUPPORTED[0]]  # none found: nox reports it missing
+PYTHONS = _installed_pythons()
+if not PYTHONS:
+    # Each session then asks for 3.11, which nox fails as missing (exit 1).
+    print(
+        f"noxfile: no supported Python ({', '.join(SUPPORTED)}) runs here: looked for"
+        f" python3.X on PATH and under {os.environ.get('PYENV_ROOT') or '~/.pyenv'}/versions",
+        file=sys.stderr,
+    )
+    PYTHONS = [SUPPORTED[0]]
 PYTHON = PYTHONS[0]  # the oldest one present, for the single-interpreter sessions
 
 
@@ -192,6 +210,16 @@ def docs(session: nox.Session) -> None:
     """Build the Sphinx docs with warnings as errors."""
     session.install("-e", ".[docs]")
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
+
+
+@nox.session(python=PYTHON)
+def changelog(session: nox.Session) -> None:
+    """The next release's notes as towncrier would write them from newsfragments/
+    into docs/changelog.rst (a draft: nothing changes). ``nox -s changelog -- 1.0.0``
+    names the version (default ``next``)."""
+    session.install("towncrier>=24.7")
+    version = session.posargs[0] if session.posargs else "next"
+    session.run("towncrier", "build", "--draft", "--version", version)
 
 
 @nox.session(python=PYTHON)
