@@ -29,7 +29,15 @@ PACKAGE = pathlib.Path(trioexec.__file__).parent
 LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     (
         "package, CLI",
-        frozenset({"trioexec", "trioexec.__main__", "trioexec.cli*", "trioexec._demo"}),
+        frozenset(
+            {
+                "trioexec",
+                "trioexec.__main__",
+                "trioexec.cli*",
+                "trioexec._demo",
+                "trioexec.contrib*",
+            }
+        ),
     ),
     ("durable", frozenset({"trioexec.durable*"})),
     # The facade is where workflows meet the executor (API.md puts start_workflow
@@ -56,6 +64,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "trioexec._shutdown",
                 "trioexec._causation",
                 "trioexec._schedule",
+                "trioexec._observe",
             }
         ),
     ),

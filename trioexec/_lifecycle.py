@@ -20,6 +20,7 @@ import trio
 from ._errors import StoreError, TaskCancelled
 from ._events import EventStream, HealthEventKind
 from ._metrics import Tally
+from ._observe import Observer, log_failure, log_lease_lost, log_retry
 from ._records import SubStatus, TaskStatus, safe_repr, storable_text
 from ._spec import TaskSpec
 from ._store._base import (
@@ -89,6 +90,7 @@ class Lifecycle:
         self._idle_waiting = 0  # how many (a ParkingLot's bool is a Python call)
         self.backing_off: set[Job] = set()  # (the workers keep it) between attempts
         self.cancelled_by: dict[str, str] = {}  # task id -> who sent the cancel command
+        self.observer: Observer | None = None  # (`trioexec.contrib`: `_observe.combine`)
         if journal is not None:
             # What a task of a limited key waits on changes as its key lets it
             # through or holds it back (unkeyed tasks never call this).
@@ -123,6 +125,8 @@ class Lifecycle:
         inflight = tally.queue_depth + tally.active_count
         if inflight > tally.max_inflight_count or tally.deferred_count:
             tally.note_high_water()  # (a new mark is rare)
+        if self.observer is not None:
+            self.observer.submitted(job)
         self.wake_worker()
 
     def waiting_on(self, job: Job) -> str | None:
@@ -211,6 +215,8 @@ class Lifecycle:
             self.runs.step_changed(job.run_id)
         if job.started_at is None:
             job.started_at = self.wall()
+        if self.observer is not None:
+            self.observer.started(job)
 
     def retrying(self, job: Job, status: TaskStatus, delay: float) -> None:
         """The attempt failed (``status``) and another follows after ``delay``
@@ -229,6 +235,9 @@ class Lifecycle:
             reason=status.value,
             attributes={"attempt": job.attempts, "delay": delay, "error": error},
         )
+        log_retry(job, status, delay)
+        if self.observer is not None:
+            self.observer.retrying(job, status, delay)
         job.error = None
 
     def deferred(self, job: Job) -> None:
@@ -247,6 +256,8 @@ class Lifecycle:
             )
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
+        if self.observer is not None:
+            self.observer.deferred(job)
 
     def resumed(self, job: Job) -> None:
         tally = self.tally
@@ -260,6 +271,8 @@ class Lifecycle:
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
         tally.note_high_water()
+        if self.observer is not None:
+            self.observer.resumed(job)
 
     def deferral_abandoned(self) -> None:
         """A task ends (or its attempt does) while deferred: it is counted
@@ -350,6 +363,8 @@ class Lifecycle:
             self._gate.wake_next(handing_place=True)
         if self._idle_waiting and self.is_idle():
             self._idle_lot.unpark_all()
+        if self.observer is not None:
+            self.observer.finished(job, status)
         if status is TaskStatus.FAILED or status is TaskStatus.TIMED_OUT:
             self.events.publish(
                 HealthEventKind.TASK_FAILED,
@@ -357,6 +372,7 @@ class Lifecycle:
                 reason=status.value,
                 attributes={"error": safe_repr(job.error), "name": job.name},
             )
+            log_failure(job, status)
 
     def written(self, notify: list[Job], fenced: list[str]) -> None:
         """A batch is durable (the journal's callback): acknowledge its
@@ -422,6 +438,7 @@ class Lifecycle:
         )
         job.cancel_requested = True
         self.tally.cancellation_requested_count += 1
+        log_lease_lost(job)
         self._interrupt(job)
 
     def overrule(self, job: Job) -> None:

@@ -23,6 +23,7 @@ from ._admission import Gate
 from ._events import EventStream, HealthEventKind
 from ._journal import Journal
 from ._lifecycle import Lifecycle
+from ._observe import log_abandoned
 from ._records import ExecutionRecord
 from ._shutdown import Shutdown
 from ._spec import TaskSpec
@@ -150,6 +151,7 @@ class Recovery:
                 reason="abandoned",
                 attributes={"name": record.name, "recovery_attempts": record.recovery_attempts},
             )
+            log_abandoned(record.task_id, record.name, record.recovery_attempts)
         for record in result.claimed:
             if self._is_closing():  # (the store call above awaited)
                 return False  # left claimed under our lease: recovered once it lapses

@@ -1,0 +1,138 @@
+"""What the executor tells observers (`trioexec.contrib`: Prometheus metrics,
+OpenTelemetry spans) as its tasks move, and the ``trioexec`` logger.
+
+An observer sees each accepted task (`Observer.submitted`, in the submitter's
+task), each attempt's start (in the worker's task), deferrals and resumptions,
+retries, and the one end (`Observer.finished`). With none registered the
+executor pays one ``None`` check per step. An observer must be quick and must
+not raise: it runs on the executor's path, between a task's steps.
+
+The logger writes one record per failure (ERROR), retry (INFO), abandonment
+(ERROR) and lease loss (WARNING), with ``task_id``, ``task_name`` and ``attempt``
+as extra fields (``name`` is the logging module's own: the logger's name). It
+prints nothing until the application configures logging.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Protocol, final
+
+from ._records import safe_repr
+
+if TYPE_CHECKING:
+    from ._records import TaskStatus
+    from ._taskref import Job
+
+logger = logging.getLogger("trioexec")
+logger.addHandler(logging.NullHandler())
+
+
+class Observer(Protocol):
+    """What an observer is told (all synchronous, all quick, none may raise)."""
+
+    def submitted(self, job: Job) -> None: ...
+    def started(self, job: Job) -> None: ...
+    def deferred(self, job: Job) -> None: ...
+    def resumed(self, job: Job) -> None: ...
+    def retrying(self, job: Job, status: TaskStatus, delay: float) -> None: ...
+    def finished(self, job: Job, status: TaskStatus) -> None: ...
+
+
+@final
+class Observers:
+    """Several observers, told in the order they were added."""
+
+    __slots__ = ("all",)
+
+    def __init__(self, *observers: Observer) -> None:
+        self.all = list(observers)
+
+    def submitted(self, job: Job) -> None:
+        for observer in self.all:
+            observer.submitted(job)
+
+    def started(self, job: Job) -> None:
+        for observer in self.all:
+            observer.started(job)
+
+    def deferred(self, job: Job) -> None:
+        for observer in self.all:
+            observer.deferred(job)
+
+    def resumed(self, job: Job) -> None:
+        for observer in self.all:
+            observer.resumed(job)
+
+    def retrying(self, job: Job, status: TaskStatus, delay: float) -> None:
+        for observer in self.all:
+            observer.retrying(job, status, delay)
+
+    def finished(self, job: Job, status: TaskStatus) -> None:
+        for observer in self.all:
+            observer.finished(job, status)
+
+
+def combine(current: Observer | None, new: Observer) -> Observer:
+    """``current`` (if any) and ``new``, as one observer."""
+    if current is None:
+        return new
+    if isinstance(current, Observers):
+        current.all.append(new)
+        return current
+    return Observers(current, new)
+
+
+def fields(task_id: str, name: str, attempt: int) -> dict[str, object]:
+    """The extra fields of a task's log record."""
+    return {"task_id": task_id, "task_name": name, "attempt": attempt}
+
+
+def log_failure(job: Job, status: TaskStatus) -> None:
+    if logger.isEnabledFor(logging.ERROR):
+        error = job.error
+        logger.error(
+            "task %s (%s) %s after %d attempt(s): %s",
+            job.name,
+            job.task_id,
+            status.value,
+            job.attempts,
+            safe_repr(error),
+            exc_info=None if error is None else (type(error), error, error.__traceback__),
+            extra=fields(job.task_id, job.name, job.attempts),
+        )
+
+
+def log_retry(job: Job, status: TaskStatus, delay: float) -> None:
+    if logger.isEnabledFor(logging.INFO):
+        logger.info(
+            "task %s (%s) attempt %d %s: %s; retrying in %.3g s",
+            job.name,
+            job.task_id,
+            job.attempts,
+            status.value,
+            safe_repr(job.error),
+            delay,
+            extra=fields(job.task_id, job.name, job.attempts),
+        )
+
+
+def log_lease_lost(job: Job) -> None:
+    if logger.isEnabledFor(logging.WARNING):
+        logger.warning(
+            "task %s (%s): lease lost, another executor has it now; stopped here",
+            job.name,
+            job.task_id,
+            extra=fields(job.task_id, job.name, job.attempts),
+        )
+
+
+def log_abandoned(task_id: str, name: str, recovery_attempts: int) -> None:
+    if logger.isEnabledFor(logging.ERROR):
+        logger.error(
+            "task %s (%s) abandoned after %d recoveries",
+            name,
+            task_id,
+            recovery_attempts,
+            extra=fields(task_id, name, recovery_attempts),
+        )
