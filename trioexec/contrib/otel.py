@@ -1,0 +1,256 @@
+"""OpenTelemetry traces of an executor's tasks (extra ``otel``: opentelemetry-api).
+
+``instrument(ex)`` makes a span for each attempt of each task ``ex`` runs, on the
+global tracer provider or the one given. The application brings the SDK and its
+exporters; without one every span is a no-op.
+
+What a trace shows:
+
+* One span per attempt, named ``process <task name>``, kind ``CONSUMER``, a child
+  of the span that was current where the task was submitted (the submitter's
+  whole OpenTelemetry context is the parent, so its baggage goes along).
+* A retry's span links to the first attempt's span. Each attempt's span ends
+  when the attempt does; the backoff between two attempts is the gap between
+  their spans.
+* Span events ``trioexec.deferred`` (with ``trioexec.waiting_on``: ``"event"``,
+  ``"condition <name>"``, ``"promise <id>"``...) and ``trioexec.resumed`` while a
+  task gives its slot back (`TaskHandle.defer_until`) and takes one again.
+* A failed or timed-out attempt has status ``ERROR``, the exception recorded as
+  an ``exception`` event and its type as ``error.type``. A completed or
+  cancelled one leaves the status unset (the OpenTelemetry rule for
+  instrumentation libraries); ``trioexec.status`` says which.
+* While the task's function runs, its span is the current span (attached in
+  the worker's Trio task when the attempt starts, detached when it ends, in
+  that same task; a task keeps its Trio task while deferred), so spans the task
+  makes itself, and spans of the libraries it calls, are children of it. A sync
+  task runs in a thread with a copy of that context: the same holds there.
+
+Attributes, from OpenTelemetry's messaging semantic conventions (version 1.44,
+as ``opentelemetry-semantic-conventions`` 0.66b2 names them; the tracer's
+schema URL says so. The ``messaging.operation`` of older versions is now
+``messaging.operation.type``):
+``messaging.system`` = ``"trioexec"``, ``messaging.operation.type`` and
+``messaging.operation.name`` = ``"process"``, ``messaging.message.id`` = the task
+id, ``messaging.destination.name`` = the task name, ``messaging.client.id`` = the
+executor's owner id (which tells two executors apart). trioexec's own:
+``trioexec.attempt`` (1, 2, ...), ``trioexec.status`` (how the attempt ended:
+``completed``, ``failed``, ``timed_out``, ``cancelled``), ``trioexec.key`` (its
+admission key, if any) and ``trioexec.retry.delay`` (seconds until the next
+attempt, on an attempt that is retried).
+
+A task that never starts has no span: cancelled while pending (`TaskRef.cancel`,
+shutdown with ``CANCEL``) or dropped by a full queue, it ends without an
+attempt to show. A task cancelled between two attempts adds nothing to the
+spans of the attempts it had.
+
+Not yet done: durable tasks do not carry the trace context through the store
+(API §10). A task recovered by another executor, or resumed on another host,
+starts a trace of its own instead of continuing the submitter's.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, final
+
+import trio
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+
+import trioexec
+from trioexec._observe import Observers, combine
+from trioexec._records import TaskStatus, safe_repr
+
+if TYPE_CHECKING:
+    from contextvars import Token
+
+    from opentelemetry.trace import Span, SpanContext, TracerProvider
+    from opentelemetry.util.types import AttributeValue
+
+    from trioexec import DeterministicExecutor, Executor
+    from trioexec._lifecycle import Lifecycle
+    from trioexec._taskref import Job
+
+__all__ = ["instrument"]
+
+# OpenTelemetry's messaging semantic conventions (opentelemetry.semconv's
+# messaging_attributes; written out: the extra depends on the API only).
+MESSAGING_SYSTEM = "messaging.system"
+MESSAGING_OPERATION_NAME = "messaging.operation.name"
+MESSAGING_OPERATION_TYPE = "messaging.operation.type"
+MESSAGING_MESSAGE_ID = "messaging.message.id"
+MESSAGING_DESTINATION_NAME = "messaging.destination.name"
+MESSAGING_CLIENT_ID = "messaging.client.id"
+ERROR_TYPE = "error.type"
+SCHEMA_URL = "https://opentelemetry.io/schemas/1.44.0"
+# trioexec's own.
+ATTEMPT = "trioexec.attempt"
+STATUS = "trioexec.status"
+KEY = "trioexec.key"
+RETRY_DELAY = "trioexec.retry.delay"
+WAITING_ON = "trioexec.waiting_on"
+DEFERRED_EVENT = "trioexec.deferred"
+RESUMED_EVENT = "trioexec.resumed"
+
+_EMPTY = Context()  # the parent of a task submitted before `instrument`
+_ERRORS = (TaskStatus.FAILED, TaskStatus.TIMED_OUT)
+
+
+def instrument(
+    ex: Executor | DeterministicExecutor, tracer_provider: TracerProvider | None = None
+) -> None:
+    """Trace ``ex``'s tasks from now on: a span per attempt (see the module).
+
+    ``tracer_provider``: the provider to take the tracer from (the global one,
+    `opentelemetry.trace.get_tracer_provider`, if None; with the API alone, a
+    no-op). Tasks already submitted are traced from their next attempt, as
+    root spans.
+
+    Raises:
+      ValueError: ``ex`` is instrumented already.
+    """
+    lifecycle = _lifecycle_of(ex)
+    current = lifecycle.observer
+    observers = current.all if isinstance(current, Observers) else [current]
+    if any(isinstance(observer, _Tracing) for observer in observers):
+        raise ValueError("this executor is instrumented for OpenTelemetry already")
+    tracer = trace.get_tracer(
+        "trioexec.contrib.otel",
+        trioexec.__version__,
+        tracer_provider=tracer_provider,
+        schema_url=SCHEMA_URL,
+    )
+    lifecycle.observer = combine(current, _Tracing(tracer, lifecycle, _owner_of(ex)))
+
+
+def _lifecycle_of(ex: Executor | DeterministicExecutor) -> Lifecycle:
+    return ex._core.lifecycle  # (where the executor tells its observers)
+
+
+def _owner_of(ex: Executor | DeterministicExecutor) -> str:
+    return ex._core.owner_id  # (`Executor.owner`; DeterministicExecutor has no such property)
+
+
+@final
+class _Task:
+    """What the tracing keeps of one task between its submission and its end."""
+
+    __slots__ = ("context", "first", "span", "task", "token")
+
+    def __init__(self, context: Context) -> None:
+        self.context = context  # the submitter's: each attempt's parent
+        self.first: SpanContext | None = None  # the first attempt's span
+        self.span: Span | None = None  # the attempt under way
+        self.token: Token[Context] | None = None  # its context, attached ...
+        self.task: trio.lowlevel.Task | None = None  # ... in this Trio task
+
+
+@final
+class _Tracing:
+    """The observer: each attempt a span (`trioexec._observe.Observer`)."""
+
+    __slots__ = ("client_id", "lifecycle", "tasks", "tracer")
+
+    def __init__(self, tracer: trace.Tracer, lifecycle: Lifecycle, client_id: str) -> None:
+        self.tracer = tracer
+        self.lifecycle = lifecycle
+        self.client_id = client_id
+        self.tasks: dict[str, _Task] = {}  # task id -> accepted, not finished
+
+    def submitted(self, job: Job) -> None:
+        self.tasks[job.task_id] = _Task(otel_context.get_current())
+
+    def started(self, job: Job) -> None:
+        state = self.tasks.get(job.task_id)
+        if state is None:  # submitted before `instrument`
+            state = self.tasks[job.task_id] = _Task(_EMPTY)
+        elif state.span is not None:  # (never: the last attempt ended first)
+            self._end(state, job, TaskStatus.CANCELLED)
+        attributes: dict[str, AttributeValue] = {
+            MESSAGING_SYSTEM: "trioexec",
+            MESSAGING_OPERATION_TYPE: "process",
+            MESSAGING_OPERATION_NAME: "process",
+            MESSAGING_MESSAGE_ID: job.task_id,
+            MESSAGING_DESTINATION_NAME: job.name,
+            MESSAGING_CLIENT_ID: self.client_id,
+            ATTEMPT: job.attempts,
+        }
+        if job.key is not None:
+            attributes[KEY] = job.key
+        first = state.first
+        span = self.tracer.start_span(
+            f"process {job.name}",
+            state.context,
+            SpanKind.CONSUMER,
+            attributes,
+            None if first is None else (Link(first),),
+        )
+        span_context = span.get_span_context()
+        if span_context.is_valid:
+            if first is None:
+                state.first = span_context
+            current = trace.set_span_in_context(span, state.context)
+        else:  # a no-op tracer: the task's own spans are the submitter's children
+            current = state.context
+        state.span = span
+        state.token = otel_context.attach(current)
+        state.task = trio.lowlevel.current_task()
+
+    def deferred(self, job: Job) -> None:
+        state = self.tasks.get(job.task_id)
+        if state is not None and state.span is not None and state.span.is_recording():
+            waiting = self.lifecycle.waiting_on(job)
+            state.span.add_event(DEFERRED_EVENT, None if waiting is None else {WAITING_ON: waiting})
+
+    def resumed(self, job: Job) -> None:
+        state = self.tasks.get(job.task_id)
+        if state is not None and state.span is not None:
+            state.span.add_event(RESUMED_EVENT)
+
+    def retrying(self, job: Job, status: TaskStatus, delay: float) -> None:
+        state = self.tasks.get(job.task_id)
+        if state is not None and state.span is not None:
+            state.span.set_attribute(RETRY_DELAY, delay)
+            self._end(state, job, status)
+
+    def finished(self, job: Job, status: TaskStatus) -> None:
+        state = self.tasks.pop(job.task_id, None)  # (none: dropped on arrival)
+        if state is not None and state.span is not None:
+            self._end(state, job, status)
+
+    def _end(self, state: _Task, job: Job, status: TaskStatus) -> None:
+        """The attempt under way ended with ``status``: end its span, and give
+        the worker's task its context back."""
+        span = state.span
+        assert span is not None
+        state.span = None
+        if span.is_recording():
+            span.set_attribute(STATUS, status.value)
+            if status in _ERRORS:
+                _record_error(span, job.error)
+        span.end()
+        token = state.token
+        if token is not None:
+            state.token = None
+            # A token is only good in the context it was made in: the attempt
+            # always ends in the Trio task it started in, but never fail there.
+            if state.task is trio.lowlevel.current_task():
+                otel_context.detach(token)
+            state.task = None
+
+
+def _record_error(span: Span, error: BaseException | None) -> None:
+    if error is None:
+        span.set_status(Status(StatusCode.ERROR))
+        return
+    span.set_status(Status(StatusCode.ERROR, safe_repr(error)))
+    kind = type(error)
+    module = kind.__module__
+    span.set_attribute(
+        ERROR_TYPE, kind.__qualname__ if module == "builtins" else f"{module}.{kind.__qualname__}"
+    )
+    try:
+        span.record_exception(error)
+    except Exception:  # (its str() is broken: the status still says what it was)
+        span.add_event("exception", {"exception.type": kind.__qualname__})
