@@ -45,6 +45,10 @@ def traces() -> Traces:
     return Traces()
 
 
+def parent_id(span: ReadableSpan) -> int | None:
+    return None if span.parent is None else span.parent.span_id
+
+
 def observer_of(ex):
     return ex._core.lifecycle.observer
 
@@ -78,8 +82,7 @@ async def test_an_attempt_is_a_consumer_span_child_of_the_submitters_span(traces
             assert trace.get_current_span() is request  # (the submitter's context is its own)
     (span,) = traces.attempts("ok")
     assert span.kind is SpanKind.CONSUMER
-    assert span.parent is not None
-    assert span.parent.span_id == request.get_span_context().span_id
+    assert parent_id(span) == request.get_span_context().span_id
     assert span.context.trace_id == request.get_span_context().trace_id
     assert span.status.status_code is StatusCode.UNSET
     assert span.instrumentation_scope.name == "trioexec.contrib.otel"
@@ -122,8 +125,7 @@ async def test_each_attempt_has_a_span_and_retries_link_to_the_first(traces, aut
         assert (await ref.wait()).result == "done"
     first, second, third = spans = traces.attempts(ref.name)
     assert [s.attributes["trioexec.attempt"] for s in spans] == [1, 2, 3]
-    parent_id = request.get_span_context().span_id
-    assert all(s.parent is not None and s.parent.span_id == parent_id for s in spans)
+    assert [parent_id(s) for s in spans] == [request.get_span_context().span_id] * 3
     assert not first.links
     for retry in (second, third):
         (link,) = retry.links
@@ -298,11 +300,10 @@ async def test_the_tasks_own_spans_are_children_of_its_attempt_even_after_a_defe
     (attempt,) = traces.attempts(ref.name)
     for name in ("before", "after"):
         (span,) = traces.spans(name)
-        assert span.parent is not None and span.parent.span_id == attempt.context.span_id
+        assert parent_id(span) == attempt.context.span_id
     (threaded,) = traces.spans("in thread")
     (blocking_span,) = traces.attempts(blocking_ref.name)
-    assert threaded.parent is not None
-    assert threaded.parent.span_id == blocking_span.context.span_id
+    assert parent_id(threaded) == blocking_span.context.span_id
     (other_span,) = traces.attempts(other_ref.name)
     assert seen[0].get_span_context().span_id == other_span.context.span_id
     assert seen[1] == "acme"  # the submitter's baggage travels with the task
@@ -320,19 +321,11 @@ async def test_two_executors_tell_their_spans_apart_and_instrument_once_each(tra
     assert {s.attributes["messaging.client.id"] for s in spans} == {first.owner, second.owner}
 
 
-@pytest.mark.parametrize("name", ['say "hi"', "it's", "list[0]", "🚀 launch", "a\nb", ""])
+@pytest.mark.parametrize("name", ['say "hi"', "it's", "list[0]", "🚀 launch", "a\nb", "é" * 300])
 async def test_odd_task_names_are_kept_as_they_are(traces, name):
     async with open_executor() as ex:
         instrument(ex, traces.provider)
-        if name == "":
-            with pytest.raises(ValueError):
-                await ex.submit(ok, name=name)
-            return
-        try:
-            ref = await ex.submit(ok, name=name)
-        except ValueError:
-            pytest.skip(f"the executor refuses the name {name!r}")
-        await ref.wait()
+        await (await ex.submit(ok, name=name)).wait()
     (span,) = traces.spans(f"process {name}")
     assert span.attributes["messaging.destination.name"] == name
 
@@ -367,7 +360,7 @@ async def test_a_no_op_tracer_provider_runs_tasks_and_keeps_the_submitters_paren
             await (await ex.submit(inner)).wait()
         assert not observer_of(ex).tasks
     (span,) = traces.spans("inner")
-    assert span.parent is not None and span.parent.span_id == request.get_span_context().span_id
+    assert parent_id(span) == request.get_span_context().span_id
 
 
 async def test_tasks_submitted_before_instrument_are_traced_as_root_spans(traces):
@@ -392,4 +385,4 @@ async def test_a_deterministic_executor_is_traced_in_its_callers_task(traces):
         assert trace.get_current_span() is request
     assert ref.status is TaskStatus.COMPLETED
     (span,) = traces.attempts("ok")
-    assert span.parent is not None and span.parent.span_id == request.get_span_context().span_id
+    assert parent_id(span) == request.get_span_context().span_id
