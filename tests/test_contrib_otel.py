@@ -386,3 +386,42 @@ async def test_a_deterministic_executor_is_traced_in_its_callers_task(traces):
     assert ref.status is TaskStatus.COMPLETED
     (span,) = traces.attempts("ok")
     assert parent_id(span) == request.get_span_context().span_id
+
+
+async def test_an_attempt_ended_from_another_trio_task_leaves_both_contexts_alone(traces, caplog):
+    # (The executor ends an attempt in the task that started it; should that ever
+    # change, the span still ends and no context is reset in the wrong task.)
+    class FakeJob:
+        task_id = "t-1"
+        name = "fake"
+        attempts = 1
+        key = None
+        error = None
+
+    class FakeLifecycle:
+        def waiting_on(self, job: object) -> None:
+            return None
+
+    tracing = otel._Tracing(traces.provider.get_tracer("t"), FakeLifecycle(), "owner")
+    job = FakeJob()
+    tracing.submitted(job)
+    started = trio.Event()
+    release = trio.Event()
+
+    async def worker() -> None:
+        tracing.started(job)
+        seen = trace.get_current_span()
+        started.set()
+        await release.wait()
+        assert trace.get_current_span() is seen  # (not reset from elsewhere)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(worker)
+        await started.wait()
+        tracing.finished(job, TaskStatus.CANCELLED)
+        release.set()
+    assert not tracing.tasks
+    (span,) = traces.spans("process fake")
+    assert span.attributes["trioexec.status"] == "cancelled"
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]
+    assert trace.get_current_span() is trace.INVALID_SPAN

@@ -110,7 +110,8 @@ def instrument(
     Raises:
       ValueError: ``ex`` is instrumented already.
     """
-    lifecycle = _lifecycle_of(ex)
+    core = ex._core  # (the one reach into the executor: where it tells its observers)
+    lifecycle = core.lifecycle
     current = lifecycle.observer
     observers = current.all if isinstance(current, Observers) else [current]
     if any(isinstance(observer, _Tracing) for observer in observers):
@@ -121,15 +122,8 @@ def instrument(
         tracer_provider=tracer_provider,
         schema_url=SCHEMA_URL,
     )
-    lifecycle.observer = combine(current, _Tracing(tracer, lifecycle, _owner_of(ex)))
-
-
-def _lifecycle_of(ex: Executor | DeterministicExecutor) -> Lifecycle:
-    return ex._core.lifecycle  # (where the executor tells its observers)
-
-
-def _owner_of(ex: Executor | DeterministicExecutor) -> str:
-    return ex._core.owner_id  # (`Executor.owner`; DeterministicExecutor has no such property)
+    # (`core.owner_id` is `Executor.owner`; DeterministicExecutor has no such property.)
+    lifecycle.observer = combine(current, _Tracing(tracer, lifecycle, core.owner_id))
 
 
 @final
