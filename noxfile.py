@@ -188,7 +188,8 @@ def typecheck(session: nox.Session) -> None:
 def examples(session: nox.Session) -> None:
     """Run every example under examples/ (each must exit 0). The PostgreSQL ones
     get a throwaway server (tests/pg_server.py) in ``TRIOEXEC_POSTGRES_URL``."""
-    session.install("-e", ".[postgres]")
+    # (contrib's examples: the extras, and OpenTelemetry's SDK to export spans)
+    session.install("-e", ".[postgres,prometheus,otel]", "opentelemetry-sdk")
     sys.path.insert(0, str(HERE / "tests"))
     from pg_server import postgres_server
 

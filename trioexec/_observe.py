@@ -16,11 +16,12 @@ prints nothing until the application configures logging.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Protocol, final
+from typing import TYPE_CHECKING, Any, Protocol, final
 
 from ._records import safe_repr
 
 if TYPE_CHECKING:
+    from ._lifecycle import Lifecycle
     from ._records import TaskStatus
     from ._taskref import Job
 
@@ -81,6 +82,20 @@ def combine(current: Observer | None, new: Observer) -> Observer:
         current.all.append(new)
         return current
     return Observers(current, new)
+
+
+def lifecycle_of(ex: Any) -> Lifecycle:
+    """Where ``ex`` (an `Executor` or a `DeterministicExecutor`) tells its
+    observer (``.observer``, several through `combine`), for `trioexec.contrib`."""
+    lifecycle: Lifecycle = ex._core.lifecycle
+    return lifecycle
+
+
+def owner_of(ex: Any) -> str:
+    """``ex``'s owner id (`Executor.owner`; a `DeterministicExecutor` has one
+    too): what tells executors apart."""
+    owner: str = ex._core.owner_id
+    return owner
 
 
 def fields(task_id: str, name: str, attempt: int) -> dict[str, object]:

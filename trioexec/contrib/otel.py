@@ -59,7 +59,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 import trioexec
-from trioexec._observe import Observers, combine
+from trioexec._observe import Observers, combine, lifecycle_of, owner_of
 from trioexec._records import TaskStatus, safe_repr
 
 if TYPE_CHECKING:
@@ -110,8 +110,7 @@ def instrument(
     Raises:
       ValueError: ``ex`` is instrumented already.
     """
-    core = ex._core  # (the one reach into the executor: where it tells its observers)
-    lifecycle = core.lifecycle
+    lifecycle = lifecycle_of(ex)
     current = lifecycle.observer
     observers = current.all if isinstance(current, Observers) else [current]
     if any(isinstance(observer, _Tracing) for observer in observers):
@@ -122,8 +121,7 @@ def instrument(
         tracer_provider=tracer_provider,
         schema_url=SCHEMA_URL,
     )
-    # (`core.owner_id` is `Executor.owner`; DeterministicExecutor has no such property.)
-    lifecycle.observer = combine(current, _Tracing(tracer, lifecycle, core.owner_id))
+    lifecycle.observer = combine(current, _Tracing(tracer, lifecycle, owner_of(ex)))
 
 
 @final
