@@ -1,0 +1,255 @@
+"""`trioexec.contrib.prometheus`: the metrics of real executors on a real
+registry, read back sample by sample."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+import trioexec
+from trioexec import Backoff, TaskHandle, open_executor
+from trioexec.contrib.prometheus import instrument
+
+
+@pytest.fixture
+def registry() -> CollectorRegistry:
+    return CollectorRegistry()
+
+
+def sample(registry: CollectorRegistry, name: str, **labels: str) -> float | None:
+    return registry.get_sample_value(name, {"executor": "default", **labels})
+
+
+async def ok() -> None:
+    pass
+
+
+async def boom() -> None:
+    raise ValueError("boom")
+
+
+async def test_tasks_are_counted_as_submitted_and_completed_by_status_and_name(
+    registry, autojump_clock
+):
+    async with open_executor(max_concurrent_tasks=1) as ex:
+        instrument(ex, registry)
+        for fn in (ok, ok, boom):
+            await ex.submit(fn)
+        slow = await ex.submit(trio.sleep, 10, timeout=1)
+        blocker = await ex.submit(trio.sleep_forever)
+        await trio.testing.wait_all_tasks_blocked()
+        waiting = await ex.submit(ok)  # (cancelled while pending: it never starts)
+        blocker.cancel()
+        waiting.cancel()
+    assert (await slow.wait()).status is trioexec.TaskStatus.TIMED_OUT
+    counts = {
+        (task, status): sample(registry, "trioexec_tasks_completed_total", task=task, status=status)
+        for task in ("ok", "boom", "sleep", "sleep_forever")
+        for status in ("completed", "failed", "cancelled", "timed_out", "dropped")
+    }
+    assert {key: n for key, n in counts.items() if n} == {
+        ("ok", "completed"): 2,
+        ("ok", "cancelled"): 1,
+        ("boom", "failed"): 1,
+        ("sleep", "timed_out"): 1,
+        ("sleep_forever", "cancelled"): 1,
+    }
+    assert sample(registry, "trioexec_tasks_submitted_total", task="ok") == 3
+    assert sample(registry, "trioexec_tasks_submitted_total", task="boom") == 1
+    assert sample(registry, "trioexec_tasks_active", task="ok") == 0
+    assert sample(registry, "trioexec_tasks_active", task="sleep_forever") == 0
+
+
+async def test_a_dropped_task_counts_as_completed_with_status_dropped(registry):
+    async with open_executor(
+        max_concurrent_tasks=1, queue_capacity=1, overflow=trioexec.Overflow.DROP_NEWEST
+    ) as ex:
+        instrument(ex, registry)
+        running = await ex.submit(trio.sleep_forever)
+        await trio.testing.wait_all_tasks_blocked()
+        await ex.submit(ok)  # (queued)
+        dropped = await ex.submit(ok)
+        assert (await dropped.wait()).status is trioexec.TaskStatus.DROPPED
+        running.cancel()
+    assert sample(registry, "trioexec_tasks_completed_total", task="ok", status="dropped") == 1
+    assert sample(registry, "trioexec_tasks_completed_total", task="ok", status="completed") == 1
+    # (refused on arrival: never accepted)
+    assert sample(registry, "trioexec_tasks_submitted_total", task="ok") == 1
+
+
+async def test_the_gauges_follow_a_task_through_running_deferral_and_its_end(
+    registry, autojump_clock
+):
+    go = trio.Event()
+    resumed = trio.Event()
+    finish = trio.Event()
+
+    async def waits(handle: TaskHandle) -> None:
+        await trio.sleep(1)
+        await handle.defer_until(go)
+        resumed.set()
+        await finish.wait()
+
+    def gauges() -> tuple[float | None, float | None]:
+        return (
+            sample(registry, "trioexec_tasks_active", task="waits"),
+            sample(registry, "trioexec_tasks_deferred", task="waits"),
+        )
+
+    async with open_executor() as ex:
+        instrument(ex, registry)
+        ref = await ex.submit(waits, name="waits")
+        await trio.testing.wait_all_tasks_blocked()
+        assert gauges() == (1, 0)
+        await trio.sleep(2)
+        assert ref.waiting_on is not None
+        assert gauges() == (0, 1)
+        await trio.sleep(3)
+        go.set()
+        await resumed.wait()
+        assert gauges() == (1, 0)
+        await trio.sleep(4)
+        finish.set()
+    assert gauges() == (0, 0)
+    # The mock clock makes the sums exact: deferred from t=1 to t=5, running from 0 to 9.
+    assert sample(registry, "trioexec_task_deferred_seconds_count", task="waits") == 1
+    assert sample(registry, "trioexec_task_deferred_seconds_sum", task="waits") == 4
+    assert sample(registry, "trioexec_task_duration_seconds_count", task="waits") == 1
+    assert sample(registry, "trioexec_task_duration_seconds_sum", task="waits") == 9
+
+
+async def test_each_attempt_is_one_duration_and_a_deferral_ended_by_cancel_counts(
+    registry, autojump_clock
+):
+    calls = 0
+
+    @trioexec.task(retries=1, backoff=Backoff(initial=5.0, jitter=0))
+    async def flaky() -> None:
+        nonlocal calls
+        calls += 1
+        await trio.sleep(2)
+        if calls == 1:
+            raise ValueError("first")
+
+    async def parked(handle: TaskHandle) -> None:
+        await handle.defer_until(trio.Event())  # (never set)
+
+    async with open_executor() as ex:
+        instrument(ex, registry)
+        first = await ex.submit(flaky, name="flaky")
+        stuck = await ex.submit(parked, name="parked")
+        await trio.sleep(20)
+        assert sample(registry, "trioexec_tasks_deferred", task="parked") == 1
+        stuck.cancel()
+        await first.wait()
+    assert sample(registry, "trioexec_task_duration_seconds_count", task="flaky") == 2
+    assert sample(registry, "trioexec_task_duration_seconds_sum", task="flaky") == 4
+    assert sample(registry, "trioexec_tasks_completed_total", task="flaky", status="completed") == 1
+    assert sample(registry, "trioexec_task_deferred_seconds_sum", task="parked") == 20
+    assert sample(registry, "trioexec_task_deferred_seconds_bucket", task="parked", le="30.0") == 1
+    assert sample(registry, "trioexec_task_deferred_seconds_bucket", task="parked", le="10.0") == 0
+    assert sample(registry, "trioexec_tasks_deferred", task="parked") == 0
+    assert sample(registry, "trioexec_tasks_active", task="parked") == 0
+
+
+async def test_queue_depth_and_slots_are_read_when_scraped(registry):
+    release = trio.Event()
+    async with open_executor(max_concurrent_tasks=2) as ex:
+        instrument(ex, registry)
+        for _ in range(5):
+            await ex.submit(release.wait)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sample(registry, "trioexec_queue_depth") == 3
+        assert sample(registry, "trioexec_slots", state="in_use") == 2
+        assert sample(registry, "trioexec_slots", state="available") == 0
+        ex.slots.total = 4
+        await trio.testing.wait_all_tasks_blocked()
+        assert sample(registry, "trioexec_queue_depth") == 1
+        assert sample(registry, "trioexec_slots", state="in_use") == 4
+        release.set()
+        await ex.wait_for_idle()
+        assert sample(registry, "trioexec_queue_depth") == 0
+        assert sample(registry, "trioexec_slots", state="available") == 4
+
+
+async def test_two_executors_share_a_registry_under_their_names(registry):
+    async with open_executor() as a, open_executor() as b:
+        instrument(a, registry, name="a")
+        instrument(b, registry, name="b")
+        await a.run(ok)
+        await b.run(ok)
+        await b.run(ok)
+    for name, n in (("a", 1), ("b", 2)):
+        labels = {"executor": name, "task": "ok"}
+        assert registry.get_sample_value("trioexec_tasks_submitted_total", labels) == n
+
+
+async def test_an_executor_is_instrumented_once_per_registry_and_a_name_once_while_open(
+    registry,
+):
+    async with open_executor() as a, open_executor() as b:
+        instrumentation = instrument(a, registry)
+        with pytest.raises(ValueError, match="already instrumented"):
+            instrument(a, registry, name="again")
+        with pytest.raises(ValueError, match="'default' is taken"):
+            instrument(b, registry)
+        instrument(a, CollectorRegistry())  # (another registry: fine)
+        instrumentation.close()
+        instrumentation.close()
+        await a.run(ok)  # no longer counted
+        instrument(b, registry)  # the name is free again
+        await b.run(ok)
+    assert sample(registry, "trioexec_tasks_submitted_total", task="ok") == 1
+    async with open_executor() as again:
+        instrument(again, registry)  # `b` has closed: its name is free
+        await again.run(ok)
+    assert sample(registry, "trioexec_tasks_submitted_total", task="ok") == 2
+
+
+async def test_close_takes_the_running_tasks_out_of_the_gauges(registry):
+    async with open_executor() as ex:
+        instrumentation = instrument(ex, registry)
+        ref = await ex.submit(trio.sleep_forever)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sample(registry, "trioexec_tasks_active", task="sleep_forever") == 1
+        instrumentation.close()
+        assert sample(registry, "trioexec_tasks_active", task="sleep_forever") == 0
+        assert sample(registry, "trioexec_queue_depth") is None  # (no longer scraped)
+        ref.cancel()
+
+
+async def test_the_text_exposition_parses_with_the_names_and_odd_task_names(registry):
+    names = ['say "hi"', "list[int]", "back\\slash", "new\nline", "🚀 launch"]
+    async with open_executor() as ex:
+        instrument(ex, registry, name='ex "1"')
+        for name in names:
+            await ex.submit(ok, name=name)
+    text = generate_latest(registry).decode()
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    assert {
+        "trioexec_tasks_submitted",
+        "trioexec_tasks_completed",
+        "trioexec_task_duration_seconds",
+        "trioexec_task_deferred_seconds",
+        "trioexec_tasks_active",
+        "trioexec_tasks_deferred",
+        "trioexec_queue_depth",
+        "trioexec_slots",
+    } <= set(families)
+    assert "_total_total" not in text
+    submitted = {
+        s.labels["task"]: s.value
+        for s in families["trioexec_tasks_submitted"].samples
+        if s.name == "trioexec_tasks_submitted_total"
+    }
+    assert submitted == dict.fromkeys(names, 1.0)
+    completed = families["trioexec_tasks_completed"].samples
+    assert {
+        (s.labels["executor"], s.labels["task"], s.labels["status"])
+        for s in completed
+        if s.name.endswith("_total") and s.value
+    } == {('ex "1"', name, "completed") for name in names}
+    assert families["trioexec_task_duration_seconds"].type == "histogram"
+    assert families["trioexec_tasks_active"].type == "gauge"

@@ -1,0 +1,326 @@
+"""Prometheus metrics for an executor (extra ``prometheus``: prometheus-client).
+
+``instrument(ex)`` counts what ``ex``'s tasks do into a
+`prometheus_client.CollectorRegistry` (the default one unless told)::
+
+    async with trioexec.open_executor() as ex:
+        instrument(ex, name="ingest")
+        ...
+
+============================================  =======  ======================================
+``trioexec_tasks_submitted_total``            counter  tasks accepted
+``trioexec_tasks_completed_total``            counter  tasks ended, by ``status``
+``trioexec_task_duration_seconds``            histo.   each attempt, start to end
+``trioexec_task_deferred_seconds``            histo.   each deferral, until it ends
+``trioexec_tasks_active``                     gauge    running and holding a slot, now
+``trioexec_tasks_deferred``                   gauge    running and deferred, now
+``trioexec_queue_depth``                      gauge    accepted and waiting for a slot, now
+``trioexec_slots``                            gauge    slots by ``state``: in_use, available
+============================================  =======  ======================================
+
+Labels: ``executor`` on all, ``task`` (the task's name) on all but the last two,
+which are the executor's own (read when scraped, at no cost per task).
+``status`` is a `trioexec.TaskStatus` value: completed, failed, cancelled,
+timed_out, dropped. A submission dropped on arrival under ``DROP_NEWEST`` counts
+as completed with status dropped but not as submitted, and one refused with an
+exception in neither. A duration includes the time the attempt spent deferred
+(the deferred histogram has that part); a deferral is observed when it ends,
+resumed or not. Times are Trio's clock (`trio.current_time`), so tests under a
+``MockClock`` see exact sums. Task names become label values: give tasks
+stable names (a function's name is one), never one name per task.
+
+``executor`` is the ``name=`` given to `instrument`, ``"default"`` unless given.
+Several executors can share a registry (the metrics are registered once per
+registry) under different names; a name is taken while its executor is open, so
+an executor opened again under the same name continues the same series. Each
+executor may be instrumented once per registry: a second `instrument` raises
+`ValueError`, as does a name another open executor holds there.
+
+`instrument` returns an `Instrumentation`; its `~Instrumentation.close` stops
+the counting (series already counted stay, as counters do). Closing the
+executor is enough otherwise. The cost per task is a few dictionary look-ups
+and metric updates in the executor's own steps (the how-to has the figures).
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, ClassVar, final
+
+import trio
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from .. import _observe
+from .._records import TaskStatus
+
+if TYPE_CHECKING:
+    from .._executor import Executor
+    from .._lifecycle import Lifecycle
+    from .._taskref import Job
+
+__all__ = ["Instrumentation", "instrument"]
+
+#: Prometheus' default buckets, then minutes to an hour (tasks wait that long).
+BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+
+#: How tasks end, each a ``status`` series from the start (at 0 until it happens).
+ENDS = (
+    TaskStatus.COMPLETED,
+    TaskStatus.FAILED,
+    TaskStatus.CANCELLED,
+    TaskStatus.TIMED_OUT,
+    TaskStatus.DROPPED,
+)
+
+
+def instrument(
+    ex: Executor, registry: CollectorRegistry | None = None, *, name: str = "default"
+) -> Instrumentation:
+    """Count ``ex``'s tasks into ``registry`` (`prometheus_client.REGISTRY` if
+    None), under the label ``executor=name``. Never blocks.
+
+    Raises:
+      ValueError: ``ex`` is instrumented on ``registry`` already, or another
+        open executor is, under ``name``.
+
+    Example::
+
+        instrument(ex, name="ingest")
+        prometheus_client.start_http_server(9100)  # (or your web framework's route)
+    """
+    metrics = _Metrics.of(REGISTRY if registry is None else registry)
+    for other in list(metrics.executors.values()):
+        if other.executor is ex:
+            raise ValueError(f"executor already instrumented on this registry as {other.name!r}")
+        if other.name == name:
+            if other.executor is None or other.executor.closed:
+                other.close()  # its executor has closed: the name is free
+            else:
+                raise ValueError(
+                    f"executor name {name!r} is taken on this registry: give this one another"
+                )
+    instrumentation = Instrumentation(ex, metrics, name)
+    metrics.executors[name] = instrumentation
+    return instrumentation
+
+
+@final
+class Instrumentation:
+    """One executor's metrics on one registry (what `instrument` returns)."""
+
+    def __init__(self, ex: Executor, metrics: _Metrics, name: str) -> None:
+        self.name = name
+        self._ex = weakref.ref(ex)
+        self._metrics = metrics
+        self._lifecycle = _lifecycle_of(ex)
+        self._observer = _Observer(metrics, name)
+        self._lifecycle.observer = _observe.combine(self._lifecycle.observer, self._observer)
+
+    @property
+    def executor(self) -> Executor | None:
+        """The instrumented executor (None once it is gone)."""
+        return self._ex()
+
+    def close(self) -> None:
+        """Stop counting: the executor's tasks are no longer observed, its gauges
+        leave the registry and its name is free. Idempotent."""
+        if self._metrics.executors.get(self.name) is not self:
+            return
+        del self._metrics.executors[self.name]
+        lifecycle, observer = self._lifecycle, self._observer
+        if lifecycle.observer is observer:
+            lifecycle.observer = None
+        elif isinstance(lifecycle.observer, _observe.Observers):
+            lifecycle.observer.all.remove(observer)
+        observer.forget()
+
+    def __repr__(self) -> str:
+        return f"<Instrumentation executor={self.name!r}>"
+
+
+def _lifecycle_of(ex: Executor) -> Lifecycle:
+    return ex._core.lifecycle  # (where the executor tells its observers)
+
+
+@final
+class _Metrics(Collector):
+    """The metrics on one registry, shared by its instrumented executors; also
+    the collector of their own gauges (queue depth, slots), read when scraped."""
+
+    # Per registry, which outlives any one Trio run: a registry takes each metric
+    # name once, and the application may instrument its executors one by one.
+    _registered: ClassVar[weakref.WeakKeyDictionary[CollectorRegistry, _Metrics]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    @classmethod
+    def of(cls, registry: CollectorRegistry) -> _Metrics:
+        metrics = cls._registered.get(registry)
+        if metrics is None:
+            metrics = cls._registered[registry] = cls(registry)
+        return metrics
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        labels = ("executor", "task")
+        self.executors: dict[str, Instrumentation] = {}
+        self.submitted = Counter(
+            "trioexec_tasks_submitted", "Tasks accepted.", labels, registry=registry
+        )
+        self.completed = Counter(
+            "trioexec_tasks_completed",
+            "Tasks ended, by status.",
+            (*labels, "status"),
+            registry=registry,
+        )
+        self.duration = Histogram(
+            "trioexec_task_duration_seconds",
+            "Attempts, from start to end (time deferred included).",
+            labels,
+            registry=registry,
+            buckets=BUCKETS,
+        )
+        self.deferral = Histogram(
+            "trioexec_task_deferred_seconds",
+            "Deferrals, from defer_until to resumption (or the attempt's end).",
+            labels,
+            registry=registry,
+            buckets=BUCKETS,
+        )
+        self.active = Gauge(
+            "trioexec_tasks_active", "Tasks running and holding a slot.", labels, registry=registry
+        )
+        self.deferred = Gauge(
+            "trioexec_tasks_deferred",
+            "Tasks running and deferred (holding no slot).",
+            labels,
+            registry=registry,
+        )
+        registry.register(self)
+
+    def describe(self) -> list[Metric]:
+        return [  # (the names it takes, so a registry refuses a clash at once)
+            GaugeMetricFamily("trioexec_queue_depth", "", labels=["executor"]),
+            GaugeMetricFamily("trioexec_slots", "", labels=["executor", "state"]),
+        ]
+
+    def collect(self) -> Iterator[Metric]:
+        depth = GaugeMetricFamily(
+            "trioexec_queue_depth",
+            "Tasks accepted and waiting for a slot (or between attempts).",
+            labels=["executor"],
+        )
+        slots = GaugeMetricFamily(
+            "trioexec_slots",
+            "The executor's slots, in use or available (together: all of them).",
+            labels=["executor", "state"],
+        )
+        for name, instrumentation in list(self.executors.items()):
+            ex = instrumentation.executor
+            if ex is None:
+                continue
+            depth.add_metric([name], ex.metrics.queue_depth)
+            slots.add_metric([name, "in_use"], ex.slots.in_use)
+            slots.add_metric([name, "available"], ex.slots.available)
+        yield depth
+        yield slots
+
+
+@final
+class _Series:
+    """One task name's metrics in one executor (the labelled children, looked up once)."""
+
+    __slots__ = ("_labels", "active", "completed", "deferral", "deferred", "duration", "submitted")
+
+    def __init__(self, metrics: _Metrics, executor: str, task: str) -> None:
+        self._labels = metrics.completed.labels, executor, task
+        self.submitted = metrics.submitted.labels(executor, task)
+        self.active = metrics.active.labels(executor, task)
+        self.deferred = metrics.deferred.labels(executor, task)
+        self.duration = metrics.duration.labels(executor, task)
+        self.deferral = metrics.deferral.labels(executor, task)
+        self.completed = {
+            status: metrics.completed.labels(executor, task, status.value) for status in ENDS
+        }
+
+    def ended(self, status: TaskStatus) -> None:
+        counter = self.completed.get(status)
+        if counter is None:  # (not one of `ENDS`: never so far)
+            labels, executor, task = self._labels
+            counter = self.completed[status] = labels(executor, task, status.value)
+        counter.inc()
+
+
+@final
+class _Observer:
+    """The `trioexec._observe.Observer` that keeps one executor's metrics."""
+
+    __slots__ = ("_deferred_since", "_executor", "_metrics", "_series", "_started")
+
+    def __init__(self, metrics: _Metrics, executor: str) -> None:
+        self._metrics = metrics
+        self._executor = executor
+        self._series: dict[str, _Series] = {}
+        self._started: dict[Job, float] = {}  # the running attempts' start times
+        self._deferred_since: dict[Job, float] = {}  # the deferred ones', since when
+
+    def _of(self, job: Job) -> _Series:
+        series = self._series.get(job.name)
+        if series is None:
+            series = self._series[job.name] = _Series(self._metrics, self._executor, job.name)
+        return series
+
+    def submitted(self, job: Job) -> None:
+        self._of(job).submitted.inc()
+
+    def started(self, job: Job) -> None:
+        self._of(job).active.inc()
+        self._started[job] = trio.current_time()
+
+    def deferred(self, job: Job) -> None:
+        series = self._of(job)
+        series.active.dec()
+        series.deferred.inc()
+        self._deferred_since[job] = trio.current_time()
+
+    def resumed(self, job: Job) -> None:
+        series = self._of(job)
+        since = self._deferred_since.pop(job, None)
+        if since is not None:
+            series.deferral.observe(trio.current_time() - since)
+            series.deferred.dec()
+        series.active.inc()
+
+    def retrying(self, job: Job, status: TaskStatus, delay: float) -> None:
+        self._attempt_ended(job, self._of(job))
+
+    def finished(self, job: Job, status: TaskStatus) -> None:
+        series = self._of(job)
+        series.ended(status)
+        self._attempt_ended(job, series)
+
+    def _attempt_ended(self, job: Job, series: _Series) -> None:
+        start = self._started.pop(job, None)
+        if start is None:
+            return  # it never started (cancelled or dropped while pending)
+        now = trio.current_time()
+        since = self._deferred_since.pop(job, None)
+        if since is None:
+            series.active.dec()
+        else:  # (it ends while deferred)
+            series.deferral.observe(now - since)
+            series.deferred.dec()
+        series.duration.observe(now - start)
+
+    def forget(self) -> None:
+        """No longer observed: the running tasks leave the gauges."""
+        for job in self._started:
+            series = self._of(job)
+            if job in self._deferred_since:
+                series.deferred.dec()
+            else:
+                series.active.dec()
+        self._started.clear()
+        self._deferred_since.clear()
