@@ -758,7 +758,7 @@ def test_python_dash_m_is_the_same_command(app: AppDb) -> None:
 def spawn_demo(cwd: Path, transcript: io.StringIO) -> pexpect.spawn:
     child = pexpect.spawn(
         TRIOEXEC[0],
-        [*TRIOEXEC[1:], "demo", "--tasks", "8", "--slots", "2", "--db", "demo.db"],
+        [*TRIOEXEC[1:], "demo", "--quick", "--tasks", "8", "--slots", "2", "--db", "demo.db"],
         cwd=str(cwd),
         env=cli_env(columns=None),
         dimensions=(50, 140),
@@ -770,17 +770,21 @@ def spawn_demo(cwd: Path, transcript: io.StringIO) -> pexpect.spawn:
 
 
 def test_demo_under_a_terminal_shows_the_live_panel_and_the_summary(tmp_path: Path) -> None:
+    """The demo's story in detail is tests/test_demo.py's; here, its shape with
+    other --tasks and --slots."""
     transcript = io.StringIO()
     child = spawn_demo(tmp_path, transcript)
     try:
         child.expect(r"Recording to")
-        child.expect(r"trioexec demo — +\d+\.\ds")  # the live panel's title
+        child.expect(r"trioexec demo — +\d+\.\ds of ~5s")  # the live panel's title
         child.expect(r"slots in use")
         child.expect(r"2/2")  # the slots are busy...
         child.expect(r"deferred\s+[1-9]\d*\s+\(holding no slot\)")  # ...and waiters hold none
-        child.expect(r"done\s+8/8")
+        child.expect(r"promise approval-refund-")  # what the workflow's approval waits on
+        child.expect(r"done\s+15/15")
         child.expect(r"summary")
         child.expect(r"faster")
+        child.expect(r"trioexec promises demo\.db")
         child.expect(pexpect.EOF)
     finally:
         child.close(force=True)
@@ -789,9 +793,9 @@ def test_demo_under_a_terminal_shows_the_live_panel_and_the_summary(tmp_path: Pa
     seen = squash(raw)
     assert "Traceback" not in seen
     assert seen.startswith(
-        "trioexec demo: 8 tasks, 2 slots; 4 of them wait on the outside world (3-8 s). "
-        "Recording to demo.db — look with `trioexec status demo.db` or "
-        "`trioexec watch demo.db` from another shell."
+        "trioexec demo: 15 tasks on 2 slots, about 5 s. Recording to demo.db — watch it with "
+        "`trioexec watch demo.db` from another shell. "
+        "• 4 tasks wait on events (a webhook, an upload, an API) set between"
     )
     assert "\x1b[?25h" in raw  # the live view gave the cursor back
     for row in (
@@ -801,9 +805,9 @@ def test_demo_under_a_terminal_shows_the_live_panel_and_the_summary(tmp_path: Pa
     ):
         assert re.search(rf"{re.escape(row)} │ +\d+\.\ds │", seen), row
     sentence = re.search(
-        r"Deferral finished the same 8 tasks in (\d+\.\d)s instead of (\d+\.\d)s "
-        r"\((\d+\.\d)x faster\): while 4 tasks waited, their slots ran the others\. "
-        r"Store: 8 completed, 0 other — demo\.db",
+        r"Deferral finished the same 15 tasks in (\d+\.\d)s instead of (\d+\.\d)s "
+        r"\((\d+\.\d)x faster\): while 7 tasks waited, their slots ran the others\. "
+        r"Store: 15 completed, 0 other — demo\.db",
         seen,
     )
     assert sentence, seen[-600:]
@@ -811,8 +815,8 @@ def test_demo_under_a_terminal_shows_the_live_panel_and_the_summary(tmp_path: Pa
     assert ideal < held
     assert speedup >= 1.0
     # What it recorded is there for the other commands.
-    assert [r.status for r in executions(tmp_path / "demo.db")] == [TaskStatus.COMPLETED] * 8
-    assert ok(cli("status", "demo.db", cwd=tmp_path)).startswith("demo.db: 8 completed\n")
+    assert [r.status for r in executions(tmp_path / "demo.db")] == [TaskStatus.COMPLETED] * 15
+    assert ok(cli("status", "demo.db", cwd=tmp_path)).startswith("demo.db: 15 completed\n")
 
 
 def test_ctrl_c_in_the_demo_is_one_line(tmp_path: Path) -> None:

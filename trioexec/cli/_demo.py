@@ -1,8 +1,11 @@
-"""``trioexec demo``: the four-slot story with a live view."""
+"""``trioexec demo``: tasks waiting on the outside world, a workflow waiting on a
+durable promise and a retry, with a live view; then the comparison with and
+without deferral, and the commands to look at what it wrote."""
 
 from __future__ import annotations
 
 import os
+import shlex
 import tempfile
 from typing import Any
 
@@ -17,20 +20,50 @@ from rich.text import Text
 
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError, TaskStatus
-from trioexec._demo import demo_workload, run_workload, simulate
+from trioexec._demo import (
+    DEFAULT_SECONDS,
+    FILE_WAITERS,
+    KINDS,
+    QUICK_SECONDS,
+    REPORT,
+    Plan,
+    demo_plan,
+    run_workload,
+    simulate,
+)
 from trioexec._store._open import is_postgres_url
+from trioexec.durable import DurableStore
 
 from ._common import cell, console, fail
 
 #: The demo writes a few hundred rows: a database another process keeps locked for
 #: seconds is not one to demo on, and saying so soon beats a long silence.
 DEMO_BUSY_TIMEOUT = 2.0
+KIND_NAMES = {"webhook": "a webhook", "upload": "an upload", "api": "an API"}
+WAIT_STYLES = {"promise": "magenta", "condition": "cyan", "event": "yellow", "retry": "red"}
 
 
-def demo_view(ex: trioexec.Executor, state: dict[str, Any], total: int) -> Group:
+def waiting_rows(state: dict[str, Any], now: float) -> list[tuple[str, str, float]]:
+    """(task, what it waits on, for how long) of every watched task that waits
+    for something other than a slot, longest first."""
+    since: dict[str, tuple[str, float]] = state["since"]
+    rows = []
+    for task_id, (name, ref) in list(state["watch"].items()):
+        reason = ref.waiting_on
+        if reason is None or reason == "slot":
+            since.pop(task_id, None)
+            continue
+        if since.get(task_id, ("", 0.0))[0] != reason:
+            since[task_id] = (reason, now)
+        rows.append((name, reason, now - since[task_id][1]))
+    return sorted(rows, key=lambda r: -r[2])
+
+
+def demo_view(ex: trioexec.Executor, state: dict[str, Any], plan: Plan) -> Group:
     m = ex.statistics()
     now = trio.current_time()
     slots = ex.slots
+    total = state["total"]
     bar = Text()
     for i in range(slots.total):
         bar.append("█ " if i < slots.in_use else "· ", style="green" if i < slots.in_use else "dim")
@@ -42,16 +75,48 @@ def demo_view(ex: trioexec.Executor, state: dict[str, Any], total: int) -> Group
     head.add_row(
         "done", f"{state['done']}/{total}", f"{state['done'] / max(elapsed, 1e-9):.1f} tasks/s"
     )
-    progress = ProgressBar(total=total, completed=state["done"], width=40)
-    waiting = Table(title="deferred tasks", title_justify="left", box=None, padding=(0, 2))
-    waiting.add_column("task")
-    waiting.add_column("waiting for")
-    waiting.add_column("for", justify="right")
-    for task_id, since in sorted(state["deferred"].items(), key=lambda e: e[1])[:8]:
-        waiting.add_row(
-            cell(task_id[-6:]), cell(state["kinds"].get(task_id, "?")), f"{now - since:.1f}s"
+    run = state["run"]
+    if run is not None:
+        status = run.status()
+        head.add_row(
+            "workflow",
+            cell(f"{run.run_id}: {status.completed_steps}/{status.total_steps} steps"),
+            cell(status.execution_status.value.replace("_", " ")),
         )
-    return Group(Panel(Group(head, progress), title=f"trioexec demo — {elapsed:4.1f}s"), waiting)
+    progress = ProgressBar(total=total, completed=state["done"], width=40)
+    waiting = Table(title="waiting, and on what", title_justify="left", box=None, padding=(0, 2))
+    waiting.add_column("task")
+    waiting.add_column("waiting on")
+    waiting.add_column("for", justify="right")
+    rows = waiting_rows(state, now)
+    for name, reason, seconds in rows[:12]:
+        style = WAIT_STYLES.get(reason.split(" ", 1)[0], "")
+        waiting.add_row(cell(name), Text(reason, style=style), f"{seconds:.1f}s")
+    if not rows:
+        waiting.add_row(Text("nothing waits now", style="dim"), "", "")
+    happened = Table(title="what happened", title_justify="left", box=None, padding=(0, 2))
+    happened.add_column("at", justify="right")
+    happened.add_column("")
+    for at, line in state["log"][-5:]:
+        happened.add_row(f"{at:.1f}s", cell(line))
+    title = f"trioexec demo — {elapsed:4.1f}s of ~{plan.seconds:.0f}s"
+    return Group(Panel(Group(head, progress), title=title), waiting, happened)
+
+
+def status_line(ex: trioexec.Executor, state: dict[str, Any]) -> str:
+    """One line of the view, for a pipe."""
+    m = ex.statistics()
+    elapsed = trio.current_time() - state["t0"]
+    kinds: dict[str, int] = {}
+    for _, reason, _ in waiting_rows(state, trio.current_time()):
+        kind = reason.split(" ", 1)[0]
+        kinds[kind] = kinds.get(kind, 0) + 1
+    waits = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "nothing"
+    return (
+        f"{elapsed:5.1f}s  slots {ex.slots.in_use}/{ex.slots.total}  deferred"
+        f" {m.deferred_count:3d}  queued {m.queue_depth:3d}  done {state['done']}/{state['total']}"
+        f"  waiting on: {waits}"
+    )
 
 
 @click.command()
@@ -62,15 +127,23 @@ def demo_view(ex: trioexec.Executor, state: dict[str, Any], total: int) -> Group
 )
 @click.option("--slots", type=click.IntRange(1, 64), default=4, show_default=True)
 @click.option("--tasks", type=click.IntRange(4, 10_000), default=48, show_default=True)
-def demo(db: str | None, slots: int, tasks: int) -> None:
-    """The four-slot story: tasks waiting on the outside world give their slot back.
+@click.option(
+    "--quick",
+    is_flag=True,
+    help=f"The same story in about {QUICK_SECONDS:.0f} s instead of {DEFAULT_SECONDS:.0f} s.",
+)
+def demo(db: str | None, slots: int, tasks: int, quick: bool) -> None:
+    """Tasks waiting on the outside world give their slot back (about 30 s).
 
-    Twice as many tasks as slots wait on a webhook, a file, an approval or an API
-    for 3-8 s; the rest only compute. With deferral the waiters hold no slot while they
-    wait, so the compute tasks flow through. The summary compares the makespan with
-    the same workload holding its slots while waiting (simulated on Trio's mock clock).
+    Twice as many tasks as slots wait on events (a webhook, an upload, an API),
+    two on a polled condition (a file the demo writes midway), and a workflow's
+    approval step on a durable promise (the demo resolves it midway); one task
+    fails once and is retried; the rest only compute. A live view shows the
+    slots, and every waiting task with what it waits on. The summary compares
+    the makespan with the same workload holding its slots while waiting
+    (simulated on Trio's mock clock); then the commands to inspect the database.
     """
-    waits, works = demo_workload(tasks, slots)
+    plan = demo_plan(tasks, slots, QUICK_SECONDS if quick else DEFAULT_SECONDS)
     path = db or os.path.join(tempfile.mkdtemp(prefix="trioexec-demo-"), "demo.db")
     try:
         store: SQLiteStore | PostgresStore = (
@@ -80,20 +153,39 @@ def demo(db: str | None, slots: int, tasks: int) -> None:
         )
     except (StoreError, ValueError, ModuleNotFoundError) as exc:
         fail(str(exc))
+    n_events = len(plan.waits)
+    shown = shlex.quote(path)
     console.print(
         Text.assemble(
             ("trioexec demo", "bold"),
-            f": {tasks} tasks, {slots} slots; {len(waits)} of them wait on the outside world"
-            " (3-8 s). Recording to ",
+            f": {plan.total} tasks on {slots} slots, about {plan.seconds:.0f} s. Recording to ",
             (path, "cyan"),
-            f" — look with `trioexec status {path}` or `trioexec watch {path}` from another shell.",
+            f" — watch it with `trioexec watch {shown}` from another shell.",
         )
     )
+    kinds = ", ".join(KIND_NAMES[k] for k in KINDS[:n_events])
+    story = [
+        f"{n_events} tasks wait on events ({kinds}) set between "
+        f"{min(plan.waits):.0f} and {max(plan.waits):.0f} s",
+        f"{FILE_WAITERS} tasks wait on a polled condition: {REPORT} exists"
+        f" (the demo writes it at {plan.file_at:.1f} s)",
+        "the workflow refund (fetch-order → approval → pay → notify): approval waits"
+        f" on a durable promise (the demo resolves it at {plan.promise_at:.1f} s)",
+        "charge-card fails its first attempt and is retried",
+        f"{len(plan.works) - n_events} tasks only compute",
+    ]
+    for line in story:
+        console.print(Text(f"  • {line}"), highlight=False)
     live_box: dict[str, Any] = {}
 
-    async def real() -> float:
+    async def real(ds: DurableStore) -> float:
         def started(ex: trioexec.Executor, state: dict[str, Any]) -> None:
             live_box["ex"], live_box["state"] = ex, state
+
+        def echo_log(state: dict[str, Any]) -> None:
+            for at, line in state["log"][live_box.get("logged", 0) :]:
+                click.echo(f"{at:5.1f}s  {line}")
+            live_box["logged"] = len(state["log"])
 
         async def refresh(live: Live | None) -> None:
             last_line = 0.0
@@ -101,18 +193,14 @@ def demo(db: str | None, slots: int, tasks: int) -> None:
                 await trio.sleep(0.1)
                 if "ex" not in live_box:
                     continue
+                ex, state = live_box["ex"], live_box["state"]
                 if live is not None:
-                    live.update(demo_view(live_box["ex"], live_box["state"], tasks))
-                elif trio.current_time() - last_line >= 1.0:
+                    live.update(demo_view(ex, state, plan))
+                    continue
+                echo_log(state)
+                if trio.current_time() - last_line >= 1.0:
                     last_line = trio.current_time()
-                    m = live_box["ex"].statistics()
-                    st = live_box["state"]
-                    elapsed = trio.current_time() - st["t0"]
-                    click.echo(
-                        f"{elapsed:5.1f}s  slots {live_box['ex'].slots.in_use}"
-                        f"/{slots}  deferred {m.deferred_count:3d}  queued {m.queue_depth:3d}"
-                        f"  done {st['done']}/{tasks}"
-                    )
+                    click.echo(status_line(ex, state))
 
         live = (
             Live(console=console, refresh_per_second=10, transient=False)
@@ -125,22 +213,25 @@ def demo(db: str | None, slots: int, tasks: int) -> None:
             n.start_soon(refresh, live)
             try:
                 makespan = await run_workload(
-                    slots, waits, works, defer=True, store=store, on_start=started
+                    plan, defer=True, store=store, ds=ds, on_start=started
                 )
             finally:
                 if live is not None and "ex" in live_box:
-                    live.update(demo_view(live_box["ex"], live_box["state"], tasks))
+                    live.update(demo_view(live_box["ex"], live_box["state"], plan))
                     live.stop()
             n.cancel_scope.cancel()
+        if live is None:
+            echo_log(live_box["state"])
         return makespan
 
     try:
-        makespan = trio.run(real)
+        with DurableStore(store, retry_timeout=DEMO_BUSY_TIMEOUT) as ds:
+            makespan = trio.run(real, ds)
         counts = store.counts()
     finally:
         store.close()
-    held = simulate(slots, waits, works, defer=False)
-    ideal = simulate(slots, waits, works, defer=True)
+    held = simulate(plan, defer=False)
+    ideal = simulate(plan, defer=True)
     table = Table(title="summary", title_justify="left")
     table.add_column("run")
     table.add_column("makespan", justify="right")
@@ -148,11 +239,21 @@ def demo(db: str | None, slots: int, tasks: int) -> None:
     table.add_row("with defer_until (simulated)", f"{ideal:.1f}s")
     table.add_row("holding slots while waiting (simulated)", f"{held:.1f}s")
     console.print(table)
+    waiters = n_events + FILE_WAITERS + 1
     console.print(
         Text(
-            f"Deferral finished the same {tasks} tasks in {ideal:.1f}s instead of {held:.1f}s "
-            f"({held / ideal:.1f}x faster): while {len(waits)} tasks waited, their slots ran "
-            f"the others. Store: {counts[TaskStatus.COMPLETED]} completed, "
-            f"{sum(v for k, v in counts.items() if k is not TaskStatus.COMPLETED)} other — {path}"
+            f"Deferral finished the same {plan.total} tasks in {ideal:.1f}s instead of"
+            f" {held:.1f}s ({held / ideal:.1f}x faster): while {waiters} tasks waited, their"
+            f" slots ran the others. Store: {counts[TaskStatus.COMPLETED]} completed,"
+            f" {sum(v for k, v in counts.items() if k is not TaskStatus.COMPLETED)} other"
+            f" — {path}"
         )
     )
+    console.print(Text("Look at what it wrote:", style="bold"))
+    commands = Table.grid(padding=(0, 3))
+    commands.add_row(Text(f"trioexec status {shown}", style="cyan"), "every task, and how it ended")
+    commands.add_row(Text(f"trioexec runs {shown}", style="cyan"), "the refund run, step by step")
+    commands.add_row(
+        Text(f"trioexec promises {shown}", style="cyan"), "the approval promise, resolved"
+    )
+    console.print(commands)
