@@ -58,7 +58,6 @@ from .._records import TaskStatus
 
 if TYPE_CHECKING:
     from .._executor import Executor
-    from .._lifecycle import Lifecycle
     from .._taskref import Job
 
 __all__ = ["Instrumentation", "instrument"]
@@ -112,10 +111,10 @@ class Instrumentation:
     """One executor's metrics on one registry (what `instrument` returns)."""
 
     def __init__(self, ex: Executor, metrics: _Metrics, name: str) -> None:
-        self.name = name
+        self.name = name  #: The ``executor`` label.
         self._ex = weakref.ref(ex)
         self._metrics = metrics
-        self._lifecycle = _lifecycle_of(ex)
+        self._lifecycle = _observe.lifecycle_of(ex)
         self._observer = _Observer(metrics, name)
         self._lifecycle.observer = _observe.combine(self._lifecycle.observer, self._observer)
 
@@ -139,10 +138,6 @@ class Instrumentation:
 
     def __repr__(self) -> str:
         return f"<Instrumentation executor={self.name!r}>"
-
-
-def _lifecycle_of(ex: Executor) -> Lifecycle:
-    return ex._core.lifecycle  # (where the executor tells its observers)
 
 
 @final
