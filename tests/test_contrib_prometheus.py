@@ -253,3 +253,15 @@ async def test_the_text_exposition_parses_with_the_names_and_odd_task_names(regi
     } == {('ex "1"', name, "completed") for name in names}
     assert families["trioexec_task_duration_seconds"].type == "histogram"
     assert families["trioexec_tasks_active"].type == "gauge"
+
+
+async def test_closing_one_of_two_instrumentations_leaves_the_other_counting(registry):
+    other = CollectorRegistry()
+    async with open_executor() as ex:
+        first = instrument(ex, registry)
+        instrument(ex, other)
+        await ex.run(ok)
+        first.close()
+        await ex.run(ok)
+    assert sample(registry, "trioexec_tasks_submitted_total", task="ok") == 1
+    assert sample(other, "trioexec_tasks_submitted_total", task="ok") == 2

@@ -124,8 +124,9 @@ class Instrumentation:
         return self._ex()
 
     def close(self) -> None:
-        """Stop counting: the executor's tasks are no longer observed, its gauges
-        leave the registry and its name is free. Idempotent."""
+        """Stop counting: the executor's tasks are no longer observed (the running
+        ones leave the active and deferred gauges), its queue depth and slots are
+        no longer scraped and its name is free. Idempotent."""
         if self._metrics.executors.get(self.name) is not self:
             return
         del self._metrics.executors[self.name]
