@@ -103,9 +103,7 @@ def test_a_url_of_another_kind_is_one_line(tmp_path: Path) -> None:
 
 
 def test_demo_records_into_a_url(pg_database: str, tmp_path: Path) -> None:
-    out = ok(
-        cli("demo", "--quick", "--db", pg_database, "--tasks", "4", cwd=tmp_path, timeout=120)
-    )
+    out = ok(cli("demo", "--quick", "--db", pg_database, "--tasks", "4", cwd=tmp_path, timeout=120))
     # The 4 tasks asked for, and the demo's own 7 (file waiters, the refund
     # workflow's 4 steps, the retried charge).
     assert f"Recording to {pg_database}" in " ".join(out.split())
