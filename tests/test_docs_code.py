@@ -7,8 +7,9 @@ blocks:
 * ``.. code-block::``, ``.. code::``, ``.. sourcecode::`` with the language
   ``python``, ``python3``, ``py``, ``pycon`` or none (Sphinx highlights those as
   Python), and ``.. doctest::`` and ``.. testcode::``;
-* ``::`` literal blocks whose text is Python (``ast.parse`` accepts it): the
-  others are console commands and program output;
+* ``::`` literal blocks whose text is Python (``ast.parse`` accepts it, or it
+  starts as Python does: ``import``, ``def``, ``async def``, ``@``, ``>>>``...):
+  the others are console commands and program output;
 * ``.. literalinclude::`` is left out: those include ``examples/``, which
   ``nox -s examples`` runs.
 
@@ -101,7 +102,16 @@ def _marker_before(
     return None
 
 
-def _parses(code: str) -> bool:
+# How a Python block starts (so that one with a syntax error still counts as Python).
+PYTHON_START = re.compile(
+    r"^(?:>>>|import |from \S+ import |async (?:def|with|for) |await |def |class |@)"
+)
+
+
+def _is_python(code: str) -> bool:
+    """True for the text of a ``::`` block that is Python, not a command or output."""
+    if PYTHON_START.match(code.lstrip()):
+        return True
     try:
         ast.parse(code)
     except SyntaxError:
@@ -156,7 +166,7 @@ def rst_blocks(path: pathlib.Path) -> list[Block]:
         if directive:
             if directive["lang"] not in PYTHON_LANGUAGES:
                 continue
-        elif not code.lstrip().startswith(">>>") and not _parses(code):
+        elif not _is_python(code):
             continue  # a console command or a program's output
         marker = _marker_before(lines, anchor, RST_MARKER)
         found.append(
@@ -198,11 +208,14 @@ def readme_blocks(path: pathlib.Path) -> list[Block]:
     return found
 
 
+def rst_files() -> list[pathlib.Path]:
+    return [path for path in sorted(DOCS.rglob("*.rst")) if "_build" not in path.parts]
+
+
 def all_blocks() -> list[Block]:
     blocks = []
-    for path in sorted(DOCS.rglob("*.rst")):
-        if "_build" not in path.parts:
-            blocks.extend(rst_blocks(path))
+    for path in rst_files():
+        blocks.extend(rst_blocks(path))
     blocks.extend(readme_blocks(README))
     return blocks
 
@@ -255,7 +268,7 @@ def test_markers_give_a_reason() -> None:
 def test_every_marker_precedes_a_block() -> None:
     used = {(block.path, block.marker_line) for block in MARKED}
     stray = []
-    for path in [*sorted(DOCS.rglob("*.rst")), README]:
+    for path in [*rst_files(), README]:
         pattern = MD_MARKER if path.suffix == ".md" else RST_MARKER
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             if pattern.match(line) and (path, number) not in used:
