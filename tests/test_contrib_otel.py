@@ -50,7 +50,8 @@ def parent_id(span: ReadableSpan) -> int | None:
 
 
 def observer_of(ex):
-    return ex._core.lifecycle.observer
+    (tracing,) = ex._core.lifecycle.observer.all  # (observers are kept in an Observers)
+    return tracing
 
 
 async def ok() -> str:

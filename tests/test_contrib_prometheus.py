@@ -265,3 +265,42 @@ async def test_closing_one_of_two_instrumentations_leaves_the_other_counting(reg
         await ex.run(ok)
     assert sample(registry, "trioexec_tasks_submitted_total", task="ok") == 1
     assert sample(other, "trioexec_tasks_submitted_total", task="ok") == 2
+
+
+# ------------------------------------------------- found by a review
+
+
+def _gauge(registry, name: str, task: str) -> float | None:
+    return registry.get_sample_value(name, {"executor": "default", "task": task})
+
+
+@pytest.mark.parametrize("when", ["deferred", "running"])
+async def test_tasks_already_under_way_when_instrumented_leave_the_gauges_alone(
+    autojump_clock, when
+):
+    registry = CollectorRegistry()
+    go = trio.Event()
+
+    async def work(handle: TaskHandle) -> None:
+        await trio.sleep(1)
+        await handle.defer_until(go)
+
+    async with trioexec.open_executor() as ex:
+        ref = await ex.submit(work)
+        await trio.sleep(2.0 if when == "deferred" else 0.5)
+        instrumentation = instrument(ex, registry)
+        await trio.sleep(1)
+        if when == "deferred":
+            go.set()
+        else:
+            ref.cancel()
+        await ref.wait()
+    assert _gauge(registry, "trioexec_tasks_active", ref.name) in (None, 0.0)
+    assert _gauge(registry, "trioexec_tasks_deferred", ref.name) in (None, 0.0)
+    assert not instrumentation._observer._started
+    assert not instrumentation._observer._deferred_since
+
+
+async def test_a_deterministic_executor_is_refused_in_a_line():
+    with pytest.raises(TypeError, match="takes an Executor, not DeterministicExecutor"):
+        instrument(trioexec.DeterministicExecutor(), CollectorRegistry())

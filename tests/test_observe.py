@@ -160,3 +160,56 @@ async def test_the_logger_records_a_lost_lease_and_an_abandoned_task(autojump_cl
     assert "abandoned" in by_level["ERROR"].getMessage()
     assert by_level["WARNING"].task_id == ref.task_id
     assert "lease lost" in by_level["WARNING"].getMessage()
+
+
+class Raises(Recorder):
+    def __init__(self, step: str) -> None:
+        super().__init__()
+        self.step = step
+
+    def __getattribute__(self, name: str):
+        if name == object.__getattribute__(self, "step"):
+            raise_now = object.__getattribute__(self, "_raise")
+            return raise_now
+        return object.__getattribute__(self, name)
+
+    def _raise(self, *args) -> None:
+        raise RuntimeError("observer bug")
+
+
+@pytest.mark.parametrize("step", ["submitted", "started", "finished"])
+async def test_an_observer_that_raises_is_logged_and_dropped_and_the_task_goes_on(
+    autojump_clock, caplog, step
+):
+    bad, good = Raises(step), Recorder()
+    caplog.set_level(logging.ERROR, logger="trioexec")
+    async with open_executor() as ex:
+        lifecycle = ex._core.lifecycle
+        lifecycle.observer = combine(combine(lifecycle.observer, bad), good)
+        first = await ex.submit(trio.sleep, 1)
+        assert (await first.wait()).status is TaskStatus.COMPLETED
+        second = await ex.submit(trio.sleep, 1)
+        assert (await second.wait()).status is TaskStatus.COMPLETED
+        with trio.fail_after(10):
+            await ex.wait_for_idle()
+    assert [s[0] for s in good.seen] == ["submitted", "started", "finished"] * 2
+    (record,) = [r for r in caplog.records if r.name == "trioexec"]
+    assert f"raised in {step}" in record.getMessage()
+    assert lifecycle.observer.all == [good]
+
+
+async def test_an_observer_raising_when_a_pending_task_is_cancelled_does_not_hang(
+    autojump_clock, caplog
+):
+    gate = trio.Event()
+    async with open_executor(max_concurrent_tasks=1) as ex:
+        lifecycle = ex._core.lifecycle
+        lifecycle.observer = combine(lifecycle.observer, Raises("finished"))
+        busy = await ex.submit(gate.wait)
+        queued = await ex.submit(trio.sleep, 0)
+        queued.cancel()
+        assert (await queued.wait()).status is TaskStatus.CANCELLED
+        gate.set()
+        await busy.wait()
+        with trio.fail_after(10):
+            await ex.wait_for_idle()

@@ -20,7 +20,7 @@ import trio
 from ._errors import StoreError, TaskCancelled
 from ._events import EventStream, HealthEventKind
 from ._metrics import Tally
-from ._observe import Observer, log_failure, log_lease_lost, log_retry
+from ._observe import Observer, log_failure, log_lease_lost, log_overruled, log_retry
 from ._records import SubStatus, TaskStatus, safe_repr, storable_text
 from ._spec import TaskSpec
 from ._store._base import (
@@ -464,6 +464,7 @@ class Lifecycle:
             f"lease_lost: task {job.name!r} ({job.task_id}) is another executor's now; "
             "its result here was not recorded"
         )
+        log_overruled(job)  # (observers were told its end: they are not told again)
 
     # ------------------------------------------------------------ idle, failure
 

@@ -4,8 +4,10 @@ OpenTelemetry spans) as its tasks move, and the ``trioexec`` logger.
 An observer sees each accepted task (`Observer.submitted`, in the submitter's
 task), each attempt's start (in the worker's task), deferrals and resumptions,
 retries, and the one end (`Observer.finished`). With none registered the
-executor pays one ``None`` check per step. An observer must be quick and must
-not raise: it runs on the executor's path, between a task's steps.
+executor pays one ``None`` check per step. An observer must be quick: it runs
+on the executor's path, between a task's steps; one that raises is logged and
+told nothing more (`Observers`). Per task, the calls come in order; a task that
+ends (or retries) while deferred gets no ``resumed`` first.
 
 The logger writes one record per failure (ERROR), retry (INFO), abandonment
 (ERROR) and lease loss (WARNING), with ``task_id``, ``task_name`` and ``attempt``
@@ -42,7 +44,9 @@ class Observer(Protocol):
 
 @final
 class Observers:
-    """Several observers, told in the order they were added."""
+    """The observers of one executor, told in the order they were added. One
+    that raises is logged and dropped: the executor's step goes on (an
+    observer runs in the middle of it, between counts and wake-ups)."""
 
     __slots__ = ("all",)
 
@@ -51,37 +55,58 @@ class Observers:
 
     def submitted(self, job: Job) -> None:
         for observer in self.all:
-            observer.submitted(job)
+            try:
+                observer.submitted(job)
+            except Exception:
+                self._drop(observer, "submitted")
 
     def started(self, job: Job) -> None:
         for observer in self.all:
-            observer.started(job)
+            try:
+                observer.started(job)
+            except Exception:
+                self._drop(observer, "started")
 
     def deferred(self, job: Job) -> None:
         for observer in self.all:
-            observer.deferred(job)
+            try:
+                observer.deferred(job)
+            except Exception:
+                self._drop(observer, "deferred")
 
     def resumed(self, job: Job) -> None:
         for observer in self.all:
-            observer.resumed(job)
+            try:
+                observer.resumed(job)
+            except Exception:
+                self._drop(observer, "resumed")
 
     def retrying(self, job: Job, status: TaskStatus, delay: float) -> None:
         for observer in self.all:
-            observer.retrying(job, status, delay)
+            try:
+                observer.retrying(job, status, delay)
+            except Exception:
+                self._drop(observer, "retrying")
 
     def finished(self, job: Job, status: TaskStatus) -> None:
         for observer in self.all:
-            observer.finished(job, status)
+            try:
+                observer.finished(job, status)
+            except Exception:
+                self._drop(observer, "finished")
+
+    def _drop(self, observer: Observer, step: str) -> None:
+        logger.exception("observer %r raised in %s: it is told nothing more", observer, step)
+        # A new list: the loop that called this goes on over the old one.
+        self.all = [o for o in self.all if o is not observer]
 
 
-def combine(current: Observer | None, new: Observer) -> Observer:
-    """``current`` (if any) and ``new``, as one observer."""
-    if current is None:
-        return new
+def combine(current: Observer | None, new: Observer) -> Observers:
+    """``current`` (if any) and ``new``, as one observer (each guarded)."""
     if isinstance(current, Observers):
-        current.all.append(new)
+        current.all = [*current.all, new]
         return current
-    return Observers(current, new)
+    return Observers(new) if current is None else Observers(current, new)
 
 
 def lifecycle_of(ex: Any) -> Lifecycle:
@@ -142,12 +167,23 @@ def log_lease_lost(job: Job) -> None:
         )
 
 
-def log_abandoned(task_id: str, name: str, recovery_attempts: int) -> None:
+def log_abandoned(task_id: str, name: str, attempt: int, recovery_attempts: int) -> None:
     if logger.isEnabledFor(logging.ERROR):
         logger.error(
             "task %s (%s) abandoned after %d recoveries",
             name,
             task_id,
             recovery_attempts,
-            extra=fields(task_id, name, recovery_attempts),
+            extra=fields(task_id, name, attempt),
+        )
+
+
+def log_overruled(job: Job) -> None:
+    if logger.isEnabledFor(logging.WARNING):
+        logger.warning(
+            "task %s (%s): its end here was not recorded, another executor has it"
+            " (its lease was lost)",
+            job.name,
+            job.task_id,
+            extra=fields(job.task_id, job.name, job.attempts),
         )

@@ -151,7 +151,7 @@ class Recovery:
                 reason="abandoned",
                 attributes={"name": record.name, "recovery_attempts": record.recovery_attempts},
             )
-            log_abandoned(record.task_id, record.name, record.recovery_attempts)
+            log_abandoned(record.task_id, record.name, record.attempt, record.recovery_attempts)
         for record in result.claimed:
             if self._is_closing():  # (the store call above awaited)
                 return False  # left claimed under our lease: recovered once it lapses

@@ -54,10 +54,10 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from .. import _observe
+from .._executor import Executor
 from .._records import TaskStatus
 
 if TYPE_CHECKING:
-    from .._executor import Executor
     from .._taskref import Job
 
 __all__ = ["Instrumentation", "instrument"]
@@ -90,6 +90,8 @@ def instrument(
         instrument(ex, name="ingest")
         prometheus_client.start_http_server(9100)  # (or your web framework's route)
     """
+    if not isinstance(ex, Executor):  # (a DeterministicExecutor has no slots to scrape)
+        raise TypeError(f"instrument() takes an Executor, not {type(ex).__name__}")
     metrics = _Metrics.of(REGISTRY if registry is None else registry)
     for other in list(metrics.executors.values()):
         if other.executor is ex:
@@ -276,17 +278,20 @@ class _Observer:
         self._started[job] = trio.current_time()
 
     def deferred(self, job: Job) -> None:
+        if job not in self._started:
+            return  # (its attempt started before `instrument`: not in the gauges)
         series = self._of(job)
         series.active.dec()
         series.deferred.inc()
         self._deferred_since[job] = trio.current_time()
 
     def resumed(self, job: Job) -> None:
-        series = self._of(job)
         since = self._deferred_since.pop(job, None)
-        if since is not None:
-            series.deferral.observe(trio.current_time() - since)
-            series.deferred.dec()
+        if since is None:
+            return  # (deferred before `instrument`)
+        series = self._of(job)
+        series.deferral.observe(trio.current_time() - since)
+        series.deferred.dec()
         series.active.inc()
 
     def retrying(self, job: Job, status: TaskStatus, delay: float) -> None:
