@@ -99,17 +99,17 @@ class HeldLock(SQLiteStore):
 async def test_a_renewal_that_waits_for_the_stores_lock_counts_its_lease_from_the_write(
     mock_clock, tmp_path
 ):
-    store = HeldLock(str(tmp_path / "db.sqlite"))
-    async with open_executor(store=store, lease=3.0) as ex:
-        store.hold = True
-        await ex.submit(_noop)
-        await trio.testing.wait_all_tasks_blocked()
-        mock_clock.jump(GATHER_SECONDS)  # the write starts, and holds the lock
-        await trio.to_thread.run_sync(store.entered.wait)
-        mock_clock.jump(1.0)  # a renewal is due: it waits for the lock
-        await trio.testing.wait_all_tasks_blocked()
-        store.now += 2.5  # the write took 2.5 s
-        store.release.set()
-        assert await trio.to_thread.run_sync(store.renewed.wait, 10)
+    with HeldLock(str(tmp_path / "db.sqlite")) as store:
+        async with open_executor(store=store, lease=3.0) as ex:
+            store.hold = True
+            await ex.submit(_noop)
+            await trio.testing.wait_all_tasks_blocked()
+            mock_clock.jump(GATHER_SECONDS)  # the write starts, and holds the lock
+            await trio.to_thread.run_sync(store.entered.wait)
+            mock_clock.jump(1.0)  # a renewal is due: it waits for the lock
+            await trio.testing.wait_all_tasks_blocked()
+            store.now += 2.5  # the write took 2.5 s
+            store.release.set()
+            assert await trio.to_thread.run_sync(store.renewed.wait, 10)
     expires, written = store.leases[0]
     assert expires - written == 3.0  # a whole lease left, not 0.5
