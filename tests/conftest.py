@@ -4,6 +4,7 @@ and a throwaway PostgreSQL server (started once per session, when a test asks)."
 from __future__ import annotations
 
 import functools
+import gc
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -15,6 +16,15 @@ from pg_server import STORE_KINDS, NoServer, postgres_server
 
 #: Set (CI does): no server is a failure, not a skip.
 REQUIRE_ENV = "TRIOEXEC_REQUIRE_POSTGRES"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _collect_garbage_per_module() -> Iterator[None]:
+    """A leaked resource (a store never closed: its SQLite connections warn on
+    Python 3.13) fails the module that leaked it, at its end, not whichever
+    later test the cycle collector happens to run in."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")
