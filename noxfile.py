@@ -179,8 +179,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict on the package."""
-    session.install("-e", ".[cli,postgres]", "mypy")
+    """mypy --strict on the package (trioexec.contrib against its extras)."""
+    session.install("-e", ".[cli,postgres,prometheus,otel]", "mypy")
     session.run("mypy", "--strict", "trioexec")
 
 
