@@ -44,7 +44,7 @@ from ._control import SQLControl
 from ._durable_pg import PostgresTables
 from ._key_ledger import KeyGrant, KeyRequest
 from ._pg_conn import Connection, PGDatabase, redact
-from ._sql import SELECT_RECORDS, filter_clause, record_of, settle_key
+from ._sql import SELECT_RECORDS, filter_clause, record_of, settle_key, write_lease
 
 _SELECT = SELECT_RECORDS
 _RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
@@ -198,7 +198,7 @@ class PostgresStore(SQLControl):
 
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:
         with self._db.transaction("heartbeat") as conn:
-            _write_lease(conn, owner, lease_expires_at)
+            write_lease(conn, "%s", owner, lease_expires_at)
 
     def renew_lease(self, owner: str, lease: float) -> float:
         """`heartbeat` for ``lease`` seconds from when it is written (this
@@ -206,7 +206,7 @@ class PostgresStore(SQLControl):
         store's lock). Returns when it expires."""
         with self._db.transaction("heartbeat") as conn:
             at = self.clock() + lease
-            _write_lease(conn, owner, at)
+            write_lease(conn, "%s", owner, at)
         return at
 
     def release_owner(self, owner: str) -> None:
@@ -656,11 +656,3 @@ def _write_run(conn: Connection, change: Change) -> bool:
             (_value(change[3]), change[4], change[1]),
         )
     return True
-
-
-def _write_lease(conn: Connection, owner: str, lease_expires_at: float) -> None:
-    conn.execute(
-        "INSERT INTO owners (owner, lease_expires_at) VALUES (%s, %s)"
-        " ON CONFLICT (owner) DO UPDATE SET lease_expires_at = excluded.lease_expires_at",
-        (owner, lease_expires_at),
-    )

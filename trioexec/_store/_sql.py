@@ -111,3 +111,12 @@ def settle_key(conn: Any, mark: str, owner: str, request: KeyRequest, now: float
             (key, *bucket),
         )
     return grant
+
+
+def write_lease(conn: Any, mark: str, owner: str, lease_expires_at: float) -> None:
+    """Create or renew ``owner``'s lease (``mark``: the placeholder)."""
+    conn.execute(
+        f"INSERT INTO owners (owner, lease_expires_at) VALUES ({mark}, {mark})"
+        " ON CONFLICT (owner) DO UPDATE SET lease_expires_at = excluded.lease_expires_at",
+        (owner, lease_expires_at),
+    )

@@ -43,7 +43,7 @@ from ._base import (
 from ._control import SQLControl
 from ._durable_tables import SQLiteTables
 from ._key_ledger import KeyGrant, KeyRequest
-from ._sql import SELECT_RECORDS, filter_clause, record_of, settle_key
+from ._sql import SELECT_RECORDS, filter_clause, record_of, settle_key, write_lease
 from ._sqlite_file import READ_ONLY_BUSY_TIMEOUT, WRITE_BUSY_TIMEOUT, SQLiteFile
 
 #: `ExecutionRecord`'s fields: the executions table's columns, and the owner's lease.
@@ -252,7 +252,7 @@ class SQLiteStore(SQLControl):
 
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:
         with self._db.transaction("heartbeat") as conn:
-            _write_lease(conn, owner, lease_expires_at)
+            write_lease(conn, "?", owner, lease_expires_at)
 
     def renew_lease(self, owner: str, lease: float) -> float:
         """`heartbeat` for ``lease`` seconds from when it is written (this
@@ -260,7 +260,7 @@ class SQLiteStore(SQLControl):
         store's lock). Returns when it expires."""
         with self._db.transaction("heartbeat") as conn:
             at = self.clock() + lease
-            _write_lease(conn, owner, at)
+            write_lease(conn, "?", owner, at)
         return at
 
     def release_owner(self, owner: str) -> None:
@@ -579,11 +579,3 @@ _UPDATES = {
 def _update_args(change: Change) -> tuple[object, ...]:
     """The parameters of a non-submit change's UPDATE: its fields, then the guard."""
     return (*(_value(v) for v in full_change(change)[3:]), change[1], change[2])
-
-
-def _write_lease(conn: sqlite3.Connection, owner: str, lease_expires_at: float) -> None:
-    conn.execute(
-        "INSERT INTO owners (owner, lease_expires_at) VALUES (?, ?)"
-        " ON CONFLICT (owner) DO UPDATE SET lease_expires_at = excluded.lease_expires_at",
-        (owner, lease_expires_at),
-    )
