@@ -180,7 +180,7 @@ def lint(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on the package (trioexec.contrib against its extras)."""
-    session.install("-e", ".[cli,postgres,prometheus,otel]", "mypy")
+    session.install("-e", ".[cli,postgres,prometheus,otel,web]", "mypy")
     session.run("mypy", "--strict", "trioexec")
 
 
