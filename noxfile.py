@@ -208,9 +208,12 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def docs(session: nox.Session) -> None:
-    """Build the Sphinx docs with warnings as errors."""
-    session.install("-e", ".[docs]")
+    """Build the Sphinx docs with warnings as errors, then run every Python block of
+    the docs and the README (tests/test_docs_code.py: each runs, or carries a
+    ``.. not-run: <why>`` marker; ``nox -s tests`` runs it too)."""
+    session.install("-e", ".[docs,test]")
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
+    session.run("pytest", "-p", "no:cacheprovider", "tests/test_docs_code.py")
 
 
 @nox.session(python=PYTHON)
