@@ -198,7 +198,11 @@ class WorkflowRun:
         """Record the run (a new one) and make its first steps ready; the
         coordinator task submits them."""
         if not resumed:
-            self._runs.log(("run", self.run_id, 0, self.workflow.name, self._initial_json))
+            steps = self.workflow.steps
+            graph = {sid: list(steps[sid].dependencies) for sid in self.workflow.order}
+            self._runs.log(
+                ("run", self.run_id, 0, self.workflow.name, self._initial_json, json.dumps(graph))
+            )
         self._advance()
 
     async def _coordinate(self) -> None:
@@ -562,8 +566,8 @@ class WorkflowRuns:
         journal = self._journal
         if journal is None:
             return
-        if change[0] == "run":
-            change = (*change, self._owner_id, self.wall())
+        if change[0] == "run":  # (its graph, if any, after them: see `Change`)
+            change = (*change[:5], self._owner_id, self.wall(), *change[5:])
         else:
             change = (change[0], change[1], self._owner_id, *change[3:])
         journal.append(change)

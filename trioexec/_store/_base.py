@@ -4,6 +4,7 @@ change records it hands over in batches (group commit)."""
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal, Protocol
 
@@ -36,7 +37,8 @@ from ._key_ledger import KeyGrant, KeyRequest
 # "submit" (refused if the execution exists), and a store never keeps the list.
 # and for workflow runs (the second field is the run id; the third the writing owner:
 # "step" and "run_end" apply only while that owner has the run, else the run id is fenced):
-#   ("run", run_id, 0, workflow, context_json, owner, created_at)
+#   ("run", run_id, 0, workflow, context_json, owner, created_at[, graph_json])
+#              graph_json: `RunRecord.graph` as JSON (without it, the old shape: None)
 #   ("step", run_id, owner, step_id, state, output_json, task_id)  state: a StepState value
 #   ("run_end", run_id, owner, status, finished_at)                status: a RunStatus value
 Change = tuple[object, ...]
@@ -293,6 +295,21 @@ class RunRecord:
     finished_at: float | None
     steps: dict[str, tuple[str, str | None]]  #: step id -> (state, output JSON or None)
     recovery_attempts: int = 0
+    #: step id -> the step ids it depends on, in the workflow's run order, as
+    #: written when the run was created (None: a run written before it was kept)
+    graph: dict[str, list[str]] | None = None
+
+
+def run_graph(change: Change) -> str | None:
+    """A "run" change's graph JSON (None: a change of the old shape)."""
+    return None if len(change) < 8 else change[7]  # type: ignore[return-value]
+
+
+def graph_of(text: object) -> dict[str, list[str]] | None:
+    """`RunRecord.graph` from its JSON column (None stays None)."""
+    if text is None:
+        return None
+    return {str(k): [str(d) for d in v] for k, v in json.loads(str(text)).items()}
 
 
 SUPERSEDED = "superseded: its workflow run was resumed by another executor"

@@ -32,7 +32,9 @@ from ._base import (
     abandoned_error,
     apply_change,
     check_query,
+    graph_of,
     new_row,
+    run_graph,
     seconds,
 )
 from ._control import (
@@ -292,7 +294,7 @@ class MemoryStore(MemorySchedules, MemoryControl):
     def _write_run(self, change: Change) -> None:
         kind, run_id = change[0], change[1]
         if kind == "run":
-            _, _, _, workflow, context, owner, created_at = change
+            workflow, context, owner, created_at = change[3:7]
             self._runs.setdefault(
                 str(run_id),
                 {
@@ -305,6 +307,7 @@ class MemoryStore(MemorySchedules, MemoryControl):
                     "finished_at": None,
                     "steps": {},
                     "recovery_attempts": 0,
+                    "graph": graph_of(run_graph(change)),
                 },
             )
             return
@@ -384,7 +387,14 @@ class MemoryStore(MemorySchedules, MemoryControl):
 
     @staticmethod
     def _run_record(run: dict[str, Any]) -> RunRecord:
-        return RunRecord(**{**run, "steps": dict(run["steps"])})
+        graph = run["graph"]
+        return RunRecord(
+            **{
+                **run,
+                "steps": dict(run["steps"]),
+                "graph": None if graph is None else {k: list(v) for k, v in graph.items()},
+            }
+        )
 
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:
         with self._locked():

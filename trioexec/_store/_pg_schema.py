@@ -189,6 +189,21 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX executions_failed ON executions (seq) WHERE status = 'failed';
     """,
+    # 8: the dashboard's reads (`trioexec._store._browse`): pages of executions
+    # under a status or name filter in submission order, from an index in that
+    # order; the executions finished since a time (its activity chart), counted
+    # from the index (rows not finished are left out of it); a task's commands.
+    # Each run records its steps' graph (JSON; NULL before). The failed rows'
+    # index of 7 is the status index's range for 'failed' now.
+    """
+    DROP INDEX executions_failed;
+    CREATE INDEX executions_by_status ON executions (status, seq);
+    CREATE INDEX executions_name ON executions (name, seq);
+    CREATE INDEX executions_finished ON executions (finished_at, status)
+        WHERE finished_at IS NOT NULL;
+    CREATE INDEX commands_task ON commands (task_id, seq) WHERE task_id IS NOT NULL;
+    ALTER TABLE workflow_runs ADD COLUMN graph text;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

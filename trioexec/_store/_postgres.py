@@ -38,6 +38,8 @@ from ._base import (
     check_query,
     fold_batch,
     full_change,
+    graph_of,
+    run_graph,
     schedule_of,
 )
 from ._control import SQLControl
@@ -499,7 +501,8 @@ class PostgresStore(SQLControl):
                 (run_id,),
             )
         }
-        return RunRecord(**dict(zip(_RUN_COLUMNS, row, strict=True)), steps=steps)
+        values = dict(zip(_RUN_COLUMNS, row, strict=True))
+        return RunRecord(**{**values, "graph": graph_of(values["graph"])}, steps=steps)
 
     def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
         with self._db.reading("check run ownership") as conn:
@@ -630,11 +633,11 @@ def _write_run(conn: Connection, change: Change) -> bool:
     """Apply a run change; False if fenced (the run is not the writer's)."""
     kind = change[0]
     if kind == "run":
-        _, run_id, _, workflow, context, owner, created_at = change
+        run_id, _, workflow, context, owner, created_at = change[1:7]
         conn.execute(
-            "INSERT INTO workflow_runs (run_id, workflow, status, context, owner, created_at)"
-            " VALUES (%s, %s, 'running', %s, %s, %s) ON CONFLICT (run_id) DO NOTHING",
-            (run_id, workflow, context, owner, created_at),
+            "INSERT INTO workflow_runs (run_id, workflow, status, context, owner, created_at,"
+            " graph) VALUES (%s, %s, 'running', %s, %s, %s, %s) ON CONFLICT (run_id) DO NOTHING",
+            (run_id, workflow, context, owner, created_at, run_graph(change)),
         )
         return True
     owned = conn.execute(

@@ -13,7 +13,7 @@ from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
-SCHEMA_VERSION = 10
+SCHEMA_VERSION = 11
 MIGRATIONS = Migrations("trioexec")
 #: Every migration this trioexec defines, by name: a file with any other applied
 #: was written by a newer trioexec.
@@ -212,6 +212,25 @@ def _control(db: sqlite_utils.Database) -> None:
         " at REAL NOT NULL, PRIMARY KEY (kind, value))"
     )
     db.execute("UPDATE trioexec_meta SET value = '10' WHERE key = 'schema_version'")
+
+
+@_migration("0011_dashboard")
+def _dashboard(db: sqlite_utils.Database) -> None:
+    # The dashboard's reads (`trioexec._store._browse`): its pages of executions
+    # in submission order under a status or name filter walk an index in rowid
+    # order (SQLite appends the rowid to every index: (status) is (status,
+    # rowid)); its activity chart counts the executions finished since a time,
+    # from the index alone (rows not finished are left out of it); a task's
+    # commands. Each run records its steps' graph (JSON; NULL before).
+    db.execute("CREATE INDEX executions_by_status ON executions (status)")
+    db.execute("CREATE INDEX executions_name ON executions (name)")
+    db.execute(
+        "CREATE INDEX executions_finished ON executions (finished_at, status)"
+        " WHERE finished_at IS NOT NULL"
+    )
+    db.execute("CREATE INDEX commands_task ON commands (task_id) WHERE task_id IS NOT NULL")
+    db.execute("ALTER TABLE workflow_runs ADD COLUMN graph TEXT")
+    db.execute("UPDATE trioexec_meta SET value = '11' WHERE key = 'schema_version'")
 
 
 def schema_version(db: sqlite_utils.Database, path: str) -> int:
