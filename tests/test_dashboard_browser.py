@@ -21,6 +21,7 @@ deadline.
 
 from __future__ import annotations
 
+import base64
 import importlib.util
 import json
 import os
@@ -46,6 +47,7 @@ SHOTS_ENV = "TRIOEXEC_SCREENSHOTS"
 UPDATE_DOCS_ENV = "TRIOEXEC_UPDATE_DOCS_SCREENSHOTS"
 DOCS_SHOTS = ROOT / "docs" / "_static" / "dashboard"
 WINDOW = (1280, 860)
+MAX_SHOT = 2400  # pixels: a screenshot's most height
 # Bounds a hang, never a wait for success: a loaded two-core CI machine starts
 # Python processes and Chromium slowly.
 PROCESS_TIMEOUT = 60.0
@@ -252,8 +254,20 @@ def screenshot_dirs() -> list[Path]:
 
 
 def shot(driver: Any, name: str) -> None:
-    """Save what the page shows now as NAME.png (in each screenshot directory)."""
-    png = driver.get_screenshot_as_png()
+    """Save the whole page as it is now (not only the window: up to `MAX_SHOT`
+    pixels high) as NAME.png, in each screenshot directory."""
+    size = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    clip = {
+        "x": 0,
+        "y": 0,
+        "width": max(size["width"], WINDOW[0]),
+        "height": min(max(size["height"], 200), MAX_SHOT),
+        "scale": 1,
+    }
+    taken = driver.execute_cdp_cmd(
+        "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
+    )
+    png = base64.b64decode(taken["data"])
     assert png.startswith(b"\x89PNG"), name
     for directory in screenshot_dirs():
         directory.mkdir(parents=True, exist_ok=True)
