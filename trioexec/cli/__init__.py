@@ -70,6 +70,7 @@ def main() -> None:
 
 if MISSING_EXTRA is None:  # the commands render with rich; without it `run` says so
     from ._control import cancel, commands, pause, resume, retry
+    from ._dashboard import dashboard
     from ._demo import demo
     from ._durable import check, promises, tasks
     from ._schedules import schedules
@@ -78,7 +79,7 @@ if MISSING_EXTRA is None:  # the commands render with rich; without it `run` say
 
     for _command in (demo, status, watch, runs, schedules, promises, tasks, check, worker):
         main.add_command(_command)
-    for _command in (pause, resume, cancel, retry, commands):
+    for _command in (pause, resume, cancel, retry, commands, dashboard):
         main.add_command(_command)
 
 

@@ -1,0 +1,158 @@
+"""``trioexec dashboard``, the real command in a subprocess: it prints the URL line
+(a free port with ``--port 0``), serves the pages over HTTP, and stops on SIGINT
+or SIGTERM with exit 0, an event stream open or not; a missing database, or no
+``web`` extra, is one line on stderr."""
+
+from __future__ import annotations
+
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import trio
+from test_cli import TRIOEXEC, cli, cli_env, one_line_error
+
+import trioexec
+
+pytest.importorskip("starlette")
+
+URL_LINE = re.compile(
+    r"trioexec dashboard: (http://127\.0\.0\.1:(\d+)/\?token=([\w-]+))( \(read-only\))?"
+)
+DEADLINE = 30.0  # seconds a process gets to say something (another process: a deadline)
+
+
+def make_db(path: Path) -> None:
+    async def noop() -> None:
+        await trio.lowlevel.checkpoint()
+
+    async def main() -> None:
+        with trioexec.open_store(path) as store:
+            async with trioexec.open_executor(store=store) as ex:
+                await (await ex.submit(noop, name="<script>x</script>")).wait()
+
+    trio.run(main)
+
+
+def read_line(proc: subprocess.Popen[str]) -> str:
+    """The next stdout line, within `DEADLINE` (the process's stderr if it ends)."""
+    assert proc.stdout is not None
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        if not sel.select(DEADLINE):
+            raise AssertionError("no line from the dashboard within the deadline")
+    line = proc.stdout.readline()
+    assert line, f"the dashboard ended: {proc.stderr.read() if proc.stderr else ''}"
+    return line.rstrip("\n")
+
+
+@contextmanager
+def dashboard(*args: str, cwd: Path) -> Iterator[subprocess.Popen[str]]:
+    proc = subprocess.Popen(
+        [*TRIOEXEC, "dashboard", *args],
+        cwd=cwd,
+        env=cli_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(DEADLINE)
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def stop(proc: subprocess.Popen[str], how: int) -> int:
+    proc.send_signal(how)
+    return proc.wait(DEADLINE)
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_prints_the_url_serves_and_stops_with_exit_0(tmp_path: Path, how: int) -> None:
+    make_db(tmp_path / "app.db")
+    with dashboard("app.db", "--port", "0", cwd=tmp_path) as proc:
+        line = read_line(proc)
+        found = URL_LINE.fullmatch(line)
+        assert found, line
+        assert found.group(4) is None
+        url, port, token = found.group(1), found.group(2), found.group(3)
+        with httpx.Client(timeout=DEADLINE) as client:
+            page = client.get(url, follow_redirects=True)
+            assert page.status_code == 200
+            assert str(page.url) == f"http://127.0.0.1:{port}/"
+            assert 'data-read-only="false"' in page.text
+            tasks = client.get(f"http://127.0.0.1:{port}/tasks")
+            assert "&lt;script&gt;x&lt;/script&gt;" in tasks.text
+            assert "<script>x" not in tasks.text
+            assert client.cookies.get("trioexec_dashboard") == token
+            # An event stream open while it stops: the stream ends, the exit is clean.
+            with client.stream("GET", f"http://127.0.0.1:{port}/events") as events:
+                assert events.headers["content-type"].startswith("text/event-stream")
+                lines = events.iter_lines()
+                assert next(lines) == "retry: 3000"
+                assert next(lines) == "event: refresh"
+                started = time.monotonic()
+                assert stop(proc, how) == 0
+                assert time.monotonic() - started < 10
+        assert proc.stderr is not None
+        assert "Traceback" not in proc.stderr.read()
+
+
+def test_read_only_says_so_and_has_no_actions(tmp_path: Path) -> None:
+    make_db(tmp_path / "app.db")
+    with dashboard("app.db", "--port", "0", "--read-only", cwd=tmp_path) as proc:
+        found = URL_LINE.fullmatch(read_line(proc))
+        assert found
+        assert found.group(4) == " (read-only)"
+        with httpx.Client(timeout=DEADLINE) as client:
+            page = client.get(found.group(1), follow_redirects=True)
+            assert 'data-read-only="true"' in page.text
+            base = f"http://127.0.0.1:{found.group(2)}"
+            refused = client.post(
+                f"{base}/actions/pause",
+                data={"kind": "name", "value": "x"},
+                headers={"origin": base},
+            )
+            assert refused.status_code == 404
+        assert stop(proc, signal.SIGINT) == 0
+    with trioexec.open_store(tmp_path / "app.db", read_only=True) as store:
+        assert store.pauses() == []
+
+
+def test_a_missing_database_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    proc = cli("dashboard", "nope.db", "--port", "0", cwd=tmp_path)
+    assert "nope.db" in one_line_error(proc, 1)
+    assert not (tmp_path / "nope.db").exists()
+
+
+def test_without_the_web_extra_it_says_what_to_install(tmp_path: Path) -> None:
+    make_db(tmp_path / "app.db")
+    code = (
+        "import sys; sys.modules['starlette'] = None\n"  # (as if it were not installed)
+        "from trioexec.cli import run; run(['dashboard', 'app.db'])\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env={**os.environ, "COLUMNS": "200"},
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE,
+        check=False,
+    )
+    line = one_line_error(proc, 2)
+    assert "pip install 'trioexec[web]'" in line

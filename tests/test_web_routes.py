@@ -1,0 +1,666 @@
+"""The dashboard's routes, in process: httpx's ASGI client under pytest-trio against
+a SQLite file a real executor wrote (and a PostgreSQL database, for the overview and
+the task list), the app's lifespan run as a server runs it.
+
+Every route renders; the filters filter; every value from the database is escaped
+(a task named ``<script>alert(1)</script>``, names with ``[``, ``'``, an emoji);
+every action is refused without the token, without the CSRF field, from another
+Origin, and does not exist under ``read_only``; the actions do what they say.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import markupsafe
+import pytest
+import trio
+
+import trioexec
+from trioexec import SubStatus, TaskStatus, Workflow, task
+from trioexec.durable import DurableStore, PromiseState
+
+pytest.importorskip("starlette")
+
+
+def _browse_stand_in() -> None:  # (deleted when helper browse's _store/_browse.py lands)
+    import sys
+    import types
+
+    m = types.ModuleType("trioexec._store._browse")
+
+    @attrs.frozen
+    class Page:
+        rows: list[Any]
+        next_cursor: str | None
+        total: int | None
+
+    @attrs.frozen
+    class Bucket:
+        start: float
+        completed: int
+        failed: int
+        cancelled: int
+        timed_out: int
+
+    def browse(
+        store: Any,
+        *,
+        status: Any = None,
+        sub_status: Any = None,
+        name: Any = None,
+        key: Any = None,
+        waiting_on: Any = None,
+        run_id: Any = None,
+        order: str = "newest",
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> Page:
+        rows = store.executions(
+            status=status,
+            sub_status=sub_status,
+            run_id=run_id,
+            key=key,
+            order="newest" if order == "newest" else "oldest",
+        )
+        rows = [r for r in rows if name is None or r.name == name]
+        rows = [r for r in rows if waiting_on is None or waiting_on in (r.waiting_on or "")]
+        if order == "longest_waiting":
+            live = [r for r in rows if r.status in (TaskStatus.PENDING, TaskStatus.RUNNING)]
+            rows = sorted(live, key=lambda r: r.deferred_since or r.submitted_at or 0)
+        start = int(cursor or 0)
+        more = start + limit < len(rows)
+        return Page(rows[start : start + limit], str(start + limit) if more else None, len(rows))
+
+    def activity(
+        store: Any, *, since: float, bucket: float = 60.0, now: float | None = None
+    ) -> list[Bucket]:
+        now = time.time() if now is None else now
+        n = int((now - since) // bucket) + 1
+        out = [[0, 0, 0, 0] for _ in range(n)]
+        for r in store.executions():
+            if r.finished_at is not None and r.finished_at >= since:
+                i = min(int((r.finished_at - since) // bucket), n - 1)
+                kinds = ("completed", "failed", "cancelled", "timed_out")
+                if r.status.value in kinds:
+                    out[i][kinds.index(r.status.value)] += 1
+        return [Bucket(since + i * bucket, *c) for i, c in enumerate(out)]
+
+    def task_names(store: Any, limit: int = 200) -> list[str]:
+        return sorted({r.name for r in store.executions()})[:limit]
+
+    def task_commands(store: Any, task_id: str) -> list[Any]:
+        return [c for c in store.commands(0) if c.task_id == task_id]
+
+    m.__dict__.update(
+        Page=Page,
+        Bucket=Bucket,
+        browse=browse,
+        activity=activity,
+        task_names=task_names,
+        task_commands=task_commands,
+    )
+    sys.modules[m.__name__] = m
+
+
+try:
+    import trioexec._store._browse
+except ModuleNotFoundError:
+    _browse_stand_in()
+
+from trioexec.web import create_app  # noqa: E402
+from trioexec.web._security import COOKIE, csrf_of  # noqa: E402
+
+TOKEN = "test-token-0123456789"
+BASE = "http://127.0.0.1:8321"
+ORIGIN = {"origin": BASE}
+SCRIPT = "<script>alert(1)</script>"
+ODD_NAMES = (SCRIPT, "batch[/]", "it's", "rocket 🚀")
+
+
+def esc(text: str) -> str:
+    return str(markupsafe.escape(text))
+
+
+@task(id="web-boom")
+async def boom(n: int) -> None:
+    raise ValueError(f"boom {n} <b>bold</b>")
+
+
+@task(id="fetch")
+async def fetch(context: trioexec.Context) -> None:
+    context["rows"] = 3
+
+
+@task(id="load", dependencies=["fetch"])
+async def load(context: trioexec.Context) -> None:
+    await trio.lowlevel.checkpoint()
+
+
+@task(id="index", dependencies=["fetch"])
+async def index(context: trioexec.Context) -> None:
+    await trio.lowlevel.checkpoint()
+
+
+@task(id="publish", dependencies=["load", "index"])
+async def publish(context: trioexec.Context) -> None:
+    await trio.lowlevel.checkpoint()
+
+
+@attrs.frozen
+class Db:
+    target: str
+    failed: str  # the failed, re-creatable task's id
+    odd: dict[str, str]  # odd name -> its task id
+
+
+async def build(target: str) -> Db:
+    """A database written by a real executor: odd names completed, a failed
+    re-creatable task, a workflow run of four steps; then live rows another
+    executor left (two deferred, one active, one pending), and promises."""
+    odd: dict[str, str] = {}
+
+    async def noop() -> None:
+        await trio.lowlevel.checkpoint()
+
+    with trioexec.open_store(target) as store:
+        async with trioexec.open_executor(store=store, tasks=[boom]) as ex:
+            for name in ODD_NAMES:
+                ref = await ex.submit(noop, name=name)
+                assert (await ref.wait()).ok
+                odd[name] = ref.task_id
+            bad = await ex.submit(boom, 7, task_id="dead-1")
+            assert not (await bad.wait()).ok
+            done = await ex.run_workflow(
+                Workflow("etl", [fetch, load, index, publish]), context={"job": 1}, run_id="run-1"
+            )
+            assert done.ok
+        now = time.time()
+        store.write(
+            [
+                ("submit", "approval-old", 1, "approval", None, None, None, "w2", now - 3600),
+                ("start", "approval-old", 1, 1, now - 3600),
+                ("sub", "approval-old", 1, SubStatus.DEFERRED, now - 3600, "promise approval-7"),
+                ("submit", "webhook-new", 1, "webhook", None, None, None, "w2", now - 5),
+                ("start", "webhook-new", 1, 1, now - 5),
+                ("sub", "webhook-new", 1, SubStatus.DEFERRED, now - 5, "event"),
+                ("submit", "crunch-1", 1, "crunch", None, None, None, "w2", now - 5),
+                ("start", "crunch-1", 1, 1, now - 5),
+                ("submit", "queued-1", 1, "queued", None, None, None, "w2", now - 5),
+            ]
+        )
+    with DurableStore(target) as ds:
+        await ds.promises.create("approval-7", 3600, data={"who": "bob"}, tags={"team": "ops"})
+        await ds.promises.create(f"p-{SCRIPT}", 3600)
+        await ds.promises.create("done-1", 3600)
+        await ds.promises.resolve("done-1", data=42)
+    return Db(target, "dead-1", odd)
+
+
+@pytest.fixture
+async def db(tmp_path: Path) -> Db:
+    return await build(str(tmp_path / "app.db"))
+
+
+@asynccontextmanager
+async def lifespan(app: Any) -> AsyncIterator[None]:
+    """Run the app's lifespan as an ASGI server does (httpx's transport does not)."""
+    to_app, app_in = trio.open_memory_channel[dict[str, Any]](4)
+    app_out, from_app = trio.open_memory_channel[dict[str, Any]](4)
+    async with trio.open_nursery() as nursery:
+        scope = {"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}
+        nursery.start_soon(app, scope, app_in.receive, app_out.send)
+        await to_app.send({"type": "lifespan.startup"})
+        assert (await from_app.receive())["type"] == "lifespan.startup.complete"
+        try:
+            yield
+        finally:
+            await to_app.send({"type": "lifespan.shutdown"})
+            assert (await from_app.receive())["type"] == "lifespan.shutdown.complete"
+
+
+@asynccontextmanager
+async def client(
+    target: str, *, logged_in: bool = True, **options: Any
+) -> AsyncIterator[httpx.AsyncClient]:
+    app = create_app(target, token=TOKEN, **options)
+    async with lifespan(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE) as c:
+            if logged_in:
+                r = await c.get(f"/?token={TOKEN}")
+                assert r.status_code == 303
+                assert r.headers["location"] == "/"
+                assert c.cookies.get(COOKIE) == TOKEN
+            yield c
+
+
+def form(**fields: str) -> dict[str, str]:
+    return {"csrf": csrf_of(TOKEN), **fields}
+
+
+def rows_of(page: str, table: str) -> list[str]:
+    """The data-task-id of each row of ``table#<table>``, in order."""
+    body = page.split(f'id="{table}"', 1)[1].split("</table>", 1)[0]
+    return [html.unescape(i) for i in re.findall(r'data-task-id="([^"]*)"', body)]
+
+
+# ---------------------------------------------------------------------- pages
+
+
+PAGES = ["/", "/tasks", "/tasks/dead-1", "/runs", "/runs/run-1", "/promises", "/failed", "/control"]
+
+
+@pytest.mark.parametrize("read_only", [False, True])
+async def test_every_page_renders_with_nav_and_headers(db: Db, read_only: bool) -> None:
+    async with client(db.target, read_only=read_only) as c:
+        for path in PAGES:
+            r = await c.get(path)
+            assert r.status_code == 200, (path, r.text[:500])
+            assert r.headers["content-type"].startswith("text/html")
+            assert "script-src 'self'" in r.headers["content-security-policy"]
+            assert "unsafe-inline" not in r.headers["content-security-policy"]
+            assert r.headers["x-frame-options"] == "DENY"
+            assert r.headers["x-content-type-options"] == "nosniff"
+            assert f'data-read-only="{str(read_only).lower()}"' in r.text
+            for href in ("/", "/tasks", "/runs", "/promises", "/failed", "/control"):
+                assert f'<a href="{href}"' in r.text
+            assert "<script>" not in r.text  # (only <script src=...> from the package)
+            with_actions = path in ("/tasks/dead-1", "/promises", "/failed", "/control")
+            assert ('method="post"' in r.text) is (with_actions and not read_only), path
+        for path in ("/static/dashboard.js", "/static/dashboard.css"):
+            assert (await c.get(path)).status_code == 200
+
+
+async def test_overview_counts_charts_and_longest_waiting(db: Db) -> None:
+    async with client(db.target) as c:
+        page = (await c.get("/")).text
+    counts = dict(re.findall(r'data-count="(\w+)">(\d+)<', page))
+    assert counts["active"] == "1"
+    assert counts["deferred"] == "2"
+    assert counts["pending"] == "1"
+    assert counts["failed"] == "1"
+    assert int(counts["completed"]) == len(ODD_NAMES) + 4
+    for chart in ("chart-slots", "chart-throughput", "chart-failures"):
+        assert f'<svg id="{chart}"' in page
+    waiting = rows_of(page, "waiting")
+    assert waiting[:2] == ["approval-old", "queued-1"] or waiting[0] == "approval-old"
+    assert "promise approval-7" in page
+
+
+async def test_task_list_filters(db: Db) -> None:
+    async with client(db.target) as c:
+
+        async def ids(**query: str) -> list[str]:
+            r = await c.get("/tasks", params=query)
+            assert r.status_code == 200, r.text
+            return rows_of(r.text, "tasks")
+
+        assert await ids(status="failed") == ["dead-1"]
+        assert set(await ids(sub_status="deferred")) == {"approval-old", "webhook-new"}
+        assert await ids(name="crunch") == ["crunch-1"]
+        assert await ids(waiting_on="promise") == ["approval-old"]
+        assert await ids(name=SCRIPT) == [db.odd[SCRIPT]]
+        longest = await ids(order="longest_waiting")
+        assert longest[0] == "approval-old"
+        everything = await ids()
+        assert set(everything) >= {"dead-1", "crunch-1", *db.odd.values()}
+        bad = await c.get("/tasks", params={"status": "exploded"})
+        assert bad.status_code == 400
+        assert "exploded" in bad.text
+
+
+async def test_task_list_pages_by_cursor(db: Db) -> None:
+    async with client(db.target) as c:
+        seen: list[str] = []
+        url: str | None = "/tasks?order=oldest"
+        import trioexec.web._pages as pages
+
+        pages_before, pages.PAGE_SIZE = pages.PAGE_SIZE, 3
+        try:
+            while url:
+                page = (await c.get(url)).text
+                seen += rows_of(page, "tasks")
+                found = re.search(r'class="next" rel="next" href="([^"]*)"', page)
+                url = html.unescape(found.group(1)) if found else None
+        finally:
+            pages.PAGE_SIZE = pages_before
+        everything = rows_of((await c.get("/tasks?order=oldest")).text, "tasks")
+    assert seen == everything
+    assert len(seen) == len(set(seen)) > 3
+
+
+async def test_one_task_shows_timeline_error_traceback_and_args(db: Db) -> None:
+    async with client(db.target) as c:
+        page = (await c.get("/tasks/dead-1")).text
+        missing = await c.get("/tasks/nope")
+    assert 'id="timeline"' in page
+    assert len(re.findall(r"<li class=\"event-", page)) >= 3
+    error = page.split('id="error"', 1)[1].split("</pre>", 1)[0]
+    assert "boom 7 &lt;b&gt;bold&lt;/b&gt;" in error
+    assert "ValueError" in page.split('id="traceback"', 1)[1]
+    args = page.split('id="args"', 1)[1].split("</pre>", 1)[0]
+    assert json.loads(html.unescape(args.split(">", 1)[1])) == [7]
+    assert missing.status_code == 404
+    assert "nope" in missing.text
+
+
+async def test_run_page_draws_the_graph_by_depth(db: Db) -> None:
+    async with client(db.target) as c:
+        page = (await c.get("/runs/run-1")).text
+        listing = (await c.get("/runs")).text
+        missing = await c.get("/runs/none")
+    steps = dict(
+        re.findall(r'<g class="step state-\w+" data-step="(\w+)" data-state="(\w+)"', page)
+    )
+    assert steps == dict.fromkeys(("fetch", "load", "index", "publish"), "completed")
+    x = {
+        step: int(n)
+        for step, n in re.findall(
+            r'data-step="(\w+)" data-state="\w+" transform="translate\((\d+)', page
+        )
+    }
+    assert x["fetch"] < x["load"] == x["index"] < x["publish"]
+    assert len(re.findall(r'<path class="edge"', page)) == 4
+    assert 'data-run-id="run-1"' in listing
+    assert missing.status_code == 404
+
+
+async def test_fragments_render_alone_and_unknown_ones_are_refused(db: Db) -> None:
+    async with client(db.target) as c:
+        rows = await c.get("/tasks", params={"fragment": "rows", "status": "failed"})
+        graph = await c.get("/runs/run-1", params={"fragment": "run"})
+        counts = await c.get("/", params={"fragment": "counts"})
+        bad = await c.get("/tasks", params={"fragment": "<x>"})
+    assert rows.status_code == 200
+    assert "<html" not in rows.text
+    assert re.findall(r'data-task-id="([^"]*)"', rows.text) == ["dead-1"]
+    assert '<svg id="graph"' in graph.text
+    assert 'data-count="active">1<' in counts.text
+    assert bad.status_code == 400
+    assert "<x>" not in bad.headers["content-type"]
+    assert bad.headers["content-type"].startswith("text/plain")
+
+
+async def test_every_value_from_the_database_is_escaped(db: Db) -> None:
+    async with client(db.target) as c:
+        pages = [(await c.get(p)).text for p in ("/", "/tasks", "/promises", "/control")]
+        pages += [(await c.get(f"/tasks/{db.odd[n]}")).text for n in ODD_NAMES]
+        names = (await c.get("/tasks", params={"order": "oldest"})).text
+    for page in pages:
+        assert SCRIPT not in page
+        assert "alert(1)" not in page or "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert esc(SCRIPT) in names
+    for name in ODD_NAMES:
+        assert esc(name) in names
+    assert f'data-promise-id="p-{esc(SCRIPT)}"' in pages[2]
+
+
+async def test_a_page_needs_the_token_when_reads_require_it(db: Db) -> None:
+    async with client(db.target, logged_in=False, require_token_for_reads=True) as c:
+        assert (await c.get("/")).status_code == 403
+        assert (await c.get("/tasks")).status_code == 403
+        assert (await c.get("/events")).status_code == 403
+        assert (await c.get("/?token=wrong")).status_code == 403
+        r = await c.get(f"/tasks?status=failed&token={TOKEN}")
+        assert r.status_code == 303
+        assert r.headers["location"] == "/tasks?status=failed"
+        cookie = r.headers["set-cookie"].lower()
+        assert "httponly" in cookie
+        assert "samesite=strict" in cookie
+        assert (await c.get("/tasks")).status_code == 200
+    async with client(db.target, logged_in=False) as c:  # loopback: reads are free
+        assert (await c.get("/")).status_code == 200
+
+
+# ---------------------------------------------------------------------- actions
+
+ACTIONS: list[tuple[str, dict[str, str]]] = [
+    ("/actions/promises/approval-7/resolve", {"data": '{"ok": true}'}),
+    ("/actions/promises/approval-7/reject", {"data": '"no"'}),
+    ("/actions/tasks/dead-1/retry", {}),
+    ("/actions/tasks/crunch-1/cancel", {}),
+    ("/actions/pause", {"kind": "name", "value": "crunch"}),
+    ("/actions/resume", {"kind": "name", "value": "crunch"}),
+]
+
+
+async def nothing_changed(target: str) -> None:
+    with trioexec.open_store(target, read_only=True) as store:
+        assert store.commands(0) == []
+        assert store.execution("dead-1").status is TaskStatus.FAILED  # type: ignore[union-attr]
+    with DurableStore(target) as ds:
+        assert (await ds.promises.get("approval-7")).state is PromiseState.PENDING  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("path", "fields"), ACTIONS, ids=[a[0] for a in ACTIONS])
+async def test_an_action_is_refused_without_token_csrf_or_origin(
+    db: Db, path: str, fields: dict[str, str]
+) -> None:
+    async with client(db.target, logged_in=False) as c:
+        r = await c.post(path, data=form(**fields), headers=ORIGIN)
+        assert r.status_code == 403, "no token"
+        assert "token" in r.text
+    async with client(db.target) as c:
+        r = await c.post(path, data=fields, headers=ORIGIN)
+        assert r.status_code == 403, "no csrf"
+        assert "CSRF" in r.text
+        r = await c.post(path, data={**fields, "csrf": "x" * 64}, headers=ORIGIN)
+        assert r.status_code == 403, "wrong csrf"
+        r = await c.post(path, data=form(**fields), headers={"origin": "http://evil.example"})
+        assert r.status_code == 403, "foreign origin"
+        r = await c.post(path, data=form(**fields), headers={"sec-fetch-site": "cross-site"})
+        assert r.status_code == 403, "cross-site fetch"
+        c.cookies.set(COOKIE, "not-the-token")
+        r = await c.post(path, data=form(**fields), headers=ORIGIN)
+        assert r.status_code == 403, "wrong token"
+    await nothing_changed(db.target)
+
+
+@pytest.mark.parametrize(("path", "fields"), ACTIONS, ids=[a[0] for a in ACTIONS])
+async def test_no_action_exists_under_read_only(db: Db, path: str, fields: dict[str, str]) -> None:
+    async with client(db.target, read_only=True) as c:
+        r = await c.post(path, data=form(**fields), headers=ORIGIN)
+        assert r.status_code in (404, 405)
+    await nothing_changed(db.target)
+
+
+async def test_resolve_a_promise(db: Db) -> None:
+    async with client(db.target) as c:
+        r = await c.post(
+            "/actions/promises/approval-7/resolve",
+            data=form(data='{"approved": true}', back="/promises?state=pending"),
+            headers=ORIGIN,
+        )
+        assert r.status_code == 303
+        assert r.headers["location"] == "/promises?state=pending"
+        page = (await c.get("/promises")).text
+        again = await c.post(
+            "/actions/promises/approval-7/reject", data=form(data=""), headers=ORIGIN
+        )
+    with DurableStore(db.target) as ds:
+        record = await ds.promises.get("approval-7")
+    assert record is not None
+    assert record.state is PromiseState.RESOLVED
+    assert json.loads(record.data or "null") == {"approved": True}
+    row = page.split('data-promise-id="approval-7"', 1)[1].split("</tr>", 1)[0]
+    assert 'class="state state-resolved">resolved<' in row
+    assert again.status_code == 409  # settled already: said on the page
+    assert 'id="flash"' in again.text
+
+
+async def test_reject_with_bad_json_says_so_and_changes_nothing(db: Db) -> None:
+    async with client(db.target) as c:
+        r = await c.post(
+            "/actions/promises/approval-7/reject", data=form(data="{not json"), headers=ORIGIN
+        )
+        assert r.status_code == 400
+        flash = r.text.split('id="flash"', 1)[1].split("</p>", 1)[0]
+        assert "not JSON" in flash
+        assert 'data-promise-id="approval-7"' in r.text  # the page, to try again
+        ok = await c.post(
+            "/actions/promises/approval-7/reject", data=form(data='"too late"'), headers=ORIGIN
+        )
+        assert ok.status_code == 303
+    with DurableStore(db.target) as ds:
+        record = await ds.promises.get("approval-7")
+    assert record is not None
+    assert record.state is PromiseState.REJECTED
+
+
+async def test_retry_requeues_a_failed_task(db: Db) -> None:
+    async with client(db.target) as c:
+        r = await c.post("/actions/tasks/dead-1/retry", data=form(back="/failed"), headers=ORIGIN)
+        assert r.status_code == 303
+        assert r.headers["location"] == "/failed"
+        refused = await c.post("/actions/tasks/crunch-1/retry", data=form(), headers=ORIGIN)
+    assert refused.status_code == 409
+    assert "crunch-1" in refused.text
+    with trioexec.open_store(db.target, read_only=True) as store:
+        record = store.execution("dead-1")
+        assert record is not None
+        assert record.status is TaskStatus.PENDING
+        [command, _] = store.commands(0)
+    assert command.kind == "retry"
+    assert "(dashboard, from " in command.who
+
+
+async def test_cancel_a_live_task(db: Db) -> None:
+    async with client(db.target) as c:
+        r = await c.post("/actions/tasks/queued-1/cancel", data=form(), headers=ORIGIN)
+        assert r.status_code == 303
+        assert r.headers["location"] == "/tasks/queued-1"
+        again = await c.post("/actions/tasks/nope/cancel", data=form(), headers=ORIGIN)
+    assert again.status_code == 409
+    with trioexec.open_store(db.target, read_only=True) as store:
+        [command, _] = store.commands(0)
+    assert (command.kind, command.task_id) == ("cancel", "queued-1")
+
+
+async def test_pause_and_resume_by_name_and_key(db: Db) -> None:
+    async with client(db.target) as c:
+        for kind, value in (("name", SCRIPT), ("key", "tenant-1")):
+            r = await c.post("/actions/pause", data=form(kind=kind, value=value), headers=ORIGIN)
+            assert r.status_code == 303
+            assert r.headers["location"] == "/control"
+        page = (await c.get("/control")).text
+        with trioexec.open_store(db.target, read_only=True) as store:
+            assert {(p.kind, p.value) for p in store.pauses()} == {
+                ("name", SCRIPT),
+                ("key", "tenant-1"),
+            }
+        r = await c.post("/actions/resume", data=form(kind="name", value=SCRIPT), headers=ORIGIN)
+        assert r.status_code == 303
+        bad = await c.post("/actions/pause", data=form(kind="sql", value="x"), headers=ORIGIN)
+        empty = await c.post("/actions/pause", data=form(kind="name", value=""), headers=ORIGIN)
+    assert esc(SCRIPT) in page
+    assert SCRIPT not in page
+    assert bad.status_code == 400
+    assert "sql" in bad.text
+    assert empty.status_code == 400
+    with trioexec.open_store(db.target, read_only=True) as store:
+        assert [(p.kind, p.value) for p in store.pauses()] == [("key", "tenant-1")]
+        assert [c.kind for c in store.commands(0)] == ["pause", "pause", "resume"]
+        assert all("dashboard" in c.who for c in store.commands(0))
+
+
+async def test_a_foreign_back_field_is_not_followed(db: Db) -> None:
+    async with client(db.target) as c:
+        r = await c.post(
+            "/actions/pause",
+            data=form(kind="name", value="x", back="//evil.example/"),
+            headers=ORIGIN,
+        )
+    assert r.status_code == 303
+    assert r.headers["location"] == "/control"
+
+
+# ---------------------------------------------------------------------- events
+
+
+async def test_events_say_refresh_when_the_store_changes(db: Db) -> None:
+    app = create_app(db.target, token=TOKEN)
+    async with lifespan(app):
+        board = app.state.dashboard.board
+        with trio.fail_after(10):
+            while board.counts is None:  # (the poller's first read)
+                await trio.sleep(0.05)
+        got: list[str] = []
+        first = trio.Event()
+        changed = trio.Event()
+
+        async def receive() -> dict[str, Any]:
+            await trio.sleep_forever()
+            raise AssertionError  # pragma: no cover
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                assert dict(message["headers"])[b"content-type"].startswith(b"text/event-stream")
+            body = message.get("body", b"").decode()
+            got.append(body)
+            if "event: refresh" in body:
+                (changed if first.is_set() else first).set()
+
+        scope = {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.1"},
+            "http_version": "1.1",
+            "method": "GET",
+            "scheme": "http",
+            "path": "/events",
+            "raw_path": b"/events",
+            "query_string": b"",
+            "root_path": "",
+            "headers": [(b"host", b"127.0.0.1:8321")],
+            "client": ("127.0.0.1", 5000),
+            "server": ("127.0.0.1", 8321),
+        }
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(app, scope, receive, send)
+            with trio.fail_after(10):
+                await first.wait()
+            version = board.version
+            with trioexec.open_store(db.target) as store:
+                store.command("cancel", task_id="queued-1", who="test")
+            with trio.fail_after(10):
+                await changed.wait()
+            assert board.version > version
+            board.stop()  # as the server stopping does: the stream ends
+        data = [
+            json.loads(line[6:])
+            for b in got
+            for line in b.splitlines()
+            if line.startswith("data: ")
+        ]
+        assert data[-1]["counts"]["cancelled"] == 1
+        assert got[-1] == ""  # the response's last, empty body: it ended
+
+
+# ---------------------------------------------------------------------- PostgreSQL
+
+
+async def test_overview_and_tasks_on_postgres(pg_database: str) -> None:
+    db = await build(pg_database)
+    async with client(db.target) as c:
+        page = (await c.get("/")).text
+        failed = (await c.get("/tasks", params={"status": "failed"})).text
+        deferred = (await c.get("/tasks", params={"sub_status": "deferred"})).text
+        names = (await c.get("/tasks")).text
+        for path in PAGES:
+            assert (await c.get(path)).status_code == 200, path
+    counts = dict(re.findall(r'data-count="(\w+)">(\d+)<', page))
+    assert (counts["active"], counts["deferred"], counts["pending"]) == ("1", "2", "1")
+    assert rows_of(failed, "tasks") == ["dead-1"]
+    assert set(rows_of(deferred, "tasks")) == {"approval-old", "webhook-new"}
+    assert SCRIPT not in names
+    assert esc(SCRIPT) in names
+    assert "postgresql" not in page or ":***@" in page or "password" not in page

@@ -1,0 +1,212 @@
+"""The actions (POST, form-encoded, 303 back to the page on success): settle a
+promise, retry or cancel a task, pause or resume by name or key.
+
+Each needs the token's cookie, the CSRF field and this site's Origin
+(`Guard.refusal`), opens a writable store for the one operation (in a worker
+thread) and goes through the store's own operations, recorded with who sent it
+(``user@host pid N (dashboard, from ADDRESS)``). Nothing from the form becomes SQL
+or code: ids and names are values to those operations, the payload is parsed as
+JSON and stored as data. Under ``--read-only`` these routes do not exist.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import urllib.parse
+from collections.abc import Callable
+from typing import TypeVar
+
+import trio
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response
+
+import trioexec
+from trioexec import PostgresStore, SQLiteStore, StoreError
+from trioexec._control import who_am_i
+
+from ._pages import promises
+from ._render import Flash, dashboard_of, message
+
+T = TypeVar("T")
+
+#: The largest form accepted (a promise's JSON payload is most of it).
+MAX_FORM = 1 << 20
+FORM_TYPE = "application/x-www-form-urlencoded"
+
+
+class Refused(Exception):
+    def __init__(self, status_code: int, text: str) -> None:
+        super().__init__(text)
+        self.status_code = status_code
+        self.text = text
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """The form's fields (the last value of each), read without a multipart
+    parser: the dashboard's forms are all url-encoded."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    body = b""
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > MAX_FORM:
+            raise Refused(413, f"the form is larger than {MAX_FORM} bytes")
+    if kind != FORM_TYPE and body:
+        raise Refused(415, f"an action takes a form ({FORM_TYPE}), not {kind!r}")
+    try:
+        pairs = urllib.parse.parse_qsl(body.decode("utf-8"), keep_blank_values=True)
+    except UnicodeDecodeError:
+        raise Refused(400, "the form is not UTF-8") from None
+    return dict(pairs)
+
+
+def _back(form: dict[str, str], default: str) -> str:
+    """Where to go after the action: the form's page, only ever a path here."""
+    back = form.get("back", "")
+    if not back.startswith("/") or back.startswith("//") or "\\" in back:
+        return default
+    return back
+
+
+async def _checked(request: Request) -> dict[str, str]:
+    guard = dashboard_of(request).guard
+    if not guard.has_token(request):  # (before the body is even read)
+        raise Refused(403, guard.refusal(request, {}) or "")
+    form = await _form(request)
+    why = guard.refusal(request, form)
+    if why is not None:
+        raise Refused(403, why)
+    return form
+
+
+def _who(request: Request) -> str:
+    client = request.client
+    return who_am_i(f"dashboard, from {client.host}" if client else "dashboard")
+
+
+async def _write(request: Request, fn: Callable[[SQLiteStore | PostgresStore], T]) -> T:
+    """``fn(store)`` on a writable store opened for it, in a worker thread."""
+    db = dashboard_of(request).db
+
+    def call() -> T:
+        with trioexec.open_store(db) as store:
+            return fn(store)
+
+    return await trio.to_thread.run_sync(call)
+
+
+def _refused(request: Request, exc: Refused, back: str) -> Response:
+    return message(request, "Not done", exc.text, status_code=exc.status_code, back=back)
+
+
+# ---------------------------------------------------------------------- promises
+
+
+async def _settle(request: Request, how: str) -> Response:
+    from trioexec.durable import Conflict, DurableStore, NotFound
+
+    promise_id = request.path_params["promise_id"]
+    try:
+        form = await _checked(request)
+    except Refused as exc:
+        return _refused(request, exc, "/promises")
+    back = _back(form, "/promises")
+    text = form.get("data", "").strip()
+    try:
+        value = None if not text else json.loads(text)
+    except json.JSONDecodeError as exc:
+        flash = Flash(
+            "error", f"promise {promise_id}: the value is not JSON ({exc}); nothing was done"
+        )
+        return await promises(request, flash=flash, status_code=400)
+    db = dashboard_of(request).db
+    ds = await trio.to_thread.run_sync(functools.partial(DurableStore, db))
+    try:
+        with ds:
+            await getattr(ds.promises, how)(promise_id, data=value)
+    except (Conflict, NotFound) as exc:
+        flash = Flash("error", f"promise {promise_id}: {exc}")
+        return await promises(request, flash=flash, status_code=409)
+    return RedirectResponse(back, status_code=303)
+
+
+async def resolve(request: Request) -> Response:
+    return await _settle(request, "resolve")
+
+
+async def reject(request: Request) -> Response:
+    return await _settle(request, "reject")
+
+
+# ---------------------------------------------------------------------- tasks
+
+
+async def retry(request: Request) -> Response:
+    task_id = request.path_params["task_id"]
+    try:
+        form = await _checked(request)
+        back = _back(form, "/failed")
+        who = _who(request)
+        result = await _write(request, lambda store: store.requeue([task_id], who=who))
+    except Refused as exc:
+        return _refused(request, exc, "/failed")
+    except (ValueError, StoreError) as exc:
+        return message(request, "Not retried", str(exc), status_code=400, back="/failed")
+    if result.refused:
+        [(_, why)] = result.refused
+        return message(request, "Not retried", f"task {task_id}: {why}", status_code=409, back=back)
+    return RedirectResponse(back, status_code=303)
+
+
+async def cancel(request: Request) -> Response:
+    task_id = request.path_params["task_id"]
+    try:
+        form = await _checked(request)
+        back = _back(form, f"/tasks/{urllib.parse.quote(task_id, safe='')}")
+        who = _who(request)
+        command = await _write(
+            request, lambda store: store.command("cancel", task_id=task_id, who=who)
+        )
+    except Refused as exc:
+        return _refused(request, exc, "/tasks")
+    except (ValueError, StoreError) as exc:
+        return message(request, "Not cancelled", str(exc), status_code=400, back="/tasks")
+    if not command.changed:
+        return message(
+            request,
+            "Not cancelled",
+            f"task {task_id}: {command.detail}",
+            status_code=409,
+            back=back,
+        )
+    return RedirectResponse(back, status_code=303)
+
+
+# ---------------------------------------------------------------------- pause, resume
+
+
+async def _pause_or_resume(request: Request, kind: str) -> Response:
+    try:
+        form = await _checked(request)
+        back = _back(form, "/control")
+        what, value = form.get("kind", ""), form.get("value", "").strip()
+        if what not in ("name", "key"):
+            raise Refused(400, f"kind {what!r} is neither name nor key")
+        if not value:
+            raise Refused(400, f"give the {what} to {kind}")
+        who = _who(request)
+        target = {what: value}
+        await _write(request, lambda store: store.command(kind, who=who, **target))
+    except Refused as exc:
+        return _refused(request, exc, "/control")
+    except (ValueError, StoreError) as exc:
+        return message(request, f"Not {kind}d", str(exc), status_code=400, back="/control")
+    return RedirectResponse(back, status_code=303)
+
+
+async def pause(request: Request) -> Response:
+    return await _pause_or_resume(request, "pause")
+
+
+async def resume(request: Request) -> Response:
+    return await _pause_or_resume(request, "resume")

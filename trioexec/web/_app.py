@@ -1,0 +1,127 @@
+"""`create_app`: the dashboard as a Starlette application (ASGI, on Trio through
+anyio), and its live stream of Server-Sent Events."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import trio
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ._actions import cancel, pause, reject, resolve, resume, retry
+from ._pages import COUNTS, control, failed, overview, promises, run, runs, task, tasks
+from ._render import HERE, Dashboard, dashboard_of
+from ._security import Gate, Guard
+
+#: Seconds between heartbeat comments on a quiet event stream (proxies and
+#: browsers keep a stream that says something now and then).
+HEARTBEAT = 15.0
+
+
+async def events(request: Request) -> Response:
+    """``text/event-stream``: a ``refresh`` event (its data: the counts and their
+    version) whenever the poller sees the store change, and a heartbeat comment
+    when nothing did for `HEARTBEAT` seconds. Ends when the client goes away (the
+    response is cancelled) or the server stops (`Board.stop`)."""
+    board = dashboard_of(request).board
+
+    def refresh() -> str:
+        counts = board.counts
+        data = {
+            "version": board.version,
+            "counts": {} if counts is None else {what: counts.get(what) for what, _ in COUNTS},
+        }
+        return f"event: refresh\ndata: {json.dumps(data)}\n\n"
+
+    async def stream() -> AsyncIterator[str]:
+        seen = board.version
+        yield f"retry: 3000\n{refresh()}"
+        while not board.closing.is_set():
+            with trio.move_on_after(HEARTBEAT):
+                await board.wait_for_change(seen)
+            if board.version > seen:
+                seen = board.version
+                yield refresh()
+            elif not board.closing.is_set():
+                yield ": heartbeat\n\n"
+
+    return StreamingResponse(
+        stream(),
+        media_type="text/event-stream",
+        headers={"x-accel-buffering": "no"},  # (nginx: pass each event on at once)
+    )
+
+
+def create_app(
+    db: str,
+    *,
+    token: str,
+    read_only: bool = False,
+    require_token_for_reads: bool = False,
+) -> Starlette:
+    """The dashboard of the database ``db`` (a SQLite file or a PostgreSQL URL).
+
+    Args:
+      db: opened read-only for the pages when the app starts (its lifespan), and
+        writable for the length of each action.
+      token: what the cookie must hold for an action (and for reads if
+        ``require_token_for_reads``); visiting any page with ``?token=TOKEN``
+        sets it.
+      read_only: no action routes at all, and no forms.
+      require_token_for_reads: every page needs the token too (for a server
+        listening beyond loopback).
+
+    The app's lifespan opens the store and runs the poller (one read of the counts
+    a second, in a worker thread); serve it with an ASGI server that runs the
+    lifespan (`serve` uses Hypercorn's Trio worker).
+    """
+    guard = Guard(token, require_token_for_reads=require_token_for_reads)
+    dash = Dashboard(db, guard=guard, read_only=read_only)
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        board = dash.board
+        await trio.to_thread.run_sync(board.open)
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(board.poll)
+                try:
+                    yield
+                finally:
+                    board.stop()
+                    nursery.cancel_scope.cancel()
+        finally:
+            board.close()
+
+    routes: list[BaseRoute] = [
+        Route("/", overview),
+        Route("/tasks", tasks),
+        Route("/tasks/{task_id:path}", task),
+        Route("/runs", runs),
+        Route("/runs/{run_id:path}", run),
+        Route("/promises", promises),
+        Route("/failed", failed),
+        Route("/control", control),
+        Route("/events", events),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    if not read_only:
+        post = ["POST"]
+        routes += [
+            Route("/actions/promises/{promise_id:path}/resolve", resolve, methods=post),
+            Route("/actions/promises/{promise_id:path}/reject", reject, methods=post),
+            Route("/actions/tasks/{task_id:path}/retry", retry, methods=post),
+            Route("/actions/tasks/{task_id:path}/cancel", cancel, methods=post),
+            Route("/actions/pause", pause, methods=post),
+            Route("/actions/resume", resume, methods=post),
+        ]
+    app = Starlette(routes=routes, middleware=[Middleware(Gate, guard=guard)], lifespan=lifespan)
+    app.state.dashboard = dash
+    return app

@@ -1,0 +1,142 @@
+"""`Board`: what the dashboard keeps while it serves: the read-only store, the
+durable view of it, and one poller that samples the counts every second.
+
+Every store call runs in a worker thread (`trio.to_thread.run_sync`), never in the
+event loop: a read that waits on a busy SQLite file or a slow PostgreSQL server
+holds a thread, not every page. One poller serves every open page: it samples the
+slots in use (the overview's chart) and bumps `version` when the counts or the
+command log change, which is what the Server-Sent Events stream tells pages.
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar, final
+
+import attrs
+import trio
+
+import trioexec
+from trioexec import PostgresStore, SQLiteStore, StoreError, SubStatus, TaskStatus
+
+if TYPE_CHECKING:
+    from trioexec.durable import DurableStore
+
+T = TypeVar("T")
+
+#: How often the poller looks at the store (seconds), and how many samples it keeps
+#: (one hour at one a second).
+POLL = 1.0
+SAMPLES = 3600
+
+
+@attrs.frozen
+class Counts:
+    """The overview's numbers: executions per status, and running ones split into
+    active (holding a slot) and deferred (waiting without one)."""
+
+    by_status: dict[str, int]
+    active: int
+    deferred: int
+    last_command: int  #: the newest command's seq (0: none)
+
+    def get(self, what: str) -> int:
+        if what == "active":
+            return self.active
+        if what == "deferred":
+            return self.deferred
+        return self.by_status.get(what, 0)
+
+
+def read_counts(store: SQLiteStore | PostgresStore, after: int) -> Counts:
+    """Three GROUP BYs on the status index and the commands after ``after``."""
+    by_status = {s.value: n for s, n in store.counts().items()}
+    active = store.counts(sub_status=SubStatus.ACTIVE)[TaskStatus.RUNNING]
+    deferred = store.counts(sub_status=SubStatus.DEFERRED)[TaskStatus.RUNNING]
+    newer = store.commands(after)
+    return Counts(by_status, active, deferred, newer[-1].seq if newer else after)
+
+
+@final
+class Board:
+    """The dashboard's state for one database. `open` and `close` are sync (they
+    run in a thread); `poll` runs as a task beside the server until cancelled."""
+
+    def __init__(self, db: str) -> None:
+        self.db = db
+        self._store: SQLiteStore | PostgresStore | None = None
+        self._durable: DurableStore | None = None
+        self.samples: collections.deque[tuple[float, int, int]] = collections.deque(
+            maxlen=SAMPLES
+        )  #: (time, active, deferred), oldest first
+        self.counts: Counts | None = None
+        self.version = 0  #: bumped when `counts` changes
+        self._changed = trio.Event()
+        self.closing = trio.Event()  #: set when the server stops: event streams end
+
+    @property
+    def store(self) -> SQLiteStore | PostgresStore:
+        if self._store is None:
+            raise RuntimeError("the dashboard's store is not open (run the app's lifespan)")
+        return self._store
+
+    @property
+    def durable(self) -> DurableStore:
+        if self._durable is None:
+            raise RuntimeError("the dashboard's store is not open (run the app's lifespan)")
+        return self._durable
+
+    def open(self) -> None:
+        """Open the store read-only (it never creates, migrates or locks it)."""
+        from trioexec.durable import DurableStore
+
+        self._store = trioexec.open_store(self.db, read_only=True)
+        try:
+            self._durable = DurableStore(self._store)
+        except BaseException:
+            self._store.close()
+            self._store = None
+            raise
+
+    def close(self) -> None:
+        if self._durable is not None:
+            self._durable.close()
+            self._durable = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    async def read(self, fn: Callable[..., T], /, *args: object, **kwargs: object) -> T:
+        """``fn(self.store, *args, **kwargs)`` in a worker thread."""
+        return await trio.to_thread.run_sync(functools.partial(fn, self.store, *args, **kwargs))
+
+    async def poll(self) -> None:
+        """Sample the counts every `POLL` seconds until cancelled (a failed read is
+        skipped: the next second tries again, and the pages say what failed)."""
+        while True:
+            after = 0 if self.counts is None else self.counts.last_command
+            try:
+                counts = await self.read(read_counts, after)
+            except (StoreError, OSError):  # (a locked file, a dropped connection)
+                counts = None
+            if counts is not None:
+                self.samples.append((time.time(), counts.active, counts.deferred))
+                if counts != self.counts:
+                    self.counts = counts
+                    self.version += 1
+                    self._changed.set()
+                    self._changed = trio.Event()
+            await trio.sleep(POLL)
+
+    def stop(self) -> None:
+        """The server stops: every event stream ends at once."""
+        self.closing.set()
+        self._changed.set()
+
+    async def wait_for_change(self, seen: int) -> None:
+        """Wait until `version` is past ``seen`` or the server stops."""
+        while self.version <= seen and not self.closing.is_set():
+            await self._changed.wait()

@@ -1,0 +1,325 @@
+"""The pages (GET): overview, tasks, one task, runs, one run, promises, failed
+tasks, control. Each reads the store in worker threads (`Board.read`) and renders
+a template; every value from the database reaches the HTML through Jinja's
+autoescaping, and no input becomes SQL: filters go to the store's functions as
+values."""
+
+from __future__ import annotations
+
+import time
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any
+
+import attrs
+from starlette.requests import Request
+from starlette.responses import Response
+
+from trioexec import ExecutionRecord, SubStatus, TaskStatus
+from trioexec._store import Command, RunRecord
+from trioexec._store._browse import activity, browse, task_commands, task_names
+
+from ._board import read_counts
+from ._render import dashboard_of, message, pretty_json, render
+from ._svg import HEIGHT, PAD, STEP_H, STEP_W, WIDTH, bars, line, run_graph
+
+PAGE_SIZE = 50
+RUNS_SHOWN = 200
+ORDERS = (
+    ("newest", "newest first"),
+    ("oldest", "oldest first"),
+    ("longest_waiting", "longest waiting first"),
+)
+COUNTS = (
+    ("active", "active"),
+    ("deferred", "deferred"),
+    ("pending", "pending"),
+    ("completed", "completed"),
+    ("failed", "failed"),
+    ("timed_out", "timed out"),
+    ("cancelled", "cancelled"),
+)
+PROMISE_STATES = ("pending", "resolved", "rejected", "rejected_canceled", "rejected_timedout")
+RUN_STATES = ("running", "completed", "failed", "cancelled")
+
+
+class BadQuery(ValueError):
+    """A filter a page cannot take (shown as a 400 page naming it)."""
+
+
+def _choice(query: Mapping[str, str], field: str, allowed: tuple[str, ...]) -> str | None:
+    value = query.get(field) or None
+    if value is not None and value not in allowed:
+        raise BadQuery(f"{field} {value!r} is not one of {', '.join(allowed)}")
+    return value
+
+
+def _text(query: Mapping[str, str], field: str) -> str | None:
+    return query.get(field) or None
+
+
+def _url(path: str, params: Mapping[str, str | None]) -> str:
+    kept = {k: v for k, v in params.items() if v}
+    return f"{path}?{urllib.parse.urlencode(kept)}" if kept else path
+
+
+def bad_query(request: Request, exc: ValueError) -> Response:
+    return message(request, "Bad request", str(exc), status_code=400, back=request.url.path)
+
+
+# ---------------------------------------------------------------------- overview
+
+
+async def overview(request: Request) -> Response:
+    board = dashboard_of(request).board
+    now = time.time()
+    counts = board.counts or await board.read(read_counts, 0)
+    buckets = await board.read(activity, since=now - 3600, bucket=60.0, now=now)
+    waiting = await board.read(browse, order="longest_waiting", limit=10)
+    pauses = await board.read(lambda store: store.pauses())
+    samples = list(board.samples)
+    finished = [(b.start, b.completed, b.failed + b.timed_out) for b in buckets]
+    rates = [(start, bad / (ok + bad) if ok + bad else 0.0) for start, ok, bad in finished]
+    context = {
+        "title": "Overview",
+        "counts": counts,
+        "count_labels": COUNTS,
+        "slots": line([(t, a) for t, a, _ in samples]),
+        "deferred": line([(t, d) for t, _, d in samples]),
+        "throughput": bars(finished),
+        "failures": line(rates),
+        "waiting": waiting.rows,
+        "pauses": pauses,
+        "W": WIDTH,
+        "H": HEIGHT,
+        "P": PAD,
+    }
+    return render(request, "overview.html", context)
+
+
+# ---------------------------------------------------------------------- tasks
+
+
+@attrs.frozen
+class TaskFilters:
+    status: str | None
+    sub_status: str | None
+    name: str | None
+    key: str | None
+    waiting_on: str | None
+    order: str
+
+    @classmethod
+    def of(cls, query: Mapping[str, str]) -> TaskFilters:
+        return cls(
+            status=_choice(query, "status", tuple(s.value for s in TaskStatus)),
+            sub_status=_choice(query, "sub_status", tuple(s.value for s in SubStatus)),
+            name=_text(query, "name"),
+            key=_text(query, "key"),
+            waiting_on=_text(query, "waiting_on"),
+            order=_choice(query, "order", tuple(o for o, _ in ORDERS)) or "newest",
+        )
+
+    def params(self) -> dict[str, str | None]:
+        return attrs.asdict(self)
+
+
+async def tasks(request: Request) -> Response:
+    board = dashboard_of(request).board
+    try:
+        f = TaskFilters.of(request.query_params)
+        cursor = _text(request.query_params, "cursor")
+        page = await board.read(browse, limit=PAGE_SIZE, cursor=cursor, **f.params())
+    except ValueError as exc:
+        return bad_query(request, exc)
+    names = await board.read(task_names)
+    context = {
+        "title": "Tasks",
+        "f": f,
+        "page": page,
+        "names": names,
+        "cursor": cursor,
+        "statuses": [s.value for s in TaskStatus],
+        "sub_statuses": [s.value for s in SubStatus],
+        "orders": ORDERS,
+        "first_url": _url("/tasks", f.params()),
+        "next_url": _url("/tasks", {**f.params(), "cursor": page.next_cursor}),
+    }
+    return render(request, "tasks.html", context)
+
+
+@attrs.frozen
+class Moment:
+    at: float
+    kind: str
+    text: str
+
+
+def timeline(record: ExecutionRecord, commands: list[Command]) -> list[Moment]:
+    """The task's transitions the store keeps (submitted, first started, deferred
+    since, finished) and the commands that named it, in time order."""
+    out = []
+    if record.submitted_at is not None:
+        key = f" with key {record.key}, priority {record.priority}" if record.key else ""
+        out.append(Moment(record.submitted_at, "submitted", f"submitted{key}"))
+    if record.started_at is not None:
+        out.append(Moment(record.started_at, "started", "started (first attempt)"))
+    if record.deferred_since is not None:
+        what = f", waiting on {record.waiting_on}" if record.waiting_on else ""
+        out.append(Moment(record.deferred_since, "deferred", f"deferred{what}"))
+    if record.finished_at is not None:
+        why = f": {record.error}" if record.error else ""
+        text = f"{record.status.value} after attempt {record.attempt}{why}"
+        out.append(Moment(record.finished_at, "finished", text))
+    for c in commands:
+        out.append(Moment(c.at, "command", f"{c.kind} by {c.who}: {c.detail}"))
+    return sorted(out, key=lambda m: m.at)
+
+
+async def task(request: Request) -> Response:
+    board = dashboard_of(request).board
+    task_id = request.path_params["task_id"]
+    record = await board.read(lambda store: store.execution(task_id))
+    if record is None:
+        return message(
+            request,
+            "No such task",
+            f"no task {task_id!r} in this database",
+            status_code=404,
+            back="/tasks",
+        )
+    commands = await board.read(task_commands, task_id)
+    context = {
+        "title": f"Task {task_id}",
+        "task": record,
+        "timeline": timeline(record, commands),
+        "args_text": pretty_json(record.args),
+        "current": "/tasks",
+    }
+    return render(request, "task.html", context)
+
+
+# ---------------------------------------------------------------------- runs
+
+
+def step_summary(run: RunRecord) -> list[tuple[str, int]]:
+    counted: dict[str, int] = {}
+    for state, _ in run.steps.values():
+        counted[state] = counted.get(state, 0) + 1
+    return sorted(counted.items())
+
+
+async def runs(request: Request) -> Response:
+    board = dashboard_of(request).board
+    try:
+        status = _choice(request.query_params, "status", RUN_STATES)
+    except ValueError as exc:
+        return bad_query(request, exc)
+    found = await board.read(lambda store: store.runs(status=status))
+    found.sort(key=lambda r: (r.created_at or 0.0, r.run_id), reverse=True)
+    context = {
+        "title": "Runs",
+        "runs": found[:RUNS_SHOWN],
+        "more": len(found) > RUNS_SHOWN,
+        "status": status,
+        "statuses": RUN_STATES,
+        "step_summary": step_summary,
+    }
+    return render(request, "runs.html", context)
+
+
+async def run(request: Request) -> Response:
+    board = dashboard_of(request).board
+    run_id = request.path_params["run_id"]
+    record = await board.read(lambda store: store.run(run_id))
+    if record is None:
+        return message(
+            request,
+            "No such run",
+            f"no workflow run {run_id!r} in this database",
+            status_code=404,
+            back="/runs",
+        )
+    its_tasks = await board.read(browse, run_id=run_id, order="oldest", limit=200)
+    states = {step: state for step, (state, _) in record.steps.items()}
+    context = {
+        "title": f"Run {run_id}",
+        "run": record,
+        "graph": run_graph(record.graph, states),
+        "step_w": STEP_W,
+        "step_h": STEP_H,
+        "tasks": its_tasks.rows,
+        "context_text": pretty_json(record.context),
+        "current": "/runs",
+    }
+    return render(request, "run.html", context)
+
+
+# ---------------------------------------------------------------------- promises
+
+
+async def promises(request: Request, flash: Any = None, status_code: int = 200) -> Response:
+    board = dashboard_of(request).board
+    query = request.query_params if request.method == "GET" else {}
+    try:
+        state = _choice(query, "state", PROMISE_STATES)
+    except ValueError as exc:
+        return bad_query(request, exc)
+    cursor = _text(query, "cursor")
+    try:
+        found, next_cursor = await board.durable.promises.search(
+            state=state, limit=PAGE_SIZE, cursor=cursor
+        )
+    except ValueError as exc:
+        return bad_query(request, exc)
+    context = {
+        "title": "Promises",
+        "promises": found,
+        "state": state,
+        "states": PROMISE_STATES,
+        "cursor": cursor,
+        "first_url": _url("/promises", {"state": state}),
+        "next_url": next_cursor and _url("/promises", {"state": state, "cursor": next_cursor}),
+        "current": "/promises",
+    }
+    if request.method != "GET":  # (an action's refusal, shown on the page)
+        context["back"] = "/promises"
+    return render(request, "promises.html", context, status_code=status_code, flash=flash)
+
+
+# ---------------------------------------------------------------------- failed, control
+
+
+async def failed(request: Request) -> Response:
+    board = dashboard_of(request).board
+    name = _text(request.query_params, "name")
+    cursor = _text(request.query_params, "cursor")
+    try:
+        page = await board.read(
+            browse, status="failed", name=name, order="newest", limit=PAGE_SIZE, cursor=cursor
+        )
+    except ValueError as exc:
+        return bad_query(request, exc)
+    context = {
+        "title": "Failed tasks",
+        "page": page,
+        "name": name,
+        "names": await board.read(task_names),
+        "cursor": cursor,
+        "first_url": _url("/failed", {"name": name}),
+        "next_url": _url("/failed", {"name": name, "cursor": page.next_cursor}),
+    }
+    return render(request, "failed.html", context)
+
+
+async def control(request: Request) -> Response:
+    board = dashboard_of(request).board
+    pauses = await board.read(lambda store: store.pauses())
+    log = await board.read(lambda store: store.commands(0))
+    context = {
+        "title": "Control",
+        "pauses": pauses,
+        "commands": list(reversed(log[-50:])),
+        "names": await board.read(task_names),
+    }
+    return render(request, "control.html", context)

@@ -1,0 +1,175 @@
+"""What every page shares: the templates (autoescaped), the page frame, fragments,
+and the small formatting helpers the templates call."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import pathlib
+import time
+import urllib.parse
+from collections.abc import Mapping
+from typing import Any, cast, final
+
+import attrs
+import jinja2
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
+
+from trioexec import ExecutionRecord, TaskStatus
+from trioexec._store._open import is_postgres_url
+from trioexec._store._pg_conn import redact
+
+from ._board import Board
+from ._security import Guard
+
+HERE = pathlib.Path(__file__).parent
+
+NAV = (
+    ("/", "Overview"),
+    ("/tasks", "Tasks"),
+    ("/runs", "Runs"),
+    ("/promises", "Promises"),
+    ("/failed", "Failed"),
+    ("/control", "Control"),
+)
+
+
+@attrs.frozen
+class Flash:
+    kind: str  #: "error" or "ok"
+    text: str
+
+
+@final
+class Dashboard:
+    """One app's parts: the board (store and poller), the guard, the templates."""
+
+    def __init__(self, db: str, *, guard: Guard, read_only: bool) -> None:
+        self.db = db
+        self.board = Board(db)
+        self.guard = guard
+        self.read_only = read_only
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(HERE / "templates"),
+            autoescape=True,
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+        )
+        self.env.filters["stamp"] = stamp
+        self.env.filters["ago"] = ago
+        self.env.globals["waited"] = waited
+        # The macros as globals, not imports: a block rendered alone (a fragment)
+        # does not run its template's top-level imports.
+        macros = self.env.get_template("_macros.html").module
+        for name in ("csrf_field", "back_field", "task_rows", "task_head"):
+            self.env.globals[name] = getattr(macros, name)
+        self.db_label = db_label(db)
+
+
+def dashboard_of(request: Request) -> Dashboard:
+    return dashboard_of_app(request.app)
+
+
+def dashboard_of_app(app: Starlette) -> Dashboard:
+    return cast(Dashboard, app.state.dashboard)
+
+
+def db_label(db: str) -> str:
+    """The database as the header shows it: a file's name, a URL without password."""
+    if is_postgres_url(db):
+        parts = urllib.parse.urlsplit(redact(db))
+        return f"{parts.hostname or ''}{parts.path}"
+    return pathlib.Path(db).name
+
+
+def stamp(t: float | None) -> str:
+    if t is None:
+        return ""
+    return datetime.datetime.fromtimestamp(t, datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def ago(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    if seconds < 3600:
+        return f"{seconds / 60:.1f}m"
+    if seconds < 86400:
+        return f"{seconds / 3600:.1f}h"
+    return f"{seconds / 86400:.1f}d"
+
+
+def waited(record: ExecutionRecord, now: float) -> str:
+    """How long a live task has waited: deferred since, else (pending) since it was
+    submitted; empty for a task that holds a slot or has ended."""
+    if record.deferred_since is not None:
+        return ago(now - record.deferred_since)
+    if record.status is TaskStatus.PENDING and record.submitted_at is not None:
+        return ago(now - record.submitted_at)
+    return ""
+
+
+def pretty_json(text: str | None) -> str:
+    """JSON text indented for reading (as it is if it does not parse)."""
+    if text is None:
+        return "(not recorded: the arguments were not JSON)"
+    try:
+        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+    except ValueError:
+        return text
+
+
+def render(
+    request: Request,
+    template: str,
+    context: Mapping[str, Any],
+    *,
+    status_code: int = 200,
+    flash: Flash | None = None,
+) -> Response:
+    """The page, or with ``?fragment=NAME`` only that block of it (the live parts
+    the page's script re-fetches)."""
+    dash = dashboard_of(request)
+    full: dict[str, Any] = {
+        "read_only": dash.read_only,
+        "csrf": dash.guard.csrf,
+        "nav": NAV,
+        "db_label": dash.db_label,
+        "version": dash.board.version,
+        "flash": flash,
+        "now": time.time(),
+        "tz": "UTC",
+        "back": request.url.path
+        + (f"?{request.url.query}" if request.url.query and request.method == "GET" else ""),
+        **context,
+    }
+    full.setdefault("title", "trioexec")
+    full.setdefault("current", request.url.path)
+    full.setdefault("page", template.removesuffix(".html"))
+    tmpl = dash.env.get_template(template)
+    fragment = request.query_params.get("fragment")
+    if fragment is not None:
+        block = tmpl.blocks.get(fragment)
+        if block is None or fragment in ("content",):
+            return PlainTextResponse(f"no fragment {fragment!r} on this page", status_code=400)
+        html = "".join(block(tmpl.new_context(full)))
+        return HTMLResponse(html, status_code=status_code)
+    return HTMLResponse(tmpl.render(full), status_code=status_code)
+
+
+def message(
+    request: Request, title: str, text: str, *, status_code: int, back: str, detail: str = ""
+) -> Response:
+    """A page that says one thing (an action refused, a thing not found)."""
+    kind = "ok" if status_code < 400 else "error"
+    return render(
+        request,
+        "message.html",
+        {"title": title, "text": text, "kind": kind, "back": back, "detail": detail},
+        status_code=status_code,
+    )

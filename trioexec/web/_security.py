@@ -1,0 +1,156 @@
+"""Who may read and who may act: the token, CSRF, the Origin check, and the
+headers every response carries.
+
+The token is random per start (`secrets.token_urlsafe`) and printed in the URL.
+Visiting any page with ``?token=T`` stores it in an HttpOnly, SameSite=Strict
+cookie and redirects to the same page without it (so it leaves the address bar
+and the history). An action (a POST) needs that cookie, a CSRF field derived from
+the token (an HMAC of it: a page from elsewhere cannot read the cookie, so it
+cannot compute the field) and, when the browser sends one, an Origin of this
+server. Reads need the cookie only when the server listens beyond loopback.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import ipaddress
+import secrets
+import urllib.parse
+from typing import final
+
+from starlette.datastructures import URL
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, RedirectResponse, Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+COOKIE = "trioexec_dashboard"
+CSRF_FIELD = "csrf"
+
+#: Sent with every response. No inline script anywhere (the one script is a
+#: static file); inline SVG needs no exception; nothing may frame the pages.
+HEADERS = {
+    "content-security-policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:;"
+        " connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+    "cache-control": "no-store",
+}
+
+
+def new_token() -> str:
+    return secrets.token_urlsafe(24)
+
+
+def csrf_of(token: str) -> str:
+    """The CSRF field every form carries: an HMAC of the token, never the token."""
+    return hmac.new(token.encode(), b"trioexec dashboard csrf", hashlib.sha256).hexdigest()
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+@final
+class Guard:
+    """The checks the routes make, for one token."""
+
+    def __init__(self, token: str, *, require_token_for_reads: bool) -> None:
+        if not token:
+            raise ValueError("the dashboard's token must not be empty")
+        self.token = token
+        self.csrf = csrf_of(token)
+        self.require_token_for_reads = require_token_for_reads
+
+    def has_token(self, request: Request) -> bool:
+        cookie = request.cookies.get(COOKIE, "")
+        return hmac.compare_digest(cookie.encode(), self.token.encode())
+
+    def may_read(self, request: Request) -> bool:
+        return not self.require_token_for_reads or self.has_token(request)
+
+    def refusal(self, request: Request, form: dict[str, str]) -> str | None:
+        """Why this action must not run (None: it may)."""
+        if not self.has_token(request):
+            return "no valid token: open the URL the dashboard printed (it carries ?token=)"
+        if not hmac.compare_digest(form.get(CSRF_FIELD, "").encode(), self.csrf.encode()):
+            return "the form's CSRF field is missing or wrong: reload the page and try again"
+        if not same_origin(request):
+            return "the request came from another site (Origin)"
+        return None
+
+
+def same_origin(request: Request) -> bool:
+    """The browser's Origin (or, without one, Sec-Fetch-Site) says this site."""
+    origin = request.headers.get("origin")
+    if origin is None:
+        return request.headers.get("sec-fetch-site", "same-origin") in ("same-origin", "none")
+    parts = urllib.parse.urlsplit(origin)
+    host = request.headers.get("host", "")
+    return parts.scheme in ("http", "https") and parts.netloc.lower() == host.lower()
+
+
+@final
+class Gate:
+    """ASGI middleware: security headers on every response; ``?token=`` turns into
+    the cookie (and a redirect without it); reads refused without the token when
+    the guard wants it (static files excepted: they hold nothing of the store)."""
+
+    def __init__(self, app: ASGIApp, *, guard: Guard) -> None:
+        self.app = app
+        self.guard = guard
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (k, v) for k, v in message.get("headers", []) if k.decode() not in HEADERS
+                ]
+                headers += [(k.encode(), v.encode()) for k, v in HEADERS.items()]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        request = Request(scope)
+        response = self._intercept(request)
+        if response is not None:
+            await response(scope, receive, send_with_headers)
+        else:
+            await self.app(scope, receive, send_with_headers)
+
+    def _intercept(self, request: Request) -> Response | None:
+        given = request.query_params.get("token")
+        if given is not None and request.method == "GET":
+            if not hmac.compare_digest(given.encode(), self.guard.token.encode()):
+                return PlainTextResponse("wrong token: open the URL the dashboard printed", 403)
+            query = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
+            target = URL(path=request.url.path, query=urllib.parse.urlencode(query))
+            response = RedirectResponse(str(target), status_code=303)
+            response.set_cookie(
+                COOKIE,
+                self.guard.token,
+                httponly=True,
+                samesite="strict",
+                secure=request.url.scheme == "https",
+                path="/",
+            )
+            return response
+        if request.url.path.startswith("/static/"):
+            return None
+        if not self.guard.may_read(request):
+            return PlainTextResponse(
+                "this dashboard needs its token: open the URL it printed (with ?token=)", 403
+            )
+        return None

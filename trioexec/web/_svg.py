@@ -1,0 +1,212 @@
+"""The dashboard's charts and the run graph, as geometry for the templates.
+
+Everything here is pure (values in, numbers out): the templates draw the SVG and
+escape every label, so no text from the database is ever pasted into markup here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import attrs
+
+#: Chart canvas, in SVG user units (the CSS scales it to the column's width).
+WIDTH, HEIGHT, PAD = 600, 160, 28
+
+
+@attrs.frozen
+class Line:
+    """A line chart: ``points`` for a ``<polyline>``, the y-axis top label, and the
+    time span shown."""
+
+    points: str
+    top: float
+    span: float  #: seconds from the first sample to the last
+    last: float | None  #: the newest value (None: no samples yet)
+
+
+@attrs.frozen
+class Bar:
+    x: float
+    y: float
+    height: float
+    failed_y: float
+    failed_height: float
+    title: str
+
+
+@attrs.frozen
+class Bars:
+    """A stacked bar chart of completions per bucket (finished ok, and failed on top)."""
+
+    bars: tuple[Bar, ...]
+    width: float  #: of each bar
+    top: int
+    total: int
+    failed: int
+
+    @property
+    def failure_rate(self) -> float | None:
+        return None if not self.total else self.failed / self.total
+
+
+def _nice_top(value: float) -> float:
+    """The y-axis top: 1, 2 or 5 times a power of ten, at least 1 and ``value``."""
+    if value <= 1:
+        return 1.0
+    magnitude = 10.0 ** math.floor(math.log10(value))
+    return next(m * magnitude for m in (1, 2, 5, 10) if m * magnitude >= value)
+
+
+def line(samples: Sequence[tuple[float, float]]) -> Line:
+    """``samples``: (time, value), oldest first."""
+    if not samples:
+        return Line(points="", top=1.0, span=0.0, last=None)
+    start, end = samples[0][0], samples[-1][0]
+    span = max(end - start, 1.0)
+    top = _nice_top(max(value for _, value in samples))
+    inner_w, inner_h = WIDTH - 2 * PAD, HEIGHT - 2 * PAD
+    points = " ".join(
+        f"{PAD + (t - start) / span * inner_w:.1f},{HEIGHT - PAD - v / top * inner_h:.1f}"
+        for t, v in samples
+    )
+    return Line(points=points, top=top, span=end - start, last=samples[-1][1])
+
+
+def bars(buckets: Sequence[tuple[float, int, int]], *, label: str = "min") -> Bars:
+    """``buckets``: (start, finished ok, finished not ok), oldest first."""
+    if not buckets:
+        return Bars(bars=(), width=0.0, top=1, total=0, failed=0)
+    inner_w, inner_h = WIDTH - 2 * PAD, HEIGHT - 2 * PAD
+    top = int(_nice_top(max(ok + bad for _, ok, bad in buckets)))
+    slot = inner_w / len(buckets)
+    width = max(slot * 0.8, 1.0)
+    out = []
+    for i, (_start, ok, bad) in enumerate(buckets):
+        h_ok = ok / top * inner_h
+        h_bad = bad / top * inner_h
+        base = HEIGHT - PAD
+        out.append(
+            Bar(
+                x=round(PAD + i * slot, 1),
+                y=round(base - h_ok, 1),
+                height=round(h_ok, 1),
+                failed_y=round(base - h_ok - h_bad, 1),
+                failed_height=round(h_bad, 1),
+                title=f"{ok} ok, {bad} failed ({len(buckets) - i} {label} ago)",
+            )
+        )
+    return Bars(
+        bars=tuple(out),
+        width=round(width, 1),
+        top=top,
+        total=sum(ok + bad for _, ok, bad in buckets),
+        failed=sum(bad for _, _, bad in buckets),
+    )
+
+
+# ------------------------------------------------------------------ the run graph
+
+#: A step's box and the gaps between them.
+STEP_W, STEP_H, GAP_X, GAP_Y, MARGIN = 170, 40, 60, 16, 10
+
+
+@attrs.frozen
+class Step:
+    step_id: str
+    state: str
+    x: int
+    y: int
+
+
+@attrs.frozen
+class Edge:
+    path: str  #: an SVG path ("M x y C ..."), numbers only
+
+
+@attrs.frozen
+class Graph:
+    steps: tuple[Step, ...]
+    edges: tuple[Edge, ...]
+    width: int
+    height: int
+    layered: bool  #: False: no graph recorded, the steps as one column
+
+
+def depths(graph: Mapping[str, Sequence[str]]) -> dict[str, int]:
+    """Each step's depth: 0 without dependencies, else one more than its deepest
+    dependency. A dependency the graph does not list is a step of depth 0; a
+    cycle (a broken record) is cut where it is met, never looped on."""
+    out: dict[str, int] = {}
+    visiting: set[str] = set()
+
+    def depth(step: str) -> int:
+        if step in out:
+            return out[step]
+        if step in visiting:
+            return 0
+        visiting.add(step)
+        deps = graph.get(step, ())
+        out[step] = 1 + max(map(depth, deps)) if deps else 0
+        visiting.discard(step)
+        return out[step]
+
+    for step in graph:
+        depth(step)
+    return out
+
+
+def run_graph(graph: Mapping[str, Sequence[str]] | None, states: Mapping[str, str]) -> Graph:
+    """Lay out a run's steps left to right by dependency depth (``graph``: step id
+    -> the ids it depends on), each coloured by its state in ``states`` (a step
+    not there yet is ``"pending"``). Without a graph, the steps as a column."""
+    if graph is None:
+        layers = [[step] for step in states]
+        edges_from: Mapping[str, Sequence[str]] = {}
+    else:
+        deps = {step: list(graph[step]) for step in graph}
+        for step in states:
+            deps.setdefault(step, [])
+        for step_deps in list(deps.values()):
+            for dep in step_deps:
+                deps.setdefault(dep, [])
+        by_depth = depths(deps)
+        layers = [[] for _ in range(max(by_depth.values(), default=-1) + 1)]
+        for step in deps:  # (insertion order: the workflow's own)
+            layers[by_depth[step]].append(step)
+        edges_from = deps
+    where: dict[str, Step] = {}
+    if graph is None:
+        for row, [step] in enumerate(layers):
+            where[step] = Step(step, states[step], MARGIN, MARGIN + row * (STEP_H + GAP_Y))
+    else:
+        for col, layer in enumerate(layers):
+            for row, step in enumerate(layer):
+                where[step] = Step(
+                    step,
+                    states.get(step, "pending"),
+                    MARGIN + col * (STEP_W + GAP_X),
+                    MARGIN + row * (STEP_H + GAP_Y),
+                )
+    edges = []
+    for step, needs in edges_from.items():
+        to = where[step]
+        for dep in needs:
+            fr = where[dep]
+            x1, y1 = fr.x + STEP_W, fr.y + STEP_H // 2
+            x2, y2 = to.x, to.y + STEP_H // 2
+            mid = (x1 + x2) / 2
+            edges.append(Edge(f"M{x1} {y1} C{mid:.0f} {y1} {mid:.0f} {y2} {x2} {y2}"))
+    rows = max((len(layer) for layer in layers), default=0)
+    cols = len(layers) if graph is not None else (1 if layers else 0)
+    return Graph(
+        steps=tuple(where.values()),
+        edges=tuple(edges),
+        width=max(2 * MARGIN + cols * STEP_W + max(cols - 1, 0) * GAP_X, STEP_W),
+        height=max(
+            2 * MARGIN + (len(layers) if graph is None else rows) * (STEP_H + GAP_Y) - GAP_Y,
+            STEP_H,
+        ),
+        layered=graph is not None,
+    )
