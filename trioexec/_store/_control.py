@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Literal, Protocol
 
 import attrs
 
@@ -331,6 +331,9 @@ class SQLControl:
     placeholder, its submission order and how it locks a task's row, and may
     wrap a command's transaction (`_commanding`)."""
 
+    #: Which SQL the store speaks (the dashboard's reads, `_browse`, pick their
+    #: functions and its submission order column by it).
+    dialect: ClassVar[Literal["sqlite", "postgres"]] = "sqlite"
     _MARK: ClassVar[str] = "?"
     _OLDEST: ClassVar[str] = "e.rowid"  #: submission order
     #: Locks the row of the task a command reads (SQLite: the write transaction
@@ -343,6 +346,12 @@ class SQLControl:
     def _commanding(self, what: str) -> contextlib.AbstractContextManager[Any]:
         """The write transaction of a command."""
         return self._db.transaction(what)
+
+    def snapshot(self, doing: str) -> contextlib.AbstractContextManager[Any]:
+        """A read connection whose statements see one state of the database (never
+        waits for a write; read-only stores too), for the dashboard's reads
+        (`trioexec._store._browse`). ``doing`` names the read in a `StoreError`."""
+        return self._db.reading(doing, snapshot=True)
 
     def command(
         self,

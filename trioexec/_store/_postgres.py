@@ -134,6 +134,7 @@ class PostgresStore(SQLControl):
             ...
     """
 
+    dialect = "postgres"
     _MARK = "%s"
     _OLDEST = "e.seq"
     _LOCK_ROW = " FOR UPDATE OF e"  # (a command locks the row of the task it reads)

@@ -16,8 +16,10 @@ from ._key_ledger import Hold, KeyGrant, KeyRequest, settle
 
 #: The SQL stores' query of executions with their owner's lease (``e``, ``o``).
 RECORD_FIELDS = tuple(f.name for f in attrs.fields(ExecutionRecord))
-SELECT_RECORDS = "SELECT {} FROM executions e LEFT JOIN owners o ON o.owner = e.owner".format(
-    ", ".join(f"o.{f}" if f == "lease_expires_at" else f"e.{f}" for f in RECORD_FIELDS)
+#: Their columns (``e``: executions, ``o``: owners), in `RECORD_FIELDS`' order.
+RECORD_COLUMNS = ", ".join(f"o.{f}" if f == "lease_expires_at" else f"e.{f}" for f in RECORD_FIELDS)
+SELECT_RECORDS = (
+    f"SELECT {RECORD_COLUMNS} FROM executions e LEFT JOIN owners o ON o.owner = e.owner"
 )
 
 

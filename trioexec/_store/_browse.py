@@ -1,0 +1,407 @@
+"""The dashboard's reads of a SQL store (issue 20): pages of executions under
+filters, paginated by keyset (never ``OFFSET``: page 1,000 costs what page 1
+does), the executions finished per time bucket, the task names stored, and a
+task's commands.
+
+Plain synchronous functions over `SQLiteStore` and `PostgresStore` (the web app
+runs them in a worker thread), each in one read snapshot (`SQLControl.snapshot`).
+The SQL is written once, with the store's placeholder and the few functions that
+differ between SQLite and PostgreSQL as parameters (`_Dialect`). Every value the
+caller gives is a bound parameter; a ``waiting_on`` filter is a literal substring
+(``instr`` / ``strpos``, never ``LIKE``), so ``%``, ``_``, ``[`` and quotes in it
+are only themselves.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+from typing import Any, Literal
+
+import attrs
+
+from .._records import ExecutionRecord, SubStatus, TaskStatus
+from ._base import COMMAND_FIELDS, Command
+from ._control import SQLControl, command_of
+from ._sql import RECORD_COLUMNS, RECORD_FIELDS, record_of
+
+#: How `browse` orders executions: ``"newest"`` submission first (the default),
+#: ``"oldest"`` first, or ``"longest_waiting"``: only live executions (pending or
+#: running), those waiting longest first (a deferred one since its
+#: ``deferred_since``, a pending one since its ``submitted_at``), then the active
+#: ones (holding a slot) in submission order.
+Order = Literal["oldest", "newest", "longest_waiting"]
+ORDERS: tuple[Order, ...] = ("oldest", "newest", "longest_waiting")
+#: `Page.total` counts at most this many matches (None beyond: not cheap).
+COUNT_LIMIT = 10_000
+#: The most rows a page, or a `task_names` answer, may ask for.
+MAX_LIMIT = 10_000
+#: The most buckets one `activity` call may ask for.
+MAX_BUCKETS = 10_000
+#: The finished statuses `activity` counts.
+_COUNTED = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.TIMED_OUT)
+_LIVE_SQL = "e.status IN ('pending', 'running')"
+_MAX_CURSOR = 500  # characters: a cursor this module made is far shorter
+
+
+@attrs.frozen
+class Page:
+    """One page of `browse`."""
+
+    rows: list[ExecutionRecord]
+    next_cursor: str | None  #: opaque text; pass back as ``cursor=`` for the next page
+    total: int | None  #: how many match, all pages (None: over `COUNT_LIMIT`)
+
+
+@attrs.frozen
+class Bucket:
+    """The executions finished in ``[start, start + bucket)``, by status."""
+
+    start: float
+    completed: int
+    failed: int
+    cancelled: int
+    timed_out: int
+
+
+@attrs.frozen
+class _Dialect:
+    mark: str  #: the placeholder
+    seq: str  #: submission order (a unique integer per execution)
+    find: str  #: ``{col}`` holds the parameter as a literal substring
+    bucket: str  #: the bucket number of ``e.finished_at``: ``(finished_at - p1) / p2``, floored
+
+
+_DIALECTS = {
+    "sqlite": _Dialect(
+        mark="?",
+        seq="e.rowid",
+        find="instr({col}, ?) > 0",
+        # (CAST truncates toward zero: the same as floor for the rows counted, >= since)
+        bucket="CAST((e.finished_at - ?) / ? AS INTEGER)",
+    ),
+    "postgres": _Dialect(
+        mark="%s",
+        seq="e.seq",
+        find="strpos({col}, %s) > 0",
+        bucket="CAST(floor((e.finished_at - %s) / %s) AS bigint)",
+    ),
+}
+
+# longest_waiting's sort key: (0 waiting / 1 active, since when, submission order).
+_RANK = "CASE WHEN e.status = 'pending' OR e.sub_status = 'deferred' THEN 0 ELSE 1 END"
+_SINCE = (
+    "CASE WHEN e.status = 'pending' THEN coalesce(e.submitted_at, 0)"
+    " WHEN e.sub_status = 'deferred' THEN coalesce(e.deferred_since, 0) ELSE 0 END"
+)
+
+
+def _sql_store(store: object) -> tuple[SQLControl, _Dialect]:
+    if not isinstance(store, SQLControl):
+        raise TypeError(
+            f"the dashboard reads a SQLiteStore or a PostgresStore, got {type(store).__name__}"
+            f" {store!r}"
+        )
+    return store, _DIALECTS[store.dialect]
+
+
+def _storable(value: str) -> bool:
+    """Whether a store can hold ``value`` (else nothing stored can equal or hold it)."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _text(what: str, value: object) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"{what} must be a str or None, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _limit(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
+        raise ValueError(f"limit must be an int from 1 to {MAX_LIMIT}, got {value!r}")
+    return value
+
+
+def _where(
+    d: _Dialect,
+    status: TaskStatus | str | None,
+    sub_status: SubStatus | str | None,
+    name: str | None,
+    key: str | None,
+    waiting_on: str | None,
+    run_id: str | None,
+) -> tuple[list[str], list[object]] | None:
+    """The conditions (on ``e``) and their parameters; None if nothing can match
+    (a text no store can hold: a NUL, a lone surrogate)."""
+    where: list[str] = []
+    params: list[object] = []
+    if status is not None:
+        try:
+            status = TaskStatus(status)
+        except ValueError:
+            raise ValueError(
+                f"status must be one of {', '.join(s.value for s in TaskStatus)}, got {status!r}"
+            ) from None
+        where.append(f"e.status = {d.mark}")
+        params.append(status.value)
+    if sub_status is not None:
+        try:
+            sub_status = SubStatus(sub_status)
+        except ValueError:
+            raise ValueError(
+                f"sub_status must be one of {', '.join(s.value for s in SubStatus)},"
+                f" got {sub_status!r}"
+            ) from None
+        where.append(f"e.sub_status = {d.mark}")
+        params.append(sub_status.value)
+    texts = {
+        "name": _text("name", name),
+        "key": _text("key", key),
+        "run_id": _text("run_id", run_id),
+        "waiting_on": _text("waiting_on", waiting_on),
+    }
+    for column, value in texts.items():
+        if value is None:
+            continue
+        if not _storable(value):
+            return None
+        if column == "waiting_on":
+            # Only a live execution waits on anything (the stores clear it when
+            # one ends): the live rows' index narrows the search to them.
+            where.append(f"{_LIVE_SQL} AND {d.find.format(col='e.waiting_on')}")
+        else:
+            where.append(f"e.{column} = {d.mark}")
+        params.append(value)
+    return where, params
+
+
+def _order(d: _Dialect, order: object) -> tuple[list[str], str, str]:
+    """(the sort key's expressions, ORDER BY, the comparison after a cursor's key)."""
+    if order == "oldest":
+        return [d.seq], d.seq, ">"
+    if order == "newest":
+        return [d.seq], f"{d.seq} DESC", "<"
+    if order == "longest_waiting":
+        return [_RANK, _SINCE, d.seq], f"{_RANK}, {_SINCE}, {d.seq}", ">"
+    raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
+
+
+def _encode(order: str, key: list[Any]) -> str:
+    text = json.dumps([order, *key], separators=(",", ":"))
+    return base64.urlsafe_b64encode(text.encode()).decode("ascii")
+
+
+def _decode(cursor: object, order: str) -> list[Any]:
+    """The sort key a cursor of `_encode` holds; ValueError naming a cursor that is
+    not one, or is one of another order."""
+    bad = ValueError(f"malformed cursor {cursor!r}: pass back a Page's next_cursor as it is")
+    if not isinstance(cursor, str) or not cursor or len(cursor) > _MAX_CURSOR:
+        raise bad
+    try:
+        raw = base64.b64decode(cursor.encode("ascii"), altchars=b"-_", validate=True)
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeError, binascii.Error, ValueError):
+        raise bad from None
+    if not isinstance(value, list) or not value or not isinstance(value[0], str):
+        raise bad
+    if value[0] != order:
+        raise ValueError(f"cursor {cursor!r} is a page of order {value[0]!r}, not {order!r}")
+    key = value[1:]
+
+    def integer(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if order == "longest_waiting":
+        ok = (
+            len(key) == 3
+            and key[0] in (0, 1)
+            and integer(key[0])
+            and isinstance(key[1], int | float)
+            and not isinstance(key[1], bool)
+            and math.isfinite(key[1])
+            and integer(key[2])
+        )
+        if ok:
+            key[1] = float(key[1])
+    else:
+        ok = len(key) == 1 and integer(key[0])
+    if not ok:
+        raise bad
+    return key
+
+
+def browse(
+    store: object,
+    *,
+    status: TaskStatus | str | None = None,
+    sub_status: SubStatus | str | None = None,
+    name: str | None = None,
+    key: str | None = None,
+    waiting_on: str | None = None,
+    run_id: str | None = None,
+    order: Order = "newest",
+    limit: int = 50,
+    cursor: str | None = None,
+) -> Page:
+    """A page of the executions matching every given filter, in ``order`` (see
+    `Order`), at most ``limit`` rows, after ``cursor`` (a `Page.next_cursor` of
+    the same order; None: the first page). Walking the cursors visits every
+    matching execution once, while none is added; rows that change meanwhile
+    may move between pages (a live one that ends leaves ``longest_waiting``).
+
+    ``name``, ``key``, ``run_id``: equal to (case-sensitive); ``waiting_on``: a
+    literal, case-sensitive substring of the execution's `waiting_on`, so only
+    live executions match it.
+
+    Raises:
+      ValueError: an unknown status, sub-status or order, a limit out of range, a
+        filter that is not text, or a malformed cursor (naming it).
+      TypeError: a store that is not a `SQLiteStore` or `PostgresStore`.
+      StoreError: naming the store, if it cannot be read.
+    """
+    sql_store, d = _sql_store(store)
+    limit = _limit(limit)
+    keys, by, after = _order(d, order)
+    found = _where(d, status, sub_status, name, key, waiting_on, run_id)
+    start = None if cursor is None else _decode(cursor, str(order))
+    if found is None:
+        return Page(rows=[], next_cursor=None, total=0)
+    where, params = found
+    if order == "longest_waiting":
+        where.append(_LIVE_SQL)
+    count_sql = (
+        f"SELECT count(*) FROM (SELECT 1 FROM executions e{_and(where)} LIMIT {d.mark}) AS m"
+    )
+    count_params = [*params, COUNT_LIMIT + 1]
+    if start is not None:
+        marks = ", ".join([d.mark] * len(keys))
+        where.append(f"({', '.join(keys)}) {after} ({marks})")
+        params.extend(start)
+    sql = (
+        f"SELECT {RECORD_COLUMNS}, {', '.join(keys)} FROM executions e"
+        f" LEFT JOIN owners o ON o.owner = e.owner{_and(where)}"
+        f" ORDER BY {by} LIMIT {d.mark}"
+    )
+    params.append(limit + 1)
+    width = len(RECORD_FIELDS)
+    with sql_store.snapshot("browse executions") as conn:
+        rows = conn.execute(sql, params).fetchall()
+        counted = int(conn.execute(count_sql, count_params).fetchone()[0])
+    more = len(rows) > limit
+    rows = rows[:limit]
+    records = [record_of(row[:width], sql_store.path) for row in rows]
+    next_cursor = None
+    if more:
+        last = list(rows[-1][width:])
+        if order == "longest_waiting":
+            last = [int(last[0]), float(last[1]), int(last[2])]
+        next_cursor = _encode(str(order), last)
+    return Page(
+        rows=records, next_cursor=next_cursor, total=None if counted > COUNT_LIMIT else counted
+    )
+
+
+def _and(where: list[str]) -> str:
+    return " WHERE " + " AND ".join(where) if where else ""
+
+
+def _seconds(what: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise ValueError(f"{what} must be a finite number of seconds, got {value!r}")
+    return float(value)
+
+
+def activity(
+    store: object, *, since: float, bucket: float = 60.0, now: float | None = None
+) -> list[Bucket]:
+    """The executions that finished from ``since`` to ``now`` (default: the
+    store's clock), completed, failed, cancelled and timed out, counted per
+    ``bucket`` seconds: ``ceil((now - since) / bucket)`` buckets, oldest first,
+    starting at ``since``, empty ones zero-filled (none if ``now <= since``).
+    One range of the index on (finished_at, status): no row is read.
+
+    Raises:
+      ValueError: a time that is not a finite number, a bucket <= 0, or more
+        than `MAX_BUCKETS` buckets (naming the values).
+      TypeError: a store that is not a `SQLiteStore` or `PostgresStore`.
+    """
+    sql_store, d = _sql_store(store)
+    since = _seconds("since", since)
+    bucket = _seconds("bucket", bucket)
+    if bucket <= 0:
+        raise ValueError(f"bucket must be > 0 seconds, got {bucket!r}")
+    end = _seconds("now", sql_store.clock() if now is None else now)
+    if end <= since:
+        return []
+    n = math.ceil((end - since) / bucket)
+    if n > MAX_BUCKETS:
+        raise ValueError(
+            f"{n} buckets of {bucket:g} s from {since!r} to {end!r}: at most {MAX_BUCKETS}"
+        )
+    counts = [dict.fromkeys(_COUNTED, 0) for _ in range(n)]
+    # (No condition on the status: one on it could lead a planner to the status
+    # index, and through every completed row; dropped and rejected ones are few.)
+    sql = (
+        f"SELECT {d.bucket} AS b, e.status, count(*) FROM executions e"
+        f" WHERE e.finished_at >= {d.mark} AND e.finished_at <= {d.mark} GROUP BY 1, 2"
+    )
+    with sql_store.snapshot("count finished executions") as conn:
+        rows = conn.execute(sql, (since, bucket, since, end)).fetchall()
+    for number, status, count in rows:
+        i = min(max(int(number), 0), n - 1)  # (now itself: in the last bucket)
+        if status in counts[i]:
+            counts[i][status] += int(count)
+    return [
+        Bucket(
+            start=since + i * bucket,
+            completed=c[TaskStatus.COMPLETED],
+            failed=c[TaskStatus.FAILED],
+            cancelled=c[TaskStatus.CANCELLED],
+            timed_out=c[TaskStatus.TIMED_OUT],
+        )
+        for i, c in enumerate(counts)
+    ]
+
+
+def task_names(store: object, limit: int = 200) -> list[str]:
+    """The distinct task names stored, sorted (as Python sorts text), at most
+    ``limit`` of them (the first in the database's order). One index seek per
+    name (a loose index scan), however many executions each has."""
+    sql_store, d = _sql_store(store)
+    limit = _limit(limit)
+    sql = (
+        "WITH RECURSIVE names (name, n) AS ("
+        " SELECT min(e.name), 1 FROM executions e"
+        " UNION ALL SELECT (SELECT min(e.name) FROM executions e WHERE e.name > names.name),"
+        f" names.n + 1 FROM names WHERE names.name IS NOT NULL AND names.n < {d.mark})"
+        " SELECT name FROM names WHERE name IS NOT NULL"
+    )
+    with sql_store.snapshot("query task names") as conn:
+        rows = conn.execute(sql, (limit,)).fetchall()
+    return sorted(str(row[0]) for row in rows)
+
+
+def task_commands(store: object, task_id: str) -> list[Command]:
+    """The commands naming ``task_id`` (a cancel; a retry of it alone), oldest
+    first. A retry of several ids at once, or of every failed one, names no task:
+    it is not among them."""
+    sql_store, d = _sql_store(store)
+    checked = _text("task_id", task_id)
+    if checked is None:
+        raise ValueError("task_id must be a str, got None")
+    if not _storable(checked):
+        return []
+    sql = f"SELECT {', '.join(COMMAND_FIELDS)} FROM commands WHERE task_id = {d.mark} ORDER BY seq"
+    with sql_store.snapshot("query a task's commands") as conn:
+        rows = conn.execute(sql, (checked,)).fetchall()
+    return [command_of(row) for row in rows]
