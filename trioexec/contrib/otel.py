@@ -43,26 +43,42 @@ shutdown with ``CANCEL``) or dropped by a full queue, it ends without an
 attempt to show. A task cancelled between two attempts adds nothing to the
 spans of the attempts it had.
 
-Not yet done: durable tasks do not carry the trace context through the store
-(API §10). A task recovered by another executor, or resumed on another host,
-starts a trace of its own instead of continuing the submitter's.
+Durable tasks (`trioexec.durable`) carry the trace context through the store
+with ``instrument_durable(ds)``, called in the process that creates them and in
+the workers' (each on its own `~trioexec.durable.DurableStore`): the creator's
+context goes into the tags of the task's promise (``otel:traceparent``,
+``otel:tracestate``, ``otel:baggage``: what the global propagator,
+`opentelemetry.propagate`, writes, each name prefixed with ``otel:``), and a
+worker submits the task it claims in the context taken from them. With
+``instrument(worker.executor)`` each run's span (``process durable:<id>``,
+``CONSUMER``) is then a child of the creator's span, in the creator's trace,
+whichever host runs it; so is each run again after a suspension or a lost lease.
+There is no producer span of its own: the creator's current span is the
+parent, as it is for a task submitted in the same process.
+
+A task recovered by another executor of a `trioexec.Store` (not a durable task)
+still starts a trace of its own instead of continuing the submitter's: the
+store's task rows have no room for the context.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, final
 
 import trio
 from opentelemetry import context as otel_context
-from opentelemetry import trace
+from opentelemetry import propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 import trioexec
-from trioexec._observe import Observers, combine, lifecycle_of, owner_of
+from trioexec._observe import Observers, combine, lifecycle_of, logger, owner_of
 from trioexec._records import TaskStatus, safe_repr
+from trioexec.durable._store import UNTRACED, trace_with
 
 if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
     from contextvars import Token
 
     from opentelemetry.trace import Span, SpanContext, TracerProvider
@@ -71,8 +87,9 @@ if TYPE_CHECKING:
     from trioexec import DeterministicExecutor, Executor
     from trioexec._lifecycle import Lifecycle
     from trioexec._taskref import Job
+    from trioexec.durable import DurableStore
 
-__all__ = ["instrument"]
+__all__ = ["instrument", "instrument_durable"]
 
 # OpenTelemetry's messaging semantic conventions (opentelemetry.semconv's
 # messaging_attributes; written out: the extra depends on the API only).
@@ -92,6 +109,10 @@ RETRY_DELAY = "trioexec.retry.delay"
 WAITING_ON = "trioexec.waiting_on"
 DEFERRED_EVENT = "trioexec.deferred"
 RESUMED_EVENT = "trioexec.resumed"
+
+#: Where a durable task's promise carries its creator's trace context: each name
+#: the propagator writes (``traceparent``...), prefixed with this, in its tags.
+TAG_PREFIX = "otel:"
 
 _EMPTY = Context()  # the parent of a task submitted before `instrument`
 _ERRORS = (TaskStatus.FAILED, TaskStatus.TIMED_OUT)
@@ -122,6 +143,85 @@ def instrument(
         schema_url=SCHEMA_URL,
     )
     lifecycle.observer = combine(current, _Tracing(tracer, lifecycle, owner_of(ex)))
+
+
+def instrument_durable(ds: DurableStore) -> None:
+    """Carry the trace context through ``ds`` from now on (see the module):
+    a task created through it (``ds.promises.create(..., target=...)``) carries
+    the creator's context in its promise's tags, and a worker on it
+    (`trioexec.durable.open_worker`) submits each task it claims in that context.
+
+    Call it in every process, on each `~trioexec.durable.DurableStore`: the
+    creators' and the workers'. A worker's spans come from its executor, which
+    `instrument` traces (``instrument(worker.executor)``, first thing in the
+    worker's block). It uses the global propagator (`opentelemetry.propagate`:
+    W3C trace context and baggage unless the application set another). A store
+    that is not instrumented pays nothing; one that is reads the tags of each
+    task it claims, in the claim's transaction.
+
+    Raises:
+      ValueError: ``ds`` is instrumented already.
+
+    Example::
+
+        ds = DurableStore("app.db")
+        instrument_durable(ds)
+        with tracer.start_as_current_span("POST /refunds"):
+            await ds.promises.create("refund-7", 3600, data=..., target="refunds")
+    """
+    trace_with(ds, _Carrier())
+
+
+@final
+class _Carrier:
+    """`trioexec.durable._store.Tracing` with OpenTelemetry's global propagator."""
+
+    __slots__ = ()
+
+    def inject(self, tags: dict[str, str] | None) -> dict[str, str] | None:
+        carrier: dict[str, str] = {}
+        try:
+            propagate.inject(carrier)
+        except Exception:  # (a broken propagator: the task goes, untraced)
+            logger.exception("the OpenTelemetry propagator raised")
+            return tags
+        if not carrier:  # no trace here
+            return tags
+        carried = {TAG_PREFIX + name: value for name, value in carrier.items()}
+        return carried if tags is None else {**carried, **tags}  # the creator's own win
+
+    def extract(self, tags: Mapping[str, str]) -> _Continued | AbstractContextManager[object]:
+        start = len(TAG_PREFIX)
+        carrier = {name[start:]: v for name, v in tags.items() if name.startswith(TAG_PREFIX)}
+        if not carrier:  # created untraced (or through a store not instrumented)
+            return UNTRACED
+        try:
+            return _Continued(propagate.extract(carrier, _EMPTY))
+        except Exception:
+            logger.exception("the OpenTelemetry propagator raised")
+            return UNTRACED
+
+    def __repr__(self) -> str:
+        return "<trioexec.contrib.otel.instrument_durable>"
+
+
+@final
+class _Continued:
+    """The context a claimed task's run is submitted in: its creator's."""
+
+    __slots__ = ("context", "token")
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        self.token: Token[Context] | None = None
+
+    def __enter__(self) -> None:
+        self.token = otel_context.attach(self.context)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self.token is not None:
+            otel_context.detach(self.token)
+            self.token = None
 
 
 @final

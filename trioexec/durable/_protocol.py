@@ -577,6 +577,20 @@ class Core:
         return sorted(violated)
 
 
+def claim_tagged(
+    core: Core, target: str, *, pid: str, ttl: float, limit: int
+) -> list[tuple[TaskRecord, str | None, dict[str, str]]]:
+    """``core.claim_work``, each task also with its promise's tags (what a traced
+    worker continues the creator's trace from: ``_store.trace_with``)."""
+    with core.tables.transaction():
+        claimed = core.claim_work(target, pid=pid, ttl=ttl, limit=limit)
+        promises = [core.tables.promise(task.id) for task, _ in claimed]
+        return [
+            (task, data, {} if row is None else dict(row["tags"]))
+            for (task, data), row in zip(claimed, promises, strict=True)
+        ]
+
+
 def _acquire_row(tables: Tables, task: Row, version: int, pid: str, ttl: float, now: float) -> None:
     task.update(
         state=TaskState.ACQUIRED.value,

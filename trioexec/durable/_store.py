@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
-from typing import Any, TypeVar, cast, final
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, asynccontextmanager
+from typing import Any, Protocol, TypeVar, cast, final
 
 import trio
 
@@ -19,7 +20,7 @@ from .._store._durable_pg import Listener, PostgresTables
 from .._store._durable_rows import Tables, TransactionAborted
 from .._store._durable_tables import SQLiteTables
 from .._store._open import is_postgres_url, open_store
-from ._protocol import Core
+from ._protocol import Core, claim_tagged
 from ._records import (
     PromiseCreate,
     PromiseRecord,
@@ -102,6 +103,7 @@ class DurableStore:
         self._writing = False  # a transaction of queued operations is under way
         self._written = trio.Event()  # set (and replaced) when it ends
         self._tables: SQLiteTables | PostgresTables | None = None  # closed by close()
+        self._tracing: Tracing | None = None  # (`trace_with`)
         tables: Tables
         if isinstance(path_or_store, MemoryStore):
             self.inline = True
@@ -260,6 +262,9 @@ class Promises:
         Repeating it with the same ``idempotency_key`` returns the same promise;
         otherwise an existing id raises `Conflict`."""
         core = self._ds._core
+        tracing = self._ds._tracing
+        if tracing is not None and target is not None:  # (a task: the creator's trace goes)
+            tags = tracing.inject(tags)
         return await self._ds._op(
             core.create_promise,
             id,
@@ -451,10 +456,48 @@ class Tasks:
 
 async def claim_work(
     ds: DurableStore, target: str, *, pid: str, ttl: float, limit: int
-) -> list[tuple[TaskRecord, str | None]]:
-    """``ds.tasks.claim``, each task with its promise's data (JSON text): all a
+) -> list[tuple[TaskRecord, str | None, AbstractContextManager[object]]]:
+    """``ds.tasks.claim``, each task with its promise's data (JSON text) and the
+    context to submit its run in (`trace_with`; else one that does nothing): all a
     worker needs to start the work, in one transaction."""
-    return await ds._op(ds._core.claim_work, target, pid=pid, ttl=ttl, limit=limit)
+    tracing = ds._tracing
+    if tracing is None:
+        claimed = await ds._op(ds._core.claim_work, target, pid=pid, ttl=ttl, limit=limit)
+        return [(task, data, UNTRACED) for task, data in claimed]
+    tagged = await ds._op(claim_tagged, ds._core, target, pid=pid, ttl=ttl, limit=limit)
+    return [(task, data, tracing.extract(tags)) for task, data, tags in tagged]
+
+
+#: The context a task's run is submitted in when its store carries no trace.
+UNTRACED: AbstractContextManager[object] = contextlib.nullcontext()
+
+
+class Tracing(Protocol):
+    """How a trace context crosses the store (`trioexec.contrib.otel.instrument_durable`
+    gives one): in the tags of the promise of each task created, from the
+    creator to the worker that claims it. Neither may raise."""
+
+    def inject(self, tags: dict[str, str] | None) -> dict[str, str] | None:
+        """``tags`` (the creator's own), with the current trace context added."""
+        ...
+
+    def extract(self, tags: Mapping[str, str]) -> AbstractContextManager[object]:
+        """The context to submit a claimed task's run in: its creator's trace."""
+        ...
+
+
+def trace_with(ds: DurableStore, tracing: Tracing) -> None:
+    """From now on, ``ds`` carries a trace context through the store with
+    ``tracing``: tasks created (``promises.create(..., target=...)``) get the
+    creator's in their promise's tags, and a worker on ``ds`` submits each task it
+    claims in the context taken from them.
+
+    Raises:
+      ValueError: ``ds`` carries one already.
+    """
+    if ds._tracing is not None:
+        raise ValueError(f"this DurableStore carries a trace context already ({ds._tracing!r})")
+    ds._tracing = tracing
 
 
 async def lost_leases(

@@ -262,15 +262,16 @@ class Worker:
             # The whole batch is held before the first await: a cancellation there
             # (leaving, draining) then releases all of it, submitted or not.
             leases = []
-            for record, _ in batch:
+            for record, *_ in batch:
                 # The store's lease runs from a moment after ``sent``.
                 leases.append(_Lease(record.version, sent + self._lease))
                 self._held[record.id] = leases[-1]
             self.claimed += len(batch)
-            for (record, data), lease in zip(batch, leases, strict=True):
+            for (record, data, trace), lease in zip(batch, leases, strict=True):
                 # The name is for people; the executor bounds it, ids are unbounded.
                 name = f"durable:{record.id}"[:200]
-                ref = await ex.submit(*self._job(record, data), name=name)
+                with trace:  # (its creator's trace context, if the store carries it)
+                    ref = await ex.submit(*self._job(record, data), name=name)
                 if self._held.get(record.id) is lease:
                     lease.ref = ref
                 else:  # lost while being submitted
