@@ -330,6 +330,11 @@ def step(step_id: str) -> str:
     return f'svg#graph g.step[data-step="{step_id}"]'
 
 
+def pauses_in(db: Path) -> list[tuple[str, str]]:
+    with trioexec.open_store(str(db), read_only=True) as store:
+        return [(p.kind, p.value) for p in store.pauses()]
+
+
 def status_of(db: Path, task_id: str) -> str:
     with trioexec.open_store(str(db), read_only=True) as store:
         record = store.execution(task_id)
@@ -344,6 +349,7 @@ def test_a_person_watches_resolves_a_promise_and_retries(
     browser: Any, executor: Executor, dashboard: tuple[Process, str], db: Path
 ) -> None:
     import httpx
+    from selenium.webdriver.support.ui import Select
 
     server, url = dashboard
     base = base_of(url)
@@ -361,18 +367,28 @@ def test_a_person_watches_resolves_a_promise_and_retries(
         assert f"{base}{page}" in links, (page, links)
     shot(driver, "overview")
 
-    # Nothing changes without the token (its cookie), nor with it but no CSRF field.
+    # Nothing changes without the token (its cookie), even with the form's other
+    # fields (its CSRF field, as the page has it), nor with the cookie but
+    # without those fields.
+    driver.get(f"{base}/failed")
+    failed = f'tr[data-task-id="{executor.failed_id}"]'
+    wait_for(driver, "the failed task", lambda d: css(d, f"{failed} button.retry"))
+    hidden = {
+        field.get_attribute("name"): field.get_attribute("value")
+        for field in css(driver, f"{failed} form input[type='hidden']")
+    }
     cookies = {c["name"]: c["value"] for c in driver.get_cookies()}
     assert cookies, "the token URL set no cookie"
-    with httpx.Client(base_url=base, follow_redirects=False, timeout=PAGE_TIMEOUT) as http:
+    anonymous = httpx.Client(base_url=base, timeout=PAGE_TIMEOUT)
+    with anonymous, httpx.Client(base_url=base, cookies=cookies, timeout=PAGE_TIMEOUT) as cookied:
         for path, form in (
             (f"/actions/tasks/{executor.failed_id}/retry", {}),
             (f"/actions/promises/{executor.promise_id}/resolve", {"data": "{}"}),
             ("/actions/pause", {"kind": "name", "value": "charge-card"}),
         ):
-            refused = http.post(path, data=form)
+            refused = anonymous.post(path, data={**hidden, **form})
             assert refused.status_code == 403, (path, refused.status_code, refused.text[:300])
-            no_csrf = http.post(path, data=form, cookies=cookies)
+            no_csrf = cookied.post(path, data={"page": "x", **form})
             assert no_csrf.status_code == 403, (path, no_csrf.status_code, no_csrf.text[:300])
     assert status_of(db, executor.failed_id) == "failed"
 
@@ -420,8 +436,10 @@ def test_a_person_watches_resolves_a_promise_and_retries(
     link[0].click()
     wait_for(driver, "the run's graph", lambda d: css(d, step("approval")))
     assert attribute_of(driver, step("fetch-order"), "data-state") == "completed"
+    # (StepState: RUNNING is "started (active or deferred)"; PENDING would say
+    # its dependencies are not complete.)
     waiting_state = attribute_of(driver, step("approval"), "data-state")
-    assert waiting_state not in (None, "completed"), waiting_state
+    assert waiting_state in ("running", "deferred"), waiting_state
     assert attribute_of(driver, step("notify"), "data-state") != "completed"
     mark_page(driver)
     shot(driver, "run")
@@ -462,7 +480,6 @@ def test_a_person_watches_resolves_a_promise_and_retries(
 
     # The failed page: Retry, and the executor (recover=True) runs it again.
     driver.get(f"{base}/failed")
-    failed = f'tr[data-task-id="{executor.failed_id}"]'
     wait_for(driver, "the failed task", lambda d: css(d, f"{failed} button.retry"))
     shot(driver, "failed")
     css(driver, f"{failed} button.retry")[0].click()
@@ -485,10 +502,22 @@ def test_a_person_watches_resolves_a_promise_and_retries(
     )
     assert same_page(driver)
 
-    # The control page: what is paused, and the commands sent (the retry).
+    # The control page: pause a name by the form, see it paused (and in the
+    # store), resume it by its row's button; the commands sent are listed.
     driver.get(f"{base}/control")
-    assert "retry" in driver.find_element("tag name", "body").text
+    Select(css(driver, "form#pause select[name='kind']")[0]).select_by_value("name")
+    css(driver, "form#pause input[name='value']")[0].send_keys("resize-image")
+    css(driver, "form#pause button.pause")[0].click()
+    paused = '#pauses tr[data-pause-kind="name"][data-pause-value="resize-image"]'
+    wait_for(driver, "resize-image paused", lambda d: css(d, paused))
+    assert pauses_in(db) == [("name", "resize-image")]
+    commands = driver.find_element("css selector", "#commands").text
+    assert "retry" in commands, commands
+    assert "pause" in commands, commands
     shot(driver, "control")
+    css(driver, f"{paused} button.resume")[0].click()
+    wait_for(driver, "resize-image resumed", lambda d: not css(d, paused))
+    assert pauses_in(db) == []
 
     executor.process.send("quit")
     executor.process.expect("BYE")
