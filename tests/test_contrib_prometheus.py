@@ -304,3 +304,103 @@ async def test_tasks_already_under_way_when_instrumented_leave_the_gauges_alone(
 async def test_a_deterministic_executor_is_refused_in_a_line():
     with pytest.raises(TypeError, match="takes an Executor, not DeterministicExecutor"):
         instrument(trioexec.DeterministicExecutor(), CollectorRegistry())
+
+
+# ------------------------------------------------------------ buckets
+
+
+async def test_buckets_are_the_histograms_bounds(registry, autojump_clock):
+    async def waits(handle: TaskHandle) -> None:
+        await trio.sleep(0.5)
+        await handle.defer_until(lambda: trio.current_time() >= 3, poll_interval=1)
+
+    async with open_executor() as ex:
+        instrument(ex, registry, buckets=[0.1, 1, 10.0, float("inf")])
+        ref = await ex.submit(waits, name="waits")
+        await ref.wait()
+
+    def bucket(metric: str, le: str) -> float | None:
+        return sample(registry, f"{metric}_bucket", task="waits", le=le)
+
+    duration, deferred = "trioexec_task_duration_seconds", "trioexec_task_deferred_seconds"
+    assert [bucket(duration, le) for le in ("0.1", "1.0", "10.0", "+Inf")] == [0, 0, 1, 1]
+    assert [bucket(deferred, le) for le in ("0.1", "1.0", "10.0", "+Inf")] == [0, 0, 1, 1]
+    assert bucket(duration, "0.005") is None  # (not the default buckets)
+
+
+@pytest.mark.parametrize(
+    ("buckets", "named"),
+    [
+        ([], r"\[\]"),
+        ([float("inf")], r"\[inf\]"),
+        ([1, 0.5], r"0\.5 comes after 1"),
+        ([0.5, 0.5], r"0\.5 comes after 0\.5"),
+        ([0, 1], r"> 0, got 0"),
+        ([-1.0], r"> 0, got -1\.0"),
+        ([1, float("nan")], r"> 0, got nan"),
+        ([1, float("inf"), 10], r"> 0, got inf"),
+        ([1, "2"], r"number of seconds, got '2'"),
+        ([True, 2], r"number of seconds, got True"),
+        ("0.1", r"got '0\.1'"),
+    ],
+)
+async def test_bad_buckets_are_refused_naming_the_value(registry, buckets, named):
+    async with open_executor() as ex:
+        with pytest.raises(ValueError, match=named):
+            instrument(ex, registry, buckets=buckets)
+        instrument(ex, registry)  # (nothing was registered by the refused call)
+
+
+async def test_the_executors_of_a_registry_share_its_buckets(registry):
+    async with open_executor() as a, open_executor() as b, open_executor() as c:
+        instrument(a, registry, name="a", buckets=(1, 2))
+        with pytest.raises(ValueError, match=r"\(1\.0, 2\.0\).* not \(1\.0, 3\.0\)"):
+            instrument(b, registry, name="b", buckets=(1, 3))
+        instrument(b, registry, name="b", buckets=[1.0, 2.0])  # the same: fine
+        instrument(c, registry, name="c")  # none given: the registry's
+        await c.run(ok)
+    labels = {"executor": "c", "task": "ok", "le": "2.0"}
+    assert registry.get_sample_value("trioexec_task_duration_seconds_bucket", labels) == 1
+
+
+# ------------------------------------------------------------ task names
+
+
+async def test_names_past_max_task_names_are_counted_as_other(registry):
+    gate = trio.Event()
+
+    async def waits() -> None:
+        await gate.wait()
+
+    async with open_executor(max_concurrent_tasks=5) as ex:
+        instrument(ex, registry, max_task_names=2)
+        for name in ("a", "b", "c", "d", "a"):
+            await ex.submit(waits, name=name)
+        await trio.testing.wait_all_tasks_blocked()
+        assert sample(registry, "trioexec_tasks_active", task="other") == 2
+        assert sample(registry, "trioexec_tasks_active", task="a") == 2
+        gate.set()
+    submitted = {
+        task: sample(registry, "trioexec_tasks_submitted_total", task=task)
+        for task in ("a", "b", "c", "d", "other")
+    }
+    assert submitted == {"a": 2, "b": 1, "c": None, "d": None, "other": 2}
+    done = sample(registry, "trioexec_tasks_completed_total", task="other", status="completed")
+    assert done == 2
+    assert sample(registry, "trioexec_tasks_active", task="other") == 0
+    assert sample(registry, "trioexec_task_duration_seconds_count", task="other") == 2
+
+
+async def test_max_task_names_zero_counts_every_task_as_other(registry):
+    async with open_executor() as ex:
+        instrument(ex, registry, max_task_names=0)
+        await ex.run(ok)
+    assert sample(registry, "trioexec_tasks_submitted_total", task="other") == 1
+    assert sample(registry, "trioexec_tasks_submitted_total", task="ok") is None
+
+
+@pytest.mark.parametrize("bad", [-1, True, 1.5, "3"])
+async def test_a_bad_max_task_names_is_refused_naming_it(registry, bad):
+    async with open_executor() as ex:
+        with pytest.raises(ValueError, match=f"got {bad!r}"):
+            instrument(ex, registry, max_task_names=bad)

@@ -20,6 +20,9 @@
 
 Labels: ``executor`` on all, ``task`` (the task's name) on all but the last two,
 which are the executor's own (read when scraped, at no cost per task).
+``max_task_names=`` bounds the ``task`` label: past that many names in one
+executor, the others are counted under ``task="other"``. ``buckets=`` sets the
+two histograms' buckets.
 ``status`` is a `trioexec.TaskStatus` value: completed, failed, cancelled,
 timed_out, dropped. A submission dropped on arrival under ``DROP_NEWEST`` counts
 as completed with status dropped but not as submitted, and one refused with an
@@ -44,8 +47,9 @@ and metric updates in the executor's own steps (the how-to has the figures).
 
 from __future__ import annotations
 
+import math
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, ClassVar, final
 
 import trio
@@ -60,10 +64,15 @@ from .._records import TaskStatus
 if TYPE_CHECKING:
     from .._taskref import Job
 
-__all__ = ["Instrumentation", "instrument"]
+__all__ = ["Instrumentation", "instrument", "BUCKETS", "OTHER"]
 
 #: Prometheus' default buckets, then minutes to an hour (tasks wait that long).
-BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600)
+BUCKETS: tuple[float, ...] = (
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600,
+)  # fmt: skip
+
+#: The ``task`` label of the names past ``max_task_names``.
+OTHER = "other"
 
 #: How tasks end, each a ``status`` series from the start (at 0 until it happens).
 ENDS = (
@@ -76,14 +85,40 @@ ENDS = (
 
 
 def instrument(
-    ex: Executor, registry: CollectorRegistry | None = None, *, name: str = "default"
+    ex: Executor,
+    registry: CollectorRegistry | None = None,
+    *,
+    name: str = "default",
+    buckets: Iterable[float] | None = None,
+    max_task_names: int | None = None,
 ) -> Instrumentation:
     """Count ``ex``'s tasks into ``registry`` (`prometheus_client.REGISTRY` if
     None), under the label ``executor=name``. Never blocks.
 
+    ``buckets``: the upper bounds (seconds, increasing, finite, > 0; ``+Inf`` is
+    always added) of both histograms, the attempt durations and the deferrals.
+    The metrics are made once per registry, by the first `instrument` on it:
+    None takes theirs (`BUCKETS` for the first: 5 ms to an hour); others must
+    be the same.
+
+    ``max_task_names``: at most this many ``task`` label values for ``ex``;
+    tasks of any further name are counted under ``task="other"`` (`OTHER`).
+    None (the default): no bound. A bound, not a function of the name, because
+    only a bound holds whatever the names turn out to be: one made per user or
+    per durable task (a worker's are ``durable:<id>``) fills the overflow
+    series, not the process's memory and Prometheus' index (the OpenTelemetry
+    metrics SDK's cardinality limit does the same). The names that get series
+    of their own are the first ones seen, and keep them while instrumented:
+    after a restart, a name may fall on the other side. Give tasks stable names
+    (``submit(..., name=...)``) and keep the bound above their number: then
+    ``other`` staying at 0 says the names are what you thought.
+
     Raises:
       ValueError: ``ex`` is instrumented on ``registry`` already, or another
-        open executor is, under ``name``.
+        open executor is, under ``name``; ``buckets`` is empty, not increasing,
+        holds a value that is not a finite number > 0, or differs from the
+        buckets the registry's histograms have; ``max_task_names`` is not an
+        int >= 0 (each error names the value).
 
     Example::
 
@@ -92,7 +127,11 @@ def instrument(
     """
     if not isinstance(ex, Executor):  # (a DeterministicExecutor has no slots to scrape)
         raise TypeError(f"instrument() takes an Executor, not {type(ex).__name__}")
-    metrics = _Metrics.of(REGISTRY if registry is None else registry)
+    wanted = None if buckets is None else _check_buckets(buckets)
+    bad = isinstance(max_task_names, bool) or not isinstance(max_task_names, int | None)
+    if bad or (max_task_names is not None and max_task_names < 0):
+        raise ValueError(f"max_task_names must be None or an int >= 0, got {max_task_names!r}")
+    metrics = _Metrics.of(REGISTRY if registry is None else registry, wanted)
     for other in list(metrics.executors.values()):
         if other.executor is ex:
             raise ValueError(f"executor already instrumented on this registry as {other.name!r}")
@@ -103,21 +142,47 @@ def instrument(
                 raise ValueError(
                     f"executor name {name!r} is taken on this registry: give this one another"
                 )
-    instrumentation = Instrumentation(ex, metrics, name)
+    instrumentation = Instrumentation(ex, metrics, name, max_task_names)
     metrics.executors[name] = instrumentation
     return instrumentation
+
+
+def _check_buckets(buckets: Iterable[float]) -> tuple[float, ...]:
+    """``buckets`` as upper bounds, each checked (``+Inf`` last: dropped, it is
+    always there)."""
+    if isinstance(buckets, str | bytes):
+        raise ValueError(f"buckets must be numbers of seconds, got {buckets!r}")
+    bounds = list(buckets)
+    if bounds and bounds[-1] == math.inf:
+        bounds.pop()
+    if not bounds:
+        raise ValueError(f"buckets must hold at least one finite bound, got {buckets!r}")
+    previous = 0.0
+    for bound in bounds:
+        if isinstance(bound, bool) or not isinstance(bound, int | float):
+            raise ValueError(f"a bucket must be a number of seconds, got {bound!r}")
+        if not 0 < bound < math.inf:
+            raise ValueError(f"a bucket must be a finite number of seconds > 0, got {bound!r}")
+        if bound <= previous:
+            raise ValueError(
+                f"buckets must increase: {bound!r} comes after {previous!r} in {buckets!r}"
+            )
+        previous = bound
+    return tuple(float(bound) for bound in bounds)
 
 
 @final
 class Instrumentation:
     """One executor's metrics on one registry (what `instrument` returns)."""
 
-    def __init__(self, ex: Executor, metrics: _Metrics, name: str) -> None:
+    def __init__(
+        self, ex: Executor, metrics: _Metrics, name: str, max_task_names: int | None = None
+    ) -> None:
         self.name = name  #: The ``executor`` label.
         self._ex = weakref.ref(ex)
         self._metrics = metrics
         self._lifecycle = _observe.lifecycle_of(ex)
-        self._observer = _Observer(metrics, name)
+        self._observer = _Observer(metrics, name, max_task_names)
         self._lifecycle.observer = _observe.combine(self._lifecycle.observer, self._observer)
 
     @property
@@ -155,14 +220,20 @@ class _Metrics(Collector):
     )
 
     @classmethod
-    def of(cls, registry: CollectorRegistry) -> _Metrics:
+    def of(cls, registry: CollectorRegistry, buckets: tuple[float, ...] | None) -> _Metrics:
         metrics = cls._registered.get(registry)
         if metrics is None:
-            metrics = cls._registered[registry] = cls(registry)
+            metrics = cls._registered[registry] = cls(registry, buckets or BUCKETS)
+        elif buckets is not None and buckets != metrics.buckets:
+            raise ValueError(
+                f"the histograms on this registry have the buckets {metrics.buckets} (from"
+                f" its first instrument()), not {buckets}: give the same, or leave buckets out"
+            )
         return metrics
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+    def __init__(self, registry: CollectorRegistry, buckets: tuple[float, ...]) -> None:
         labels = ("executor", "task")
+        self.buckets = tuple(float(bound) for bound in buckets)
         self.executors: dict[str, Instrumentation] = {}
         self.submitted = Counter(
             "trioexec_tasks_submitted", "Tasks accepted.", labels, registry=registry
@@ -178,14 +249,14 @@ class _Metrics(Collector):
             "Attempts, from start to end (time deferred included).",
             labels,
             registry=registry,
-            buckets=BUCKETS,
+            buckets=buckets,
         )
         self.deferral = Histogram(
             "trioexec_task_deferred_seconds",
             "Deferrals, from defer_until to resumption (or the attempt's end).",
             labels,
             registry=registry,
-            buckets=BUCKETS,
+            buckets=buckets,
         )
         self.active = Gauge(
             "trioexec_tasks_active", "Tasks running and holding a slot.", labels, registry=registry
@@ -255,18 +326,33 @@ class _Series:
 class _Observer:
     """The `trioexec._observe.Observer` that keeps one executor's metrics."""
 
-    __slots__ = ("_deferred_since", "_executor", "_metrics", "_series", "_started")
+    __slots__ = (
+        "_deferred_since",
+        "_executor",
+        "_max_names",
+        "_metrics",
+        "_other",
+        "_series",
+        "_started",
+    )
 
-    def __init__(self, metrics: _Metrics, executor: str) -> None:
+    def __init__(self, metrics: _Metrics, executor: str, max_names: int | None = None) -> None:
         self._metrics = metrics
         self._executor = executor
-        self._series: dict[str, _Series] = {}
+        self._max_names = max_names  # (None: no bound)
+        self._series: dict[str, _Series] = {}  # each name with series of its own
+        self._other: _Series | None = None  # the names past the bound's (made when needed)
         self._started: dict[Job, float] = {}  # the running attempts' start times
         self._deferred_since: dict[Job, float] = {}  # the deferred ones', since when
 
     def _of(self, job: Job) -> _Series:
         series = self._series.get(job.name)
         if series is None:
+            if self._max_names is not None and len(self._series) >= self._max_names:
+                # Past the bound: not kept by name (its names are unbounded).
+                if self._other is None:
+                    self._other = _Series(self._metrics, self._executor, OTHER)
+                return self._other
             series = self._series[job.name] = _Series(self._metrics, self._executor, job.name)
         return series
 
