@@ -156,6 +156,9 @@ async def publish(context: trioexec.Context) -> None:
     await trio.lowlevel.checkpoint()
 
 
+LIVE_GRAPH = {"fetch": [], "approve": ["fetch"], "pay": ["approve"]}
+
+
 @attrs.frozen
 class Db:
     target: str
@@ -196,6 +199,12 @@ async def build(target: str) -> Db:
                 ("submit", "crunch-1", 1, "crunch", None, None, None, "w2", now - 5),
                 ("start", "crunch-1", 1, 1, now - 5),
                 ("submit", "queued-1", 1, "queued", None, None, None, "w2", now - 5),
+                # A run under way on that executor: its approval step waits.
+                ("run", "run-live", 0, "refund", "{}", "w2", now - 60, json.dumps(LIVE_GRAPH)),
+                ("step", "run-live", "w2", "fetch", "completed", "1", "fetch-9"),
+                ("submit", "approve-9", 1, "approve", "run-live", None, None, "w2", now - 50),
+                ("start", "approve-9", 1, 1, now - 50),
+                ("sub", "approve-9", 1, SubStatus.DEFERRED, now - 50, "promise approval-7"),
             ]
         )
     with DurableStore(target) as ds:
@@ -286,7 +295,7 @@ async def test_overview_counts_charts_and_longest_waiting(db: Db) -> None:
         page = (await c.get("/")).text
     counts = dict(re.findall(r'data-count="(\w+)">(\d+)<', page))
     assert counts["active"] == "1"
-    assert counts["deferred"] == "2"
+    assert counts["deferred"] == "3"
     assert counts["pending"] == "1"
     assert counts["failed"] == "1"
     assert int(counts["completed"]) == len(ODD_NAMES) + 4
@@ -306,9 +315,10 @@ async def test_task_list_filters(db: Db) -> None:
             return rows_of(r.text, "tasks")
 
         assert await ids(status="failed") == ["dead-1"]
-        assert set(await ids(sub_status="deferred")) == {"approval-old", "webhook-new"}
+        assert set(await ids(sub_status="deferred")) == {"approval-old", "webhook-new", "approve-9"}
         assert await ids(name="crunch") == ["crunch-1"]
-        assert await ids(waiting_on="promise") == ["approval-old"]
+        assert await ids(waiting_on="promise", order="oldest") == ["approval-old", "approve-9"]
+        assert await ids(waiting_on="event") == ["webhook-new"]
         assert await ids(name=SCRIPT) == [db.odd[SCRIPT]]
         longest = await ids(order="longest_waiting")
         assert longest[0] == "approval-old"
@@ -373,6 +383,28 @@ async def test_run_page_draws_the_graph_by_depth(db: Db) -> None:
     assert len(re.findall(r'<path class="edge"', page)) == 4
     assert 'data-run-id="run-1"' in listing
     assert missing.status_code == 404
+
+
+async def test_a_run_under_way_shows_each_step_as_its_task_is(db: Db) -> None:
+    async with client(db.target) as c:
+        page = (await c.get("/runs/run-live")).text
+    steps = dict(re.findall(r'data-step="(\w+)" data-state="(\w+)"', page))
+    assert steps == {"fetch": "completed", "approve": "running", "pay": "pending"}
+    assert "approve-9" in page
+
+
+def test_the_graph_layout_without_a_graph_and_with_a_cycle() -> None:
+    from trioexec.web._svg import depths, run_graph
+
+    column = run_graph(None, {"b": "completed", "a": "running"})
+    assert [(s.step_id, s.x) for s in column.steps] == [("b", 10), ("a", 10)]
+    assert column.steps[0].y < column.steps[1].y
+    assert not column.edges
+    assert not column.layered
+    # (a broken record: the cycle is cut where it is met)
+    assert depths({"a": ["b"], "b": ["a"], "c": ["a"]}) == {"a": 2, "b": 1, "c": 3}
+    layered = run_graph({"x": ["gone"]}, {})
+    assert {s.step_id: s.state for s in layered.steps} == {"x": "pending", "gone": "pending"}
 
 
 async def test_fragments_render_alone_and_unknown_ones_are_refused(db: Db) -> None:
@@ -658,9 +690,9 @@ async def test_overview_and_tasks_on_postgres(pg_database: str) -> None:
         for path in PAGES:
             assert (await c.get(path)).status_code == 200, path
     counts = dict(re.findall(r'data-count="(\w+)">(\d+)<', page))
-    assert (counts["active"], counts["deferred"], counts["pending"]) == ("1", "2", "1")
+    assert (counts["active"], counts["deferred"], counts["pending"]) == ("1", "3", "1")
     assert rows_of(failed, "tasks") == ["dead-1"]
-    assert set(rows_of(deferred, "tasks")) == {"approval-old", "webhook-new"}
+    assert set(rows_of(deferred, "tasks")) == {"approval-old", "webhook-new", "approve-9"}
     assert SCRIPT not in names
     assert esc(SCRIPT) in names
     assert "postgresql" not in page or ":***@" in page or "password" not in page

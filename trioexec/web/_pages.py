@@ -209,6 +209,21 @@ def step_summary(run: RunRecord) -> list[tuple[str, int]]:
     return sorted(counted.items())
 
 
+def step_states(run: RunRecord, tasks: list[ExecutionRecord]) -> dict[str, str]:
+    """Each step's state: as the run records it once it ended; before, from its
+    task (a step's task is named after the step): "running" while it runs (or
+    waits deferred), "ready" while it is pending."""
+    states = {step: state for step, (state, _) in run.steps.items()}
+    for record in tasks:
+        if record.name in states:
+            continue
+        if record.status is TaskStatus.RUNNING:
+            states[record.name] = "running"
+        elif record.status is TaskStatus.PENDING:
+            states[record.name] = "ready"
+    return states
+
+
 async def runs(request: Request) -> Response:
     board = dashboard_of(request).board
     try:
@@ -241,7 +256,7 @@ async def run(request: Request) -> Response:
             back="/runs",
         )
     its_tasks = await board.read(browse, run_id=run_id, order="oldest", limit=200)
-    states = {step: state for step, (state, _) in record.steps.items()}
+    states = step_states(record, its_tasks.rows)
     context = {
         "title": f"Run {run_id}",
         "run": record,

@@ -36,7 +36,8 @@ HEADERS = {
     ),
     "x-frame-options": "DENY",
     "x-content-type-options": "nosniff",
-    "referrer-policy": "no-referrer",
+    # (not no-referrer: with it, browsers send "Origin: null" on a form's POST)
+    "referrer-policy": "same-origin",
     "cache-control": "no-store",
 }
 
