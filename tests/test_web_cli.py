@@ -23,8 +23,6 @@ from test_cli import TRIOEXEC, cli, cli_env, one_line_error
 
 import trioexec
 
-pytest.importorskip("starlette")
-
 URL_LINE = re.compile(
     r"trioexec dashboard: (http://127\.0\.0\.1:(\d+)/\?token=([\w-]+))( \(read-only\))?"
 )

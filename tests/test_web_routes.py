@@ -28,97 +28,8 @@ import trio
 import trioexec
 from trioexec import SubStatus, TaskStatus, Workflow, task
 from trioexec.durable import DurableStore, PromiseState
-
-pytest.importorskip("starlette")
-
-
-def _browse_stand_in() -> None:  # (deleted when helper browse's _store/_browse.py lands)
-    import sys
-    import types
-
-    m = types.ModuleType("trioexec._store._browse")
-
-    @attrs.frozen
-    class Page:
-        rows: list[Any]
-        next_cursor: str | None
-        total: int | None
-
-    @attrs.frozen
-    class Bucket:
-        start: float
-        completed: int
-        failed: int
-        cancelled: int
-        timed_out: int
-
-    def browse(
-        store: Any,
-        *,
-        status: Any = None,
-        sub_status: Any = None,
-        name: Any = None,
-        key: Any = None,
-        waiting_on: Any = None,
-        run_id: Any = None,
-        order: str = "newest",
-        limit: int = 50,
-        cursor: str | None = None,
-    ) -> Page:
-        rows = store.executions(
-            status=status,
-            sub_status=sub_status,
-            run_id=run_id,
-            key=key,
-            order="newest" if order == "newest" else "oldest",
-        )
-        rows = [r for r in rows if name is None or r.name == name]
-        rows = [r for r in rows if waiting_on is None or waiting_on in (r.waiting_on or "")]
-        if order == "longest_waiting":
-            live = [r for r in rows if r.status in (TaskStatus.PENDING, TaskStatus.RUNNING)]
-            rows = sorted(live, key=lambda r: r.deferred_since or r.submitted_at or 0)
-        start = int(cursor or 0)
-        more = start + limit < len(rows)
-        return Page(rows[start : start + limit], str(start + limit) if more else None, len(rows))
-
-    def activity(
-        store: Any, *, since: float, bucket: float = 60.0, now: float | None = None
-    ) -> list[Bucket]:
-        now = time.time() if now is None else now
-        n = int((now - since) // bucket) + 1
-        out = [[0, 0, 0, 0] for _ in range(n)]
-        for r in store.executions():
-            if r.finished_at is not None and r.finished_at >= since:
-                i = min(int((r.finished_at - since) // bucket), n - 1)
-                kinds = ("completed", "failed", "cancelled", "timed_out")
-                if r.status.value in kinds:
-                    out[i][kinds.index(r.status.value)] += 1
-        return [Bucket(since + i * bucket, *c) for i, c in enumerate(out)]
-
-    def task_names(store: Any, limit: int = 200) -> list[str]:
-        return sorted({r.name for r in store.executions()})[:limit]
-
-    def task_commands(store: Any, task_id: str) -> list[Any]:
-        return [c for c in store.commands(0) if c.task_id == task_id]
-
-    m.__dict__.update(
-        Page=Page,
-        Bucket=Bucket,
-        browse=browse,
-        activity=activity,
-        task_names=task_names,
-        task_commands=task_commands,
-    )
-    sys.modules[m.__name__] = m
-
-
-try:
-    import trioexec._store._browse
-except ModuleNotFoundError:
-    _browse_stand_in()
-
-from trioexec.web import create_app  # noqa: E402
-from trioexec.web._security import COOKIE, csrf_of  # noqa: E402
+from trioexec.web import create_app
+from trioexec.web._security import COOKIE, csrf_of
 
 TOKEN = "test-token-0123456789"
 BASE = "http://127.0.0.1:8321"
@@ -452,6 +363,12 @@ async def test_a_page_needs_the_token_when_reads_require_it(db: Db) -> None:
         assert (await c.get("/tasks")).status_code == 200
     async with client(db.target, logged_in=False) as c:  # loopback: reads are free
         assert (await c.get("/")).status_code == 200
+        # ... by a loopback name only: a rebound name (DNS rebinding) needs the token.
+        rebound = {"host": "evil.example:8321"}
+        assert (await c.get("/", headers=rebound)).status_code == 403
+        assert (await c.get("/", headers={"host": "localhost:8321"})).status_code == 200
+        c.cookies.set(COOKIE, TOKEN)
+        assert (await c.get("/", headers=rebound)).status_code == 200  # (a reverse proxy)
 
 
 # ---------------------------------------------------------------------- actions

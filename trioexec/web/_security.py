@@ -7,7 +7,9 @@ cookie and redirects to the same page without it (so it leaves the address bar
 and the history). An action (a POST) needs that cookie, a CSRF field derived from
 the token (an HMAC of it: a page from elsewhere cannot read the cookie, so it
 cannot compute the field) and, when the browser sends one, an Origin of this
-server. Reads need the cookie only when the server listens beyond loopback.
+server. Reads need the cookie only when the server listens beyond loopback, or
+is asked for by a name that is not a loopback one (a reverse proxy's; or a
+rebound name, the DNS-rebinding attack on local servers).
 """
 
 from __future__ import annotations
@@ -77,7 +79,12 @@ class Guard:
         return hmac.compare_digest(cookie.encode(), self.token.encode())
 
     def may_read(self, request: Request) -> bool:
-        return not self.require_token_for_reads or self.has_token(request)
+        """Reads are free on loopback, asked for by a loopback name: a page of
+        another site whose name was rebound to 127.0.0.1 (DNS rebinding) asks
+        with its own name, and needs the token (which it cannot have)."""
+        if not self.require_token_for_reads and is_loopback(request.url.hostname or ""):
+            return True
+        return self.has_token(request)
 
     def refusal(self, request: Request, form: dict[str, str]) -> str | None:
         """Why this action must not run (None: it may)."""
