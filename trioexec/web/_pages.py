@@ -25,6 +25,7 @@ from ._svg import HEIGHT, PAD, STEP_H, STEP_W, WIDTH, bars, line, run_graph
 
 PAGE_SIZE = 50
 RUNS_SHOWN = 200
+COMMANDS_SHOWN = 50
 ORDERS = (
     ("newest", "newest first"),
     ("oldest", "oldest first"),
@@ -330,11 +331,13 @@ async def failed(request: Request) -> Response:
 async def control(request: Request) -> Response:
     board = dashboard_of(request).board
     pauses = await board.read(lambda store: store.pauses())
-    log = await board.read(lambda store: store.commands(0))
+    # The last ~50 by seq, and any newer than the poller has seen: never the whole log.
+    after = 0 if board.counts is None else max(0, board.counts.last_command - COMMANDS_SHOWN)
+    log = await board.read(lambda store: store.commands(after))
     context = {
         "title": "Control",
         "pauses": pauses,
-        "commands": list(reversed(log[-50:])),
+        "commands": list(reversed(log[-COMMANDS_SHOWN:])),
         "names": await board.read(task_names),
     }
     return render(request, "control.html", context)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import urllib.parse
 from collections.abc import Awaitable, Callable
@@ -73,16 +74,13 @@ async def serve(
             await shutdown_trigger()
         board.stop()  # (the event streams end, so the connections can close)
 
-    async def started(binds: list[str]) -> None:
-        task_status.started(url_of(binds[0], host, token))
-
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(
-            lambda task_status: hypercorn_serve(
+            functools.partial(
+                hypercorn_serve,
                 app,  # type: ignore[arg-type]
                 config,
                 shutdown_trigger=stop_when_told,
-                task_status=task_status,
             )
         )
-        await started(binds)
+        task_status.started(url_of(binds[0], host, token))
