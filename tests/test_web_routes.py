@@ -301,6 +301,7 @@ async def test_a_run_under_way_shows_each_step_as_its_task_is(db: Db) -> None:
         page = (await c.get("/runs/run-live")).text
     steps = dict(re.findall(r'data-step="(\w+)" data-state="(\w+)"', page))
     assert steps == {"fetch": "completed", "approve": "running", "pay": "pending"}
+    assert "<title>approve: running, waiting on promise approval-7</title>" in page
     assert "approve-9" in page
 
 

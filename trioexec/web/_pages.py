@@ -261,7 +261,11 @@ async def run(request: Request) -> Response:
     context = {
         "title": f"Run {run_id}",
         "run": record,
-        "graph": run_graph(record.graph, states),
+        "graph": run_graph(
+            record.graph,
+            states,
+            {r.name: r.waiting_on for r in its_tasks.rows if r.waiting_on and r.name in states},
+        ),
         "step_w": STEP_W,
         "step_h": STEP_H,
         "tasks": its_tasks.rows,

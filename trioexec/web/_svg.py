@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 import attrs
 
 #: Chart canvas, in SVG user units (the CSS scales it to the column's width).
-WIDTH, HEIGHT, PAD = 600, 160, 28
+WIDTH, HEIGHT, PAD = 600, 160, 40
 
 
 @attrs.frozen
@@ -109,7 +109,7 @@ def bars(buckets: Sequence[tuple[float, int, int]], *, label: str = "min") -> Ba
 # ------------------------------------------------------------------ the run graph
 
 #: A step's box and the gaps between them.
-STEP_W, STEP_H, GAP_X, GAP_Y, MARGIN = 170, 40, 60, 16, 10
+STEP_W, STEP_H, GAP_X, GAP_Y, MARGIN = 190, 40, 50, 16, 10
 
 
 @attrs.frozen
@@ -118,6 +118,7 @@ class Step:
     state: str
     x: int
     y: int
+    detail: str = ""  #: what its task waits on, if it does
 
 
 @attrs.frozen
@@ -157,10 +158,16 @@ def depths(graph: Mapping[str, Sequence[str]]) -> dict[str, int]:
     return out
 
 
-def run_graph(graph: Mapping[str, Sequence[str]] | None, states: Mapping[str, str]) -> Graph:
+def run_graph(
+    graph: Mapping[str, Sequence[str]] | None,
+    states: Mapping[str, str],
+    details: Mapping[str, str] | None = None,
+) -> Graph:
     """Lay out a run's steps left to right by dependency depth (``graph``: step id
     -> the ids it depends on), each coloured by its state in ``states`` (a step
-    not there yet is ``"pending"``). Without a graph, the steps as a column."""
+    not there yet is ``"pending"``), with its ``details`` (what it waits on).
+    Without a graph, the steps as a column."""
+    details = details or {}
     if graph is None:
         layers = [[step] for step in states]
         edges_from: Mapping[str, Sequence[str]] = {}
@@ -179,7 +186,8 @@ def run_graph(graph: Mapping[str, Sequence[str]] | None, states: Mapping[str, st
     where: dict[str, Step] = {}
     if graph is None:
         for row, [step] in enumerate(layers):
-            where[step] = Step(step, states[step], MARGIN, MARGIN + row * (STEP_H + GAP_Y))
+            y = MARGIN + row * (STEP_H + GAP_Y)
+            where[step] = Step(step, states[step], MARGIN, y, details.get(step, ""))
     else:
         for col, layer in enumerate(layers):
             for row, step in enumerate(layer):
@@ -188,6 +196,7 @@ def run_graph(graph: Mapping[str, Sequence[str]] | None, states: Mapping[str, st
                     states.get(step, "pending"),
                     MARGIN + col * (STEP_W + GAP_X),
                     MARGIN + row * (STEP_H + GAP_Y),
+                    details.get(step, ""),
                 )
     edges = []
     for step, needs in edges_from.items():
