@@ -569,7 +569,12 @@ def test_a_sqlite_file_of_schema_10_migrates(tmp_path):
             )
         )
     assert version == ("11",) == (str(_sqlite_schema.SCHEMA_VERSION),)
-    assert {"executions_by_status", "executions_name", "executions_finished"} <= indexes
+    assert {
+        "executions_by_status",
+        "executions_name",
+        "executions_finished",
+        "executions_live_rows",
+    } <= indexes
     assert "USING COVERING INDEX executions_finished" in plan
     with SQLiteStore(path, read_only=True) as reader:
         assert browse(reader).total == 1

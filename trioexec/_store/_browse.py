@@ -72,6 +72,13 @@ class _Dialect:
     seq: str  #: submission order (a unique integer per execution)
     find: str  #: ``{col}`` holds the parameter as a literal substring
     bucket: str  #: the bucket number of ``e.finished_at``: ``(finished_at - p1) / p2``, floored
+    #: Keeps a planner off a column's index (SQLite: unary ``+``; it has no
+    #: statistics, and would walk every execution of a name to find the few live)
+    aside: str
+    #: Submission order among the live executions only, sorted after they are
+    #: found (PostgreSQL: ``seq + 0``; it guesses that a third of the rows hold
+    #: any ``strpos``, and walks the whole ``seq`` index back to find 51 of them)
+    live_seq: str
 
 
 _DIALECTS = {
@@ -81,12 +88,16 @@ _DIALECTS = {
         find="instr({col}, ?) > 0",
         # (CAST truncates toward zero: the same as floor for the rows counted, >= since)
         bucket="CAST((e.finished_at - ?) / ? AS INTEGER)",
+        aside="+",
+        live_seq="e.rowid",
     ),
     "postgres": _Dialect(
         mark="%s",
         seq="e.seq",
         find="strpos({col}, %s) > 0",
         bucket="CAST(floor((e.finished_at - %s) / %s) AS bigint)",
+        aside="",
+        live_seq="(e.seq + 0)",
     ),
 }
 
@@ -134,15 +145,23 @@ def _limit(value: object) -> int:
 
 def _where(
     d: _Dialect,
+    order: object,
     status: TaskStatus | str | None,
     sub_status: SubStatus | str | None,
     name: str | None,
     key: str | None,
     waiting_on: str | None,
     run_id: str | None,
-) -> tuple[list[str], list[object]] | None:
+) -> tuple[list[str], list[object], bool] | None:
     """The conditions (on ``e``) and their parameters; None if nothing can match
-    (a text no store can hold: a NUL, a lone surrogate)."""
+    (a text no store can hold: a NUL, a lone surrogate); and whether only
+    live executions can match.
+
+    A query of live executions only (``longest_waiting``, a live status, a
+    sub-status, ``waiting_on``) says so (``status IN ('pending', 'running')``,
+    true of every row it can match anyway): the index of the live rows, which
+    holds every column these filters and that order read, then answers it
+    without reading the table; a name or key index is kept out of its way."""
     where: list[str] = []
     params: list[object] = []
     if status is not None:
@@ -152,8 +171,6 @@ def _where(
             raise ValueError(
                 f"status must be one of {', '.join(s.value for s in TaskStatus)}, got {status!r}"
             ) from None
-        where.append(f"e.status = {d.mark}")
-        params.append(status.value)
     if sub_status is not None:
         try:
             sub_status = SubStatus(sub_status)
@@ -162,37 +179,51 @@ def _where(
                 f"sub_status must be one of {', '.join(s.value for s in SubStatus)},"
                 f" got {sub_status!r}"
             ) from None
-        where.append(f"e.sub_status = {d.mark}")
-        params.append(sub_status.value)
     texts = {
         "name": _text("name", name),
         "key": _text("key", key),
         "run_id": _text("run_id", run_id),
         "waiting_on": _text("waiting_on", waiting_on),
     }
+    live = (
+        order == "longest_waiting"
+        or status in (TaskStatus.PENDING, TaskStatus.RUNNING)
+        or sub_status is not None
+        or texts["waiting_on"] is not None
+    )
+    if live:
+        where.append(_LIVE_SQL)
+    if status is not None:
+        where.append(f"e.status = {d.mark}")
+        params.append(status.value)
+    if sub_status is not None:
+        where.append(f"e.sub_status = {d.mark}")
+        params.append(sub_status.value)
     for column, value in texts.items():
         if value is None:
             continue
         if not _storable(value):
             return None
         if column == "waiting_on":
-            # Only a live execution waits on anything (the stores clear it when
-            # one ends): the live rows' index narrows the search to them.
-            where.append(f"{_LIVE_SQL} AND {d.find.format(col='e.waiting_on')}")
+            where.append(d.find.format(col="e.waiting_on"))
+        elif live and column != "run_id":  # (a run's executions are few: its index)
+            where.append(f"{d.aside}e.{column} = {d.mark}")
         else:
             where.append(f"e.{column} = {d.mark}")
         params.append(value)
-    return where, params
+    return where, params, live
 
 
-def _order(d: _Dialect, order: object) -> tuple[list[str], str, str]:
-    """(the sort key's expressions, ORDER BY, the comparison after a cursor's key)."""
+def _order(d: _Dialect, order: object, live: bool) -> tuple[list[str], bool]:
+    """The sort key's expressions (of live executions only: ``live``), and
+    whether descending."""
+    seq = d.live_seq if live else d.seq
     if order == "oldest":
-        return [d.seq], d.seq, ">"
+        return [seq], False
     if order == "newest":
-        return [d.seq], f"{d.seq} DESC", "<"
+        return [seq], True
     if order == "longest_waiting":
-        return [_RANK, _SINCE, d.seq], f"{_RANK}, {_SINCE}, {d.seq}", ">"
+        return [_RANK, _SINCE, seq], False
     raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
 
 
@@ -271,28 +302,37 @@ def browse(
     """
     sql_store, d = _sql_store(store)
     limit = _limit(limit)
-    keys, by, after = _order(d, order)
-    found = _where(d, status, sub_status, name, key, waiting_on, run_id)
+    _order(d, order, False)  # (an unknown order: before anything else)
+    found = _where(d, order, status, sub_status, name, key, waiting_on, run_id)
     start = None if cursor is None else _decode(cursor, str(order))
     if found is None:
         return Page(rows=[], next_cursor=None, total=0)
-    where, params = found
-    if order == "longest_waiting":
-        where.append(_LIVE_SQL)
+    where, params, live = found
+    keys, descending = _order(d, order, live)
     count_sql = (
         f"SELECT count(*) FROM (SELECT 1 FROM executions e{_and(where)} LIMIT {d.mark}) AS m"
     )
     count_params = [*params, COUNT_LIMIT + 1]
     if start is not None:
         marks = ", ".join([d.mark] * len(keys))
-        where.append(f"({', '.join(keys)}) {after} ({marks})")
+        where.append(f"({', '.join(keys)}) {'<' if descending else '>'} ({marks})")
         params.extend(start)
-    sql = (
-        f"SELECT {RECORD_COLUMNS}, {', '.join(keys)} FROM executions e"
-        f" LEFT JOIN owners o ON o.owner = e.owner{_and(where)}"
-        f" ORDER BY {by} LIMIT {d.mark}"
-    )
     params.append(limit + 1)
+    way = " DESC" if descending else ""
+    names = [f"k{i}" for i in range(len(keys))]
+    # The page's sort keys first, from the indexes alone where they hold what
+    # the filters read; then those few rows, by their submission number.
+    inner = (
+        f"SELECT {', '.join(f'{k} AS {n}' for k, n in zip(keys, names, strict=True))}"
+        f" FROM executions e{_and(where)} ORDER BY {', '.join(k + way for k in keys)}"
+        f" LIMIT {d.mark}"
+    )
+    sql = (
+        f"SELECT {RECORD_COLUMNS}, {', '.join(f'k.{n}' for n in names)} FROM ({inner}) AS k"
+        f" JOIN executions e ON {d.seq} = k.{names[-1]}"
+        " LEFT JOIN owners o ON o.owner = e.owner"
+        f" ORDER BY {', '.join(f'k.{n}{way}' for n in names)}"
+    )
     width = len(RECORD_FIELDS)
     with sql_store.snapshot("browse executions") as conn:
         rows = conn.execute(sql, params).fetchall()

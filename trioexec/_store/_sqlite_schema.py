@@ -219,11 +219,19 @@ def _dashboard(db: sqlite_utils.Database) -> None:
     # The dashboard's reads (`trioexec._store._browse`): its pages of executions
     # in submission order under a status or name filter walk an index in rowid
     # order (SQLite appends the rowid to every index: (status) is (status,
-    # rowid)); its activity chart counts the executions finished since a time,
-    # from the index alone (rows not finished are left out of it); a task's
-    # commands. Each run records its steps' graph (JSON; NULL before).
+    # rowid)); the live executions (a few among millions), with every column
+    # its filters and its longest-waiting order read, so that a page of them
+    # is found in this index alone (finished rows are left out of it: most are
+    # inserted finished, and write nothing to it); its activity chart counts the
+    # executions finished since a time, from the index alone (rows not
+    # finished are left out of it); a task's commands. Each run records its
+    # steps' graph (JSON; NULL before).
     db.execute("CREATE INDEX executions_by_status ON executions (status)")
     db.execute("CREATE INDEX executions_name ON executions (name)")
+    db.execute(
+        "CREATE INDEX executions_live_rows ON executions (status, sub_status, submitted_at,"
+        " deferred_since, waiting_on, name, key, run_id) WHERE status IN ('pending', 'running')"
+    )
     db.execute(
         "CREATE INDEX executions_finished ON executions (finished_at, status)"
         " WHERE finished_at IS NOT NULL"
