@@ -154,3 +154,16 @@ def test_without_the_web_extra_it_says_what_to_install(tmp_path: Path) -> None:
     )
     line = one_line_error(proc, 2)
     assert "pip install 'trioexec[web]'" in line
+
+
+def test_the_printed_url_and_which_hosts_are_loopback() -> None:
+    from trioexec.web._security import is_loopback
+    from trioexec.web._serve import url_of
+
+    assert url_of("http://127.0.0.1:4321", "127.0.0.1", "T") == "http://127.0.0.1:4321/?token=T"
+    assert url_of("http://0.0.0.0:80", "0.0.0.0", "T") == "http://127.0.0.1:80/?token=T"
+    assert url_of("http://[::1]:80", "::1", "T") == "http://[::1]:80/?token=T"
+    for host in ("127.0.0.1", "127.8.9.1", "::1", "[::1]", "localhost", "LOCALHOST"):
+        assert is_loopback(host), host
+    for host in ("0.0.0.0", "::", "192.168.1.4", "example.com", "127.0.0.1.evil.example", ""):
+        assert not is_loopback(host), host

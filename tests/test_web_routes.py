@@ -542,8 +542,8 @@ async def test_events_say_refresh_when_the_store_changes(db: Db) -> None:
     async with lifespan(app):
         board = app.state.dashboard.board
         with trio.fail_after(10):
-            while board.counts is None:  # (the poller's first read)
-                await trio.sleep(0.05)
+            await board.wait_for_change(0)  # (the poller's first read)
+        assert board.counts is not None
         got: list[str] = []
         first = trio.Event()
         changed = trio.Event()
