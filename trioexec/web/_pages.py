@@ -73,6 +73,7 @@ def bad_query(request: Request, exc: ValueError) -> Response:
 
 async def overview(request: Request) -> Response:
     board = dashboard_of(request).board
+    version = board.version  # (before the reads: a change meanwhile refreshes it)
     now = time.time()
     counts = board.counts or await board.read(read_counts, 0)
     buckets = await board.read(activity, since=now - 3600, bucket=60.0, now=now)
@@ -82,6 +83,7 @@ async def overview(request: Request) -> Response:
     finished = [(b.start, b.completed, b.failed + b.timed_out) for b in buckets]
     rates = [(start, bad / (ok + bad) if ok + bad else 0.0) for start, ok, bad in finished]
     context = {
+        "version": version,
         "title": "Overview",
         "counts": counts,
         "count_labels": COUNTS,
@@ -127,6 +129,7 @@ class TaskFilters:
 
 async def tasks(request: Request) -> Response:
     board = dashboard_of(request).board
+    version = board.version  # (before the reads: a change meanwhile refreshes it)
     try:
         f = TaskFilters.of(request.query_params)
         cursor = _text(request.query_params, "cursor")
@@ -135,6 +138,7 @@ async def tasks(request: Request) -> Response:
         return bad_query(request, exc)
     names = await board.read(task_names)
     context = {
+        "version": version,
         "title": "Tasks",
         "f": f,
         "page": page,
@@ -179,6 +183,7 @@ def timeline(record: ExecutionRecord, commands: list[Command]) -> list[Moment]:
 
 async def task(request: Request) -> Response:
     board = dashboard_of(request).board
+    version = board.version  # (before the reads: a change meanwhile refreshes it)
     task_id = request.path_params["task_id"]
     record = await board.read(lambda store: store.execution(task_id))
     if record is None:
@@ -191,6 +196,7 @@ async def task(request: Request) -> Response:
         )
     commands = await board.read(task_commands, task_id)
     context = {
+        "version": version,
         "title": f"Task {task_id}",
         "task": record,
         "timeline": timeline(record, commands),
@@ -227,6 +233,7 @@ def step_states(run: RunRecord, tasks: list[ExecutionRecord]) -> dict[str, str]:
 
 async def runs(request: Request) -> Response:
     board = dashboard_of(request).board
+    version = board.version  # (before the reads: a change meanwhile refreshes it)
     try:
         status = _choice(request.query_params, "status", RUN_STATES)
     except ValueError as exc:
@@ -234,6 +241,7 @@ async def runs(request: Request) -> Response:
     found = await board.read(lambda store: store.runs(status=status))
     found.sort(key=lambda r: (r.created_at or 0.0, r.run_id), reverse=True)
     context = {
+        "version": version,
         "title": "Runs",
         "runs": found[:RUNS_SHOWN],
         "more": len(found) > RUNS_SHOWN,
@@ -246,6 +254,7 @@ async def runs(request: Request) -> Response:
 
 async def run(request: Request) -> Response:
     board = dashboard_of(request).board
+    version = board.version  # (before the reads: a change meanwhile refreshes it)
     run_id = request.path_params["run_id"]
     record = await board.read(lambda store: store.run(run_id))
     if record is None:
@@ -259,6 +268,7 @@ async def run(request: Request) -> Response:
     its_tasks = await board.read(browse, run_id=run_id, order="oldest", limit=200)
     states = step_states(record, its_tasks.rows)
     context = {
+        "version": version,
         "title": f"Run {run_id}",
         "run": record,
         "graph": run_graph(
@@ -280,6 +290,7 @@ async def run(request: Request) -> Response:
 
 async def promises(request: Request, flash: Any = None, status_code: int = 200) -> Response:
     board = dashboard_of(request).board
+    version = board.version  # (before the reads: a change meanwhile refreshes it)
     query = request.query_params if request.method == "GET" else {}
     try:
         state = _choice(query, "state", PROMISE_STATES)
@@ -293,6 +304,7 @@ async def promises(request: Request, flash: Any = None, status_code: int = 200) 
     except ValueError as exc:
         return bad_query(request, exc)
     context = {
+        "version": version,
         "title": "Promises",
         "promises": found,
         "state": state,
@@ -312,6 +324,7 @@ async def promises(request: Request, flash: Any = None, status_code: int = 200) 
 
 async def failed(request: Request) -> Response:
     board = dashboard_of(request).board
+    version = board.version  # (before the reads: a change meanwhile refreshes it)
     name = _text(request.query_params, "name")
     cursor = _text(request.query_params, "cursor")
     try:
@@ -321,6 +334,7 @@ async def failed(request: Request) -> Response:
     except ValueError as exc:
         return bad_query(request, exc)
     context = {
+        "version": version,
         "title": "Failed tasks",
         "page": page,
         "name": name,
@@ -334,11 +348,13 @@ async def failed(request: Request) -> Response:
 
 async def control(request: Request) -> Response:
     board = dashboard_of(request).board
+    version = board.version  # (before the reads: a change meanwhile refreshes it)
     pauses = await board.read(lambda store: store.pauses())
     # The last ~50 by seq, and any newer than the poller has seen: never the whole log.
     after = 0 if board.counts is None else max(0, board.counts.last_command - COMMANDS_SHOWN)
     log = await board.read(lambda store: store.commands(after))
     context = {
+        "version": version,
         "title": "Control",
         "pauses": pauses,
         "commands": list(reversed(log[-COMMANDS_SHOWN:])),
