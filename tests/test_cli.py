@@ -21,6 +21,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -43,6 +44,13 @@ TRIOEXEC = [_script] if _script else [sys.executable, "-m", "trioexec"]
 ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07]*\x07|[()][0-9A-Za-z])")
 OLD = 3600.0  # how long "approval-old" has been deferred
 RECENT = 5.0  # how long "webhook-new" has been deferred
+
+
+def interruptible() -> None:
+    """A child's ``preexec_fn``: Ctrl-C (SIGINT) acts as it does in a shell's
+    foreground. A test run started in the background (``cmd &`` in a script)
+    inherits SIGINT ignored, and Python then never raises KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def cli_env(columns: int | None = 200) -> dict[str, str]:
@@ -383,6 +391,7 @@ def test_watch_live_under_a_terminal_follows_another_process(app: AppDb) -> None
         TRIOEXEC[0],
         [*TRIOEXEC[1:], "watch", "app.db", "--interval", "0.1"],
         cwd=str(app.path.parent),
+        preexec_fn=interruptible,
         env=cli_env(columns=None),
         dimensions=(40, 120),
         encoding="utf-8",
@@ -760,6 +769,7 @@ def spawn_demo(cwd: Path, transcript: io.StringIO) -> pexpect.spawn:
         TRIOEXEC[0],
         [*TRIOEXEC[1:], "demo", "--quick", "--tasks", "8", "--slots", "2", "--db", "demo.db"],
         cwd=str(cwd),
+        preexec_fn=interruptible,
         env=cli_env(columns=None),
         dimensions=(50, 140),
         encoding="utf-8",
