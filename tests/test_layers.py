@@ -36,6 +36,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "trioexec.cli*",
                 "trioexec._demo",
                 "trioexec.contrib*",
+                "trioexec.web*",
             }
         ),
     ),
@@ -103,6 +104,9 @@ LIBRARY_OWNERS = {
     "sqlite_utils": frozenset({"trioexec._store._sqlite*"}),
     "click": frozenset({"trioexec.cli*"}),
     "rich": frozenset({"trioexec.cli*"}),
+    "starlette": frozenset({"trioexec.web*"}),
+    "jinja2": frozenset({"trioexec.web*"}),
+    "hypercorn": frozenset({"trioexec.web*"}),
 }
 
 
