@@ -299,8 +299,15 @@ def wait_for(driver: Any, what: str, check: Callable[[Any], Any]) -> Any:
     try:
         return waiting.until(check)
     except TimeoutException:
+        live = driver.execute_script(
+            "var l = document.getElementById('live');"
+            " return [document.body.getAttribute('data-version'),"
+            " l && l.getAttribute('data-state'), l && l.textContent];"
+        )
+        console = [entry["message"] for entry in driver.get_log("browser")]
         pytest.fail(
             f"{what}: not seen within {PAGE_TIMEOUT}s on {driver.current_url}\n"
+            f"data-version, #live state and text: {live}; browser console: {console}\n"
             f"page text:\n{driver.find_element('tag name', 'body').text}"
         )
 
