@@ -20,6 +20,7 @@ import trioexec
 from trioexec import Backoff, DeterministicExecutor, Overflow, TaskHandle, TaskStatus, open_executor
 from trioexec.contrib import otel
 from trioexec.contrib.otel import instrument
+from trioexec.testing import FakeWallClock
 
 
 class Traces:
@@ -426,3 +427,28 @@ async def test_an_attempt_ended_from_another_trio_task_leaves_both_contexts_alon
     assert span.attributes["trioexec.status"] == "cancelled"
     assert not [r for r in caplog.records if r.levelname == "ERROR"]
     assert trace.get_current_span() is trace.INVALID_SPAN
+
+
+async def test_an_end_the_store_fences_out_leaves_the_span_and_the_tracing_on(
+    traces, autojump_clock
+):
+    """The attempt's span ended with the task; the store then refuses the
+    completion: the span cannot change, and the observer stays (not dropped)."""
+    store = trioexec.MemoryStore(clock=FakeWallClock(start=0))
+
+    @trioexec.task(id="work")
+    async def work() -> str:
+        await trio.sleep(1)
+        return "done"
+
+    async with open_executor(store=store, lease=30, tasks=[work]) as ex:
+        instrument(ex, traces.provider)
+        ref = await ex.submit(work)
+        await ex.flush()
+        assert len(store.recover("B", 10**6, lambda r: True, 3).claimed) == 1
+        assert (await ref.wait()).status is TaskStatus.CANCELLED  # (fenced out)
+        assert await ex.run(work) == "done"
+        assert len(ex._core.lifecycle.observer.all) == 1  # still told
+    # The fenced-out attempt's span says how it ended here; the next one is traced.
+    spans = traces.spans("process work")
+    assert [s.attributes[otel.STATUS] for s in spans] == ["completed", "completed"]

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 import trio
+from pg_server import STORE_KINDS
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import trioexec
 from trioexec import Backoff, TaskHandle, open_executor
 from trioexec.contrib.prometheus import instrument
+from trioexec.testing import FakeWallClock
 
 
 @pytest.fixture
@@ -404,3 +406,39 @@ async def test_a_bad_max_task_names_is_refused_naming_it(registry, bad):
     async with open_executor() as ex:
         with pytest.raises(ValueError, match=f"got {bad!r}"):
             instrument(ex, registry, max_task_names=bad)
+
+
+# ------------------------------------------------------------ fenced out
+
+
+@pytest.fixture(params=STORE_KINDS)
+def store(request, store_maker):
+    return store_maker(request.param)
+
+
+async def test_an_end_the_store_fences_out_counts_as_fenced_out(registry, store, autojump_clock):
+    """The task completes here, and is counted so; the store then refuses the
+    completion (another executor took the task over): it counts as fenced out."""
+    store.clock = FakeWallClock(start=0)
+
+    @trioexec.task(id="work")
+    async def work() -> str:
+        await trio.sleep(1)
+        return "done"
+
+    async with open_executor(store=store, lease=30, tasks=[work]) as ex:
+        instrument(ex, registry)
+        ref = await ex.submit(work)
+        await ex.flush()
+        assert [r.task_id for r in store.recover("B", 10**6, lambda r: True, 3).claimed] == [
+            ref.task_id
+        ]
+        assert (await ref.wait()).status is trioexec.TaskStatus.CANCELLED  # (lease_lost)
+        kept = await ex.run(work)  # (not fenced: not counted so)
+    assert kept == "done"
+    fenced = {
+        status: sample(registry, "trioexec_tasks_fenced_out_total", task="work", status=status)
+        for status in ("completed", "failed", "cancelled")
+    }
+    assert fenced == {"completed": 1, "failed": None, "cancelled": None}
+    assert sample(registry, "trioexec_tasks_completed_total", task="work", status="completed") == 2

@@ -446,6 +446,7 @@ class Lifecycle:
         the execution (or its record never existed). Its waiter learns that, not a
         result that was never recorded."""
         tally = self.tally
+        told = job.status  # (what the observers were told)
         if job.status is TaskStatus.COMPLETED:
             tally.completed_count -= 1
         elif job.status is TaskStatus.FAILED:
@@ -464,7 +465,9 @@ class Lifecycle:
             f"lease_lost: task {job.name!r} ({job.task_id}) is another executor's now; "
             "its result here was not recorded"
         )
-        log_overruled(job)  # (observers were told its end: they are not told again)
+        log_overruled(job)
+        if self.observer is not None:  # (told its end already: now that it did not count)
+            self.observer.overruled(job, told)
 
     # ------------------------------------------------------------ idle, failure
 

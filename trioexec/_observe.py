@@ -3,7 +3,8 @@ OpenTelemetry spans) as its tasks move, and the ``trioexec`` logger.
 
 An observer sees each accepted task (`Observer.submitted`, in the submitter's
 task), each attempt's start (in the worker's task), deferrals and resumptions,
-retries, and the one end (`Observer.finished`). With none registered the
+retries, and the one end (`Observer.finished`); with a store, also an end the
+store then refused (`Observer.overruled`). With none registered the
 executor pays one ``None`` check per step. An observer must be quick: it runs
 on the executor's path, between a task's steps; one that raises is logged and
 told nothing more (`Observers`). Per task, the calls come in order; a task that
@@ -40,6 +41,11 @@ class Observer(Protocol):
     def resumed(self, job: Job) -> None: ...
     def retrying(self, job: Job, status: TaskStatus, delay: float) -> None: ...
     def finished(self, job: Job, status: TaskStatus) -> None: ...
+    def overruled(self, job: Job, status: TaskStatus) -> None:
+        """``job``'s end, told as ``status`` (`finished`), was fenced out by the
+        store: another owner has the task, and nothing of this end was recorded
+        (its status is now ``CANCELLED``, its waiters told ``lease_lost``)."""
+        ...
 
 
 @final
@@ -94,6 +100,13 @@ class Observers:
                 observer.finished(job, status)
             except Exception:
                 self._drop(observer, "finished")
+
+    def overruled(self, job: Job, status: TaskStatus) -> None:
+        for observer in self.all:
+            try:
+                observer.overruled(job, status)
+            except Exception:
+                self._drop(observer, "overruled")
 
     def _drop(self, observer: Observer, step: str) -> None:
         logger.exception("observer %r raised in %s: it is told nothing more", observer, step)

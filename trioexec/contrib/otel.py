@@ -311,6 +311,10 @@ class _Tracing:
         if state is not None and state.span is not None:
             self._end(state, job, status)
 
+    def overruled(self, job: Job, status: TaskStatus) -> None:
+        """Nothing to do: the attempt's span ended (and may be exported) when the
+        task did; an ended span cannot change. The ``trioexec`` logger says it."""
+
     def _end(self, state: _Task, job: Job, status: TaskStatus) -> None:
         """The attempt under way ended with ``status``: end its span, and give
         the worker's task its context back."""

@@ -10,6 +10,7 @@
 ============================================  =======  ======================================
 ``trioexec_tasks_submitted_total``            counter  tasks accepted
 ``trioexec_tasks_completed_total``            counter  tasks ended, by ``status``
+``trioexec_tasks_fenced_out_total``           counter  of those, ends the store refused
 ``trioexec_task_duration_seconds``            histo.   each attempt, start to end
 ``trioexec_task_deferred_seconds``            histo.   each deferral, until it ends
 ``trioexec_tasks_active``                     gauge    running and holding a slot, now
@@ -24,7 +25,11 @@ which are the executor's own (read when scraped, at no cost per task).
 executor, the others are counted under ``task="other"``. ``buckets=`` sets the
 two histograms' buckets.
 ``status`` is a `trioexec.TaskStatus` value: completed, failed, cancelled,
-timed_out, dropped. A submission dropped on arrival under ``DROP_NEWEST`` counts
+timed_out, dropped. An end the store then refuses (fenced out: another
+executor took the task over, its lease lost) stays counted as it was, and
+counts in ``trioexec_tasks_fenced_out_total`` too, under the ``status`` it was
+counted with: subtract it for the ends that were recorded. A submission dropped
+on arrival under ``DROP_NEWEST`` counts
 as completed with status dropped but not as submitted, and one refused with an
 exception in neither. A duration includes the time the attempt spent deferred
 (the deferred histogram has that part); a deferral is observed when it ends,
@@ -244,6 +249,13 @@ class _Metrics(Collector):
             (*labels, "status"),
             registry=registry,
         )
+        self.fenced_out = Counter(
+            "trioexec_tasks_fenced_out",
+            "Task ends counted as completed (by status) that the store then refused:"
+            " another executor had taken the task over.",
+            (*labels, "status"),
+            registry=registry,
+        )
         self.duration = Histogram(
             "trioexec_task_duration_seconds",
             "Attempts, from start to end (time deferred included).",
@@ -301,9 +313,19 @@ class _Metrics(Collector):
 class _Series:
     """One task name's metrics in one executor (the labelled children, looked up once)."""
 
-    __slots__ = ("_labels", "active", "completed", "deferral", "deferred", "duration", "submitted")
+    __slots__ = (
+        "_labels",
+        "active",
+        "completed",
+        "deferral",
+        "deferred",
+        "duration",
+        "submitted",
+        "task",
+    )
 
     def __init__(self, metrics: _Metrics, executor: str, task: str) -> None:
+        self.task = task  # (the label: the task's name, or `OTHER`)
         self._labels = metrics.completed.labels, executor, task
         self.submitted = metrics.submitted.labels(executor, task)
         self.active = metrics.active.labels(executor, task)
@@ -387,6 +409,10 @@ class _Observer:
         series = self._of(job)
         series.ended(status)
         self._attempt_ended(job, series)
+
+    def overruled(self, job: Job, status: TaskStatus) -> None:
+        # (rare: a lease lost as the task ended; the labelled child is looked up here)
+        self._metrics.fenced_out.labels(self._executor, self._of(job).task, status.value).inc()
 
     def _attempt_ended(self, job: Job, series: _Series) -> None:
         start = self._started.pop(job, None)
