@@ -384,7 +384,6 @@ def test_a_person_watches_resolves_a_promise_and_retries(
     links = {a.get_attribute("href") for a in css(driver, "nav a[href]")}
     for page in ("/tasks", "/runs", "/promises", "/failed", "/control"):
         assert f"{base}{page}" in links, (page, links)
-    shot(driver, "overview")
 
     # Nothing changes without the token (its cookie), even with the form's other
     # fields (its CSRF field, as the page has it), nor with the cookie but
@@ -464,8 +463,14 @@ def test_a_person_watches_resolves_a_promise_and_retries(
     shot(driver, "run")
     run_tab = driver.current_window_handle
 
-    # In another tab: the promise, resolved with a typed JSON payload.
+    # In another tab: the overview, two tasks deferred now (on its charts too).
     driver.switch_to.new_window("tab")
+    driver.get(base)
+    wait_for(driver, "2 deferred", lambda d: text_of(d, '#counts [data-count="deferred"]') == "2")
+    assert len(css(driver, "table tbody tr[data-task-id]")) >= 2, "waiting longest"
+    shot(driver, "overview")
+
+    # The promise, resolved with a typed JSON payload.
     driver.get(f"{base}/promises")
     promise = f'tr[data-promise-id="{executor.promise_id}"]'
     wait_for(
