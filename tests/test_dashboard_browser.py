@@ -174,9 +174,12 @@ class Executor:
             tmp_path / "executor.stderr",
             stdin=True,
         )
-        _, self.run_id, self.promise_id, self.failed_id, self.approval_id = self.process.expect(
-            "READY"
-        ).split()
+        try:
+            ready = self.process.expect("READY").split()
+        except BaseException:
+            self.process.cleanup()
+            raise
+        _, self.run_id, self.promise_id, self.failed_id, self.approval_id = ready
 
 
 @pytest.fixture
