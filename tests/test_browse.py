@@ -616,5 +616,10 @@ def test_a_postgres_schema_of_version_7_migrates(postgres_url, pg_schema):
             f"SELECT value FROM {pg_schema}.trioexec_meta WHERE key = 'schema_version'"
         ).fetchone()
     assert version == (str(before + 1),) == (str(_pg_schema.SCHEMA_VERSION),)
-    assert {"executions_by_status", "executions_name", "executions_finished"} <= indexes
+    assert {
+        "executions_by_status",
+        "executions_name",
+        "executions_finished",
+        "executions_live_rows",
+    } <= indexes
     assert "executions_failed" not in indexes

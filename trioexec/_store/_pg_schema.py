@@ -191,14 +191,19 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 8: the dashboard's reads (`trioexec._store._browse`): pages of executions
     # under a status or name filter in submission order, from an index in that
-    # order; the executions finished since a time (its activity chart), counted
-    # from the index (rows not finished are left out of it); a task's commands.
-    # Each run records its steps' graph (JSON; NULL before). The failed rows'
-    # index of 7 is the status index's range for 'failed' now.
+    # order; the live executions with every column the live filters and the
+    # longest-waiting order read (a page of them from the index alone; finished
+    # rows are left out of it); the executions finished since a time (its
+    # activity chart), counted from the index (rows not finished are left out
+    # of it); a task's commands. Each run records its steps' graph (JSON; NULL
+    # before). The failed rows' index of 7 is the status index's range now.
     """
     DROP INDEX executions_failed;
     CREATE INDEX executions_by_status ON executions (status, seq);
     CREATE INDEX executions_name ON executions (name, seq);
+    CREATE INDEX executions_live_rows
+        ON executions (status, sub_status, submitted_at, deferred_since, seq)
+        INCLUDE (waiting_on, name, key, run_id) WHERE status IN ('pending', 'running');
     CREATE INDEX executions_finished ON executions (finished_at, status)
         WHERE finished_at IS NOT NULL;
     CREATE INDEX commands_task ON commands (task_id, seq) WHERE task_id IS NOT NULL;
