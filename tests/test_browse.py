@@ -574,6 +574,7 @@ def test_a_sqlite_file_of_schema_10_migrates(tmp_path):
         "executions_name",
         "executions_finished",
         "executions_live_rows",
+        "executions_failed_name",
     } <= indexes
     assert "USING COVERING INDEX executions_finished" in plan
     with SQLiteStore(path, read_only=True) as reader:
@@ -621,5 +622,6 @@ def test_a_postgres_schema_of_version_7_migrates(postgres_url, pg_schema):
         "executions_name",
         "executions_finished",
         "executions_live_rows",
+        "executions_failed_name",
     } <= indexes
     assert "executions_failed" not in indexes

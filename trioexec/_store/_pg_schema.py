@@ -193,7 +193,8 @@ MIGRATIONS: tuple[str, ...] = (
     # under a status or name filter in submission order, from an index in that
     # order; the live executions with every column the live filters and the
     # longest-waiting order read (a page of them from the index alone; finished
-    # rows are left out of it); the executions finished since a time (its
+    # rows are left out of it); the failed ones of a name (the dead letters'
+    # page); the executions finished since a time (its
     # activity chart), counted from the index (rows not finished are left out
     # of it); a task's commands. Each run records its steps' graph (JSON; NULL
     # before). The failed rows' index of 7 is the status index's range now.
@@ -201,6 +202,7 @@ MIGRATIONS: tuple[str, ...] = (
     DROP INDEX executions_failed;
     CREATE INDEX executions_by_status ON executions (status, seq);
     CREATE INDEX executions_name ON executions (name, seq);
+    CREATE INDEX executions_failed_name ON executions (name, seq) WHERE status = 'failed';
     CREATE INDEX executions_live_rows
         ON executions (status, sub_status, submitted_at, deferred_since, seq)
         INCLUDE (waiting_on, name, key, run_id) WHERE status IN ('pending', 'running');

@@ -228,6 +228,9 @@ def _dashboard(db: sqlite_utils.Database) -> None:
     # steps' graph (JSON; NULL before).
     db.execute("CREATE INDEX executions_by_status ON executions (status)")
     db.execute("CREATE INDEX executions_name ON executions (name)")
+    # (the failed ones of a name, for the dead letters' page: few rows, written
+    # only as an execution fails)
+    db.execute("CREATE INDEX executions_failed_name ON executions (name) WHERE status = 'failed'")
     db.execute(
         "CREATE INDEX executions_live_rows ON executions (status, sub_status, submitted_at,"
         " deferred_since, waiting_on, name, key, run_id) WHERE status IN ('pending', 'running')"
