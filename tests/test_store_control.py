@@ -568,7 +568,7 @@ def test_a_sqlite_file_of_schema_9_migrates_and_keeps_its_rows(tmp_path):
         version = conn.execute(
             "SELECT value FROM trioexec_meta WHERE key = 'schema_version'"
         ).fetchone()
-    assert version == ("10",) == (str(_sqlite_schema.SCHEMA_VERSION),)
+    assert version == (str(_sqlite_schema.SCHEMA_VERSION),)  # (10, and on)
 
 
 def test_a_postgres_schema_of_version_6_migrates_and_keeps_its_rows(postgres_url, pg_schema):
@@ -591,7 +591,7 @@ def test_a_postgres_schema_of_version_6_migrates_and_keeps_its_rows(postgres_url
         assert store.execution(ODD).traceback is None
         assert store.commands() == []
         assert [r.task_id for r in store.requeue(who=WHO).requeued] == [ODD]
-    assert _pg_schema.SCHEMA_VERSION == 7
+    assert _pg_schema.SCHEMA_VERSION >= 7  # (migrated through 7, and on)
 
 
 # ---------------------------------------------------------------------- notification

@@ -143,6 +143,7 @@ class Run:
     finished_at: float | None = None
     steps: dict[str, tuple[str, str | None]] = attrs.Factory(dict)
     recovery_attempts: int = 0
+    graph: dict[str, list[str]] | None = None
 
 
 # A change as hypothesis draws it, resolved against the model when the rule runs: the
