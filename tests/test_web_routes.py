@@ -335,6 +335,32 @@ async def test_fragments_render_alone_and_unknown_ones_are_refused(db: Db) -> No
     assert bad.headers["content-type"].startswith("text/plain")
 
 
+async def test_a_fragments_forms_lead_back_to_the_page_not_the_fragment(db: Db) -> None:
+    """The script puts a fragment's forms into the page: their ``back`` is the page
+    (its filters kept), never ``?fragment=`` (a bare fragment, no nav, after the
+    action)."""
+    async with client(db.target) as c:
+        failed = await c.get("/failed", params={"fragment": "rows", "name": "web-boom"})
+        promised = await c.get("/promises", params={"state": "pending", "fragment": "rows"})
+        detail = await c.get("/tasks/queued-1", params={"fragment": "detail"})
+        backs = [
+            html.unescape(b)
+            for page in (failed, promised, detail)
+            for b in re.findall(r'name="back" value="([^"]*)"', page.text)
+        ]
+        r = await c.post(
+            "/actions/promises/approval-7/resolve",
+            data=form(data="1", back=backs[len(re.findall('name="back"', failed.text))]),
+            headers=ORIGIN,
+        )
+    assert "/failed?name=web-boom" in backs
+    assert "/promises?state=pending" in backs
+    assert "/tasks/queued-1" in backs
+    assert not [b for b in backs if "fragment" in b]
+    assert r.status_code == 303
+    assert r.headers["location"] == "/promises?state=pending"
+
+
 async def test_every_value_from_the_database_is_escaped(db: Db) -> None:
     async with client(db.target) as c:
         pages = [(await c.get(p)).text for p in ("/", "/tasks", "/promises", "/control")]

@@ -124,6 +124,16 @@ def pretty_json(text: str | None) -> str:
         return text
 
 
+def back_of(request: Request) -> str:
+    """Where a form on this page returns after its action: the page itself, with its
+    filters but never ``fragment=`` (a fragment's forms are put into the full page
+    by its script, and must lead back to that page, not to a bare fragment)."""
+    if request.method != "GET":
+        return request.url.path
+    query = [(k, v) for k, v in request.query_params.multi_items() if k != "fragment"]
+    return request.url.path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+
+
 def render(
     request: Request,
     template: str,
@@ -144,8 +154,7 @@ def render(
         "flash": flash,
         "now": time.time(),
         "tz": "UTC",
-        "back": request.url.path
-        + (f"?{request.url.query}" if request.url.query and request.method == "GET" else ""),
+        "back": back_of(request),
         **context,
     }
     full.setdefault("title", "trioexec")
