@@ -29,9 +29,10 @@ import trioexec
 from trioexec import SubStatus, TaskStatus, Workflow, task
 from trioexec.durable import DurableStore, PromiseState
 from trioexec.web import create_app
-from trioexec.web._security import COOKIE, csrf_of
+from trioexec.web._security import cookie_name, csrf_of
 
 TOKEN = "test-token-0123456789"
+COOKIE = cookie_name(TOKEN)
 BASE = "http://127.0.0.1:8321"
 ORIGIN = {"origin": BASE}
 SCRIPT = "<script>alert(1)</script>"
@@ -547,6 +548,30 @@ async def test_pause_and_resume_by_name_and_key(db: Db) -> None:
         assert [(p.kind, p.value) for p in store.pauses()] == [("key", "tenant-1")]
         assert [c.kind for c in store.commands(0)] == ["pause", "pause", "resume"]
         assert all("dashboard" in c.who for c in store.commands(0))
+
+
+async def test_two_dashboards_on_one_host_keep_their_own_login(db: Db, tmp_path: Path) -> None:
+    """Cookies are scoped by host, not port: each dashboard's cookie has its own
+    name, so logging in to a second one leaves the first one's login as it was."""
+    other = create_app(str(tmp_path / "other.db"), token="other-token-9876543210")
+    with trioexec.open_store(str(tmp_path / "other.db")):
+        pass
+    first = create_app(db.target, token=TOKEN)
+    mounts = {
+        BASE: httpx.ASGITransport(app=first),
+        "http://127.0.0.1:8322": httpx.ASGITransport(app=other),
+    }
+    async with lifespan(first), lifespan(other), httpx.AsyncClient(mounts=mounts) as c:
+        assert (await c.get(f"{BASE}/?token={TOKEN}")).status_code == 303
+        r = await c.get("http://127.0.0.1:8322/?token=other-token-9876543210")
+        assert r.status_code == 303
+        assert len(c.cookies.jar) == 2
+        r = await c.post(
+            f"{BASE}/actions/pause", data=form(kind="name", value="crunch"), headers=ORIGIN
+        )
+    assert r.status_code == 303, r.text
+    with trioexec.open_store(db.target, read_only=True) as store:
+        assert [(p.kind, p.value) for p in store.pauses()] == [("name", "crunch")]
 
 
 async def test_a_foreign_back_field_is_not_followed(db: Db) -> None:

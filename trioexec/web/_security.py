@@ -3,7 +3,8 @@ headers every response carries.
 
 The token is random per start (`secrets.token_urlsafe`) and printed in the URL.
 Visiting any page with ``?token=T`` stores it in an HttpOnly, SameSite=Strict
-cookie and redirects to the same page without it (so it leaves the address bar
+cookie named after a hash of it (`cookie_name`: several dashboards on one host
+each keep their own) and redirects to the same page without it (so it leaves the address bar
 and the history). An action (a POST) needs that cookie, a CSRF field derived from
 the token (an HMAC of it: a page from elsewhere cannot read the cookie, so it
 cannot compute the field) and, when the browser sends one, an Origin of this
@@ -26,7 +27,8 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-COOKIE = "trioexec_dashboard"
+#: The cookie's name: this prefix and a hash of the token (`cookie_name`).
+COOKIE_PREFIX = "trioexec_dashboard_"
 CSRF_FIELD = "csrf"
 
 #: Sent with every response. No inline script anywhere (the one script is a
@@ -46,6 +48,14 @@ HEADERS = {
 
 def new_token() -> str:
     return secrets.token_urlsafe(24)
+
+
+def cookie_name(token: str) -> str:
+    """The token cookie's name for this token: its own per dashboard. A browser
+    scopes cookies by host, not port, so two dashboards on one machine with one
+    name would overwrite each other's login. (12 hex digits of a SHA-256 of a
+    192-bit random token tell nothing of it.)"""
+    return COOKIE_PREFIX + hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
 def csrf_of(token: str) -> str:
@@ -72,10 +82,11 @@ class Guard:
             raise ValueError("the dashboard's token must not be empty")
         self.token = token
         self.csrf = csrf_of(token)
+        self.cookie = cookie_name(token)
         self.require_token_for_reads = require_token_for_reads
 
     def has_token(self, request: Request) -> bool:
-        cookie = request.cookies.get(COOKIE, "")
+        cookie = request.cookies.get(self.cookie, "")
         return hmac.compare_digest(cookie.encode(), self.token.encode())
 
     def may_read(self, request: Request) -> bool:
@@ -147,7 +158,7 @@ class Gate:
             target = URL(path=request.url.path, query=urllib.parse.urlencode(query))
             response = RedirectResponse(str(target), status_code=303)
             response.set_cookie(
-                COOKIE,
+                self.guard.cookie,
                 self.guard.token,
                 httponly=True,
                 samesite="strict",
