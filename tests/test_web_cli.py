@@ -9,6 +9,7 @@ import os
 import re
 import selectors
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -130,6 +131,34 @@ def test_read_only_says_so_and_has_no_actions(tmp_path: Path) -> None:
         assert stop(proc, signal.SIGINT) == 0
     with trioexec.open_store(tmp_path / "app.db", read_only=True) as store:
         assert store.pauses() == []
+
+
+def test_server_errors_are_written_to_stderr(tmp_path: Path) -> None:
+    """A page that fails leaves its traceback on stderr (Hypercorn's error log), and
+    a page whose store read failed (the file deleted) one line naming it."""
+    make_db(tmp_path / "app.db")
+    with trioexec.open_store(tmp_path / "app.db") as store:
+        store.write([("run", "bent", 0, "wf", "{}", "w", time.time(), '{"a": []}')])
+    with sqlite3.connect(tmp_path / "app.db") as conn:  # (a graph no trioexec writes)
+        conn.execute("""UPDATE workflow_runs SET graph = '{"a": 5}' WHERE run_id = 'bent'""")
+    conn.close()
+    with dashboard("app.db", "--port", "0", cwd=tmp_path) as proc:
+        found = URL_LINE.fullmatch(read_line(proc))
+        assert found
+        base = f"http://127.0.0.1:{found.group(2)}"
+        with httpx.Client(timeout=DEADLINE) as client:
+            bent = client.get(f"{base}/runs/bent")
+            (tmp_path / "app.db").unlink()
+            gone = client.get(f"{base}/tasks")
+        assert stop(proc, signal.SIGINT) == 0
+        assert proc.stderr is not None
+        err = proc.stderr.read()
+    assert gone.status_code == 503
+    assert "GET /tasks: the store could not be read" in err
+    assert "app.db: the database file was deleted" in err
+    if bent.status_code == 500:  # (a store that refuses such a graph itself: a 503)
+        assert "Traceback" in err
+        assert "TypeError" in err
 
 
 def test_a_missing_database_is_one_line_and_exit_1(tmp_path: Path) -> None:

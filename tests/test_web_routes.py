@@ -585,6 +585,67 @@ async def test_a_foreign_back_field_is_not_followed(db: Db) -> None:
     assert r.headers["location"] == "/control"
 
 
+# ---------------------------------------------------------------------- store errors
+
+
+def says_store_error(r: httpx.Response, *words: str) -> None:
+    assert r.status_code == 503, r.text[:300]
+    assert '<a href="/tasks"' in r.text  # the page's frame, its nav
+    line = r.text.split('id="message"', 1)[1].split("</p>", 1)[0]
+    assert "the store could not be read" in line
+    for word in words:
+        assert word in line
+
+
+async def test_a_deleted_sqlite_file_is_said_on_every_page_and_never_recreated(db: Db) -> None:
+    async with client(db.target) as c:
+        assert (await c.get("/")).status_code == 200
+        await trio.Path(db.target).unlink()
+        for path in PAGES:
+            says_store_error(await c.get(path), "deleted", "restart the dashboard")
+        fragment = await c.get("/tasks", params={"fragment": "rows"})
+        settled = await c.post(
+            "/actions/promises/approval-7/resolve", data=form(data="1"), headers=ORIGIN
+        )
+        retried = await c.post("/actions/tasks/dead-1/retry", data=form(), headers=ORIGIN)
+    assert fragment.status_code == 503
+    assert fragment.headers["content-type"].startswith("text/plain")
+    assert settled.status_code == 503
+    assert "deleted" in settled.text
+    assert retried.status_code == 400
+    assert "deleted" in retried.text
+    assert not await trio.Path(db.target).exists()  # (no action made a new file there)
+
+
+async def test_a_postgres_database_gone_is_a_503_page_without_the_password(
+    pg_database: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import psycopg
+
+    import trioexec._store._pg_conn
+
+    # (each read waits this long for a connection the server no longer gives)
+    monkeypatch.setattr(trioexec._store._pg_conn, "CONNECT_TIMEOUT", 0.5)
+    await build(pg_database)
+    scheme, rest = pg_database.split("://", 1)
+    user, host = rest.split("@", 1) if "@" in rest else ("postgres", rest)
+    target = f"{scheme}://{user.split(':')[0]}:S3cretPW@{host}"  # (trust: never checked)
+    async with client(target) as c:
+        assert (await c.get("/")).status_code == 200
+        admin = pg_database.rsplit("/", 1)[0] + "/postgres"
+        with psycopg.connect(admin, autocommit=True) as conn:
+            name = pg_database.rsplit("/", 1)[1]
+            conn.execute(f"DROP DATABASE {name} WITH (FORCE)")
+        pages = [await c.get(path) for path in PAGES]
+        settled = await c.post(
+            "/actions/promises/approval-7/resolve", data=form(data="1"), headers=ORIGIN
+        )
+    for r in pages:
+        says_store_error(r)
+    assert settled.status_code == 503
+    assert all("S3cretPW" not in r.text for r in [*pages, settled])
+
+
 # ---------------------------------------------------------------------- events
 
 

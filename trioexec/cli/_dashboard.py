@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import logging
 import signal
 import sys
 
@@ -10,6 +11,18 @@ import click
 import trio
 
 from ._common import EXIT_USAGE, fail, open_store
+
+
+def log_errors_to_stderr() -> None:
+    """The web app's errors (a page that failed: Hypercorn's "Error in ASGI
+    Framework" and its traceback) on stderr; ``trioexec`` itself has only a
+    NullHandler, and a library must not configure logging for its users."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setLevel(logging.WARNING)
+    handler.setFormatter(logging.Formatter("trioexec dashboard: %(levelname)s %(message)s"))
+    web_log = logging.getLogger("trioexec.web")
+    web_log.addHandler(handler)
+    web_log.propagate = False
 
 
 @click.command()
@@ -41,6 +54,7 @@ def dashboard(db: str, host: str, port: int, read_only: bool) -> None:
         )
     with open_store(db) as store:  # (a missing or unreadable database: one line, exit 1)
         store.counts()
+    log_errors_to_stderr()
 
     async def main() -> None:
         stop = trio.Event()

@@ -11,7 +11,6 @@ JSON and stored as data. Under ``--read-only`` these routes do not exist.
 
 from __future__ import annotations
 
-import functools
 import json
 import urllib.parse
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from trioexec import PostgresStore, SQLiteStore, StoreError
 from trioexec._control import who_am_i
 
 from ._pages import promises
-from ._render import Flash, dashboard_of, message
+from ._render import Flash, dashboard_of, message, redacted
 
 T = TypeVar("T")
 
@@ -86,9 +85,11 @@ def _who(request: Request) -> str:
 
 async def _write(request: Request, fn: Callable[[SQLiteStore | PostgresStore], T]) -> T:
     """``fn(store)`` on a writable store opened for it, in a worker thread."""
-    db = dashboard_of(request).db
+    dash = dashboard_of(request)
+    db = dash.db
 
     def call() -> T:
+        dash.board.check_file()  # (never create a new file where the old one was)
         with trioexec.open_store(db) as store:
             return fn(store)
 
@@ -119,14 +120,23 @@ async def _settle(request: Request, how: str) -> Response:
             "error", f"promise {promise_id}: the value is not JSON ({exc}); nothing was done"
         )
         return await promises(request, flash=flash, status_code=400)
-    db = dashboard_of(request).db
-    ds = await trio.to_thread.run_sync(functools.partial(DurableStore, db))
+    dash = dashboard_of(request)
+
+    def open_durable() -> DurableStore:
+        dash.board.check_file()
+        return DurableStore(dash.db)
+
     try:
+        ds = await trio.to_thread.run_sync(open_durable)
         with ds:
             await getattr(ds.promises, how)(promise_id, data=value)
     except (Conflict, NotFound) as exc:
         flash = Flash("error", f"promise {promise_id}: {exc}")
         return await promises(request, flash=flash, status_code=409)
+    except StoreError as exc:
+        text = f"promise {promise_id}: {redacted(dash.db, str(exc))}"
+        title = "Not resolved" if how == "resolve" else "Not rejected"
+        return message(request, title, text, status_code=503, back=back)
     return RedirectResponse(back, status_code=303)
 
 

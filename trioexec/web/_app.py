@@ -15,9 +15,11 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import BaseRoute, Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from trioexec import StoreError
+
 from ._actions import cancel, pause, reject, resolve, resume, retry
 from ._pages import COUNTS, control, failed, overview, promises, run, runs, task, tasks
-from ._render import HERE, Dashboard, dashboard_of
+from ._render import HERE, Dashboard, dashboard_of, store_error
 from ._security import Gate, Guard
 
 #: Seconds between heartbeat comments on a quiet event stream (proxies and
@@ -122,6 +124,11 @@ def create_app(
             Route("/actions/pause", pause, methods=post),
             Route("/actions/resume", resume, methods=post),
         ]
-    app = Starlette(routes=routes, middleware=[Middleware(Gate, guard=guard)], lifespan=lifespan)
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(Gate, guard=guard)],
+        exception_handlers={StoreError: store_error},
+        lifespan=lifespan,
+    )
     app.state.dashboard = dash
     return app

@@ -11,7 +11,7 @@ command log change, which is what the Server-Sent Events stream tells pages.
 from __future__ import annotations
 
 import collections
-import functools
+import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar, final
@@ -21,6 +21,7 @@ import trio
 
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError, SubStatus, TaskStatus
+from trioexec._store._open import is_postgres_url
 
 if TYPE_CHECKING:
     from trioexec.durable import DurableStore
@@ -68,6 +69,7 @@ class Board:
     def __init__(self, db: str) -> None:
         self.db = db
         self._store: SQLiteStore | PostgresStore | None = None
+        self._file: tuple[int, int] | None = None  #: a SQLite file's (device, inode) as opened
         self._durable: DurableStore | None = None
         self.samples: collections.deque[tuple[float, int, int]] = collections.deque(
             maxlen=SAMPLES
@@ -94,6 +96,9 @@ class Board:
         from trioexec.durable import DurableStore
 
         self._store = trioexec.open_store(self.db, read_only=True)
+        if not is_postgres_url(self.db):
+            found = os.stat(self.db)
+            self._file = (found.st_dev, found.st_ino)
         try:
             self._durable = DurableStore(self._store)
         except BaseException:
@@ -109,9 +114,33 @@ class Board:
             self._store.close()
             self._store = None
 
+    def check_file(self) -> None:
+        """Raise StoreError if the SQLite file opened is no longer at its path
+        (deleted, or replaced by another file): its open handle would go on
+        reading the old data, and an action would create or write another file."""
+        if self._file is None:
+            return
+        try:
+            found = os.stat(self.db)
+            now: tuple[int, int] | None = (found.st_dev, found.st_ino)
+        except FileNotFoundError:
+            now = None
+        if now != self._file:
+            what = "deleted" if now is None else "replaced by another file"
+            raise StoreError(
+                f"{self.db}: the database file was {what} after the dashboard opened it;"
+                " restart the dashboard to read what is there now"
+            )
+
     async def read(self, fn: Callable[..., T], /, *args: object, **kwargs: object) -> T:
-        """``fn(self.store, *args, **kwargs)`` in a worker thread."""
-        return await trio.to_thread.run_sync(functools.partial(fn, self.store, *args, **kwargs))
+        """``fn(self.store, *args, **kwargs)`` in a worker thread (after
+        `check_file`)."""
+
+        def call() -> T:
+            self.check_file()
+            return fn(self.store, *args, **kwargs)
+
+        return await trio.to_thread.run_sync(call)
 
     async def poll(self) -> None:
         """Sample the counts every `POLL` seconds until cancelled (a failed read is

@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
@@ -297,6 +298,7 @@ async def promises(request: Request, flash: Any = None, status_code: int = 200) 
     except ValueError as exc:
         return bad_query(request, exc)
     cursor = _text(query, "cursor")
+    await trio.to_thread.run_sync(board.check_file)
     try:
         found, next_cursor = await board.durable.promises.search(
             state=state, limit=PAGE_SIZE, cursor=cursor

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import logging
 import pathlib
 import time
 import urllib.parse
@@ -25,6 +26,7 @@ from ._board import Board
 from ._security import Guard
 
 HERE = pathlib.Path(__file__).parent
+log = logging.getLogger("trioexec.web")
 
 NAV = (
     ("/", "Overview"),
@@ -181,4 +183,28 @@ def message(
         "message.html",
         {"title": title, "text": text, "kind": kind, "back": back, "detail": detail},
         status_code=status_code,
+    )
+
+
+def redacted(db: str, text: str) -> str:
+    """``text`` with ``db``'s password masked, wherever the URL appears in it."""
+    return text.replace(db, redact(db)) if is_postgres_url(db) else text
+
+
+async def store_error(request: Request, exc: Exception) -> Response:
+    """A page whose store read failed (the database down or unreachable, the file
+    deleted, locked or corrupt): 503 with the page frame and one line saying what
+    failed (no password); a live fragment: 503 in plain text (the script keeps
+    the part it has and tries again on the next change)."""
+    dash = dashboard_of(request)
+    text = redacted(dash.db, str(exc)) or type(exc).__name__
+    log.warning("%s %s: the store could not be read: %s", request.method, request.url.path, text)
+    if request.query_params.get("fragment") is not None:
+        return PlainTextResponse(f"the store could not be read: {text}", status_code=503)
+    return message(
+        request,
+        "Store unavailable",
+        f"the store could not be read: {text}",
+        status_code=503,
+        back=request.url.path,
     )
