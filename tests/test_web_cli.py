@@ -5,15 +5,19 @@ or SIGTERM with exit 0, an event stream open or not; a missing database, or no
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import selectors
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Iterator
+import urllib.parse
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -159,6 +163,73 @@ def test_server_errors_are_written_to_stderr(tmp_path: Path) -> None:
     if bent.status_code == 500:  # (a store that refuses such a graph itself: a 503)
         assert "Traceback" in err
         assert "TypeError" in err
+
+
+@contextmanager
+def cuttable_proxy(target_port: int) -> Iterator[tuple[int, Callable[[], None]]]:
+    """A TCP proxy to 127.0.0.1:``target_port`` in a thread: its port, and a
+    function that cuts it (the server gone unreachable: every connection closed,
+    a new one accepted and never answered, as a lost route leaves a connect
+    waiting for its timeout)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    conns: list[socket.socket] = []
+    cut = threading.Event()
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_RDWR)
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = listener.accept()
+                conns.append(client)
+                if cut.is_set():
+                    continue  # (silent)
+                server = socket.create_connection(("127.0.0.1", target_port))
+                conns.append(server)
+                for a, b in ((client, server), (server, client)):
+                    threading.Thread(target=pump, args=(a, b), daemon=True).start()
+
+    def do_cut() -> None:
+        cut.set()
+        for c in list(conns):
+            with contextlib.suppress(OSError):
+                c.shutdown(socket.SHUT_RDWR)
+            c.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        yield listener.getsockname()[1], do_cut
+    finally:
+        listener.close()
+        do_cut()
+
+
+def test_ctrl_c_with_postgres_unreachable_exits_at_once(tmp_path: Path, pg_database: str) -> None:
+    with trioexec.open_store(pg_database) as store:
+        store.write([("submit", "t1", 1, "n", None, None, None, "w", time.time())])
+    parts = urllib.parse.urlsplit(pg_database)
+    with cuttable_proxy(parts.port or 5432) as (port, cut):
+        url = parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}").geturl()
+        with dashboard(url, "--port", "0", cwd=tmp_path) as proc:
+            found = URL_LINE.fullmatch(read_line(proc))
+            assert found
+            base = f"http://127.0.0.1:{found.group(2)}"
+            with httpx.Client(timeout=DEADLINE) as client:
+                assert client.get(f"{base}/").status_code == 200
+                cut()
+                assert client.get(f"{base}/tasks").status_code == 503  # (the store met it)
+            # The poller's next read (within a second) waits for a connection the
+            # server no longer gives: nothing outside can see it wait, so a pause.
+            time.sleep(float(os.environ.get("WF_SLEEP", "1.5")))
+            started = time.monotonic()
+            assert stop(proc, signal.SIGINT) == 0
+            took = time.monotonic() - started
+    assert took < 3.0, f"Ctrl-C took {took:.1f} s"
 
 
 def test_a_missing_database_is_one_line_and_exit_1(tmp_path: Path) -> None:

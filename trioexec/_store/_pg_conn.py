@@ -24,6 +24,10 @@ Connection = Any  # psycopg.Connection[tuple[Any, ...]] (psycopg is an optional 
 
 #: How long to wait for the server, or for a connection of the pool.
 CONNECT_TIMEOUT = 10.0
+#: How long `close` waits for a connection to send its wake-up notification, and
+#: for each of the pool's workers to stop (one still connecting to a server gone
+#: unreachable is a daemon thread, left to its connect timeout).
+CLOSE_TIMEOUT = 0.5
 _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 _DSN_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
 #: The channel commands are notified on; the payload is the store's schema (a
@@ -223,7 +227,11 @@ class PGDatabase:
             # Wake a wait in progress (it holds the listener, or is starting to
             # listen: then it sees ``_closing``): a notification of our own, and
             # it returns at once instead of at its timeout.
-            with contextlib.suppress(self._psycopg.Error), self._pool.connection() as conn:
+            # (A short wait: a server gone unreachable must not hold a close.)
+            with (
+                contextlib.suppress(self._psycopg.Error),
+                self._pool.connection(timeout=CLOSE_TIMEOUT) as conn,
+            ):
                 self.notify(conn)
         with self._listening:
             pool, self._pool = self._pool, None
@@ -231,4 +239,4 @@ class PGDatabase:
         if listener is not None:
             listener.close()
         if pool is not None:
-            pool.close()
+            pool.close(timeout=CLOSE_TIMEOUT)

@@ -140,7 +140,13 @@ class Board:
             self.check_file()
             return fn(self.store, *args, **kwargs)
 
-        return await trio.to_thread.run_sync(call)
+        # PostgreSQL: abandoned if cancelled (the server stopping). A read there
+        # holds nothing that must be given back in order (closing the pool fails
+        # a wait for a connection; one in use is closed when given back), and one
+        # waiting on an unreachable server would hold the shutdown for the pool's
+        # timeout. SQLite: never; closing the store closes the connection a
+        # thread would still be reading (a crash), and its reads are local.
+        return await trio.to_thread.run_sync(call, abandon_on_cancel=self._file is None)
 
     async def poll(self) -> None:
         """Sample the counts every `POLL` seconds until cancelled (a failed read is
