@@ -26,7 +26,15 @@ import trioexec
 from trioexec import MemoryStore, PostgresStore, SQLiteStore, TaskStatus, Workflow, task
 from trioexec._store import _browse, _pg_schema, _sqlite_schema
 from trioexec._store._base import ROW_COLUMNS
-from trioexec._store._browse import Bucket, Page, activity, browse, task_commands, task_names
+from trioexec._store._browse import (
+    Bucket,
+    Page,
+    activity,
+    browse,
+    runs_page,
+    task_commands,
+    task_names,
+)
 
 SQL_KINDS = ["sqlite", "postgres"]
 LIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
@@ -625,3 +633,67 @@ def test_a_postgres_schema_of_version_7_migrates(postgres_url, pg_schema):
         "executions_failed_name",
     } <= indexes
     assert "executions_failed" not in indexes
+
+
+# ---------------------------------------------------------------------- runs_page
+
+
+def test_runs_page_walks_every_run_once_newest_first_with_its_steps(store):
+    """Keyset pages of runs: newest first (ties by run id, runs without a time
+    last), filtered by status and workflow, each run with its steps."""
+    changes: list[Any] = []
+    for i in range(23):
+        at = None if i % 7 == 3 else 1000.0 + i // 2  # (ties, and a few untimed)
+        changes.append(("run", f"r{i:02d}", 0, f"wf{i % 2}", "{}", "w", at, '{"a": []}'))
+        changes.append(("step", f"r{i:02d}", "w", "a", "completed", str(i), f"t{i}"))
+        if i % 3 == 0:
+            changes.append(("run_end", f"r{i:02d}", "w", "completed", 2000.0))
+    store.write(changes)
+    runs = [c for c in changes if c[0] == "run"]
+
+    def key(c: Any) -> tuple[Any, ...]:
+        return (c[6] is not None, c[6] or 0.0, c[1])
+
+    def walk(**query: Any) -> list[str]:
+        seen, cursor, pages = [], None, 0
+        while True:
+            page = runs_page(store, limit=4, cursor=cursor, **query)
+            seen += [r.run_id for r in page.rows]
+            pages += 1
+            assert pages < 20
+            if page.next_cursor is None:
+                return seen
+            cursor = page.next_cursor
+
+    assert walk() == [c[1] for c in sorted(runs, key=key, reverse=True)]
+    done = {f"r{i:02d}" for i in range(0, 23, 3)}
+    assert walk(status="completed") == [
+        c[1] for c in sorted(runs, key=key, reverse=True) if c[1] in done
+    ]
+    assert walk(workflow="wf1", status="running") == [
+        c[1] for c in sorted(runs, key=key, reverse=True) if c[3] == "wf1" and c[1] not in done
+    ]
+    [first] = runs_page(store, limit=1).rows
+    assert first == store.run(first.run_id)  # (steps and graph as the store reads them)
+    assert first.steps == {"a": ("completed", "22")}
+    assert runs_page(store, workflow="\x00").rows == []
+    for bad in ("", "x", base64.urlsafe_b64encode(b'["runs",1e999,"a"]').decode()):
+        with pytest.raises(ValueError, match="cursor"):
+            runs_page(store, cursor=bad)
+
+
+def test_runs_page_walks_the_created_at_index(tmp_path):
+    with SQLiteStore(str(tmp_path / "runs.db")):
+        pass
+    with closing(sqlite3.connect(tmp_path / "runs.db")) as conn:
+        plan = " ".join(
+            str(r[-1])
+            for r in conn.execute(
+                "EXPLAIN QUERY PLAN SELECT run_id FROM workflow_runs r"
+                " WHERE r.created_at IS NOT NULL AND (r.created_at, r.run_id) < (?, ?)"
+                " ORDER BY r.created_at DESC, r.run_id DESC LIMIT 51",
+                (1.0, "x"),
+            )
+        )
+    assert "workflow_runs_created" in plan
+    assert "TEMP B-TREE" not in plan

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import attrs
 
 from .._records import ExecutionRecord, SubStatus, TaskStatus
-from ._base import COMMAND_FIELDS, Command
+from ._base import COMMAND_FIELDS, Command, RunRecord, graph_of
 from ._control import SQLControl, command_of
 from ._sql import RECORD_COLUMNS, RECORD_FIELDS, record_of
 
@@ -449,3 +449,122 @@ def task_commands(store: object, task_id: str) -> list[Command]:
     with sql_store.snapshot("query a task's commands") as conn:
         rows = conn.execute(sql, (checked,)).fetchall()
     return [command_of(row) for row in rows]
+
+
+@attrs.frozen
+class RunPage:
+    """One page of `runs_page`."""
+
+    rows: list[RunRecord]
+    next_cursor: str | None  #: opaque text; pass back as ``cursor=`` for the next page
+
+
+_RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
+_RUN_ORDER = "runs"
+
+
+def _run_key(cursor: object) -> list[Any]:
+    """A runs cursor's key: ``[created_at, run_id]``, or ``[None, run_id]`` in
+    the runs without a creation time (they come last)."""
+    bad = ValueError(f"malformed cursor {cursor!r}: pass back a RunPage's next_cursor as it is")
+    if not isinstance(cursor, str) or not cursor or len(cursor) > _MAX_CURSOR:
+        raise bad
+    try:
+        raw = base64.b64decode(cursor.encode("ascii"), altchars=b"-_", validate=True)
+        value = json.loads(raw.decode("utf-8"))
+    except (UnicodeError, binascii.Error, ValueError):
+        raise bad from None
+    if not isinstance(value, list) or len(value) != 3 or value[0] != _RUN_ORDER:
+        raise bad
+    at, run_id = value[1], value[2]
+    if not isinstance(run_id, str) or not _storable(run_id):
+        raise bad
+    if at is not None and (
+        isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at)
+    ):
+        raise bad
+    return [None if at is None else float(at), run_id]
+
+
+def runs_page(
+    store: object,
+    *,
+    status: str | None = None,
+    workflow: str | None = None,
+    limit: int = 50,
+    cursor: str | None = None,
+) -> RunPage:
+    """A page of workflow runs, newest first (by ``created_at``, then ``run_id``;
+    runs without a creation time last), with ``status`` and ``workflow`` if
+    given (equal to), at most ``limit``, after ``cursor`` (a `RunPage.next_cursor`;
+    None: the first page). Keyset pagination on the index of ``(created_at,
+    run_id)``: any page costs what the first does. Each run comes with its steps.
+
+    Raises:
+      ValueError: a limit out of range, a filter that is not text, or a
+        malformed cursor (naming it).
+      TypeError: a store that is not a `SQLiteStore` or `PostgresStore`.
+      StoreError: naming the store, if it cannot be read.
+    """
+    sql_store, d = _sql_store(store)
+    limit = _limit(limit)
+    filters = {"status": _text("status", status), "workflow": _text("workflow", workflow)}
+    start = None if cursor is None else _run_key(cursor)
+    where: list[str] = []
+    params: list[object] = []
+    for column, value in filters.items():
+        if value is None:
+            continue
+        if not _storable(value):
+            return RunPage(rows=[], next_cursor=None)
+        where.append(f"r.{column} = {d.mark}")
+        params.append(value)
+    columns = ", ".join(f"r.{c}" for c in _RUN_COLUMNS)
+    timed = [*where, "r.created_at IS NOT NULL"]
+    untimed = [*where, "r.created_at IS NULL"]
+    timed_params, untimed_params = list(params), list(params)
+    if start is not None and start[0] is not None:
+        timed.append(f"(r.created_at, r.run_id) < ({d.mark}, {d.mark})")
+        timed_params += start
+    elif start is not None:
+        timed = []  # (past every timed run)
+        untimed.append(f"r.run_id < {d.mark}")
+        untimed_params.append(start[1])
+    rows: list[Any] = []
+    step_seq = "s." + d.seq.removeprefix("e.")
+    with sql_store.snapshot("query workflow runs") as conn:
+        if timed:
+            rows = conn.execute(
+                f"SELECT {columns} FROM workflow_runs r{_and(timed)}"
+                f" ORDER BY r.created_at DESC, r.run_id DESC LIMIT {d.mark}",
+                [*timed_params, limit + 1],
+            ).fetchall()
+        if len(rows) <= limit:
+            rows += conn.execute(
+                f"SELECT {columns} FROM workflow_runs r{_and(untimed)}"
+                f" ORDER BY r.run_id DESC LIMIT {d.mark}",
+                [*untimed_params, limit + 1 - len(rows)],
+            ).fetchall()
+        more = len(rows) > limit
+        rows = rows[:limit]
+        steps: dict[str, dict[str, tuple[str, str | None]]] = {r[0]: {} for r in rows}
+        if rows:
+            marks = ", ".join([d.mark] * len(rows))
+            for run_id, step_id, state, output in conn.execute(
+                f"SELECT s.run_id, s.step_id, s.state, s.output FROM workflow_steps s"
+                f" WHERE s.run_id IN ({marks}) ORDER BY {step_seq}",
+                [r[0] for r in rows],
+            ).fetchall():
+                steps[run_id][step_id] = (state, output)
+    records = []
+    for row in rows:
+        values = dict(zip(_RUN_COLUMNS, row, strict=True))
+        records.append(
+            RunRecord(**{**values, "graph": graph_of(values["graph"])}, steps=steps[row[0]])
+        )
+    next_cursor = None
+    if more:
+        last = records[-1]
+        text = json.dumps([_RUN_ORDER, last.created_at, last.run_id], separators=(",", ":"))
+        next_cursor = base64.urlsafe_b64encode(text.encode()).decode("ascii")
+    return RunPage(rows=records, next_cursor=next_cursor)

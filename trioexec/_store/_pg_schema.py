@@ -197,7 +197,8 @@ MIGRATIONS: tuple[str, ...] = (
     # page); the executions finished since a time (its
     # activity chart), counted from the index (rows not finished are left out
     # of it); a task's commands. Each run records its steps' graph (JSON; NULL
-    # before). The failed rows' index of 7 is the status index's range now.
+    # before); the runs page walks the runs newest first by (created_at,
+    # run_id). The failed rows' index of 7 is the status index's range now.
     """
     DROP INDEX executions_failed;
     CREATE INDEX executions_by_status ON executions (status, seq);
@@ -210,6 +211,7 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE finished_at IS NOT NULL;
     CREATE INDEX commands_task ON commands (task_id, seq) WHERE task_id IS NOT NULL;
     ALTER TABLE workflow_runs ADD COLUMN graph text;
+    CREATE INDEX workflow_runs_created ON workflow_runs (created_at, run_id);
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -241,6 +241,8 @@ def _dashboard(db: sqlite_utils.Database) -> None:
     )
     db.execute("CREATE INDEX commands_task ON commands (task_id) WHERE task_id IS NOT NULL")
     db.execute("ALTER TABLE workflow_runs ADD COLUMN graph TEXT")
+    # (the runs page: newest first, by keyset)
+    db.execute("CREATE INDEX workflow_runs_created ON workflow_runs (created_at, run_id)")
     db.execute("UPDATE trioexec_meta SET value = '11' WHERE key = 'schema_version'")
 
 

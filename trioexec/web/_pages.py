@@ -18,14 +18,13 @@ from starlette.responses import Response
 
 from trioexec import ExecutionRecord, SubStatus, TaskStatus
 from trioexec._store import Command, RunRecord
-from trioexec._store._browse import activity, browse, task_commands, task_names
+from trioexec._store._browse import activity, browse, runs_page, task_commands, task_names
 
 from ._board import read_counts
 from ._render import dashboard_of, message, pretty_json, render
 from ._svg import HEIGHT, PAD, STEP_H, STEP_W, WIDTH, bars, line, run_graph
 
 PAGE_SIZE = 50
-RUNS_SHOWN = 200
 COMMANDS_SHOWN = 50
 ORDERS = (
     ("newest", "newest first"),
@@ -237,15 +236,18 @@ async def runs(request: Request) -> Response:
     version = board.version  # (before the reads: a change meanwhile refreshes it)
     try:
         status = _choice(request.query_params, "status", RUN_STATES)
+        cursor = _text(request.query_params, "cursor")
+        page = await board.read(runs_page, status=status, limit=PAGE_SIZE, cursor=cursor)
     except ValueError as exc:
         return bad_query(request, exc)
-    found = await board.read(lambda store: store.runs(status=status))
-    found.sort(key=lambda r: (r.created_at or 0.0, r.run_id), reverse=True)
     context = {
         "version": version,
         "title": "Runs",
-        "runs": found[:RUNS_SHOWN],
-        "more": len(found) > RUNS_SHOWN,
+        "runs": page.rows,
+        "cursor": cursor,
+        "first_url": _url("/runs", {"status": status}),
+        "next_url": page.next_cursor
+        and _url("/runs", {"status": status, "cursor": page.next_cursor}),
         "status": status,
         "statuses": RUN_STATES,
         "step_summary": step_summary,
