@@ -265,6 +265,8 @@ def test_a_malformed_cursor_is_refused_naming_it(store):
         b64(["newest", True]),
         b64(["newest", 1.5]),
         b64(["newest", 1, 2]),
+        b64(["newest", 2**63]),  # (no 64-bit integer: the database could not compare it)
+        b64(["newest", -(2**63) - 1]),
         page.next_cursor + "~",
         "A" * 600,
     ]
@@ -273,6 +275,8 @@ def test_a_malformed_cursor_is_refused_naming_it(store):
         b64(["longest_waiting", 2, 1.0, 1]),
         b64(["longest_waiting", 0, float("inf"), 1]),
         b64(["longest_waiting", 0, 1.0]),
+        b64(["longest_waiting", 0, 10**400, 1]),
+        b64(["longest_waiting", 0, 1.5, 2**64]),
     ]
     for cursor, order in [
         *((c, "newest") for c in bad),

@@ -10,6 +10,7 @@ Origin, and does not exist under ``read_only``; the actions do what they say.
 
 from __future__ import annotations
 
+import base64
 import html
 import json
 import re
@@ -259,6 +260,16 @@ async def test_task_list_pages_by_cursor(db: Db) -> None:
         everything = rows_of((await c.get("/tasks?order=oldest")).text, "tasks")
     assert seen == everything
     assert len(seen) == len(set(seen)) > 3
+
+
+async def test_a_cursor_out_of_range_is_a_400_naming_it(db: Db) -> None:
+    huge = base64.urlsafe_b64encode(b'["newest",99999999999999999999999999]').decode()
+    async with client(db.target) as c:
+        for path in ("/tasks", "/failed"):
+            r = await c.get(path, params={"cursor": huge})
+            assert r.status_code == 400, (path, r.text[:300])
+            assert "cursor" in r.text
+            assert '<a href="/tasks"' in r.text
 
 
 async def test_one_task_shows_timeline_error_traceback_and_args(db: Db) -> None:

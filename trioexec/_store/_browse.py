@@ -253,16 +253,15 @@ def _decode(cursor: object, order: str) -> list[Any]:
         raise ValueError(f"cursor {cursor!r} is a page of order {value[0]!r}, not {order!r}")
     key = value[1:]
 
-    def integer(v: object) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
+    def integer(v: object) -> bool:  # (one a database's 64-bit integer can hold)
+        return isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**63
 
     if order == "longest_waiting":
         ok = (
             len(key) == 3
             and key[0] in (0, 1)
             and integer(key[0])
-            and isinstance(key[1], int | float)
-            and not isinstance(key[1], bool)
+            and (integer(key[1]) or isinstance(key[1], float))
             and math.isfinite(key[1])
             and integer(key[2])
         )
