@@ -329,6 +329,13 @@ def test_the_graph_layout_without_a_graph_and_with_a_cycle() -> None:
     assert depths({"a": ["b"], "b": ["a"], "c": ["a"]}) == {"a": 2, "b": 1, "c": 3}
     layered = run_graph({"x": ["gone"]}, {})
     assert {s.step_id: s.state for s in layered.steps} == {"x": "pending", "gone": "pending"}
+    # A long chain listed dependents first (a foreign or hand-written record):
+    # laid out without recursion, one step a column.
+    chain = {f"s{i}": [f"s{i - 1}"] if i else [] for i in reversed(range(1200))}
+    assert depths(chain) == {f"s{i}": i for i in range(1200)}
+    long = run_graph(chain, {"s0": "completed"})
+    assert len(long.steps) == 1200
+    assert len({s.x for s in long.steps}) == 1200
 
 
 async def test_fragments_render_alone_and_unknown_ones_are_refused(db: Db) -> None:

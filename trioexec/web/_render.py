@@ -173,15 +173,13 @@ def render(
     return HTMLResponse(tmpl.render(full), status_code=status_code)
 
 
-def message(
-    request: Request, title: str, text: str, *, status_code: int, back: str, detail: str = ""
-) -> Response:
+def message(request: Request, title: str, text: str, *, status_code: int, back: str) -> Response:
     """A page that says one thing (an action refused, a thing not found)."""
     kind = "ok" if status_code < 400 else "error"
     return render(
         request,
         "message.html",
-        {"title": title, "text": text, "kind": kind, "back": back, "detail": detail},
+        {"title": title, "text": text, "kind": kind, "back": back},
         status_code=status_code,
     )
 

@@ -7,7 +7,7 @@ escape every label, so no text from the database is ever pasted into markup here
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import attrs
 
@@ -138,23 +138,27 @@ class Graph:
 def depths(graph: Mapping[str, Sequence[str]]) -> dict[str, int]:
     """Each step's depth: 0 without dependencies, else one more than its deepest
     dependency. A dependency the graph does not list is a step of depth 0; a
-    cycle (a broken record) is cut where it is met, never looped on."""
+    cycle (a broken record) is cut where it is met, never looped on. Iterative
+    (a depth-first walk with its own stack): a chain of any length is laid out,
+    in whatever order the graph lists its steps."""
     out: dict[str, int] = {}
-    visiting: set[str] = set()
-
-    def depth(step: str) -> int:
-        if step in out:
-            return out[step]
-        if step in visiting:
-            return 0
-        visiting.add(step)
-        deps = graph.get(step, ())
-        out[step] = 1 + max(map(depth, deps)) if deps else 0
-        visiting.discard(step)
-        return out[step]
-
-    for step in graph:
-        depth(step)
+    for root in graph:
+        if root in out:
+            continue
+        visiting = {root}
+        stack: list[tuple[str, Iterator[str]]] = [(root, iter(graph.get(root, ())))]
+        while stack:
+            step, deps = stack[-1]
+            for dep in deps:
+                if dep not in out and dep not in visiting:
+                    visiting.add(dep)
+                    stack.append((dep, iter(graph.get(dep, ()))))
+                    break
+            else:
+                stack.pop()
+                visiting.discard(step)
+                # (a dependency still being visited is the cycle's cut: depth 0)
+                out[step] = 1 + max(out.get(d, 0) for d in graph[step]) if graph.get(step) else 0
     return out
 
 
