@@ -165,6 +165,23 @@ def test_server_errors_are_written_to_stderr(tmp_path: Path) -> None:
         assert "TypeError" in err
 
 
+def test_ctrl_c_with_an_idle_keep_alive_connection_exits_at_once(tmp_path: Path) -> None:
+    """A browser keeps its connection open between pages: the server stops without
+    waiting long for it."""
+    make_db(tmp_path / "app.db")
+    with dashboard("app.db", "--port", "0", cwd=tmp_path) as proc:
+        found = URL_LINE.fullmatch(read_line(proc))
+        assert found
+        with socket.create_connection(("127.0.0.1", int(found.group(2)))) as idle:
+            idle.sendall(b"GET /static/dashboard.css HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+            idle.settimeout(DEADLINE)
+            assert idle.recv(12) == b"HTTP/1.1 200"
+            started = time.monotonic()
+            assert stop(proc, signal.SIGINT) == 0
+            took = time.monotonic() - started
+    assert took < 1.0, f"Ctrl-C took {took:.2f} s"
+
+
 @contextmanager
 def cuttable_proxy(target_port: int) -> Iterator[tuple[int, Callable[[], None]]]:
     """A TCP proxy to 127.0.0.1:``target_port`` in a thread: its port, and a

@@ -16,8 +16,9 @@ from ._render import dashboard_of_app
 from ._security import is_loopback, new_token
 
 #: How long open requests (a page being rendered) get to finish once the server
-#: stops; event streams end at once.
-GRACE = 2.0
+#: stops; event streams end at once. Short: a page takes milliseconds, and an idle
+#: keep-alive connection (a browser's open tab) holds the exit this long.
+GRACE = 0.25
 
 
 def url_of(bound: str, host: str, token: str) -> str:
