@@ -262,6 +262,25 @@ async def test_task_list_pages_by_cursor(db: Db) -> None:
     assert len(seen) == len(set(seen)) > 3
 
 
+async def test_the_runs_page_pages_newest_first(db: Db) -> None:
+    with trioexec.open_store(db.target) as store:
+        store.write(
+            [("run", f"many-{i:02d}", 0, "bulk", "{}", "w3", 2e9 + i, "{}") for i in range(60)]
+        )
+    async with client(db.target) as c:
+        first = (await c.get("/runs")).text
+        [next_url] = re.findall(r'rel="next" href="([^"]*)"', first)
+        second = (await c.get(html.unescape(next_url))).text
+    ids = re.findall(r'data-run-id="([^"]*)"', first)
+    assert ids == [f"many-{i:02d}" for i in reversed(range(10, 60))]
+    assert re.findall(r'data-run-id="([^"]*)"', second) == [
+        *(f"many-{i:02d}" for i in reversed(range(10))),
+        "run-1",
+        "run-live",  # (written as created a minute before run-1)
+    ]
+    assert 'rel="next"' not in second
+
+
 async def test_a_cursor_out_of_range_is_a_400_naming_it(db: Db) -> None:
     huge = base64.urlsafe_b64encode(b'["newest",99999999999999999999999999]').decode()
     async with client(db.target) as c:
