@@ -183,14 +183,17 @@ def test_ctrl_c_with_an_idle_keep_alive_connection_exits_at_once(tmp_path: Path)
 
 
 @contextmanager
-def cuttable_proxy(target_port: int) -> Iterator[tuple[int, Callable[[], None]]]:
-    """A TCP proxy to 127.0.0.1:``target_port`` in a thread: its port, and a
-    function that cuts it (the server gone unreachable: every connection closed,
-    a new one accepted and never answered, as a lost route leaves a connect
-    waiting for its timeout)."""
+def cuttable_proxy(
+    target_port: int,
+) -> Iterator[tuple[int, Callable[[], None], threading.Event]]:
+    """A TCP proxy to 127.0.0.1:``target_port`` in a thread: its port, a function
+    that cuts it (the server gone unreachable: every connection closed, a new one
+    accepted and never answered, as a lost route leaves a connect waiting for its
+    timeout), and an event set once a connection waits so after the cut."""
     listener = socket.create_server(("127.0.0.1", 0))
     conns: list[socket.socket] = []
     cut = threading.Event()
+    hanging = threading.Event()
 
     def pump(src: socket.socket, dst: socket.socket) -> None:
         with contextlib.suppress(OSError):
@@ -205,6 +208,7 @@ def cuttable_proxy(target_port: int) -> Iterator[tuple[int, Callable[[], None]]]
                 client, _ = listener.accept()
                 conns.append(client)
                 if cut.is_set():
+                    hanging.set()
                     continue  # (silent)
                 server = socket.create_connection(("127.0.0.1", target_port))
                 conns.append(server)
@@ -220,7 +224,7 @@ def cuttable_proxy(target_port: int) -> Iterator[tuple[int, Callable[[], None]]]
 
     threading.Thread(target=accept, daemon=True).start()
     try:
-        yield listener.getsockname()[1], do_cut
+        yield listener.getsockname()[1], do_cut, hanging
     finally:
         listener.close()
         do_cut()
@@ -230,7 +234,7 @@ def test_ctrl_c_with_postgres_unreachable_exits_at_once(tmp_path: Path, pg_datab
     with trioexec.open_store(pg_database) as store:
         store.write([("submit", "t1", 1, "n", None, None, None, "w", time.time())])
     parts = urllib.parse.urlsplit(pg_database)
-    with cuttable_proxy(parts.port or 5432) as (port, cut):
+    with cuttable_proxy(parts.port or 5432) as (port, cut, hanging):
         url = parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}").geturl()
         with dashboard(url, "--port", "0", cwd=tmp_path) as proc:
             found = URL_LINE.fullmatch(read_line(proc))
@@ -240,9 +244,9 @@ def test_ctrl_c_with_postgres_unreachable_exits_at_once(tmp_path: Path, pg_datab
                 assert client.get(f"{base}/").status_code == 200
                 cut()
                 assert client.get(f"{base}/tasks").status_code == 503  # (the store met it)
-            # The poller's next read (within a second) waits for a connection the
-            # server no longer gives: nothing outside can see it wait, so a pause.
-            time.sleep(float(os.environ.get("WF_SLEEP", "1.5")))
+            # The store's next read (the poller's, within a second) waits for a
+            # connection the server no longer answers: the proxy sees it wait.
+            assert hanging.wait(DEADLINE), "no connection attempt after the cut"
             started = time.monotonic()
             assert stop(proc, signal.SIGINT) == 0
             took = time.monotonic() - started
