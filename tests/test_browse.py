@@ -542,6 +542,11 @@ async def test_a_run_records_its_graph(kind, store_maker, autojump_clock):
     # A run written in the old shape (no graph) reads back without one.
     store.write([("run", "old-run", 0, "diamond", "{}", "A", 5.0)])
     assert store.run("old-run").graph is None
+    # A graph no trioexec writes (a hand-edited row) reads as none: it only
+    # draws the run, so the run itself stays readable.
+    for n, bent in enumerate(['{"a": 5}', "[1, 2]", "not json", '"text"']):
+        store.write([("run", f"bent-{n}", 0, "diamond", "{}", "A", 5.0, bent)])
+        assert store.run(f"bent-{n}").graph is None
     await trio.lowlevel.checkpoint()
 
 

@@ -138,8 +138,8 @@ def test_read_only_says_so_and_has_no_actions(tmp_path: Path) -> None:
 
 
 def test_server_errors_are_written_to_stderr(tmp_path: Path) -> None:
-    """A page that fails leaves its traceback on stderr (Hypercorn's error log), and
-    a page whose store read failed (the file deleted) one line naming it."""
+    """A page whose store read failed (the file deleted) leaves one line naming it
+    on stderr (the web app's log, which trioexec alone would keep silent)."""
     make_db(tmp_path / "app.db")
     with trioexec.open_store(tmp_path / "app.db") as store:
         store.write([("run", "bent", 0, "wf", "{}", "w", time.time(), '{"a": []}')])
@@ -160,9 +160,9 @@ def test_server_errors_are_written_to_stderr(tmp_path: Path) -> None:
     assert gone.status_code == 503
     assert "GET /tasks: the store could not be read" in err
     assert "app.db: the database file was deleted" in err
-    if bent.status_code == 500:  # (a store that refuses such a graph itself: a 503)
-        assert "Traceback" in err
-        assert "TypeError" in err
+    # A graph no trioexec writes reads as none: the run's page draws its steps
+    # as a column instead of failing.
+    assert bent.status_code == 200
 
 
 def test_ctrl_c_with_an_idle_keep_alive_connection_exits_at_once(tmp_path: Path) -> None:

@@ -306,10 +306,17 @@ def run_graph(change: Change) -> str | None:
 
 
 def graph_of(text: object) -> dict[str, list[str]] | None:
-    """`RunRecord.graph` from its JSON column (None stays None)."""
+    """`RunRecord.graph` from its JSON column (None stays None). A graph this
+    trioexec cannot read (a hand-edited row) reads as None too: it only draws the
+    run (a run resumes by its workflow's own steps), so it never makes the run
+    itself unreadable."""
     if text is None:
         return None
-    return {str(k): [str(d) for d in v] for k, v in json.loads(str(text)).items()}
+    try:
+        found = json.loads(str(text))
+        return {str(k): [str(d) for d in v] for k, v in found.items()}
+    except (ValueError, TypeError, AttributeError):
+        return None
 
 
 SUPERSEDED = "superseded: its workflow run was resumed by another executor"
