@@ -297,6 +297,8 @@ async def test_one_task_shows_timeline_error_traceback_and_args(db: Db) -> None:
         missing = await c.get("/tasks/nope")
     assert 'id="timeline"' in page
     assert len(re.findall(r"<li class=\"event-", page)) >= 3
+    assert '<li class="event-ended-badly">' in page  # (its dot is red, not green)
+    assert '<li class="event-finished">' not in page
     error = page.split('id="error"', 1)[1].split("</pre>", 1)[0]
     assert "boom 7 &lt;b&gt;bold&lt;/b&gt;" in error
     assert "ValueError" in page.split('id="traceback"', 1)[1]

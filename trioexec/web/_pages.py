@@ -175,7 +175,8 @@ def timeline(record: ExecutionRecord, commands: list[Command]) -> list[Moment]:
     if record.finished_at is not None:
         why = f": {record.error}" if record.error else ""
         text = f"{record.status.value} after attempt {record.attempt}{why}"
-        out.append(Moment(record.finished_at, "finished", text))
+        ended = "finished" if record.status is TaskStatus.COMPLETED else "ended-badly"
+        out.append(Moment(record.finished_at, ended, text))
     for c in commands:
         out.append(Moment(c.at, "command", f"{c.kind} by {c.who}: {c.detail}"))
     return sorted(out, key=lambda m: m.at)
