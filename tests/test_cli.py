@@ -297,8 +297,7 @@ def keyed_status_checks(db: str, cwd: Path) -> None:
         "key",
         "status",
         "sub-status",
-        "try",
-        "deferred",
+        "try",  # (no "deferred" column: none is deferred)
         "waiting",  # ("waiting on": some are live)
         "on",
         "error",
@@ -803,8 +802,8 @@ def test_demo_under_a_terminal_shows_the_live_panel_and_the_summary(tmp_path: Pa
     seen = squash(raw)
     assert "Traceback" not in seen
     assert seen.startswith(
-        "trioexec demo: 15 tasks on 2 slots, about 5 s. Recording to demo.db — watch it with "
-        "`trioexec watch demo.db` from another shell. "
+        "trioexec demo: 15 tasks on 2 slots, about 5 s. Recording to demo.db; watch it from "
+        "another shell with: trioexec watch demo.db "
         "• 4 tasks wait on events (a webhook, an upload, an API) set between"
     )
     assert "\x1b[?25h" in raw  # the live view gave the cursor back

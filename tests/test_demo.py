@@ -19,7 +19,7 @@ from pathlib import Path
 import pexpect
 import pytest
 import trio
-from test_cli import TRIOEXEC, cli, cli_env, ok, squash
+from test_cli import ANSI, TRIOEXEC, cli, cli_env, ok, squash
 
 from trioexec import SQLiteStore, TaskStatus
 from trioexec._demo import (
@@ -83,8 +83,8 @@ def test_the_live_view_shows_slots_waits_and_why(quick_run: tuple[Path, str, str
     assert "Traceback" not in seen
     assert "\x1b[?25h" in raw  # the live view gave the cursor back
     assert seen.startswith(
-        "trioexec demo: 55 tasks on 4 slots, about 5 s. Recording to demo.db — watch it with "
-        "`trioexec watch demo.db` from another shell."
+        "trioexec demo: 55 tasks on 4 slots, about 5 s. Recording to demo.db; watch it from "
+        "another shell with: trioexec watch demo.db "
     )
     assert re.search(r"slots in use (█ ){4}4/4", seen)  # the slots were all busy...
     assert re.search(r"deferred [1-9]\d* \(holding no slot\)", seen)  # ...waiters held none
@@ -111,7 +111,7 @@ def test_the_live_view_shows_slots_waits_and_why(quick_run: tuple[Path, str, str
 def test_the_summary_compares_and_names_three_commands(
     quick_run: tuple[Path, str, str, float],
 ) -> None:
-    _, _, seen, _ = quick_run
+    _, raw, seen, _ = quick_run
     summary = seen[seen.rindex("summary") :]
     for row in (
         "with defer_until (this run, real time)",
@@ -130,10 +130,14 @@ def test_the_summary_compares_and_names_three_commands(
     assert ideal < held
     assert summary.endswith(
         "Look at what it wrote: "
-        "trioexec status demo.db every task, and how it ended "
-        "trioexec runs demo.db the refund run, step by step "
-        "trioexec promises demo.db the approval promise, resolved"
+        "# every task, and how it ended trioexec status demo.db "
+        "# the refund run, step by step trioexec runs demo.db "
+        "# the approval promise, resolved trioexec promises demo.db"
     )
+    # Each command stands whole on a line of its own, to be pasted.
+    lines = [ANSI.sub("", line).strip() for line in raw.splitlines()]
+    for command in ("status", "runs", "promises"):
+        assert f"trioexec {command} demo.db" in lines
 
 
 def test_the_database_has_the_run_completed_and_the_promise_resolved(
@@ -169,9 +173,9 @@ def test_the_three_commands_show_what_it_wrote(quick_run: tuple[Path, str, str, 
     cwd, *_ = quick_run
     status = ok(cli("status", "demo.db", cwd=cwd))
     assert status.startswith(f"demo.db: {TOTAL} completed\n")
-    assert re.search(r"charge-card +completed +2 ", status)
+    assert re.search(r"charge-card +completed +2$", status, re.M)
     runs = squash(ok(cli("runs", "demo.db", cwd=cwd)))
-    assert re.search(r"refund-[0-9a-f]{6} refund completed \S+ 4/4 0", runs), runs
+    assert re.search(r"refund-[0-9a-f]{6} refund completed 4/4 0", runs), runs
     promises = squash(ok(cli("promises", "demo.db", cwd=cwd)))
     assert re.search(
         r'approval-refund-[0-9a-f]{6} resolved \{"approved": true, "by": "the demo"\}', promises
@@ -185,7 +189,7 @@ def test_in_a_pipe_it_prints_lines_not_a_live_view(tmp_path: Path) -> None:
     assert re.search(r"waiting on: .*\d promise", out)
     assert "charge-card: attempt 1 failed" in out
     assert "Store: 15 completed, 0 other — d.db" in " ".join(out.split())
-    assert out.rstrip().endswith("trioexec promises d.db   the approval promise, resolved")
+    assert out.rstrip().endswith("# the approval promise, resolved\n  trioexec promises d.db")
 
 
 # ---------------------------------------------------------------- the plan, in process

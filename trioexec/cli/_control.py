@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import click
-from rich.table import Table
 from rich.text import Text
 
 import trioexec
@@ -20,7 +19,8 @@ from trioexec._control import who_am_i
 from trioexec._records import check_id
 from trioexec._store._open import is_postgres_url
 
-from ._common import EXIT_USAGE, ago, cell, console, emit_json, err, fail, open_store, parse_age
+from ._common import EXIT_USAGE, ago, console, emit_json, err, fail, open_store, parse_age
+from ._table import Column, print_table
 
 
 @contextmanager
@@ -196,13 +196,18 @@ def commands(db: str, limit: int, as_json: bool) -> None:
         emit_json(log)
         return
     now = time.time()
-    table = Table(box=None, padding=(0, 1), pad_edge=False)
-    for column in ("#", "when", "command", "target", "who", "result"):
-        table.add_column(column, overflow="fold", no_wrap=column in ("#", "when"))
+    columns = [
+        Column("#", justify="right"),
+        Column("when"),
+        Column("command"),
+        Column("target"),
+        Column("who", fold=True),
+        Column("result", fold=True),
+    ]
+    table = []
     for c in log:
         target = c.task_id or (f"name {c.name}" if c.name else f"key {c.key}" if c.key else "")
-        when = f"{ago(now - c.at)} ago"
-        table.add_row(*map(cell, (c.seq, when, c.kind, target, c.who, c.detail)))
-    console.print(table)
+        table.append([c.seq, f"{ago(now - c.at)} ago", c.kind, target, c.who, c.detail])
+    print_table(console, columns, table)
     for p in paused:
         console.print(Text(f"paused: {p.kind} {p.value} (by {p.who}, {ago(now - p.at)} ago)"))

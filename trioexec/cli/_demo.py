@@ -160,9 +160,10 @@ def demo(db: str | None, slots: int, tasks: int, quick: bool) -> None:
             ("trioexec demo", "bold"),
             f": {plan.total} tasks on {slots} slots, about {plan.seconds:.0f} s. Recording to ",
             (path, "cyan"),
-            f" — watch it with `trioexec watch {shown}` from another shell.",
+            "; watch it from another shell with:",
         )
     )
+    console.print(Text(f"  trioexec watch {shown}", style="cyan"), soft_wrap=True)
     kinds = ", ".join(KIND_NAMES[k] for k in KINDS[:n_events])
     story = [
         f"{n_events} tasks wait on events ({kinds}) set between "
@@ -250,10 +251,11 @@ def demo(db: str | None, slots: int, tasks: int, quick: bool) -> None:
         )
     )
     console.print(Text("Look at what it wrote:", style="bold"))
-    commands = Table.grid(padding=(0, 3))
-    commands.add_row(Text(f"trioexec status {shown}", style="cyan"), "every task, and how it ended")
-    commands.add_row(Text(f"trioexec runs {shown}", style="cyan"), "the refund run, step by step")
-    commands.add_row(
-        Text(f"trioexec promises {shown}", style="cyan"), "the approval promise, resolved"
-    )
-    console.print(commands)
+    for command, what in [
+        ("status", "every task, and how it ended"),
+        ("runs", "the refund run, step by step"),
+        ("promises", "the approval promise, resolved"),
+    ]:
+        # A command on a line of its own, never wrapped: it is there to be pasted.
+        console.print(Text(f"  # {what}", style="dim"), highlight=False)
+        console.print(Text(f"  trioexec {command} {shown}", style="cyan"), soft_wrap=True)

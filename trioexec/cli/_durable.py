@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING
 
 import click
 import trio
-from rich.table import Table
 from rich.text import Text
 
 from trioexec import StoreError, TaskStatus
@@ -20,7 +19,6 @@ from trioexec._store._open import is_postgres_url
 from ._common import (
     EXIT_PROBLEM,
     EXIT_USAGE,
-    cell,
     console,
     emit_json,
     err,
@@ -28,6 +26,7 @@ from ._common import (
     open_store,
     stamp,
 )
+from ._table import Column, print_table
 
 if TYPE_CHECKING:
     from trioexec.durable import DurableStore
@@ -83,18 +82,24 @@ def promises_list(db: str, state: str | None, limit: int, as_json: bool) -> None
     if as_json:
         emit_json(rows)
         return
-    table = Table(box=None, padding=(0, 2))
-    for column in ("id", "state", "data", "times out", "tags"):
-        table.add_column(column, overflow="fold")
-    for p in rows:
-        table.add_row(
-            cell(p.id),
-            cell(p.state.value),
-            cell((p.data or "")[:40]),
-            cell(stamp(p.timeout_at)),
-            cell(json.dumps(p.tags, ensure_ascii=False)),
-        )
-    console.print(table)
+    columns = [
+        Column("id"),
+        Column("state"),
+        Column("data", fold=True),
+        Column("times out"),
+        Column("tags", fold=True),
+    ]
+    table = [
+        [
+            p.id,
+            p.state.value,
+            (p.data or "")[:40],
+            stamp(p.timeout_at),
+            json.dumps(p.tags, ensure_ascii=False),
+        ]
+        for p in rows
+    ]
+    print_table(console, columns, table)
 
 
 def _settle(db: str, id: str, data: str | None, how: str) -> None:
@@ -146,20 +151,28 @@ def tasks(db: str, state: str | None, target: str | None, limit: int, as_json: b
     if as_json:
         emit_json(rows)
         return
-    table = Table(box=None, padding=(0, 2))
-    for column in ("id", "state", "version", "target", "holder", "lease until", "awaiting"):
-        table.add_column(column, overflow="fold")
-    for t in rows:
-        table.add_row(
-            cell(t.id),
-            cell(t.state.value),
-            cell(t.version),
-            cell(t.target),
-            cell(t.pid),
-            cell(stamp(t.lease_expires_at)),
-            cell(", ".join(t.awaiting)),
-        )
-    console.print(table)
+    columns = [
+        Column("id"),
+        Column("state"),
+        Column("version", justify="right"),
+        Column("target"),
+        Column("holder", fold=True),
+        Column("lease until"),
+        Column("awaiting", fold=True),
+    ]
+    table = [
+        [
+            t.id,
+            t.state.value,
+            t.version,
+            t.target,
+            t.pid,
+            stamp(t.lease_expires_at),
+            ", ".join(t.awaiting),
+        ]
+        for t in rows
+    ]
+    print_table(console, columns, table)
 
 
 @click.command()

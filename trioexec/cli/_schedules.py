@@ -6,9 +6,9 @@ import datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import click
-from rich.table import Table
 
-from ._common import cell, console, emit_json, open_store
+from ._common import console, emit_json, open_store
+from ._table import Column, print_table
 
 
 def zoned(t: float | None, tz: str) -> str:
@@ -32,10 +32,16 @@ def schedules(db: str, as_json: bool) -> None:
     if as_json:
         emit_json(records)
         return
-    table = Table(box=None, padding=(0, 1), pad_edge=False)  # (fits 80 columns)
-    for column in ("schedule", "cron", "tz", "task", "last run", "next run"):
-        table.add_column(column, overflow="fold", no_wrap=column.endswith("run"))
-    for r in records:
-        when = zoned(r.last_run, r.tz), zoned(r.next_run, r.tz)
-        table.add_row(*map(cell, (r.schedule_id, r.cron, r.tz, r.name, *when)))
-    console.print(table)
+    columns = [
+        Column("schedule"),
+        Column("cron"),
+        Column("tz"),
+        Column("task", fold=True),
+        Column("last run"),
+        Column("next run"),
+    ]
+    table = [
+        [r.schedule_id, r.cron, r.tz, r.name, zoned(r.last_run, r.tz), zoned(r.next_run, r.tz)]
+        for r in records
+    ]
+    print_table(console, columns, table)

@@ -6,17 +6,17 @@ import fnmatch
 import time
 
 import click
-from rich.console import Group
+from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.panel import Panel
-from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, SubStatus, TaskStatus
 
-from ._common import ago, cell, console, emit_json, fail, open_store, parse_age, stamp
+from ._common import ago, console, emit_json, fail, open_store, parse_age, stamp
+from ._table import Column, layout, print_table, show
 
 _LIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
 
@@ -46,38 +46,56 @@ def waiting_matches(
     return found
 
 
-def execution_table(rows: list[trioexec.ExecutionRecord], now: float) -> Table:
-    """The executions' table; a ``key`` column only if one of them has a key, a
-    ``waiting on`` column only if one of them is live."""
+def execution_table(
+    rows: list[trioexec.ExecutionRecord], now: float, width: int | None
+) -> RenderableType:
+    """The executions' table for a terminal ``width`` wide (None: plain lines); a
+    ``key`` column only if one of them has a key, ``sub-status`` and ``waiting on``
+    only if one of them is live, ``deferred`` only if one of them is deferred."""
     keyed = any(r.key is not None for r in rows)
     live = any(r.status in _LIVE for r in rows)
-    table = Table(box=None, padding=(0, 1))
-    # Ids and states must stay whole (people copy them); the rest gives way.
-    table.add_column("task", no_wrap=True)
-    table.add_column("name", overflow="fold", ratio=1)
-    if keyed:
-        table.add_column("key", overflow="fold", ratio=1)
-    table.add_column("status", no_wrap=True)
-    table.add_column("sub-status", no_wrap=True)
-    table.add_column("try", no_wrap=True)
-    table.add_column("deferred", no_wrap=True)
-    if live:
-        table.add_column("waiting on", overflow="fold", ratio=1)
-    table.add_column("error", overflow="ellipsis", no_wrap=True, ratio=1)
-    for r in rows:
-        deferred = now - r.deferred_since if r.deferred_since is not None else None
-        table.add_row(
-            cell(r.task_id),
-            cell(r.name),
-            *([cell(r.key)] if keyed else []),
-            cell(r.status.value),
-            cell(r.sub_status.value if r.sub_status else ""),
-            cell(r.attempt),
-            cell(ago(deferred)),
-            *([cell(r.waiting_on)] if live else []),
-            cell((r.error or "")[:40]),
-        )
-    return table
+    deferred = any(r.deferred_since is not None for r in rows)
+    columns = [
+        Column("task"),
+        Column("name", fold=True),
+        *([Column("key", fold=True)] if keyed else []),
+        Column("status"),
+        *([Column("sub-status")] if live else []),
+        Column("try", justify="right"),
+        *([Column("deferred", justify="right")] if deferred else []),
+        *([Column("waiting on", fold=True)] if live else []),
+        Column("error", fold=True),
+    ]
+    table = [
+        [
+            r.task_id,
+            r.name,
+            *([r.key] if keyed else []),
+            r.status.value,
+            *([r.sub_status.value if r.sub_status else ""] if live else []),
+            r.attempt,
+            *([ago(now - r.deferred_since) if r.deferred_since else ""] if deferred else []),
+            *([r.waiting_on] if live else []),
+            _error_line(r.error),
+        ]
+        for r in rows
+    ]
+    return layout(columns, table, width)
+
+
+def _error_line(error: str | None) -> str:
+    """An error as a table shows it: its first line, at most 80 characters (the
+    whole of it is in --json and the dashboard)."""
+    first = (error or "").strip().split("\n", 1)[0]
+    return first if len(first) <= 80 else first[:79] + "…"
+
+
+def _width() -> int | None:
+    return console.width if console.is_terminal else None
+
+
+def print_executions(rows: list[trioexec.ExecutionRecord]) -> None:
+    show(console, execution_table(rows, time.time(), _width()))
 
 
 @click.command()
@@ -137,7 +155,7 @@ def status(
     if paused:  # (what every executor on it holds back: trioexec resume lifts it)
         what = ", ".join(f"{p.kind} {p.value}" for p in paused)
         console.print(Text(f"paused: {what}", style="yellow"), highlight=False)
-    console.print(execution_table(rows, time.time()))
+    print_executions(rows)
     if matching > len(rows):
         console.print(f"... and {matching - len(rows)} more (--limit)")
 
@@ -165,7 +183,7 @@ def watch_view(store: SQLiteStore | PostgresStore, db: str) -> Group:
     return Group(
         Panel(head, title=Text(f"trioexec watch {db} — {stamp(now)}")),
         Text("deferred, longest first:", style="bold"),
-        execution_table(longest, now),
+        execution_table(longest, now, _width()),
     )
 
 
@@ -202,22 +220,20 @@ def runs(db: str, run_id: str | None, as_json: bool) -> None:
     if as_json:
         emit_json(records)
         return
-    table = Table(box=None, padding=(0, 2))
-    for column in ("run", "workflow", "status", "progress", "steps done", "recoveries"):
-        table.add_column(column, overflow="fold")
+    columns = [
+        Column("run"),
+        Column("workflow", fold=True),
+        Column("status"),
+        Column("steps done", justify="right"),
+        Column("recoveries", justify="right"),
+    ]
+    table = []
     for r in records:
         done = sum(1 for state, _ in r.steps.values() if state == "completed")
         names = {e.name for e in steps[r.run_id]} | set(r.steps)
         total = max(len(names), 1)
-        table.add_row(
-            cell(r.run_id),
-            cell(r.workflow),
-            cell(r.status),
-            ProgressBar(total=total, completed=done, width=20),
-            f"{done}/{total}",
-            str(r.recovery_attempts),
-        )
-    console.print(table)
+        table.append([r.run_id, r.workflow, r.status, f"{done}/{total}", r.recovery_attempts])
+    print_table(console, columns, table)
     if run_id is not None:
         for r in records:
-            console.print(execution_table(steps[r.run_id][:100], time.time()))
+            print_executions(steps[r.run_id][:100])

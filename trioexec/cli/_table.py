@@ -1,0 +1,145 @@
+"""The CLI's tables: what people copy stays whole, only free text folds.
+
+Ids, statuses, counts and times are never cut, folded or wrapped: people paste them
+into the next command. Free text (a name, an error, a reason) folds onto more lines
+when the terminal is narrow. When the terminal is too narrow for that, each row's
+whole columns stand on one line with its free text folded under it. When the output
+is not a terminal (a pipe, a file), the table is plain lines: one row a line, columns
+padded with spaces, nothing cut — ``grep``, ``awk`` and ``cut`` read it as it is, and
+``--json`` is there for scripts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import attrs
+from rich.cells import cell_len
+from rich.console import Console, Group, RenderableType
+from rich.padding import Padding
+from rich.table import Table
+from rich.text import Text
+
+#: Spaces between two columns.
+GAP = 2
+#: A folding column narrower than this reads as a ladder of fragments: the table is
+#: printed as plain lines instead.
+MIN_FOLD = 12
+
+
+@attrs.frozen
+class Column:
+    """One column: its header, and whether its text may fold (free text) or must
+    stay whole (ids, states, numbers, times: the default)."""
+
+    header: str
+    fold: bool = False
+    justify: Literal["left", "right"] = "left"
+
+
+def one_line(value: object) -> str:
+    """``value`` as table text on one line: control characters (a newline in an
+    error, a tab in a name) shown escaped, as ``repr`` shows them."""
+    text = "" if value is None else str(value)
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def layout(
+    columns: Sequence[Column], rows: Sequence[Sequence[object]], width: int | None
+) -> RenderableType:
+    """The table of ``rows`` for a terminal ``width`` columns wide (None: not a
+    terminal). Every row has one value per column."""
+    cells = [[one_line(v) for v in row] for row in rows]
+    natural = [
+        max([cell_len(c.header), *(cell_len(row[i]) for row in cells)])
+        for i, c in enumerate(columns)
+    ]
+    if width is not None:
+        folding = [i for i, c in enumerate(columns) if c.fold]
+        whole = sum(w for i, w in enumerate(natural) if not columns[i].fold)
+        spare = width - whole - GAP * (len(columns) - 1)
+        if sum(natural[i] for i in folding) <= spare:
+            return _rich(columns, cells, natural)
+        if folding and spare >= MIN_FOLD * len(folding):
+            return _rich(columns, cells, _share(natural, folding, spare))
+        if folding:
+            return _stacked(columns, cells, natural)
+    return _plain(columns, cells, natural)
+
+
+def print_table(
+    console: Console, columns: Sequence[Column], rows: Sequence[Sequence[object]]
+) -> None:
+    """Print the table of ``rows`` to ``console``: folded to its width on a terminal,
+    plain lines otherwise (see the module's docstring)."""
+    show(console, layout(columns, rows, console.width if console.is_terminal else None))
+
+
+def show(console: Console, table: RenderableType) -> None:
+    """Print what `layout` made: lines it laid out itself (plain or stacked) as
+    they are, never wrapped or cropped again by rich."""
+    console.print(table, soft_wrap=isinstance(table, Text), highlight=False)
+
+
+def _share(natural: list[int], folding: list[int], spare: int) -> list[int]:
+    """Widths where the folding columns share ``spare`` cells, left to right: each
+    takes what it needs while leaving ``MIN_FOLD`` to each one after it, and the last
+    takes the rest (free text comes last: names keep their line, errors fold)."""
+    widths = list(natural)
+    for n, i in enumerate(folding):
+        after = len(folding) - n - 1
+        widths[i] = min(natural[i], spare - MIN_FOLD * after) if after else spare
+        spare -= widths[i]
+    return widths
+
+
+def _rich(columns: Sequence[Column], cells: list[list[str]], widths: list[int]) -> Table:
+    table = Table(box=None, padding=(0, GAP, 0, 0), pad_edge=False, collapse_padding=True)
+    for i, c in enumerate(columns):
+        # Fixed widths: rich never shrinks a column of a table that fits, so the
+        # whole ones stay whole; the folding ones fold at their share.
+        table.add_column(
+            c.header,
+            width=widths[i],
+            no_wrap=not c.fold,
+            overflow="fold",
+            justify=c.justify,
+        )
+    for row in cells:
+        table.add_row(*(Text(v) for v in row))
+    return table
+
+
+def _stacked(columns: Sequence[Column], cells: list[list[str]], natural: list[int]) -> Group:
+    """Too narrow for a table: each row's whole columns on one line, and under it
+    each folding column that has a value, as ``header: value``, folded by rich to the
+    terminal's width."""
+    whole = [i for i, c in enumerate(columns) if not c.fold]
+    picked = [columns[i] for i in whole]
+    parts: list[RenderableType] = [Text(_line(picked, [c.header for c in picked], natural, whole))]
+    for row in cells:
+        parts.append(Text(_line(picked, [row[i] for i in whole], natural, whole)))
+        parts.extend(
+            Padding(Text(f"{c.header}: {row[i]}", overflow="fold"), (0, 0, 0, 2))
+            for i, c in enumerate(columns)
+            if c.fold and row[i]
+        )
+    return Group(*parts)
+
+
+def _line(columns: Sequence[Column], row: list[str], widths: list[int], at: list[int]) -> str:
+    parts = []
+    for n, (c, v) in enumerate(zip(columns, row, strict=True)):
+        pad = " " * (widths[at[n]] - cell_len(v))
+        last = n == len(columns) - 1
+        parts.append(pad + v if c.justify == "right" else v if last else v + pad)
+    return (" " * GAP).join(parts).rstrip()
+
+
+def _plain(columns: Sequence[Column], cells: list[list[str]], widths: list[int]) -> Text:
+    at = list(range(len(columns)))
+    rows = [[c.header for c in columns], *cells]
+    return Text("\n".join(_line(columns, row, widths, at) for row in rows))
