@@ -1,9 +1,9 @@
 """How-to: back off from a rate-limited API without holding a slot.
 
 Part 1, a backoff inside a task. ``sync_orders`` gets "429 Too Many Requests,
-retry after 30 s" half-way through its work. It waits with
-``handle.defer_until(lambda: trio.current_time() >= retry_at, poll_interval=1)``:
-the slot is free during the backoff, so three 10-second reports run in it, and the
+retry after 30 s" half-way through its work. It waits until a deadline,
+``handle.defer_until(trio.current_time() + exc.retry_after)`` (woken exactly then,
+no polling): the slot is free during the backoff, so three 10-second reports run in it, and the
 task then carries on with its local state (the pages fetched so far). The same
 workload with ``await trio.sleep(retry_after)`` instead holds the only slot for
 the whole 30 s, and the reports wait.
@@ -21,8 +21,6 @@ Run it with ``python examples/howto_rate_limits.py``.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 import trio
 import trio.testing
@@ -54,11 +52,6 @@ class OrdersAPI:
 # ----------------------------------------------------------------- part 1
 
 
-def time_reached(deadline: float) -> Callable[[], bool]:
-    """A predicate for ``defer_until``: true from ``deadline`` (Trio's clock) on."""
-    return lambda: trio.current_time() >= deadline
-
-
 async def sync_orders(api: OrdersAPI, handle: TaskHandle) -> int:
     fetched: list[int] = []  # local state, kept across the backoff
     n = 0
@@ -66,10 +59,9 @@ async def sync_orders(api: OrdersAPI, handle: TaskHandle) -> int:
         try:
             fetched += await api.page(n)
         except RateLimited as exc:
-            retry_at = trio.current_time() + exc.retry_after
-            # The slot is free until retry_at (checked every poll_interval, so
-            # up to 1 s late), then the loop retries the same page.
-            await handle.defer_until(time_reached(retry_at), poll_interval=1)
+            # A deadline on Trio's clock: the slot is free until then, and the
+            # task wakes exactly at retry_at (no polling), then retries the page.
+            await handle.defer_until(trio.current_time() + exc.retry_after)
             continue
         n += 1
     return len(fetched)

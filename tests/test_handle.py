@@ -294,11 +294,60 @@ async def test_bad_poll_interval_raises_before_release(poll, exc):
     assert obs.log == []
 
 
-@pytest.mark.parametrize("cond", [42, "ready", None, object()])
+@pytest.mark.parametrize("cond", [True, "ready", None, object()])
 async def test_unsupported_condition_is_type_error(cond):
     handle, pool = await make_handle()
     with pytest.raises(TypeError, match="defer_until needs"):
         await handle.defer_until(cond)
+    assert pool.in_use == 1
+
+
+async def test_a_deadline_wakes_exactly_then_without_its_slot(autojump_clock):
+    obs = Observer()
+    handle, pool = await make_handle(observer=obs)
+    deadline = trio.current_time() + 30
+    seen = []
+
+    async def meanwhile():
+        await trio.testing.wait_all_tasks_blocked()
+        seen.append((pool.in_use, handle.sub_status, handle.waiting_on))
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(meanwhile)
+        await handle.defer_until(deadline)
+    assert trio.current_time() == deadline  # exact: no polling interval late
+    assert seen == [(0, SubStatus.DEFERRED, "deadline")]
+    assert obs.log == [("deferred", True), ("resumed", True)]
+
+
+async def test_a_deadline_passed_returns_at_once_holding_the_slot(autojump_clock):
+    obs = Observer()
+    handle, pool = await make_handle(observer=obs)
+    start = trio.current_time()
+    await handle.defer_until(start - 1)
+    await handle.defer_until(int(start))  # (an int is a deadline too)
+    assert trio.current_time() == start
+    assert obs.log == []
+    assert pool.in_use == 1
+
+
+async def test_a_nan_deadline_is_value_error():
+    handle, pool = await make_handle()
+    with pytest.raises(ValueError, match="deadline must be a number, got nan"):
+        await handle.defer_until(math.nan)
+    assert pool.in_use == 1
+
+
+async def test_a_coroutine_object_is_refused_naming_the_mistake():
+    handle, pool = await make_handle()
+
+    async def ready():
+        return True
+
+    coroutine = ready()
+    with pytest.raises(TypeError, match=r"coroutine object.*defer_until\(ready\), not"):
+        await handle.defer_until(coroutine)
+    assert coroutine.cr_frame is None  # closed: no "never awaited" warning later
     assert pool.in_use == 1
 
 

@@ -56,6 +56,15 @@ def _nth_interval(poll_interval: float | Backoff, n: int) -> float:
     return float(poll_interval)
 
 
+def _is_deadline(condition: object) -> bool:
+    """A number is a deadline on Trio's clock (``trio.current_time() + 30``)."""
+    if isinstance(condition, bool) or not isinstance(condition, int | float):
+        return False
+    if math.isnan(condition):
+        raise ValueError(f"defer_until's deadline must be a number, got {condition!r}")
+    return True
+
+
 async def _truthy(predicate: Callable[[], object]) -> bool:
     result = predicate()
     if inspect.isawaitable(result):
@@ -72,6 +81,7 @@ class _Waiter:
     VALUE = 0  # trio-util AsyncValue / AsyncBool: wait_value(bool)
     WAITABLE = 1  # trio.Event or anything with an async wait()
     PREDICATE = 2  # zero-argument callable -> bool | Awaitable[bool]
+    DEADLINE = 3  # a number: a deadline on Trio's clock (trio.sleep_until)
 
     def __init__(self, condition: Any, poll_interval: float | Backoff) -> None:
         _check_poll_interval(poll_interval)
@@ -80,6 +90,8 @@ class _Waiter:
         self._sync = False  # a predicate that returned a plain value when first checked
         if isinstance(condition, AsyncValue):
             self._kind = self.VALUE
+        elif _is_deadline(condition):
+            self._kind = self.DEADLINE
         elif inspect.iscoroutinefunction(getattr(condition, "wait", None)):
             self._kind = self.WAITABLE
         elif callable(condition):
@@ -88,10 +100,17 @@ class _Waiter:
             # e.g. threading.Event: its wait() would block the event loop, so poll is_set().
             self._condition = condition.is_set
             self._kind = self.PREDICATE
+        elif inspect.iscoroutine(condition):
+            condition.close()  # (never to be awaited: no "never awaited" warning)
+            raise TypeError(
+                f"defer_until got a coroutine object, {condition!r}: pass the async"
+                " function itself (defer_until(ready), not defer_until(ready()))"
+            )
         else:
             raise TypeError(
                 "defer_until needs a trio.Event, an object with an async wait(), "
-                f"a trio-util AsyncValue, or a zero-argument callable; got {condition!r}"
+                "a trio-util AsyncValue, a zero-argument callable, or a deadline "
+                f"(a number, on Trio's clock); got {condition!r}"
             )
 
     async def holds(self) -> bool:
@@ -99,6 +118,8 @@ class _Waiter:
         cond = self._condition
         if self._kind == self.VALUE:
             return bool(cond.value)
+        if self._kind == self.DEADLINE:
+            return bool(trio.current_time() >= cond)
         if self._kind == self.WAITABLE:
             is_set = getattr(cond, "is_set", None)
             return bool(is_set()) if callable(is_set) else False
@@ -115,6 +136,8 @@ class _Waiter:
         cond = self._condition
         if self._kind == self.VALUE:
             await cond.wait_value(bool)
+        elif self._kind == self.DEADLINE:
+            await trio.sleep_until(cond)
         elif self._kind == self.WAITABLE:
             await cond.wait()
         elif self._sync and poller_for is not None and (poller := poller_for()) is not None:
@@ -236,12 +259,20 @@ class TaskHandle:
     async def defer_until(self, condition: Condition, poll_interval: float | Backoff = 1.0) -> None:
         """Give the slot back until ``condition`` holds, then take one back (FIFO).
 
-        ``condition`` is a `trio.Event` or any object with an async ``wait()``
-        (woken at once, no polling), a trio-util ``AsyncValue``/``AsyncBool``
-        (waits until its value is truthy), or a zero-argument callable returning
-        a bool or an awaitable of one, checked now and then every
-        ``poll_interval`` seconds (a float > 0, or a `Backoff` for growing
-        intervals).
+        ``condition`` is one of:
+
+        - a `trio.Event`, or any object with an async ``wait()`` (woken at once,
+          no polling);
+        - a trio-util ``AsyncValue``/``AsyncBool`` (woken when its value becomes
+          truthy, no polling);
+        - a deadline: a number on Trio's clock, as `trio.sleep_until` takes
+          (``trio.current_time() + 30``): woken exactly then, no polling;
+        - a predicate: a function called with no arguments that returns a bool,
+          or an ``async def`` function (a coroutine function) whose result is a
+          bool. It is called now and then every ``poll_interval`` seconds (a
+          float > 0, or a `Backoff` for growing intervals). Pass the function
+          itself, not a coroutine object: ``defer_until(ready)``, never
+          ``defer_until(ready())``.
 
         If the condition already holds, returns at once without releasing
         anything. Otherwise the sub-status becomes ``DEFERRED``, the slot is
@@ -255,12 +286,13 @@ class TaskHandle:
 
         Raises:
           TypeError: for an unsupported condition or ``poll_interval`` type.
-          ValueError: for ``poll_interval <= 0``.
+          ValueError: for ``poll_interval <= 0``, or a deadline that is NaN.
           RuntimeError: if the handle's slot is not held when called.
 
         Example::
 
             await handle.defer_until(upload_done)                 # a trio.Event
+            await handle.defer_until(trio.current_time() + 30)    # a deadline
             await handle.defer_until(lambda: path.exists(), poll_interval=5)
         """
         if not self._slot.is_held:
@@ -310,10 +342,11 @@ class TaskHandle:
     def waiting_on(self) -> str | None:
         """What a deferred task waits for: ``"event"`` (a `trio.Event` or an object
         with an async ``wait()``), ``"condition <name>"`` (a predicate, or a
-        trio-util ``AsyncValue``), or ``"slot"`` once that holds and it queues
-        for a slot again; None while it holds its slot. A condition object may
-        say itself what it is, with a str attribute ``__trioexec_waiting_on__``
-        (``trioexec.durable``'s ``Promises.settled(id)`` says ``"promise <id>"``)."""
+        trio-util ``AsyncValue``), ``"deadline"`` (a number), or ``"slot"`` once
+        that holds and it queues for a slot again; None while it holds its slot.
+        A condition object may say itself what it is, with a str attribute
+        ``__trioexec_waiting_on__`` (``trioexec.durable``'s
+        ``Promises.settled(id)`` says ``"promise <id>"``)."""
         if self._sub_status is not SubStatus.DEFERRED:
             return None
         condition = self._waiting_for
@@ -324,6 +357,8 @@ class TaskHandle:
             return named
         if isinstance(condition, AsyncValue):
             return f"condition {type(condition).__name__}"
+        if isinstance(condition, int | float):
+            return "deadline"
         if inspect.iscoroutinefunction(getattr(condition, "wait", None)) or callable(
             getattr(condition, "is_set", None)
         ):
