@@ -569,6 +569,7 @@ def test_check_passes_a_healthy_database(app: AppDb) -> None:
     assert json.loads(ok(cli("check", "app.db", "--json", cwd=cwd))) == {
         "ok": True,
         "violations": [],
+        "ownerless": [],  # (w2's live rows: a lease never expires without one)
     }
 
 
@@ -602,7 +603,7 @@ def test_check_fails_a_broken_database(app: AppDb, breakage: str, violation: str
     assert proc.stderr.splitlines() == [f"violated {violation}"]
     proc = cli("check", "app.db", "--json", cwd=app.path.parent)
     assert proc.returncode == 1
-    assert json.loads(proc.stdout) == {"ok": False, "violations": [violation]}
+    assert json.loads(proc.stdout) == {"ok": False, "violations": [violation], "ownerless": []}
 
 
 # ---------------------------------------------------------------------- errors

@@ -214,3 +214,38 @@ class ExecutionRecord:
     def recreatable(self) -> bool:
         """True if recovery can run it again (a registered spec id and JSON arguments)."""
         return self.spec_id is not None and self.args is not None
+
+    def owner_gone_for(self, now: float) -> float | None:
+        """Seconds since this live execution's owner stopped holding it: its lease
+        expired (the process died or was killed, so nothing heartbeats it) or it
+        has no owner at all (requeued: 0.0). None once it ended, or while a live
+        owner holds it. ``now`` is the store's wall clock."""
+        if self.status is not TaskStatus.PENDING and self.status is not TaskStatus.RUNNING:
+            return None
+        if self.owner is None:
+            return 0.0
+        expires = self.lease_expires_at
+        if expires is None or expires > now:
+            return None
+        return now - expires
+
+    def owner_note(self, now: float) -> str | None:
+        """What becomes of a live execution nobody holds (see `owner_gone_for`),
+        in words for the CLI and the dashboard; None if it ended or is held."""
+        gone = self.owner_gone_for(now)
+        if gone is None:
+            return None
+        since = "no owner" if self.owner is None else f"owner gone {_duration(gone)} ago"
+        if self.run_id is not None:  # (a step: recovery resumes its workflow run)
+            return f"{since}; an executor with recover=True will resume its run"
+        if self.recreatable:
+            return f"{since}; an executor with recover=True will run it again"
+        return f"{since}; orphaned: it cannot be re-created, recovery will fail it"
+
+
+def _duration(seconds: float) -> str:
+    """``seconds`` as a person reads an age: 40s, 3m, 2h, 5d."""
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{int(seconds // size)}{unit}"
+    return f"{int(seconds)}s"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -183,8 +184,13 @@ def check(db: str, as_json: bool) -> None:
     from trioexec.durable import DurableStore
 
     problems: list[str] = []
+    notes: list[str] = []  # not violations: live rows nobody runs now
+    now = time.time()
     with open_store(db) as store, DurableStore(store) as ds:
         for r in store.executions():
+            note = r.owner_note(now)
+            if note is not None:
+                notes.append(f"{r.task_id} ({r.status.value}): {note}")
             running = r.status is TaskStatus.RUNNING
             if (r.sub_status is not None) != running:
                 problems.append(
@@ -208,11 +214,25 @@ def check(db: str, as_json: bool) -> None:
         except (ValueError, KeyError) as exc:
             problems.append(f"durable: unreadable row: {exc}")
     if as_json:
-        click.echo(json.dumps({"ok": not problems, "violations": problems}))
-    elif problems:
-        for p in problems:
-            err.print(Text.assemble(("violated", "red"), " ", p), highlight=False)
-    else:
+        click.echo(json.dumps({"ok": not problems, "violations": problems, "ownerless": notes}))
+        if problems:
+            raise SystemExit(EXIT_PROBLEM)
+        return
+    for p in problems:
+        err.print(Text.assemble(("violated", "red"), " ", p), highlight=False)
+    if not problems:
         console.print(Text(f"{db}: all invariants hold"))
+    if notes:
+        console.print(
+            Text(
+                f"{len(notes)} live execution(s) nobody runs now (their executor stopped"
+                " or was killed):",
+                style="yellow",
+            )
+        )
+        for line in notes[:50]:
+            console.print(Text(f"  {line}"), highlight=False, soft_wrap=True)
+        if len(notes) > 50:
+            console.print(f"  ... and {len(notes) - 50} more")
     if problems:
         raise SystemExit(EXIT_PROBLEM)

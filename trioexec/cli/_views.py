@@ -51,7 +51,9 @@ def execution_table(
 ) -> RenderableType:
     """The executions' table for a terminal ``width`` wide (None: plain lines); a
     ``key`` column only if one of them has a key, ``sub-status`` and ``waiting on``
-    only if one of them is live, ``deferred`` only if one of them is deferred."""
+    only if one of them is live, ``deferred`` only if one of them is deferred. A
+    live row whose owner is gone (killed: its lease expired) says so, and what
+    becomes of it, where the others say what they wait on."""
     keyed = any(r.key is not None for r in rows)
     live = any(r.status in _LIVE for r in rows)
     deferred = any(r.deferred_since is not None for r in rows)
@@ -75,7 +77,7 @@ def execution_table(
             *([r.sub_status.value if r.sub_status else ""] if live else []),
             r.attempt,
             *([ago(now - r.deferred_since) if r.deferred_since else ""] if deferred else []),
-            *([r.waiting_on] if live else []),
+            *([r.owner_note(now) or r.waiting_on] if live else []),
             _error_line(r.error),
         ]
         for r in rows
