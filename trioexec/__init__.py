@@ -47,6 +47,7 @@ from ._store import open_store as open_store
 from ._taskref import TaskRef as TaskRef
 from ._workflow import Context as Context
 from ._workflow import ExecutionStatus as ExecutionStatus
+from ._workflow import RunProgress as RunProgress
 from ._workflow import RunStatus as RunStatus
 from ._workflow import StepState as StepState
 from ._workflow import Workflow as Workflow
@@ -99,7 +100,8 @@ __all__ = [
     "WorkflowRun",
     "WorkflowResult",
     "WorkflowStatus",
-    "ExecutionStatus",
+    "RunProgress",
+    "ExecutionStatus",  # (RunProgress's first name, kept)
     "RunStatus",
     "StepState",
     # errors

@@ -31,14 +31,21 @@ class StepState(enum.StrEnum):
     SKIPPED = "skipped"  #: a dependency failed, so it will not run
 
 
-class ExecutionStatus(enum.StrEnum):
-    """What a run as a whole is doing, derived in this order of precedence."""
+class RunProgress(enum.StrEnum):
+    """What a workflow run as a whole is doing now (`WorkflowStatus.execution_status`),
+    derived in this order of precedence. Not an execution's status: that is a
+    `TaskStatus` (`ExecutionRecord.status`)."""
 
     READY_STEPS_AVAILABLE = "ready_steps_available"
     STEPS_IN_PROGRESS = "steps_in_progress"
     BLOCKED_BY_FAILURES = "blocked_by_failures"
     COMPLETE = "complete"
     AWAITING_DEPENDENCIES = "awaiting_dependencies"
+
+
+#: The name `RunProgress` had first (API §5, kept: it reads as an execution's status,
+#: which is a `TaskStatus`).
+ExecutionStatus = RunProgress
 
 
 class RunStatus(enum.StrEnum):
@@ -51,11 +58,11 @@ class RunStatus(enum.StrEnum):
 
 
 _RECOMMENDED = {
-    ExecutionStatus.READY_STEPS_AVAILABLE: "execute_ready_steps",
-    ExecutionStatus.STEPS_IN_PROGRESS: "wait_for_completion",
-    ExecutionStatus.BLOCKED_BY_FAILURES: "handle_failures",
-    ExecutionStatus.COMPLETE: "finalize_run",
-    ExecutionStatus.AWAITING_DEPENDENCIES: "wait_for_dependencies",
+    RunProgress.READY_STEPS_AVAILABLE: "execute_ready_steps",
+    RunProgress.STEPS_IN_PROGRESS: "wait_for_completion",
+    RunProgress.BLOCKED_BY_FAILURES: "handle_failures",
+    RunProgress.COMPLETE: "finalize_run",
+    RunProgress.AWAITING_DEPENDENCIES: "wait_for_dependencies",
 }
 
 _STEP_STATES = tuple(StepState)
@@ -352,7 +359,7 @@ class WorkflowStatus:
 
     run_id: str
     workflow: str
-    execution_status: ExecutionStatus
+    execution_status: RunProgress
     health_status: str  #: "healthy", "degraded" (a failure, others still going), "blocked"
     total_steps: int
     completed_steps: int
@@ -422,7 +429,7 @@ def summarize(
         counts[StepState.FAILED],
         counts[StepState.SKIPPED],
     )
-    attributes["execution_status"] = ExecutionStatus(attributes["execution_status"])
+    attributes["execution_status"] = RunProgress(attributes["execution_status"])
     return WorkflowStatus(**attributes)
 
 
@@ -458,21 +465,21 @@ def progress_attributes(
     }
 
 
-_VALUE = {status: status.value for status in ExecutionStatus}
+_VALUE = {status: status.value for status in RunProgress}
 
 
 def _judge(
     total: int, ready_now: int, in_progress: int, completed: int, failed: int, skipped: int
-) -> tuple[ExecutionStatus, str]:
+) -> tuple[RunProgress, str]:
     """A run's execution status (the first that applies) and health."""
     if ready_now:
-        execution = ExecutionStatus.READY_STEPS_AVAILABLE
+        execution = RunProgress.READY_STEPS_AVAILABLE
     elif in_progress:
-        execution = ExecutionStatus.STEPS_IN_PROGRESS
+        execution = RunProgress.STEPS_IN_PROGRESS
     elif failed:
-        return ExecutionStatus.BLOCKED_BY_FAILURES, "blocked"
+        return RunProgress.BLOCKED_BY_FAILURES, "blocked"
     elif completed + failed + skipped == total:
-        execution = ExecutionStatus.COMPLETE
+        execution = RunProgress.COMPLETE
     else:
-        execution = ExecutionStatus.AWAITING_DEPENDENCIES
+        execution = RunProgress.AWAITING_DEPENDENCIES
     return execution, "degraded" if failed else "healthy"
