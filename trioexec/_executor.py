@@ -9,6 +9,7 @@ the block's errors down to the one that ended it.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Unpack, final, overload
@@ -530,6 +531,7 @@ async def open_executor(
     key_limits: KeyLimit | Mapping[str, KeyLimit] | None = None,
     priority_aging: float | None = 60.0,
     shutdown_grace: float | None = None,
+    report_unread_failures: bool = True,
 ) -> AsyncIterator[Executor]:
     """Open an executor whose tasks run in a nursery inside this block. Every
     option is keyword-only.
@@ -543,6 +545,13 @@ async def open_executor(
     its ``timeout`` runs on until its function returns, without a slot). Errors
     from the body propagate unwrapped (never inside an ExceptionGroup); a store
     failure ends the block as one `StoreError` naming the store.
+
+    Failures are captured, not raised: a task's error is in its completion. So
+    that none goes unseen, the executor says on stderr as it closes how many
+    failed tasks (FAILED or TIMED_OUT) nobody read the completion of (with
+    `TaskRef.wait`, `TaskRef.completion` or `Executor.run`), with the first one's
+    error and traceback; ``report_unread_failures=False`` keeps it quiet (a
+    workflow's failed steps are read by its run and never counted).
 
     With a ``store``, every execution is recorded (group commit by one writer
     task); the executor holds one lease (``lease`` seconds, renewed at a third of
@@ -575,6 +584,7 @@ async def open_executor(
     if recover and store is None:
         raise ValueError("recover=True needs a store to recover from")
     body_error: list[BaseException] = []  # what the body raised, if anything
+    core: ExecutorCore | None = None
     try:
         # Two nurseries: the workers in the inner one, the store's writer and the
         # heartbeat in the outer one, so the last completions are written after
@@ -625,9 +635,19 @@ async def open_executor(
     except BaseExceptionGroup as group:
         _raise_single(group, body_error)
         raise
+    finally:
+        if report_unread_failures and core is not None:
+            _report_unread(core)
     if core.lifecycle.failure is not None:
         # Whatever the body was doing was cancelled by the failure: this is the error.
         raise core.lifecycle.failure
+
+
+def _report_unread(core: ExecutorCore) -> None:
+    """Say once, on stderr, which failures nobody read (`Lifecycle.unread_report`)."""
+    report = core.lifecycle.unread_report()
+    if report is not None and sys.stderr is not None:
+        print(report, file=sys.stderr, flush=True)
 
 
 async def _store_services(

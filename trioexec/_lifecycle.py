@@ -59,6 +59,10 @@ class Runs(Protocol):
     def lost(self, run_ids: Iterable[str]) -> None: ...
 
 
+#: How many unread failures a lifecycle keeps to name the first one at close.
+UNREAD_KEPT = 16
+
+
 @final
 class Lifecycle:
     """The transitions of one executor's tasks, and who is told of each."""
@@ -91,6 +95,10 @@ class Lifecycle:
         self.backing_off: set[Job] = set()  # (the workers keep it) between attempts
         self.cancelled_by: dict[str, str] = {}  # task id -> who sent the cancel command
         self.observer: Observer | None = None  # (`trioexec.contrib`: `_observe.combine`)
+        #: failed tasks whose completion nobody has read yet (`unread_report`):
+        #: how many, and the first few of them (bounded: a long run keeps no more)
+        self.unread_count = 0
+        self.unread: list[Job] = []
         if journal is not None:
             # What a task of a limited key waits on changes as its key lets it
             # through or holds it back (unkeyed tasks never call this).
@@ -309,12 +317,16 @@ class Lifecycle:
             tally.completed_count += 1
         elif status is TaskStatus.FAILED:
             tally.failed_count += 1
+            if job.run_id is None:  # (a workflow's step is read by its run)
+                self._unread(job)
         elif status is TaskStatus.CANCELLED:
             tally.cancelled_count += 1
             if job.cancel_requested:
                 tally.cancellation_observed_count += 1
         elif status is TaskStatus.TIMED_OUT:
             tally.timed_out_count += 1
+            if job.run_id is None:
+                self._unread(job)
         else:
             tally.dropped_count += 1
         if self._named:
@@ -505,6 +517,36 @@ class Lifecycle:
         for job in [*self.live.values(), *journal.notify]:
             job.wake_waiters()
         self._idle_lot.unpark_all()
+
+    def _unread(self, job: Job) -> None:
+        self.unread_count += 1
+        if len(self.unread) < UNREAD_KEPT:
+            self.unread.append(job)
+
+    def failure_read(self, job: Job) -> None:
+        """The completion of ``job``, which failed, has been read (`Job.make_completion`)."""
+        self.unread_count -= 1
+
+    def unread_report(self) -> str | None:
+        """What to say at close of the failures nobody read (None: there are none):
+        how many, and the first one's error with its traceback."""
+        if self.unread_count <= 0:
+            return None
+        first = next((job for job in self.unread if job.completion is None), None)
+        n = self.unread_count
+        lines = [
+            f"trioexec: {n} failed task{'s' if n != 1 else ''} whose completion nobody read"
+            " (await ref.wait(), or open_executor(report_unread_failures=False) for quiet)"
+        ]
+        if first is not None:
+            error = first.error
+            lines.append(
+                f"the first: {first.name!r} (task {first.task_id}) {first.status.value}:"
+                f" {safe_repr(error)}"
+            )
+            if error is not None:
+                lines.append("".join(traceback.format_exception(error)).rstrip("\n"))
+        return "\n".join(lines)
 
     def hurry(self) -> None:
         """Someone waits for a completion: the journal writes without gathering."""

@@ -21,6 +21,9 @@ from ._errors import StoreError
 from ._records import SubStatus, T_co, TaskCompletion, TaskStatus
 from ._spec import CallInfo
 
+#: The final statuses of a task that failed (`Lifecycle.unread_report`).
+_FAILURES = (TaskStatus.FAILED, TaskStatus.TIMED_OUT)
+
 if TYPE_CHECKING:
     from ._handle import TaskHandle
 
@@ -73,6 +76,9 @@ class Owner(Protocol):
     def failure_error(self) -> StoreError: ...
     def hurry(self) -> None:
         """Someone waits for a completion to be durable."""
+
+    def failure_read(self, job: Job) -> None:
+        """The completion of ``job``, which failed, has been read."""
 
     def waiting_on(self, job: Job) -> str | None: ...
 
@@ -162,6 +168,8 @@ class Job:
             )
             # The completion holds what a waiter needs; drop the call itself.
             self.fn = self.args = None  # type: ignore[assignment]
+            if self.status in _FAILURES and self.run_id is None:
+                self.owner.failure_read(self)  # (`Lifecycle.unread_report`)
         return self.completion
 
     def __repr__(self) -> str:
