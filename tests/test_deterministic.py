@@ -233,7 +233,7 @@ async def test_it_runs_every_background_task_of_open_executor_or_a_stand_in(
             gate.set()
             assert (await deferred.wait()).ok
             await ex.submit(trio.sleep, 5)  # still running at the end: the grace timer
-        with SQLiteStore(tmp_path / "real.db") as store:
+        with SQLiteStore(tmp_path / "real.db", inline=True) as store:
             async with open_executor(store=store, recover=True, key_limits=KeyLimit(rate=1)) as ex:
                 await ex.submit(trio.sleep, 0, key="k")
                 ex.schedule(step, cron="0 0 1 1 *", schedule_id="yearly")
