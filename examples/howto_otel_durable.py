@@ -99,12 +99,16 @@ def as_dict(span: ReadableSpan) -> dict[str, Any]:
         "span_id": f"{span.context.span_id:016x}",
         "parent_id": None if span.parent is None else f"{span.parent.span_id:016x}",
         "kind": span.kind.name,
+        "message_id": (span.attributes or {}).get("messaging.message.id"),
     }
 
 
 def print_tree(spans: list[dict[str, Any]]) -> None:
     def show(span: dict[str, Any], depth: int) -> None:
-        print(f"{'  ' * depth}{span['name']}  ({span['kind']}, trace {span['trace_id'][:8]}...)")
+        run = f", message id {span['message_id']}" if span.get("message_id") else ""
+        print(
+            f"{'  ' * depth}{span['name']}  ({span['kind']}, trace {span['trace_id'][:8]}...{run})"
+        )
         for child in spans:
             if child["parent_id"] == span["span_id"]:
                 show(child, depth + 1)
@@ -118,7 +122,8 @@ def check(spans: list[dict[str, Any]]) -> None:
     """What the tree shows, asserted: one trace across the two processes."""
     by_name = {s["name"]: s for s in spans}
     request = by_name["POST /refunds"]
-    run = by_name["process durable:refund-7"]
+    run = by_name["process durable:refunds"]  # (named by its target: one name per target)
+    assert run["message_id"] == "refund-7@1"  # the task's id, at its first claim
     transfer = by_name["bank transfer"]
     assert {s["trace_id"] for s in spans} == {request["trace_id"]}
     assert run["parent_id"] == request["span_id"]

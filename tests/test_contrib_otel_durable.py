@@ -117,6 +117,17 @@ def only(spans: list[dict[str, Any]], name: str) -> dict[str, Any]:
     return found
 
 
+def runs_of(spans: list[dict[str, Any]], id: str) -> list[dict[str, Any]]:
+    """The spans of the runs of durable task ``id``: named by the target, the
+    task's id (and claim version) in ``messaging.message.id``."""
+    return [
+        s
+        for s in spans
+        if s["name"] == "process durable:refunds"
+        and s["attributes"]["messaging.message.id"].rpartition("@")[0] == id
+    ]
+
+
 async def test_a_worker_in_another_process_continues_the_creators_trace(
     db_target: str, tmp_path: Path
 ) -> None:
@@ -140,20 +151,20 @@ async def test_a_worker_in_another_process_continues_the_creators_trace(
 
     spans = await run_worker(tmp_path, db_target, 2)
 
-    runs = [s for s in spans if s["name"] == "process durable:refund-42"]
-    (run,) = runs
+    (run,) = runs_of(spans, "refund-42")
     assert run["kind"] == SpanKind.CONSUMER.name
     assert run["trace_id"] == context.trace_id  # the creator's trace ...
     assert run["parent_id"] == context.span_id  # ... under the creator's span
     assert run["remote_parent"] is True
-    assert run["attributes"]["messaging.message.id"] != ""
+    assert run["attributes"]["messaging.message.id"] == "refund-42@1"  # (its first claim)
+    assert run["attributes"]["messaging.destination.name"] == "durable:refunds"
     # The handler's own span is the run's child, and the baggage came along.
     calls = [s for s in spans if s["name"] == "bank call"]
     (call,) = [s for s in calls if s["trace_id"] == context.trace_id]
     assert call["parent_id"] == run["span_id"]
     assert call["attributes"]["order"] == "42"
     # The task created outside any span starts a trace of its own in the worker.
-    other = only(spans, "process durable:refund-43")
+    (other,) = runs_of(spans, "refund-43")
     assert other["trace_id"] != context.trace_id
     assert other["parent_id"] is None
     with DurableStore(db_target) as ds:
@@ -199,7 +210,12 @@ async def run_until_settled(
 
 
 def process_spans(caller: Caller, id: str) -> list[Any]:
-    return [s for s in caller.exporter.get_finished_spans() if s.name == f"process durable:{id}"]
+    return [
+        s
+        for s in caller.exporter.get_finished_spans()
+        if s.name == "process durable:refunds"
+        and str(s.attributes["messaging.message.id"]).rpartition("@")[0] == id
+    ]
 
 
 async def test_each_run_after_a_suspension_continues_the_creators_trace(
@@ -226,6 +242,8 @@ async def test_each_run_after_a_suspension_continues_the_creators_trace(
     await run_until_settled(worker_ds, refund, caller.provider, ["refund"], then=approve)
     spans = process_spans(caller, "refund")
     assert len(runs) == len(spans) == 2  # suspended, then run again from the top
+    # Each run is a claim of its own: the task's id, at the claim's version.
+    assert [s.attributes["messaging.message.id"] for s in spans] == ["refund@1", "refund@2"]
     context = request.get_span_context()
     assert [s.context.trace_id for s in spans] == [context.trace_id] * 2
     assert [s.parent.span_id for s in spans] == [context.span_id] * 2

@@ -3,6 +3,8 @@ registry, read back sample by sample."""
 
 from __future__ import annotations
 
+import sqlite3
+
 import pytest
 import trio
 from pg_server import STORE_KINDS
@@ -10,8 +12,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import trioexec
-from trioexec import Backoff, TaskHandle, open_executor
-from trioexec.contrib.prometheus import instrument
+from trioexec import Backoff, SQLiteStore, TaskHandle, open_executor
+from trioexec.contrib.prometheus import MAX_TASK_NAMES, OTHER, instrument
+from trioexec.durable import DurableStore, PromiseState, open_worker
 from trioexec.testing import FakeWallClock
 
 
@@ -60,8 +63,9 @@ async def test_tasks_are_counted_as_submitted_and_completed_by_status_and_name(
     }
     assert sample(registry, "trioexec_tasks_submitted_total", task="ok") == 3
     assert sample(registry, "trioexec_tasks_submitted_total", task="boom") == 1
-    assert sample(registry, "trioexec_tasks_active", task="ok") == 0
-    assert sample(registry, "trioexec_tasks_active", task="sleep_forever") == 0
+    # The executor has closed: its gauges of what is now are gone, its counts stay.
+    assert sample(registry, "trioexec_tasks_active", task="ok") is None
+    assert sample(registry, "trioexec_tasks_active", task="sleep_forever") is None
 
 
 async def test_a_dropped_task_counts_as_completed_with_status_dropped(registry):
@@ -114,7 +118,9 @@ async def test_the_gauges_follow_a_task_through_running_deferral_and_its_end(
         assert gauges() == (1, 0)
         await trio.sleep(4)
         finish.set()
-    assert gauges() == (0, 0)
+        await ref.wait()
+        assert gauges() == (0, 0)
+    assert gauges() == (None, None)  # (closed: no series of what is now)
     # The mock clock makes the sums exact: deferred from t=1 to t=5, running from 0 to 9.
     assert sample(registry, "trioexec_task_deferred_seconds_count", task="waits") == 1
     assert sample(registry, "trioexec_task_deferred_seconds_sum", task="waits") == 4
@@ -146,14 +152,15 @@ async def test_each_attempt_is_one_duration_and_a_deferral_ended_by_cancel_count
         assert sample(registry, "trioexec_tasks_deferred", task="parked") == 1
         stuck.cancel()
         await first.wait()
+        await stuck.wait()
+        assert sample(registry, "trioexec_tasks_deferred", task="parked") == 0
+        assert sample(registry, "trioexec_tasks_active", task="parked") == 0
     assert sample(registry, "trioexec_task_duration_seconds_count", task="flaky") == 2
     assert sample(registry, "trioexec_task_duration_seconds_sum", task="flaky") == 4
     assert sample(registry, "trioexec_tasks_completed_total", task="flaky", status="completed") == 1
     assert sample(registry, "trioexec_task_deferred_seconds_sum", task="parked") == 20
     assert sample(registry, "trioexec_task_deferred_seconds_bucket", task="parked", le="30.0") == 1
     assert sample(registry, "trioexec_task_deferred_seconds_bucket", task="parked", le="10.0") == 0
-    assert sample(registry, "trioexec_tasks_deferred", task="parked") == 0
-    assert sample(registry, "trioexec_tasks_active", task="parked") == 0
 
 
 async def test_queue_depth_and_slots_are_read_when_scraped(registry):
@@ -217,7 +224,7 @@ async def test_close_takes_the_running_tasks_out_of_the_gauges(registry):
         await trio.testing.wait_all_tasks_blocked()
         assert sample(registry, "trioexec_tasks_active", task="sleep_forever") == 1
         instrumentation.close()
-        assert sample(registry, "trioexec_tasks_active", task="sleep_forever") == 0
+        assert sample(registry, "trioexec_tasks_active", task="sleep_forever") is None
         assert sample(registry, "trioexec_queue_depth") is None  # (no longer scraped)
         ref.cancel()
 
@@ -382,6 +389,8 @@ async def test_names_past_max_task_names_are_counted_as_other(registry):
         assert sample(registry, "trioexec_tasks_active", task="other") == 2
         assert sample(registry, "trioexec_tasks_active", task="a") == 2
         gate.set()
+        await ex.wait_for_idle()
+        assert sample(registry, "trioexec_tasks_active", task="other") == 0
     submitted = {
         task: sample(registry, "trioexec_tasks_submitted_total", task=task)
         for task in ("a", "b", "c", "d", "other")
@@ -389,7 +398,6 @@ async def test_names_past_max_task_names_are_counted_as_other(registry):
     assert submitted == {"a": 2, "b": 1, "c": None, "d": None, "other": 2}
     done = sample(registry, "trioexec_tasks_completed_total", task="other", status="completed")
     assert done == 2
-    assert sample(registry, "trioexec_tasks_active", task="other") == 0
     assert sample(registry, "trioexec_task_duration_seconds_count", task="other") == 2
 
 
@@ -442,3 +450,168 @@ async def test_an_end_the_store_fences_out_counts_as_fenced_out(registry, store,
     }
     assert fenced == {"completed": 1, "failed": None, "cancelled": None}
     assert sample(registry, "trioexec_tasks_completed_total", task="work", status="completed") == 2
+
+
+# ------------------------------------------------------------ issue 30, item 18
+
+LIVE = (
+    "trioexec_tasks_active",
+    "trioexec_tasks_deferred",
+    "trioexec_queue_depth",
+    "trioexec_slots",
+)
+
+
+def scraped(registry: CollectorRegistry) -> dict[str, list]:
+    """A scrape, parsed back: the samples of each metric family by its name."""
+    text = generate_latest(registry).decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def live_series(registry: CollectorRegistry) -> set[tuple[str, str]]:
+    """Each gauge of what is now, with each executor it has series for."""
+    families = scraped(registry)
+    return {(name, s.labels["executor"]) for name in LIVE for s in families.get(name, [])}
+
+
+def of(*executors: str) -> set[tuple[str, str]]:
+    return {(name, executor) for name in LIVE for executor in executors}
+
+
+async def test_a_closed_executors_gauges_are_gone_and_its_counts_stay(registry):
+    """Issue 30 item 18: a closed executor's slots were scraped as available
+    (its other gauges too) until `Instrumentation.close`."""
+    release = trio.Event()
+
+    async def waits() -> None:
+        await release.wait()
+
+    async with open_executor() as other:
+        instrument(other, registry, name="other")
+        await other.submit(waits)
+        async with open_executor(max_concurrent_tasks=3) as ex:
+            instrument(ex, registry, name="ex")
+            await ex.run(ok)
+            await ex.submit(waits, name="waits")
+            await trio.testing.wait_all_tasks_blocked()
+            assert live_series(registry) == of("ex", "other")
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ex.shutdown)  # (DRAIN: `waits` runs on)
+                await trio.testing.wait_all_tasks_blocked()
+                assert ex.closed
+                assert live_series(registry) == of("ex", "other")  # draining: still at work
+                assert sample(registry, "trioexec_slots", executor="ex", state="in_use") == 1
+                release.set()
+            # Drained, its block not left yet: it runs nothing more.
+            assert live_series(registry) == of("other")
+        assert live_series(registry) == of("other")
+        assert sample(registry, "trioexec_slots", executor="other", state="available") == 4
+        # Its counts stay (counters and histograms are totals).
+        assert sample(registry, "trioexec_tasks_submitted_total", executor="ex", task="ok") == 1
+        done = sample(
+            registry,
+            "trioexec_tasks_completed_total",
+            executor="ex",
+            task="waits",
+            status="completed",
+        )
+        assert done == 1
+        assert (
+            sample(registry, "trioexec_task_duration_seconds_count", executor="ex", task="ok") == 1
+        )
+    assert live_series(registry) == of()
+
+
+async def test_a_store_failed_executors_gauges_are_gone(registry, tmp_path):
+    """A SQLite file another connection holds locked: the executor's next write
+    fails, and the executor stops. Its gauges go at once (not at the block's end,
+    nor at `Instrumentation.close`)."""
+    path = tmp_path / "locked.db"
+    lock = None
+    with SQLiteStore(path, busy_timeout=0) as store:
+        with pytest.raises(trioexec.StoreError, match="locked"):
+            async with open_executor(store=store) as ex:
+                instrument(ex, registry)
+                await ex.submit(trio.sleep_forever)
+                await ex.flush()
+                await trio.testing.wait_all_tasks_blocked()
+                assert sample(registry, "trioexec_slots", state="in_use") == 1
+                lock = sqlite3.connect(path, isolation_level=None)
+                lock.execute("BEGIN IMMEDIATE")  # (held: every write is refused)
+                try:
+                    await ex.submit(ok)
+                    await ex.flush()
+                finally:
+                    # The store failed (the body learns it as the StoreError or
+                    # as a cancellation): read at once, nothing awaited since.
+                    at_once = live_series(registry)
+                    lock.rollback()
+    lock.close()
+    assert at_once == of()
+    assert live_series(registry) == of()
+    assert sample(registry, "trioexec_tasks_submitted_total", task="sleep_forever") == 1
+
+
+async def test_a_durable_workers_runs_are_counted_under_their_target(
+    registry, tmp_path, autojump_clock, caplog
+):
+    """80 durable tasks made 80 ``task`` label values (``durable:<id>``): a worker
+    names its runs by their target; a run's id (in its log record) says which
+    task it was."""
+    clock = FakeWallClock(0)
+    with DurableStore(SQLiteStore(tmp_path / "durable.db", inline=True, clock=clock)) as ds:
+        for n in range(80):
+            await ds.promises.create(f"refund-{n}", 600, target="refunds", data=n)
+
+        async def refund(n: int) -> int:
+            if n == 13:
+                raise ValueError("no refund 13")
+            return n
+
+        async with open_worker(ds, "refunds", refund) as worker:
+            instrument(worker.executor, registry, name="refunds")
+            with trio.fail_after(600):
+                while worker.fulfilled < 80:
+                    await trio.sleep(0.1)
+        states = {(await ds.promises.get(f"refund-{n}")).state for n in range(80)}
+    assert worker.rejected == 1
+    assert states == {PromiseState.RESOLVED, PromiseState.REJECTED}
+    families = scraped(registry)
+    submitted = {
+        s.labels["task"]: s.value
+        for s in families["trioexec_tasks_submitted"]
+        if s.name == "trioexec_tasks_submitted_total"
+    }
+    assert submitted == {"durable:refunds": 80}
+    assert {s.labels["task"] for s in families["trioexec_task_duration_seconds"]} == {
+        "durable:refunds"
+    }
+    (failed,) = [r for r in caplog.records if r.name == "trioexec" and r.levelname == "ERROR"]
+    assert (failed.task_name, failed.task_id) == ("durable:refunds", "refund-13@1")
+    assert "refund-13@1" in failed.getMessage()
+
+
+async def test_the_task_label_is_bounded_by_default(registry):
+    """Unless told, an executor has at most `MAX_TASK_NAMES` names of its own."""
+    assert MAX_TASK_NAMES == 100
+    async with open_executor() as ex:
+        instrument(ex, registry)
+        for n in range(MAX_TASK_NAMES + 20):
+            await ex.submit(ok, name=f"name-{n}")
+    submitted = {
+        s.labels["task"]: s.value
+        for s in scraped(registry)["trioexec_tasks_submitted"]
+        if s.name == "trioexec_tasks_submitted_total"
+    }
+    assert len(submitted) == MAX_TASK_NAMES + 1
+    assert submitted["name-99"] == 1
+    assert submitted[OTHER] == 20
+    assert "name-100" not in submitted
+    # None still means no bound.
+    unbounded = CollectorRegistry()
+    async with open_executor() as ex:
+        instrument(ex, unbounded, max_task_names=None)
+        for n in range(MAX_TASK_NAMES + 20):
+            await ex.submit(ok, name=f"name-{n}")
+    assert sample(unbounded, "trioexec_tasks_submitted_total", task="name-119") == 1
+    assert sample(unbounded, "trioexec_tasks_submitted_total", task=OTHER) is None

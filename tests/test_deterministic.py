@@ -4,6 +4,7 @@ import trio
 from trioexec import (
     Backoff,
     DeterministicExecutor,
+    KeyLimit,
     Overflow,
     TaskRejected,
     TaskStatus,
@@ -130,5 +131,154 @@ async def test_with_an_inline_store_records_every_task(tmp_path):
 
     with SQLiteStore(tmp_path / "d.db") as threaded, pytest.raises(ValueError, match="inline"):
         DeterministicExecutor(store=threaded)
+    with pytest.raises(ValueError, match="recover"):
+        DeterministicExecutor(store=MemoryStore(), recover=True)
+
+
+async def test_a_rate_limited_retry_waits_for_its_keys_next_token(autojump_clock):
+    # Issue 30 item 9: the retry of a rate-limited key's task waits (in the
+    # caller's task) for the key's next token, which only the refill timer gives.
+    attempts = []
+
+    @task(retries=1, backoff=Backoff(initial=0.5, jitter=0))
+    async def flaky(i):
+        attempts.append((i, trio.current_time()))
+        if len(attempts) == 1:
+            raise OSError("once")
+        return i
+
+    ex = DeterministicExecutor(key_limits={"k": KeyLimit(rate=1, per=2.0)})
+    refs = [ex.submit_nowait(flaky, i, key="k") for i in range(2)]
+    with trio.fail_after(60):  # (Trio's clock: it jumps; a hang fails here)
+        done = await ex.run_ready()
+    assert [c.status for c in done] == [TaskStatus.COMPLETED] * 2
+    assert [c.result for c in done] == [0, 1]
+    assert done[0].attempts == 2
+    # One start each 2 s: the retry takes the second token, the next task the third.
+    assert attempts == [(0, 0.0), (0, 2.0), (1, 4.0)]
+    assert [r.status for r in refs] == [TaskStatus.COMPLETED] * 2
+    # A token a key waited for when an earlier call returned still comes.
+    ex.submit_nowait(flaky, 2, key="k")
+    ex.submit_nowait(flaky, 3, key="k")
+    with trio.fail_after(60):
+        assert len(await ex.run_ready(max_tasks=1)) == 1
+        assert [c.result for c in await ex.run_ready()] == [3]
+    assert [t for _, t in attempts[3:]] == [6.0, 8.0]
+
+
+class _Spawned(trio.abc.Instrument):
+    """The tasks trioexec's own code starts, by what they run (a store service by
+    the service `ExecutorCore.guarded` runs)."""
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        code = task.coro.cr_code
+        if "/trioexec/" not in code.co_filename.replace("\\", "/"):
+            return
+        name = code.co_qualname
+        if name == "ExecutorCore.guarded":
+            name = "guarded " + task.coro.cr_frame.f_locals["service"].__qualname__
+        self.names.add(name)
+
+
+# Every task `open_executor` starts besides running jobs, and what stands in for it
+# in a DeterministicExecutor: "the same" (it runs that task too), or why none is needed.
+_STAND_INS = {
+    "KeyTimers._run": "the same",
+    "Workers._worker": "run_ready runs each job in the caller's task",
+    "Poller.run": "a deferred task polls its sync predicate in its own task",
+    "WorkflowRun._coordinate": "no workflows: it has no start_workflow",
+    "Schedules._run": "no schedules: it has no schedule",
+    "guarded Schedules._run": "no schedules: it has no schedule",
+    "Shutdown._expire_at": "no shutdown: it has no shutdown",
+    "_close_events_when_done": "no shutdown: its events never end",
+    "_store_services": "the store's services, below",
+    "guarded Journal.run_writer": "run_ready writes an inline store after each task",
+    "guarded Recovery.heartbeat": "its lease never expires (heartbeat at infinity)",
+    "guarded Recovery.run": "recover=True is refused",
+    "guarded Control.run": "its pauses are its own, not the store's",
+    "guarded KeyBroker.run": "its key limits are its own, not shared through the store",
+}
+
+
+async def test_it_runs_every_background_task_of_open_executor_or_a_stand_in(
+    autojump_clock, tmp_path
+):
+    """List what `open_executor` starts (a workload that needs each part) and
+    check that the deterministic executor runs the same task, or has what makes
+    it needless. A task added to `open_executor` fails this until it is listed."""
+    from trioexec import MemoryStore, SQLiteStore, Workflow, open_executor
+
+    real = _Spawned()
+    trio.lowlevel.add_instrument(real)
+    try:
+        gate = trio.Event()
+
+        async def waits(handle):
+            await handle.defer_until(gate.is_set)  # a sync predicate: the poller's
+
+        @task(id="step")
+        async def step(context):
+            await trio.lowlevel.checkpoint()
+
+        async with open_executor(key_limits=KeyLimit(rate=1), shutdown_grace=60) as ex:
+            for _ in range(2):
+                await ex.submit(trio.sleep, 0, key="k")  # the second waits for a token
+            deferred = await ex.submit(waits)
+            await ex.run_workflow(Workflow("wf", [step]))
+            ex.schedule(step, cron="0 0 1 1 *", schedule_id="yearly")
+            await trio.sleep(1)
+            gate.set()
+            assert (await deferred.wait()).ok
+            await ex.submit(trio.sleep, 5)  # still running at the end: the grace timer
+        with SQLiteStore(tmp_path / "real.db", inline=True) as store:
+            async with open_executor(store=store, recover=True, key_limits=KeyLimit(rate=1)) as ex:
+                await ex.submit(trio.sleep, 0, key="k")
+                ex.schedule(step, cron="0 0 1 1 *", schedule_id="yearly")
+    finally:
+        trio.lowlevel.remove_instrument(real)
+    assert real.names == set(_STAND_INS), "list every task open_executor starts in _STAND_INS"
+
+    deterministic = _Spawned()
+    trio.lowlevel.add_instrument(deterministic)
+    try:
+        n = 0
+
+        @task(retries=1, backoff=Backoff(initial=0.5, jitter=0))
+        async def flaky():
+            nonlocal n
+            n += 1
+            if n == 1:
+                raise OSError("once")
+
+        async def polls(handle):
+            await handle.defer_until(lambda: trio.current_time() >= 30, poll_interval=1)
+
+        with SQLiteStore(tmp_path / "det.db", inline=True) as store:
+            ex = DeterministicExecutor(store=store, key_limits=KeyLimit(rate=1))
+            refs = [ex.submit_nowait(flaky, key="k"), ex.submit_nowait(polls)]
+            outer = trio.lowlevel.current_task()
+            ran_in = []
+
+            async def where():
+                ran_in.append(trio.lowlevel.current_task())
+
+            refs.append(ex.submit_nowait(where))
+            with trio.fail_after(600):
+                done = await ex.run_ready()
+            assert [c.status for c in done] == [TaskStatus.COMPLETED] * 3
+            # Stand-ins: the job ran in the caller's task, the inline store has
+            # every completion, the lease never lapses.
+            assert ran_in == [outer]
+            assert [store.execution(r.task_id).status for r in refs] == [TaskStatus.COMPLETED] * 3
+            assert store.execution(refs[0].task_id).lease_expires_at == float("inf")
+    finally:
+        trio.lowlevel.remove_instrument(deterministic)
+    same = {name for name, stand_in in _STAND_INS.items() if stand_in == "the same"}
+    assert deterministic.names == same
+    for method in ("start_workflow", "schedule", "shutdown"):
+        assert not hasattr(DeterministicExecutor, method)
     with pytest.raises(ValueError, match="recover"):
         DeterministicExecutor(store=MemoryStore(), recover=True)

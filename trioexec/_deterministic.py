@@ -2,8 +2,10 @@
 
 For tests of code built on the executor: nothing runs until `run_ready` is
 awaited, and then tasks run strictly in FIFO order. Admission, overflow
-policies, retries, timeouts, budgets, metrics and events behave as in
-`open_executor`; a task's `TaskHandle.defer_until` waits inline.
+policies, key limits, retries, timeouts, budgets, metrics and events behave as in
+`open_executor`; a task's `TaskHandle.defer_until` waits inline. The background
+tasks `open_executor` runs beside its workers (a key's refill timer) run during
+`run_ready`, started from the same place (`Workers.start`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import trio
 from ._admission import Overflow
 from ._core import ExecutorConfig, ExecutorCore, check_store
 from ._events import EventStream
-from ._executor import split_tasks
+from ._executor import _one_level, split_tasks
 from ._handle import TaskHandle
 from ._keys import KeyLimit
 from ._metrics import ExecutorMetrics
@@ -166,8 +168,30 @@ class DeterministicExecutor:
         if max_tasks is not None and max_tasks < 0:
             raise ValueError(f"max_tasks must be >= 0 or None, got {max_tasks!r}")
         core = self._core
-        journal = core.journal
         completions: list[TaskCompletion[Any]] = []
+        body_error: list[BaseException] = []
+        # The background tasks `open_executor` runs beside its workers (a key's
+        # refill timer: a retry waits in the caller's task for its next token) run
+        # in a nursery of this call's, from the same place (`Workers.start`).
+        async with _one_level(body_error), trio.open_nursery() as nursery:
+            core.workers.start(nursery, inline=True)
+            try:
+                await self._run_ready(max_tasks, cancel, completions)
+            except BaseException as exc:
+                body_error.append(exc)
+                raise
+            finally:
+                core.pending.close()  # (the timer task ends)
+        return completions
+
+    async def _run_ready(
+        self,
+        max_tasks: int | None,
+        cancel: trio.Event | None,
+        completions: list[TaskCompletion[Any]],
+    ) -> None:
+        core = self._core
+        journal = core.journal
         ran = 0
         await trio.lowlevel.checkpoint()
         while max_tasks is None or ran < max_tasks:
@@ -190,7 +214,6 @@ class DeterministicExecutor:
             if journal is not None:
                 journal.write_inline()
             completions.append(job.make_completion())
-        return completions
 
     def pause(self, *, name: str | None = None, key: str | None = None) -> None:
         """`Executor.pause`, here only (never through the store)."""

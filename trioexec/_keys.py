@@ -379,8 +379,18 @@ class KeyTimers:
         if scope is not None:
             scope.deadline = min(scope.deadline, at)
         elif self.nursery is not None:
-            self._scope = trio.CancelScope(deadline=at)
-            self.nursery.start_soon(self._run, self._scope, name="trioexec key timer")
+            self._spawn(self.nursery)
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """The task runs in ``nursery`` from now on (at once if a key waits already:
+        `DeterministicExecutor` gives each `run_ready` a nursery of its own)."""
+        self.nursery = nursery
+        if self._heap and self._scope is None:
+            self._spawn(nursery)
+
+    def _spawn(self, nursery: trio.Nursery) -> None:
+        self._scope = trio.CancelScope(deadline=self.next())
+        nursery.start_soon(self._run, self._scope, name="trioexec key timer")
 
     async def _run(self, scope: trio.CancelScope) -> None:
         while self._scope is scope:
@@ -407,6 +417,8 @@ class KeyTimers:
         return self._heap[0][0] if self._heap else math.inf
 
     def close(self) -> None:
+        """The task ends, and none starts until `start` is called again."""
+        self.nursery = None
         scope, self._scope = self._scope, None
         if scope is not None:
             scope.cancel()

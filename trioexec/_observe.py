@@ -136,6 +136,13 @@ def owner_of(ex: Any) -> str:
     return owner
 
 
+def ended(ex: Any) -> bool:
+    """``ex`` runs nothing more: closed (its shutdown over) or stopped by its
+    store's failure. Reads only (a scrape may ask from another thread)."""
+    over: bool = ex._core.shutdown.over()
+    return over
+
+
 def fields(task_id: str, name: str, attempt: int) -> dict[str, object]:
     """The extra fields of a task's log record."""
     return {"task_id": task_id, "task_name": name, "attempt": attempt}

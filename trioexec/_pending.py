@@ -610,7 +610,7 @@ class Pending:
 
     def start(self, nursery: trio.Nursery) -> None:
         """Refill timers run in ``nursery`` from now on."""
-        self.timers.nursery = nursery
+        self.timers.start(nursery)
 
     def close(self) -> None:
         """The executor is done: the timer task ends."""

@@ -92,6 +92,12 @@ class Shutdown:
         await self._begun.wait()
         await self._lifecycle.wait_for_idle()
 
+    def over(self) -> bool:
+        """What `wait_closed` waits for holds now: a shutdown has begun and nothing
+        is outstanding, or the store failed (that stopped it). Reads only."""
+        lifecycle = self._lifecycle
+        return self.closing and (lifecycle.is_idle() or lifecycle.failure is not None)
+
     def _start_grace(self, grace: float) -> None:
         nursery = self._workers.nursery
         deadline = trio.current_time() + grace

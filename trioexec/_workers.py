@@ -64,10 +64,21 @@ class Workers:
         self.on_idle: Callable[[], None] | None = None
         pool.on_resize(self._resized)
 
-    def start(self, nursery: trio.Nursery) -> None:
-        """Workers run in ``nursery`` from now on."""
-        self.nursery = nursery
+    def start(self, nursery: trio.Nursery, *, inline: bool = False) -> None:
+        """The executor's tasks run in ``nursery`` from now on: its workers, and
+        the background tasks its parts start when first needed (the key refill
+        timers, the poller of deferred tasks' sync predicates; schedules, workflow
+        coordinators and the shutdown's grace timer take ``self.nursery``).
+
+        ``inline`` (`DeterministicExecutor`, for one `run_ready`): jobs run in the
+        caller's task (`run_next`), so no workers and no poller (a deferred task
+        polls in its own task); every other background task it can need runs in
+        ``nursery`` as in `open_executor`. The one place both start them
+        (tests/test_deterministic.py lists each task and its stand-in)."""
         self._pending.start(nursery)
+        if inline:
+            return
+        self.nursery = nursery
         self.registry = running()
 
     def close(self) -> None:

@@ -50,9 +50,10 @@ context goes into the tags of the task's promise (``otel:traceparent``,
 ``otel:tracestate``, ``otel:baggage``: what the global propagator,
 `opentelemetry.propagate`, writes, each name prefixed with ``otel:``), and a
 worker submits the task it claims in the context taken from them. With
-``instrument(worker.executor)`` each run's span (``process durable:<id>``,
-``CONSUMER``) is then a child of the creator's span, in the creator's trace,
-whichever host runs it; so is each run again after a suspension or a lost lease.
+``instrument(worker.executor)`` each run's span (``process durable:<target>``,
+``CONSUMER``, its ``messaging.message.id`` the task's ``<id>@<version>``) is
+then a child of the creator's span, in the creator's trace, whichever host runs
+it; so is each run again after a suspension or a lost lease.
 There is no producer span of its own: the creator's current span is the
 parent, as it is for a task submitted in the same process.
 

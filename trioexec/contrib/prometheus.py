@@ -20,10 +20,13 @@
 ============================================  =======  ======================================
 
 Labels: ``executor`` on all, ``task`` (the task's name) on all but the last two,
-which are the executor's own (read when scraped, at no cost per task).
-``max_task_names=`` bounds the ``task`` label: past that many names in one
-executor, the others are counted under ``task="other"``. ``buckets=`` sets the
-two histograms' buckets.
+which are the executor's own. The four gauges are read when scraped (at no
+cost per task), and only while the executor runs: once it has closed (its
+shutdown over) or its store failed, its gauge series are gone (as Prometheus
+expects of a thing that no longer exists; its counters and histograms stay).
+``max_task_names=`` bounds the ``task`` label (`MAX_TASK_NAMES` by default):
+past that many names in one executor, the others are counted under
+``task="other"``. ``buckets=`` sets the two histograms' buckets.
 ``status`` is a `trioexec.TaskStatus` value: completed, failed, cancelled,
 timed_out, dropped. An end the store then refuses (fenced out: another
 executor took the task over, its lease lost) stays counted as it was, and
@@ -35,7 +38,8 @@ exception in neither. A duration includes the time the attempt spent deferred
 (the deferred histogram has that part); a deferral is observed when it ends,
 resumed or not. Times are Trio's clock (`trio.current_time`), so tests under a
 ``MockClock`` see exact sums. Task names become label values: give tasks
-stable names (a function's name is one), never one name per task.
+stable names (a function's name is one), never one name per task (a durable
+worker names its runs ``durable:<target>``).
 
 ``executor`` is the ``name=`` given to `instrument`, ``"default"`` unless given.
 Several executors can share a registry (the metrics are registered once per
@@ -45,9 +49,10 @@ executor may be instrumented once per registry: a second `instrument` raises
 `ValueError`, as does a name another open executor holds there.
 
 `instrument` returns an `Instrumentation`; its `~Instrumentation.close` stops
-the counting (series already counted stay, as counters do). Closing the
-executor is enough otherwise. The cost per task is a few dictionary look-ups
-and metric updates in the executor's own steps (the how-to has the figures).
+the counting (series already counted stay, as counters do; the executor's
+gauges go). Closing the executor is enough otherwise. The cost per task is a
+few dictionary look-ups and metric updates in the executor's own steps (the
+how-to has the figures).
 """
 
 from __future__ import annotations
@@ -58,7 +63,7 @@ from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, ClassVar, final
 
 import trio
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -69,7 +74,7 @@ from .._records import TaskStatus
 if TYPE_CHECKING:
     from .._taskref import Job
 
-__all__ = ["Instrumentation", "instrument", "BUCKETS", "OTHER"]
+__all__ = ["Instrumentation", "instrument", "BUCKETS", "MAX_TASK_NAMES", "OTHER"]
 
 #: Prometheus' default buckets, then minutes to an hour (tasks wait that long).
 BUCKETS: tuple[float, ...] = (
@@ -78,6 +83,12 @@ BUCKETS: tuple[float, ...] = (
 
 #: The ``task`` label of the names past ``max_task_names``.
 OTHER = "other"
+
+#: ``max_task_names`` unless told. Each ``task`` label value makes some 50
+#: series (5 statuses, 2 histograms of 17 buckets, 2 gauges...): 100 names, some
+#: 5,000 series an executor, is room for the task functions of most applications
+#: and a ceiling that a name made per task (a mistake) cannot pass.
+MAX_TASK_NAMES = 100
 
 #: How tasks end, each a ``status`` series from the start (at 0 until it happens).
 ENDS = (
@@ -95,7 +106,7 @@ def instrument(
     *,
     name: str = "default",
     buckets: Iterable[float] | None = None,
-    max_task_names: int | None = None,
+    max_task_names: int | None = MAX_TASK_NAMES,
 ) -> Instrumentation:
     """Count ``ex``'s tasks into ``registry`` (`prometheus_client.REGISTRY` if
     None), under the label ``executor=name``. Never blocks.
@@ -106,17 +117,17 @@ def instrument(
     None takes theirs (`BUCKETS` for the first: 5 ms to an hour); others must
     be the same.
 
-    ``max_task_names``: at most this many ``task`` label values for ``ex``;
-    tasks of any further name are counted under ``task="other"`` (`OTHER`).
-    None (the default): no bound. A bound, not a function of the name, because
-    only a bound holds whatever the names turn out to be: one made per user or
-    per durable task (a worker's are ``durable:<id>``) fills the overflow
-    series, not the process's memory and Prometheus' index (the OpenTelemetry
-    metrics SDK's cardinality limit does the same). The names that get series
-    of their own are the first ones seen, and keep them while instrumented:
-    after a restart, a name may fall on the other side. Give tasks stable names
-    (``submit(..., name=...)``) and keep the bound above their number: then
-    ``other`` staying at 0 says the names are what you thought.
+    ``max_task_names``: at most this many ``task`` label values for ``ex``
+    (`MAX_TASK_NAMES`, 100, unless told); tasks of any further name are counted
+    under ``task="other"`` (`OTHER`). None: no bound. A bound, not a function
+    of the name, because only a bound holds whatever the names turn out to be:
+    one made per user or per order fills the overflow series, not the process's
+    memory and Prometheus' index (the OpenTelemetry metrics SDK's cardinality
+    limit does the same). The names that get series of their own are the first
+    ones seen, and keep them while instrumented: after a restart, a name may
+    fall on the other side. Give tasks stable names (``submit(..., name=...)``)
+    and keep the bound above their number: then ``other`` staying at 0 says the
+    names are what you thought.
 
     Raises:
       ValueError: ``ex`` is instrumented on ``registry`` already, or another
@@ -196,9 +207,10 @@ class Instrumentation:
         return self._ex()
 
     def close(self) -> None:
-        """Stop counting: the executor's tasks are no longer observed (the running
-        ones leave the active and deferred gauges), its queue depth and slots are
-        no longer scraped and its name is free. Idempotent."""
+        """Stop counting: the executor's tasks are no longer observed, its gauges
+        (active, deferred, queue depth, slots) are no longer scraped and its name
+        is free. Idempotent. (Once the executor has closed or its store failed,
+        its gauges are gone already.)"""
         if self._metrics.executors.get(self.name) is not self:
             return
         del self._metrics.executors[self.name]
@@ -270,24 +282,30 @@ class _Metrics(Collector):
             registry=registry,
             buckets=buckets,
         )
-        self.active = Gauge(
-            "trioexec_tasks_active", "Tasks running and holding a slot.", labels, registry=registry
-        )
-        self.deferred = Gauge(
-            "trioexec_tasks_deferred",
-            "Tasks running and deferred (holding no slot).",
-            labels,
-            registry=registry,
-        )
         registry.register(self)
 
     def describe(self) -> list[Metric]:
         return [  # (the names it takes, so a registry refuses a clash at once)
+            GaugeMetricFamily("trioexec_tasks_active", "", labels=["executor", "task"]),
+            GaugeMetricFamily("trioexec_tasks_deferred", "", labels=["executor", "task"]),
             GaugeMetricFamily("trioexec_queue_depth", "", labels=["executor"]),
             GaugeMetricFamily("trioexec_slots", "", labels=["executor", "state"]),
         ]
 
     def collect(self) -> Iterator[Metric]:
+        """The gauges of what is now, of the executors still running: one that has
+        closed or whose store failed has none (its series end, as a thing that no
+        longer exists does), its counters and histograms stay."""
+        active = GaugeMetricFamily(
+            "trioexec_tasks_active",
+            "Tasks running and holding a slot.",
+            labels=["executor", "task"],
+        )
+        deferred = GaugeMetricFamily(
+            "trioexec_tasks_deferred",
+            "Tasks running and deferred (holding no slot).",
+            labels=["executor", "task"],
+        )
         depth = GaugeMetricFamily(
             "trioexec_queue_depth",
             "Tasks accepted and waiting for a slot (or between attempts).",
@@ -300,18 +318,24 @@ class _Metrics(Collector):
         )
         for name, instrumentation in list(self.executors.items()):
             ex = instrumentation.executor
-            if ex is None:
+            if ex is None or _observe.ended(ex):
                 continue
+            for series in instrumentation._observer.series():
+                active.add_metric([name, series.task], series.active)
+                deferred.add_metric([name, series.task], series.deferred)
             depth.add_metric([name], ex.metrics.queue_depth)
             slots.add_metric([name, "in_use"], ex.slots.in_use)
             slots.add_metric([name, "available"], ex.slots.available)
+        yield active
+        yield deferred
         yield depth
         yield slots
 
 
 @final
 class _Series:
-    """One task name's metrics in one executor (the labelled children, looked up once)."""
+    """One task name's metrics in one executor: the labelled children, looked up
+    once, and the counts the gauges read when scraped (``active``, ``deferred``)."""
 
     __slots__ = (
         "_labels",
@@ -328,8 +352,8 @@ class _Series:
         self.task = task  # (the label: the task's name, or `OTHER`)
         self._labels = metrics.completed.labels, executor, task
         self.submitted = metrics.submitted.labels(executor, task)
-        self.active = metrics.active.labels(executor, task)
-        self.deferred = metrics.deferred.labels(executor, task)
+        self.active = 0
+        self.deferred = 0
         self.duration = metrics.duration.labels(executor, task)
         self.deferral = metrics.deferral.labels(executor, task)
         self.completed = {
@@ -378,19 +402,24 @@ class _Observer:
             series = self._series[job.name] = _Series(self._metrics, self._executor, job.name)
         return series
 
+    def series(self) -> list[_Series]:
+        """Every name's series (for a scrape, which may run in another thread)."""
+        other = self._other
+        return [*self._series.values()] if other is None else [*self._series.values(), other]
+
     def submitted(self, job: Job) -> None:
         self._of(job).submitted.inc()
 
     def started(self, job: Job) -> None:
-        self._of(job).active.inc()
+        self._of(job).active += 1
         self._started[job] = trio.current_time()
 
     def deferred(self, job: Job) -> None:
         if job not in self._started:
             return  # (its attempt started before `instrument`: not in the gauges)
         series = self._of(job)
-        series.active.dec()
-        series.deferred.inc()
+        series.active -= 1
+        series.deferred += 1
         self._deferred_since[job] = trio.current_time()
 
     def resumed(self, job: Job) -> None:
@@ -399,8 +428,8 @@ class _Observer:
             return  # (deferred before `instrument`)
         series = self._of(job)
         series.deferral.observe(trio.current_time() - since)
-        series.deferred.dec()
-        series.active.inc()
+        series.deferred -= 1
+        series.active += 1
 
     def retrying(self, job: Job, status: TaskStatus, delay: float) -> None:
         self._attempt_ended(job, self._of(job))
@@ -421,10 +450,10 @@ class _Observer:
         now = trio.current_time()
         since = self._deferred_since.pop(job, None)
         if since is None:
-            series.active.dec()
+            series.active -= 1
         else:  # (it ends while deferred)
             series.deferral.observe(now - since)
-            series.deferred.dec()
+            series.deferred -= 1
         series.duration.observe(now - start)
 
     def forget(self) -> None:
@@ -432,8 +461,8 @@ class _Observer:
         for job in self._started:
             series = self._of(job)
             if job in self._deferred_since:
-                series.deferred.dec()
+                series.deferred -= 1
             else:
-                series.active.dec()
+                series.active -= 1
         self._started.clear()
         self._deferred_since.clear()

@@ -56,6 +56,7 @@ from .._errors import TrioexecError
 from .._executor import Executor, open_executor
 from .._handle import TaskHandle
 from .._records import ShutdownPolicy, safe_repr
+from .._records import check_id as check_task_id
 from .._spec import call_info
 from .._taskref import TaskRef
 from ._checks import check_id, encode
@@ -268,10 +269,13 @@ class Worker:
                 self._held[record.id] = leases[-1]
             self.claimed += len(batch)
             for (record, data, trace), lease in zip(batch, leases, strict=True):
-                # The name is for people; the executor bounds it, ids are unbounded.
-                name = f"durable:{record.id}"[:200]
+                # The name is a label of metrics and spans: the target's, never one
+                # per task (the task is in the run's id); the executor bounds it.
+                name = f"durable:{self.target}"[:200]
                 with trace:  # (its creator's trace context, if the store carries it)
-                    ref = await ex.submit(*self._job(record, data), name=name)
+                    ref = await ex.submit(
+                        *self._job(record, data), name=name, task_id=_run_id(record)
+                    )
                 if self._held.get(record.id) is lease:
                     lease.ref = ref
                 else:  # lost while being submitted
@@ -690,6 +694,18 @@ async def open_worker(
         finally:
             with trio.move_on_after(lease, shield=True):
                 await worker._release_all()
+
+
+def _run_id(record: TaskRecord) -> str | None:
+    """The executor task id of this claim's run of ``record``: ``<id>@<version>``
+    (logs, events and a span's ``messaging.message.id`` show which task ran; a
+    claim's version is new, so no two runs share one). None (a generated id) if
+    an executor cannot take it (an id of over 1,000 characters, or with a NUL)."""
+    run_id = f"{record.id}@{record.version}"
+    try:
+        return check_task_id("task_id", run_id)
+    except ValueError:
+        return None
 
 
 def _default_pid() -> str:
