@@ -282,3 +282,16 @@ async def test_it_runs_every_background_task_of_open_executor_or_a_stand_in(
         assert not hasattr(DeterministicExecutor, method)
     with pytest.raises(ValueError, match="recover"):
         DeterministicExecutor(store=MemoryStore(), recover=True)
+
+
+def test_it_takes_every_option_open_executor_takes() -> None:
+    """API §3: "takes the same options" — the same names, kinds and defaults."""
+    import inspect
+
+    from trioexec import DeterministicExecutor, open_executor
+
+    def options(fn: object) -> dict[str, object]:
+        params = inspect.signature(fn).parameters.values()  # type: ignore[arg-type]
+        return {p.name: (p.kind, p.default) for p in params if p.name != "self"}
+
+    assert options(DeterministicExecutor.__init__) == options(open_executor)

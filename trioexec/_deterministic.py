@@ -70,7 +70,11 @@ class DeterministicExecutor:
         key_limits: KeyLimit | Mapping[str, KeyLimit] | None = None,
         priority_aging: float | None = 60.0,
         shutdown_grace: float | None = None,
+        report_unread_failures: bool = True,
     ) -> None:
+        # (report_unread_failures: taken as open_executor takes it; `run_ready`
+        # returns every completion it makes, so none is ever left unread here)
+        del report_unread_failures
         config = ExecutorConfig(
             max_concurrent_tasks=max_concurrent_tasks,
             queue_capacity=queue_capacity,
