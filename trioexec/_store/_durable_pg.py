@@ -192,7 +192,7 @@ class PostgresTables:
             return
         self._open = True
         try:
-            with _errors(self._psycopg.Error, self.path):
+            with _errors(self._psycopg.Error, self.db):
                 if self._raw.broken or self._raw.closed:
                     self._raw.close()
                     self._raw = self.db.connect()
@@ -583,16 +583,15 @@ def _commit(psycopg: Any, channel: str, wake: set[str]) -> Any:
 
 
 @contextlib.contextmanager
-def _errors(error: type[Exception], path: str) -> Iterator[None]:
+def _errors(error: type[Exception], db: PGDatabase) -> Iterator[None]:
     """psycopg's errors (``error``) as `StoreError` naming the server; those of a
     transaction the server aborted for a concurrent one as `TransactionAborted`."""
     try:
         yield
     except error as exc:
-        text = str(exc).strip()
-        detail = text.splitlines()[0] if text else type(exc).__name__
+        message = str(db.error("durable store", exc))
         kind = TransactionAborted if getattr(exc, "sqlstate", None) in _RETRYABLE else StoreError
-        raise kind(f"{path}: durable store: {detail}") from exc
+        raise kind(message) from exc
 
 
 def _update(

@@ -29,7 +29,6 @@ CONNECT_TIMEOUT = 10.0
 #: unreachable is a daemon thread, left to its connect timeout).
 CLOSE_TIMEOUT = 0.5
 _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
-_DSN_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
 #: The channel commands are notified on; the payload is the store's schema (a
 #: channel name of the schema's own could pass PostgreSQL's 63-byte limit).
 COMMANDS_CHANNEL = "trioexec_commands"
@@ -48,20 +47,66 @@ def load_psycopg() -> tuple[Any, Any]:
     return psycopg, psycopg_pool
 
 
+#: A URL's password (``scheme://user:PASSWORD@``: up to the last ``@`` before a
+#: blank, so a password with a raw ``@``, ``/`` or ``%`` is masked whole), a
+#: ``password=`` of a query string or of a ``key=value`` connection string.
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s:/@\[\]]*:)[^\s]*@")
+_KEY_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&'\"]+)", re.IGNORECASE)
+MASK = "***"
+
+
+#: The password of the URL a store was given (all of it is the URL: anything up
+#: to its last ``@``, blanks too).
+_GIVEN_PASSWORD = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://[^:/@\[\]]*:(.*)@", re.DOTALL)
+
+
+def _secrets(url: str) -> list[str]:
+    """The password ``url`` holds, as typed and as it decodes (longest first)."""
+    found = [m.group(1) for m in [_GIVEN_PASSWORD.match(url)] if m is not None]
+    found += [m.group(2) for m in _KEY_PASSWORD.finditer(url)]
+    secrets = set()
+    for secret in found:
+        for form in (secret, secret.strip("'"), urllib.parse.unquote(secret)):
+            if form:
+                secrets.add(form)
+    return sorted(secrets, key=len, reverse=True)
+
+
+def mask(text: str, url: str | None = None) -> str:
+    """``text`` with every password masked: each URL's and ``password=``'s in it,
+    and, wherever else it quotes it, the password ``url`` holds (libpq's message
+    about a mistyped URL quotes pieces of it: ``invalid percent-encoded token:
+    "..."``). The one place messages are masked."""
+    text = _URL_PASSWORD.sub(rf"\1{MASK}@", text)
+    text = _KEY_PASSWORD.sub(rf"\1{MASK}", text)
+    if url is not None:
+        for secret in _secrets(url):
+            # (as a token: a password "postgres" leaves the word "postgresql" alone)
+            token = rf"(?<![\w%]){re.escape(secret)}(?![\w%])"
+            text = re.sub(token, MASK, text)
+    return text
+
+
 def redact(url: str) -> str:
-    """``url`` (a URL or a ``key=value`` connection string) without its password,
-    for messages and reprs."""
-    if "://" not in url:
-        return _DSN_PASSWORD.sub(r"\1***", url)
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparsable PostgreSQL URL>"
-    netloc = parts.netloc
-    if parts.password is not None:
-        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
-    query = re.sub(r"(password=)[^&]*", r"\1***", parts.query)
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    """``url`` (a URL or a ``key=value`` connection string, parsable or not)
+    without its password, for messages and reprs."""
+    return mask(url, url)
+
+
+def mask_chain(exc: BaseException, url: str) -> None:
+    """Mask ``url``'s password in ``exc`` and its causes and contexts (psycopg's
+    errors quote the URL), in place: a traceback printed later shows none."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        todo += [e.__cause__, e.__context__]
+        args = tuple(mask(a, url) if isinstance(a, str) else a for a in e.args)
+        if args != e.args:
+            e.args = args
 
 
 def check_schema(schema: object) -> str:
@@ -137,8 +182,15 @@ class PGDatabase:
         except StoreError:
             raise
         except self._psycopg.Error as exc:  # (the pool's PoolTimeout is one)
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise StoreError(f"{self.where}: {what}: {detail}") from exc
+            raise self.error(what, exc) from exc
+
+    def error(self, what: str, exc: BaseException) -> StoreError:
+        """``exc`` (psycopg's) as a `StoreError` naming the server and ``what``
+        failed, with the password masked there and in ``exc``'s own chain."""
+        mask_chain(exc, self.url)
+        text = str(exc).strip()
+        detail = text.splitlines()[0] if text else type(exc).__name__
+        return StoreError(f"{self.where}: {what}: {detail}")
 
     @contextlib.contextmanager
     def transaction(self, what: str) -> Iterator[Connection]:

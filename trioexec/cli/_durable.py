@@ -26,6 +26,7 @@ from ._common import (
     err,
     fail,
     open_store,
+    shown,
     stamp,
 )
 
@@ -200,6 +201,6 @@ def check(db: str, as_json: bool) -> None:
         for p in problems:
             err.print(Text.assemble(("violated", "red"), " ", p), highlight=False)
     else:
-        console.print(Text(f"{db}: all invariants hold"))
+        console.print(Text(f"{shown(db)}: all invariants hold"))
     if problems:
         raise SystemExit(EXIT_PROBLEM)

@@ -19,7 +19,7 @@ from .._store import MemoryStore, PostgresStore, SQLiteStore
 from .._store._durable_pg import Listener, PostgresTables
 from .._store._durable_rows import Tables, TransactionAborted
 from .._store._durable_tables import SQLiteTables
-from .._store._open import is_postgres_url, open_store
+from .._store._open import open_store
 from ._protocol import Core, claim_tagged
 from ._records import (
     PromiseCreate,
@@ -114,10 +114,8 @@ class DurableStore:
             store: SQLiteStore | PostgresStore
             if isinstance(path_or_store, SQLiteStore | PostgresStore):
                 store = path_or_store
-            elif is_postgres_url(path_or_store):
+            else:  # (a URL of another kind is refused there, its password masked)
                 store = self._owned = open_store(path_or_store, clock=clock or time.time)
-            else:
-                store = self._owned = SQLiteStore(path_or_store, clock=clock or time.time)
             self.inline = store.inline
             try:
                 tables = self._tables = store.durable_tables()
