@@ -1,19 +1,27 @@
-"""PostgreSQL going away under a running executor (issue 30, item 5), on a
-server of this module's own (tests/pg_server.py): the connection that LISTENs
-for commands cut with ``pg_terminate_backend``, or the server restarted with
-``pg_ctl restart -m fast``.
+"""PostgreSQL going away under a running executor or durable worker (issue 30,
+items 5 and 10), on a server of this module's own (tests/pg_server.py): the
+connection that LISTENs for commands cut with ``pg_terminate_backend``, the
+server restarted with ``pg_ctl restart -m fast``, or stopped for longer than the
+store waits for it.
 
 A cut listener is listened again (polling meanwhile); a restart is ridden out;
 a store failure ends the executor with one `StoreError` and leaves its work as
-the store had it, for an executor that recovers.
+the store had it, for an executor that recovers; a durable worker's outage is one
+`StoreError` naming the store, never a group, never the password.
 """
 
 from __future__ import annotations
 
 import os
+import select
+import signal
+import subprocess
+import sys
 import time
+import traceback
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -23,6 +31,7 @@ from pg_server import USER_ENV, NoServer, pg_ctl, postgres_server
 
 import trioexec
 from trioexec import PostgresStore, StoreError, TaskStatus
+from trioexec.durable import DurableStore, open_worker
 
 DEADLINE = 60.0  # bounds every wait (a hang fails the test); they take far less
 
@@ -193,3 +202,211 @@ async def test_an_executor_rides_out_a_restart(server: str, schema: str, gate: G
             assert [(await ref.wait()).result for ref in after] == list(range(4, 20))
             await until(lambda: len(command_listeners(server)) == 1)  # listening again
     assert statuses(server, schema) == {"completed": 20}
+
+
+# ---------------------------------------------------------------- durable workers
+
+
+async def test_one_failure_of_the_store_met_by_several_tasks_is_one_store_error() -> None:
+    """The rule the worker's nurseries (and the executor's) apply: a group of
+    nothing but StoreErrors (several loops met the store's failure at once) comes
+    out as one of them, never as a group."""
+    from trioexec._executor import _one_level
+
+    failures = [StoreError("db: the claim failed"), StoreError("db: the heartbeat failed")]
+
+    async def fail(error: StoreError) -> None:
+        raise error
+
+    with pytest.raises(StoreError) as caught:
+        async with _one_level([]), trio.open_nursery() as nursery:
+            for error in failures:
+                nursery.start_soon(fail, error)
+    assert any(caught.value is error for error in failures)
+    with pytest.raises(ExceptionGroup):  # (a StoreError and something else: both told)
+        async with _one_level([]), trio.open_nursery() as nursery:
+            nursery.start_soon(fail, failures[0])
+            nursery.start_soon(fail, ValueError("another"))
+
+
+def with_password(url: str) -> str:
+    """``url`` with a password (the test server trusts everyone: it is ignored)."""
+    return url.replace("postgres@", "postgres:t0psecret@", 1)
+
+
+async def test_a_durable_worker_rides_out_a_restart(server: str, schema: str) -> None:
+    """A worker and a creator on one database restarted under them: both go on
+    (their connections are opened again), and the tasks created after the
+    restart run."""
+    done: list[int] = []
+    some = trio.Event()
+
+    async def handler(param: int) -> None:
+        done.append(param)
+        if len(done) in (5, 10):
+            some.set()
+
+    with (
+        PostgresStore(server, schema=schema) as store,
+        DurableStore(store) as ds,
+        DurableStore(store) as creator,
+    ):
+        async with open_worker(ds, "w", handler, poll_interval=0.2):
+            for i in range(5):
+                await creator.promises.create(f"a{i}", 60, target="w", data=i)
+            with trio.fail_after(DEADLINE):
+                await some.wait()
+            some = trio.Event()
+            await trio.to_thread.run_sync(pg_ctl, server, "restart")
+            for i in range(5, 10):
+                await creator.promises.create(f"b{i}", 60, target="w", data=i)
+            with trio.fail_after(DEADLINE):
+                await some.wait()
+    assert sorted(done) == list(range(10))
+
+
+async def test_a_durable_worker_under_a_long_outage_raises_one_store_error(
+    server: str, schema: str
+) -> None:
+    """The server stops for longer than the store waits for it (the URL's
+    connect_timeout): the worker's block raises one StoreError (not a group)
+    naming the store, without the password anywhere in its chain."""
+    url = with_password(server) + "?connect_timeout=2"
+
+    async def handler(param: object) -> None:
+        pass
+
+    try:
+        with PostgresStore(url, schema=schema) as store, DurableStore(store) as ds:
+            with trio.fail_after(DEADLINE), pytest.raises(StoreError) as caught:
+                async with open_worker(ds, "w", handler, poll_interval=0.2, lease=5):
+                    await trio.to_thread.run_sync(pg_ctl, server, "stop")
+                    await trio.sleep_forever()
+    finally:
+        pg_ctl(server, "start")
+    assert type(caught.value) is StoreError
+    said = "".join(traceback.format_exception(caught.value))
+    assert "t0psecret" not in said
+    assert f"postgres:***@{server.split('@')[1]}" in str(caught.value)
+    assert f"(schema {schema})" in str(caught.value)
+
+
+# ---------------------------------------------------------------- the worker command
+
+
+class WorkerCommand:
+    """``python -m trioexec worker DB --target w`` on ``outage_handlers:work``
+    (which prints ``DONE <param>``), its stderr merged into the output read."""
+
+    def __init__(self, db: str, cwd: Path) -> None:
+        (cwd / "outage_handlers.py").write_text(
+            "def work(param):\n    print('DONE', param, flush=True)\n    return param\n"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trioexec", "worker", db, "--target", "w",
+             "--handlers", "outage_handlers:work", "--lease", "5"],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.seen: list[str] = []
+        self._buffer = b""
+
+    def until(self, text: str) -> str:
+        """Its output up to its next line containing ``text`` (bounded)."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + DEADLINE
+        while True:
+            while b"\n" in self._buffer:
+                raw, self._buffer = self._buffer.split(b"\n", 1)
+                self.seen.append(raw.decode(errors="replace"))
+                if text in self.seen[-1]:
+                    return self.seen[-1]
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                pytest.fail(f"no line with {text!r} within {DEADLINE}s: {self.seen!r}")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                code = self.proc.wait()
+                pytest.fail(f"exited ({code}) before a line with {text!r}: {self.seen!r}")
+            self._buffer += chunk
+
+    def exited(self) -> int:
+        """Its exit code, once it exits (bounded); all its output is in `seen`."""
+        code = self.proc.wait(timeout=DEADLINE)
+        assert self.proc.stdout is not None
+        rest = self._buffer + self.proc.stdout.read()
+        self.seen += rest.decode(errors="replace").splitlines()
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def worker_db(server: str) -> Iterator[str]:
+    """The URL (with a password) a worker command serves, its default schema
+    created; dropped after."""
+    db = with_password(server) + "?connect_timeout=2"
+    PostgresStore(db, schema="trioexec").close()
+    yield db
+    sql(server, "DROP SCHEMA IF EXISTS trioexec CASCADE")
+
+
+def create(db: str, id: str) -> None:
+    async def main() -> None:
+        with DurableStore(db) as ds:
+            await ds.promises.create(id, 60, target="w", data=id)
+
+    trio.run(main)
+
+
+def test_the_worker_command_rides_out_a_restart(
+    server: str, worker_db: str, tmp_path: Path
+) -> None:
+    """``trioexec worker URL`` under ``pg_ctl restart``: it goes on serving (a task
+    created after the restart runs), and stops on SIGTERM as usual."""
+    worker = WorkerCommand(worker_db, tmp_path)
+    try:
+        worker.until("serving")
+        create(worker_db, "before")
+        worker.until("DONE before")
+        pg_ctl(server, "restart")
+        create(worker_db, "after")
+        worker.until("DONE after")
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.exited() == 0, worker.seen
+    finally:
+        worker.close()
+    assert "t0psecret" not in "\n".join(worker.seen)
+
+
+def test_the_worker_command_under_a_long_outage_says_one_line(
+    server: str, worker_db: str, tmp_path: Path
+) -> None:
+    """``trioexec worker URL`` when the server stops for good: it exits 1 with one
+    line naming the store (password masked), no traceback, no exception group."""
+    worker = WorkerCommand(worker_db, tmp_path)
+    try:
+        worker.until("serving")
+        pg_ctl(server, "stop")
+        try:
+            assert worker.exited() == 1
+        finally:
+            pg_ctl(server, "start")
+    finally:
+        worker.close()
+    output = "\n".join(worker.seen)
+    assert "t0psecret" not in output
+    assert "Traceback" not in output
+    assert "ExceptionGroup" not in output
+    errors = [line for line in worker.seen if line.startswith("trioexec: ")]
+    assert len(errors) == 1, output
+    assert "postgres:***@127.0.0.1:" in errors[0], output
+    assert "(schema trioexec)" in errors[0], output
