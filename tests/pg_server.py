@@ -24,6 +24,8 @@ import time
 from collections.abc import Iterator
 
 USER_ENV = "TRIOEXEC_TEST_POSTGRES_URL"
+#: The servers `postgres_server` started, by URL: (pg_ctl, data directory, options, log).
+_STARTED: dict[str, tuple[str, str, str, str]] = {}
 #: The stores every conformance test runs over (``store_maker`` in conftest.py).
 STORE_KINDS = ["memory", "sqlite", "postgres"]
 
@@ -107,15 +109,39 @@ def postgres_server(*, durable: bool = False) -> Iterator[str]:
              "-l", os.path.join(top, "server.log"), "-w", "-t", "60", "start"],
             "pg_ctl start",
         )  # fmt: skip
+        url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+        _STARTED[url] = (
+            os.path.join(bindir, "pg_ctl"),
+            data,
+            options,
+            os.path.join(top, "server.log"),
+        )
         try:
-            yield f"postgresql://postgres@127.0.0.1:{port}/postgres"
+            yield url
         finally:
-            _run(
-                [os.path.join(bindir, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop"],
-                "pg_ctl stop",
-            )
+            del _STARTED[url]
+            if os.path.exists(os.path.join(data, "postmaster.pid")):  # (a test may have stopped it)
+                _run(
+                    [os.path.join(bindir, "pg_ctl"), "-D", data, "-m", "immediate", "-w", "stop"],
+                    "pg_ctl stop",
+                )
     finally:
         shutil.rmtree(top, ignore_errors=True)
+
+
+def pg_ctl(url: str, action: str) -> None:
+    """``pg_ctl restart``, ``stop`` or ``start`` (``-m fast``, waiting for it) on a
+    server `postgres_server` started here (not one named by ``USER_ENV``):
+    a test's own server, to restart or stop under a running store."""
+    if url not in _STARTED:
+        raise NoServer(f"{url} is not a server these tests started (pg_ctl {action})")
+    binary, data, options, log = _STARTED[url]
+    cmd = [binary, "-D", data, "-w", "-t", "60"]
+    if action in ("restart", "stop"):
+        cmd += ["-m", "fast"]
+    if action in ("restart", "start"):
+        cmd += ["-o", options, "-l", log]
+    _run([*cmd, action], f"pg_ctl {action}")
 
 
 if __name__ == "__main__":

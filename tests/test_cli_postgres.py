@@ -97,6 +97,30 @@ def test_a_server_that_is_not_there_is_one_line_without_the_password(tmp_path: P
     assert "cannot open" in line
 
 
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://alice:t0p%secret@127.0.0.1:1/db",
+        "postgresql://alice:t0psecret@[::1/db",
+        "postgresql+psycopg://alice:t0psecret@127.0.0.1:1/db",
+    ],
+)
+def test_a_mistyped_url_is_one_line_without_the_password(url: str, tmp_path: Path) -> None:
+    proc = cli("status", url, cwd=tmp_path)
+    line = one_line_error(proc, code=1)
+    assert "alice:***@" in line
+    assert "t0p" not in proc.stderr + proc.stdout
+
+
+def test_status_of_a_url_with_a_password_does_not_show_it(pg_database: str, tmp_path: Path) -> None:
+    build_keyed_db(pg_database)
+    url = pg_database.replace("postgres@", "postgres:t0psecret@", 1)  # (trusted: ignored)
+    for command in (["status", url], ["watch", url, "--once"], ["check", url]):
+        out = ok(cli(*command, cwd=tmp_path))
+        assert "t0psecret" not in out
+        assert "postgres:***@" in out
+
+
 def test_a_url_of_another_kind_is_one_line(tmp_path: Path) -> None:
     line = one_line_error(cli("status", "mysql://db/app", cwd=tmp_path), code=1)
     assert "unknown store URL scheme 'mysql'" in line

@@ -155,11 +155,25 @@ async def test_a_released_task_notifies_too(store_maker: Any) -> None:
         other.close()
 
 
-async def test_a_lost_listener_falls_back_to_polling(
-    store_maker: Any, postgres_url: str, pg_schema: str, autojump_clock: Any
+def listeners(url: str, schema: str) -> list[int]:
+    """The server processes LISTENing on ``schema``'s durable channel."""
+    import psycopg
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE query LIKE %s",
+            (f'LISTEN "{channel(schema)}"%',),
+        ).fetchall()
+    return [pid for (pid,) in rows]
+
+
+async def test_a_lost_listener_is_listened_again_and_polled_meanwhile(
+    store_maker: Any, postgres_url: str, pg_schema: str
 ) -> None:
-    """The listening connection dies (the server ends it): the worker goes on,
-    finding new tasks by polling."""
+    """The listening connection dies (the server ends it): the worker goes on, polling
+    until it listens again (a new connection), and is then woken by notifications
+    again (not by its hour-long poll). (Trio's real clock: a notification takes
+    real time to come, which an autojump clock would not wait for.)"""
     import psycopg
 
     worker_ds = DurableStore(store_maker("postgres"))
@@ -170,22 +184,24 @@ async def test_a_lost_listener_falls_back_to_polling(
         ran.set()
 
     try:
-        async with open_worker(worker_ds, "w", handler, poll_interval=5) as worker:
+        async with open_worker(worker_ds, "w", handler, poll_interval=3600) as worker:
             await trio.testing.wait_all_tasks_blocked()
             assert worker._wakeup.listening
+            (first,) = listeners(postgres_url, pg_schema)
             with psycopg.connect(postgres_url, autocommit=True) as conn:
-                ended = conn.execute(
-                    "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity"
-                    " WHERE query LIKE %s",
-                    (f'LISTEN "{channel(pg_schema)}"%',),
-                ).fetchall()
+                ended = conn.execute("SELECT pg_terminate_backend(%s, 10000)", (first,)).fetchall()
             assert ended == [(True,)]
-            await trio.testing.wait_all_tasks_blocked()  # it saw its connection end
-            assert not worker._wakeup.listening
+            with trio.fail_after(60):  # (a poll of the condition, bounded)
+                while not (worker._wakeup.listening and listeners(postgres_url, pg_schema)):
+                    await trio.sleep(0.01)
+            (second,) = listeners(postgres_url, pg_schema)
+            assert second != first
+            await trio.testing.wait_all_tasks_blocked()
+            created = trio.current_time()
             await creator.promises.create("t", 60, target="w")
             with trio.fail_after(30):
                 await ran.wait()
-            assert trio.current_time() >= 5  # found by a poll
+            assert trio.current_time() - created < 3600  # a notification woke it
     finally:
         worker_ds.close()
         creator.close()

@@ -96,7 +96,9 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
 #: re-cut is under way. Empty: issue 14's re-cut has landed.
 PENDING_RECUT: set[str] = set()
 
-MAX_LINES = 700
+#: STYLE.md's "a module heading past ~800 lines is asking to be split" (issue 31
+#: drops the 700 cap that drew module borders: a module is as long as its concept)
+MAX_LINES = 800
 MAX_METHODS = 30
 #: Third-party libraries kept to the modules that own them (STYLE.md, "Layout").
 LIBRARY_OWNERS = {

@@ -7,7 +7,9 @@ from __future__ import annotations
 import concurrent.futures
 import subprocess
 import sys
+import traceback
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -15,6 +17,7 @@ import pytest
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError, TaskStatus, open_store
 from trioexec._store._pg_schema import SCHEMA_VERSION
+from trioexec.durable import DurableStore
 
 
 def submit(task_id: str, owner: str = "me") -> tuple[object, ...]:
@@ -204,12 +207,53 @@ def test_open_store_names_the_store_by_its_target(
         ("host=h password=s3cret dbname=db", "host=h password=*** dbname=db"),
         ("host=h password='s 3cret' dbname=db", "host=h password=*** dbname=db"),
         ("postgresql://u@h/db", "postgresql://u@h/db"),
+        # mistyped: a raw %, @ or /, a broken IPv6 host, another scheme
+        ("postgresql://u:s3%cret@h/db", "postgresql://u:***@h/db"),
+        ("postgresql://u:s3@c/ret@h/db", "postgresql://u:***@h/db"),
+        ("postgresql://u:s3cret@[::1/db", "postgresql://u:***@[::1/db"),
+        ("postgresql+psycopg://u:s3cret@h/db", "postgresql+psycopg://u:***@h/db"),
+        ("postgresql://:s3cret@h/db", "postgresql://:***@h/db"),
     ],
 )
 def test_every_form_of_password_is_hidden(url: str, shown: str) -> None:
     from trioexec._store._pg_conn import redact
 
     assert redact(url) == shown
+
+
+#: Mistyped URLs whose password `open_store` or libpq quoted (issue 30): a raw
+#: ``%`` in the password, a broken IPv6 host, a SQLAlchemy-style scheme.
+MISTYPED = [
+    "postgresql://alice:t0p%secret@127.0.0.1:1/db",
+    "postgresql://alice:t0psecret@[::1/db",
+    "postgresql+psycopg://alice:t0psecret@127.0.0.1:1/db",
+]
+
+
+def everything_said(exc: BaseException) -> str:
+    """What a traceback of ``exc`` prints (its chain of causes and contexts
+    included), and its repr."""
+    return "".join(traceback.format_exception(exc)) + repr(exc)
+
+
+@pytest.mark.parametrize("url", MISTYPED)
+@pytest.mark.parametrize(
+    "opener", [open_store, PostgresStore, DurableStore], ids=lambda f: f.__name__
+)
+def test_a_mistyped_url_is_refused_without_its_password(url: str, opener: Any) -> None:
+    with pytest.raises((StoreError, ValueError)) as caught:
+        opener(url)
+    assert "alice:***@" in str(caught.value)  # (it still says which URL)
+    assert "t0p" not in everything_said(caught.value)
+
+
+def test_mask_masks_a_password_a_message_quotes_alone() -> None:
+    from trioexec._store._pg_conn import mask
+
+    url = "postgresql://postgres:postgres@h/db"
+    said = 'role "postgres" of postgresql://postgres:postgres@h/db; token: "postgres"'
+    assert mask(said, url) == 'role "***" of postgresql://***:***@h/db; token: "***"'
+    assert mask("postgresql and postgres_fdw", url) == "postgresql and postgres_fdw"
 
 
 def test_an_id_inserted_by_another_host_during_the_write_is_refused_not_lost(

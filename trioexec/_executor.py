@@ -19,7 +19,7 @@ import trio
 from ._admission import Overflow
 from ._coordinator import WorkflowResult, WorkflowRun, WorkflowRuns
 from ._core import ExecutorConfig, ExecutorCore, check_grace, check_store
-from ._errors import ExecutorClosed, TaskDefinitionError
+from ._errors import ExecutorClosed, StoreError, TaskDefinitionError
 from ._events import EventStream
 from ._handle import TaskHandle
 from ._keys import KeyLimit, KeyStatistics
@@ -691,16 +691,23 @@ def _raise_single(
     group: BaseExceptionGroup[BaseException], body_error: list[BaseException]
 ) -> None:
     """Re-raise the only exception of ``group`` (one nursery's layer), with its
-    own context kept; return if the group holds more than one.
+    own context kept; return if the group holds more than one, unless the body
+    raised nothing and they are all `StoreError`s (one failure of the store, met
+    by several tasks at once): then the first.
 
     A group the body raised comes back from Trio's cancel scopes as a copy
     (``split`` derives a new group); the user gets their own object back.
     """
-    if len(group.exceptions) != 1:
+    if len(group.exceptions) == 1:
+        exc = group.exceptions[0]
+        if body_error and _same_leaves(exc, body_error[0]):
+            exc = body_error[0]
+    elif not body_error and group.split(StoreError)[1] is None:
+        exc = group
+        while isinstance(exc, BaseExceptionGroup):
+            exc = exc.exceptions[0]
+    else:
         return
-    exc = group.exceptions[0]
-    if body_error and _same_leaves(exc, body_error[0]):
-        exc = body_error[0]
     context = exc.__context__
     try:
         raise exc

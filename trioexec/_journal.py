@@ -8,6 +8,12 @@ only once the batch holding it is durable. The backlog is bounded: past
 `JOURNAL_LIMIT` unwritten changes the executor stops admitting work
 (back-pressure). The first failure of the store is kept, and every later caller
 learns of it as a `StoreError` naming the store.
+
+A failure ends the journal: what was journaled before it may still be written
+(once, as the executor closes: the failure may have passed), what comes after
+is never written. The tasks the failure itself stops are cancelled here, not in
+the store: their rows stay as they were (pending, running: this executor's, its
+lease left to lapse), and an executor that recovers runs them again.
 """
 
 from __future__ import annotations
@@ -56,6 +62,8 @@ class Journal:
         self.changes: list[Change] = []  # not yet handed to the store
         self.notify: list[Any] = []  # completions (TaskRefs) to acknowledge once durable
         self.failure: StoreError | None = None  # the store failed: nothing more is written
+        # What was journaled before the failure, to write once more (`write`).
+        self._before_failure: tuple[list[Change], list[Any]] = ([], [])
         self.limit = JOURNAL_LIMIT  # (tests lower it)
         self.on_written: Callable[[list[Any], list[str]], None] = lambda notify, fenced: None
         self._writer_lot = trio.lowlevel.ParkingLot()
@@ -134,6 +142,10 @@ class Journal:
             batch, self.changes = self.changes, []
             notify, self.notify = self.notify, []
             self.batch += 1
+            if self.failure is not None:
+                # Only what was journaled before the failure (once); what came
+                # after (the cancellations it caused) is dropped.
+                (batch, notify), self._before_failure = self._before_failure, ([], [])
             self._hurry = False
             if not batch:
                 return
@@ -143,9 +155,13 @@ class Journal:
                 else:
                     fenced = await trio.to_thread.run_sync(store.write, batch)
             except BaseException:
-                # Nothing was written (one transaction): keep it all, in order.
-                self.changes[:0] = batch
-                self.notify[:0] = notify
+                # Nothing was written (one transaction): keep it all, in order
+                # (for the close, if the store has failed meanwhile).
+                changes, waiting = (
+                    (self.changes, self.notify) if self.failure is None else self._before_failure
+                )
+                changes[:0] = batch
+                waiting[:0] = notify
                 raise
             self._durable += len(batch)
         self._batch_written(notify, fenced)
@@ -200,6 +216,11 @@ class Journal:
             wrapped.__cause__ = exc
             exc = wrapped
         self.failure = exc
+        # Set aside what was journaled so far; from now on nothing more is
+        # written, nor folded into a row set aside (a new batch number).
+        self._before_failure = (self.changes, self.notify)
+        self.changes, self.notify = [], []
+        self.batch += 1
         self._flushers.unpark_all()
         return exc
 

@@ -192,10 +192,11 @@ class PostgresTables:
             return
         self._open = True
         try:
-            with _errors(self._psycopg.Error, self.path):
+            with _errors(self._psycopg.Error, self.db):
                 if self._raw.broken or self._raw.closed:
                     self._raw.close()
-                    self._raw = self.db.connect()
+                    # (a server restarting is waited for, up to the store's timeout)
+                    self._raw = self.db.connect(wait=True)
                 self._overlay = Overlay() if self._read_only else None
                 self._begin[:] = [
                     "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
@@ -203,7 +204,15 @@ class PostgresTables:
                     else "BEGIN"
                 ]
                 try:
-                    yield
+                    try:
+                        yield
+                    except self._psycopg.Error as exc:
+                        if not self._raw.broken:
+                            raise
+                        # The connection was lost (a restart) before the COMMIT was
+                        # sent: nothing was written, and the next try connects again.
+                        error = self.db.error("durable store: connection lost", exc)
+                        raise TransactionAborted(str(error)) from exc
                     if not self._begin:  # (else nothing was sent: nothing to end)
                         self._raw.execute(_commit(self._psycopg, self.channel, self._wake))
                 except BaseException:
@@ -583,16 +592,15 @@ def _commit(psycopg: Any, channel: str, wake: set[str]) -> Any:
 
 
 @contextlib.contextmanager
-def _errors(error: type[Exception], path: str) -> Iterator[None]:
+def _errors(error: type[Exception], db: PGDatabase) -> Iterator[None]:
     """psycopg's errors (``error``) as `StoreError` naming the server; those of a
     transaction the server aborted for a concurrent one as `TransactionAborted`."""
     try:
         yield
     except error as exc:
-        text = str(exc).strip()
-        detail = text.splitlines()[0] if text else type(exc).__name__
+        message = str(db.error("durable store", exc))
         kind = TransactionAborted if getattr(exc, "sqlstate", None) in _RETRYABLE else StoreError
-        raise kind(f"{path}: durable store: {detail}") from exc
+        raise kind(message) from exc
 
 
 def _update(

@@ -6,6 +6,7 @@ import os
 import urllib.parse
 from typing import Any
 
+from ._pg_conn import redact
 from ._postgres import PostgresStore
 from ._sqlite import SQLiteStore
 
@@ -37,12 +38,12 @@ def open_store(target: str | os.PathLike[str], **options: Any) -> SQLiteStore | 
         if target.startswith("sqlite:///"):
             path = path[1:]  # sqlite:///rel.db -> rel.db; sqlite:////abs.db -> /abs.db
         if not path:
-            raise ValueError(f"no database path in {target!r} (sqlite:///runs.db)")
+            raise ValueError(f"no database path in {redact(target)!r} (sqlite:///runs.db)")
         return SQLiteStore(path, **options)
     scheme = urllib.parse.urlsplit(target).scheme
     if "://" in target and len(scheme) > 1:  # (not a Windows drive letter)
         raise ValueError(
-            f"unknown store URL scheme {scheme!r} in {target!r}: use a path,"
+            f"unknown store URL scheme {scheme!r} in {redact(target)!r}: use a path,"
             " sqlite:///PATH or postgresql://..."
         )
     return SQLiteStore(target, **options)

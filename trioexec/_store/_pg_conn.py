@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import random
 import re
 import threading
 import time
@@ -22,14 +23,15 @@ from ._pg_schema import SCHEMA_VERSION, migrate, schema_version
 
 Connection = Any  # psycopg.Connection[tuple[Any, ...]] (psycopg is an optional extra)
 
-#: How long to wait for the server, or for a connection of the pool.
+#: How long to wait for the server, or for a connection of the pool (a URL's own
+#: ``connect_timeout`` says otherwise): a server away for less (a restart) is
+#: waited for, one away for longer fails the call.
 CONNECT_TIMEOUT = 10.0
 #: How long `close` waits for a connection to send its wake-up notification, and
 #: for each of the pool's workers to stop (one still connecting to a server gone
 #: unreachable is a daemon thread, left to its connect timeout).
 CLOSE_TIMEOUT = 0.5
 _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
-_DSN_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)")
 #: The channel commands are notified on; the payload is the store's schema (a
 #: channel name of the schema's own could pass PostgreSQL's 63-byte limit).
 COMMANDS_CHANNEL = "trioexec_commands"
@@ -48,20 +50,73 @@ def load_psycopg() -> tuple[Any, Any]:
     return psycopg, psycopg_pool
 
 
+#: A URL's password (``scheme://user:PASSWORD@``: up to the last ``@`` before a
+#: blank, so a password with a raw ``@``, ``/`` or ``%`` is masked whole), a
+#: ``password=`` of a query string or of a ``key=value`` connection string.
+_URL_PASSWORD = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://[^\s:/@\[\]]*:)[^\s]*@")
+_KEY_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|[^\s&'\"]+)", re.IGNORECASE)
+MASK = "***"
+
+
+#: The password of the URL a store was given (all of it is the URL: anything up
+#: to its last ``@``, blanks too).
+_GIVEN_PASSWORD = re.compile(r"\s*[A-Za-z][A-Za-z0-9+.-]*://[^:/@\[\]]*:(.*)@", re.DOTALL)
+
+
+def _secrets(url: str) -> list[str]:
+    """The password ``url`` holds, as typed and as it decodes (longest first)."""
+    found = [m.group(1) for m in [_GIVEN_PASSWORD.match(url)] if m is not None]
+    found += [m.group(2) for m in _KEY_PASSWORD.finditer(url)]
+    secrets = set()
+    for secret in found:
+        for form in (secret, secret.strip("'"), urllib.parse.unquote(secret)):
+            if form:
+                secrets.add(form)
+    return sorted(secrets, key=len, reverse=True)
+
+
+def mask(text: str, url: str | None = None) -> str:
+    """``text`` with every password masked: each URL's and ``password=``'s in it,
+    and, wherever else it quotes it, the password ``url`` holds (libpq's message
+    about a mistyped URL quotes pieces of it: ``invalid percent-encoded token:
+    "..."``). The one place messages are masked."""
+    text = _URL_PASSWORD.sub(rf"\1{MASK}@", text)
+    text = _KEY_PASSWORD.sub(rf"\1{MASK}", text)
+    if url is not None:
+        for secret in _secrets(url):
+            # (as a token: a password "postgres" leaves the word "postgresql" alone)
+            token = rf"(?<![\w%]){re.escape(secret)}(?![\w%])"
+            text = re.sub(token, MASK, text)
+    return text
+
+
 def redact(url: str) -> str:
-    """``url`` (a URL or a ``key=value`` connection string) without its password,
-    for messages and reprs."""
-    if "://" not in url:
-        return _DSN_PASSWORD.sub(r"\1***", url)
-    try:
-        parts = urllib.parse.urlsplit(url)
-    except ValueError:
-        return "<unparsable PostgreSQL URL>"
-    netloc = parts.netloc
-    if parts.password is not None:
-        netloc = netloc.replace(f":{parts.password}@", ":***@", 1)
-    query = re.sub(r"(password=)[^&]*", r"\1***", parts.query)
-    return urllib.parse.urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    """``url`` (a URL or a ``key=value`` connection string, parsable or not)
+    without its password, for messages and reprs."""
+    return mask(url, url)
+
+
+def mask_chain(exc: BaseException, url: str) -> None:
+    """Mask ``url``'s password in ``exc`` and its causes and contexts (psycopg's
+    errors quote the URL), in place: a traceback printed later shows none."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [exc]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        todo += [e.__cause__, e.__context__]
+        args = tuple(mask(a, url) if isinstance(a, str) else a for a in e.args)
+        if args != e.args:
+            e.args = args
+
+
+def reconnect_delay(failures: int) -> float:
+    """How long to wait before connecting again after ``failures`` attempts in a
+    row failed (the server is away): 0.1 s doubling up to 2 s, give or take a
+    fifth (the clients of a restarted server do not all come back at once)."""
+    return min(0.1 * 2.0 ** min(failures - 1, 5), 2.0) * random.uniform(0.8, 1.2)
 
 
 def check_schema(schema: object) -> str:
@@ -96,8 +151,13 @@ class PGDatabase:
         self._listener: Connection | None = None  # LISTENs for commands (opened lazily)
         self._listening = threading.Lock()  # one waiter on the listener at a time
         self._closing = False  # (set by `close` before it wakes a waiter)
+        self._woken = threading.Event()  # (set by `close`: a waiter that polls returns)
+        self._listen_failures = 0  # attempts to listen that failed in a row
+        self._listen_at = 0.0  # (time.monotonic) when to try to listen again
+        self._unheard = False  # commands may have been sent while nobody listened
+        self.timeout, self._connect_args = _timeout_of(psycopg, url)
         with self.errors("cannot open"):
-            with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT) as conn:
+            with psycopg.connect(url, **self._connect_args) as conn:
                 self._configure(conn)
                 if read_only:
                     found = schema_version(conn, self.where, schema)
@@ -115,13 +175,16 @@ class PGDatabase:
                 url,
                 min_size=1,
                 max_size=max_size,
-                kwargs={"autocommit": True, "connect_timeout": CONNECT_TIMEOUT},
+                kwargs=self._connect_args,
                 configure=self._configure,
-                timeout=CONNECT_TIMEOUT,
+                # A connection the server ended while it sat in the pool (a restart,
+                # an idle timeout) is found out and replaced before it is handed out.
+                check=psycopg_pool.ConnectionPool.check_connection,
+                timeout=self.timeout,
                 name=f"trioexec-{schema}",
                 open=True,
             )
-            self._pool.wait(timeout=CONNECT_TIMEOUT)
+            self._pool.wait(timeout=self.timeout)
 
     def _configure(self, conn: Connection) -> None:
         sql = self._psycopg.sql
@@ -137,8 +200,15 @@ class PGDatabase:
         except StoreError:
             raise
         except self._psycopg.Error as exc:  # (the pool's PoolTimeout is one)
-            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise StoreError(f"{self.where}: {what}: {detail}") from exc
+            raise self.error(what, exc) from exc
+
+    def error(self, what: str, exc: BaseException) -> StoreError:
+        """``exc`` (psycopg's) as a `StoreError` naming the server and ``what``
+        failed, with the password masked there and in ``exc``'s own chain."""
+        mask_chain(exc, self.url)
+        text = str(exc).strip()
+        detail = text.splitlines()[0] if text else type(exc).__name__
+        return StoreError(f"{self.where}: {what}: {detail}")
 
     @contextlib.contextmanager
     def transaction(self, what: str) -> Iterator[Connection]:
@@ -168,11 +238,26 @@ class PGDatabase:
         with self._pool.connection() as conn:
             yield conn
 
-    def connect(self) -> Connection:
+    def connect(self, *, wait: bool = False) -> Connection:
         """A connection of its own (not the pool's): the durable tables' one
-        connection, or a LISTEN connection. The caller closes it."""
+        connection, or a LISTEN connection. The caller closes it. ``wait``: a
+        server that refuses it (restarting) is tried again, for up to the
+        store's timeout."""
+        deadline = time.monotonic() + self.timeout
+        failures = 0
+        while True:
+            try:
+                return self._connect()
+            except StoreError:
+                failures += 1
+                pause = reconnect_delay(failures)
+                if not wait or time.monotonic() + pause > deadline or self._closing:
+                    raise
+                self._woken.wait(pause)
+
+    def _connect(self) -> Connection:
         with self.errors("cannot connect"):
-            conn = self._psycopg.connect(self.url, autocommit=True, connect_timeout=CONNECT_TIMEOUT)
+            conn = self._psycopg.connect(self.url, **self._connect_args)
             try:
                 self._configure(conn)
             except BaseException:
@@ -186,7 +271,10 @@ class PGDatabase:
 
     def wait_notify(self, timeout: float) -> bool:
         """Wait up to ``timeout`` seconds for a notification on this schema (see
-        `PostgresStore.wait_for_command`). True if one came."""
+        `PostgresStore.wait_for_command`). True if one came, or may have come
+        unheard: while the server cannot be listened to (away, restarting), each
+        call waits ``timeout`` and returns True (the caller polls), and the
+        connection is tried again, backing off."""
         if isinstance(timeout, bool) or not (
             isinstance(timeout, int | float) and 0 <= timeout < math.inf
         ):
@@ -195,34 +283,57 @@ class PGDatabase:
         with self._listening:
             if self._pool is None:
                 raise StoreError(f"{self.where}: the store is closed")
-            conn = self._listener
-            if conn is None:
-                conn = self.connect()
-                try:
-                    with self.errors("listen for commands"):
-                        conn.execute(f"LISTEN {COMMANDS_CHANNEL}")
-                except BaseException:
-                    conn.close()
-                    raise
-                self._listener = conn
+            if self._listener is None and time.monotonic() >= self._listen_at:
+                self._listen()
             if self._closing:  # (listening since after close's wake-up: it missed it)
                 return False
+            conn = self._listener
+            if conn is None:  # not listening: this call is one poll interval
+                self._woken.wait(max(0.0, deadline - time.monotonic()))
+                return not self._closing
+            if self._unheard:  # listening again: what was sent meanwhile was not heard
+                self._unheard = False
+                return True
             try:
-                with self.errors("wait for commands"):
-                    while True:
-                        remaining = max(0.0, deadline - time.monotonic())
-                        for notify in conn.notifies(timeout=remaining, stop_after=1):
-                            if notify.payload == self.schema:
-                                return not self._closing  # (False: `close` woke it)
-                        if remaining == 0.0:
-                            return False
-            except StoreError:
-                self._listener = None  # (the next call connects again)
+                while True:
+                    remaining = max(0.0, deadline - time.monotonic())
+                    for notify in conn.notifies(timeout=remaining, stop_after=1):
+                        if notify.payload == self.schema:
+                            return not self._closing  # (False: `close` woke it)
+                    if remaining == 0.0:
+                        return False
+            except self._psycopg.Error:
+                # The connection is lost (the server ended it): listen again
+                # later; meanwhile the caller polls.
+                self._listener = None
+                conn.close()
+                self._listen_failed()
+                return not self._closing
+
+    def _listen(self) -> None:
+        """Open the listening connection, or set when to try again."""
+        try:
+            conn = self.connect()
+            try:
+                with self.errors("listen for commands"):
+                    conn.execute(f"LISTEN {COMMANDS_CHANNEL}")
+            except BaseException:
                 conn.close()
                 raise
+        except StoreError:
+            self._listen_failed()
+            return
+        self._listener = conn
+        self._listen_failures = 0
+
+    def _listen_failed(self) -> None:
+        self._listen_failures += 1
+        self._listen_at = time.monotonic() + reconnect_delay(self._listen_failures)
+        self._unheard = True
 
     def close(self) -> None:
         self._closing = True
+        self._woken.set()
         if self._pool is not None:
             # Wake a wait in progress (it holds the listener, or is starting to
             # listen: then it sees ``_closing``): a notification of our own, and
@@ -240,3 +351,22 @@ class PGDatabase:
             listener.close()
         if pool is not None:
             pool.close(timeout=CLOSE_TIMEOUT)
+
+
+def _timeout_of(psycopg: Any, url: str) -> tuple[float, dict[str, Any]]:
+    """How long to wait for the server (the URL's ``connect_timeout``, if it has
+    one, else `CONNECT_TIMEOUT`), and the arguments of every connection."""
+    args: dict[str, Any] = {"autocommit": True}
+    try:
+        given = psycopg.conninfo.conninfo_to_dict(url).get("connect_timeout")
+    except psycopg.Error:
+        given = None  # (connecting says what is wrong with it)
+    if given is None:
+        args["connect_timeout"] = CONNECT_TIMEOUT
+        return CONNECT_TIMEOUT, args
+    try:
+        seconds = float(given)
+    except ValueError:
+        return CONNECT_TIMEOUT, args  # (libpq says what is wrong with it)
+    # (libpq waits at least 2 seconds; 0 means forever)
+    return (max(seconds, 2.0) if seconds > 0 else CONNECT_TIMEOUT), args

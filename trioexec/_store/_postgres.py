@@ -416,7 +416,10 @@ class PostgresStore(SQLControl):
         was (or may have been: a wake-up is only a hint to read `commands`), False
         once the time is up. The first call opens a connection of its own that
         LISTENs (closed by `close`); commands recorded before it are not
-        reported, so read `commands` after the first call too.
+        reported, so read `commands` after the first call too. While that
+        connection is lost (the server ended it, or is restarting), each call
+        waits ``timeout`` and returns True (the caller polls), and later calls
+        connect again, backing off.
 
         Only PostgreSQL stores have it: an executor looks for it with
         ``getattr(store, "wait_for_command", None)`` and polls otherwise. Call it
@@ -424,8 +427,7 @@ class PostgresStore(SQLControl):
         call in progress.
 
         Raises:
-          StoreError: naming the server, if it cannot be reached (the next call
-            connects again), or the store is closed.
+          StoreError: the store is closed.
         """
         return self._db.wait_notify(timeout)
 

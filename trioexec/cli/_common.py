@@ -19,6 +19,7 @@ import click
 
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError
+from trioexec._store._pg_conn import mask, redact
 
 try:
     from rich.console import Console
@@ -38,10 +39,18 @@ if MISSING_EXTRA is None:
 
 def fail(message: str, code: int = EXIT_PROBLEM) -> NoReturn:
     # Text, not markup: messages carry paths and ids (a task named "batch[/]").
+    # (Whatever the message quotes, no password is printed.)
     err.print(
-        Text.assemble(("trioexec:", "bold red"), " ", message), highlight=False, soft_wrap=True
+        Text.assemble(("trioexec:", "bold red"), " ", mask(message)),
+        highlight=False,
+        soft_wrap=True,
     )
     raise SystemExit(code)
+
+
+def shown(db: str) -> str:
+    """DB as output shows it: a URL without its password."""
+    return redact(db)
 
 
 def cell(value: object) -> Text:

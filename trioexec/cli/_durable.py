@@ -25,6 +25,7 @@ from ._common import (
     err,
     fail,
     open_store,
+    shown,
     stamp,
 )
 from ._table import Column, print_table
@@ -221,7 +222,7 @@ def check(db: str, as_json: bool) -> None:
     for p in problems:
         err.print(Text.assemble(("violated", "red"), " ", p), highlight=False)
     if not problems:
-        console.print(Text(f"{db}: all invariants hold"))
+        console.print(Text(f"{shown(db)}: all invariants hold"))
     if notes:
         console.print(
             Text(

@@ -15,7 +15,7 @@ from rich.text import Text
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, SubStatus, TaskStatus
 
-from ._common import ago, console, emit_json, fail, open_store, parse_age, stamp
+from ._common import ago, console, emit_json, fail, open_store, parse_age, shown, stamp
 from ._table import Column, layout, print_table, show
 
 _LIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
@@ -153,7 +153,7 @@ def status(
             found = store.counts(sub_status=sub_status, deferred_longer_than=age, key=key)
             matching = found[TaskStatus(status_)] if status_ else sum(found.values())
     summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
-    console.print(Text.assemble((db, "bold"), f": {summary or 'no executions'}"))
+    console.print(Text.assemble((shown(db), "bold"), f": {summary or 'no executions'}"))
     if paused:  # (what every executor on it holds back: trioexec resume lifts it)
         what = ", ".join(f"{p.kind} {p.value}" for p in paused)
         console.print(Text(f"paused: {what}", style="yellow"), highlight=False)
@@ -183,7 +183,7 @@ def watch_view(store: SQLiteStore | PostgresStore, db: str) -> Group:
         f"{counts[TaskStatus.FAILED]}/{counts[TaskStatus.CANCELLED]}/{counts[TaskStatus.TIMED_OUT]}",
     )
     return Group(
-        Panel(head, title=Text(f"trioexec watch {db} — {stamp(now)}")),
+        Panel(head, title=Text(f"trioexec watch {shown(db)} — {stamp(now)}")),
         Text("deferred, longest first:", style="bold"),
         execution_table(longest, now, _width()),
     )

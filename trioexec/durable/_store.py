@@ -14,12 +14,13 @@ from typing import Any, Protocol, TypeVar, cast, final
 
 import trio
 
-from .._errors import NotFound
+from .._errors import NotFound, StoreError
 from .._store import MemoryStore, PostgresStore, SQLiteStore
 from .._store._durable_pg import Listener, PostgresTables
 from .._store._durable_rows import Tables, TransactionAborted
 from .._store._durable_tables import SQLiteTables
-from .._store._open import is_postgres_url, open_store
+from .._store._open import open_store
+from .._store._pg_conn import reconnect_delay
 from ._protocol import Core, claim_tagged
 from ._records import (
     PromiseCreate,
@@ -114,10 +115,8 @@ class DurableStore:
             store: SQLiteStore | PostgresStore
             if isinstance(path_or_store, SQLiteStore | PostgresStore):
                 store = path_or_store
-            elif is_postgres_url(path_or_store):
+            else:  # (a URL of another kind is refused there, its password masked)
                 store = self._owned = open_store(path_or_store, clock=clock or time.time)
-            else:
-                store = self._owned = SQLiteStore(path_or_store, clock=clock or time.time)
             self.inline = store.inline
             try:
                 tables = self._tables = store.durable_tables()
@@ -512,25 +511,56 @@ async def lost_leases(
 class Wakeup:
     """What an idle worker waits on: a notification that tasks of its target became
     claimable (PostgreSQL: ``LISTEN``), or its poll interval, whichever comes first.
-    ``listening``: notifications can wake it (the poll is only a backstop)."""
+    ``listening``: notifications can wake it (the poll is only a backstop). A
+    listening connection lost (the server restarted) is opened again by a later
+    wait, backing off while the server is away; until then the worker polls."""
 
-    def __init__(self, target: str, listener: Listener | None) -> None:
+    def __init__(
+        self,
+        target: str,
+        listener: Listener | None,
+        listen: Callable[[], Listener] | None = None,
+        inline: bool = False,
+    ) -> None:
         self._target = target
         self._listener = listener
         self.listening = listener is not None
+        self._listen = listen  # opens a listener again (None: never listens)
+        self._inline = inline
+        self._failures = 0  # attempts to listen again that failed in a row
+        self._again_at = -math.inf  # (Trio's clock) when to try again
 
     async def wait(self, timeout: float) -> None:
-        """Return after ``timeout`` seconds, or sooner when notified."""
+        """Return after ``timeout`` seconds, or sooner when notified (or when
+        listening again: tasks may have come unheard meanwhile)."""
         with trio.move_on_after(timeout):
+            ready = self._listener is None and trio.current_time() >= self._again_at
+            if ready and await self._listen_again():
+                return
             while self._listener is not None:
                 got = self._listener.received()
-                if got is None:  # the connection is lost: poll from now on
-                    self.close()
-                    break
+                if got is None:  # the connection is lost: poll until listening again
+                    self._lost()
+                    return
                 if self._target in got or "" in got:
                     return
                 await trio.lowlevel.wait_readable(self._listener.fileno())
             await trio.sleep_forever()
+
+    async def _listen_again(self) -> bool:
+        listen = self._listen
+        if listen is None:
+            return False
+        try:
+            # (shielded: a connection opened meanwhile is not left unclosed)
+            with trio.CancelScope(shield=True):
+                listener = listen() if self._inline else await trio.to_thread.run_sync(listen)
+        except StoreError:
+            self._failures += 1
+            self._again_at = trio.current_time() + reconnect_delay(self._failures)
+            return False
+        self._listener, self.listening, self._failures = listener, True, 0
+        return True
 
     def drain(self) -> None:
         """Read (and drop) the notifications that came: the claim about to run sees
@@ -538,9 +568,17 @@ class Wakeup:
         listening connection never backs up (the server would hold every later
         notification of the database for it)."""
         if self._listener is not None and self._listener.received() is None:
-            self.close()
+            self._lost()
+
+    def _lost(self) -> None:
+        listener, self._listener = self._listener, None
+        self.listening = False
+        self._again_at = trio.current_time() + reconnect_delay(1)
+        if listener is not None:
+            listener.close()
 
     def close(self) -> None:
+        self._listen = None
         listener, self._listener = self._listener, None
         self.listening = False
         if listener is not None:
@@ -551,12 +589,12 @@ class Wakeup:
 async def open_wakeup(ds: DurableStore, target: str) -> AsyncIterator[Wakeup]:
     """A `Wakeup` for ``target``'s idle worker on ``ds`` (listening on a connection
     of its own when the database can notify; closed at the end of the block)."""
-    listener = None
+    listener = listen = None
     tables = ds._tables
     if isinstance(tables, PostgresTables):
         listen = functools.partial(Listener, tables.db, tables.channel)
         listener = listen() if ds.inline else await trio.to_thread.run_sync(listen)
-    wakeup = Wakeup(target, listener)
+    wakeup = Wakeup(target, listener, listen, ds.inline)
     try:
         yield wakeup
     finally:

@@ -53,7 +53,7 @@ from typing import Any, NoReturn, final
 import trio
 
 from .._errors import TrioexecError
-from .._executor import Executor, open_executor
+from .._executor import Executor, _one_level, open_executor
 from .._handle import TaskHandle
 from .._records import ShutdownPolicy, safe_repr
 from .._records import check_id as check_task_id
@@ -663,6 +663,7 @@ async def open_worker(
     pid = check_id(pid, "pid") if pid is not None else _default_pid()
     if not callable(handlers) and not isinstance(handlers, Mapping):
         raise ValueError(f"handlers must be a callable or a mapping of them, got {handlers!r}")
+    body_error: list[BaseException] = []  # what the body raised, if anything
     async with (
         open_wakeup(ds, target) as wakeup,
         open_executor(
@@ -673,15 +674,18 @@ async def open_worker(
         try:
             # The fulfils of finished runs: each shielded and bounded by the lease,
             # so leaving waits for them (a fulfil lost here would run the task again).
-            async with trio.open_nursery() as settling:
+            async with _one_level(body_error), trio.open_nursery() as settling:
                 worker._settling = settling
                 try:
-                    async with trio.open_nursery() as nursery:
+                    async with _one_level(body_error), trio.open_nursery() as nursery:
                         nursery.start_soon(worker._claim_loop)
                         nursery.start_soon(worker._heartbeat_loop)
                         nursery.start_soon(worker._lease_watch)
                         try:
                             yield worker
+                        except BaseException as exc:
+                            body_error.append(exc)
+                            raise
                         finally:
                             nursery.cancel_scope.cancel()
                 finally:

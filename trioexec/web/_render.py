@@ -20,7 +20,7 @@ from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
 from trioexec import ExecutionRecord, TaskStatus
 from trioexec._store._open import is_postgres_url
-from trioexec._store._pg_conn import redact
+from trioexec._store._pg_conn import mask, redact
 
 from ._board import Board
 from ._security import Guard
@@ -186,7 +186,7 @@ def message(request: Request, title: str, text: str, *, status_code: int, back: 
 
 def redacted(db: str, text: str) -> str:
     """``text`` with ``db``'s password masked, wherever the URL appears in it."""
-    return text.replace(db, redact(db)) if is_postgres_url(db) else text
+    return mask(text, db) if is_postgres_url(db) else text
 
 
 async def store_error(request: Request, exc: Exception) -> Response:

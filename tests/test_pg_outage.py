@@ -1,0 +1,412 @@
+"""PostgreSQL going away under a running executor or durable worker (issue 30,
+items 5 and 10), on a server of this module's own (tests/pg_server.py): the
+connection that LISTENs for commands cut with ``pg_terminate_backend``, the
+server restarted with ``pg_ctl restart -m fast``, or stopped for longer than the
+store waits for it.
+
+A cut listener is listened again (polling meanwhile); a restart is ridden out;
+a store failure ends the executor with one `StoreError` and leaves its work as
+the store had it, for an executor that recovers; a durable worker's outage is one
+`StoreError` naming the store, never a group, never the password.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+import traceback
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+import trio
+from pg_server import USER_ENV, NoServer, pg_ctl, postgres_server
+
+import trioexec
+from trioexec import PostgresStore, StoreError, TaskStatus
+from trioexec.durable import DurableStore, open_worker
+
+DEADLINE = 60.0  # bounds every wait (a hang fails the test); they take far less
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[str]:
+    """A server of this module's own: its tests restart and stop it."""
+    if os.environ.get(USER_ENV):
+        pytest.skip(f"{USER_ENV} names a server these tests may not restart")
+    try:
+        with postgres_server() as url:
+            yield url
+    except NoServer as exc:
+        pytest.skip(f"no PostgreSQL server could be started: {exc}")
+
+
+@pytest.fixture
+def schema(server: str) -> Iterator[str]:
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    yield name
+    with psycopg.connect(server, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {name} CASCADE")
+
+
+def sql(url: str, query: str, *params: object) -> list[tuple[Any, ...]]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        cur = conn.execute(query, params)
+        return cur.fetchall() if cur.description else []
+
+
+def command_listeners(url: str) -> list[int]:
+    """The server processes LISTENing for executors' commands."""
+    rows = sql(url, "SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN trioexec_commands'")
+    return [pid for (pid,) in rows]
+
+
+async def until(condition: Callable[[], bool]) -> None:
+    """Until ``condition()`` holds (looked at again every 10 ms; bounded)."""
+    with trio.fail_after(DEADLINE):
+        while not condition():
+            await trio.sleep(0.01)
+
+
+def statuses(url: str, schema: str) -> dict[str, int]:
+    return dict(sql(url, f"SELECT status, count(*) FROM {schema}.executions GROUP BY status"))
+
+
+class Gate:
+    """Tasks that hold their slot until `open` (counting those that started)."""
+
+    def __init__(self) -> None:
+        self.event = trio.Event()
+        self.started = 0
+
+    async def hold(self, i: int) -> int:
+        self.started += 1
+        await self.event.wait()
+        return i
+
+
+GATE = Gate()
+
+
+@trioexec.task(id="held")
+async def held(i: int) -> int:
+    return await GATE.hold(i)
+
+
+@pytest.fixture
+def gate() -> Gate:
+    global GATE
+    GATE = Gate()
+    return GATE
+
+
+async def test_a_cut_listen_connection_is_polled_then_listened_again_and_ends_nothing(
+    server: str, schema: str, gate: Gate
+) -> None:
+    """The connection that LISTENs for commands is ended by the server, and no
+    new one can be opened for a while (the database refuses connections): the
+    executor goes on, polling (a command sent meanwhile is followed), listens
+    again once it can, and its 120 tasks (116 of them pending) all run; none is
+    recorded CANCELLED but the one the command cancelled."""
+    with (
+        PostgresStore(server, schema=schema) as store,
+        PostgresStore(server, schema=schema) as other,  # (its connection open already)
+        # (from another database: one cannot refuse connections to its own)
+        psycopg.connect(server.rsplit("/", 1)[0] + "/template1", autocommit=True) as admin,
+    ):
+
+        def listeners() -> list[int]:
+            rows = admin.execute(
+                "SELECT pid FROM pg_stat_activity WHERE query = 'LISTEN trioexec_commands'"
+            ).fetchall()
+            return [pid for (pid,) in rows]
+
+        async with trioexec.open_executor(store=store, max_concurrent_tasks=4, tasks=[held]) as ex:
+            refs = [await ex.submit(held, i) for i in range(120)]
+            await ex.flush()
+            await until(lambda: len(listeners()) == 1)
+            (first,) = listeners()
+            admin.execute("ALTER DATABASE postgres ALLOW_CONNECTIONS false")
+            try:
+                ended = admin.execute("SELECT pg_terminate_backend(%s, 10000)", (first,))
+                assert ended.fetchall() == [(True,)]
+                other.command("cancel", task_id=refs[-1].task_id, who="operator")
+                assert (await refs[-1].wait()).status is TaskStatus.CANCELLED  # polled
+                assert listeners() == []
+            finally:
+                admin.execute("ALTER DATABASE postgres ALLOW_CONNECTIONS true")
+            await until(lambda: len(listeners()) == 1)  # listening again
+            gate.event.set()
+            done = [await ref.wait() for ref in refs[:-1]]
+        assert {c.status for c in done} == {TaskStatus.COMPLETED}
+        assert [c.result for c in done] == list(range(119))
+    assert statuses(server, schema) == {"completed": 119, "cancelled": 1}
+
+
+async def test_a_store_failure_leaves_the_work_for_an_executor_that_recovers(
+    server: str, schema: str, gate: Gate
+) -> None:
+    """The store fails under an executor (its commands table is gone when it is
+    notified of a command): the block ends with one StoreError, every pending
+    wait() raises it, and no task is recorded CANCELLED for it: the rows stay
+    pending and running, and an executor with recover=True runs every one."""
+    with PostgresStore(server, schema=schema) as store:
+        refs = []
+        with pytest.raises(StoreError, match=r"commands") as caught:
+            async with trioexec.open_executor(
+                store=store, max_concurrent_tasks=4, tasks=[held]
+            ) as ex:
+                refs = [await ex.submit(held, i) for i in range(120)]
+                await ex.flush()
+                await until(lambda: gate.started == 4)
+                sql(server, f"ALTER TABLE {schema}.commands RENAME TO commands_gone")
+                sql(server, "SELECT pg_notify('trioexec_commands', %s)", schema)
+                await trio.sleep_forever()
+        assert schema in str(caught.value)
+        assert statuses(server, schema) == {"pending": 116, "running": 4}
+        for ref in refs:
+            with pytest.raises(StoreError):
+                await ref.wait()
+
+    sql(server, f"ALTER TABLE {schema}.commands_gone RENAME TO commands")
+    gate.event.set()
+    later = PostgresStore(server, schema=schema, clock=lambda: time.time() + 3600)
+    with later:  # (an hour on: the failed executor's lease has lapsed)
+        async with trioexec.open_executor(store=later, tasks=[held], recover=True) as ex:
+            await ex.wait_for_idle()
+    assert statuses(server, schema) == {"completed": 120}
+
+
+async def test_an_executor_rides_out_a_restart(server: str, schema: str, gate: Gate) -> None:
+    """``pg_ctl restart -m fast`` under a running executor (every connection it
+    had is ended): tasks running across the restart complete and are recorded,
+    tasks submitted after it run, and the block ends without an error."""
+    with PostgresStore(server, schema=schema) as store:
+        async with trioexec.open_executor(
+            store=store, max_concurrent_tasks=4, tasks=[held], lease=300
+        ) as ex:
+            across = [await ex.submit(held, i) for i in range(4)]
+            await ex.flush()
+            await until(lambda: gate.started == 4 and len(command_listeners(server)) == 1)
+            await trio.to_thread.run_sync(pg_ctl, server, "restart")
+            gate.event.set()
+            assert [(await ref.wait()).result for ref in across] == [0, 1, 2, 3]
+            after = [await ex.submit(held, i) for i in range(4, 20)]
+            assert [(await ref.wait()).result for ref in after] == list(range(4, 20))
+            await until(lambda: len(command_listeners(server)) == 1)  # listening again
+    assert statuses(server, schema) == {"completed": 20}
+
+
+# ---------------------------------------------------------------- durable workers
+
+
+async def test_one_failure_of_the_store_met_by_several_tasks_is_one_store_error() -> None:
+    """The rule the worker's nurseries (and the executor's) apply: a group of
+    nothing but StoreErrors (several loops met the store's failure at once) comes
+    out as one of them, never as a group."""
+    from trioexec._executor import _one_level
+
+    failures = [StoreError("db: the claim failed"), StoreError("db: the heartbeat failed")]
+
+    async def fail(error: StoreError) -> None:
+        raise error
+
+    with pytest.raises(StoreError) as caught:
+        async with _one_level([]), trio.open_nursery() as nursery:
+            for error in failures:
+                nursery.start_soon(fail, error)
+    assert any(caught.value is error for error in failures)
+    with pytest.raises(ExceptionGroup):  # (a StoreError and something else: both told)
+        async with _one_level([]), trio.open_nursery() as nursery:
+            nursery.start_soon(fail, failures[0])
+            nursery.start_soon(fail, ValueError("another"))
+
+
+def with_password(url: str) -> str:
+    """``url`` with a password (the test server trusts everyone: it is ignored)."""
+    return url.replace("postgres@", "postgres:t0psecret@", 1)
+
+
+async def test_a_durable_worker_rides_out_a_restart(server: str, schema: str) -> None:
+    """A worker and a creator on one database restarted under them: both go on
+    (their connections are opened again), and the tasks created after the
+    restart run."""
+    done: list[int] = []
+    some = trio.Event()
+
+    async def handler(param: int) -> None:
+        done.append(param)
+        if len(done) in (5, 10):
+            some.set()
+
+    with (
+        PostgresStore(server, schema=schema) as store,
+        DurableStore(store) as ds,
+        DurableStore(store) as creator,
+    ):
+        async with open_worker(ds, "w", handler, poll_interval=0.2):
+            for i in range(5):
+                await creator.promises.create(f"a{i}", 60, target="w", data=i)
+            with trio.fail_after(DEADLINE):
+                await some.wait()
+            some = trio.Event()
+            await trio.to_thread.run_sync(pg_ctl, server, "restart")
+            for i in range(5, 10):
+                await creator.promises.create(f"b{i}", 60, target="w", data=i)
+            with trio.fail_after(DEADLINE):
+                await some.wait()
+    assert sorted(done) == list(range(10))
+
+
+async def test_a_durable_worker_under_a_long_outage_raises_one_store_error(
+    server: str, schema: str
+) -> None:
+    """The server stops for longer than the store waits for it (the URL's
+    connect_timeout): the worker's block raises one StoreError (not a group)
+    naming the store, without the password anywhere in its chain."""
+    url = with_password(server) + "?connect_timeout=2"
+
+    async def handler(param: object) -> None:
+        pass
+
+    try:
+        with PostgresStore(url, schema=schema) as store, DurableStore(store) as ds:
+            with trio.fail_after(DEADLINE), pytest.raises(StoreError) as caught:
+                async with open_worker(ds, "w", handler, poll_interval=0.2, lease=5):
+                    await trio.to_thread.run_sync(pg_ctl, server, "stop")
+                    await trio.sleep_forever()
+    finally:
+        pg_ctl(server, "start")
+    assert type(caught.value) is StoreError
+    said = "".join(traceback.format_exception(caught.value))
+    assert "t0psecret" not in said
+    assert f"postgres:***@{server.split('@')[1]}" in str(caught.value)
+    assert f"(schema {schema})" in str(caught.value)
+
+
+# ---------------------------------------------------------------- the worker command
+
+
+class WorkerCommand:
+    """``python -m trioexec worker DB --target w`` on ``outage_handlers:work``
+    (which prints ``DONE <param>``), its stderr merged into the output read."""
+
+    def __init__(self, db: str, cwd: Path) -> None:
+        (cwd / "outage_handlers.py").write_text(
+            "def work(param):\n    print('DONE', param, flush=True)\n    return param\n"
+        )
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trioexec", "worker", db, "--target", "w",
+             "--handlers", "outage_handlers:work", "--lease", "5"],
+            cwd=cwd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+        self.seen: list[str] = []
+        self._buffer = b""
+
+    def until(self, text: str) -> str:
+        """Its output up to its next line containing ``text`` (bounded)."""
+        assert self.proc.stdout is not None
+        fd = self.proc.stdout.fileno()
+        deadline = time.monotonic() + DEADLINE
+        while True:
+            while b"\n" in self._buffer:
+                raw, self._buffer = self._buffer.split(b"\n", 1)
+                self.seen.append(raw.decode(errors="replace"))
+                if text in self.seen[-1]:
+                    return self.seen[-1]
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                pytest.fail(f"no line with {text!r} within {DEADLINE}s: {self.seen!r}")
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                code = self.proc.wait()
+                pytest.fail(f"exited ({code}) before a line with {text!r}: {self.seen!r}")
+            self._buffer += chunk
+
+    def exited(self) -> int:
+        """Its exit code, once it exits (bounded); all its output is in `seen`."""
+        code = self.proc.wait(timeout=DEADLINE)
+        assert self.proc.stdout is not None
+        rest = self._buffer + self.proc.stdout.read()
+        self.seen += rest.decode(errors="replace").splitlines()
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def worker_db(server: str) -> Iterator[str]:
+    """The URL (with a password) a worker command serves, its default schema
+    created; dropped after."""
+    db = with_password(server) + "?connect_timeout=2"
+    PostgresStore(db, schema="trioexec").close()
+    yield db
+    sql(server, "DROP SCHEMA IF EXISTS trioexec CASCADE")
+
+
+def create(db: str, id: str) -> None:
+    async def main() -> None:
+        with DurableStore(db) as ds:
+            await ds.promises.create(id, 60, target="w", data=id)
+
+    trio.run(main)
+
+
+def test_the_worker_command_rides_out_a_restart(
+    server: str, worker_db: str, tmp_path: Path
+) -> None:
+    """``trioexec worker URL`` under ``pg_ctl restart``: it goes on serving (a task
+    created after the restart runs), and stops on SIGTERM as usual."""
+    worker = WorkerCommand(worker_db, tmp_path)
+    try:
+        worker.until("serving")
+        create(worker_db, "before")
+        worker.until("DONE before")
+        pg_ctl(server, "restart")
+        create(worker_db, "after")
+        worker.until("DONE after")
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.exited() == 0, worker.seen
+    finally:
+        worker.close()
+    assert "t0psecret" not in "\n".join(worker.seen)
+
+
+def test_the_worker_command_under_a_long_outage_says_one_line(
+    server: str, worker_db: str, tmp_path: Path
+) -> None:
+    """``trioexec worker URL`` when the server stops for good: it exits 1 with one
+    line naming the store (password masked), no traceback, no exception group."""
+    worker = WorkerCommand(worker_db, tmp_path)
+    try:
+        worker.until("serving")
+        pg_ctl(server, "stop")
+        try:
+            assert worker.exited() == 1
+        finally:
+            pg_ctl(server, "start")
+    finally:
+        worker.close()
+    output = "\n".join(worker.seen)
+    assert "t0psecret" not in output
+    assert "Traceback" not in output
+    assert "ExceptionGroup" not in output
+    errors = [line for line in worker.seen if line.startswith("trioexec: ")]
+    assert len(errors) == 1, output
+    assert "postgres:***@127.0.0.1:" in errors[0], output
+    assert "(schema trioexec)" in errors[0], output
