@@ -448,9 +448,10 @@ class Store(Protocol):
         """Atomically claim the live executions of owners whose lease expired before
         ``now``, oldest first: the re-creatable ones become ``owner``'s (pending,
         version + 1, ``recovery_attempts`` + 1), at most ``limit`` of them; the rest
-        fail ``orphaned`` (but one with no owner, requeued by `requeue`, is left
-        for an executor that can re-create it); past ``max_recovery_attempts``
-        they fail ``abandoned``.
+        fail ``orphaned``; past ``max_recovery_attempts`` they fail ``abandoned``.
+        One with no owner (requeued by `requeue`) is no expiry: it is claimed
+        without counting an attempt, never abandoned, and left for an executor
+        that can re-create it (`_verdict.recovery_verdict` decides for every store).
         Never touches finished rows."""
         ...
 

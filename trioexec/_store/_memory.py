@@ -49,6 +49,7 @@ from ._control import (
 )
 from ._durable_tables import DictTables
 from ._key_ledger import Hold, KeyGrant, KeyRequest, settle
+from ._verdict import Verdict, claimed_attempts, recovery_verdict
 
 
 class MemorySchedules:
@@ -475,15 +476,15 @@ class MemoryStore(MemorySchedules, MemoryControl):
                 if lease is not None and lease >= now:
                     continue
                 record = self._record(row)
-                if row["recovery_attempts"] >= max_recovery_attempts:
+                room = limit is None or len(claimed) < limit
+                verdict = recovery_verdict(record, recreatable(record), max_recovery_attempts, room)
+                if verdict is Verdict.ABANDON:
                     self._fail(row, now, abandoned_error(row["recovery_attempts"]))
                     abandoned.append(self._record(row))
-                elif not recreatable(record):
-                    if record.owner is None:
-                        continue  # requeued (a retry): left for an executor that can re-create it
+                elif verdict is Verdict.ORPHAN:
                     self._fail(row, now, ORPHANED)
                     orphaned.append(self._record(row))
-                elif limit is None or len(claimed) < limit:
+                elif verdict is Verdict.CLAIM:
                     row.update(
                         owner=owner,
                         version=row["version"] + 1,
@@ -491,7 +492,7 @@ class MemoryStore(MemorySchedules, MemoryControl):
                         sub_status=None,
                         deferred_since=None,
                         waiting_on="slot",
-                        recovery_attempts=row["recovery_attempts"] + 1,
+                        recovery_attempts=claimed_attempts(record),
                     )
                     claimed.append(self._record(row))
             return Recovery(claimed, orphaned, abandoned)
