@@ -10,7 +10,7 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
-from .._records import ExecutionRecord, SubStatus, TaskStatus
+from .._records import ExecutionRecord, SubStatus, TaskStatus, stored_float, stored_int
 from ._key_ledger import KeyGrant, KeyRequest
 
 # A change is a plain tuple, cheap to build on the hot path:
@@ -606,13 +606,15 @@ def seconds(value: float | datetime.timedelta) -> float:
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"deferred_longer_than must be seconds or a timedelta, got {value!r}")
-    return float(value)
+    return stored_float("deferred_longer_than", value)
 
 
 def check_query(limit: int | None, order: str) -> None:
     """Refuse a ``limit`` or ``order`` that `Store.executions` cannot honour."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
+    if limit is not None:
+        stored_int("limit", limit, minimum=0)
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
 

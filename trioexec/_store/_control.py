@@ -12,7 +12,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import attrs
 
-from .._records import ExecutionRecord, TaskStatus, check_id
+from .._records import ExecutionRecord, TaskStatus, check_id, stored_float, stored_int
 from ._base import COMMAND_FIELDS, LIVE, Command, Pause, Requeued
 from ._sql import SELECT_RECORDS, record_of
 
@@ -64,9 +64,11 @@ def check_requeue(
     if name is not None:
         check_id("name", name)
     if since is not None:
-        if isinstance(since, bool) or not isinstance(since, int | float) or math.isnan(since):
+        if isinstance(since, bool) or not isinstance(since, int | float):
             raise ValueError(f"since must be seconds (a float) or None, got {since!r}")
-        since = float(since)
+        since = stored_float("since", since)
+        if math.isnan(since):
+            raise ValueError(f"since must be seconds (a float) or None, got {since!r}")
     if task_ids is None:
         return None, name, since  # type: ignore[return-value]
     if isinstance(task_ids, str | bytes) or not isinstance(task_ids, Sequence):
@@ -146,8 +148,11 @@ def check_commands_query(after: object, limit: object) -> None:
     """Refuse an ``after`` or ``limit`` that `Store.commands` cannot honour."""
     if isinstance(after, bool) or not isinstance(after, int) or after < 0:
         raise ValueError(f"after must be an int >= 0 (a command's seq), got {after!r}")
+    stored_int("after", after, minimum=0)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
+    if limit is not None:
+        stored_int("limit", limit, minimum=0)
 
 
 def sorted_pauses(pauses: list[Pause]) -> list[Pause]:

@@ -20,7 +20,7 @@ from typing import final
 import attrs
 
 from .._errors import StoreError
-from .._records import ExecutionRecord, SubStatus, TaskStatus
+from .._records import ExecutionRecord, SubStatus, TaskStatus, stored_float
 from ._base import (
     ORPHANED,
     ROW_COLUMNS,
@@ -118,7 +118,8 @@ class SQLiteStore(SQLControl):
         if busy_timeout is None:
             busy_timeout = READ_ONLY_BUSY_TIMEOUT if read_only else WRITE_BUSY_TIMEOUT
         if isinstance(busy_timeout, bool) or not (
-            isinstance(busy_timeout, int | float) and 0 <= busy_timeout < math.inf
+            isinstance(busy_timeout, int | float)
+            and 0 <= stored_float("busy_timeout", busy_timeout) < math.inf
         ):
             raise ValueError(f"busy_timeout must be seconds >= 0, got {busy_timeout!r}")
         self._db = SQLiteFile(self.path, read_only=read_only, busy_timeout=float(busy_timeout))
