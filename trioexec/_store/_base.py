@@ -369,10 +369,14 @@ class Command:
     `Store.requeue`): every command is kept, whether or not it changed anything.
 
     ``seq`` increases from 1 per store (every process on it sees one order);
-    ``at`` is the store's clock. ``detail`` says what it did, for people:
-    ``"paused"``, ``"already paused"``, ``"resumed"``, ``"not paused"``, ``"sent to
-    its owner <owner>"``, ``"cancelled in the store (no live owner)"``, ``"no such
-    task"``, ``"already finished (<status>)"``, ``"requeued 3, refused 1"``.
+    ``at`` is when it was issued, on the store's clock (for `Executor.pause`, when
+    it was called: it is recorded a moment later). ``detail`` says what it did,
+    for people: ``"paused"``, ``"already paused"``, ``"resumed"``, ``"not
+    paused"``, ``"superseded by a later resume"`` (or pause: issued before the
+    last one applied to its target), ``"sent to its owner <owner>"``,
+    ``"cancelled in the store (no live owner)"``, ``"no such task"``,
+    ``"already finished (<status>)"``, ``"requeued 3, refused 1"``. The log keeps
+    the newest 1,000 commands and those of the last hour (`_control.KEEP_COMMANDS`).
     """
 
     seq: int
@@ -528,8 +532,15 @@ class Store(Protocol):
         key: str | None = None,
         task_id: str | None = None,
         who: str,
+        at: float | None = None,
     ) -> Command:
         """Carry out and record one operator command, in one transaction.
+
+        ``at``: when it was issued, on the store's clock (None: now). Commands
+        apply in the order they were issued: a pause or resume issued before the
+        last one applied to its target changes nothing (its detail says it was
+        superseded), so commands recorded late (an executor records its own
+        from a task, after `Executor.pause` returned) keep their callers' order.
 
         ``"pause"`` / ``"resume"`` (exactly one of ``name``, ``key``): add or remove
         that pause (`pauses`); changed False if it already was (or was not).
@@ -547,7 +558,12 @@ class Store(Protocol):
 
     def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
         """The commands with ``seq > after``, in order, at most ``limit`` (a range of
-        the primary key: cheap to poll)."""
+        the primary key: cheap to poll), of those the log keeps."""
+        ...
+
+    def last_command_seq(self) -> int:
+        """The newest command's seq (0: none yet): where an executor that starts
+        begins to follow the log."""
         ...
 
     def pauses(self) -> list[Pause]:
