@@ -171,8 +171,9 @@ async def test_pause_then_resume_through_two_executors_on_one_sqlite_file_exitin
 def test_pauses_follow_the_issue_order_whatever_the_recording_order(make_store: Any) -> None:
     """Commands issued at distinct times and recorded in any order: what is paused
     is what the last one issued per target says (a model, one store for all the
-    examples: each example uses targets of its own)."""
-    store = make_store()
+    examples: each example uses targets of its own). The issue times are recent
+    on the store's clock: a target resumed over an hour ago is forgotten."""
+    store = make_store(clock=Clock(1_000.0))
     example = [0]
 
     @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -190,7 +191,7 @@ def test_pauses_follow_the_issue_order_whatever_the_recording_order(make_store: 
         order = list(enumerate(issued))
         random.shuffle(order)
         for at, (kind, target) in order:
-            store.command(kind, **{target: value}, who="w", at=float(at))
+            store.command(kind, **{target: value}, who="w", at=990.0 + at)
         last = {target: kind for kind, target in issued}  # (the latest issued wins)
         paused = sorted(t for t, kind in last.items() if kind == "pause")
         assert [p.kind for p in store.pauses() if p.value == value] == paused
