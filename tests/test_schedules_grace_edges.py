@@ -216,11 +216,13 @@ async def test_a_refused_occurrence_says_so_in_a_health_event(autojump_clock: An
     skipped = [e for e in _drain(ex.events) if e.kind is HealthEventKind.SCHEDULE_SKIPPED]
     assert ran == []
     [event] = skipped
-    assert (event.task_id, event.reason) == ("five@2026-01-01T00:05:00Z", "refused")
+    # (issue 30 item 8: a full executor no longer claims it, then refuses it: it
+    # leaves it unclaimed, for another executor on the store that has room)
+    assert (event.task_id, event.reason) == ("five@2026-01-01T00:05:00Z", "no_room")
     assert event.attributes["schedule_id"] == "five"
     assert event.attributes["at"] == at(2026, 1, 1, 0, 5)
-    assert event.attributes["error"].startswith("TaskRejected")
-    # The claim went back: the store's last run is none again, and it may be claimed.
+    assert event.attributes["error"].startswith("no room (overflow=reject, queue_full")
+    # Never claimed: the store's last run is none, and it may be claimed.
     [record] = store.schedules()
     assert record.last_run is None
     assert store.claim_occurrence("five", at(2026, 1, 1, 0, 5), "other", None)

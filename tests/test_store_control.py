@@ -428,7 +428,8 @@ def test_recovery_claims_a_requeued_execution_and_runs_it_as_its_next_attempt(ma
     assert (found.orphaned, found.abandoned) == ([], [])
     [claimed] = found.claimed
     assert claimed.task_id == "dead"
-    assert (claimed.owner, claimed.version, claimed.recovery_attempts) == ("C", 3, 1)
+    # (a requeue is no lease expiry: its claim counts no recovery attempt; issue 30 item 7)
+    assert (claimed.owner, claimed.version, claimed.recovery_attempts) == ("C", 3, 0)
     assert (claimed.status, claimed.attempt, claimed.waiting_on) == (TaskStatus.PENDING, 1, "slot")
     assert store.recover("D", clock.now, lambda r: True, 3).claimed == []  # C's now
     assert (

@@ -440,12 +440,16 @@ class StoresAgree(RuleBasedStateMachine):
                 continue
             if self.lease_held(row.owner, now):
                 continue
-            if row.recovery_attempts >= MAX_RECOVERY_ATTEMPTS:
+            # No owner: requeued by an operator, no lease expired. It is never
+            # failed, and its claim counts no recovery attempt (issue 30 item 7).
+            requeued = row.owner is None
+            can = row.spec_id in REGISTERED and row.args is not None
+            if not requeued and row.recovery_attempts >= MAX_RECOVERY_ATTEMPTS:
                 expected["abandoned"].append(task_id)
                 row.end(TaskStatus.FAILED, now, StartsWith("abandoned"))
-            elif not (row.spec_id in REGISTERED and row.args is not None):
-                if row.owner is None:
-                    continue  # (requeued: left for an executor that can re-create it)
+            elif not can:
+                if requeued:
+                    continue  # (left for an executor that can re-create it)
                 expected["orphaned"].append(task_id)
                 row.end(TaskStatus.FAILED, now, StartsWith("orphaned"))
             elif limit is None or len(expected["claimed"]) < limit:
@@ -453,7 +457,7 @@ class StoresAgree(RuleBasedStateMachine):
                 row.status, row.sub_status, row.deferred_since = TaskStatus.PENDING, None, None
                 row.owner, row.waiting_on = owner, "slot"
                 row.version += 1
-                row.recovery_attempts += 1
+                row.recovery_attempts += 0 if requeued else 1
         result = self.both("recover", owner, now, recreatable, MAX_RECOVERY_ATTEMPTS, limit)
         for field, want in expected.items():
             got = getattr(result, field)

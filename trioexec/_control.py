@@ -4,8 +4,11 @@ Without a store, `Executor.pause` and `Executor.resume` change this executor's
 pauses at once, and that is all. With one, the store holds what is paused, for
 every executor on it: a pause or resume here takes effect here at once and is
 recorded as a command (in order, by one task), and every executor follows the
-store. Each executor reads the commands after the last it has seen
-(`Store.commands`) every `POLL` seconds, or as soon as PostgreSQL notifies it
+store. The call returns before the command is recorded, so another executor's
+command issued after it may be recorded first: each carries the time it was
+issued (`issue_time`), and the store applies pauses and resumes in that order.
+Each executor reads the commands after the last it has seen (`Store.commands`)
+every `POLL` seconds, or as soon as PostgreSQL notifies it
 (``wait_for_command``): a pause or resume re-reads what is paused, a cancel
 stops the task if it runs here, a retry starts a recovery pass now.
 """
@@ -13,12 +16,14 @@ stops the task if it runs here, a retry starts a recovery pass now.
 from __future__ import annotations
 
 import getpass
+import math
 import os
 import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, final
 
 import trio
+from trio.lowlevel import RunVar
 
 from ._errors import ExecutorClosed
 from ._records import check_id
@@ -27,10 +32,33 @@ if TYPE_CHECKING:
     from ._journal import Journal
     from ._lifecycle import Lifecycle
     from ._pending import Pending
-    from ._store import Command
+    from ._store import Command, Store
 
 #: How often an executor reads the store's commands (within a second, as promised).
 POLL = 0.5
+#: The last issue time handed out per database, in this Trio run (`issue_time`).
+_ISSUED: RunVar[dict[object, float]] = RunVar("trioexec_commands_issued")
+
+
+def issue_time(store: Store) -> float:
+    """When a command is issued now: the store's clock, but strictly later than
+    the last command issued on the same database in this Trio run. Two executors
+    of one process on one database then order their callers' commands even when
+    the clock has not moved between the calls (a mock clock, or two calls within
+    its resolution); across processes and hosts, the clocks order them (as the
+    leases already need)."""
+    try:
+        issued = _ISSUED.get()
+    except LookupError:
+        issued = {}
+        _ISSUED.set(issued)
+    database = (type(store).__name__, getattr(store, "path", None) or id(store))
+    at = store.clock()
+    last = issued.get(database)
+    if last is not None and at <= last:
+        at = math.nextafter(last, math.inf)
+    issued[database] = at
+    return at
 
 
 def who_am_i(what: str | None = None) -> str:
@@ -74,7 +102,8 @@ class Control:
         self.keys: set[str] = set()
         self.on_retry: Callable[[], None] = lambda: None  # (recovery's `poke`)
         self._who = who_am_i(f"executor {owner_id[:8]}")
-        self._outbox: list[tuple[str, str, str]] = []  # (command, kind, value) not yet recorded
+        # (command, kind, value, issued at): not recorded yet
+        self._outbox: list[tuple[str, str, str, float]] = []
         self._seq = 0  # the last command seen
         self._wake = trio.Event()
         self.closed = False  # (the executor has: pause and resume raise)
@@ -90,10 +119,11 @@ class Control:
     def _command(self, command: str, targets: list[tuple[str, str]]) -> None:
         if self.closed:
             raise ExecutorClosed(f"cannot {command}: the executor has closed")
+        at = None if self._journal is None else issue_time(self._journal.store)
         for kind, value in targets:
             self._apply(command, kind, value)
-            if self._journal is not None:
-                self._outbox.append((command, kind, value))
+            if at is not None:
+                self._outbox.append((command, kind, value, at))
         self._changed()
         self._wake.set()
 
@@ -111,11 +141,10 @@ class Control:
 
     async def load(self) -> None:
         """Take what the store has paused, and start after its last command
-        (before any task starts)."""
+        (before any task starts): two short reads, however long the log."""
         journal = self._journal
         assert journal is not None
-        commands = await journal.call(journal.store.commands, 0)
-        self._seq = commands[-1].seq if commands else 0
+        self._seq = await journal.call(journal.store.last_command_seq)
         await self._sync()
 
     async def _sync(self) -> None:
@@ -125,7 +154,7 @@ class Control:
         pauses = await journal.call(journal.store.pauses)
         self.names = {p.value for p in pauses if p.kind == "name"}
         self.keys = {p.value for p in pauses if p.kind == "key"}
-        for command, kind, value in self._outbox:
+        for command, kind, value, _ in self._outbox:
             self._apply(command, kind, value)
         self._changed()
 
@@ -151,14 +180,15 @@ class Control:
         journal = self._journal
         assert journal is not None
         while self._outbox:
-            command, kind, value = self._outbox.pop(0)  # (taken first: recorded once)
-            await journal.call(self._record, command, kind, value)
+            command, kind, value, at = self._outbox.pop(0)  # (taken first: recorded once)
+            await journal.call(self._record, command, kind, value, at)
 
-    def _record(self, command: str, kind: str, value: str) -> None:
-        """Record one of this executor's commands (in the store's thread)."""
+    def _record(self, command: str, kind: str, value: str, at: float) -> None:
+        """Record one of this executor's commands, issued at ``at`` (in the
+        store's thread)."""
         assert self._journal is not None
-        target = {kind: value}
-        self._journal.store.command(command, who=self._who, **target)
+        name, key = (value, None) if kind == "name" else (None, value)
+        self._journal.store.command(command, name=name, key=key, who=self._who, at=at)
 
     async def follow(self, commands: list[Command]) -> None:
         """Act on ``commands`` (new, in order)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from typing import TYPE_CHECKING, Any, Generic
 
 import attrs
@@ -73,6 +74,51 @@ def storable_text(text: str) -> str:
     if len(text) > MAX_TEXT:
         text = f"{text[:MAX_TEXT]}... ({len(text) - MAX_TEXT} more characters)"
     return text
+
+
+#: The range a 64-bit signed integer column holds (SQLite's INTEGER, PostgreSQL's
+#: bigint): every int a store keeps or compares in SQL is within it.
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _number(value: object) -> str:
+    """``repr(value)``, short for an int of hundreds of digits (whose ``repr``
+    may even raise: Python converts at most 4,300 digits)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        sign = "a negative" if value < 0 else "an"
+        return f"{sign} int of {math.floor(math.log10(abs(value))) + 1} digits"
+    return safe_repr(value)
+
+
+def stored_int(what: str, value: object, *, minimum: int = INT64_MIN) -> int:
+    """``value`` if it is an int (not a bool) from ``minimum`` to 2**63 - 1, as a
+    64-bit column holds it: the one check of every int that reaches a store
+    (``after=``, ``limit=``, a version). Raises ValueError naming ``what`` and
+    the value."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{what} must be an int, got {_number(value)}")
+    if not minimum <= value <= INT64_MAX:
+        lowest = "-2**63" if minimum == INT64_MIN else str(minimum)
+        raise ValueError(f"{what} must be an int from {lowest} to 2**63 - 1, got {_number(value)}")
+    return value
+
+
+def stored_float(what: str, value: object) -> float:
+    """``value`` (an int or a float, not a bool) as the float a store keeps
+    (REAL, double precision): the one conversion of every number of seconds or
+    time that reaches a store (``since=``, ``timeout``, ``ttl``...), before the
+    caller checks its range (NaN and infinities are floats: the caller's range
+    refuses them where they mean nothing). An int no float can hold
+    (``10**400``) raises ValueError naming ``what`` and the value, as a
+    non-number does."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number of seconds, got {_number(value)}")
+    try:
+        return float(value)
+    except OverflowError:
+        raise ValueError(
+            f"{what} is too large for a float (a number of seconds), got {_number(value)}"
+        ) from None
 
 
 class Overflow(enum.StrEnum):

@@ -10,10 +10,13 @@ Each occurrence runs as a task with the id ``"<schedule id>@<time, UTC, ISO 8601
 With a store, an executor claims the occurrence in the store (one insert keyed by
 schedule id and time, `Store.claim_occurrence`) before it submits it, so of the
 executors sharing a store one runs it. The claim, not the execution row, decides:
-a task can start before its submission is durable. A claimed occurrence that this
-executor does not submit after all (refused, or it closed or was cancelled while
-waiting for room) is released (`Store.release_occurrence`), so another executor
-on the store may still run it.
+a task can start before its submission is durable. An executor claims only an
+occurrence it has room for (or, under ``BLOCK``, will wait for room for): full
+under a refusing policy, it leaves the occurrence unclaimed for another executor
+on the store (a ``schedule_skipped`` event, reason ``no_room``). A claimed
+occurrence that this executor does not submit after all (refused, or it closed or
+was cancelled while waiting for room) is released (`Store.release_occurrence`),
+so another executor on the store may still run it.
 
 The wait for an occurrence sleeps at most `MAX_SLEEP` at a time and reads the
 wall clock again: a wall clock that steps forward (NTP, a resumed VM) delays an
@@ -32,6 +35,7 @@ import attrs
 import trio
 from cronsim import CronSim, CronSimError
 
+from ._admission import Admit, rejection_reason
 from ._errors import ExecutorClosed, TaskRejected
 from ._events import HealthEventKind
 from ._records import MAX_ID_LENGTH, check_id
@@ -289,10 +293,42 @@ class Schedules:
         journal = core.journal
         task_id = occurrence_task_id(schedule.schedule_id, at)
         if journal is not None:
-            won = await journal.call(
-                journal.store.claim_occurrence, schedule.schedule_id, at, core.owner_id, following
-            )
+            # Claim only what this executor can take: with no room here under a
+            # refusing policy, the occurrence is left unclaimed for another
+            # executor on the store (claimed, then refused or dropped, it was lost
+            # to one that had room). A place is held back while the claim is
+            # made, so that the submission right after it finds it.
+            gate = core.gate
+            decision = gate.decide(True)
+            if decision not in (Admit.ACCEPT, Admit.WAIT, Admit.DROP_OLDEST):
+                tally = core.tally
+                reason = rejection_reason(decision, gate.overflow, backlogged=gate.backlogged())
+                self._skipped(
+                    schedule,
+                    task_id,
+                    at,
+                    "no_room",
+                    f"no room (overflow={gate.overflow.value}, {reason}: {tally.queue_depth}"
+                    f" pending, {tally.active_count} active, {tally.deferred_count} deferred,"
+                    f" capacity {gate.capacity}): left unclaimed for another executor on the store",
+                )
+                await trio.lowlevel.checkpoint()
+                return False
+            held = 1 if decision is Admit.ACCEPT else 0
+            gate.reserved += held
+            try:
+                won = await journal.call(
+                    journal.store.claim_occurrence,
+                    schedule.schedule_id,
+                    at,
+                    core.owner_id,
+                    following,
+                )
+            finally:
+                gate.reserved -= held
             if not won:
+                if held:
+                    gate.wake_next()  # (the place held back is free again)
                 return False  # another executor on the store runs it
         try:
             await self._submit(schedule._spec, *schedule._args, task_id=task_id)
@@ -308,16 +344,7 @@ class Schedules:
             if not in_use:
                 await self._release(schedule, at)
             reason = "task_id_in_use" if in_use else "refused"
-            core.events.publish(
-                HealthEventKind.SCHEDULE_SKIPPED,
-                task_id,
-                reason=reason,
-                attributes={
-                    "schedule_id": schedule.schedule_id,
-                    "at": at,
-                    "error": f"{type(exc).__name__}: {exc}",
-                },
-            )
+            self._skipped(schedule, task_id, at, reason, f"{type(exc).__name__}: {exc}")
             await trio.lowlevel.checkpoint()  # (submit refuses before its first yield)
             return False
         except BaseException:  # cancelled while it waited for room
@@ -326,6 +353,16 @@ class Schedules:
             raise
         schedule.last_run = at
         return False
+
+    def _skipped(
+        self, schedule: Schedule, task_id: str, at: float, reason: str, error: str
+    ) -> None:
+        self._core.events.publish(
+            HealthEventKind.SCHEDULE_SKIPPED,
+            task_id,
+            reason=reason,
+            attributes={"schedule_id": schedule.schedule_id, "at": at, "error": error},
+        )
 
     def _in_use(self, task_id: str) -> bool:
         core = self._core

@@ -10,7 +10,7 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
-from .._records import ExecutionRecord, SubStatus, TaskStatus
+from .._records import ExecutionRecord, SubStatus, TaskStatus, stored_float, stored_int
 from ._key_ledger import KeyGrant, KeyRequest
 
 # A change is a plain tuple, cheap to build on the hot path:
@@ -369,10 +369,14 @@ class Command:
     `Store.requeue`): every command is kept, whether or not it changed anything.
 
     ``seq`` increases from 1 per store (every process on it sees one order);
-    ``at`` is the store's clock. ``detail`` says what it did, for people:
-    ``"paused"``, ``"already paused"``, ``"resumed"``, ``"not paused"``, ``"sent to
-    its owner <owner>"``, ``"cancelled in the store (no live owner)"``, ``"no such
-    task"``, ``"already finished (<status>)"``, ``"requeued 3, refused 1"``.
+    ``at`` is when it was issued, on the store's clock (for `Executor.pause`, when
+    it was called: it is recorded a moment later). ``detail`` says what it did,
+    for people: ``"paused"``, ``"already paused"``, ``"resumed"``, ``"not
+    paused"``, ``"superseded by a later resume"`` (or pause: issued before the
+    last one applied to its target), ``"sent to its owner <owner>"``,
+    ``"cancelled in the store (no live owner)"``, ``"no such task"``,
+    ``"already finished (<status>)"``, ``"requeued 3, refused 1"``. The log keeps
+    the newest 1,000 commands and those of the last hour (`_control.KEEP_COMMANDS`).
     """
 
     seq: int
@@ -448,9 +452,10 @@ class Store(Protocol):
         """Atomically claim the live executions of owners whose lease expired before
         ``now``, oldest first: the re-creatable ones become ``owner``'s (pending,
         version + 1, ``recovery_attempts`` + 1), at most ``limit`` of them; the rest
-        fail ``orphaned`` (but one with no owner, requeued by `requeue`, is left
-        for an executor that can re-create it); past ``max_recovery_attempts``
-        they fail ``abandoned``.
+        fail ``orphaned``; past ``max_recovery_attempts`` they fail ``abandoned``.
+        One with no owner (requeued by `requeue`) is no expiry: it is claimed
+        without counting an attempt, never abandoned, and left for an executor
+        that can re-create it (`_verdict.recovery_verdict` decides for every store).
         Never touches finished rows."""
         ...
 
@@ -527,8 +532,15 @@ class Store(Protocol):
         key: str | None = None,
         task_id: str | None = None,
         who: str,
+        at: float | None = None,
     ) -> Command:
         """Carry out and record one operator command, in one transaction.
+
+        ``at``: when it was issued, on the store's clock (None: now). Commands
+        apply in the order they were issued: a pause or resume issued before the
+        last one applied to its target changes nothing (its detail says it was
+        superseded), so commands recorded late (an executor records its own
+        from a task, after `Executor.pause` returned) keep their callers' order.
 
         ``"pause"`` / ``"resume"`` (exactly one of ``name``, ``key``): add or remove
         that pause (`pauses`); changed False if it already was (or was not).
@@ -546,7 +558,12 @@ class Store(Protocol):
 
     def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
         """The commands with ``seq > after``, in order, at most ``limit`` (a range of
-        the primary key: cheap to poll)."""
+        the primary key: cheap to poll), of those the log keeps."""
+        ...
+
+    def last_command_seq(self) -> int:
+        """The newest command's seq (0: none yet): where an executor that starts
+        begins to follow the log."""
         ...
 
     def pauses(self) -> list[Pause]:
@@ -605,13 +622,15 @@ def seconds(value: float | datetime.timedelta) -> float:
         return value.total_seconds()
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"deferred_longer_than must be seconds or a timedelta, got {value!r}")
-    return float(value)
+    return stored_float("deferred_longer_than", value)
 
 
 def check_query(limit: int | None, order: str) -> None:
     """Refuse a ``limit`` or ``order`` that `Store.executions` cannot honour."""
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
+    if limit is not None:
+        stored_int("limit", limit, minimum=0)
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
 

@@ -1,7 +1,23 @@
 """Operator commands (pause, resume, cancel) and dead letters sent back to pending
-(requeue): the rules every store follows (`check_command`, `cancel_plan`,
-`requeue_refusal`), and the SQL the two SQL stores share, written once with the
-placeholder (``?`` or ``%s``) as a parameter, like `settle_key`."""
+(requeue): the rules every store follows (`check_command`, `pause_turn`,
+`cancel_plan`, `requeue_refusal`, `prune_bounds`), and the SQL the two SQL stores
+share, written once with the placeholder (``?`` or ``%s``) as a parameter, like
+`settle_key`.
+
+**Order.** A command is applied in the order it was issued, not the order it was
+recorded: an executor records its pauses and resumes from a task of its own,
+after the call returned, so two executors' commands may reach the store in
+either order. Each carries its issue time (``at``); a pause or resume issued
+before the last one applied to its target changes nothing. So the pauses table
+keeps a row per target also once resumed (``paused`` false), with the issue time
+of the latest pause or resume applied to it (``latest``).
+
+**Retention.** The commands log keeps the newest `KEEP_COMMANDS` commands and
+every command of the last `KEEP_SECONDS` (what ``trioexec commands``, the
+dashboard and an executor polling for new ones read); older ones are deleted as
+new ones are recorded, and so are the rows of targets resumed that long ago.
+An executor reads only the newest seq and the pauses when it starts.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +28,7 @@ from typing import Any, ClassVar, Literal, Protocol
 
 import attrs
 
-from .._records import ExecutionRecord, TaskStatus, check_id
+from .._records import ExecutionRecord, TaskStatus, check_id, stored_float, stored_int
 from ._base import COMMAND_FIELDS, LIVE, Command, Pause, Requeued
 from ._sql import SELECT_RECORDS, record_of
 
@@ -25,6 +41,12 @@ NOT_RECREATABLE = (
     "not re-creatable: submitted without a registered TaskSpec or with arguments that are not JSON"
 )
 A_STEP = "a workflow step: resume its run"
+#: The commands log keeps at least the newest this many commands...
+KEEP_COMMANDS = 1_000
+#: ...and every command issued in the last this many seconds (store's clock).
+KEEP_SECONDS = 3_600.0
+#: Old commands are deleted when a seq that is a multiple of this is recorded.
+PRUNE_EVERY = 100
 
 
 def check_command(
@@ -55,6 +77,57 @@ def check_command(
     raise ValueError(f"kind must be 'pause', 'resume' or 'cancel', got {kind!r}{hint}")
 
 
+def check_issued(at: object) -> float | None:
+    """A command's issue time (`Store.command`'s ``at``): None (now), or a finite
+    number of seconds on the store's clock. Raises ValueError naming it."""
+    if at is None:
+        return None
+    issued = stored_float("at", at)
+    if not math.isfinite(issued):
+        raise ValueError(f"at must be a finite time in seconds (the store's clock), got {at!r}")
+    return issued
+
+
+@attrs.frozen(kw_only=True)
+class PauseRow:
+    """A row of the pauses table: a target paused now, or resumed (kept to order
+    the commands that arrive late, until `prune_bounds` lets it go)."""
+
+    paused: bool
+    who: str  #: who paused it (the first pause of this pause), or resumed it
+    at: float  #: when that was issued
+    latest: float  #: the issue time of the latest pause or resume applied to it
+
+
+def pause_turn(
+    row: PauseRow | None, kind: str, who: str, at: float
+) -> tuple[PauseRow | None, bool, str]:
+    """A pause or resume (``kind``) issued by ``who`` at ``at``, against its
+    target's row (None: none yet): (the row to write, None to leave it as it
+    is; changed; the command's detail). One issued before the latest one
+    applied changes nothing; at the same instant, the one recorded later wins."""
+    if row is not None and at < row.latest:
+        return None, False, f"superseded by a later {'pause' if row.paused else 'resume'}"
+    if kind == "pause":
+        if row is not None and row.paused:
+            return attrs.evolve(row, latest=at), False, "already paused"
+        return PauseRow(paused=True, who=who, at=at, latest=at), True, "paused"
+    if row is not None and row.paused:
+        return PauseRow(paused=False, who=who, at=at, latest=at), True, "resumed"
+    if row is None:  # never paused: a row all the same, to order a pause issued before it
+        return PauseRow(paused=False, who=who, at=at, latest=at), False, "not paused"
+    return attrs.evolve(row, latest=at), False, "not paused"
+
+
+def prune_bounds(seq: int, now: float) -> tuple[int, float] | None:
+    """After recording command ``seq`` at ``now``: None, or the commands to delete
+    (seq at most the first, issued before the second) and the resumed targets
+    to forget (their latest command issued before the second)."""
+    if seq % PRUNE_EVERY:
+        return None
+    return seq - KEEP_COMMANDS, now - KEEP_SECONDS
+
+
 def check_requeue(
     task_ids: object, name: object, since: object, who: object
 ) -> tuple[list[str] | None, str | None, float | None]:
@@ -64,9 +137,11 @@ def check_requeue(
     if name is not None:
         check_id("name", name)
     if since is not None:
-        if isinstance(since, bool) or not isinstance(since, int | float) or math.isnan(since):
+        if isinstance(since, bool) or not isinstance(since, int | float):
             raise ValueError(f"since must be seconds (a float) or None, got {since!r}")
-        since = float(since)
+        since = stored_float("since", since)
+        if math.isnan(since):
+            raise ValueError(f"since must be seconds (a float) or None, got {since!r}")
     if task_ids is None:
         return None, name, since  # type: ignore[return-value]
     if isinstance(task_ids, str | bytes) or not isinstance(task_ids, Sequence):
@@ -146,8 +221,11 @@ def check_commands_query(after: object, limit: object) -> None:
     """Refuse an ``after`` or ``limit`` that `Store.commands` cannot honour."""
     if isinstance(after, bool) or not isinstance(after, int) or after < 0:
         raise ValueError(f"after must be an int >= 0 (a command's seq), got {after!r}")
+    stored_int("after", after, minimum=0)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
         raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
+    if limit is not None:
+        stored_int("limit", limit, minimum=0)
 
 
 def sorted_pauses(pauses: list[Pause]) -> list[Pause]:
@@ -172,16 +250,25 @@ def command_of(row: Sequence[Any]) -> Command:
     return Command(**values)
 
 
-def append_command(conn: Any, mark: str, now: float, who: str, **fields: Any) -> Command:
-    """Append one command (``fields``: kind, name, key, task_id, changed, detail)."""
-    values = {"name": None, "key": None, "task_id": None, **fields, "who": who, "at": now}
+def append_command(
+    conn: Any, mark: str, now: float, who: str, *, issued: float | None = None, **fields: Any
+) -> Command:
+    """Append one command (``fields``: kind, name, key, task_id, changed, detail),
+    issued at ``issued`` (None: ``now``), and delete what `prune_bounds` says."""
+    at = now if issued is None else issued
+    values = {"name": None, "key": None, "task_id": None, **fields, "who": who, "at": at}
     columns = [c for c in COMMAND_FIELDS if c != "seq"]
     row = conn.execute(
         f"INSERT INTO commands ({', '.join(columns)})"
         f" VALUES ({', '.join([mark] * len(columns))}) RETURNING seq",
         [values[c] for c in columns],
     ).fetchone()
-    return Command(seq=int(row[0]), **values)
+    seq = int(row[0])
+    bounds = prune_bounds(seq, now)
+    if bounds is not None:  # (a range of the primary key, then a small table)
+        conn.execute(f"DELETE FROM commands WHERE seq <= {mark} AND at < {mark}", bounds)
+        conn.execute(f"DELETE FROM pauses WHERE NOT paused AND latest < {mark}", (bounds[1],))
+    return Command(seq=seq, **values)
 
 
 def sql_command(
@@ -194,39 +281,46 @@ def sql_command(
     key: str | None,
     task_id: str | None,
     who: str,
+    issued: float | None = None,
     *,
     lock: str = "",
 ) -> Command:
-    """`Store.command` in a SQL store's transaction (``conn``), at ``now``;
-    ``where`` names the store in errors; ``lock`` locks the task's row (PostgreSQL:
-    ``" FOR UPDATE OF e"``; SQLite's write transaction holds the whole file)."""
+    """`Store.command` in a SQL store's transaction (``conn``), at ``now``, issued
+    at ``issued`` (None: now); ``where`` names the store in errors; ``lock`` locks
+    the task's row (PostgreSQL: ``" FOR UPDATE OF e"``; SQLite's write transaction
+    holds the whole file)."""
     m = mark
     pause = check_command(kind, name, key, task_id, who)
     if pause is not None:
-        if kind == "pause":
-            changed = (
-                int(
-                    conn.execute(
-                        f"INSERT INTO pauses (kind, value, who, at) VALUES ({m}, {m}, {m}, {m})"
-                        " ON CONFLICT (kind, value) DO NOTHING",
-                        (*pause, who, now),
-                    ).rowcount
-                )
-                == 1
+        at = now if issued is None else issued
+        found = conn.execute(
+            f"SELECT paused, who, at, latest FROM pauses WHERE kind = {m} AND value = {m}", pause
+        ).fetchone()
+        row = (
+            None
+            if found is None
+            else PauseRow(paused=bool(found[0]), who=found[1], at=found[2], latest=found[3])
+        )
+        new, changed, detail = pause_turn(row, kind, who, at)
+        if new is not None:
+            conn.execute(
+                "INSERT INTO pauses (kind, value, who, at, paused, latest)"
+                f" VALUES ({m}, {m}, {m}, {m}, {m}, {m}) ON CONFLICT (kind, value) DO UPDATE"
+                " SET who = excluded.who, at = excluded.at, paused = excluded.paused,"
+                " latest = excluded.latest",
+                (*pause, new.who, new.at, new.paused, new.latest),
             )
-            detail = "paused" if changed else "already paused"
-        else:
-            changed = (
-                int(
-                    conn.execute(
-                        f"DELETE FROM pauses WHERE kind = {m} AND value = {m}", pause
-                    ).rowcount
-                )
-                == 1
-            )
-            detail = "resumed" if changed else "not paused"
         return append_command(
-            conn, m, now, who, kind=kind, name=name, key=key, changed=changed, detail=detail
+            conn,
+            m,
+            now,
+            who,
+            issued=at,
+            kind=kind,
+            name=name,
+            key=key,
+            changed=changed,
+            detail=detail,
         )
     row = conn.execute(f"{SELECT_RECORDS} WHERE e.task_id = {m}{lock}", (task_id,)).fetchone()
     record = None if row is None else record_of(row, where)
@@ -240,7 +334,15 @@ def sql_command(
             (now, cancelled_by(who), record.task_id, record.version),
         )
     return append_command(
-        conn, m, now, who, kind="cancel", task_id=task_id, changed=changed, detail=detail
+        conn,
+        m,
+        now,
+        who,
+        issued=issued,
+        kind="cancel",
+        task_id=task_id,
+        changed=changed,
+        detail=detail,
     )
 
 
@@ -310,8 +412,8 @@ def sql_commands(conn: Any, mark: str, after: int, limit: int | None) -> list[Co
 
 
 def sql_pauses(conn: Any) -> list[Pause]:
-    """`Store.pauses`: the pauses table."""
-    rows = conn.execute("SELECT kind, value, who, at FROM pauses").fetchall()
+    """`Store.pauses`: the pauses table's paused rows."""
+    rows = conn.execute("SELECT kind, value, who, at FROM pauses WHERE paused").fetchall()
     return sorted_pauses([Pause(kind=k, value=v, who=w, at=a) for k, v, w, a in rows])
 
 
@@ -361,13 +463,25 @@ class SQLControl:
         key: str | None = None,
         task_id: str | None = None,
         who: str,
+        at: float | None = None,
     ) -> Command:
         """See `Store.command`: one write transaction."""
         check_command(kind, name, key, task_id, who)  # (before waiting for the lock)
+        issued = check_issued(at)
         with self._commanding("record a command") as conn:
             now = self.clock()  # (its turn taken: commands see the clock in order)
             return sql_command(
-                conn, self._MARK, self.path, now, kind, name, key, task_id, who, lock=self._LOCK_ROW
+                conn,
+                self._MARK,
+                self.path,
+                now,
+                kind,
+                name,
+                key,
+                task_id,
+                who,
+                issued,
+                lock=self._LOCK_ROW,
             )
 
     def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
@@ -375,6 +489,12 @@ class SQLControl:
         check_commands_query(after, limit)
         with self._db.reading("query commands") as conn:
             return sql_commands(conn, self._MARK, after, limit)
+
+    def last_command_seq(self) -> int:
+        """See `Store.last_command_seq`: the primary key's end."""
+        with self._db.reading("query commands") as conn:
+            row = conn.execute("SELECT max(seq) FROM commands").fetchone()
+        return 0 if row is None or row[0] is None else int(row[0])
 
     def pauses(self) -> list[Pause]:
         """See `Store.pauses`."""

@@ -3,6 +3,7 @@ as `SQLiteStore` (a state-machine test holds them side by side)."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import datetime
 import threading
@@ -38,17 +39,22 @@ from ._base import (
     seconds,
 )
 from ._control import (
+    PauseRow,
     cancel_plan,
     cancelled_by,
     check_command,
     check_commands_query,
+    check_issued,
     check_requeue,
+    pause_turn,
+    prune_bounds,
     requeue_refusal,
     retry_fields,
     sorted_pauses,
 )
 from ._durable_tables import DictTables
 from ._key_ledger import Hold, KeyGrant, KeyRequest, settle
+from ._verdict import Verdict, claimed_attempts, recovery_verdict
 
 
 class MemorySchedules:
@@ -120,8 +126,9 @@ class MemoryControl:
     clock: Callable[[], float]
 
     def __init__(self) -> None:
-        self._commands: list[Command] = []  # seq n is self._commands[n - 1]
-        self._pauses: dict[tuple[str, str], Pause] = {}
+        self._commands: list[Command] = []  # those kept, by seq
+        self._seq = 0  # the last seq handed out
+        self._pauses: dict[tuple[str, str], PauseRow] = {}  # (kind, value) -> its row
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
@@ -133,10 +140,20 @@ class MemoryControl:
     def _record(self, row: dict[str, Any]) -> ExecutionRecord:
         return ExecutionRecord(**row, lease_expires_at=self._owners.get(row["owner"]))
 
-    def _append(self, now: float, who: str, **fields: Any) -> Command:
+    def _append(self, now: float, who: str, issued: float | None = None, **fields: Any) -> Command:
         values = {"name": None, "key": None, "task_id": None, **fields}
-        command = Command(seq=len(self._commands) + 1, who=who, at=now, **values)
+        self._seq += 1
+        at = now if issued is None else issued
+        command = Command(seq=self._seq, who=who, at=at, **values)
         self._commands.append(command)
+        bounds = prune_bounds(self._seq, now)
+        if bounds is not None:
+            upto, before = bounds
+            self._commands = [c for c in self._commands if c.seq > upto or c.at >= before]
+            for target in [
+                t for t, r in self._pauses.items() if not r.paused and r.latest < before
+            ]:
+                del self._pauses[target]
         return command
 
     def command(
@@ -147,26 +164,19 @@ class MemoryControl:
         key: str | None = None,
         task_id: str | None = None,
         who: str,
+        at: float | None = None,
     ) -> Command:
         pause = check_command(kind, name, key, task_id, who)
+        issued = check_issued(at)
         with self._locked():
             now = self.clock()
             if pause is not None:
-                if kind == "pause":
-                    changed = pause not in self._pauses
-                    if changed:
-                        self._pauses[pause] = Pause(
-                            kind=pause[0],  # type: ignore[arg-type]
-                            value=pause[1],
-                            who=who,
-                            at=now,
-                        )
-                    detail = "paused" if changed else "already paused"
-                else:
-                    changed = self._pauses.pop(pause, None) is not None
-                    detail = "resumed" if changed else "not paused"
+                at = now if issued is None else issued
+                new, changed, detail = pause_turn(self._pauses.get(pause), kind, who, at)
+                if new is not None:
+                    self._pauses[pause] = new
                 return self._append(
-                    now, who, kind=kind, name=name, key=key, changed=changed, detail=detail
+                    now, who, at, kind=kind, name=name, key=key, changed=changed, detail=detail
                 )
             assert task_id is not None
             row = self._rows.get(task_id)
@@ -184,17 +194,28 @@ class MemoryControl:
                     error=cancelled_by(who),
                 )
             return self._append(
-                now, who, kind="cancel", task_id=task_id, changed=changed, detail=detail
+                now, who, issued, kind="cancel", task_id=task_id, changed=changed, detail=detail
             )
 
     def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
         check_commands_query(after, limit)
         with self._locked():
-            return self._commands[after : None if limit is None else after + limit]
+            start = bisect.bisect_right(self._commands, after, key=lambda c: c.seq)
+            return self._commands[start : None if limit is None else start + limit]
+
+    def last_command_seq(self) -> int:
+        with self._locked():
+            return self._seq
 
     def pauses(self) -> list[Pause]:
         with self._locked():
-            return sorted_pauses(list(self._pauses.values()))
+            return sorted_pauses(
+                [
+                    Pause(kind=kind, value=value, who=row.who, at=row.at)  # type: ignore[arg-type]
+                    for (kind, value), row in self._pauses.items()
+                    if row.paused
+                ]
+            )
 
     def requeue(
         self,
@@ -475,15 +496,15 @@ class MemoryStore(MemorySchedules, MemoryControl):
                 if lease is not None and lease >= now:
                     continue
                 record = self._record(row)
-                if row["recovery_attempts"] >= max_recovery_attempts:
+                room = limit is None or len(claimed) < limit
+                verdict = recovery_verdict(record, recreatable(record), max_recovery_attempts, room)
+                if verdict is Verdict.ABANDON:
                     self._fail(row, now, abandoned_error(row["recovery_attempts"]))
                     abandoned.append(self._record(row))
-                elif not recreatable(record):
-                    if record.owner is None:
-                        continue  # requeued (a retry): left for an executor that can re-create it
+                elif verdict is Verdict.ORPHAN:
                     self._fail(row, now, ORPHANED)
                     orphaned.append(self._record(row))
-                elif limit is None or len(claimed) < limit:
+                elif verdict is Verdict.CLAIM:
                     row.update(
                         owner=owner,
                         version=row["version"] + 1,
@@ -491,7 +512,7 @@ class MemoryStore(MemorySchedules, MemoryControl):
                         sub_status=None,
                         deferred_since=None,
                         waiting_on="slot",
-                        recovery_attempts=row["recovery_attempts"] + 1,
+                        recovery_attempts=claimed_attempts(record),
                     )
                     claimed.append(self._record(row))
             return Recovery(claimed, orphaned, abandoned)

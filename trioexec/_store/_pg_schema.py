@@ -213,6 +213,15 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE workflow_runs ADD COLUMN graph text;
     CREATE INDEX workflow_runs_created ON workflow_runs (created_at, run_id);
     """,
+    # 9: commands apply in the order they were issued (`_control.pause_turn`): a
+    # target keeps its row once resumed (paused false), with the issue time of
+    # the latest pause or resume applied to it; old commands and resumed
+    # targets are deleted as new commands are recorded (a range of the key).
+    """
+    ALTER TABLE pauses ADD COLUMN paused boolean NOT NULL DEFAULT true,
+        ADD COLUMN latest double precision NOT NULL DEFAULT 0;
+    UPDATE pauses SET latest = at;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

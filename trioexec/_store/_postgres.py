@@ -47,6 +47,7 @@ from ._durable_pg import PostgresTables
 from ._key_ledger import KeyGrant, KeyRequest
 from ._pg_conn import Connection, PGDatabase, redact
 from ._sql import SELECT_RECORDS, filter_clause, record_of, settle_key, write_lease
+from ._verdict import Verdict, claimed_attempts, recovery_verdict
 
 _SELECT = SELECT_RECORDS
 _RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
@@ -354,31 +355,32 @@ class PostgresStore(SQLControl):
                 f"{_SELECT} WHERE e.task_id = ANY(%s) AND{expired} ORDER BY e.seq",
                 ([r[0] for r in locked], owner, now),
             ).fetchall()
-            claim: list[str] = []
+            claim: dict[str, int] = {}  # task id -> its recovery attempts once claimed
             for row in rows:
                 record = record_of(row, self.path)
-                if record.recovery_attempts >= max_recovery_attempts:
+                room = limit is None or len(claim) < limit
+                verdict = recovery_verdict(record, recreatable(record), max_recovery_attempts, room)
+                if verdict is Verdict.ABANDON:
                     self._fail(conn, record, now, abandoned_error(record.recovery_attempts))
                     abandoned.append(self._one(conn, record.task_id))
-                elif not recreatable(record):
-                    if record.owner is None:
-                        continue  # requeued (a retry): left for an executor that can re-create it
+                elif verdict is Verdict.ORPHAN:
                     self._fail(conn, record, now, ORPHANED)
                     orphaned.append(self._one(conn, record.task_id))
-                elif limit is None or len(claim) < limit:
-                    claim.append(record.task_id)
+                elif verdict is Verdict.CLAIM:
+                    claim[record.task_id] = claimed_attempts(record)
             if claim:  # in two statements, not two per row (they are locked: ours)
                 conn.execute(
-                    "UPDATE executions SET owner = %s, version = version + 1,"
+                    "UPDATE executions e SET owner = %s, version = version + 1,"
                     " status = 'pending', sub_status = NULL, deferred_since = NULL,"
-                    " waiting_on = 'slot', recovery_attempts = recovery_attempts + 1"
-                    " WHERE task_id = ANY(%s)",
-                    (owner, claim),
+                    " waiting_on = 'slot', recovery_attempts = c.n"
+                    " FROM unnest(%s::text[], %s::integer[]) AS c(task_id, n)"
+                    " WHERE e.task_id = c.task_id",
+                    (owner, list(claim), list(claim.values())),
                 )
                 claimed = [
                     record_of(row, self.path)
                     for row in conn.execute(
-                        f"{_SELECT} WHERE e.task_id = ANY(%s) ORDER BY e.seq", (claim,)
+                        f"{_SELECT} WHERE e.task_id = ANY(%s) ORDER BY e.seq", (list(claim),)
                     )
                 ]
         return Recovery(claimed, orphaned, abandoned)

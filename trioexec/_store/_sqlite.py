@@ -20,7 +20,7 @@ from typing import final
 import attrs
 
 from .._errors import StoreError
-from .._records import ExecutionRecord, SubStatus, TaskStatus
+from .._records import ExecutionRecord, SubStatus, TaskStatus, stored_float
 from ._base import (
     ORPHANED,
     ROW_COLUMNS,
@@ -47,6 +47,7 @@ from ._durable_tables import SQLiteTables
 from ._key_ledger import KeyGrant, KeyRequest
 from ._sql import SELECT_RECORDS, filter_clause, record_of, settle_key, write_lease
 from ._sqlite_file import READ_ONLY_BUSY_TIMEOUT, WRITE_BUSY_TIMEOUT, SQLiteFile
+from ._verdict import Verdict, claimed_attempts, recovery_verdict
 
 #: `ExecutionRecord`'s fields: the executions table's columns, and the owner's lease.
 _SELECT = SELECT_RECORDS
@@ -117,7 +118,8 @@ class SQLiteStore(SQLControl):
         if busy_timeout is None:
             busy_timeout = READ_ONLY_BUSY_TIMEOUT if read_only else WRITE_BUSY_TIMEOUT
         if isinstance(busy_timeout, bool) or not (
-            isinstance(busy_timeout, int | float) and 0 <= busy_timeout < math.inf
+            isinstance(busy_timeout, int | float)
+            and 0 <= stored_float("busy_timeout", busy_timeout) < math.inf
         ):
             raise ValueError(f"busy_timeout must be seconds >= 0, got {busy_timeout!r}")
         self._db = SQLiteFile(self.path, read_only=read_only, busy_timeout=float(busy_timeout))
@@ -384,22 +386,22 @@ class SQLiteStore(SQLControl):
             ).fetchall()
             for row in rows:
                 record = record_of(row, self.path)
-                if record.recovery_attempts >= max_recovery_attempts:
+                room = limit is None or len(claimed) < limit
+                verdict = recovery_verdict(record, recreatable(record), max_recovery_attempts, room)
+                if verdict is Verdict.ABANDON:
                     error = abandoned_error(record.recovery_attempts)
                     self._fail(conn, record, now, error)
                     abandoned.append(self._one(conn, record.task_id))
-                elif not recreatable(record):
-                    if record.owner is None:
-                        continue  # requeued (a retry): left for an executor that can re-create it
+                elif verdict is Verdict.ORPHAN:
                     self._fail(conn, record, now, ORPHANED)
                     orphaned.append(self._one(conn, record.task_id))
-                elif limit is None or len(claimed) < limit:
+                elif verdict is Verdict.CLAIM:
                     conn.execute(
                         "UPDATE executions SET owner = ?, version = version + 1,"
                         " status = 'pending', sub_status = NULL, deferred_since = NULL,"
-                        " waiting_on = 'slot', recovery_attempts = recovery_attempts + 1"
+                        " waiting_on = 'slot', recovery_attempts = ?"
                         " WHERE task_id = ? AND version = ?",
-                        (owner, record.task_id, record.version),
+                        (owner, claimed_attempts(record), record.task_id, record.version),
                     )
                     claimed.append(self._one(conn, record.task_id))
         return Recovery(claimed, orphaned, abandoned)

@@ -13,7 +13,7 @@ from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 MIGRATIONS = Migrations("trioexec")
 #: Every migration this trioexec defines, by name: a file with any other applied
 #: was written by a newer trioexec.
@@ -244,6 +244,18 @@ def _dashboard(db: sqlite_utils.Database) -> None:
     # (the runs page: newest first, by keyset)
     db.execute("CREATE INDEX workflow_runs_created ON workflow_runs (created_at, run_id)")
     db.execute("UPDATE trioexec_meta SET value = '11' WHERE key = 'schema_version'")
+
+
+@_migration("0012_command_order")
+def _command_order(db: sqlite_utils.Database) -> None:
+    # Commands apply in the order they were issued (`_control.pause_turn`): a
+    # target keeps its row once resumed (paused 0), with the issue time of the
+    # latest pause or resume applied to it; old commands and resumed targets are
+    # deleted as new commands are recorded (a range of the primary key).
+    db.execute("ALTER TABLE pauses ADD COLUMN paused INTEGER NOT NULL DEFAULT 1")
+    db.execute("ALTER TABLE pauses ADD COLUMN latest REAL NOT NULL DEFAULT 0")
+    db.execute("UPDATE pauses SET latest = at")
+    db.execute("UPDATE trioexec_meta SET value = '12' WHERE key = 'schema_version'")
 
 
 def schema_version(db: sqlite_utils.Database, path: str) -> int:

@@ -70,7 +70,9 @@ def _pause_or_resume(kind: str, db: str, names: tuple[str, ...], keys: tuple[str
     with open_writable(db) as store:
         for target in targets:
             try:
-                command = store.command(kind, who=who, **target)
+                command = store.command(
+                    kind, who=who, name=target.get("name"), key=target.get("key")
+                )
             except ValueError as exc:
                 fail(str(exc), EXIT_USAGE)
             [(what, value)] = target.items()

@@ -13,12 +13,11 @@ way: each operation's own.
 from __future__ import annotations
 
 import functools
-import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from .._store._durable_rows import BulkTables, Row
-from ._checks import check_create, check_id, encode, new_rows, promise_record
+from ._checks import check_create, check_id, check_timeout, encode, new_rows, promise_record
 from ._records import PromiseRecord, PromiseState
 
 if TYPE_CHECKING:
@@ -168,12 +167,9 @@ def _creates(
     for call in calls:
         id, timeout = call.args
         kw = call.keywords
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-            return None
-        if not 0 < timeout < math.inf:
-            return None
         ikc, target = kw.get("idempotency_key"), kw.get("target")
         try:
+            check_timeout(timeout)  # (a timeout of 0 is born timed out: below)
             check_create(id, ikc, target, kw.get("tags"))
             data, tags = kw.get("data"), kw.get("tags")
             row, task = new_rows(id, timeout, ikc, data, tags, target, now, core.retry_timeout)

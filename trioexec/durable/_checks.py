@@ -8,6 +8,7 @@ import json
 import math
 from typing import Any
 
+from .._records import stored_float, stored_int
 from .._store._durable_rows import Row
 from ._records import PromiseRecord, PromiseState, TaskState
 
@@ -83,19 +84,24 @@ def check_timeout(timeout: float) -> None:
     if (
         isinstance(timeout, bool)
         or not isinstance(timeout, int | float)
-        or not 0 <= timeout < math.inf
+        or not 0 <= stored_float("timeout", timeout) < math.inf
     ):
         raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
 
 
 def check_ttl(ttl: float) -> None:
-    if isinstance(ttl, bool) or not isinstance(ttl, int | float) or not 0 < ttl < math.inf:
+    if (
+        isinstance(ttl, bool)
+        or not isinstance(ttl, int | float)
+        or not 0 < stored_float("ttl", ttl) < math.inf
+    ):
         raise ValueError(f"ttl must be a finite number of seconds > 0, got {ttl!r}")
 
 
 def check_limit(limit: int) -> None:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+    stored_int("limit", limit, minimum=1)
 
 
 def check_tags(tags: object) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar, cast, final
 import trio
 
 from .._errors import NotFound, StoreError
+from .._records import stored_float, stored_int
 from .._store import MemoryStore, PostgresStore, SQLiteStore
 from .._store._durable_pg import Listener, PostgresTables
 from .._store._durable_rows import Tables, TransactionAborted
@@ -92,7 +93,7 @@ class DurableStore:
         if (
             isinstance(retry_timeout, bool)
             or not isinstance(retry_timeout, int | float)
-            or not 0 < retry_timeout < math.inf
+            or not 0 < stored_float("retry_timeout", retry_timeout) < math.inf
         ):
             raise ValueError(
                 f"retry_timeout must be a finite number of seconds > 0, got {retry_timeout!r}"
@@ -317,7 +318,7 @@ class Promises:
             record = await ds.promises.get("approval-42")
 
         The wait raises `NotFound` if there is no such promise."""
-        if not (isinstance(poll, int | float) and 0 < poll < math.inf):
+        if not (isinstance(poll, int | float) and 0 < stored_float("poll", poll) < math.inf):
             raise ValueError(f"poll must be a positive number of seconds, got {poll!r}")
         return PromiseSettled(self, id, float(poll))
 
@@ -380,6 +381,7 @@ class Tasks:
 
     async def acquire(self, id: str, version: int, *, pid: str, ttl: float) -> TaskRecord:
         """Claim a pending task: version + 1, a lease of ``ttl`` seconds."""
+        stored_int("version", version)
         return await self._ds._op(self._ds._core.acquire, id, version, pid=pid, ttl=ttl)
 
     async def claim(self, target: str, *, pid: str, ttl: float, limit: int) -> list[TaskRecord]:
@@ -391,21 +393,26 @@ class Tasks:
 
     async def heartbeat(self, pid: str, tasks: Sequence[tuple[str, int]]) -> int:
         """Renew the leases of all the (id, version) this pid holds, in one call."""
+        for _, version in tasks:
+            stored_int("version", version)
         return await self._ds._op(self._ds._core.heartbeat, pid, list(tasks))
 
     async def suspend(self, id: str, version: int, awaited: Sequence[str]) -> Suspend:
         """Wait (without a lease) for any of ``awaited`` to settle; returns
         `Suspend.ALREADY_SETTLED` without suspending if one already has."""
         awaited = awaited if isinstance(awaited, str) else list(awaited)  # a str: ValueError
+        stored_int("version", version)
         return await self._ds._op(self._ds._core.suspend, id, version, awaited)
 
     async def resume(self, id: str, version: int) -> TaskRecord:
         """Move a suspended task back to pending by hand (settling an awaited
         promise does it by itself)."""
+        stored_int("version", version)
         return await self._ds._op(self._ds._core.resume, id, version)
 
     async def release(self, id: str, version: int) -> TaskRecord:
         """Give up the claim: back to pending, same version."""
+        stored_int("version", version)
         return await self._ds._op(self._ds._core.release, id, version)
 
     async def fulfill(
@@ -413,6 +420,7 @@ class Tasks:
     ) -> PromiseRecord:
         """Settle the task's promise (resolved, or rejected) and finish the task."""
         core = self._ds._core
+        stored_int("version", version)
         return await self._ds._op(core.fulfill, id, version, data=data, rejected=rejected)
 
     async def fence(
@@ -420,6 +428,7 @@ class Tasks:
     ) -> PromiseRecord:
         """Create or settle a promise only if this task is still acquired at ``version``
         and its own promise is pending."""
+        stored_int("version", version)
         return await self._ds._op(self._ds._core.fence, id, version, action)
 
     async def halt(self, id: str) -> TaskRecord:

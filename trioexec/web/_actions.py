@@ -206,7 +206,12 @@ async def _pause_or_resume(request: Request, kind: str) -> Response:
             raise Refused(400, f"give the {what} to {kind}")
         who = _who(request)
         target = {what: value}
-        await _write(request, lambda store: store.command(kind, who=who, **target))
+        await _write(
+            request,
+            lambda store: store.command(
+                kind, who=who, name=target.get("name"), key=target.get("key")
+            ),
+        )
     except Refused as exc:
         return _refused(request, exc, "/control")
     except (ValueError, StoreError) as exc:
