@@ -81,7 +81,7 @@ def print_table(
 def show(console: Console, table: RenderableType) -> None:
     """Print what `layout` made: lines it laid out itself (plain or stacked) as
     they are, never wrapped or cropped again by rich."""
-    console.print(table, soft_wrap=isinstance(table, Text), highlight=False)
+    console.print(table, soft_wrap=isinstance(table, Text), crop=False, highlight=False)
 
 
 def _share(natural: list[int], folding: list[int], spare: int) -> list[int]:
@@ -119,9 +119,23 @@ def _stacked(columns: Sequence[Column], cells: list[list[str]], natural: list[in
     terminal's width."""
     whole = [i for i, c in enumerate(columns) if not c.fold]
     picked = [columns[i] for i in whole]
-    parts: list[RenderableType] = [Text(_line(picked, [c.header for c in picked], natural, whole))]
+    # (the whole columns' line is never wrapped: wider than the terminal, the
+    # terminal wraps it, without rich cutting an id in two)
+    parts: list[RenderableType] = [
+        Text(
+            _line(picked, [c.header for c in picked], natural, whole),
+            no_wrap=True,
+            overflow="ignore",
+        )
+    ]
     for row in cells:
-        parts.append(Text(_line(picked, [row[i] for i in whole], natural, whole)))
+        parts.append(
+            Text(
+                _line(picked, [row[i] for i in whole], natural, whole),
+                no_wrap=True,
+                overflow="ignore",
+            )
+        )
         parts.extend(
             Padding(Text(f"{c.header}: {row[i]}", overflow="fold"), (0, 0, 0, 2))
             for i, c in enumerate(columns)
