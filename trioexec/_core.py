@@ -32,7 +32,7 @@ from ._causation import current_job
 from ._control import Control
 from ._events import EventStream
 from ._journal import Journal
-from ._keys import KeyLimit, key_limits_for
+from ._keys import KeyLimit, check_key, key_limits_for
 from ._keyshare import broker_for
 from ._lifecycle import Lifecycle
 from ._metrics import ExecutorMetrics, Tally
@@ -269,7 +269,7 @@ class ExecutorCore:
         ):
             self._check_options(timeout, budget, name, correlation_id, task_id)
         if key is not None and (type(key) is not str or key not in self._good_keys):
-            check_id("key", key)
+            check_key(key)
             if len(self._good_keys) >= 4096:  # (a cache of keys checked lately)
                 self._good_keys.clear()
             self._good_keys.add(key)
