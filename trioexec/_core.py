@@ -368,7 +368,11 @@ class ExecutorCore:
         """Accept ``job`` at once if it fits (the common case, decided without
         the general decision); False if `submit` must decide."""
         if self.gate.fits():
-            self.lifecycle.accept(job)
+            try:
+                self.lifecycle.accept(job)
+            except BaseException:  # (accepting raised, before it changed anything)
+                self.lifecycle.untrack(job)
+                raise
             return True
         return False
 
@@ -407,8 +411,7 @@ class ExecutorCore:
         elif decision is Admit.DROP_NEW:
             self.lifecycle.drop_new(job)
         elif decision is Admit.DROP_OLDEST:
-            self.lifecycle.drop_oldest()
-            self.lifecycle.accept(job)
+            self.lifecycle.accept(job, displace=True)
         else:
             raise self.gate.refusal(job, decision)
 

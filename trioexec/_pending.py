@@ -256,6 +256,8 @@ class Pending:
                 self._add(job, now - waited)
 
     def _add(self, job: Job, t: float | None = None) -> None:
+        # Its key's state first: what may raise does so before anything changed.
+        state = None if job.key is None else self.state(job.key)
         seq = self._seq = self._seq + 1
         if t is None:
             t = trio.current_time()
@@ -272,8 +274,8 @@ class Pending:
             # It keeps started tasks until the oldest queued one goes: drop them
             # when they dominate (amortized O(1) a task).
             self._order = deque(j for j in order if _queued(j))
-        if job.key is not None:
-            self.state(job.key).pending += 1
+        if state is not None:
+            state.pending += 1
         if self.paused is not None and _paused_by(self.paused, job):
             _park(self, entry)
             return
