@@ -585,7 +585,7 @@ def test_a_sqlite_file_of_schema_10_migrates(tmp_path):
                 " WHERE finished_at >= 1 AND finished_at <= 2 GROUP BY status"
             )
         )
-    assert version == ("11",) == (str(_sqlite_schema.SCHEMA_VERSION),)
+    assert version == (str(_sqlite_schema.SCHEMA_VERSION),)  # (11, and on)
     assert {
         "executions_by_status",
         "executions_name",
@@ -633,7 +633,7 @@ def test_a_postgres_schema_of_version_7_migrates(postgres_url, pg_schema):
         version = conn.execute(
             f"SELECT value FROM {pg_schema}.trioexec_meta WHERE key = 'schema_version'"
         ).fetchone()
-    assert version == (str(before + 1),) == (str(_pg_schema.SCHEMA_VERSION),)
+    assert version == (str(_pg_schema.SCHEMA_VERSION),)  # (8, and on)
     assert {
         "executions_by_status",
         "executions_name",

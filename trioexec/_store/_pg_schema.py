@@ -213,6 +213,14 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE workflow_runs ADD COLUMN graph text;
     CREATE INDEX workflow_runs_created ON workflow_runs (created_at, run_id);
     """,
+    # 9: when each key's bucket is full again (a full bucket is the same as no
+    # row): rounds delete the rows past it, earliest first, from this index.
+    # Rows from before keep NULL (their key's rate is not known here) until
+    # their key is settled again.
+    """
+    ALTER TABLE key_buckets ADD COLUMN full_at double precision;
+    CREATE INDEX key_buckets_full ON key_buckets (full_at, key) WHERE full_at IS NOT NULL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

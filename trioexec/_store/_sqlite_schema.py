@@ -13,7 +13,7 @@ from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
-SCHEMA_VERSION = 11
+SCHEMA_VERSION = 12
 MIGRATIONS = Migrations("trioexec")
 #: Every migration this trioexec defines, by name: a file with any other applied
 #: was written by a newer trioexec.
@@ -244,6 +244,19 @@ def _dashboard(db: sqlite_utils.Database) -> None:
     # (the runs page: newest first, by keyset)
     db.execute("CREATE INDEX workflow_runs_created ON workflow_runs (created_at, run_id)")
     db.execute("UPDATE trioexec_meta SET value = '11' WHERE key = 'schema_version'")
+
+
+@_migration("0012_key_bucket_full")
+def _key_bucket_full(db: sqlite_utils.Database) -> None:
+    # When each key's bucket is full again (a full bucket is the same as no
+    # row): rounds delete the rows past it, earliest first, from this index.
+    # Rows from before keep NULL (their key's rate is not known here) until
+    # their key is settled again.
+    db.execute("ALTER TABLE key_buckets ADD COLUMN full_at REAL")
+    db.execute(
+        "CREATE INDEX key_buckets_full ON key_buckets (full_at, key) WHERE full_at IS NOT NULL"
+    )
+    db.execute("UPDATE trioexec_meta SET value = '12' WHERE key = 'schema_version'")
 
 
 def schema_version(db: sqlite_utils.Database, path: str) -> int:
