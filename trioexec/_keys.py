@@ -357,11 +357,13 @@ class KeyState:
 
     def spent(self, now: float) -> bool:
         """Its bucket is as good as new: full, or (shared) no tokens of the
-        store's left here to give back. (A forgotten key starts again from it.)"""
+        store's left here to give back, nor a debt to pay it. (A forgotten key
+        starts again from it.)"""
         if self.shared:
-            return self.tokens <= 0.0
+            return self.tokens <= 0.0 and self.late <= 0.0
         self.refill(now)
-        return self.full_at() <= self.stamp
+        limit = self.limit
+        return limit is None or limit.rate is None or self.tokens >= limit.burst - _EPSILON
 
     def full_at(self) -> float:
         """When the bucket is full again (``stamp`` if it is, has no rate, or is
