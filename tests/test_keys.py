@@ -3,8 +3,13 @@ in one executor, under the mock clock."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
+import re
+import sqlite3
 
+import attrs
 import pytest
 import trio
 import trio.testing
@@ -19,10 +24,12 @@ from trioexec import (
     KeyStatistics,
     MemoryStore,
     Overflow,
+    SQLiteStore,
     TaskHandle,
     TaskStatus,
     open_executor,
 )
+from trioexec._keys import KeyState
 from trioexec.testing import FakeWallClock
 
 
@@ -56,11 +63,79 @@ class Log:
         ({"rate": "10"}, TypeError, "rate must be a number, got '10'"),
         ({"rate": 1, "per": 0}, ValueError, "per must be a finite number > 0"),
         ({"rate": 1, "per": None}, TypeError, "per must be a number, got None"),
+        # Issue 30 (11): what no float holds, or the bucket's arithmetic cannot
+        # carry, is refused here, not by an OverflowError after acceptance.
+        ({"rate": 10**400}, ValueError, f"rate must be a finite number > 0, got {10**400}"),
+        (
+            {"rate": 1, "per": 10**400},
+            ValueError,
+            f"per must be a finite number > 0, got {10**400}",
+        ),
+        ({"rate": 2**1024}, ValueError, "rate must be a finite number > 0, got 1797"),
+        ({"rate": 10**13}, ValueError, "rate must be a finite number > 0, got 10000000000000 "),
+        ({"rate": 1, "per": 1e-10}, ValueError, "per must be a finite number > 0, got 1e-10 "),
+        ({"rate": 1e-320}, ValueError, "rate must be a finite number > 0, got 1e-320"),
+        ({"rate": math.nan}, ValueError, "rate must be a finite number > 0, got nan"),
+        ({"rate": -1}, ValueError, "rate must be a finite number > 0, got -1"),
+        ({"rate": 1, "per": -math.inf}, ValueError, "per must be a finite number > 0, got -inf"),
+        ({"rate": 1, "per": math.inf}, ValueError, "per must be a finite number > 0, got inf"),
+        ({"rate": False}, TypeError, "rate must be a number, got False"),
+        ({"rate": 1, "per": True}, TypeError, "per must be a number, got True"),
+        (
+            {"concurrency": 2**31},
+            ValueError,
+            f"concurrency must be at most 2\\*\\*31 - 1 .*{2**31}",
+        ),
+        ({"concurrency": 10**400}, ValueError, "concurrency must be at most"),
+        ({"concurrency": -5}, ValueError, "concurrency must be >= 1, got -5"),
+        # Issue 30 (12): a limit of nothing is no limit.
+        ({}, ValueError, "KeyLimit needs a concurrency or a rate"),
+        ({"per": 2.0}, ValueError, "KeyLimit needs a concurrency or a rate"),
+        ({"concurrency": None, "rate": None}, ValueError, "limits nothing"),
     ],
 )
 def test_key_limit_refuses_bad_values_naming_them(kwargs, error, words):
     with pytest.raises(error, match=words.replace("(", r"\(")):
         KeyLimit(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "limit",
+    [
+        KeyLimit(concurrency=2**31 - 1),
+        KeyLimit(rate=1e12, per=1e-9),  # (the bounds: the arithmetic holds at both ends)
+        KeyLimit(rate=1e-9, per=1e12),
+        KeyLimit(rate=10**12, per=10**12, concurrency=1),
+    ],
+)
+@pytest.mark.parametrize("shared", [False, True])
+async def test_limits_at_the_bounds_run_and_end(autojump_clock, limit, shared):
+    store = MemoryStore(clock=FakeWallClock(1_000.0)) if shared else None
+    with trio.fail_after(60):
+        async with open_executor(key_limits=limit, store=store) as ex:
+            first = await ex.submit(trio.sleep, 1, key="k")
+            second = await ex.submit(trio.sleep, 1, key="k")
+            await trio.testing.wait_all_tasks_blocked()
+            assert first.waiting_on is None  # (a full bucket: the first starts at once)
+            if limit.rate is not None and limit.rate < 1:
+                assert second.waiting_on == "rate limit k"  # (its next token: in 31,000 years)
+                second.cancel()
+    assert (await first.wait()).status is TaskStatus.COMPLETED
+    assert (await second.wait()).status in {TaskStatus.COMPLETED, TaskStatus.CANCELLED}
+
+
+async def test_open_executor_checks_each_key_limit_again(autojump_clock):
+    """A `KeyLimit` made with attrs' validators off is refused by the executor,
+    as a value and in a mapping, naming the key and the field."""
+    with attrs.validators.disabled():
+        huge = KeyLimit(rate=10**400)
+        nothing = KeyLimit()
+    with pytest.raises(ValueError, match="KeyLimit rate must be a finite number > 0, got 1000"):
+        async with open_executor(key_limits=huge):
+            pass  # pragma: no cover
+    with pytest.raises(ValueError, match=r"key_limits\['api'\]: KeyLimit needs a concurrency"):
+        async with open_executor(key_limits={"*": KeyLimit(concurrency=1), "api": nothing}):
+            pass  # pragma: no cover
 
 
 @pytest.mark.parametrize(
@@ -88,6 +163,33 @@ async def test_submit_refuses_a_bad_key_or_priority(options, error):
         with pytest.raises(error, match=next(iter(options))):
             await ex.submit(trio.sleep, 0, **options)
         assert ex.statistics().queued_count == 0
+
+
+@pytest.mark.parametrize(
+    ("key", "error", "words"),
+    [
+        (12345, TypeError, "key must be a str, got int 12345"),
+        (b"k", TypeError, "key must be a str, got bytes b'k'"),
+        ("", ValueError, "key must not be empty"),
+        ("a\x00b", ValueError, "cannot be stored: it holds a NUL"),
+        ("x" * 1001, ValueError, "key is 1001 characters long"),
+    ],
+)
+async def test_key_statistics_refuses_what_submit_refuses_as_a_key(key, error, words):
+    """Issue 30 (12): ``key_statistics(12345)`` answered zeros. A key is what
+    ``submit(key=...)`` takes, checked in one place: a key that is not a str is
+    a TypeError (and the ValueError ``submit`` has always raised for it)."""
+    async with open_executor(key_limits=KeyLimit(concurrency=1)) as ex:
+        with pytest.raises(error, match=re.escape(words)):
+            ex.key_statistics(key)
+        with pytest.raises(error, match=re.escape(words)):
+            await ex.submit(trio.sleep, 0, key=key)
+        with pytest.raises(ValueError, match=re.escape(words)):
+            ex.submit_nowait(trio.sleep, 0, key=key)
+        assert ex.statistics().queued_count == 0
+        with pytest.raises(TypeError, match="key must be a str, got NoneType None"):
+            ex.key_statistics(None)  # (no key is submit's default, not a key)
+        assert ex.key_statistics("12345") == KeyStatistics(key="12345")
 
 
 # ---------------------------------------------------------------- concurrency
@@ -343,8 +445,60 @@ async def test_idle_keys_are_forgotten_so_memory_follows_the_keys_in_use(autojum
         for n in range(5000):
             await ex.submit(trio.sleep, 0, key=f"tenant-{n}")
         await ex.wait_for_idle()
-        assert len(ex._core.pending.keys) <= 2048  # (swept at 1,024, then at twice that)
+        assert len(ex._core.pending.keys) <= 1024 + 8  # (1,024 idle kept, and those in use)
         assert ex.key_statistics("tenant-0") == KeyStatistics(key="tenant-0")
+
+
+def key_states() -> int:
+    """How many `KeyState` objects are alive (anywhere: the queue's map of
+    keys, timers, the broker), after a collection."""
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if type(o) is KeyState)
+
+
+@pytest.mark.parametrize(
+    ("kind", "limit"),
+    [
+        ("no store", KeyLimit(concurrency=1)),
+        ("no store", KeyLimit(rate=2, per=1.0)),
+        ("sqlite", KeyLimit(concurrency=1, rate=2, per=1.0)),  # (shared: slots and tokens)
+    ],
+    ids=["concurrency", "rate", "sqlite"],
+)
+async def test_a_burst_of_one_off_keys_leaves_a_bounded_number_of_key_states(
+    autojump_clock, tmp_path, kind, limit
+):
+    """Issue 30 (19): idle keys were swept only once their count had doubled
+    since the last sweep: 25,000 keys queued at once left 25,000 states once
+    idle (about 86 MB). An idle key whose bucket is full is as good as absent:
+    past 1,024 keys it goes as it goes idle (a rate's once its bucket is full
+    again), with or without a store."""
+    n = 25_000
+    store = None
+    if kind == "sqlite":
+        store = SQLiteStore(tmp_path / "runs.db", inline=True, clock=FakeWallClock(1_000.0))
+    async with open_executor(
+        max_concurrent_tasks=8, queue_capacity=n, key_limits=limit, store=store
+    ) as ex:
+        for i in range(n):
+            await ex.submit(trio.sleep, 0.001, key=f"tenant-{i}")
+        assert len(ex._core.pending.keys) > n - 100  # (each has a task: each kept)
+        await ex.wait_for_idle()
+        await trio.sleep(1.0)  # (the rate's buckets are full again half a second after)
+        assert len(ex._core.pending.keys) <= 1024
+        assert key_states() <= 1024
+        # A key forgotten is a key never seen: it starts afresh.
+        assert ex.key_statistics("tenant-7") == KeyStatistics(key="tenant-7")
+        assert (await (await ex.submit(trio.sleep, 0, key="tenant-7")).wait()).status is (
+            TaskStatus.COMPLETED
+        )
+    if store is not None:
+        store.close()
+        # The store's buckets of those keys went too as they filled up, pruned by
+        # the rounds that followed (before: one row for each of the 25,000 keys).
+        with contextlib.closing(sqlite3.connect(tmp_path / "runs.db")) as conn:
+            (rows,) = conn.execute("SELECT count(*) FROM key_buckets").fetchone()
+        assert rows < n // 10
 
 
 # ---------------------------------------------------------------- specs, refs, queue
@@ -455,12 +609,13 @@ KEYS = ["a", "b", "c"]
 LIMITS = st.fixed_dictionaries(
     {},
     optional={
-        key: st.builds(
-            KeyLimit,
-            concurrency=st.none() | st.integers(1, 3),
-            rate=st.none() | st.sampled_from([1, 2, 4]),
-            per=st.sampled_from([0.5, 1.0, 2.0]),
+        key: st.tuples(
+            st.none() | st.integers(1, 3),
+            st.none() | st.sampled_from([1, 2, 4]),
+            st.sampled_from([0.5, 1.0, 2.0]),
         )
+        .filter(lambda limit: limit[:2] != (None, None))  # (KeyLimit() limits nothing)
+        .map(lambda limit: KeyLimit(concurrency=limit[0], rate=limit[1], per=limit[2]))
         for key in KEYS
     },
 )

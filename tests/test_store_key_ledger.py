@@ -82,6 +82,22 @@ def holds(store: Any) -> dict[tuple[str, str], tuple[int, int]]:
     return {(key, owner): (held, wanted) for key, owner, held, wanted in rows}
 
 
+def buckets(store: Any) -> dict[str, tuple[float, float, float | None]]:
+    """Every ``key_buckets`` row of ``store``: key -> (tokens, stamp, full_at)."""
+    if isinstance(store, MemoryStore):
+        return {key: (*bucket, store._full_at[key]) for key, bucket in store._buckets.items()}
+    sql = "SELECT key, tokens, stamp, full_at FROM key_buckets"
+    if isinstance(store, SQLiteStore):
+        with contextlib.closing(sqlite3.connect(store.path)) as conn:
+            rows = conn.execute(sql).fetchall()
+    else:
+        with psycopg.connect(store.url) as conn:
+            rows = conn.execute(
+                sql.replace("key_buckets", f"{store.schema}.key_buckets")
+            ).fetchall()
+    return {key: (tokens, stamp, full_at) for key, tokens, stamp, full_at in rows}
+
+
 def held_in_all(store: Any, key: str = "k") -> int:
     return sum(held for (k, _), (held, _) in holds(store).items() if k == key)
 
@@ -311,6 +327,44 @@ def test_the_bucket_grants_at_most_rate_and_refills_on_the_store_clock(make_stor
     assert store.key_round("B", [req(tokens=1, returned=0.5, **limit)])[0].tokens == 1
 
 
+def test_full_buckets_of_keys_used_once_are_pruned_by_later_rounds(make_store: Any) -> None:
+    """Issue 30 (19): a key's bucket row went only when that key was settled
+    again with its bucket full, so the rows of keys used once stayed forever. A
+    full bucket is the same as no row: each round deletes those full by now,
+    earliest first, at most one more than 16 for each key it settles."""
+    clock = Clock(100.0)
+    store = make_store(clock=clock)
+    store.heartbeat("A", LONG)
+    once = [f"once-{n:02}" for n in range(40)]
+    grants = store.key_round("A", [req(key, concurrency=None, rate=1.0, tokens=1) for key in once])
+    assert [g.tokens for g in grants] == [1] * 40
+    slow = req("slow", concurrency=None, rate=1.0, per=100.0, tokens=1)
+    assert store.key_round("A", [slow])[0].tokens == 1  # (full again at 200)
+    assert buckets(store) == {
+        **dict.fromkeys(once, (0.0, 100.0, 101.0)),  # (each full again at 101)
+        "slow": (0.0, 100.0, 200.0),
+    }
+    other = req("other", concurrency=None, rate=1.0)  # (asks for nothing: no row)
+    clock.now = 100.5
+    store.key_round("A", [other])
+    assert len(buckets(store)) == 41  # (none full yet: none goes)
+    clock.now = 101.0
+    store.key_round("A", [other])
+    assert sorted(buckets(store)) == [*once[17:], "slow"]  # 1 + 16, earliest (then by key)
+    store.key_round("A", [other, req("k")])
+    assert sorted(buckets(store)) == [*once[35:], "slow"]  # 2 + 16
+    store.key_round("A", [other])
+    assert buckets(store) == {"slow": (0.0, 100.0, 200.0)}  # not full: kept
+    # A key pruned is a key whose bucket is full: its next round finds it so.
+    again = req("once-00", concurrency=None, rate=1.0, tokens=5)
+    assert store.key_round("A", [again])[0].tokens == 1
+    clock.now = 199.0
+    assert store.key_round("A", [slow])[0].tokens == 0  # (the slow one was kept, and counts)
+    clock.now = 500.0
+    store.key_round("A", [])  # (a round of nothing prunes too: at most 16)
+    assert buckets(store) == {}
+
+
 def test_grants_come_back_in_the_requests_order(make_store: Any) -> None:
     store = make_store(clock=Clock())
     store.heartbeat("A", LONG)
@@ -365,6 +419,30 @@ def test_two_store_objects_on_one_database_share_the_bound(store_maker: Any, kin
     assert held_in_all(one) == held_in_all(two) == 3
     one.release_owner("A")
     assert holds(two) == {("k", "B"): (2, 5)}
+
+
+def test_a_postgres_round_prunes_around_a_bucket_another_round_is_writing(
+    store_maker: Any,
+) -> None:
+    """A round holds its keys' locks while it prunes: waiting there for the row
+    of a bucket another round is writing (that round perhaps waiting for one of
+    those keys) could deadlock. The row is left for a later round instead."""
+    clock = Clock(100.0)
+    store = store_maker("postgres", clock=clock)
+    store.heartbeat("A", LONG)
+    store.key_round("A", [req(key, concurrency=None, rate=1.0, tokens=1) for key in "ab"])
+    clock.now = 101.0  # (both full again)
+    with psycopg.connect(store.url) as other:  # another round, writing "a"'s bucket
+        other.execute(f"SELECT * FROM {store.schema}.key_buckets WHERE key = 'a' FOR UPDATE")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            done = pool.submit(store.key_round, "A", [req("k", wanted=1)])
+            try:
+                done.result(timeout=10)  # (before: it waited for that row)
+            finally:
+                other.rollback()
+    assert sorted(buckets(store)) == ["a"]
+    store.key_round("A", [])
+    assert buckets(store) == {}
 
 
 @pytest.mark.parametrize("kind", ["sqlite", "postgres"])
@@ -440,6 +518,67 @@ def test_a_postgres_schema_from_before_key_ledger_migrates(
         store.heartbeat("A", LONG)
         assert store.key_round("A", [req(wanted=1)])[0].held == 1
         assert holds(store) == {("k", "A"): (1, 1)}
+    with psycopg.connect(postgres_url) as conn:
+        version = conn.execute(
+            f"SELECT value FROM {pg_schema}.trioexec_meta WHERE key = 'schema_version'"
+        ).fetchone()
+    assert version == (str(_pg_schema.SCHEMA_VERSION),)
+
+
+def test_a_sqlite_file_from_before_bucket_pruning_migrates(tmp_path: Path) -> None:
+    """A bucket written before its row kept the time it is full again keeps
+    NULL there (its key's rate is not known to the store): no round prunes it
+    until its key is settled again, which writes the time."""
+    path = tmp_path / "runs.db"
+    db = sqlite_utils.Database(path)
+    _sqlite_schema.MIGRATIONS.apply(db, stop_before="0013_key_bucket_full")
+    db.execute("INSERT INTO key_buckets (key, tokens, stamp) VALUES ('old', 0.0, 50.0)")
+    db.conn.commit()
+    db.close()
+    with pytest.raises(StoreError, match="written by an older trioexec"):
+        SQLiteStore(path, read_only=True)
+    clock = Clock(1_000.0)
+    with SQLiteStore(path, inline=True, clock=clock) as store:
+        store.heartbeat("A", LONG)
+        store.key_round("A", [req("other", concurrency=None, rate=1.0)])
+        assert buckets(store) == {"old": (0.0, 50.0, None)}
+        store.key_round("A", [req("old", concurrency=None, rate=1.0, tokens=1)])
+        assert buckets(store) == {"old": (0.0, 1_000.0, 1_001.0)}
+        clock.now = 1_001.0
+        store.key_round("A", [])
+        assert buckets(store) == {}
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        (version,) = conn.execute(
+            "SELECT value FROM trioexec_meta WHERE key = 'schema_version'"
+        ).fetchone()
+    assert version == str(_sqlite_schema.SCHEMA_VERSION)
+
+
+def test_a_postgres_schema_from_before_bucket_pruning_migrates(
+    postgres_url: str, pg_schema: str
+) -> None:
+    before = 8  # the dashboard's indexes, no full_at yet
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {pg_schema}")
+        conn.execute(f"SET search_path TO {pg_schema}")
+        for migration in _pg_schema.MIGRATIONS[:before]:
+            conn.execute(migration.encode())
+        conn.execute(
+            "INSERT INTO trioexec_meta (key, value) VALUES ('schema_version', %s)", (str(before),)
+        )
+        conn.execute("INSERT INTO key_buckets (key, tokens, stamp) VALUES ('old', 0.0, 50.0)")
+    with pytest.raises(StoreError, match="written by an older trioexec"):
+        PostgresStore(postgres_url, schema=pg_schema, read_only=True)
+    clock = Clock(1_000.0)
+    with PostgresStore(postgres_url, schema=pg_schema, clock=clock) as store:
+        store.heartbeat("A", LONG)
+        store.key_round("A", [req("other", concurrency=None, rate=1.0)])
+        assert buckets(store) == {"old": (0.0, 50.0, None)}
+        store.key_round("A", [req("old", concurrency=None, rate=1.0, tokens=1)])
+        assert buckets(store) == {"old": (0.0, 1_000.0, 1_001.0)}
+        clock.now = 1_001.0
+        store.key_round("A", [])
+        assert buckets(store) == {}
     with psycopg.connect(postgres_url) as conn:
         version = conn.execute(
             f"SELECT value FROM {pg_schema}.trioexec_meta WHERE key = 'schema_version'"
@@ -550,6 +689,7 @@ class KeysShared(RuleBasedStateMachine):
     @invariant()
     def stores_agree(self) -> None:
         assert holds(self.memory) == holds(self.sql)
+        assert buckets(self.memory) == buckets(self.sql)  # (pruned alike, too)
 
     @invariant()
     def live_owners_hold_at_most_the_limit(self) -> None:

@@ -32,7 +32,7 @@ from ._causation import current_job
 from ._control import Control
 from ._events import EventStream
 from ._journal import Journal
-from ._keys import KeyLimit, key_limits_for
+from ._keys import KeyLimit, check_key, key_limits_for
 from ._keyshare import broker_for
 from ._lifecycle import Lifecycle
 from ._metrics import ExecutorMetrics, Tally
@@ -269,7 +269,7 @@ class ExecutorCore:
         ):
             self._check_options(timeout, budget, name, correlation_id, task_id)
         if key is not None and (type(key) is not str or key not in self._good_keys):
-            check_id("key", key)
+            check_key(key)
             if len(self._good_keys) >= 4096:  # (a cache of keys checked lately)
                 self._good_keys.clear()
             self._good_keys.add(key)
@@ -368,7 +368,11 @@ class ExecutorCore:
         """Accept ``job`` at once if it fits (the common case, decided without
         the general decision); False if `submit` must decide."""
         if self.gate.fits():
-            self.lifecycle.accept(job)
+            try:
+                self.lifecycle.accept(job)
+            except BaseException:  # (accepting raised, before it changed anything)
+                self.lifecycle.untrack(job)
+                raise
             return True
         return False
 
@@ -407,8 +411,7 @@ class ExecutorCore:
         elif decision is Admit.DROP_NEW:
             self.lifecycle.drop_new(job)
         elif decision is Admit.DROP_OLDEST:
-            self.lifecycle.drop_oldest()
-            self.lifecycle.accept(job)
+            self.lifecycle.accept(job, displace=True)
         else:
             raise self.gate.refusal(job, decision)
 

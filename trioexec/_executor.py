@@ -22,7 +22,7 @@ from ._core import ExecutorConfig, ExecutorCore, check_grace, check_store
 from ._errors import ExecutorClosed, StoreError, TaskDefinitionError
 from ._events import EventStream
 from ._handle import TaskHandle
-from ._keys import KeyLimit, KeyStatistics
+from ._keys import KeyLimit, KeyStatistics, check_key
 from ._metrics import ExecutorMetrics
 from ._records import ShutdownPolicy
 from ._schedule import Schedule, Schedules
@@ -153,7 +153,8 @@ class Executor:
             ``task_id`` live in this executor or recorded in its store; a
             ``timeout`` or ``budget`` that is not a finite number > 0; a ``key``
             that is not such a str (or a spec's key function that raised).
-          TypeError: ``fn`` is not callable; a ``priority`` that is not an int.
+          TypeError: ``fn`` is not callable; a ``priority`` that is not an int;
+            a ``key`` that is not a str (the error is a ValueError too).
         """
         # Exactly one schedule point: parking for space is one; otherwise a
         # cancel-shielded checkpoint after the (then certain) acceptance.
@@ -407,8 +408,12 @@ class Executor:
 
     def key_statistics(self, key: str) -> KeyStatistics:
         """A `KeyStatistics` snapshot of ``key``'s tasks now (all zero for a key
-        with none). Never blocks."""
-        return self._core.pending.statistics(key)
+        with none). Never blocks.
+
+        Raises:
+          TypeError: ``key`` is not a str; ValueError: not one ``submit`` takes.
+        """
+        return self._core.pending.statistics(check_key(key))
 
     def statistics(self) -> ExecutorMetrics:
         """A frozen `ExecutorMetrics` snapshot. Never blocks."""

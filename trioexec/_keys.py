@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any, final
 import attrs
 import trio
 
+from ._records import check_id
+
 if TYPE_CHECKING:
     from ._taskref import Job
 
@@ -32,22 +34,47 @@ DEFAULT_KEY = "*"
 _EPSILON = 1e-9
 
 
-def _positive_int(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+#: ``concurrency`` at most: what the stores' integer columns of held slots hold.
+MAX_CONCURRENCY = 2**31 - 1
+#: ``rate`` and ``per`` between these: every sum and product of the bucket's
+#: arithmetic (tokens, seconds per token, tokens per second) stays a finite float.
+MIN_RATE, MAX_RATE = 1e-9, 1e12
+
+
+def _concurrency(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"KeyLimit {attribute.name} must be an int or None, got {value!r}")
     if value < 1:
         raise ValueError(f"KeyLimit {attribute.name} must be >= 1, got {value!r}")
+    if value > MAX_CONCURRENCY:
+        raise ValueError(
+            f"KeyLimit {attribute.name} must be at most 2**31 - 1 (what a store holds),"
+            f" got {value!r}"
+        )
 
 
-def _positive_number(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
+def _rate(limit: KeyLimit, attribute: attrs.Attribute[Any], value: object) -> None:
+    """``rate`` and ``per``: a finite number in [MIN_RATE, MAX_RATE]. (attrs runs
+    validators once every field is set: ``rate``'s also refuses a limit of nothing.)"""
     if value is None and attribute.name == "rate":
+        if limit.concurrency is None:
+            raise ValueError(
+                "KeyLimit needs a concurrency or a rate (or both): KeyLimit() limits nothing"
+            )
         return
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"KeyLimit {attribute.name} must be a number, got {value!r}")
-    if not (0 < value < math.inf):
-        raise ValueError(f"KeyLimit {attribute.name} must be a finite number > 0, got {value!r}")
+    try:
+        number = float(value)
+    except OverflowError:  # an int no float holds
+        number = math.inf
+    if not (MIN_RATE <= number <= MAX_RATE):
+        raise ValueError(
+            f"KeyLimit {attribute.name} must be a finite number > 0, got {value!r}"
+            f" (from {MIN_RATE:g} to {MAX_RATE:g})"
+        )
 
 
 @attrs.frozen(kw_only=True)
@@ -67,13 +94,15 @@ class KeyLimit:
         KeyLimit(concurrency=2, rate=10, per=1.0)   # 2 at once, 10 starts a second
 
     Raises:
-      TypeError, ValueError: a value that is not a positive int (``concurrency``)
-        or a finite number > 0 (``rate``, ``per``), naming it.
+      TypeError, ValueError: a value that is not an int from 1 to 2**31 - 1
+        (``concurrency``) or a finite number from 1e-9 to 1e12 (``rate``,
+        ``per``), naming it; neither ``concurrency`` nor ``rate`` (a limit of
+        nothing).
     """
 
-    concurrency: int | None = attrs.field(default=None, validator=_positive_int)
-    rate: float | None = attrs.field(default=None, validator=_positive_number)
-    per: float = attrs.field(default=1.0, validator=_positive_number)
+    concurrency: int | None = attrs.field(default=None, validator=_concurrency)
+    rate: float | None = attrs.field(default=None, validator=_rate)
+    per: float = attrs.field(default=1.0, validator=_rate)
 
     @property
     def burst(self) -> float:
@@ -100,14 +129,17 @@ class KeyStatistics:
 
 def key_limits_for(value: object) -> dict[str, KeyLimit]:
     """``key_limits=`` as a mapping from key to `KeyLimit` (``"*"``: every key not
-    listed). One `KeyLimit` applies to every key; None limits none.
+    listed). One `KeyLimit` applies to every key; None limits none. Each
+    `KeyLimit` is checked again (one made with attrs' validators off, say).
 
     Raises:
       TypeError: anything else, naming it.
+      ValueError: a `KeyLimit` with a value it refuses, naming it.
     """
     if value is None:
         return {}
     if isinstance(value, KeyLimit):
+        attrs.validate(value)
         return {DEFAULT_KEY: value}
     if isinstance(value, Mapping):
         limits: dict[str, KeyLimit] = {}
@@ -116,9 +148,31 @@ def key_limits_for(value: object) -> dict[str, KeyLimit]:
                 raise TypeError(f"key_limits keys must be non-empty str, got {key!r}")
             if not isinstance(limit, KeyLimit):
                 raise TypeError(f"key_limits[{key!r}] must be a KeyLimit, got {limit!r}")
+            try:
+                attrs.validate(limit)
+            except (TypeError, ValueError) as exc:
+                raise type(exc)(f"key_limits[{key!r}]: {exc}") from None
             limits[key] = limit
         return limits
     raise TypeError(f"key_limits must be a KeyLimit or a mapping of them, got {value!r}")
+
+
+class _NotText(TypeError, ValueError):
+    """A key that is not a str: a TypeError, and the ValueError a submission
+    has always raised for it (`check_key`)."""
+
+
+def check_key(value: object) -> str:
+    """An admission key (``submit(key=...)``, a spec's, `Executor.key_statistics`'s):
+    a str `check_id` accepts (non-empty, at most 1,000 characters, storable).
+
+    Raises:
+      TypeError: not a str, naming it (also a ValueError, as for the other ids).
+      ValueError: a str no store can hold, naming it.
+    """
+    if not isinstance(value, str):
+        raise _NotText(f"key must be a str, got {type(value).__name__} {value!r}")
+    return check_id("key", value)
 
 
 @final
@@ -303,11 +357,13 @@ class KeyState:
 
     def spent(self, now: float) -> bool:
         """Its bucket is as good as new: full, or (shared) no tokens of the
-        store's left here to give back. (A forgotten key starts again from it.)"""
+        store's left here to give back, nor a debt to pay it. (A forgotten key
+        starts again from it.)"""
         if self.shared:
-            return self.tokens <= 0.0
+            return self.tokens <= 0.0 and self.late <= 0.0
         self.refill(now)
-        return self.full_at() <= self.stamp
+        limit = self.limit
+        return limit is None or limit.rate is None or self.tokens >= limit.burst - _EPSILON
 
     def full_at(self) -> float:
         """When the bucket is full again (``stamp`` if it is, has no rate, or is

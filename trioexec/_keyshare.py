@@ -127,6 +127,7 @@ class KeyBroker:
         state = self._pending.keys.get(key)
         held = self._held.get(key, 0)
         if state is None or state.limit is None:
+            self._poll.pop(key, None)  # (forgotten: nothing of it is kept here)
             if not held:
                 return None
             # Its tasks are gone: give it all back.

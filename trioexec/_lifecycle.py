@@ -119,15 +119,24 @@ class Lifecycle:
         if self._named.get(job.task_id) is job:
             del self._named[job.task_id]
 
-    def accept(self, job: Job, *, recovered: bool = False) -> None:
+    def accept(self, job: Job, *, recovered: bool = False, displace: bool = False) -> None:
+        """Queue ``job`` (``displace``: dropping the oldest pending task for its
+        place, `DROP_OLDEST`). What may raise comes first (its row for the
+        store, the arguments as JSON; its key's state, in `Pending.append`):
+        a submission that raises leaves no trace, nothing counted, queued,
+        journaled or dropped."""
+        journal = self.journal
+        row = None if journal is None or recovered else self.submit_row(job)
+        if displace:
+            self.drop_oldest()
+        self.pending.append(job)
         tally = self.tally
         tally.queued_count += 1
         tally.queue_depth += 1
-        self.pending.append(job)
-        if self.journal is not None:
+        if journal is not None:
             self.live[job.task_id] = job
-            if not recovered:
-                self.log_submit(job)
+            if row is not None:
+                self.log_submit(job, row)
             elif job.key is not None or job.paused:
                 journal_waiting(self, job)  # (recovered as waiting for a slot)
         inflight = tally.queue_depth + tally.active_count
@@ -156,9 +165,10 @@ class Lifecycle:
 
     def drop_new(self, job: Job) -> None:
         """``job`` arrived at a full executor under ``DROP_NEWEST``."""
+        row = None if self.journal is None else self.submit_row(job)  # (may raise: first)
         self._gate.publish_refusal(HealthEventKind.TASK_DROP, job, "queue_full")
-        if self.journal is not None:
-            self.log_submit(job)
+        if row is not None:
+            self.log_submit(job, row)
         self.finish(job, TaskStatus.DROPPED, freed=False)
 
     def drop_oldest(self) -> None:
@@ -174,22 +184,27 @@ class Lifecycle:
         assert journal is not None
         journal.append(change)
 
-    def log_submit(self, job: Job) -> None:
-        """Journal a new execution as a "row" change, into which its next changes
-        are folded while the journal has not taken it (`Journal.fold`)."""
-        journal = self.journal
-        assert journal is not None
+    def submit_row(self, job: Job) -> list[object]:
+        """The store's row of a new execution (not journaled yet): the part of
+        a submission that may raise (its arguments as JSON), made first."""
         fn = job.fn
         spec_id = fn.id if isinstance(fn, TaskSpec) else None
         try:
             args = json.dumps(job.args) if spec_id is not None else None
         except (TypeError, ValueError):
             args = None  # not JSON: recorded, but recovery cannot re-create it
-        row: list[object] = [  # the store's "row" layout
+        return [  # the store's "row" layout
             "row", job.task_id, job.name, job.run_id, TaskStatus.PENDING, None, 0, 0,
             self._owner_id, job.version, job.submitted_at, None, None, None, None, spec_id, args,
             job.key, job.priority, "slot", None,
         ]  # fmt: skip
+
+    def log_submit(self, job: Job, row: list[object]) -> None:
+        """Journal a new execution as a "row" change (`submit_row`), into which
+        its next changes are folded while the journal has not taken it
+        (`Journal.fold`)."""
+        journal = self.journal
+        assert journal is not None
         if job.key is not None or job.paused:  # (held back by its key or a pause)
             row[R_WAITING] = self.pending.waiting_on(job) or "slot"
         job.row = row

@@ -35,8 +35,8 @@ from ._taskref import Job
 
 # Compact only past this many tombstones (and when they are the majority).
 _COMPACT_AFTER = 64
-# Keep at least this many keys' states before dropping idle ones.
-_SWEEP_AFTER = 1024
+# Keep this many keys' states (their counts) before dropping idle ones.
+_KEEP_IDLE = 1024
 
 _Entry = tuple[float, int, Job]
 
@@ -74,7 +74,6 @@ class Pending:
         "_ready",
         "_seq",
         "_shared",
-        "_sweep_at",
         "_tombstones",
         "_wall",
         "held",
@@ -111,7 +110,6 @@ class Pending:
         self._limits = dict(key_limits or {})
         self._tombstones = 0
         self.keys: dict[str, KeyState] = {}
-        self._sweep_at = _SWEEP_AFTER
         self.timers = KeyTimers(self._token_due)
         self.on_ready: Callable[[], None] = lambda: None
         # What a task of a limited key waits on changed: its key let it through
@@ -256,6 +254,8 @@ class Pending:
                 self._add(job, now - waited)
 
     def _add(self, job: Job, t: float | None = None) -> None:
+        # Its key's state first: what may raise does so before anything changed.
+        state = None if job.key is None else self.state(job.key)
         seq = self._seq = self._seq + 1
         if t is None:
             t = trio.current_time()
@@ -272,8 +272,8 @@ class Pending:
             # It keeps started tasks until the oldest queued one goes: drop them
             # when they dominate (amortized O(1) a task).
             self._order = deque(j for j in order if _queued(j))
-        if job.key is not None:
-            self.state(job.key).pending += 1
+        if state is not None:
+            state.pending += 1
         if self.paused is not None and _paused_by(self.paused, job):
             _park(self, entry)
             return
@@ -489,9 +489,12 @@ class Pending:
 
     def regrant(self, state: KeyState) -> None:
         """``state``'s room changed from outside (the store granted or took back
-        part of a shared key): let its waiting tasks through as it allows."""
+        part of a shared key): let its waiting tasks through as it allows (or,
+        idle with its tokens given back, forget it)."""
         if state.queue or state.resumers or state.retriers:
             self._grant(state)
+        else:
+            self._maybe_forget_key(state)
 
     def _grant(self, state: KeyState) -> None:
         """The key's room may have grown: hand it to its resumers, then its
@@ -532,15 +535,18 @@ class Pending:
             self.timers.set(state, state.ready_at())
 
     def _maybe_forget_key(self, state: KeyState) -> None:
-        """Memory stays bounded by the keys in use: once there are twice as many
-        states as at the last sweep, drop those of idle keys whose buckets are
-        full (their counts restart)."""
-        if state.idle and len(self.keys) > self._sweep_at:
-            now = trio.current_time()
-            for key, other in list(self.keys.items()):
-                if other.idle and other.spent(now):
-                    del self.keys[key]
-            self._sweep_at = max(_SWEEP_AFTER, 2 * len(self.keys))
+        """Memory follows the keys in use: past ``_KEEP_IDLE`` keys, an idle key
+        whose bucket is full is as good as absent and goes as it goes idle (its
+        counts restart); one whose bucket still fills goes once it is full (a
+        timer: `_token_due`), a shared one once its tokens went back to the
+        store (`regrant`). O(1) a call."""
+        if not state.idle or len(self.keys) <= _KEEP_IDLE:
+            return
+        if state.spent(trio.current_time()):
+            if self.keys.get(state.key) is state:  # (not a new state of the key)
+                del self.keys[state.key]
+        elif not state.shared:
+            self.timers.set(state, state.full_at())
 
     def _token_due(self, state: KeyState) -> None:
         """``state``'s bucket has its next token now (`KeyTimers`)."""

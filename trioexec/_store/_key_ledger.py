@@ -24,6 +24,11 @@ import attrs
 
 # A token count a rounding error short of a whole token counts as one.
 _EPSILON = 1e-9
+#: Full buckets a round deletes at most, beyond one for each key it settles: a
+#: bucket is kept with the time it is full again (``full_at``), and a full one
+#: is the same as none, so rounds prune those of keys nobody settles again
+#: (used once) as they go, with bounded work each.
+PRUNE_MORE = 16
 
 
 @attrs.frozen(kw_only=True)
@@ -133,7 +138,7 @@ def settle(
             row,
             None,
         )
-    burst = max(float(rate), 1.0)  # (a rate below 1 still lets one through at a time)
+    burst = _burst(rate)
     if bucket is None:
         level, stamp = burst, now
     else:
@@ -157,3 +162,18 @@ def settle(
         full_in=full_in,
     )
     return grant, row, None if level >= burst - _EPSILON else (level, stamp)
+
+
+def full_at(request: KeyRequest, bucket: tuple[float, float]) -> float:
+    """When ``bucket`` (``(tokens, stamp)``, as `settle` left it) is full again
+    at ``request``'s rate: from then on it is the same as no bucket."""
+    rate = request.rate
+    assert rate is not None
+    tokens, stamp = bucket
+    return stamp + max(0.0, _burst(rate) - tokens) * request.per / rate
+
+
+def _burst(rate: float) -> float:
+    """The most tokens a bucket holds: ``rate`` (a rate below 1 still lets one
+    through at a time)."""
+    return max(float(rate), 1.0)

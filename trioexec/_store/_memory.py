@@ -6,6 +6,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import datetime
+import heapq
 import threading
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
@@ -53,7 +54,7 @@ from ._control import (
     sorted_pauses,
 )
 from ._durable_tables import DictTables
-from ._key_ledger import Hold, KeyGrant, KeyRequest, settle
+from ._key_ledger import PRUNE_MORE, Hold, KeyGrant, KeyRequest, full_at, settle
 from ._verdict import Verdict, claimed_attempts, recovery_verdict
 
 
@@ -290,6 +291,9 @@ class MemoryStore(MemorySchedules, MemoryControl):
         self._durable = DictTables()
         self._holds: dict[str, dict[str, Hold]] = {}  # key -> owner -> its row
         self._buckets: dict[str, tuple[float, float]] = {}  # key -> (tokens, stamp)
+        # When each is full again, and those times in a heap (some stale: skipped).
+        self._full_at: dict[str, float] = {}
+        self._full_heap: list[tuple[float, str]] = []
 
     def write(self, changes: Sequence[Change]) -> list[str]:
         with self._locked():
@@ -439,7 +443,18 @@ class MemoryStore(MemorySchedules, MemoryControl):
             grants: dict[int, KeyGrant] = {}
             for i in sorted(range(len(requests)), key=lambda i: requests[i].key):
                 grants[i] = self._settle_key(owner, requests[i], now)
+            self._prune_buckets(now, len(requests) + PRUNE_MORE)
             return [grants[i] for i in range(len(requests))]
+
+    def _prune_buckets(self, now: float, limit: int) -> None:
+        """As the SQL stores' (`trioexec._store._sql.prune_buckets`): at most
+        ``limit`` buckets full by ``now``, earliest first, go."""
+        heap, full = self._full_heap, self._full_at
+        while heap and heap[0][0] <= now and limit > 0:
+            at, key = heapq.heappop(heap)
+            if full.get(key) == at:  # (else stale: its bucket went, or changed)
+                del full[key], self._buckets[key]
+                limit -= 1
 
     def _settle_key(self, owner: str, request: KeyRequest, now: float) -> KeyGrant:
         key = request.key
@@ -456,8 +471,11 @@ class MemoryStore(MemorySchedules, MemoryControl):
             self._holds.setdefault(key, {})[owner] = attrs.evolve(row, owner=owner)
         if bucket is None:
             self._buckets.pop(key, None)
+            self._full_at.pop(key, None)
         else:
             self._buckets[key] = bucket
+            at = self._full_at[key] = full_at(request, bucket)
+            heapq.heappush(self._full_heap, (at, key))
         return grant
 
     def _drop_hold(self, key: str, owner: str) -> None:

@@ -222,6 +222,14 @@ MIGRATIONS: tuple[str, ...] = (
         ADD COLUMN latest double precision NOT NULL DEFAULT 0;
     UPDATE pauses SET latest = at;
     """,
+    # 10: when each key's bucket is full again (a full bucket is the same as no
+    # row): rounds delete the rows past it, earliest first, from this index.
+    # Rows from before keep NULL (their key's rate is not known here) until
+    # their key is settled again.
+    """
+    ALTER TABLE key_buckets ADD COLUMN full_at double precision;
+    CREATE INDEX key_buckets_full ON key_buckets (full_at, key) WHERE full_at IS NOT NULL;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -46,7 +46,7 @@ from ._control import SQLControl
 from ._durable_pg import PostgresTables
 from ._key_ledger import KeyGrant, KeyRequest
 from ._pg_conn import Connection, PGDatabase, redact
-from ._sql import SELECT_RECORDS, filter_clause, record_of, settle_key, write_lease
+from ._sql import SELECT_RECORDS, filter_clause, prune_buckets, record_of, settle_key, write_lease
 from ._verdict import Verdict, claimed_attempts, recovery_verdict
 
 _SELECT = SELECT_RECORDS
@@ -236,6 +236,7 @@ class PostgresStore(SQLControl):
                 # (read after the lock: under READ COMMITTED each statement sees
                 # the commits of the rounds that held the key before)
                 grants[i] = settle_key(conn, "%s", owner, requests[i], self.clock())
+            prune_buckets(conn, "%s", self.clock(), len(requests), " FOR UPDATE SKIP LOCKED")
         return [grants[i] for i in range(len(requests))]
 
     def save_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:

@@ -1,6 +1,7 @@
 """What the two SQL stores (SQLite and PostgreSQL) share, written once with the
 placeholder (``?`` or ``%s``) as a parameter: the query of execution records,
-the filters of `Store.executions`, and one key of a `Store.key_round`."""
+the filters of `Store.executions`, and one key of a `Store.key_round` (and the
+pruning of full buckets that ends a round)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import attrs
 
 from .._records import ExecutionRecord, SubStatus, TaskStatus
 from ._base import seconds
-from ._key_ledger import Hold, KeyGrant, KeyRequest, settle
+from ._key_ledger import PRUNE_MORE, Hold, KeyGrant, KeyRequest, full_at, settle
 
 #: The SQL stores' query of executions with their owner's lease (``e``, ``o``).
 RECORD_FIELDS = tuple(f.name for f in attrs.fields(ExecutionRecord))
@@ -108,11 +109,28 @@ def settle_key(conn: Any, mark: str, owner: str, request: KeyRequest, now: float
         conn.execute(f"DELETE FROM key_buckets WHERE key = {mark}", (key,))
     else:
         conn.execute(
-            f"INSERT INTO key_buckets (key, tokens, stamp) VALUES ({mark}, {mark}, {mark})"
-            " ON CONFLICT (key) DO UPDATE SET tokens = excluded.tokens, stamp = excluded.stamp",
-            (key, *bucket),
+            f"INSERT INTO key_buckets (key, tokens, stamp, full_at) VALUES ({mark}, {mark},"
+            f" {mark}, {mark}) ON CONFLICT (key) DO UPDATE SET tokens = excluded.tokens,"
+            " stamp = excluded.stamp, full_at = excluded.full_at",
+            (key, *bucket, full_at(request, bucket)),
         )
     return grant
+
+
+def prune_buckets(conn: Any, mark: str, now: float, settled: int, lock: str = "") -> None:
+    """End a round that settled ``settled`` keys: delete the key buckets full
+    by ``now``, earliest first, at most ``settled + PRUNE_MORE`` (a full
+    bucket is the same as none, and a key used once is never settled again to
+    delete its own). ``lock``: PostgreSQL's ``FOR UPDATE SKIP LOCKED`` (a row
+    another round is writing is left for a later one: this round never waits
+    for it, holding keys that round may wait for)."""
+    limit = settled + PRUNE_MORE
+    conn.execute(
+        "DELETE FROM key_buckets WHERE key IN (SELECT key FROM key_buckets"
+        f" WHERE full_at <= {mark} ORDER BY full_at, key LIMIT {mark}{lock})"
+        f" AND full_at <= {mark}",
+        (now, limit, now),
+    )
 
 
 def write_lease(conn: Any, mark: str, owner: str, lease_expires_at: float) -> None:

@@ -45,7 +45,7 @@ from ._base import (
 from ._control import SQLControl
 from ._durable_tables import SQLiteTables
 from ._key_ledger import KeyGrant, KeyRequest
-from ._sql import SELECT_RECORDS, filter_clause, record_of, settle_key, write_lease
+from ._sql import SELECT_RECORDS, filter_clause, prune_buckets, record_of, settle_key, write_lease
 from ._sqlite_file import READ_ONLY_BUSY_TIMEOUT, WRITE_BUSY_TIMEOUT, SQLiteFile
 from ._verdict import Verdict, claimed_attempts, recovery_verdict
 
@@ -279,6 +279,7 @@ class SQLiteStore(SQLControl):
             now = self.clock()  # (under the write lock: rounds see the clock in order)
             for i in sorted(range(len(requests)), key=lambda i: requests[i].key):
                 grants[i] = settle_key(conn, "?", owner, requests[i], now)
+            prune_buckets(conn, "?", now, len(requests))
         return [grants[i] for i in range(len(requests))]
 
     def save_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:

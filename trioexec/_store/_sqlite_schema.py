@@ -13,7 +13,7 @@ from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
-SCHEMA_VERSION = 12
+SCHEMA_VERSION = 13
 MIGRATIONS = Migrations("trioexec")
 #: Every migration this trioexec defines, by name: a file with any other applied
 #: was written by a newer trioexec.
@@ -256,6 +256,19 @@ def _command_order(db: sqlite_utils.Database) -> None:
     db.execute("ALTER TABLE pauses ADD COLUMN latest REAL NOT NULL DEFAULT 0")
     db.execute("UPDATE pauses SET latest = at")
     db.execute("UPDATE trioexec_meta SET value = '12' WHERE key = 'schema_version'")
+
+
+@_migration("0013_key_bucket_full")
+def _key_bucket_full(db: sqlite_utils.Database) -> None:
+    # When each key's bucket is full again (a full bucket is the same as no
+    # row): rounds delete the rows past it, earliest first, from this index.
+    # Rows from before keep NULL (their key's rate is not known here) until
+    # their key is settled again.
+    db.execute("ALTER TABLE key_buckets ADD COLUMN full_at REAL")
+    db.execute(
+        "CREATE INDEX key_buckets_full ON key_buckets (full_at, key) WHERE full_at IS NOT NULL"
+    )
+    db.execute("UPDATE trioexec_meta SET value = '13' WHERE key = 'schema_version'")
 
 
 def schema_version(db: sqlite_utils.Database, path: str) -> int:
