@@ -236,12 +236,19 @@ class TaskHandle:
     async def defer_until(self, condition: Condition, poll_interval: float | Backoff = 1.0) -> None:
         """Give the slot back until ``condition`` holds, then take one back (FIFO).
 
-        ``condition`` is a `trio.Event` or any object with an async ``wait()``
-        (woken at once, no polling), a trio-util ``AsyncValue``/``AsyncBool``
-        (waits until its value is truthy), or a zero-argument callable returning
-        a bool or an awaitable of one, checked now and then every
-        ``poll_interval`` seconds (a float > 0, or a `Backoff` for growing
-        intervals).
+        ``condition`` is one of:
+
+        * a `trio.Event`, or any object with an async ``wait()``: woken at
+          once, no polling;
+        * a trio-util ``AsyncValue``/``AsyncBool``: woken as soon as its value is
+          truthy, no polling;
+        * a function that takes no arguments, called now and then every
+          ``poll_interval`` seconds (a float > 0, or a `Backoff` for growing
+          intervals) until its result is truthy: a plain function returning a
+          bool, or an ``async def`` function (any callable whose result is
+          awaitable: it is awaited each time). Pass the function itself
+          (``is_ready``), not a call of it: a coroutine object
+          (``is_ready()``) is refused with ``TypeError``.
 
         If the condition already holds, returns at once without releasing
         anything. Otherwise the sub-status becomes ``DEFERRED``, the slot is
