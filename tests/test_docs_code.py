@@ -507,7 +507,7 @@ class Action:
     status: int = 0  # the exit status expected (a comment ``# exits N`` says another)
     databases: tuple[str, ...] = ()  # the files it names, which must exist
     job: int = 0  # kill: the job number (``%N``)
-    signal: signal.Signals = signal.SIGTERM
+    signum: signal.Signals = signal.SIGTERM  # kill: the signal it sends
     why: str = ""
 
 
@@ -553,7 +553,7 @@ def plan(command: Command) -> Action:
             signum = signal.Signals[name if name.startswith("SIG") else f"SIG{name}"]
         except KeyError:
             return Action("error", why=f"no signal {name!r}")
-        return Action("kill", job=int(args[-1][1:]), signal=signum)
+        return Action("kill", job=int(args[-1][1:]), signum=signum)
     if program == "wait" and not args:
         return Action("wait")
     if "trioexec" in words or any("examples/" in word for word in words):
@@ -667,7 +667,7 @@ class Shell:
             job = self.jobs.get(action.job)
             if job is None:
                 self._fail(command, f"names job %{action.job}; the jobs are {sorted(self.jobs)}")
-            job.process.send_signal(action.signal)
+            job.process.send_signal(action.signum)
             return
         if action.kind == "wait":
             for number in sorted(self.jobs):
