@@ -208,8 +208,9 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def docs(session: nox.Session) -> None:
-    """Build the Sphinx docs with warnings as errors, then run every Python block of
-    the docs and the README (tests/test_docs_code.py: each runs, or carries a
+    """Build the Sphinx docs with warnings as errors, then run every Python block and
+    every ``trioexec`` command of the docs and the README (tests/test_docs_code.py:
+    each runs, the commands page by page on what their examples leave, or carries a
     ``.. not-run: <why>`` marker; ``nox -s tests`` runs it too)."""
     session.install("-e", ".[docs,test]")
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")

@@ -10,6 +10,13 @@ from the top (handlers are re-entrant) and finds the approval settled.
 
     python examples/durable_approval.py                    # the whole story (~1 s)
     python examples/durable_approval.py approve DB ID      # what the approver runs
+
+Given the path of a database instead, it keeps it there and the approver is
+you: it runs the worker until the refund waits for its approval, says how to
+give it (``trioexec promises resolve DB approval-A-1042 ...``) and stops; run
+it again once approved, and the refund goes through.
+
+    python examples/durable_approval.py approvals.db
 """
 
 from __future__ import annotations
@@ -59,18 +66,23 @@ async def watch(check: Callable[[], Awaitable[T]]) -> T:
     return found
 
 
+async def request_refund(ds: DurableStore, order: str) -> None:
+    """The refund, a durable task for the "refunds" target, and its approval."""
+    await ds.promises.create(f"approval-{order}", timeout=3600)
+    await ds.promises.create(
+        f"refund-{order}",
+        timeout=3600,
+        target="refunds",
+        data={"order": order, "amount": 120.0},
+    )
+
+
 async def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         db = os.path.join(tmp, "approvals.db")
         with DurableStore(db) as ds:
             order = "A-1042"
-            await ds.promises.create(f"approval-{order}", timeout=3600)
-            await ds.promises.create(
-                f"refund-{order}",
-                timeout=3600,
-                target="refunds",
-                data={"order": order, "amount": 120.0},
-            )
+            await request_refund(ds, order)
             async with open_worker(ds, "refunds", refund, lease=5, poll_interval=0.05):
 
                 async def suspended() -> bool:
@@ -97,8 +109,36 @@ async def main() -> None:
             assert await ds.check_invariants() == []
 
 
+async def serve(db: str) -> None:
+    """The refund on a database that stays: run the worker until the refund is
+    settled, or until it waits for an approval nobody gave yet."""
+    order = "A-1042"
+    with DurableStore(db) as ds:
+        if await ds.promises.get(f"refund-{order}") is None:
+            await request_refund(ds, order)
+        async with open_worker(ds, "refunds", refund, lease=5, poll_interval=0.05):
+
+            async def waiting_or_settled() -> str | None:
+                promise = await ds.promises.get(f"refund-{order}")
+                if promise is not None and not promise.pending:
+                    return f"refund promise: {promise.state.value} {promise.data}"
+                task = await ds.tasks.get(f"refund-{order}")
+                if task is not None and task.state is TaskState.SUSPENDED:
+                    data = """'{"approved": true}'"""
+                    return (
+                        f"refund-{order} waits for approval-{order}; approve it with\n"
+                        f"  trioexec promises resolve {db} approval-{order} --data {data}\n"
+                        "then run this again"
+                    )
+                return None
+
+            print(await watch(waiting_or_settled))
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["approve"]:
         trio.run(approve, sys.argv[2], sys.argv[3])
+    elif len(sys.argv) > 1:
+        trio.run(serve, sys.argv[1])
     else:
         trio.run(main)

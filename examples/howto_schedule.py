@@ -11,12 +11,15 @@ The script runs on Trio's ``MockClock`` with autojump, and the store's wall cloc
 follows it (``FakeWallClock``): two hours of schedule in milliseconds. In
 production: ``trio.run(main)`` and a real store, e.g. ``trioexec.SQLiteStore("runs.db")``.
 
-Run it with ``python examples/howto_schedule.py``.
+Run it with ``python examples/howto_schedule.py``. Give it the path of a new
+file (``python examples/howto_schedule.py runs.db``) to keep the store there, in
+SQLite, and list its schedule with ``trioexec schedules runs.db``.
 """
 
 from __future__ import annotations
 
 import datetime
+import sys
 
 import trio
 import trio.testing
@@ -32,9 +35,19 @@ async def report(where: str, handle: trioexec.TaskHandle) -> None:
     ran.append((handle.task_id, where))
 
 
-async def main() -> None:
+async def main(path: str | None = None) -> None:
     start = datetime.datetime(2026, 3, 29, 9, 55, tzinfo=datetime.UTC).timestamp()
-    store = trioexec.MemoryStore(clock=FakeWallClock(start=start))
+    clock = FakeWallClock(start=start)
+    store: trioexec.Store
+    if path is None:
+        store = trioexec.MemoryStore(clock=clock)
+    else:  # (inline: without the store's thread, which autojump does not mix with)
+        store = trioexec.SQLiteStore(path, inline=True, clock=clock)
+    with store:
+        await story(store)
+
+
+async def story(store: trioexec.Store) -> None:
     async with (
         trioexec.open_executor(store=store) as a,
         trioexec.open_executor(store=store) as b,
@@ -81,4 +94,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+    path = sys.argv[1] if len(sys.argv) > 1 else None  # the SQLite file to keep, if any
+    trio.run(main, path, clock=trio.testing.MockClock(autojump_threshold=0))

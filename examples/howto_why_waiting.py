@@ -10,11 +10,13 @@ processes (`ExecutionRecord.waiting_on`, ``trioexec status DB``).
 The waits are virtual (Trio's ``MockClock`` with autojump), so the script
 finishes at once. In production: ``trio.run(main)`` and a real file.
 
-Run it with ``python examples/howto_why_waiting.py``.
+Run it with ``python examples/howto_why_waiting.py``; give it the path of a new
+file (``python examples/howto_why_waiting.py runs.db``) to keep the database.
 """
 
 from __future__ import annotations
 
+import sys
 import tempfile
 from pathlib import Path
 
@@ -82,5 +84,9 @@ async def main(db: Path) -> None:
 
 
 if __name__ == "__main__":
-    with tempfile.TemporaryDirectory() as tmp:
-        trio.run(main, Path(tmp) / "runs.db", clock=trio.testing.MockClock(autojump_threshold=0))
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    if len(sys.argv) > 1:
+        trio.run(main, Path(sys.argv[1]), clock=clock)  # the database stays there
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            trio.run(main, Path(tmp) / "runs.db", clock=clock)

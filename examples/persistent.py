@@ -7,12 +7,15 @@ process would, with ``store.executions(sub_status=DEFERRED)`` and
 ``deferred_longer_than``. At the end every row is COMPLETED with its sub-status
 cleared.
 
-Run it with ``python examples/persistent.py`` (about 1.5 seconds).
+Run it with ``python examples/persistent.py`` (about 1.5 seconds). Give it the
+path of a new file (``python examples/persistent.py runs.db``) to keep the
+database and look at it with ``trioexec status runs.db`` afterwards.
 """
 
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 
 import trio
@@ -40,37 +43,39 @@ def show(store: trioexec.SQLiteStore, title: str) -> None:
     print(f"  -> deferred longer than 0.5s: {len(old)}")
 
 
-async def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "runs.db")
-        with trioexec.SQLiteStore(path) as store:
-            async with trioexec.open_executor(max_concurrent_tasks=2, store=store) as ex:
-                refs = [await ex.submit(build_report, region) for region in published]
-                await trio.sleep(0.3)
-                await ex.flush()  # make everything so far visible to readers
-                show(store, "after 0.3s, all six wait without a slot:")
-                deferred = store.executions(sub_status="deferred")
-                assert len(deferred) == 6
-                assert ex.slots.in_use == 0
+async def main(path: str) -> None:
+    with trioexec.SQLiteStore(path) as store:
+        async with trioexec.open_executor(max_concurrent_tasks=2, store=store) as ex:
+            refs = [await ex.submit(build_report, region) for region in published]
+            await trio.sleep(0.3)
+            await ex.flush()  # make everything so far visible to readers
+            show(store, "after 0.3s, all six wait without a slot:")
+            deferred = store.executions(sub_status="deferred")
+            assert len(deferred) == 6
+            assert ex.slots.in_use == 0
 
-                for region in list(published)[:3]:
-                    published[region].set()
-                await trio.sleep(0.4)
-                await ex.flush()
-                show(store, "after 0.7s, three published; the rest still wait:")
-                assert len(store.executions(sub_status="deferred")) == 3
-                assert len(store.executions(deferred_longer_than=0.5)) == 3
+            for region in list(published)[:3]:
+                published[region].set()
+            await trio.sleep(0.4)
+            await ex.flush()
+            show(store, "after 0.7s, three published; the rest still wait:")
+            assert len(store.executions(sub_status="deferred")) == 3
+            assert len(store.executions(deferred_longer_than=0.5)) == 3
 
-                for region in list(published)[3:]:
-                    published[region].set()
-                results = [(await ref.wait()).result for ref in refs]
+            for region in list(published)[3:]:
+                published[region].set()
+            results = [(await ref.wait()).result for ref in refs]
 
-            print("\nresults:", *results, sep="\n  ")
-            rows = store.executions()
-            statuses = sorted({r.status.value for r in rows})
-            print(f"\nstore: {len(rows)} executions, statuses {statuses}")
-            assert all(r.status is TaskStatus.COMPLETED and r.sub_status is None for r in rows)
+        print("\nresults:", *results, sep="\n  ")
+        rows = store.executions()
+        statuses = sorted({r.status.value for r in rows})
+        print(f"\nstore: {len(rows)} executions, statuses {statuses}")
+        assert all(r.status is TaskStatus.COMPLETED and r.sub_status is None for r in rows)
 
 
 if __name__ == "__main__":
-    trio.run(main)
+    if len(sys.argv) > 1:
+        trio.run(main, sys.argv[1])  # the database stays there
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            trio.run(main, os.path.join(tmp, "runs.db"))

@@ -564,6 +564,37 @@ async def open_executor(
     executors whose lease expired (on entry, then every ``lease``), re-creating
     them from ``tasks``. See `Executor.flush` for what waits for durability.
 
+    Args:
+      max_concurrent_tasks: the slots: how many tasks hold one at once (>= 1).
+      queue_capacity: how many accepted tasks may wait beyond the slots (>= 0).
+        Admission is bounded by ``max_concurrent_tasks + queue_capacity``,
+        counted over pending, active and deferred tasks.
+      overflow: what a submission does when that bound is reached (`Overflow`).
+      shutdown_policy: how leaving the block ends the work (`ShutdownPolicy`).
+      thread_workers: how many plain ``def`` tasks run in threads at once
+        (None: ``max_concurrent_tasks``).
+      store: where every execution is recorded (`SQLiteStore`, `PostgresStore`,
+        `MemoryStore`); None: nothing is recorded. The caller closes it.
+      event_capacity: how many unread `HealthEvent` values ``ex.events`` keeps;
+        past it the oldest are dropped and counted.
+      task_budget: the cooperative budget, in seconds of active (slot-holding)
+        time, of a task submitted without a ``budget`` of its own (neither on
+        `Executor.submit` nor on its `TaskSpec`); None: no budget. A task over
+        its budget is not interrupted: its completion says
+        ``budget_exceeded=True`` and ``timeout_budget_exceeded_count`` counts it.
+      tasks: the `TaskSpec` values and `Workflow` objects that recovery and
+        ``trioexec retry`` may re-create executions from, by id.
+      recover: with a store, re-run the executions whose owner's lease expired.
+      lease: seconds of the executor's lease on its executions (with a store).
+      max_recovery_attempts: how many times one execution may be recovered
+        before it is failed as ``abandoned``.
+      key_limits: one `KeyLimit` for every admission key, or a mapping from key
+        to `KeyLimit` (``"*"``: every key not listed); None: keys are not limited.
+      priority_aging: a pending task's priority rises by 1 for every that many
+        seconds it has waited; None: no aging.
+      shutdown_grace: how long a shutdown may drain before what is left is
+        cancelled; None: no limit.
+
     Example::
 
         async with trioexec.open_executor(max_concurrent_tasks=4) as ex:

@@ -261,18 +261,19 @@ class TaskHandle:
 
         ``condition`` is one of:
 
-        - a `trio.Event`, or any object with an async ``wait()`` (woken at once,
-          no polling);
-        - a trio-util ``AsyncValue``/``AsyncBool`` (woken when its value becomes
-          truthy, no polling);
-        - a deadline: a number on Trio's clock, as `trio.sleep_until` takes
+        * a `trio.Event`, or any object with an async ``wait()``: woken at
+          once, no polling;
+        * a trio-util ``AsyncValue``/``AsyncBool``: woken as soon as its value is
+          truthy, no polling;
+        * a deadline: a number on Trio's clock, as `trio.sleep_until` takes
           (``trio.current_time() + 30``): woken exactly then, no polling;
-        - a predicate: a function called with no arguments that returns a bool,
-          or an ``async def`` function (a coroutine function) whose result is a
-          bool. It is called now and then every ``poll_interval`` seconds (a
-          float > 0, or a `Backoff` for growing intervals). Pass the function
-          itself, not a coroutine object: ``defer_until(ready)``, never
-          ``defer_until(ready())``.
+        * a function that takes no arguments, called now and then every
+          ``poll_interval`` seconds (a float > 0, or a `Backoff` for growing
+          intervals) until its result is truthy: a plain function returning a
+          bool, or an ``async def`` function (any callable whose result is
+          awaitable: it is awaited each time). Pass the function itself
+          (``is_ready``), not a call of it: a coroutine object
+          (``is_ready()``) is refused with ``TypeError``.
 
         If the condition already holds, returns at once without releasing
         anything. Otherwise the sub-status becomes ``DEFERRED``, the slot is

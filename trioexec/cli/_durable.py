@@ -147,7 +147,13 @@ def promises_reject(db: str, id: str, data: str | None) -> None:
 @click.option("--limit", type=click.IntRange(1), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def tasks(db: str, state: str | None, target: str | None, limit: int, as_json: bool) -> None:
-    """Durable tasks in DB, by id."""
+    """Durable tasks in DB (for executor tasks: trioexec status).
+
+    Lists, by id, the tasks of durable promises (trioexec.durable): those that
+    open_worker and trioexec worker claim. The tasks an executor runs
+    (Executor.submit, workflows, schedules) are not here: trioexec status DB
+    lists those.
+    """
     with open_durable(db) as ds:
         rows, _ = trio.run(lambda: ds.tasks.search(state=state, target=target, limit=limit))
     if as_json:
