@@ -651,13 +651,15 @@ async def open_executor(
                         yield ex
                     except BaseException as exc:
                         body_error.append(exc)
+                        core.lifecycle.cancel_reason = _interrupted(exc)
                         core.shutdown.begin(ShutdownPolicy.CANCEL)
                         raise
                     finally:
                         nursery.start_soon(_close_events_when_done, core)
                     try:
                         await ex.shutdown()
-                    except BaseException:  # e.g. cancelled from outside while draining
+                    except BaseException as exc:  # e.g. cancelled from outside while draining
+                        core.lifecycle.cancel_reason = _interrupted(exc)
                         core.shutdown.begin(ShutdownPolicy.CANCEL)
                         raise
             finally:
@@ -677,6 +679,16 @@ async def open_executor(
     if core.lifecycle.failure is not None:
         # Whatever the body was doing was cancelled by the failure: this is the error.
         raise core.lifecycle.failure
+
+
+def _interrupted(exc: BaseException) -> str:
+    """Why the tasks cancelled because the executor's block ended with ``exc``
+    were cancelled, as their store rows say."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted (KeyboardInterrupt: Ctrl-C)"
+    if isinstance(exc, trio.Cancelled):
+        return "interrupted: the executor's block was cancelled"
+    return f"interrupted: the executor's block raised {type(exc).__name__}"
 
 
 def _report_unread(core: ExecutorCore) -> None:

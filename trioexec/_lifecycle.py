@@ -94,6 +94,9 @@ class Lifecycle:
         self._idle_waiting = 0  # how many (a ParkingLot's bool is a Python call)
         self.backing_off: set[Job] = set()  # (the workers keep it) between attempts
         self.cancelled_by: dict[str, str] = {}  # task id -> who sent the cancel command
+        #: why tasks the shutdown cancels end (their store error): set when the
+        #: executor's block ends by an exception (Ctrl-C says "interrupted")
+        self.cancel_reason: str | None = None
         self.observer: Observer | None = None  # (`trioexec.contrib`: `_observe.combine`)
         #: failed tasks whose completion nobody has read yet (`unread_report`):
         #: how many, and the first few of them (bounded: a long run keeps no more)
@@ -357,6 +360,12 @@ class Lifecycle:
                 who = self.cancelled_by.pop(job.task_id, None)
                 if who is not None and status is TaskStatus.CANCELLED and job.error is None:
                     job.error = TaskCancelled(f"cancelled by {who}")  # (as the store says)
+            if (
+                status is TaskStatus.CANCELLED
+                and job.error is None
+                and self.cancel_reason is not None
+            ):
+                job.error = TaskCancelled(self.cancel_reason)  # (as the store says)
             error = None if job.error is None else safe_repr(job.error)
             dead = job.error is not None and status in _DEAD
             row = journal.open_row(job)
