@@ -135,3 +135,14 @@ def test_demo_records_into_a_url(pg_database: str, tmp_path: Path) -> None:
     counts = store_view(pg_database, lambda s: s.counts())
     assert counts[trioexec.TaskStatus.COMPLETED] == 11
     assert sum(counts.values()) == 11
+
+
+def test_the_demo_on_a_url_never_prints_its_password(pg_database: str, tmp_path: Path) -> None:
+    # (the test server trusts every connection: a password in the URL is accepted)
+    url = pg_database.replace("postgresql://postgres@", "postgresql://postgres:s3cret@")
+    assert "s3cret" in url
+    done = cli("demo", "--quick", "--tasks", "8", "--slots", "2", "--db", url, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "s3cret" not in done.stdout + done.stderr
+    assert "postgresql://postgres:***@" in done.stdout
+    assert "Store: 15 completed" in " ".join(done.stdout.split())

@@ -35,6 +35,7 @@ from trioexec._store._open import is_postgres_url
 from trioexec.durable import DurableStore
 
 from ._common import cell, console, fail
+from ._common import shown as redact
 
 #: The demo writes a few hundred rows: a database another process keeps locked for
 #: seconds is not one to demo on, and saying so soon beats a long silence.
@@ -154,12 +155,13 @@ def demo(db: str | None, slots: int, tasks: int, quick: bool) -> None:
     except (StoreError, ValueError, ModuleNotFoundError) as exc:
         fail(str(exc))
     n_events = len(plan.waits)
-    shown = shlex.quote(path)
+    # (a URL's password is never printed: the commands show *** in its place)
+    shown = shlex.quote(redact(path))
     console.print(
         Text.assemble(
             ("trioexec demo", "bold"),
             f": {plan.total} tasks on {slots} slots, about {plan.seconds:.0f} s. Recording to ",
-            (path, "cyan"),
+            (redact(path), "cyan"),
             "; watch it from another shell with:",
         )
     )
@@ -247,7 +249,7 @@ def demo(db: str | None, slots: int, tasks: int, quick: bool) -> None:
             f" {held:.1f}s ({held / ideal:.1f}x faster): while {waiters} tasks waited, their"
             f" slots ran the others. Store: {counts[TaskStatus.COMPLETED]} completed,"
             f" {sum(v for k, v in counts.items() if k is not TaskStatus.COMPLETED)} other"
-            f" — {path}"
+            f" — {redact(path)}"
         )
     )
     console.print(Text("Look at what it wrote:", style="bold"))
