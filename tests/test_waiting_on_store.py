@@ -304,8 +304,10 @@ def test_status_shows_a_waiting_on_column_and_filters_by_glob(tmp_path):
 
 
 def test_status_waiting_on_fits_80_columns(tmp_path):
+    from test_cli_tables import pty  # (an 80-column terminal; a pipe has no width)
+
     _waiting_db(tmp_path / "w.db")
-    out = _cli("status", "w.db", cwd=tmp_path, columns=80)
+    out = pty(["status", "w.db"], tmp_path, 80)
     assert all(len(line) <= 80 for line in out.splitlines())
     for word in ("p-1", "k-1", "q-1", "pending", "deferred", "waiting"):
         assert word in out

@@ -19,7 +19,7 @@ import trio
 from ._admission import Overflow
 from ._core import ExecutorConfig, ExecutorCore, check_store
 from ._events import EventStream
-from ._executor import _one_level, split_tasks
+from ._executor import one_level, split_tasks
 from ._handle import TaskHandle
 from ._keys import KeyLimit
 from ._metrics import ExecutorMetrics
@@ -177,7 +177,7 @@ class DeterministicExecutor:
         # The background tasks `open_executor` runs beside its workers (a key's
         # refill timer: a retry waits in the caller's task for its next token) run
         # in a nursery of this call's, from the same place (`Workers.start`).
-        async with _one_level(body_error), trio.open_nursery() as nursery:
+        async with one_level(body_error), trio.open_nursery() as nursery:
             core.workers.start(nursery, inline=True)
             try:
                 await self._run_ready(max_tasks, cancel, completions)

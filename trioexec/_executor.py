@@ -637,7 +637,7 @@ async def open_executor(
                 await core.control.load()
                 await infra.start(_store_services, core, lease, keepalive)
             try:
-                async with _one_level(body_error), trio.open_nursery() as nursery:
+                async with one_level(body_error), trio.open_nursery() as nursery:
                     core.workers.start(nursery)
                     ex._runs.nursery = nursery
                     if recover:
@@ -692,8 +692,8 @@ def _interrupted(exc: BaseException) -> str:
 
 
 def _report_unread(core: ExecutorCore) -> None:
-    """Say once, on stderr, which failures nobody read (`Lifecycle.unread_report`)."""
-    report = core.lifecycle.unread_report()
+    """Say once, on stderr, which failures nobody read (`UnreadFailures`)."""
+    report = core.lifecycle.unread.report()
     if report is not None and sys.stderr is not None:
         print(report, file=sys.stderr, flush=True)
 
@@ -725,7 +725,7 @@ async def _close_events_when_done(core: ExecutorCore) -> None:
 
 
 @asynccontextmanager
-async def _one_level(body_error: list[BaseException]) -> AsyncIterator[None]:
+async def one_level(body_error: list[BaseException]) -> AsyncIterator[None]:
     """Take away the one group layer the nursery inside this block adds around a
     lone exception (the body's, say), and no more: a user's own group passes."""
     try:

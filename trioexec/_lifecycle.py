@@ -36,7 +36,7 @@ from ._store._base import (
     R_TRACEBACK,
     R_WAITING,
 )
-from ._taskref import Job
+from ._taskref import Job, UnreadFailures
 
 if TYPE_CHECKING:
     from ._admission import Gate
@@ -57,10 +57,6 @@ class Runs(Protocol):
     def step_changed(self, run_id: str) -> None: ...
     def step_completed(self, job: Job) -> None: ...
     def lost(self, run_ids: Iterable[str]) -> None: ...
-
-
-#: How many unread failures a lifecycle keeps to name the first one at close.
-UNREAD_KEPT = 16
 
 
 @final
@@ -98,10 +94,7 @@ class Lifecycle:
         #: executor's block ends by an exception (Ctrl-C says "interrupted")
         self.cancel_reason: str | None = None
         self.observer: Observer | None = None  # (`trioexec.contrib`: `_observe.combine`)
-        #: failed tasks whose completion nobody has read yet (`unread_report`):
-        #: how many, and the first few of them (bounded: a long run keeps no more)
-        self.unread_count = 0
-        self.unread: list[Job] = []
+        self.unread = UnreadFailures()  # failed tasks whose completion nobody read
         if journal is not None:
             # What a task of a limited key waits on changes as its key lets it
             # through or holds it back (unkeyed tasks never call this).
@@ -129,7 +122,7 @@ class Lifecycle:
         a submission that raises leaves no trace, nothing counted, queued,
         journaled or dropped."""
         journal = self.journal
-        row = None if journal is None or recovered else self.submit_row(job)
+        row = None if journal is None or recovered else submit_row(job, self._owner_id)
         if displace:
             self.drop_oldest()
         self.pending.append(job)
@@ -168,7 +161,9 @@ class Lifecycle:
 
     def drop_new(self, job: Job) -> None:
         """``job`` arrived at a full executor under ``DROP_NEWEST``."""
-        row = None if self.journal is None else self.submit_row(job)  # (may raise: first)
+        row = (
+            None if self.journal is None else submit_row(job, self._owner_id)
+        )  # (may raise: first)
         self._gate.publish_refusal(HealthEventKind.TASK_DROP, job, "queue_full")
         if row is not None:
             self.log_submit(job, row)
@@ -186,21 +181,6 @@ class Lifecycle:
         journal = self.journal
         assert journal is not None
         journal.append(change)
-
-    def submit_row(self, job: Job) -> list[object]:
-        """The store's row of a new execution (not journaled yet): the part of
-        a submission that may raise (its arguments as JSON), made first."""
-        fn = job.fn
-        spec_id = fn.id if isinstance(fn, TaskSpec) else None
-        try:
-            args = json.dumps(job.args) if spec_id is not None else None
-        except (TypeError, ValueError):
-            args = None  # not JSON: recorded, but recovery cannot re-create it
-        return [  # the store's "row" layout
-            "row", job.task_id, job.name, job.run_id, TaskStatus.PENDING, None, 0, 0,
-            self._owner_id, job.version, job.submitted_at, None, None, None, None, spec_id, args,
-            job.key, job.priority, "slot", None,
-        ]  # fmt: skip
 
     def log_submit(self, job: Job, row: list[object]) -> None:
         """Journal a new execution as a "row" change (`submit_row`), into which
@@ -336,7 +316,7 @@ class Lifecycle:
         elif status is TaskStatus.FAILED:
             tally.failed_count += 1
             if job.run_id is None:  # (a workflow's step is read by its run)
-                self._unread(job)
+                self.unread.add(job)
         elif status is TaskStatus.CANCELLED:
             tally.cancelled_count += 1
             if job.cancel_requested:
@@ -344,7 +324,7 @@ class Lifecycle:
         elif status is TaskStatus.TIMED_OUT:
             tally.timed_out_count += 1
             if job.run_id is None:
-                self._unread(job)
+                self.unread.add(job)
         else:
             tally.dropped_count += 1
         if self._named:
@@ -542,36 +522,6 @@ class Lifecycle:
             job.wake_waiters()
         self._idle_lot.unpark_all()
 
-    def _unread(self, job: Job) -> None:
-        self.unread_count += 1
-        if len(self.unread) < UNREAD_KEPT:
-            self.unread.append(job)
-
-    def failure_read(self, job: Job) -> None:
-        """The completion of ``job``, which failed, has been read (`Job.make_completion`)."""
-        self.unread_count -= 1
-
-    def unread_report(self) -> str | None:
-        """What to say at close of the failures nobody read (None: there are none):
-        how many, and the first one's error with its traceback."""
-        if self.unread_count <= 0:
-            return None
-        first = next((job for job in self.unread if job.completion is None), None)
-        n = self.unread_count
-        lines = [
-            f"trioexec: {n} failed task{'s' if n != 1 else ''} whose completion nobody read"
-            " (await ref.wait(), or open_executor(report_unread_failures=False) for quiet)"
-        ]
-        if first is not None:
-            error = first.error
-            lines.append(
-                f"the first: {first.name!r} (task {first.task_id}) {first.status.value}:"
-                f" {safe_repr(error)}"
-            )
-            if error is not None:
-                lines.append("".join(traceback.format_exception(error)).rstrip("\n"))
-        return "\n".join(lines)
-
     def hurry(self) -> None:
         """Someone waits for a completion: the journal writes without gathering."""
         if self.journal is not None:
@@ -596,6 +546,22 @@ def journal_waiting(lifecycle: Lifecycle, job: Job) -> None:
     journal = lifecycle.journal
     if journal is not None and job.task_id in lifecycle.live and not job.ended:
         journal.fold(job, ("wait", job.task_id, job.version, lifecycle.waiting_on(job)))
+
+
+def submit_row(job: Job, owner_id: str) -> list[object]:
+    """The store's row of a new execution of ``owner_id``'s (not journaled yet):
+    the part of a submission that may raise (its arguments as JSON), made first."""
+    fn = job.fn
+    spec_id = fn.id if isinstance(fn, TaskSpec) else None
+    try:
+        args = json.dumps(job.args) if spec_id is not None else None
+    except (TypeError, ValueError):
+        args = None  # not JSON: recorded, but recovery cannot re-create it
+    return [  # the store's "row" layout
+        "row", job.task_id, job.name, job.run_id, TaskStatus.PENDING, None, 0, 0,
+        owner_id, job.version, job.submitted_at, None, None, None, None, spec_id, args,
+        job.key, job.priority, "slot", None,
+    ]  # fmt: skip
 
 
 _DEAD_ARGS_MAX = 65_536

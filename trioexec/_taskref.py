@@ -11,6 +11,7 @@ of one: read-only status and the completion, ``wait()`` and ``cancel()``.
 from __future__ import annotations
 
 import math
+import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, TypeVarTuple, final
 
@@ -18,10 +19,10 @@ import attrs
 import trio
 
 from ._errors import StoreError
-from ._records import SubStatus, T_co, TaskCompletion, TaskStatus
+from ._records import SubStatus, T_co, TaskCompletion, TaskStatus, safe_repr
 from ._spec import CallInfo
 
-#: The final statuses of a task that failed (`Lifecycle.unread_report`).
+#: The final statuses of a task that failed (`UnreadFailures`).
 _FAILURES = (TaskStatus.FAILED, TaskStatus.TIMED_OUT)
 
 if TYPE_CHECKING:
@@ -77,8 +78,8 @@ class Owner(Protocol):
     def hurry(self) -> None:
         """Someone waits for a completion to be durable."""
 
-    def failure_read(self, job: Job) -> None:
-        """The completion of ``job``, which failed, has been read."""
+    @property
+    def unread(self) -> UnreadFailures: ...
 
     def waiting_on(self, job: Job) -> str | None: ...
 
@@ -169,11 +170,57 @@ class Job:
             # The completion holds what a waiter needs; drop the call itself.
             self.fn = self.args = None  # type: ignore[assignment]
             if self.status in _FAILURES and self.run_id is None:
-                self.owner.failure_read(self)  # (`Lifecycle.unread_report`)
+                self.owner.unread.read()  # (`UnreadFailures`)
         return self.completion
 
     def __repr__(self) -> str:
         return f"<Job {self.task_id!r} {self.name!r} {self.status.value}>"
+
+
+@final
+class UnreadFailures:
+    """The failed tasks (FAILED or TIMED_OUT, not a workflow's steps) whose
+    completion nobody has read yet: how many, and the first few of them (bounded:
+    a long run keeps no more), for the executor to say so as it closes."""
+
+    KEPT = 16  # (to name the first one still unread)
+
+    __slots__ = ("count", "first")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: list[Job] = []
+
+    def add(self, job: Job) -> None:
+        """``job`` ended failed (the failure path only)."""
+        self.count += 1
+        if len(self.first) < self.KEPT:
+            self.first.append(job)
+
+    def read(self) -> None:
+        """A failed job's completion was made, for whoever reads it."""
+        self.count -= 1
+
+    def report(self) -> str | None:
+        """What to say at close (None: nothing unread): how many, and the first
+        one's error with its traceback."""
+        n = self.count
+        if n <= 0:
+            return None
+        lines = [
+            f"trioexec: {n} failed task{'s' if n != 1 else ''} whose completion nobody read"
+            " (await ref.wait(), or open_executor(report_unread_failures=False) for quiet)"
+        ]
+        job = next((job for job in self.first if job.completion is None), None)
+        if job is not None:
+            error = job.error
+            lines.append(
+                f"the first: {job.name!r} (task {job.task_id}) {job.status.value}:"
+                f" {safe_repr(error)}"
+            )
+            if error is not None:
+                lines.append("".join(traceback.format_exception(error)).rstrip("\n"))
+        return "\n".join(lines)
 
 
 @final

@@ -53,7 +53,7 @@ from typing import Any, NoReturn, final
 import trio
 
 from .._errors import TrioexecError
-from .._executor import Executor, _one_level, open_executor
+from .._executor import Executor, one_level, open_executor
 from .._handle import TaskHandle
 from .._records import ShutdownPolicy, safe_repr
 from .._records import check_id as check_task_id
@@ -674,10 +674,10 @@ async def open_worker(
         try:
             # The fulfils of finished runs: each shielded and bounded by the lease,
             # so leaving waits for them (a fulfil lost here would run the task again).
-            async with _one_level(body_error), trio.open_nursery() as settling:
+            async with one_level(body_error), trio.open_nursery() as settling:
                 worker._settling = settling
                 try:
-                    async with _one_level(body_error), trio.open_nursery() as nursery:
+                    async with one_level(body_error), trio.open_nursery() as nursery:
                         nursery.start_soon(worker._claim_loop)
                         nursery.start_soon(worker._heartbeat_loop)
                         nursery.start_soon(worker._lease_watch)
