@@ -14,6 +14,7 @@ import base64
 import html
 import json
 import re
+import sqlite3
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -25,6 +26,7 @@ import httpx
 import markupsafe
 import pytest
 import trio
+import trio.testing
 
 import trioexec
 from trioexec import SubStatus, TaskStatus, Workflow, task
@@ -765,3 +767,105 @@ async def test_overview_and_tasks_on_postgres(pg_database: str) -> None:
     assert SCRIPT not in names
     assert esc(SCRIPT) in names
     assert "postgresql" not in page or ":***@" in page or "password" not in page
+
+
+# ---------------------------------------------------------------------- counts
+
+
+async def test_the_overview_counts_every_execution_that_ended_as_finished(db: Db) -> None:
+    """Issue 30, 16: cancelled, dropped and rejected executions are finished too
+    (every status but pending and running)."""
+    async with client(db.target) as c:
+        before = (await c.get("/")).text
+        now = time.time()
+        with trioexec.open_store(db.target) as store:
+            ended = (TaskStatus.CANCELLED, TaskStatus.DROPPED, TaskStatus.REJECTED)
+            store.write(
+                [
+                    change
+                    for i, status in enumerate((*ended, TaskStatus.TIMED_OUT))
+                    for change in (
+                        ("submit", f"end-{i}", 1, "ender", None, None, None, "w2", now - 9),
+                        ("finish", f"end-{i}", 1, status, now - 5, f"{status.value} here"),
+                    )
+                ]
+            )
+        after = (await c.get("/")).text
+    with sqlite3.connect(db.target) as conn:
+        [(finished,)] = conn.execute(
+            "SELECT count(*) FROM executions WHERE finished_at IS NOT NULL"
+        )
+    conn.close()
+
+    def said(page: str) -> tuple[int, str]:
+        found = re.search(r"(\d+)(?:</span>)? finished, failure rate ([\d.]+) %", page)
+        assert found, page
+        return int(found.group(1)), found.group(2)
+
+    assert said(after) == (finished, f"{2 / finished * 100:.1f}")  # (dead-1, end-3)
+    assert said(after)[0] == said(before)[0] + 4
+    assert "cancelled, dropped or rejected" in after
+
+
+#: The backoff test's events (a run's context holds JSON only).
+SIGNALS: dict[str, trio.Event] = {}
+
+
+@task(id="first")
+async def first(context: trioexec.Context) -> None:
+    await trio.lowlevel.checkpoint()
+
+
+@task(
+    id="flaky", dependencies=["first"], retries=1, backoff=trioexec.Backoff(initial=3600, max=3600)
+)
+async def flaky(context: trioexec.Context) -> None:
+    SIGNALS["tried"].set()
+    raise ConnectionError("try again later")
+
+
+@task(id="held", dependencies=["first"])
+async def held(context: trioexec.Context) -> None:
+    await SIGNALS["release"].wait()
+
+
+@task(id="last", dependencies=["flaky", "held"])
+async def last(context: trioexec.Context) -> None:
+    await trio.lowlevel.checkpoint()
+
+
+async def test_a_step_in_its_retry_backoff_is_in_progress_on_the_graph_and_the_list(
+    db: Db,
+) -> None:
+    """Issue 30, 17: a step waiting out its retry's backoff has started (the run
+    counts it in progress): the graph draws it running, waiting on the backoff;
+    the runs list counts the run's steps from its graph and its live tasks, not
+    only the ones recorded (which are the ended ones)."""
+    release = SIGNALS["release"] = trio.Event()
+    tried = SIGNALS["tried"] = trio.Event()
+    with trioexec.open_store(db.target) as store, trio.CancelScope() as scope:
+        async with trioexec.open_executor(store=store, tasks=[first, flaky, held, last]) as ex:
+            await ex.start_workflow(
+                Workflow("backoff", [first, flaky, held, last]), run_id="run-backoff"
+            )
+            with trio.fail_after(20):
+                await tried.wait()
+                await trio.testing.wait_all_tasks_blocked()
+                await ex.flush()
+            async with client(db.target) as c:
+                page = (await c.get("/runs/run-backoff")).text
+                listing = (await c.get("/runs")).text
+            release.set()
+            scope.cancel()  # (the backoff is an hour: not waited out)
+    steps = dict(re.findall(r'data-step="(\w+)" data-state="(\w+)"', page))
+    assert steps == {"first": "completed", "flaky": "running", "held": "running", "last": "pending"}
+    assert "<title>flaky: running, waiting on retry backoff</title>" in page
+    row = listing.split('data-run-id="run-backoff"', 1)[1].split("</tr>", 1)[0]
+    pills = re.findall(r'class="pill state-\w+">(\d+ \w+)<', row)
+    assert pills == ["1 pending", "2 running", "1 completed"]
+    live = listing.split('data-run-id="run-live"', 1)[1].split("</tr>", 1)[0]
+    assert re.findall(r'class="pill state-\w+">(\d+ \w+)<', live) == [
+        "1 pending",
+        "1 running",
+        "1 completed",
+    ]

@@ -6,9 +6,10 @@ values."""
 
 from __future__ import annotations
 
+import collections
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -16,7 +17,7 @@ import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from trioexec import ExecutionRecord, SubStatus, TaskStatus
+from trioexec import ExecutionRecord, StepState, SubStatus, TaskStatus
 from trioexec._store import Command, RunRecord
 from trioexec._store._browse import activity, browse, runs_page, task_commands, task_names
 
@@ -42,6 +43,7 @@ COUNTS = (
 )
 PROMISE_STATES = ("pending", "resolved", "rejected", "rejected_canceled", "rejected_timedout")
 RUN_STATES = ("running", "completed", "failed", "cancelled")
+COMPLETED, FAILED, TIMED_OUT = TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.TIMED_OUT
 
 
 class BadQuery(ValueError):
@@ -80,8 +82,11 @@ async def overview(request: Request) -> Response:
     waiting = await board.read(browse, order="longest_waiting", limit=10)
     pauses = await board.read(lambda store: store.pauses())
     samples = list(board.samples)
-    finished = [(b.start, b.completed, b.failed + b.timed_out) for b in buckets]
-    rates = [(start, bad / (ok + bad) if ok + bad else 0.0) for start, ok, bad in finished]
+    finished = [
+        (b.start, b.ended[COMPLETED], b.ended[FAILED] + b.ended[TIMED_OUT], b.finished)
+        for b in buckets
+    ]
+    rates = [(start, bad / n if n else 0.0) for start, _, bad, n in finished]
     context = {
         "version": version,
         "title": "Overview",
@@ -210,26 +215,35 @@ async def task(request: Request) -> Response:
 # ---------------------------------------------------------------------- runs
 
 
-def step_summary(run: RunRecord) -> list[tuple[str, int]]:
-    counted: dict[str, int] = {}
-    for state, _ in run.steps.values():
-        counted[state] = counted.get(state, 0) + 1
-    return sorted(counted.items())
-
-
-def step_states(run: RunRecord, tasks: list[ExecutionRecord]) -> dict[str, str]:
+def step_states(run: RunRecord, tasks: Iterable[ExecutionRecord]) -> dict[str, str]:
     """Each step's state: as the run records it once it ended; before, from its
-    task (a step's task is named after the step): "running" while it runs (or
-    waits deferred), "ready" while it is pending."""
+    live task (a step's task is named after the step): "running" once it has
+    started (running, deferred, or pending again to wait out a retry's backoff:
+    the run counts it in progress), "ready" while it is pending for its first
+    attempt; any other step of the run's graph "pending"."""
     states = {step: state for step, (state, _) in run.steps.items()}
     for record in tasks:
         if record.name in states:
             continue
-        if record.status is TaskStatus.RUNNING:
-            states[record.name] = "running"
+        if record.status is TaskStatus.RUNNING or (
+            record.status is TaskStatus.PENDING and record.attempt > 0
+        ):
+            states[record.name] = StepState.RUNNING.value
         elif record.status is TaskStatus.PENDING:
-            states[record.name] = "ready"
+            states[record.name] = StepState.READY.value
+    for step in run.graph or ():
+        states.setdefault(step, StepState.PENDING.value)
     return states
+
+
+def step_summary(run: RunRecord, tasks: Iterable[ExecutionRecord]) -> list[tuple[str, int]]:
+    """How many of the run's steps are in each state (`step_states`), in the
+    order of a step's life."""
+    counted = collections.Counter(step_states(run, tasks).values())
+    return sorted(counted.items(), key=lambda item: (_LIFE.get(item[0], len(_LIFE)), item[0]))
+
+
+_LIFE = {state.value: i for i, state in enumerate(StepState)}
 
 
 async def runs(request: Request) -> Response:
@@ -251,7 +265,7 @@ async def runs(request: Request) -> Response:
         and _url("/runs", {"status": status, "cursor": page.next_cursor}),
         "status": status,
         "statuses": RUN_STATES,
-        "step_summary": step_summary,
+        "steps": {r.run_id: step_summary(r, page.live.get(r.run_id, ())) for r in page.rows},
     }
     return render(request, "runs.html", context)
 
