@@ -4,16 +4,15 @@ anyio), and its live stream of Server-Sent Events."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 
 import trio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import BaseRoute, Mount, Route
-from starlette.staticfiles import StaticFiles
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
 
 from trioexec import StoreError
 
@@ -59,6 +58,34 @@ async def events(request: Request) -> Response:
         media_type="text/event-stream",
         headers={"x-accel-buffering": "no"},  # (nginx: pass each event on at once)
     )
+
+
+#: The static files' media types (the directory holds these two kinds).
+STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
+
+
+def static_files() -> Callable[[Request], Awaitable[Response]]:
+    """The route of ``/static/NAME``: the package's few static files, read once.
+
+    Sent as plain responses, not Starlette's `StaticFiles`: its file response,
+    under the ASGI 2.1 that Hypercorn speaks, waits for the client's disconnect
+    in a task group it cancels once the file is sent, and Hypercorn closes a
+    ``Connection: close`` connection from inside that send, so the cancellation
+    lands in the close: the connection stayed open (and on ``0.0.0.0`` static
+    files need no token)."""
+    files = {
+        path.name: (path.read_bytes(), STATIC_TYPES[path.suffix])
+        for path in (HERE / "static").iterdir()
+        if path.suffix in STATIC_TYPES
+    }
+
+    async def static(request: Request) -> Response:
+        found = files.get(request.path_params["name"])
+        if found is None:
+            return PlainTextResponse("Not Found", status_code=404)
+        return Response(found[0], media_type=found[1])
+
+    return static
 
 
 def create_app(
@@ -112,7 +139,7 @@ def create_app(
         Route("/failed", failed),
         Route("/control", control),
         Route("/events", events),
-        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        Route("/static/{name}", static_files()),
     ]
     if not read_only:
         post = ["POST"]
