@@ -588,6 +588,82 @@ def test_the_read_only_dashboard_has_no_buttons_and_no_actions(
         server.cleanup()
 
 
+@pytest.mark.usefixtures("browser_available")
+def test_a_click_on_a_row_whose_id_holds_dot_segments_acts_on_that_row(
+    browser: Any, db: Path, tmp_path: Path
+) -> None:
+    """Issue 30, 1: Chromium resolves ``..`` segments (and ``%2e``) in a form's
+    action before it posts; Retry on the task ``decoy/../../tasks/victim`` (and
+    ``..``) and Resolve on the promise ``refund-small/../refund-big`` reach their
+    own rows, and ``victim`` and ``refund-big`` stay as they were."""
+    import trio
+
+    from trioexec.durable import DurableStore, PromiseState
+
+    odd_tasks, victim = ("decoy/../../tasks/victim", ".."), "victim"
+    odd_promise, victim_promise = "refund-small/../refund-big", "refund-big"
+    now = time.time()
+    with trioexec.open_store(str(db)) as store:
+        store.write(
+            [
+                change
+                for task_id in (*odd_tasks, victim)
+                for change in (
+                    ("submit", task_id, 1, "charge-card", None, "charge-card", "[1]", "w", now),
+                    ("finish", task_id, 1, trioexec.TaskStatus.FAILED, now, "ConnectionError"),
+                )
+            ]
+        )
+
+    async def promise_states(create: bool = False) -> dict[str, PromiseState]:
+        with DurableStore(str(db)) as ds:
+            if create:
+                for promise_id in (odd_promise, victim_promise):
+                    await ds.promises.create(promise_id, 3600)
+            found = {p: await ds.promises.get(p) for p in (odd_promise, victim_promise)}
+        return {p: record.state for p, record in found.items() if record is not None}
+
+    trio.run(promise_states, True)
+    server, url = start_dashboard(tmp_path, db)
+    try:
+        base = base_of(url)
+        driver = browser
+        driver.get(url)
+        for task_id in odd_tasks:
+            driver.get(f"{base}/failed")
+            row = f'tr[data-task-id="{task_id}"]'
+            wait_for(
+                driver, f"the failed task {task_id}", lambda d, r=row: css(d, f"{r} button.retry")
+            )
+            css(driver, f"{row} button.retry")[0].click()
+            wait_for(
+                driver,
+                f"{task_id} retried",
+                lambda d, t=task_id: status_of(db, t) == "pending",
+            )
+            assert base_of(driver.current_url) == f"{base}/failed", driver.current_url
+        assert status_of(db, victim) == "failed"
+
+        driver.get(f"{base}/promises")
+        row = f'tr[data-promise-id="{odd_promise}"]'
+        wait_for(driver, "the odd promise", lambda d: css(d, f"{row} button.resolve"))
+        css(driver, f"{row} textarea[name='data']")[0].send_keys('{"ok": 1}')
+        css(driver, f"{row} button.resolve")[0].click()
+        wait_for(
+            driver,
+            "the odd promise resolved",
+            lambda d: (text_of(d, f"{row} td.state") or "") == "resolved",
+        )
+        assert trio.run(promise_states) == {
+            odd_promise: PromiseState.RESOLVED,
+            victim_promise: PromiseState.PENDING,
+        }
+        assert status_of(db, victim) == "failed"
+        assert server.stop() == 0
+    finally:
+        server.cleanup()
+
+
 def test_the_screenshot_directories_follow_the_environment(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -27,7 +27,7 @@ import trio
 from test_cli import TRIOEXEC, cli, cli_env, one_line_error
 
 import trioexec
-from trioexec.web._security import cookie_name
+from trioexec.web._security import cookie_name, cookie_value
 
 URL_LINE = re.compile(
     r"trioexec dashboard: (http://127\.0\.0\.1:(\d+)/\?token=([\w-]+))( \(read-only\))?"
@@ -102,7 +102,7 @@ def test_prints_the_url_serves_and_stops_with_exit_0(tmp_path: Path, how: int) -
             tasks = client.get(f"http://127.0.0.1:{port}/tasks")
             assert "&lt;script&gt;x&lt;/script&gt;" in tasks.text
             assert "<script>x" not in tasks.text
-            assert client.cookies.get(cookie_name(token)) == token
+            assert client.cookies.get(cookie_name(token)) == cookie_value(token)
             # An event stream open while it stops: the stream ends, the exit is clean.
             with client.stream("GET", f"http://127.0.0.1:{port}/events") as events:
                 assert events.headers["content-type"].startswith("text/event-stream")

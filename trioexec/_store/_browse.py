@@ -125,7 +125,7 @@ def _sql_store(store: object) -> tuple[SQLControl, _Dialect]:
     return store, _DIALECTS[store.dialect]
 
 
-def _storable(value: str) -> bool:
+def storable(value: str) -> bool:
     """Whether a store can hold ``value`` (else nothing stored can equal or hold it)."""
     if "\x00" in value:
         return False
@@ -208,7 +208,7 @@ def _where(
     for column, value in texts.items():
         if value is None:
             continue
-        if not _storable(value):
+        if not storable(value):
             return None
         if column == "waiting_on":
             where.append(d.find.format(col="e.waiting_on"))
@@ -436,7 +436,7 @@ def task_commands(store: object, task_id: str) -> list[Command]:
     checked = _text("task_id", task_id)
     if checked is None:
         raise ValueError("task_id must be a str, got None")
-    if not _storable(checked):
+    if not storable(checked):
         return []
     sql = f"SELECT {', '.join(COMMAND_FIELDS)} FROM commands WHERE task_id = {d.mark} ORDER BY seq"
     with sql_store.snapshot("query a task's commands") as conn:
@@ -475,7 +475,7 @@ def _run_key(cursor: object) -> list[Any]:
     if not isinstance(value, list) or len(value) != 3 or value[0] != _RUN_ORDER:
         raise bad
     at, run_id = value[1], value[2]
-    if not isinstance(run_id, str) or not _storable(run_id):
+    if not isinstance(run_id, str) or not storable(run_id):
         raise bad
     if at is not None and (
         isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at)
@@ -514,7 +514,7 @@ def runs_page(
     for column, value in filters.items():
         if value is None:
             continue
-        if not _storable(value):
+        if not storable(value):
             return RunPage(rows=[], next_cursor=None)
         where.append(f"r.{column} = {d.mark}")
         params.append(value)

@@ -4,8 +4,10 @@ anyio), and its live stream of Server-Sent Events."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import trio
 from starlette.applications import Starlette
@@ -88,6 +90,15 @@ def static_files() -> Callable[[Request], Awaitable[Response]]:
     return static
 
 
+def id_route(path: str, endpoint: Callable[[Request], Awaitable[Response]], **kw: Any) -> Route:
+    """A route whose ``{...:path}`` parameter (an id) matches any text: Starlette's
+    ``.*`` stops at a newline and its ``$`` matches before a last one, so an id
+    that holds one would be a 404, or (ending in one) another id's page."""
+    route = Route(path, endpoint, **kw)
+    route.path_regex = re.compile(route.path_regex.pattern.removesuffix("$") + r"\Z", re.DOTALL)
+    return route
+
+
 def create_app(
     db: str,
     *,
@@ -132,9 +143,9 @@ def create_app(
     routes: list[BaseRoute] = [
         Route("/", overview),
         Route("/tasks", tasks),
-        Route("/tasks/{task_id:path}", task),
+        id_route("/tasks/{task_id:path}", task),
         Route("/runs", runs),
-        Route("/runs/{run_id:path}", run),
+        id_route("/runs/{run_id:path}", run),
         Route("/promises", promises),
         Route("/failed", failed),
         Route("/control", control),
@@ -144,10 +155,10 @@ def create_app(
     if not read_only:
         post = ["POST"]
         routes += [
-            Route("/actions/promises/{promise_id:path}/resolve", resolve, methods=post),
-            Route("/actions/promises/{promise_id:path}/reject", reject, methods=post),
-            Route("/actions/tasks/{task_id:path}/retry", retry, methods=post),
-            Route("/actions/tasks/{task_id:path}/cancel", cancel, methods=post),
+            id_route("/actions/promises/{promise_id:path}/resolve", resolve, methods=post),
+            id_route("/actions/promises/{promise_id:path}/reject", reject, methods=post),
+            id_route("/actions/tasks/{task_id:path}/retry", retry, methods=post),
+            id_route("/actions/tasks/{task_id:path}/cancel", cancel, methods=post),
             Route("/actions/pause", pause, methods=post),
             Route("/actions/resume", resume, methods=post),
         ]

@@ -19,10 +19,18 @@ from starlette.responses import Response
 
 from trioexec import ExecutionRecord, StepState, SubStatus, TaskStatus
 from trioexec._store import Command, RunRecord
-from trioexec._store._browse import activity, browse, runs_page, task_commands, task_names
+from trioexec._store._browse import (
+    activity,
+    browse,
+    runs_page,
+    storable,
+    task_commands,
+    task_names,
+)
 
 from ._board import read_counts
-from ._render import dashboard_of, message, pretty_json, render
+from ._render import dashboard_of, message, pretty_json, render, segment, unsegment
+from ._security import sent_path
 from ._svg import HEIGHT, PAD, STEP_H, STEP_W, WIDTH, bars, line, run_graph
 
 PAGE_SIZE = 50
@@ -67,7 +75,7 @@ def _url(path: str, params: Mapping[str, str | None]) -> str:
 
 
 def bad_query(request: Request, exc: ValueError) -> Response:
-    return message(request, "Bad request", str(exc), status_code=400, back=request.url.path)
+    return message(request, "Bad request", str(exc), status_code=400, back=sent_path(request))
 
 
 # ---------------------------------------------------------------------- overview
@@ -190,8 +198,9 @@ def timeline(record: ExecutionRecord, commands: list[Command]) -> list[Moment]:
 async def task(request: Request) -> Response:
     board = dashboard_of(request).board
     version = board.version  # (before the reads: a change meanwhile refreshes it)
-    task_id = request.path_params["task_id"]
-    record = await board.read(lambda store: store.execution(task_id))
+    task_id = unsegment(request.path_params["task_id"])
+    # (an id no store can hold, a NUL: no such task, not a read that fails)
+    record = await board.read(lambda store: store.execution(task_id)) if storable(task_id) else None
     if record is None:
         return message(
             request,
@@ -208,6 +217,7 @@ async def task(request: Request) -> Response:
         "timeline": timeline(record, commands),
         "args_text": pretty_json(record.args),
         "current": "/tasks",
+        "back": f"/tasks/{segment(task_id)}",
     }
     return render(request, "task.html", context)
 
@@ -273,8 +283,8 @@ async def runs(request: Request) -> Response:
 async def run(request: Request) -> Response:
     board = dashboard_of(request).board
     version = board.version  # (before the reads: a change meanwhile refreshes it)
-    run_id = request.path_params["run_id"]
-    record = await board.read(lambda store: store.run(run_id))
+    run_id = unsegment(request.path_params["run_id"])
+    record = await board.read(lambda store: store.run(run_id)) if storable(run_id) else None
     if record is None:
         return message(
             request,
@@ -299,6 +309,7 @@ async def run(request: Request) -> Response:
         "tasks": its_tasks.rows,
         "context_text": pretty_json(record.context),
         "current": "/runs",
+        "back": f"/runs/{segment(run_id)}",
     }
     return render(request, "run.html", context)
 
@@ -315,6 +326,8 @@ async def promises(request: Request, flash: Any = None, status_code: int = 200) 
     except ValueError as exc:
         return bad_query(request, exc)
     cursor = _text(query, "cursor")
+    if cursor is not None and not storable(cursor):  # (a NUL: no promise's id, no read)
+        return bad_query(request, ValueError(f"malformed cursor {cursor!r}"))
     await trio.to_thread.run_sync(board.check_file)
     try:
         found, next_cursor = await board.durable.promises.search(
