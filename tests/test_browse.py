@@ -337,7 +337,7 @@ def test_a_read_only_store_browses(tmp_path):
     with trioexec.open_store(str(path), read_only=True) as reader:
         assert [r.task_id for r in browse(reader).rows] == ["c", "p"]
         assert [c.kind for c in task_commands(reader, "p")] == ["cancel"]
-        assert activity(reader, since=0, bucket=100, now=100)[0].completed == 1
+        assert activity(reader, since=0, bucket=100, now=100)[0].finished == 1
         assert task_names(reader) == ["job"]
 
 
@@ -444,8 +444,8 @@ def test_activity_counts_finished_executions_per_bucket_zero_filled(store):
             row("f1", status="failed", finished_at=130.0),
             row("x1", status="cancelled", finished_at=250.0),
             row("t1", status="timed_out", finished_at=299.0),
-            row("d1", status="dropped", finished_at=140.0),  # not counted
-            row("r1", status="rejected", finished_at=140.0),  # not counted
+            row("d1", status="dropped", finished_at=140.0),
+            row("r1", status="rejected", finished_at=140.0),
             row("c3", finished_at=400.0),  # == now: the last bucket
             row("after", finished_at=400.5),
             pending("live"),
@@ -453,20 +453,26 @@ def test_activity_counts_finished_executions_per_bucket_zero_filled(store):
         ],
     )
     got = activity(store, since=100.0, bucket=60.0, now=400.0)
+
+    def ended(**n: int) -> dict[TaskStatus, int]:
+        return {s: n.get(s.value, 0) for s in TaskStatus if s not in LIVE}
+
     assert got == [
-        Bucket(start=100.0, completed=2, failed=1, cancelled=0, timed_out=0),
-        Bucket(start=160.0, completed=0, failed=0, cancelled=0, timed_out=0),
-        Bucket(start=220.0, completed=0, failed=0, cancelled=1, timed_out=0),
-        Bucket(start=280.0, completed=0, failed=0, cancelled=0, timed_out=1),
-        Bucket(start=340.0, completed=1, failed=0, cancelled=0, timed_out=0),
+        Bucket(start=100.0, ended=ended(completed=2, failed=1, dropped=1, rejected=1)),
+        Bucket(start=160.0, ended=ended()),
+        Bucket(start=220.0, ended=ended(cancelled=1)),
+        Bucket(start=280.0, ended=ended(timed_out=1)),
+        Bucket(start=340.0, ended=ended(completed=1)),
     ]
+    # Every status that is not live counts as finished (issue 30, 16).
+    assert [b.finished for b in got] == [5, 0, 1, 1, 1]
+    assert set(_browse.ENDED) == set(TaskStatus) - set(LIVE)
     assert activity(store, since=400.0, now=400.0) == []
-    assert activity(store, since=0.0, bucket=1000.0, now=10.0) == [
-        Bucket(start=0.0, completed=0, failed=0, cancelled=0, timed_out=0)
-    ]
+    assert activity(store, since=0.0, bucket=1000.0, now=10.0) == [Bucket(start=0.0, ended=ended())]
     # Without ``now``: the store's clock.
     store.clock = lambda: 160.0
-    assert [b.completed for b in activity(store, since=100.0, bucket=30.0)] == [1, 1]
+    got = activity(store, since=100.0, bucket=30.0)
+    assert [b.ended[TaskStatus.COMPLETED] for b in got] == [1, 1]
 
 
 # ---------------------------------------------------------------------- commands
@@ -572,7 +578,7 @@ def test_a_sqlite_file_of_schema_10_migrates(tmp_path):
     with SQLiteStore(path, inline=True) as store:
         assert store.run("old").graph is None
         assert [r.task_id for r in browse(store, name="100%").rows] == ["it's"]
-        assert activity(store, since=0, bucket=10, now=10)[0].completed == 1
+        assert activity(store, since=0, bucket=10, now=10)[0].finished == 1
     with closing(sqlite3.connect(path)) as conn:
         version = conn.execute(
             "SELECT value FROM trioexec_meta WHERE key = 'schema_version'"
@@ -689,6 +695,35 @@ def test_runs_page_walks_every_run_once_newest_first_with_its_steps(store):
     for bad in ("", "x", base64.urlsafe_b64encode(b'["runs",1e999,"a"]').decode()):
         with pytest.raises(ValueError, match="cursor"):
             runs_page(store, cursor=bad)
+
+
+def test_runs_page_brings_each_running_runs_live_executions(store):
+    """Its steps under way (issue 30, 17): a running run's pending and running
+    executions, in submission order; none for an ended run, none that ended."""
+    store.write(
+        [
+            ("run", "going", 0, "wf", "{}", "w", 1000.0, '{"a": [], "b": ["a"], "c": ["a"]}'),
+            ("run", "over", 0, "wf", "{}", "w", 999.0, '{"a": []}'),
+            ("run_end", "over", "w", "completed", 1001.0),
+        ]
+    )
+    put(
+        store,
+        [
+            row("a-1", name="a", run_id="going"),
+            pending("b-1", name="b", run_id="going", attempt=1, waiting_on="retry backoff"),
+            active("c-1", name="c", run_id="going"),
+            pending("other", name="a", run_id="over"),  # (a hand-made row: not read)
+        ],
+    )
+    page = runs_page(store)
+    assert [r.run_id for r in page.rows] == ["going", "over"]
+    assert list(page.live) == ["going"]
+    assert [(r.task_id, r.status) for r in page.live["going"]] == [
+        ("b-1", TaskStatus.PENDING),
+        ("c-1", TaskStatus.RUNNING),
+    ]
+    assert page.live["going"][0].waiting_on == "retry backoff"
 
 
 def test_runs_page_walks_the_created_at_index(tmp_path):

@@ -315,6 +315,30 @@ def wait_for(driver: Any, what: str, check: Callable[[Any], Any]) -> Any:
         )
 
 
+def click(driver: Any, what: str, selector: str, *, typing: str | None = None) -> None:
+    """Click the first element matching ``selector`` (or, with ``typing``, put
+    that text in it), once it is there and can take it: a live page may replace
+    it (its part re-fetched) between finding it and clicking it."""
+    from selenium.common.exceptions import ElementNotInteractableException
+
+    def attempt(d: Any) -> bool:
+        found = css(d, selector)
+        if not found:
+            return False
+        try:
+            if typing is None:
+                found[0].click()
+                return True
+            if found[0].get_attribute("value") != typing:
+                found[0].clear()
+                found[0].send_keys(typing)
+            return bool(found[0].get_attribute("value") == typing)
+        except ElementNotInteractableException:
+            return False
+
+    wait_for(driver, what, attempt)
+
+
 def css(driver: Any, selector: str) -> list[Any]:
     return driver.find_elements("css selector", selector)
 
@@ -583,6 +607,79 @@ def test_the_read_only_dashboard_has_no_buttons_and_no_actions(
         driver.get(f"{base}/promises")
         assert text_of(driver, f"{promise} td.state") == "pending"
         assert status_of(db, executor.failed_id) == "failed"
+        assert server.stop() == 0
+    finally:
+        server.cleanup()
+
+
+@pytest.mark.usefixtures("browser_available")
+def test_a_click_on_a_row_whose_id_holds_dot_segments_acts_on_that_row(
+    browser: Any, db: Path, tmp_path: Path
+) -> None:
+    """Issue 30, 1: Chromium resolves ``..`` segments (and ``%2e``) in a form's
+    action before it posts; Retry on the task ``decoy/../../tasks/victim`` (and
+    ``..``) and Resolve on the promise ``refund-small/../refund-big`` reach their
+    own rows, and ``victim`` and ``refund-big`` stay as they were."""
+    import trio
+
+    from trioexec.durable import DurableStore, PromiseState
+
+    odd_tasks, victim = ("decoy/../../tasks/victim", ".."), "victim"
+    odd_promise, victim_promise = "refund-small/../refund-big", "refund-big"
+    now = time.time()
+    with trioexec.open_store(str(db)) as store:
+        store.write(
+            [
+                change
+                for task_id in (*odd_tasks, victim)
+                for change in (
+                    ("submit", task_id, 1, "charge-card", None, "charge-card", "[1]", "w", now),
+                    ("finish", task_id, 1, trioexec.TaskStatus.FAILED, now, "ConnectionError"),
+                )
+            ]
+        )
+
+    async def promise_states(create: bool = False) -> dict[str, PromiseState]:
+        with DurableStore(str(db)) as ds:
+            if create:
+                for promise_id in (odd_promise, victim_promise):
+                    await ds.promises.create(promise_id, 3600)
+            found = {p: await ds.promises.get(p) for p in (odd_promise, victim_promise)}
+        return {p: record.state for p, record in found.items() if record is not None}
+
+    trio.run(promise_states, True)
+    server, url = start_dashboard(tmp_path, db)
+    try:
+        base = base_of(url)
+        driver = browser
+        driver.get(url)
+        for task_id in odd_tasks:
+            driver.get(f"{base}/failed")
+            row = f'tr[data-task-id="{task_id}"]'
+            click(driver, f"Retry on {task_id}", f"{row} button.retry")
+            wait_for(
+                driver,
+                f"{task_id} (or another task) retried",
+                lambda d, t=task_id: "pending" in (status_of(db, t), status_of(db, victim)),
+            )
+            assert status_of(db, victim) == "failed", f"Retry on {task_id} requeued {victim}"
+            assert status_of(db, task_id) == "pending"
+            assert base_of(driver.current_url) == f"{base}/failed", driver.current_url
+
+        driver.get(f"{base}/promises")
+        row = f'tr[data-promise-id="{odd_promise}"]'
+        click(driver, "the odd promise's value", f"{row} textarea[name='data']", typing="1")
+        click(driver, "Resolve on the odd promise", f"{row} button.resolve")
+        wait_for(
+            driver,
+            "the odd promise resolved",
+            lambda d: (text_of(d, f"{row} td.state") or "") == "resolved",
+        )
+        assert trio.run(promise_states) == {
+            odd_promise: PromiseState.RESOLVED,
+            victim_promise: PromiseState.PENDING,
+        }
+        assert status_of(db, victim) == "failed"
         assert server.stop() == 0
     finally:
         server.cleanup()

@@ -27,7 +27,7 @@ import trio
 from test_cli import TRIOEXEC, cli, cli_env, one_line_error
 
 import trioexec
-from trioexec.web._security import cookie_name
+from trioexec.web._security import cookie_name, cookie_value
 
 URL_LINE = re.compile(
     r"trioexec dashboard: (http://127\.0\.0\.1:(\d+)/\?token=([\w-]+))( \(read-only\))?"
@@ -102,7 +102,7 @@ def test_prints_the_url_serves_and_stops_with_exit_0(tmp_path: Path, how: int) -
             tasks = client.get(f"http://127.0.0.1:{port}/tasks")
             assert "&lt;script&gt;x&lt;/script&gt;" in tasks.text
             assert "<script>x" not in tasks.text
-            assert client.cookies.get(cookie_name(token)) == token
+            assert client.cookies.get(cookie_name(token)) == cookie_value(token)
             # An event stream open while it stops: the stream ends, the exit is clean.
             with client.stream("GET", f"http://127.0.0.1:{port}/events") as events:
                 assert events.headers["content-type"].startswith("text/event-stream")
@@ -180,6 +180,35 @@ def test_ctrl_c_with_an_idle_keep_alive_connection_exits_at_once(tmp_path: Path)
             assert stop(proc, signal.SIGINT) == 0
             took = time.monotonic() - started
     assert took < 1.0, f"Ctrl-C took {took:.2f} s"
+
+
+def test_a_static_file_asked_with_connection_close_closes_the_connection(tmp_path: Path) -> None:
+    """Issue 30, 4: static files need no token even on 0.0.0.0, so a connection
+    held open after one (``Connection: close`` ignored) is anyone's to keep: the
+    server closes it after the response, as it does after a page."""
+    make_db(tmp_path / "app.db")
+    with dashboard("app.db", "--port", "0", "--host", "0.0.0.0", cwd=tmp_path) as proc:
+        found = URL_LINE.fullmatch(read_line(proc))
+        assert found
+        for path in ("/static/dashboard.css", "/static/dashboard.js", "/static/nope.css"):
+            with socket.create_connection(("127.0.0.1", int(found.group(2)))) as conn:
+                conn.sendall(
+                    f"GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n".encode()
+                )
+                conn.settimeout(10.0)  # (a deadline: the response is a few KB)
+                got = b""
+                try:
+                    while chunk := conn.recv(65536):
+                        got += chunk
+                except TimeoutError:
+                    pytest.fail(f"{path}: the connection stayed open after {got[:200]!r}")
+            head, _, body = got.partition(b"\r\n\r\n")
+            status = 404 if "nope" in path else 200
+            assert head.startswith(f"HTTP/1.1 {status}".encode()), (path, head)
+            if status == 200:
+                assert int(re.search(rb"content-length: (\d+)", head).group(1)) == len(body)  # type: ignore[union-attr]
+                assert body == (Path(trioexec.__file__).parent / "web" / path[1:]).read_bytes()
+        assert stop(proc, signal.SIGINT) == 0
 
 
 @contextmanager

@@ -13,8 +13,11 @@ from __future__ import annotations
 import base64
 import html
 import json
+import logging
 import re
+import sqlite3
 import time
+import urllib.parse
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -25,12 +28,13 @@ import httpx
 import markupsafe
 import pytest
 import trio
+import trio.testing
 
 import trioexec
 from trioexec import SubStatus, TaskStatus, Workflow, task
 from trioexec.durable import DurableStore, PromiseState
 from trioexec.web import create_app
-from trioexec.web._security import cookie_name, csrf_of
+from trioexec.web._security import cookie_name, cookie_value, csrf_of
 
 TOKEN = "test-token-0123456789"
 COOKIE = cookie_name(TOKEN)
@@ -162,7 +166,7 @@ async def client(
                 r = await c.get(f"/?token={TOKEN}")
                 assert r.status_code == 303
                 assert r.headers["location"] == "/"
-                assert c.cookies.get(COOKIE) == TOKEN
+                assert c.cookies.get(COOKIE) == cookie_value(TOKEN)
             yield c
 
 
@@ -434,7 +438,7 @@ async def test_a_page_needs_the_token_when_reads_require_it(db: Db) -> None:
         rebound = {"host": "evil.example:8321"}
         assert (await c.get("/", headers=rebound)).status_code == 403
         assert (await c.get("/", headers={"host": "localhost:8321"})).status_code == 200
-        c.cookies.set(COOKIE, TOKEN)
+        c.cookies.set(COOKIE, cookie_value(TOKEN))
         assert (await c.get("/", headers=rebound)).status_code == 200  # (a reverse proxy)
 
 
@@ -765,3 +769,495 @@ async def test_overview_and_tasks_on_postgres(pg_database: str) -> None:
     assert SCRIPT not in names
     assert esc(SCRIPT) in names
     assert "postgresql" not in page or ":***@" in page or "password" not in page
+
+
+# ---------------------------------------------------------------------- odd ids
+
+#: Ids a browser would send elsewhere if a link or a form's action held them as
+#: they are (or with only some characters encoded): dot segments (``%2e`` is a dot
+#: too), slashes, percent signs, and the ones from issue 30.
+ODD_IDS = (
+    "..",
+    ".",
+    "~.",
+    "~~..",
+    "a/../b",
+    "a/..",
+    "%2e%2e",
+    ".%2E",
+    "x%2Fy",
+    "q?x=1#f",
+    "back\\slash",
+    "[",
+    "'",
+    "🚀",
+    "decoy/../../tasks/victim",
+    "refund-small/../refund-big",
+    "line\nbreak",
+    "x\n",
+    "y/cancel",
+)
+#: Where those would land instead: they exist too, and must be left alone.
+VICTIMS = ("b", "victim", "refund-big", "x/y", "~..", "x")
+_SINGLE, _DOUBLE = {".", "%2e"}, {"..", ".%2e", "%2e.", "%2e%2e"}
+
+
+def browser_url(page: str, reference: str) -> str:
+    """The URL a browser requests for ``reference`` (an ``href``, a form's action
+    or a redirect's Location, as the page holds it) on ``page``, by the WHATWG URL
+    rules for http: tabs and newlines dropped, a backslash before the query is a
+    slash, and the path's ``.`` and ``..`` segments resolved away, written
+    ``%2e`` or not, in any case. (`urllib.parse.urljoin` resolves ``..`` but
+    not ``%2e%2e``, and keeps a backslash.)"""
+    reference = re.sub(r"[\t\n\r]", "", reference.strip(" "))
+    end = min((i for i in (reference.find("?"), reference.find("#")) if i >= 0), default=None)
+    target, tail = reference[:end].replace("\\", "/"), reference[len(reference[:end]) :]
+    base = urllib.parse.urlsplit(page)
+    scheme, netloc = base.scheme, base.netloc
+    if found := re.match(r"([a-zA-Z][a-zA-Z0-9+.-]*):(//.*)", target):
+        scheme, target = found.group(1).lower(), found.group(2)
+    if target.startswith("//"):
+        netloc, _, rest = target[2:].partition("/")
+        path = "/" + rest
+    elif target.startswith("/"):
+        path = target
+    else:
+        path = base.path.rsplit("/", 1)[0] + "/" + target
+    segments = path[1:].split("/")
+    out: list[str] = []
+    for i, seg in enumerate(segments):
+        last = i == len(segments) - 1
+        if seg.lower() in _DOUBLE:
+            if out:
+                out.pop()
+            if last:
+                out.append("")
+        elif seg.lower() in _SINGLE:
+            if last:
+                out.append("")
+        else:
+            out.append(seg)
+    return f"{scheme}://{netloc}/{'/'.join(out)}{tail}"
+
+
+def test_browser_url_resolves_as_a_browser_does() -> None:
+    page = f"{BASE}/failed?name=x"
+    for reference, expected in (
+        ("/tasks/a/../b", "/tasks/b"),
+        ("/tasks/a/%2E%2e/b/./c/%2e", "/tasks/b/c/"),
+        ("/actions/tasks/decoy/../../tasks/victim/retry", "/actions/tasks/victim/retry"),
+        ("/tasks/..", "/"),
+        ("/tasks/.%2e?q=a/../b", "/?q=a/../b"),
+        ("/x\\..\\y#a/..", "/y#a/.."),
+        ("/tasks/a%2F..%2Fb", "/tasks/a%2F..%2Fb"),
+        ("/tasks/~..", "/tasks/~.."),
+        ("/t\nasks/.\t./z", "/z"),
+        ("retry", "/retry"),
+    ):
+        assert browser_url(page, reference) == BASE + expected, reference
+    assert browser_url(page, "//evil.example/x") == "http://evil.example/x"
+    assert browser_url(page, "/\\evil.example/x") == "http://evil.example/x"
+    assert browser_url(page, "https://evil.example/a/../b") == "https://evil.example/b"
+
+
+#: Live tasks to cancel: the first would cancel ``queued-1`` if its action were
+#: its id as it is.
+LIVE_ODD = ("c/../queued-1", "c/..", "%2E", "~~.", "z/retry")
+
+
+@pytest.fixture
+async def odd(db: Db) -> Db:
+    """`db`, with a failed (re-creatable) task, a pending promise and a workflow
+    run of each odd id and of each victim, and a pending task of each `LIVE_ODD`."""
+    now = time.time()
+    with trioexec.open_store(db.target) as store:
+        async with trioexec.open_executor(store=store, tasks=[boom]) as ex:
+            for task_id in (*ODD_IDS, *VICTIMS):
+                assert not (await (await ex.submit(boom, 1, task_id=task_id)).wait()).ok
+        store.write(
+            [
+                *(("run", r, 0, "odd", "{}", "w9", now, '{"s": []}') for r in (*ODD_IDS, *VICTIMS)),
+                *(("submit", t, 1, "queued", None, None, None, "w9", now) for t in LIVE_ODD),
+            ]
+        )
+    with DurableStore(db.target) as ds:
+        for promise_id in (*ODD_IDS, *VICTIMS):
+            await ds.promises.create(promise_id, 3600)
+    return db
+
+
+def attribute(page: str, row: str, name: str) -> str:
+    """The first ``name="..."`` attribute in ``row`` of ``page`` (unescaped)."""
+    found = re.search(rf'{re.escape(row)}.*?\b{name}="([^"]*)"', page, re.S)
+    assert found, (row, name)
+    return html.unescape(found.group(1))
+
+
+def task_row(task_id: str) -> str:
+    return f'<tr data-task-id="{esc(task_id)}">'
+
+
+def statuses(target: str) -> dict[str, TaskStatus]:
+    with trioexec.open_store(target, read_only=True) as store:
+        return {
+            t: store.execution(t).status  # type: ignore[union-attr]
+            for t in (*ODD_IDS, *VICTIMS, *LIVE_ODD, "queued-1")
+        }
+
+
+def heading(page: str) -> str:
+    found = re.search(r"<h1>\w+ <code>([^<]*)</code></h1>", page)
+    assert found, page[:500]
+    return html.unescape(found.group(1))
+
+
+async def test_every_link_and_retry_reaches_its_own_task_whatever_its_id(odd: Db) -> None:
+    """Issue 30, 1: each odd id's link opens its own page, and Retry (on the failed
+    list, and on the task's page) requeues that task and no other, then leads
+    back to the page it was clicked on: every URL as a browser resolves it."""
+    async with client(odd.target) as c:
+        for i, task_id in enumerate((*ODD_IDS, *VICTIMS)):
+            before = statuses(odd.target)
+            failed_url = f"{BASE}/failed"
+            failed = (await c.get(failed_url)).text
+            row = task_row(task_id)
+            page_url = browser_url(failed_url, attribute(failed, row, "href"))
+            page = await c.get(page_url)
+            assert page.status_code == 200, (task_id, page_url)
+            assert heading(page.text) == task_id, page_url
+            where, source = (failed_url, failed) if i % 2 else (page_url, page.text)
+            start = row if i % 2 else '<div class="actions">'
+            action = browser_url(where, attribute(source, start, "action"))
+            back = attribute(source, start, 'name="back" value')
+            r = await c.post(action, data=form(back=back), headers=ORIGIN)
+            assert r.status_code == 303, (task_id, action, r.text[:300])
+            assert browser_url(action, r.headers["location"]) == where
+            after = statuses(odd.target)
+            assert after.pop(task_id) is TaskStatus.PENDING, (task_id, action)
+            before.pop(task_id)
+            assert after == before, (task_id, action)
+
+
+async def test_resolve_and_reject_reach_their_own_promise_whatever_its_id(odd: Db) -> None:
+    async def states() -> dict[str, PromiseState]:
+        with DurableStore(odd.target) as ds:
+            return {
+                p: (await ds.promises.get(p)).state  # type: ignore[union-attr]
+                for p in (*ODD_IDS, *VICTIMS)
+            }
+
+    async with client(odd.target) as c:
+        for i, promise_id in enumerate((*ODD_IDS, *VICTIMS)):
+            before = await states()
+            url = f"{BASE}/promises?state=pending"
+            page = (await c.get(url)).text
+            row = f'<tr data-promise-id="{esc(promise_id)}">'
+            how = "formaction" if i % 2 else "action"
+            action = browser_url(url, attribute(page, row, how))
+            r = await c.post(action, data=form(data="1", back="/promises"), headers=ORIGIN)
+            assert r.status_code == 303, (promise_id, action, r.text[:300])
+            after = await states()
+            settled = PromiseState.REJECTED if i % 2 else PromiseState.RESOLVED
+            assert after.pop(promise_id) is settled, (promise_id, action)
+            before.pop(promise_id)
+            assert after == before, (promise_id, action)
+
+
+async def test_every_run_link_and_cancel_reaches_its_own_object_whatever_its_id(odd: Db) -> None:
+    async with client(odd.target) as c:
+        url = f"{BASE}/runs"
+        listing = (await c.get(url)).text
+        for run_id in (*ODD_IDS, *VICTIMS):
+            href = attribute(listing, f'<tr data-run-id="{esc(run_id)}">', "href")
+            page = await c.get(browser_url(url, href))
+            assert page.status_code == 200, (run_id, href)
+            assert heading(page.text) == run_id, href
+        for task_id in LIVE_ODD:
+            url = f"{BASE}/tasks?status=pending"
+            listing = (await c.get(url)).text
+            page_url = browser_url(url, attribute(listing, task_row(task_id), "href"))
+            page = (await c.get(page_url)).text
+            assert heading(page) == task_id, page_url
+            action = browser_url(page_url, attribute(page, '<div class="actions">', "action"))
+            back = attribute(page, '<div class="actions">', 'name="back" value')
+            r = await c.post(action, data=form(back=back), headers=ORIGIN)
+            assert r.status_code == 303, (task_id, action, r.text[:300])
+            assert browser_url(action, r.headers["location"]) == page_url
+    with trioexec.open_store(odd.target, read_only=True) as store:
+        assert [(c.kind, c.task_id) for c in store.commands(0)] == [("cancel", t) for t in LIVE_ODD]
+
+
+# ---------------------------------------------------------------------- the login
+
+
+async def test_the_token_url_redirects_only_to_a_path_of_this_site(db: Db) -> None:
+    """Issue 30, 3: ``//evil.example/?token=`` (and a backslash's trick) signs in
+    and stays here; any other path keeps its query and its encoded ``/``."""
+
+    def url(path: str) -> httpx.URL:  # (as sent: httpx would read //x/ as a host)
+        raw = f"{path}?token={TOKEN}&status=failed".encode()
+        return httpx.URL(scheme="http", host="127.0.0.1", port=8321, raw_path=raw)
+
+    async with client(db.target, logged_in=False) as c:
+        for path, expected in (
+            ("//evil.example/", "/"),
+            ("///evil.example/", "/"),
+            ("/\\evil.example/", "/%5Cevil.example/"),  # (a browser reads %5C as itself)
+            ("/\\\\x/", "/%5C%5Cx/"),
+        ):
+            r = await c.get(url(path))
+            assert r.status_code == 303, path
+            location = r.headers["location"]
+            assert browser_url(f"{BASE}/", location).startswith(f"{BASE}/"), location
+            assert location == f"{expected}?status=failed", (path, location)
+            assert c.cookies.get(COOKIE) == cookie_value(TOKEN)
+        r = await c.get(url("/tasks/a%2F..%2Fb"))
+        assert r.headers["location"] == "/tasks/a%2F..%2Fb?status=failed"
+    from trioexec.web._security import is_local_path
+
+    for path in ("/", "/tasks?x=//y", "/tasks/a%2F..%2Fb", "/%5Cx", "/a/b//c"):
+        assert is_local_path(path), path
+    for path in ("//x", "/\\x", "\\\\x", "http://x/", "x", "", "/\t/x", "/\n/x", " /x", "/x y"):
+        assert not is_local_path(path), path
+
+
+async def test_the_cookie_holds_a_value_derived_from_the_token_never_the_token(
+    db: Db, tmp_path: Path
+) -> None:
+    """Issue 30, 4: a browser sends the cookie to every port of the host; what it
+    holds is an HMAC of the token, not the token, and the token itself in the
+    cookie is refused (as is another dashboard's cookie value)."""
+    async with client(db.target, logged_in=False) as c:
+        r = await c.get(f"/?token={TOKEN}")
+        header = r.headers["set-cookie"]
+        assert TOKEN not in header
+        assert c.cookies.get(COOKIE) == cookie_value(TOKEN) != csrf_of(TOKEN)
+        assert len(cookie_value(TOKEN)) == 64
+        assert cookie_value("other-token-9876543210") != cookie_value(TOKEN)
+        path, fields = ACTIONS[4]
+        for wrong in (TOKEN, cookie_value("other-token-9876543210"), csrf_of(TOKEN)):
+            c.cookies.set(COOKIE, wrong)
+            r = await c.post(path, data=form(**fields), headers=ORIGIN)
+            assert r.status_code == 403, wrong
+        c.cookies.set(COOKIE, cookie_value(TOKEN))
+        assert (await c.post(path, data=form(**fields), headers=ORIGIN)).status_code == 303
+    async with client(db.target, logged_in=False, require_token_for_reads=True) as c:
+        c.cookies.set(COOKIE, TOKEN)
+        assert (await c.get("/")).status_code == 403
+        c.cookies.set(COOKIE, cookie_value(TOKEN))
+        assert (await c.get("/")).status_code == 200
+
+
+async def test_the_store_error_log_line_is_one_line_whatever_the_path(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 30, 4: neither the path (``%0d``, ``%0a``) nor the error (here naming
+    a file whose name holds a newline) can forge a line of the dashboard's log:
+    the path is written as it was sent, percent-encoded, the error escaped."""
+    db = await build(str(tmp_path / "app\n2026-01-01 FORGED.db"))
+    async with client(db.target) as c:
+        await trio.Path(db.target).unlink()
+        with caplog.at_level(logging.WARNING, logger="trioexec.web"):
+            # (a CR sends a terminal back to the line's start; a last LF ends it)
+            r = await c.get("/tasks/x%0dGET%20/%20FORGED%0a?status=failed")
+    assert r.status_code == 503
+    [record] = [r for r in caplog.records if r.name == "trioexec.web"]
+    text = record.getMessage()
+    assert "\n" not in text
+    assert "\r" not in text
+    assert text.startswith("GET /tasks/x%0dGET%20/%20FORGED%0a: the store could not be read")
+    assert "app\\n2026-01-01 FORGED.db: the database file was deleted" in text
+    from trioexec.web._render import one_line
+
+    assert one_line("a\nb\r\x1b[31m\u2028é") == "a\\nb\\r\\x1b[31m\\u2028é"
+
+
+# ---------------------------------------------------------------------- values
+
+
+DEEP = "[" * 100_000 + "]" * 100_000
+#: Values Python's JSON parser takes or chokes on, and no store can keep.
+UNSTORABLE = {
+    "Infinity": "Infinity",
+    "-Infinity": "-Infinity",
+    "NaN": '{"x": NaN}',
+    "1e400": "[1e400]",  # (a float out of range: inf)
+    "digits": "1" * 5000,  # (more digits than Python converts)
+    "deep": DEEP,
+}
+
+
+@pytest.mark.parametrize("how", ["resolve", "reject"])
+@pytest.mark.parametrize("what", UNSTORABLE)
+async def test_a_value_no_store_can_keep_is_one_clear_refusal(db: Db, how: str, what: str) -> None:
+    """Issue 30, 14: the promise is untouched, the page says what is wrong in one
+    line (400), never a 500."""
+    async with client(db.target) as c:
+        r = await c.post(
+            f"/actions/promises/approval-7/{how}", data=form(data=UNSTORABLE[what]), headers=ORIGIN
+        )
+    assert r.status_code == 400, r.text[:300]
+    flash = html.unescape(r.text.split('id="flash"', 1)[1].split("</p>", 1)[0])
+    assert "approval-7" in flash
+    assert "nothing was done" in flash
+    assert any(word in flash for word in ("JSON", "nested")), flash
+    assert 'data-promise-id="approval-7"' in r.text  # (the page, to try again)
+    with DurableStore(db.target) as ds:
+        record = await ds.promises.get("approval-7")
+    assert record is not None
+    assert record.state is PromiseState.PENDING
+
+
+async def test_an_empty_promise_id_is_refused_by_the_store_not_a_500(db: Db) -> None:
+    async with client(db.target) as c:
+        r = await c.post("/actions/promises//resolve", data=form(data="1"), headers=ORIGIN)
+    assert r.status_code == 400
+    assert "non-empty" in html.unescape(r.text.split('id="flash"', 1)[1].split("</p>", 1)[0])
+
+
+NUL_PAGES = {
+    "/tasks/%00": 404,
+    "/tasks/a%00b?fragment=detail": 404,
+    "/runs/%00": 404,
+    "/runs/r%00?fragment=run": 404,
+    "/tasks?cursor=%00": 400,
+    "/failed?cursor=a%00": 400,
+    "/runs?cursor=%00": 400,
+    "/promises?cursor=%00": 400,
+    "/promises?cursor=p%00&state=pending": 400,
+    "/tasks?name=%00": 200,
+    "/tasks?key=k%00&status=pending": 200,
+    "/tasks?waiting_on=%00": 200,
+    "/failed?name=%00": 200,
+    "/runs?status=%00": 400,
+}
+NUL_ACTIONS = {
+    "/actions/tasks/%00/retry": 400,
+    "/actions/tasks/%00/cancel": 400,
+    "/actions/promises/%00/resolve": 404,
+    "/actions/promises/a%00/reject": 404,
+}
+
+
+async def test_a_nul_in_an_id_cursor_or_filter_on_postgres_is_a_404_or_400(
+    pg_database: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 30, 15: PostgreSQL's text cannot hold a NUL, so no task, run or
+    promise has one: an id with one is unknown (404), a cursor with one malformed
+    (400), a filter with one matches nothing; never a 503 "the store could not
+    be read" with an outage on the log."""
+    db = await build(pg_database)
+    got = {}
+    async with client(db.target) as c:
+        with caplog.at_level(logging.WARNING, logger="trioexec.web"):
+            for path in NUL_PAGES:
+                got[path] = (await c.get(path)).status_code
+            for path in NUL_ACTIONS:
+                r = await c.post(path, data=form(data="1"), headers=ORIGIN)
+                got[path] = r.status_code
+            assert (await c.get("/tasks/dead-1")).status_code == 200  # (the pool is fine)
+    assert got == {**NUL_PAGES, **NUL_ACTIONS}
+    assert [r.getMessage() for r in caplog.records if r.name == "trioexec.web"] == []
+    await nothing_changed(db.target)
+
+
+# ---------------------------------------------------------------------- counts
+
+
+async def test_the_overview_counts_every_execution_that_ended_as_finished(db: Db) -> None:
+    """Issue 30, 16: cancelled, dropped and rejected executions are finished too
+    (every status but pending and running)."""
+    async with client(db.target) as c:
+        before = (await c.get("/")).text
+        now = time.time()
+        with trioexec.open_store(db.target) as store:
+            ended = (TaskStatus.CANCELLED, TaskStatus.DROPPED, TaskStatus.REJECTED)
+            store.write(
+                [
+                    change
+                    for i, status in enumerate((*ended, TaskStatus.TIMED_OUT))
+                    for change in (
+                        ("submit", f"end-{i}", 1, "ender", None, None, None, "w2", now - 9),
+                        ("finish", f"end-{i}", 1, status, now - 5, f"{status.value} here"),
+                    )
+                ]
+            )
+        after = (await c.get("/")).text
+    with sqlite3.connect(db.target) as conn:
+        [(finished,)] = conn.execute(
+            "SELECT count(*) FROM executions WHERE finished_at IS NOT NULL"
+        )
+    conn.close()
+
+    def said(page: str) -> tuple[int, str]:
+        found = re.search(r"(\d+)(?:</span>)? finished, failure rate ([\d.]+) %", page)
+        assert found, page
+        return int(found.group(1)), found.group(2)
+
+    assert said(after) == (finished, f"{2 / finished * 100:.1f}")  # (dead-1, end-3)
+    assert said(after)[0] == said(before)[0] + 4
+    assert "cancelled, dropped or rejected" in after
+
+
+#: The backoff test's events (a run's context holds JSON only).
+SIGNALS: dict[str, trio.Event] = {}
+
+
+@task(id="first")
+async def first(context: trioexec.Context) -> None:
+    await trio.lowlevel.checkpoint()
+
+
+@task(
+    id="flaky", dependencies=["first"], retries=1, backoff=trioexec.Backoff(initial=3600, max=3600)
+)
+async def flaky(context: trioexec.Context) -> None:
+    SIGNALS["tried"].set()
+    raise ConnectionError("try again later")
+
+
+@task(id="held", dependencies=["first"])
+async def held(context: trioexec.Context) -> None:
+    await SIGNALS["release"].wait()
+
+
+@task(id="last", dependencies=["flaky", "held"])
+async def last(context: trioexec.Context) -> None:
+    await trio.lowlevel.checkpoint()
+
+
+async def test_a_step_in_its_retry_backoff_is_in_progress_on_the_graph_and_the_list(
+    db: Db,
+) -> None:
+    """Issue 30, 17: a step waiting out its retry's backoff has started (the run
+    counts it in progress): the graph draws it running, waiting on the backoff;
+    the runs list counts the run's steps from its graph and its live tasks, not
+    only the ones recorded (which are the ended ones)."""
+    release = SIGNALS["release"] = trio.Event()
+    tried = SIGNALS["tried"] = trio.Event()
+    with trioexec.open_store(db.target) as store, trio.CancelScope() as scope:
+        async with trioexec.open_executor(store=store, tasks=[first, flaky, held, last]) as ex:
+            await ex.start_workflow(
+                Workflow("backoff", [first, flaky, held, last]), run_id="run-backoff"
+            )
+            with trio.fail_after(20):
+                await tried.wait()
+                await trio.testing.wait_all_tasks_blocked()
+                await ex.flush()
+            async with client(db.target) as c:
+                page = (await c.get("/runs/run-backoff")).text
+                listing = (await c.get("/runs")).text
+            release.set()
+            scope.cancel()  # (the backoff is an hour: not waited out)
+    steps = dict(re.findall(r'data-step="(\w+)" data-state="(\w+)"', page))
+    assert steps == {"first": "completed", "flaky": "running", "held": "running", "last": "pending"}
+    assert "<title>flaky: running, waiting on retry backoff</title>" in page
+    row = listing.split('data-run-id="run-backoff"', 1)[1].split("</tr>", 1)[0]
+    pills = re.findall(r'class="pill state-\w+">(\d+ \w+)<', row)
+    assert pills == ["1 pending", "2 running", "1 completed"]
+    live = listing.split('data-run-id="run-live"', 1)[1].split("</tr>", 1)[0]
+    assert re.findall(r'class="pill state-\w+">(\d+ \w+)<', live) == [
+        "1 pending",
+        "1 running",
+        "1 completed",
+    ]

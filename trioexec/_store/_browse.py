@@ -24,7 +24,7 @@ from typing import Any, Literal
 import attrs
 
 from .._records import ExecutionRecord, SubStatus, TaskStatus
-from ._base import COMMAND_FIELDS, Command, RunRecord, graph_of
+from ._base import COMMAND_FIELDS, LIVE, Command, RunRecord, graph_of
 from ._control import SQLControl, command_of
 from ._sql import RECORD_COLUMNS, RECORD_FIELDS, record_of
 
@@ -41,8 +41,8 @@ COUNT_LIMIT = 10_000
 MAX_LIMIT = 10_000
 #: The most buckets one `activity` call may ask for.
 MAX_BUCKETS = 10_000
-#: The finished statuses `activity` counts.
-_COUNTED = (TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.CANCELLED, TaskStatus.TIMED_OUT)
+#: The statuses of an execution that ended: every one but the live ones (`LIVE`).
+ENDED = tuple(s for s in TaskStatus if s not in LIVE)
 _LIVE_SQL = "e.status IN ('pending', 'running')"
 #: A status filter's condition: one of these constants, never the caller's text
 #: (an unknown status is refused first). A planner sees which status it is, and
@@ -62,13 +62,15 @@ class Page:
 
 @attrs.frozen
 class Bucket:
-    """The executions finished in ``[start, start + bucket)``, by status."""
+    """The executions that ended in ``[start, start + bucket)``, by status."""
 
     start: float
-    completed: int
-    failed: int
-    cancelled: int
-    timed_out: int
+    ended: dict[TaskStatus, int]  #: every status of `ENDED` (zero or more)
+
+    @property
+    def finished(self) -> int:
+        """How many ended, whatever their status."""
+        return sum(self.ended.values())
 
 
 @attrs.frozen
@@ -123,7 +125,7 @@ def _sql_store(store: object) -> tuple[SQLControl, _Dialect]:
     return store, _DIALECTS[store.dialect]
 
 
-def _storable(value: str) -> bool:
+def storable(value: str) -> bool:
     """Whether a store can hold ``value`` (else nothing stored can equal or hold it)."""
     if "\x00" in value:
         return False
@@ -206,7 +208,7 @@ def _where(
     for column, value in texts.items():
         if value is None:
             continue
-        if not _storable(value):
+        if not storable(value):
             return None
         if column == "waiting_on":
             where.append(d.find.format(col="e.waiting_on"))
@@ -367,9 +369,9 @@ def _seconds(what: str, value: object) -> float:
 def activity(
     store: object, *, since: float, bucket: float = 60.0, now: float | None = None
 ) -> list[Bucket]:
-    """The executions that finished from ``since`` to ``now`` (default: the
-    store's clock), completed, failed, cancelled and timed out, counted per
-    ``bucket`` seconds: ``ceil((now - since) / bucket)`` buckets, oldest first,
+    """The executions that ended from ``since`` to ``now`` (default: the
+    store's clock), counted by status (every status of `ENDED`) per ``bucket``
+    seconds: ``ceil((now - since) / bucket)`` buckets, oldest first,
     starting at ``since``, empty ones zero-filled (none if ``now <= since``).
     One range of the index on (finished_at, status): no row is read.
 
@@ -391,9 +393,9 @@ def activity(
         raise ValueError(
             f"{n} buckets of {bucket:g} s from {since!r} to {end!r}: at most {MAX_BUCKETS}"
         )
-    counts = [dict.fromkeys(_COUNTED, 0) for _ in range(n)]
+    counts = [dict.fromkeys(ENDED, 0) for _ in range(n)]
     # (No condition on the status: one on it could lead a planner to the status
-    # index, and through every completed row; dropped and rejected ones are few.)
+    # index, and through every completed row.)
     sql = (
         f"SELECT {d.bucket} AS b, e.status, count(*) FROM executions e"
         f" WHERE e.finished_at >= {d.mark} AND e.finished_at <= {d.mark} GROUP BY 1, 2"
@@ -402,18 +404,10 @@ def activity(
         rows = conn.execute(sql, (since, bucket, since, end)).fetchall()
     for number, status, count in rows:
         i = min(max(int(number), 0), n - 1)  # (now itself: in the last bucket)
-        if status in counts[i]:
-            counts[i][status] += int(count)
-    return [
-        Bucket(
-            start=since + i * bucket,
-            completed=c[TaskStatus.COMPLETED],
-            failed=c[TaskStatus.FAILED],
-            cancelled=c[TaskStatus.CANCELLED],
-            timed_out=c[TaskStatus.TIMED_OUT],
-        )
-        for i, c in enumerate(counts)
-    ]
+        ended = counts[i]
+        if status in ended:  # (a live row with a finished_at: never, but not counted)
+            ended[TaskStatus(status)] += int(count)
+    return [Bucket(start=since + i * bucket, ended=c) for i, c in enumerate(counts)]
 
 
 def task_names(store: object, limit: int = 200) -> list[str]:
@@ -442,7 +436,7 @@ def task_commands(store: object, task_id: str) -> list[Command]:
     checked = _text("task_id", task_id)
     if checked is None:
         raise ValueError("task_id must be a str, got None")
-    if not _storable(checked):
+    if not storable(checked):
         return []
     sql = f"SELECT {', '.join(COMMAND_FIELDS)} FROM commands WHERE task_id = {d.mark} ORDER BY seq"
     with sql_store.snapshot("query a task's commands") as conn:
@@ -456,9 +450,14 @@ class RunPage:
 
     rows: list[RunRecord]
     next_cursor: str | None  #: opaque text; pass back as ``cursor=`` for the next page
+    #: the live executions (pending or running) of each running run of the page,
+    #: by run id, in submission order: its steps under way, which the run
+    #: records only once they end
+    live: dict[str, list[ExecutionRecord]] = attrs.field(factory=dict)
 
 
 _RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
+_RUN_STATUS = _RUN_COLUMNS.index("status")
 _RUN_ORDER = "runs"
 
 
@@ -476,7 +475,7 @@ def _run_key(cursor: object) -> list[Any]:
     if not isinstance(value, list) or len(value) != 3 or value[0] != _RUN_ORDER:
         raise bad
     at, run_id = value[1], value[2]
-    if not isinstance(run_id, str) or not _storable(run_id):
+    if not isinstance(run_id, str) or not storable(run_id):
         raise bad
     if at is not None and (
         isinstance(at, bool) or not isinstance(at, int | float) or not math.isfinite(at)
@@ -497,7 +496,8 @@ def runs_page(
     runs without a creation time last), with ``status`` and ``workflow`` if
     given (equal to), at most ``limit``, after ``cursor`` (a `RunPage.next_cursor`;
     None: the first page). Keyset pagination on the index of ``(created_at,
-    run_id)``: any page costs what the first does. Each run comes with its steps.
+    run_id)``: any page costs what the first does. Each run comes with its steps,
+    and each running one with its live executions (`RunPage.live`).
 
     Raises:
       ValueError: a limit out of range, a filter that is not text, or a
@@ -514,7 +514,7 @@ def runs_page(
     for column, value in filters.items():
         if value is None:
             continue
-        if not _storable(value):
+        if not storable(value):
             return RunPage(rows=[], next_cursor=None)
         where.append(f"r.{column} = {d.mark}")
         params.append(value)
@@ -555,6 +555,18 @@ def runs_page(
                 [r[0] for r in rows],
             ).fetchall():
                 steps[run_id][step_id] = (state, output)
+        running = [r[0] for r in rows if r[_RUN_STATUS] == "running"]
+        live: dict[str, list[ExecutionRecord]] = {run_id: [] for run_id in running}
+        if running:
+            marks = ", ".join([d.mark] * len(running))
+            for found in conn.execute(
+                f"SELECT {RECORD_COLUMNS} FROM executions e LEFT JOIN owners o"
+                f" ON o.owner = e.owner WHERE e.run_id IN ({marks}) AND {_LIVE_SQL}"
+                f" ORDER BY {d.seq}",
+                running,
+            ).fetchall():
+                record = record_of(found, sql_store.path)
+                live[str(record.run_id)].append(record)
     records = []
     for row in rows:
         values = dict(zip(_RUN_COLUMNS, row, strict=True))
@@ -566,4 +578,4 @@ def runs_page(
         last = records[-1]
         text = json.dumps([_RUN_ORDER, last.created_at, last.run_id], separators=(",", ":"))
         next_cursor = base64.urlsafe_b64encode(text.encode()).decode("ascii")
-    return RunPage(rows=records, next_cursor=next_cursor)
+    return RunPage(rows=records, next_cursor=next_cursor, live=live)

@@ -12,6 +12,7 @@ JSON and stored as data. Under ``--read-only`` these routes do not exist.
 from __future__ import annotations
 
 import json
+import math
 import urllib.parse
 from collections.abc import Callable
 from typing import TypeVar
@@ -23,9 +24,11 @@ from starlette.responses import RedirectResponse, Response
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError
 from trioexec._control import who_am_i
+from trioexec._store._browse import storable
 
 from ._pages import promises
-from ._render import Flash, dashboard_of, message, redacted
+from ._render import Flash, dashboard_of, message, redacted, segment, unsegment
+from ._security import is_local_path
 
 T = TypeVar("T")
 
@@ -62,9 +65,7 @@ async def _form(request: Request) -> dict[str, str]:
 def _back(form: dict[str, str], default: str) -> str:
     """Where to go after the action: the form's page, only ever a path here."""
     back = form.get("back", "")
-    if not back.startswith("/") or back.startswith("//") or "\\" in back:
-        return default
-    return back
+    return back if is_local_path(back) else default
 
 
 async def _checked(request: Request) -> dict[str, str]:
@@ -103,23 +104,48 @@ def _refused(request: Request, exc: Refused, back: str) -> Response:
 # ---------------------------------------------------------------------- promises
 
 
+def _no_constant(name: str) -> object:
+    raise ValueError(f"{name} is no JSON number")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is beyond the largest number a store keeps")
+    return value
+
+
+def _value(text: str) -> object:
+    """The JSON value typed in (None if nothing was). ValueError saying why not:
+    not JSON, ``NaN``, ``Infinity`` or a number past the floats (Python's parser
+    takes them, JSON and the stores do not), nested deeper than the parser goes."""
+    if not text:
+        return None
+    try:
+        return json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+    except RecursionError:
+        raise ValueError("the value is nested too deeply to be read") from None
+    except ValueError as exc:  # (JSONDecodeError; an integer of too many digits)
+        raise ValueError(f"the value is not JSON ({exc})") from None
+
+
 async def _settle(request: Request, how: str) -> Response:
     from trioexec.durable import Conflict, DurableStore, NotFound
 
-    promise_id = request.path_params["promise_id"]
+    promise_id = unsegment(request.path_params["promise_id"])
     try:
         form = await _checked(request)
     except Refused as exc:
         return _refused(request, exc, "/promises")
     back = _back(form, "/promises")
-    text = form.get("data", "").strip()
     try:
-        value = None if not text else json.loads(text)
-    except json.JSONDecodeError as exc:
-        flash = Flash(
-            "error", f"promise {promise_id}: the value is not JSON ({exc}); nothing was done"
-        )
+        value = _value(form.get("data", "").strip())
+    except ValueError as exc:
+        flash = Flash("error", f"promise {promise_id}: {exc}; nothing was done")
         return await promises(request, flash=flash, status_code=400)
+    if not storable(promise_id):  # (a NUL: no store holds such a promise)
+        flash = Flash("error", f"promise {promise_id!r}: no such promise")
+        return await promises(request, flash=flash, status_code=404)
     dash = dashboard_of(request)
 
     def open_durable() -> DurableStore:
@@ -133,6 +159,9 @@ async def _settle(request: Request, how: str) -> Response:
     except (Conflict, NotFound) as exc:
         flash = Flash("error", f"promise {promise_id}: {exc}")
         return await promises(request, flash=flash, status_code=409)
+    except ValueError as exc:  # (the store's own checks, before it writes anything)
+        flash = Flash("error", f"promise {promise_id!r}: {exc}; nothing was done")
+        return await promises(request, flash=flash, status_code=400)
     except StoreError as exc:
         text = f"promise {promise_id}: {redacted(dash.db, str(exc))}"
         title = "Not resolved" if how == "resolve" else "Not rejected"
@@ -152,7 +181,7 @@ async def reject(request: Request) -> Response:
 
 
 async def retry(request: Request) -> Response:
-    task_id = request.path_params["task_id"]
+    task_id = unsegment(request.path_params["task_id"])
     try:
         form = await _checked(request)
         back = _back(form, "/failed")
@@ -169,10 +198,10 @@ async def retry(request: Request) -> Response:
 
 
 async def cancel(request: Request) -> Response:
-    task_id = request.path_params["task_id"]
+    task_id = unsegment(request.path_params["task_id"])
     try:
         form = await _checked(request)
-        back = _back(form, f"/tasks/{urllib.parse.quote(task_id, safe='')}")
+        back = _back(form, f"/tasks/{segment(task_id)}")
         who = _who(request)
         command = await _write(
             request, lambda store: store.command("cancel", task_id=task_id, who=who)

@@ -4,16 +4,17 @@ anyio), and its live stream of Server-Sent Events."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import re
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 import trio
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import BaseRoute, Mount, Route
-from starlette.staticfiles import StaticFiles
+from starlette.responses import PlainTextResponse, Response, StreamingResponse
+from starlette.routing import BaseRoute, Route
 
 from trioexec import StoreError
 
@@ -61,6 +62,43 @@ async def events(request: Request) -> Response:
     )
 
 
+#: The static files' media types (the directory holds these two kinds).
+STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; charset=utf-8"}
+
+
+def static_files() -> Callable[[Request], Awaitable[Response]]:
+    """The route of ``/static/NAME``: the package's few static files, read once.
+
+    Sent as plain responses, not Starlette's `StaticFiles`: its file response,
+    under the ASGI 2.1 that Hypercorn speaks, waits for the client's disconnect
+    in a task group it cancels once the file is sent, and Hypercorn closes a
+    ``Connection: close`` connection from inside that send, so the cancellation
+    lands in the close: the connection stayed open (and on ``0.0.0.0`` static
+    files need no token)."""
+    files = {
+        path.name: (path.read_bytes(), STATIC_TYPES[path.suffix])
+        for path in (HERE / "static").iterdir()
+        if path.suffix in STATIC_TYPES
+    }
+
+    async def static(request: Request) -> Response:
+        found = files.get(request.path_params["name"])
+        if found is None:
+            return PlainTextResponse("Not Found", status_code=404)
+        return Response(found[0], media_type=found[1])
+
+    return static
+
+
+def id_route(path: str, endpoint: Callable[[Request], Awaitable[Response]], **kw: Any) -> Route:
+    """A route whose ``{...:path}`` parameter (an id) matches any text: Starlette's
+    ``.*`` stops at a newline and its ``$`` matches before a last one, so an id
+    that holds one would be a 404, or (ending in one) another id's page."""
+    route = Route(path, endpoint, **kw)
+    route.path_regex = re.compile(route.path_regex.pattern.removesuffix("$") + r"\Z", re.DOTALL)
+    return route
+
+
 def create_app(
     db: str,
     *,
@@ -105,22 +143,22 @@ def create_app(
     routes: list[BaseRoute] = [
         Route("/", overview),
         Route("/tasks", tasks),
-        Route("/tasks/{task_id:path}", task),
+        id_route("/tasks/{task_id:path}", task),
         Route("/runs", runs),
-        Route("/runs/{run_id:path}", run),
+        id_route("/runs/{run_id:path}", run),
         Route("/promises", promises),
         Route("/failed", failed),
         Route("/control", control),
         Route("/events", events),
-        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+        Route("/static/{name}", static_files()),
     ]
     if not read_only:
         post = ["POST"]
         routes += [
-            Route("/actions/promises/{promise_id:path}/resolve", resolve, methods=post),
-            Route("/actions/promises/{promise_id:path}/reject", reject, methods=post),
-            Route("/actions/tasks/{task_id:path}/retry", retry, methods=post),
-            Route("/actions/tasks/{task_id:path}/cancel", cancel, methods=post),
+            id_route("/actions/promises/{promise_id:path}/resolve", resolve, methods=post),
+            id_route("/actions/promises/{promise_id:path}/reject", reject, methods=post),
+            id_route("/actions/tasks/{task_id:path}/retry", retry, methods=post),
+            id_route("/actions/tasks/{task_id:path}/cancel", cancel, methods=post),
             Route("/actions/pause", pause, methods=post),
             Route("/actions/resume", resume, methods=post),
         ]

@@ -6,9 +6,10 @@ values."""
 
 from __future__ import annotations
 
+import collections
 import time
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import attrs
@@ -16,12 +17,20 @@ import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from trioexec import ExecutionRecord, SubStatus, TaskStatus
+from trioexec import ExecutionRecord, StepState, SubStatus, TaskStatus
 from trioexec._store import Command, RunRecord
-from trioexec._store._browse import activity, browse, runs_page, task_commands, task_names
+from trioexec._store._browse import (
+    activity,
+    browse,
+    runs_page,
+    storable,
+    task_commands,
+    task_names,
+)
 
 from ._board import read_counts
-from ._render import dashboard_of, message, pretty_json, render
+from ._render import dashboard_of, message, pretty_json, render, segment, unsegment
+from ._security import sent_path
 from ._svg import HEIGHT, PAD, STEP_H, STEP_W, WIDTH, bars, line, run_graph
 
 PAGE_SIZE = 50
@@ -42,6 +51,7 @@ COUNTS = (
 )
 PROMISE_STATES = ("pending", "resolved", "rejected", "rejected_canceled", "rejected_timedout")
 RUN_STATES = ("running", "completed", "failed", "cancelled")
+COMPLETED, FAILED, TIMED_OUT = TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.TIMED_OUT
 
 
 class BadQuery(ValueError):
@@ -65,7 +75,7 @@ def _url(path: str, params: Mapping[str, str | None]) -> str:
 
 
 def bad_query(request: Request, exc: ValueError) -> Response:
-    return message(request, "Bad request", str(exc), status_code=400, back=request.url.path)
+    return message(request, "Bad request", str(exc), status_code=400, back=sent_path(request))
 
 
 # ---------------------------------------------------------------------- overview
@@ -80,8 +90,11 @@ async def overview(request: Request) -> Response:
     waiting = await board.read(browse, order="longest_waiting", limit=10)
     pauses = await board.read(lambda store: store.pauses())
     samples = list(board.samples)
-    finished = [(b.start, b.completed, b.failed + b.timed_out) for b in buckets]
-    rates = [(start, bad / (ok + bad) if ok + bad else 0.0) for start, ok, bad in finished]
+    finished = [
+        (b.start, b.ended[COMPLETED], b.ended[FAILED] + b.ended[TIMED_OUT], b.finished)
+        for b in buckets
+    ]
+    rates = [(start, bad / n if n else 0.0) for start, _, bad, n in finished]
     context = {
         "version": version,
         "title": "Overview",
@@ -185,8 +198,9 @@ def timeline(record: ExecutionRecord, commands: list[Command]) -> list[Moment]:
 async def task(request: Request) -> Response:
     board = dashboard_of(request).board
     version = board.version  # (before the reads: a change meanwhile refreshes it)
-    task_id = request.path_params["task_id"]
-    record = await board.read(lambda store: store.execution(task_id))
+    task_id = unsegment(request.path_params["task_id"])
+    # (an id no store can hold, a NUL: no such task, not a read that fails)
+    record = await board.read(lambda store: store.execution(task_id)) if storable(task_id) else None
     if record is None:
         return message(
             request,
@@ -203,6 +217,7 @@ async def task(request: Request) -> Response:
         "timeline": timeline(record, commands),
         "args_text": pretty_json(record.args),
         "current": "/tasks",
+        "back": f"/tasks/{segment(task_id)}",
     }
     return render(request, "task.html", context)
 
@@ -210,26 +225,35 @@ async def task(request: Request) -> Response:
 # ---------------------------------------------------------------------- runs
 
 
-def step_summary(run: RunRecord) -> list[tuple[str, int]]:
-    counted: dict[str, int] = {}
-    for state, _ in run.steps.values():
-        counted[state] = counted.get(state, 0) + 1
-    return sorted(counted.items())
-
-
-def step_states(run: RunRecord, tasks: list[ExecutionRecord]) -> dict[str, str]:
+def step_states(run: RunRecord, tasks: Iterable[ExecutionRecord]) -> dict[str, str]:
     """Each step's state: as the run records it once it ended; before, from its
-    task (a step's task is named after the step): "running" while it runs (or
-    waits deferred), "ready" while it is pending."""
+    live task (a step's task is named after the step): "running" once it has
+    started (running, deferred, or pending again to wait out a retry's backoff:
+    the run counts it in progress), "ready" while it is pending for its first
+    attempt; any other step of the run's graph "pending"."""
     states = {step: state for step, (state, _) in run.steps.items()}
     for record in tasks:
         if record.name in states:
             continue
-        if record.status is TaskStatus.RUNNING:
-            states[record.name] = "running"
+        if record.status is TaskStatus.RUNNING or (
+            record.status is TaskStatus.PENDING and record.attempt > 0
+        ):
+            states[record.name] = StepState.RUNNING.value
         elif record.status is TaskStatus.PENDING:
-            states[record.name] = "ready"
+            states[record.name] = StepState.READY.value
+    for step in run.graph or ():
+        states.setdefault(step, StepState.PENDING.value)
     return states
+
+
+def step_summary(run: RunRecord, tasks: Iterable[ExecutionRecord]) -> list[tuple[str, int]]:
+    """How many of the run's steps are in each state (`step_states`), in the
+    order of a step's life."""
+    counted = collections.Counter(step_states(run, tasks).values())
+    return sorted(counted.items(), key=lambda item: (_LIFE.get(item[0], len(_LIFE)), item[0]))
+
+
+_LIFE = {state.value: i for i, state in enumerate(StepState)}
 
 
 async def runs(request: Request) -> Response:
@@ -251,7 +275,7 @@ async def runs(request: Request) -> Response:
         and _url("/runs", {"status": status, "cursor": page.next_cursor}),
         "status": status,
         "statuses": RUN_STATES,
-        "step_summary": step_summary,
+        "steps": {r.run_id: step_summary(r, page.live.get(r.run_id, ())) for r in page.rows},
     }
     return render(request, "runs.html", context)
 
@@ -259,8 +283,8 @@ async def runs(request: Request) -> Response:
 async def run(request: Request) -> Response:
     board = dashboard_of(request).board
     version = board.version  # (before the reads: a change meanwhile refreshes it)
-    run_id = request.path_params["run_id"]
-    record = await board.read(lambda store: store.run(run_id))
+    run_id = unsegment(request.path_params["run_id"])
+    record = await board.read(lambda store: store.run(run_id)) if storable(run_id) else None
     if record is None:
         return message(
             request,
@@ -285,6 +309,7 @@ async def run(request: Request) -> Response:
         "tasks": its_tasks.rows,
         "context_text": pretty_json(record.context),
         "current": "/runs",
+        "back": f"/runs/{segment(run_id)}",
     }
     return render(request, "run.html", context)
 
@@ -301,6 +326,8 @@ async def promises(request: Request, flash: Any = None, status_code: int = 200) 
     except ValueError as exc:
         return bad_query(request, exc)
     cursor = _text(query, "cursor")
+    if cursor is not None and not storable(cursor):  # (a NUL: no promise's id, no read)
+        return bad_query(request, ValueError(f"malformed cursor {cursor!r}"))
     await trio.to_thread.run_sync(board.check_file)
     try:
         found, next_cursor = await board.durable.promises.search(

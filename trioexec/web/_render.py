@@ -7,6 +7,7 @@ import datetime
 import json
 import logging
 import pathlib
+import re
 import time
 import urllib.parse
 from collections.abc import Mapping
@@ -23,7 +24,7 @@ from trioexec._store._open import is_postgres_url
 from trioexec._store._pg_conn import mask, redact
 
 from ._board import Board
-from ._security import Guard
+from ._security import Guard, sent_path
 
 HERE = pathlib.Path(__file__).parent
 log = logging.getLogger("trioexec.web")
@@ -60,6 +61,7 @@ class Dashboard:
             trim_blocks=True,
             lstrip_blocks=True,
         )
+        self.env.filters["segment"] = segment
         self.env.filters["stamp"] = stamp
         self.env.filters["ago"] = ago
         self.env.globals["waited"] = waited
@@ -77,6 +79,36 @@ def dashboard_of(request: Request) -> Dashboard:
 
 def dashboard_of_app(app: Starlette) -> Dashboard:
     return cast(Dashboard, app.state.dashboard)
+
+
+#: An id a browser would resolve away as a path segment (``.``, ``..``), after
+#: the tildes `segment` puts in front of it.
+_DOTS = re.compile(r"~*\.\.?")
+
+
+def segment(value: str) -> str:
+    """An id (a task's, a run's, a promise's) as one segment of a URL's path, which
+    a browser sends as it is: every character but letters, digits and ``-._~``
+    percent-encoded (``/``, ``%``, ``\\`` and ``?`` too), and an id that is one
+    or two dots after any tildes gets one more tilde in front (a browser drops a
+    ``.`` segment and pops the one before for ``..``, written ``%2e`` or not).
+    `unsegment` reads it back from the path the server decoded. Every link and
+    form action that names an object is built with it: ``a/../b`` is one segment
+    ``a%2F..%2Fb``, never a path to ``b``."""
+    text = urllib.parse.quote(value, safe="")
+    return "~" + text if _DOTS.fullmatch(value) else text
+
+
+def unsegment(value: str) -> str:
+    """The id of a path segment `segment` made (after the server decoded it)."""
+    return value[1:] if value.startswith("~") and _DOTS.fullmatch(value) else value
+
+
+def one_line(text: str) -> str:
+    """``text`` for one line of a log: every character that is not printable
+    (a newline, a carriage return, an escape) written as Python writes it
+    (``\\n``), so nothing a request or a database holds can start a line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 def db_label(db: str) -> str:
@@ -131,9 +163,9 @@ def back_of(request: Request) -> str:
     filters but never ``fragment=`` (a fragment's forms are put into the full page
     by its script, and must lead back to that page, not to a bare fragment)."""
     if request.method != "GET":
-        return request.url.path
+        return sent_path(request)
     query = [(k, v) for k, v in request.query_params.multi_items() if k != "fragment"]
-    return request.url.path + (f"?{urllib.parse.urlencode(query)}" if query else "")
+    return sent_path(request) + (f"?{urllib.parse.urlencode(query)}" if query else "")
 
 
 def render(
@@ -174,7 +206,10 @@ def render(
 
 
 def message(request: Request, title: str, text: str, *, status_code: int, back: str) -> Response:
-    """A page that says one thing (an action refused, a thing not found)."""
+    """A page that says one thing (an action refused, a thing not found); asked
+    for a fragment (the page's script), that thing in plain text."""
+    if request.query_params.get("fragment") is not None:
+        return PlainTextResponse(text, status_code=status_code)
     kind = "ok" if status_code < 400 else "error"
     return render(
         request,
@@ -196,13 +231,12 @@ async def store_error(request: Request, exc: Exception) -> Response:
     the part it has and tries again on the next change)."""
     dash = dashboard_of(request)
     text = redacted(dash.db, str(exc)) or type(exc).__name__
-    log.warning("%s %s: the store could not be read: %s", request.method, request.url.path, text)
-    if request.query_params.get("fragment") is not None:
-        return PlainTextResponse(f"the store could not be read: {text}", status_code=503)
+    where = sent_path(request)  # (percent-encoded: a %0A in it stays one)
+    log.warning("%s %s: the store could not be read: %s", request.method, where, one_line(text))
     return message(
         request,
         "Store unavailable",
         f"the store could not be read: {text}",
         status_code=503,
-        back=request.url.path,
+        back=where,
     )

@@ -2,10 +2,12 @@
 headers every response carries.
 
 The token is random per start (`secrets.token_urlsafe`) and printed in the URL.
-Visiting any page with ``?token=T`` stores it in an HttpOnly, SameSite=Strict
-cookie named after a hash of it (`cookie_name`: several dashboards on one host
-each keep their own) and redirects to the same page without it (so it leaves the address bar
-and the history). An action (a POST) needs that cookie, a CSRF field derived from
+Visiting any page with ``?token=T`` sets an HttpOnly, SameSite=Strict cookie
+named after a hash of it (`cookie_name`: several dashboards on one host each keep
+their own) that holds a value derived from it (`cookie_value`: never the token,
+which a browser would send to every port of the host), and redirects to the same
+page without it (so it leaves the address bar and the history; only ever to a
+path of this site, `is_local_path`). An action (a POST) needs that cookie, a CSRF field derived from
 the token (an HMAC of it: a page from elsewhere cannot read the cookie, so it
 cannot compute the field) and, when the browser sends one, an Origin of this
 server. Reads need the cookie only when the server listens beyond loopback, or
@@ -63,6 +65,26 @@ def csrf_of(token: str) -> str:
     return hmac.new(token.encode(), b"trioexec dashboard csrf", hashlib.sha256).hexdigest()
 
 
+def cookie_value(token: str) -> str:
+    """What the token's cookie holds: an HMAC of the token under another label than
+    `csrf_of`'s (the pages show that one). A browser sends a host's cookies to
+    every port of it: another server on 127.0.0.1 that sees this cookie learns
+    neither the token (for the printed URL) nor a value any other dashboard takes."""
+    return hmac.new(token.encode(), b"trioexec dashboard cookie", hashlib.sha256).hexdigest()
+
+
+def is_local_path(text: str) -> bool:
+    """Whether ``text`` is a path of this site, safe as a redirect's target: one
+    ``/`` first (``//host/`` is another site's URL), no backslash (a browser reads
+    ``/\\host/`` as ``//host/``), no space or control character (a browser drops
+    tabs and newlines from a URL, so ``/\\t/host/`` would be ``//host/`` too)."""
+    return (
+        text.startswith("/")
+        and not text.startswith("//")
+        and all(c != "\\" and c.isprintable() and not c.isspace() for c in text)
+    )
+
+
 def is_loopback(host: str) -> bool:
     """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
     if host.lower() == "localhost":
@@ -83,11 +105,12 @@ class Guard:
         self.token = token
         self.csrf = csrf_of(token)
         self.cookie = cookie_name(token)
+        self.cookie_value = cookie_value(token)
         self.require_token_for_reads = require_token_for_reads
 
     def has_token(self, request: Request) -> bool:
         cookie = request.cookies.get(self.cookie, "")
-        return hmac.compare_digest(cookie.encode(), self.token.encode())
+        return hmac.compare_digest(cookie.encode(), self.cookie_value.encode())
 
     def may_read(self, request: Request) -> bool:
         """Reads are free on loopback, asked for by a loopback name: a page of
@@ -106,6 +129,18 @@ class Guard:
         if not same_origin(request):
             return "the request came from another site (Origin)"
         return None
+
+
+def sent_path(request: Request) -> str:
+    """The request's path as the client sent it, percent-encoded: what a link or
+    a redirect back to it must say. (The decoded ``request.url.path`` would turn
+    an id's ``%2F`` into a ``/``, and ``a%2F..%2Fb`` into ``a/../b``, which a
+    browser resolves to another page.)"""
+    raw = request.scope.get("raw_path")
+    if not isinstance(raw, bytes):
+        return urllib.parse.quote(request.url.path)
+    # (re-encoded where the bytes were not a URL's: a raw space, a byte over 127)
+    return urllib.parse.quote_from_bytes(raw.partition(b"?")[0], safe="/%-._~!$&'()*+,;=:@")
 
 
 def same_origin(request: Request) -> bool:
@@ -155,11 +190,14 @@ class Gate:
             if not hmac.compare_digest(given.encode(), self.guard.token.encode()):
                 return PlainTextResponse("wrong token: open the URL the dashboard printed", 403)
             query = [(k, v) for k, v in request.query_params.multi_items() if k != "token"]
-            target = URL(path=request.url.path, query=urllib.parse.urlencode(query))
+            path = sent_path(request)
+            if not is_local_path(path):  # (``//evil.example/?token=``: not there)
+                path = "/"
+            target = URL(path=path, query=urllib.parse.urlencode(query))
             response = RedirectResponse(str(target), status_code=303)
             response.set_cookie(
                 self.guard.cookie,
-                self.guard.token,
+                self.guard.cookie_value,
                 httponly=True,
                 samesite="strict",
                 secure=request.url.scheme == "https",

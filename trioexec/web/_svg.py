@@ -33,12 +33,16 @@ class Bar:
     height: float
     failed_y: float
     failed_height: float
+    other_y: float
+    other_height: float
     title: str
 
 
 @attrs.frozen
 class Bars:
-    """A stacked bar chart of completions per bucket (finished ok, and failed on top)."""
+    """A stacked bar chart of the executions that ended per bucket: completed,
+    failed (or timed out) on top, and the others (cancelled, dropped, rejected)
+    on top of those."""
 
     bars: tuple[Bar, ...]
     width: float  #: of each bar
@@ -74,18 +78,21 @@ def line(samples: Sequence[tuple[float, float]]) -> Line:
     return Line(points=points, top=top, span=end - start, last=samples[-1][1])
 
 
-def bars(buckets: Sequence[tuple[float, int, int]], *, label: str = "min") -> Bars:
-    """``buckets``: (start, finished ok, finished not ok), oldest first."""
+def bars(buckets: Sequence[tuple[float, int, int, int]], *, label: str = "min") -> Bars:
+    """``buckets``: (start, completed, failed or timed out, all that ended),
+    oldest first."""
     if not buckets:
         return Bars(bars=(), width=0.0, top=1, total=0, failed=0)
     inner_w, inner_h = WIDTH - 2 * PAD, HEIGHT - 2 * PAD
-    top = int(_nice_top(max(ok + bad for _, ok, bad in buckets)))
+    top = int(_nice_top(max(n for *_, n in buckets)))
     slot = inner_w / len(buckets)
     width = max(slot * 0.8, 1.0)
     out = []
-    for i, (_start, ok, bad) in enumerate(buckets):
+    for i, (_start, ok, bad, n) in enumerate(buckets):
+        other = n - ok - bad
         h_ok = ok / top * inner_h
         h_bad = bad / top * inner_h
+        h_other = other / top * inner_h
         base = HEIGHT - PAD
         out.append(
             Bar(
@@ -94,15 +101,20 @@ def bars(buckets: Sequence[tuple[float, int, int]], *, label: str = "min") -> Ba
                 height=round(h_ok, 1),
                 failed_y=round(base - h_ok - h_bad, 1),
                 failed_height=round(h_bad, 1),
-                title=f"{ok} ok, {bad} failed ({len(buckets) - i} {label} ago)",
+                other_y=round(base - h_ok - h_bad - h_other, 1),
+                other_height=round(h_other, 1),
+                title=(
+                    f"{ok} ok, {bad} failed, {other} cancelled, dropped or rejected"
+                    f" ({len(buckets) - i} {label} ago)"
+                ),
             )
         )
     return Bars(
         bars=tuple(out),
         width=round(width, 1),
         top=top,
-        total=sum(ok + bad for _, ok, bad in buckets),
-        failed=sum(bad for _, _, bad in buckets),
+        total=sum(n for *_, n in buckets),
+        failed=sum(bad for _, _, bad, _ in buckets),
     )
 
 
