@@ -1261,3 +1261,46 @@ async def test_a_step_in_its_retry_backoff_is_in_progress_on_the_graph_and_the_l
         "1 running",
         "1 completed",
     ]
+
+
+# ---------------------------------------------------------------- a newcomer's view (issue 34)
+
+
+async def test_without_the_token_a_page_says_view_only_and_shows_no_buttons(db: Db) -> None:
+    async with client(db.target, logged_in=False) as c:
+        for path in ("/failed", "/promises", "/control", "/tasks/webhook-new"):
+            page = (await c.get(path)).text
+            assert 'id="view-only"' in page, path
+            assert "open the URL <code>trioexec dashboard</code> printed" in page
+            assert 'method="post"' not in page, path  # (no action: a filter still shows)
+    async with client(db.target) as c:  # (logged in: the buttons, no banner)
+        page = (await c.get("/failed")).text
+        assert 'id="view-only"' not in page
+        assert '<button class="retry"' in page
+    async with client(db.target, read_only=True, logged_in=False) as c:
+        page = (await c.get("/failed")).text
+        assert 'id="view-only"' not in page  # (read-only says so itself)
+        assert "read-only" in page
+
+
+@pytest.mark.parametrize(("path", "name"), [("/tasks", "tasks"), ("/failed", "failed")])
+async def test_the_body_names_the_page_not_a_repr_of_its_rows(db: Db, path: str, name: str) -> None:
+    async with client(db.target) as c:
+        page = (await c.get(path)).text
+    assert f'data-page="{name}"' in page
+    assert "Page(rows=" not in page
+    assert "ExecutionRecord(" not in page
+
+
+async def test_rows_whose_owner_is_gone_say_so(db: Db) -> None:
+    with trioexec.open_store(db.target) as store:  # w2 died 3 minutes ago
+        store.heartbeat("w2", time.time() - 180)
+    async with client(db.target) as c:
+        page = (await c.get("/tasks?status=running")).text
+        one = (await c.get("/tasks/crunch-1")).text
+    row = page.split('data-task-id="crunch-1"', 1)[1].split("</tr>", 1)[0]
+    assert 'class="waiting-on owner-gone"' in row
+    assert "owner gone 3m ago; orphaned: it cannot be re-created, recovery will fail it" in row
+    assert '<dd class="owner-gone">owner gone 3m ago' in one
+    approve = page.split('data-task-id="approve-9"', 1)[1].split("</tr>", 1)[0]
+    assert "an executor with recover=True will resume its run" in approve

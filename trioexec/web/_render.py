@@ -181,6 +181,8 @@ def render(
     dash = dashboard_of(request)
     full: dict[str, Any] = {
         "read_only": dash.read_only,
+        # (no buttons that would answer 403: without the token a page is view only)
+        "no_actions": dash.read_only or not dash.guard.has_token(request),
         "csrf": dash.guard.csrf,
         "nav": NAV,
         "db_label": dash.db_label,
@@ -193,7 +195,7 @@ def render(
     }
     full.setdefault("title", "trioexec")
     full.setdefault("current", request.url.path)
-    full.setdefault("page", template.removesuffix(".html"))
+    full["page_name"] = template.removesuffix(".html")  # (`page` is a page of rows)
     tmpl = dash.env.get_template(template)
     fragment = request.query_params.get("fragment")
     if fragment is not None:
