@@ -158,3 +158,31 @@ def test_layout_never_cuts_a_whole_column(
             if not fold:
                 # every id-like value stands whole on one line
                 assert any(value in line for line in lines), (value, out)
+
+
+EVIL = "ok\x1b[2J\x1b[31mEVIL\x1b[0m\nFAKE: 0 failed\r\u202eabc"
+FAMILY = "family-\U0001f468\u200d\U0001f469\u200d\U0001f467"  # (zero-width joiners)
+
+
+def test_what_a_name_holds_never_reaches_the_terminal_raw(tmp_path: Path) -> None:
+    """An escape sequence, a newline or a bidi override in a paused name, a key or
+    who sent a command is shown escaped on every line that shows it; an emoji
+    made with zero-width joiners stays as it is (people copy it)."""
+
+    async def main() -> None:
+        with trioexec.SQLiteStore(tmp_path / "app.db") as store:
+            async with trioexec.open_executor(store=store) as ex:
+                await ex.submit(trio.sleep, 0, task_id=FAMILY, key=EVIL)
+                ex.pause(name=EVIL)
+                ex.pause(key=EVIL)
+            store.command("resume", name="nothing", who=EVIL)
+
+    trio.run(main)
+    for args in (["status", "app.db"], ["commands", "app.db"]):
+        out = ok(cli(*args, cwd=tmp_path))
+        for raw in ("\x1b", "\r", "\u202e", "\nFAKE"):
+            assert raw not in out, (args, raw)
+        assert "\\x1b[2J" in out  # (said, escaped)
+    status = ok(cli("status", "app.db", cwd=tmp_path))
+    assert FAMILY in status
+    assert "paused: key ok\\x1b[2J" in status

@@ -75,6 +75,21 @@ async def test_handler_error_rejects_the_promise(ds, autojump_clock):
     assert "bad refund" in p.data
 
 
+async def test_a_rejected_promise_is_no_unread_failure(ds, autojump_clock, capsys):
+    """The worker turned the handler's failure into the promise's rejection: its
+    executor does not report it on stderr as a failure nobody read (issue 34)."""
+    for n in range(3):
+        await ds.promises.create(f"t{n}", 100, target="w", data=None)
+
+    async def boom(param):
+        raise ValueError("bad refund")
+
+    async with open_worker(ds, "w", boom):
+        for n in range(3):
+            assert (await settled(ds, f"t{n}")).state is PromiseState.REJECTED
+    assert capsys.readouterr().err == ""
+
+
 async def test_handlers_by_name(make_store, durable):
     """Plain-def handlers run in threads: on the real clock (threads and the autojump
     clock do not mix: it jumped past the leases and the promises' timeouts while a

@@ -425,3 +425,14 @@ async def test_defer_until_sync_from_a_worker_thread():
         ev.set()
     assert seen == [("before", True), ("after", True)]
     assert pool.in_use == 1
+
+
+async def test_a_deadline_past_a_floats_range_is_never_or_passed(autojump_clock):
+    handle, pool = await make_handle()
+    start = trio.current_time()
+    await handle.defer_until(-(10**400))  # passed: at once, holding the slot
+    assert (trio.current_time(), pool.in_use) == (start, 1)
+    with trio.move_on_after(1000):
+        await handle.defer_until(10**400)  # never (as math.inf): only the scope ends it
+    assert trio.current_time() == start + 1000
+    assert pool.in_use == 1

@@ -56,13 +56,19 @@ def _nth_interval(poll_interval: float | Backoff, n: int) -> float:
     return float(poll_interval)
 
 
-def _is_deadline(condition: object) -> bool:
-    """A number is a deadline on Trio's clock (``trio.current_time() + 30``)."""
+def _deadline(condition: object) -> float | None:
+    """A number is a deadline on Trio's clock (``trio.current_time() + 30``), as a
+    float (an int past a float's range is ±inf: never, or passed); None for
+    anything else."""
     if isinstance(condition, bool) or not isinstance(condition, int | float):
-        return False
-    if math.isnan(condition):
+        return None
+    try:
+        deadline = float(condition)
+    except OverflowError:
+        return math.inf if condition > 0 else -math.inf
+    if math.isnan(deadline):
         raise ValueError(f"defer_until's deadline must be a number, got {condition!r}")
-    return True
+    return deadline
 
 
 async def _truthy(predicate: Callable[[], object]) -> bool:
@@ -90,7 +96,8 @@ class _Waiter:
         self._sync = False  # a predicate that returned a plain value when first checked
         if isinstance(condition, AsyncValue):
             self._kind = self.VALUE
-        elif _is_deadline(condition):
+        elif (deadline := _deadline(condition)) is not None:
+            self._condition = deadline
             self._kind = self.DEADLINE
         elif inspect.iscoroutinefunction(getattr(condition, "wait", None)):
             self._kind = self.WAITABLE

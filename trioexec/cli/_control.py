@@ -20,7 +20,7 @@ from trioexec._records import check_id
 from trioexec._store._open import is_postgres_url
 
 from ._common import EXIT_USAGE, ago, console, emit_json, err, fail, open_store, parse_age
-from ._table import Column, print_table
+from ._table import Column, one_line, print_table
 
 
 @contextmanager
@@ -117,7 +117,7 @@ def cancel(db: str, task_ids: tuple[str, ...]) -> None:
             except ValueError as exc:
                 fail(str(exc), EXIT_USAGE)
             unknown += command.detail == "no such task"
-            console.print(Text(f"{task_id}: {command.detail}"), highlight=False)
+            console.print(Text(f"{one_line(task_id)}: {command.detail}"), highlight=False)
     if unknown:
         raise SystemExit(1)
 
@@ -167,9 +167,12 @@ def retry(
         except ValueError as exc:
             fail(str(exc), EXIT_USAGE)
     for record in result.requeued:
-        console.print(Text(f"{record.task_id}: requeued (attempt {record.attempt + 1} next)"))
+        console.print(
+            Text(f"{one_line(record.task_id)}: requeued (attempt {record.attempt + 1} next)"),
+            highlight=False,
+        )
     for task_id, why in result.refused:
-        err.print(Text(f"{task_id}: not requeued: {why}"), highlight=False)
+        err.print(Text(f"{one_line(task_id)}: not requeued: {why}"), highlight=False)
     if not result.requeued and not result.refused:
         console.print("nothing to requeue")
     elif result.requeued:
@@ -212,4 +215,6 @@ def commands(db: str, limit: int, as_json: bool) -> None:
         table.append([c.seq, f"{ago(now - c.at)} ago", c.kind, target, c.who, c.detail])
     print_table(console, columns, table)
     for p in paused:
-        console.print(Text(f"paused: {p.kind} {p.value} (by {p.who}, {ago(now - p.at)} ago)"))
+        since = ago(now - p.at)
+        line = f"paused: {p.kind} {one_line(p.value)} (by {one_line(p.who)}, {since} ago)"
+        console.print(Text(line), highlight=False)

@@ -11,6 +11,7 @@ padded with spaces, nothing cut — ``grep``, ``awk`` and ``cut`` read it as it 
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Sequence
 from typing import Literal
 
@@ -40,11 +41,21 @@ class Column:
 
 def one_line(value: object) -> str:
     """``value`` as table text on one line: control characters (a newline in an
-    error, a tab in a name) shown escaped, as ``repr`` shows them."""
+    error, an escape sequence in a name), line separators and the bidirectional
+    controls that reorder what a terminal shows are written escaped, as ``repr``
+    writes them; other characters (a zero-width joiner in an emoji) stay."""
     text = "" if value is None else str(value)
     if text.isprintable():
         return text
-    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return "".join(repr(c)[1:-1] if _unsafe(c) else c for c in text)
+
+
+def _unsafe(c: str) -> bool:
+    return unicodedata.category(c) in ("Cc", "Zl", "Zp") or c in _BIDI
+
+
+#: The bidirectional embedding, override and isolate controls ("Trojan Source").
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
 
 
 def layout(

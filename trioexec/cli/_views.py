@@ -16,7 +16,7 @@ import trioexec
 from trioexec import PostgresStore, SQLiteStore, SubStatus, TaskStatus
 
 from ._common import ago, console, emit_json, fail, open_store, parse_age, shown, stamp
-from ._table import Column, layout, print_table, show
+from ._table import Column, layout, one_line, print_table, show
 
 _LIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
 
@@ -155,7 +155,7 @@ def status(
     summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
     console.print(Text.assemble((shown(db), "bold"), f": {summary or 'no executions'}"))
     if paused:  # (what every executor on it holds back: trioexec resume lifts it)
-        what = ", ".join(f"{p.kind} {p.value}" for p in paused)
+        what = ", ".join(f"{p.kind} {one_line(p.value)}" for p in paused)
         console.print(Text(f"paused: {what}", style="yellow"), highlight=False)
     print_executions(rows)
     if matching > len(rows):

@@ -667,7 +667,10 @@ async def open_worker(
     async with (
         open_wakeup(ds, target) as wakeup,
         open_executor(
-            max_concurrent_tasks=max_concurrent_tasks, shutdown_policy=ShutdownPolicy.CANCEL
+            max_concurrent_tasks=max_concurrent_tasks,
+            shutdown_policy=ShutdownPolicy.CANCEL,
+            # (a handler's failure is the promise's rejection: read, not lost)
+            report_unread_failures=False,
         ) as ex,
     ):
         worker = Worker(ds, target, handlers, ex, pid, lease, poll_interval, wakeup)
