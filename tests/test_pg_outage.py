@@ -211,7 +211,7 @@ async def test_one_failure_of_the_store_met_by_several_tasks_is_one_store_error(
     """The rule the worker's nurseries (and the executor's) apply: a group of
     nothing but StoreErrors (several loops met the store's failure at once) comes
     out as one of them, never as a group."""
-    from trioexec._executor import _one_level
+    from trioexec._executor import one_level
 
     failures = [StoreError("db: the claim failed"), StoreError("db: the heartbeat failed")]
 
@@ -219,12 +219,12 @@ async def test_one_failure_of_the_store_met_by_several_tasks_is_one_store_error(
         raise error
 
     with pytest.raises(StoreError) as caught:
-        async with _one_level([]), trio.open_nursery() as nursery:
+        async with one_level([]), trio.open_nursery() as nursery:
             for error in failures:
                 nursery.start_soon(fail, error)
     assert any(caught.value is error for error in failures)
     with pytest.raises(ExceptionGroup):  # (a StoreError and something else: both told)
-        async with _one_level([]), trio.open_nursery() as nursery:
+        async with one_level([]), trio.open_nursery() as nursery:
             nursery.start_soon(fail, failures[0])
             nursery.start_soon(fail, ValueError("another"))
 
