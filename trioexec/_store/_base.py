@@ -536,11 +536,14 @@ class Store(Protocol):
     ) -> Command:
         """Carry out and record one operator command, in one transaction.
 
-        ``at``: when it was issued, on the store's clock (None: now). Commands
-        apply in the order they were issued: a pause or resume issued before the
-        last one applied to its target changes nothing (its detail says it was
-        superseded), so commands recorded late (an executor records its own
-        from a task, after `Executor.pause` returned) keep their callers' order.
+        ``at``: when it was issued, on the store's clock (None: now; at most 60
+        seconds, ``MAX_SKEW``, ahead of it). Commands apply in the order they
+        were issued: a pause or resume issued before the last one applied to its
+        target changes nothing (its detail says it was superseded), so commands
+        recorded late (an executor records its own from a task, after
+        `Executor.pause` returned) keep their callers' order. A last one issued
+        more than ``MAX_SKEW`` after the store's clock (by a host whose clock is
+        that far ahead) orders nothing: the new command applies.
 
         ``"pause"`` / ``"resume"`` (exactly one of ``name``, ``key``): add or remove
         that pause (`pauses`); changed False if it already was (or was not).
@@ -551,8 +554,9 @@ class Store(Protocol):
         unknown or finished task changes nothing. Every call appends one command.
 
         Raises:
-          ValueError: an unknown kind, a missing or extra target, or an id that is
-            not a storable id (`check_id`), naming it.
+          ValueError: an unknown kind, a missing or extra target, an id that is
+            not a storable id (`check_id`), or an ``at`` that is not a time >= 0
+            or is more than ``MAX_SKEW`` after the store's clock, naming it.
         """
         ...
 

@@ -47,6 +47,7 @@ from ._control import (
     check_commands_query,
     check_issued,
     check_requeue,
+    issued_at,
     pause_turn,
     prune_bounds,
     requeue_refusal,
@@ -171,9 +172,9 @@ class MemoryControl:
         issued = check_issued(at)
         with self._locked():
             now = self.clock()
+            at = issued_at(issued, now)
             if pause is not None:
-                at = now if issued is None else issued
-                new, changed, detail = pause_turn(self._pauses.get(pause), kind, who, at)
+                new, changed, detail = pause_turn(self._pauses.get(pause), kind, who, at, now)
                 if new is not None:
                     self._pauses[pause] = new
                 return self._append(
@@ -195,7 +196,7 @@ class MemoryControl:
                     error=cancelled_by(who),
                 )
             return self._append(
-                now, who, issued, kind="cancel", task_id=task_id, changed=changed, detail=detail
+                now, who, at, kind="cancel", task_id=task_id, changed=changed, detail=detail
             )
 
     def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
