@@ -10,7 +10,14 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
-from .._records import ExecutionRecord, SubStatus, TaskStatus, stored_float, stored_int
+from .._records import (
+    ExecutionRecord,
+    SubStatus,
+    TaskStatus,
+    matchable,
+    stored_float,
+    stored_int,
+)
 from ._key_ledger import KeyGrant, KeyRequest
 
 # A change is a plain tuple, cheap to build on the hot path:
@@ -474,7 +481,8 @@ class Store(Protocol):
         ...
 
     def run(self, run_id: str) -> RunRecord | None:
-        """One workflow run, or None."""
+        """One workflow run, or None (also for an id no store can hold: see
+        `execution`)."""
         ...
 
     def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
@@ -608,11 +616,15 @@ class Store(Protocol):
     ) -> list[ExecutionRecord]:
         """Executions matching every given filter (``key``: the admission key they
         were submitted with), in ``order`` (oldest submission first by default), at
-        most ``limit`` of them (None: all)."""
+        most ``limit`` of them (None: all). A ``run_id`` or ``key`` no store can
+        hold matches none (see `execution`)."""
         ...
 
     def execution(self, task_id: str) -> ExecutionRecord | None:
-        """One execution, or None."""
+        """One execution, or None. The same on every store: an id no store can
+        hold (a NUL, a lone surrogate) is None; one that is not a str is a
+        TypeError naming it (`trioexec._records.matchable`, as for every lookup's
+        text)."""
         ...
 
     def close(self) -> None:
@@ -627,6 +639,13 @@ def seconds(value: float | datetime.timedelta) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"deferred_longer_than must be seconds or a timedelta, got {value!r}")
     return stored_float("deferred_longer_than", value)
+
+
+def matches_some(**texts: object) -> bool:
+    """The text filters of a lookup (None: not filtered) can match a row: False
+    if one is a text no store can hold (`matchable`). Raises TypeError naming
+    one that is not a str."""
+    return all(value is None or matchable(what, value) for what, value in texts.items())
 
 
 def check_query(limit: int | None, order: str) -> None:

@@ -35,6 +35,7 @@ from ._base import (
     apply_change,
     check_query,
     graph_of,
+    matches_some,
     new_row,
     run_graph,
     seconds,
@@ -399,11 +400,15 @@ class MemoryStore(MemorySchedules, MemoryControl):
             return [r for r in run_ids if r in self._runs and self._runs[r]["owner"] != owner]
 
     def run(self, run_id: str) -> RunRecord | None:
+        if not matches_some(run_id=run_id):
+            return None
         with self._locked():
             run = self._runs.get(run_id)
             return None if run is None else self._run_record(run)
 
     def runs(self, *, status: str | None = None) -> list[RunRecord]:
+        if not matches_some(status=status):
+            return []
         with self._locked():
             return [
                 self._run_record(r)
@@ -561,6 +566,8 @@ class MemoryStore(MemorySchedules, MemoryControl):
     ) -> list[ExecutionRecord]:
         check_query(limit, order)
         match = self._matcher(status, sub_status, deferred_longer_than, run_id, key)
+        if not matches_some(run_id=run_id, key=key):
+            return []
         with self._locked():
             rows = self._rows.values()
             if order == "longest_deferred":
@@ -588,6 +595,8 @@ class MemoryStore(MemorySchedules, MemoryControl):
         """How many executions match the filters, per status (zeros included)."""
         match = self._matcher(None, sub_status, deferred_longer_than, run_id, key)
         counts = dict.fromkeys(TaskStatus, 0)
+        if not matches_some(run_id=run_id, key=key):
+            return counts
         with self._locked():
             for row in self._rows.values():
                 if match(row):
@@ -623,6 +632,8 @@ class MemoryStore(MemorySchedules, MemoryControl):
         return match
 
     def execution(self, task_id: str) -> ExecutionRecord | None:
+        if not matches_some(task_id=task_id):
+            return None
         with self._locked():
             row = self._rows.get(task_id)
             return None if row is None else self._record(row)
