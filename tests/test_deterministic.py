@@ -8,6 +8,7 @@ from trioexec import (
     Overflow,
     TaskRejected,
     TaskStatus,
+    open_executor,
     task,
 )
 
@@ -164,6 +165,119 @@ async def test_a_rate_limited_retry_waits_for_its_keys_next_token(autojump_clock
         assert len(await ex.run_ready(max_tasks=1)) == 1
         assert [c.result for c in await ex.run_ready()] == [3]
     assert [t for _, t in attempts[3:]] == [6.0, 8.0]
+
+
+async def test_a_concurrency_limited_retry_takes_its_key_back_first(autojump_clock):
+    """A retry gives its key back for its backoff, which let the next task of the
+    key through: a task that could only start in the caller's task, busy with the
+    retry, which then waited for the key for ever. The retry takes the key back
+    (the task let through goes back to its place); every task runs, in order,
+    and ends as under `open_executor`."""
+    attempts = []
+
+    def flaky_spec():
+        @task(retries=2, backoff=Backoff(initial=0.5, jitter=0))
+        async def flaky(i):
+            attempts.append(i)
+            if len(attempts) <= 2:
+                raise OSError("twice")
+            return i
+
+        return flaky
+
+    limits = {"k": KeyLimit(concurrency=1)}
+    ex = DeterministicExecutor(key_limits=limits)
+    flaky = flaky_spec()
+    for i in range(3):
+        ex.submit_nowait(flaky, i, key="k")
+    with trio.fail_after(60):  # (Trio's clock: it jumps; a hang fails here)
+        done = await ex.run_ready()
+    assert [(c.result, c.status, c.attempts) for c in done] == [
+        (0, TaskStatus.COMPLETED, 3),
+        (1, TaskStatus.COMPLETED, 1),
+        (2, TaskStatus.COMPLETED, 1),
+    ]
+    assert attempts == [0, 0, 0, 1, 2]  # FIFO: one task at a time
+    assert ex._core.pending.statistics("k").pending == 0
+
+    attempts.clear()
+    flaky = flaky_spec()
+    async with open_executor(key_limits=limits) as real:
+        refs = [await real.submit(flaky, i, key="k") for i in range(3)]
+        with trio.fail_after(60):
+            real_done = [await r.wait() for r in refs]
+    assert [c.status for c in real_done] == [c.status for c in done]
+    assert sorted(attempts) == [0, 0, 1, 1, 2]  # (there, the next task ran meanwhile)
+
+
+@pytest.mark.parametrize("condition", ["deadline", "predicate"])
+async def test_a_deferred_task_of_a_concurrency_limited_key_resumes(autojump_clock, condition):
+    """A deferral gives the key back too: the task deferred took it back only
+    once the task let through meanwhile had run, which it never could."""
+    seen = []
+
+    async def defers(i, handle):
+        seen.append(("start", i, trio.current_time()))
+        until = trio.current_time() + 3
+        if condition == "deadline":
+            await handle.defer_until(until)
+        else:
+            await handle.defer_until(lambda: trio.current_time() >= until, poll_interval=1)
+        seen.append(("resumed", i, trio.current_time()))
+        return i
+
+    ex = DeterministicExecutor(key_limits={"k": KeyLimit(concurrency=1)})
+    for i in range(2):
+        ex.submit_nowait(defers, i, key="k", timeout=100)  # (a failsafe: the wait ends)
+    with trio.fail_after(60):
+        done = await ex.run_ready()
+    assert [(c.result, c.status) for c in done] == [
+        (0, TaskStatus.COMPLETED),
+        (1, TaskStatus.COMPLETED),
+    ]
+    assert seen == [("start", 0, 0.0), ("resumed", 0, 3.0), ("start", 1, 3.0), ("resumed", 1, 6.0)]
+
+
+async def test_run_ready_is_cancellable_while_a_task_of_a_limited_key_is_deferred(
+    autojump_clock,
+):
+    """Cancelled while its task is deferred, the task takes its key back (shielded,
+    as a deferral does to run its code after the wait): at once, not never."""
+    never = trio.Event()
+
+    async def waits(handle):
+        await handle.defer_until(never)
+
+    ex = DeterministicExecutor(key_limits={"k": KeyLimit(concurrency=1)})
+    first = ex.submit_nowait(waits, key="k", timeout=100)  # (a failsafe: the wait ends)
+    ex.submit_nowait(waits, key="k", timeout=100)
+    with trio.move_on_after(5) as scope:
+        await ex.run_ready()
+    assert scope.cancelled_caught
+    assert trio.current_time() == 5.0  # (it returned when the key came back: 100)
+    assert first.status is TaskStatus.CANCELLED
+    assert ex.pending == 1
+    assert ex.cancel_pending() == 1
+
+
+async def test_the_cancel_event_is_heard_while_waiting_for_a_keys_token(autojump_clock):
+    """run_ready(cancel=ev) waiting for a key's next token returns when ``ev`` is
+    set, cancelling what is pending (it returned only when the token came)."""
+    ex = DeterministicExecutor(key_limits={"k": KeyLimit(rate=1, per=100)})
+    for _ in range(3):
+        ex.submit_nowait(trio.sleep, 0, key="k")
+    stop = trio.Event()
+
+    async def stop_at_10():
+        await trio.sleep(10)
+        stop.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(stop_at_10)
+        done = await ex.run_ready(cancel=stop)
+    assert [c.status for c in done] == [TaskStatus.COMPLETED] + [TaskStatus.CANCELLED] * 2
+    assert trio.current_time() == 10.0
+    assert ex.pending == 0
 
 
 class _Spawned(trio.abc.Instrument):

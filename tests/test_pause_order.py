@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import datetime
 import math
+import os
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -28,6 +32,7 @@ from hypothesis import strategies as st
 import trioexec
 from trioexec import SQLiteStore
 from trioexec._store import Pause
+from trioexec._store._control import MAX_SKEW
 from trioexec.testing import FakeWallClock
 
 START = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC).timestamp()
@@ -87,6 +92,103 @@ def test_a_command_issued_at_no_time_is_refused(make_store: Any, bad: object) ->
     with pytest.raises(ValueError, match=r"^at "):
         store.command("pause", name="n", who="ops", at=bad)
     assert store.commands() == []
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [1_000.0 * 1_000, 1_000.0 + MAX_SKEW + 0.5, 1e308, -1e308, -0.5],
+    ids=["milliseconds", "just past the skew", "1e308", "-1e308", "before 1970"],
+)
+def test_an_issue_time_far_ahead_of_the_stores_clock_or_before_1970_is_refused(
+    make_store: Any, bad: float
+) -> None:
+    """Milliseconds by mistake would order every later command before it: the
+    pause could never be resumed. Refused, naming it; nothing recorded."""
+    store = make_store(clock=Clock(1_000.0))
+    with pytest.raises(ValueError, match=r"^at"):
+        store.command("pause", name="n", who="script", at=bad)
+    with pytest.raises(ValueError, match=r"^at"):
+        store.command("cancel", task_id="t", who="script", at=bad)
+    assert store.commands() == []
+    assert store.pauses() == []
+    # Up to MAX_SKEW ahead (a host whose clock is a little ahead) is taken.
+    near = 1_000.0 + MAX_SKEW
+    assert store.command("pause", name="n", who="ahead", at=near).at == near
+    assert store.command("cancel", task_id="t", who="ahead", at=near).at == near
+
+
+def test_a_clock_far_ahead_cannot_pin_a_pause(make_store: Any) -> None:
+    """A host whose clock is ahead by more than MAX_SKEW (here: the clock that
+    recorded the pause, set back since) orders nothing: the resume of a host on
+    time applies. One ahead by less holds a later command off for that long."""
+    clock = Clock(10_000.0)
+    store = make_store(clock=clock)
+    assert store.command("pause", name="far", who="ahead").detail == "paused"  # at 10,000
+    assert store.command("pause", name="near", who="ahead").detail == "paused"
+    clock.now = 10_000.0 - MAX_SKEW - 1  # the host on time
+    resumed = store.command("resume", name="far", who="on time")
+    assert (resumed.changed, resumed.detail) == (True, "resumed")
+    assert store.pauses() == [Pause(kind="name", value="near", who="ahead", at=10_000.0)]
+    # Ahead by less than MAX_SKEW: the clocks order them (as they do leases).
+    clock.now = 10_000.0 - MAX_SKEW + 1
+    held_off = store.command("resume", name="near", who="on time")
+    assert (held_off.changed, held_off.detail) == (False, "superseded by a later pause")
+    clock.now = 10_000.0
+    assert store.command("resume", name="near", who="on time").detail == "resumed"
+    assert store.pauses() == []
+
+
+async def test_an_executor_whose_clock_is_set_back_records_its_commands(
+    autojump_clock: Any,
+) -> None:
+    """An executor's issue times are strictly later than its last one; a clock
+    set back (NTP) by more than MAX_SKEW would make them that far ahead of the
+    store's clock, and the store refuses them: they start again from the clock
+    (and the resume applies, the pause's time being that far ahead)."""
+    clock = Clock(START)
+    store = trioexec.MemoryStore(clock=clock)
+    async with trioexec.open_executor(store=store) as ex:
+        ex.pause(name="sync")
+        await trio.sleep(1)  # recorded
+        clock.now = START - 2 * MAX_SKEW
+        ex.resume(name="sync")
+        ex.pause(name="other")
+        await trio.sleep(1)
+        assert ex.paused() == (frozenset({"other"}), frozenset())
+    assert [(c.kind, c.name, c.at, c.detail) for c in store.commands()] == [
+        ("pause", "sync", START, "paused"),
+        ("resume", "sync", START - 2 * MAX_SKEW, "resumed"),
+        ("pause", "other", math.nextafter(START - 2 * MAX_SKEW, math.inf), "paused"),
+    ]
+    assert [(p.value, p.at) for p in store.pauses()] == [
+        ("other", math.nextafter(START - 2 * MAX_SKEW, math.inf))
+    ]
+
+
+def test_trioexec_resume_that_changed_nothing_says_so_and_exits_1(tmp_path: Path) -> None:
+    """A pause from a host whose clock is 30 s ahead supersedes ``trioexec resume``
+    run at once on a host on time: it exits 1 and says the name is not resumed
+    (it exited 0). A host 10 minutes ahead does not: the resume applies."""
+    db = tmp_path / "app.db"
+    for ahead in (30.0, 600.0):
+        with SQLiteStore(db, clock=lambda ahead=ahead: time.time() + ahead) as host_ahead:
+            host_ahead.command("pause", name=f"ahead-{ahead:g}", who="host ahead")
+        done = subprocess.run(
+            [sys.executable, "-m", "trioexec", "resume", str(db), "--name", f"ahead-{ahead:g}"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "COLUMNS": "200"},
+            timeout=120,
+        )
+        if ahead < MAX_SKEW:
+            assert done.returncode == 1, done.stderr
+            assert done.stdout == "name ahead-30: superseded by a later pause\n"
+            assert done.stderr.startswith("trioexec: not resumed: name ahead-30 (a command")
+        else:
+            assert done.returncode == 0, done.stderr
+            assert done.stdout == "name ahead-600: resumed\n"
+    with SQLiteStore(db) as store:
+        assert [p.value for p in store.pauses()] == ["ahead-30"]
 
 
 def _two_stores(kind: str, store_maker: Callable[..., Any], clock: Any) -> tuple[Any, Any]:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.testing
 
 import trioexec
 from trioexec import HealthEventKind, MemoryStore, Overflow, SQLiteStore, TaskStatus
@@ -106,3 +107,54 @@ async def test_a_full_executor_alone_skips_an_occurrence_and_claims_nothing(
     [record] = store.schedules()
     assert record.last_run is None  # never claimed
     assert store.claim_occurrence("minute", event.attributes["at"], "other", None)
+
+
+async def _blocked_submitter(
+    ex: trioexec.Executor, ran: list[str], task_status: Any = trio.TASK_STATUS_IGNORED
+) -> None:
+    async def mine() -> None:
+        ran.append("mine")
+
+    task_status.started()
+    await ex.submit(mine)
+
+
+async def test_a_place_held_for_a_claim_goes_to_the_occurrence_then_to_a_blocked_submitter(
+    tmp_path: Path, autojump_clock: Any
+) -> None:
+    """While an executor claims an occurrence it holds a place for it; a user's
+    ``submit`` meanwhile blocks (the one other place is taken). Once the claim is
+    won, the occurrence takes the held place at once, and the user's task the
+    place it frees: neither waits for the task that runs for ever. (The
+    occurrence waited behind the user, who waited for a place nobody handed on.)"""
+    clock = FakeWallClock(start=START)
+    ran: list[str] = []
+
+    @trioexec.task(id="tick")
+    async def tick() -> None:
+        ran.append("tick")
+
+    with SQLiteStore(tmp_path / "runs.db", clock=clock, inline=True) as store:
+        async with trioexec.open_executor(
+            store=store,
+            max_concurrent_tasks=2,
+            queue_capacity=0,
+            shutdown_policy=trioexec.ShutdownPolicy.CANCEL,
+        ) as ex:
+            await ex.submit(trio.sleep_forever)  # one place left
+            journal = ex._core.journal
+            assert journal is not None
+            async with trio.open_nursery() as nursery:
+                ex.schedule(tick, cron="* * * * *", schedule_id="minute")
+                await trio.testing.wait_all_tasks_blocked()  # (its record is saved)
+                async with journal._lock:  # the claim takes its time
+                    await trio.sleep(31)  # the occurrence (at 00:01:00) is being claimed
+                    await trio.testing.wait_all_tasks_blocked()
+                    await nursery.start(_blocked_submitter, ex, ran)
+                    await trio.testing.wait_all_tasks_blocked()
+                    assert ran == []  # the free place is held for the occurrence
+                with trio.fail_after(600):  # (the task that runs for ever never frees its place)
+                    while len(ran) < 2:
+                        await trio.testing.wait_all_tasks_blocked()
+                        await trio.sleep(1)
+            assert ran == ["tick", "mine"]

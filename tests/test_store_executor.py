@@ -11,6 +11,8 @@ import trio.testing
 
 from trioexec import (
     HealthEventKind,
+    MemoryStore,
+    ShutdownPolicy,
     SubStatus,
     TaskHandle,
     TaskStatus,
@@ -344,6 +346,39 @@ async def test_recovery_keeps_to_the_admission_bound(make_store, autojump_clock)
                 assert ex.statistics().max_outstanding_count <= 4
     assert ex.statistics().completed_count == 20
     assert trio.current_time() < 30  # passes come back as room frees, not every lease
+
+
+async def test_room_a_recovery_pass_held_and_did_not_use_goes_to_a_blocked_submitter(
+    autojump_clock,
+):
+    """A recovery pass holds the free places while it claims; a ``submit`` that
+    blocked meanwhile gets the place the pass did not use at once (it waited for
+    the next task to end, here never)."""
+    store = MemoryStore(clock=FakeWallClock(start=100))
+    ran = []
+
+    async def mine():
+        ran.append("mine")
+
+    async with open_executor(
+        store=store,
+        recover=True,
+        lease=30.0,
+        max_concurrent_tasks=2,
+        queue_capacity=0,
+        shutdown_policy=ShutdownPolicy.CANCEL,
+    ) as ex:
+        await ex.submit(trio.sleep_forever)  # one place left
+        async with trio.open_nursery() as nursery:
+            async with ex._core.journal._lock:  # the pass takes its time
+                await trio.sleep(31)  # the next pass (every lease) holds the place
+                await trio.testing.wait_all_tasks_blocked()
+                nursery.start_soon(ex.submit, mine)
+                await trio.testing.wait_all_tasks_blocked()
+                assert ran == []  # blocked: the pass holds the free place
+            with trio.fail_after(600):  # (the task that runs for ever never frees its place)
+                while not ran:
+                    await trio.sleep(1)
 
 
 async def test_the_writer_gathers_a_batch_unless_someone_waits(make_store, mock_clock):

@@ -206,6 +206,18 @@ class Gate:
         woken: bool = await trio.lowlevel.wait_task_rescheduled(abort)
         return woken
 
+    def hold(self, places: int) -> None:
+        """Hold ``places`` back from submitters (recovery's room while it claims,
+        a schedule's place while it claims its occurrence): give them back with
+        `release`, or hand one to a submission (`Core.submit`'s ``held``)."""
+        self.reserved += places
+
+    def release(self, places: int) -> None:
+        """Give back places `hold` held: a blocked submitter they fit takes one
+        (and, once in, wakes the next)."""
+        self.reserved -= places
+        self.wake_next()
+
     def wake_next(self, *, handing_place: bool = False) -> None:
         """Wake the longest-waiting blocked submitter: with a freed place handed
         to it (a task finished), or to decide again if there may be room now."""

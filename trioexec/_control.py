@@ -27,6 +27,7 @@ from trio.lowlevel import RunVar
 
 from ._errors import ExecutorClosed
 from ._records import check_id
+from ._store._control import MAX_SKEW
 
 if TYPE_CHECKING:
     from ._journal import Journal
@@ -46,7 +47,8 @@ def issue_time(store: Store) -> float:
     of one process on one database then order their callers' commands even when
     the clock has not moved between the calls (a mock clock, or two calls within
     its resolution); across processes and hosts, the clocks order them (as the
-    leases already need)."""
+    leases already need). A clock set back by `MAX_SKEW` or more starts again
+    from its reading: a store refuses an issue time that far ahead of its clock."""
     try:
         issued = _ISSUED.get()
     except LookupError:
@@ -55,7 +57,7 @@ def issue_time(store: Store) -> float:
     database = (type(store).__name__, getattr(store, "path", None) or id(store))
     at = store.clock()
     last = issued.get(database)
-    if last is not None and at <= last:
+    if last is not None and at <= last < at + MAX_SKEW:
         at = math.nextafter(last, math.inf)
     issued[database] = at
     return at

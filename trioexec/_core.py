@@ -376,14 +376,19 @@ class ExecutorCore:
             return True
         return False
 
-    async def submit(self, job: Job, *, internal: bool = False) -> None:
-        """Admit ``job``: a checkpoint; under ``BLOCK`` waits for space."""
+    async def submit(self, job: Job, *, internal: bool = False, held: bool = False) -> None:
+        """Admit ``job``: a checkpoint; under ``BLOCK`` waits for space.
+        ``held``: the caller holds a place (`Gate.hold`), which is ``job``'s:
+        it goes in ahead of the blocked submitters, who came after the place
+        was held (and the place is given back if ``job`` does not take it)."""
         # (`new_job` checked that the executor is open.)
-        if self.accept_if_fits(job):
+        if held:
+            self.gate.reserved -= 1
+        elif self.accept_if_fits(job):
             await trio.lowlevel.cancel_shielded_checkpoint()
             return
         try:
-            decision = self.gate.decide(True)
+            decision = self.gate.decide(True, woken=held)
             if decision is Admit.WAIT:
                 check_open = functools.partial(self.shutdown.check_open, internal)
                 decision = await self.gate.wait_turn(check_open)
@@ -393,6 +398,8 @@ class ExecutorCore:
             self.apply(job, decision)
         except BaseException:  # refused, closed or cancelled while waiting: not accepted
             self.lifecycle.untrack(job)
+            if held:
+                self.gate.wake_next()  # (the place it held is free)
             raise
         await trio.lowlevel.cancel_shielded_checkpoint()
 

@@ -3,7 +3,9 @@
 For tests of code built on the executor: nothing runs until `run_ready` is
 awaited, and then tasks run strictly in FIFO order. Admission, overflow
 policies, key limits, retries, timeouts, budgets, metrics and events behave as in
-`open_executor`; a task's `TaskHandle.defer_until` waits inline. The background
+`open_executor`; a task's `TaskHandle.defer_until` waits inline (a task that
+defers or waits to retry keeps its key: the key's next tasks, which could only
+run in the same task, run after it ends, in order). The background
 tasks `open_executor` runs beside its workers (a key's refill timer) run during
 `run_ready`, started from the same place (`Workers.start`).
 """
@@ -100,6 +102,7 @@ class DeterministicExecutor:
         specs, _ = split_tasks(tasks)
         # The same parts as `open_executor`'s, with no nursery: jobs run in `run_ready`.
         self._core = ExecutorCore(config, store, specs, share_keys=False)
+        self._core.pending.inline = True  # (a key's room goes to the task that runs)
         if store is not None:
             store.heartbeat(self._core.owner_id, math.inf)  # never expires: nothing to recover
 
@@ -165,9 +168,10 @@ class DeterministicExecutor:
         its next token: under a `trio.testing.MockClock`, no real time passes).
 
         Stops after ``max_tasks`` tasks (all pending ones by default). If ``cancel``
-        is set before a task starts, every pending task is cancelled and the call
-        returns. Returns the completions of the tasks that ended during the call,
-        in order (cancelled ones included). A checkpoint.
+        is set before a task starts (or while a key's next token is waited for),
+        every pending task is cancelled and the call returns. Returns the
+        completions of the tasks that ended during the call, in order (cancelled
+        ones included). A checkpoint.
         """
         if max_tasks is not None and max_tasks < 0:
             raise ValueError(f"max_tasks must be >= 0 or None, got {max_tasks!r}")
@@ -212,7 +216,10 @@ class DeterministicExecutor:
             if job is None:
                 if not pending.held or math.isinf(pending.timers.next()):
                     break
-                await trio.sleep_until(pending.timers.next())  # its key's next token
+                with trio.move_on_at(pending.timers.next()):  # its key's next token...
+                    if cancel is None:
+                        await trio.sleep_forever()
+                    await cancel.wait()  # ...or the cancel
                 continue
             ran += 1
             if journal is not None:

@@ -77,6 +77,7 @@ class Pending:
         "_tombstones",
         "_wall",
         "held",
+        "inline",
         "keys",
         "live",
         "on_parked",
@@ -127,6 +128,10 @@ class Pending:
         self.resumed = trio.Event()  # set (and replaced) when a pause is lifted
         # A task was parked, or a retry held, by a pause (the shutdown cancels it).
         self.on_parked: Callable[[Job], None] = lambda job: None
+        # Jobs run one at a time in one task (`DeterministicExecutor`): a task
+        # its key let through cannot start before the started one that rejoins
+        # its key has ended, so it gives its room back to it (`rejoin`).
+        self.inline = False
 
     # ------------------------------------------------------------ in and out
 
@@ -312,14 +317,19 @@ class Pending:
         (which goes back to the key's line): the key's best always start first."""
         worst = max(state.earmarked.values())
         if entry < worst:
-            job = worst[2]
-            del state.earmarked[job]  # (its entry in ``ready`` is now stale)
-            self.live -= 1
-            heapq.heappush(state.queue, (worst[0], worst[1], job))
-            self.held += 1
-            self._tombstones += 1  # (its old entry in ``ready``)
+            self._send_back(state, worst)
             self._grant(state)
-            self.on_waiting(job)
+            self.on_waiting(worst[2])
+
+    def _send_back(self, state: KeyState, entry: _Entry) -> None:
+        """A task its key let through (``entry``, not started) goes back to the
+        key's line, at its place in it."""
+        job = entry[2]
+        del state.earmarked[job]  # (its entry in ``ready`` is now stale)
+        self.live -= 1
+        heapq.heappush(state.queue, (entry[0], entry[1], job))
+        self.held += 1
+        self._tombstones += 1  # (its old entry in ``ready``)
 
     def _forget(self, job: Job) -> None:
         """``job`` leaves the queue without starting (cancelled, dropped, or taken
@@ -434,6 +444,10 @@ class Pending:
         state = self._state_of(job)
         start = job in state.retrying
         if state.limit is not None:
+            if self.inline and state.earmarked:
+                for entry in list(state.earmarked.values()):
+                    self._send_back(state, entry)
+                    self.on_waiting(entry[2])
             state.refill(trio.current_time())
             ahead = state.resumers or (start and state.retriers)
             if ahead or not state.room(start):

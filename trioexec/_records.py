@@ -48,6 +48,27 @@ def check_id(what: str, value: object) -> str:
     return value
 
 
+def storable(value: str) -> bool:
+    """Whether a store can hold ``value`` (else nothing stored can equal or hold it)."""
+    if "\x00" in value:
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def matchable(what: str, value: object) -> bool:
+    """A text a store's lookup is asked for (`Store.execution`'s task id, a filter
+    of `Store.executions`): False if no store can hold it (a NUL, a lone
+    surrogate), so nothing stored matches it. The one rule of every store's
+    lookups. Raises TypeError naming a value that is not a str."""
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__} {value!r}")
+    return storable(value)
+
+
 MAX_TEXT = 10_000
 
 

@@ -132,7 +132,7 @@ class Recovery:
             return False
         gate = self._gate
         room = gate.room
-        gate.reserved += room  # submissions meanwhile must not take recovery's room
+        gate.hold(room)  # submissions meanwhile must not take recovery's room
         try:
             result = await journal.call(
                 store.recover,
@@ -143,7 +143,7 @@ class Recovery:
                 room,
             )
         finally:
-            gate.reserved -= room
+            gate.release(room)  # (what it claims it accepts below, before it yields)
         for record in result.abandoned:
             self._events.publish(
                 HealthEventKind.TASK_ABANDONED,

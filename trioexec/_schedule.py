@@ -292,12 +292,14 @@ class Schedules:
         core = self._core
         journal = core.journal
         task_id = occurrence_task_id(schedule.schedule_id, at)
+        held = False
         if journal is not None:
             # Claim only what this executor can take: with no room here under a
             # refusing policy, the occurrence is left unclaimed for another
             # executor on the store (claimed, then refused or dropped, it was lost
             # to one that had room). A place is held back while the claim is
-            # made, so that the submission right after it finds it.
+            # made, and the submission right after it takes it (ahead of those
+            # who blocked meanwhile: they came after it).
             gate = core.gate
             decision = gate.decide(True)
             if decision not in (Admit.ACCEPT, Admit.WAIT, Admit.DROP_OLDEST):
@@ -314,8 +316,9 @@ class Schedules:
                 )
                 await trio.lowlevel.checkpoint()
                 return False
-            held = 1 if decision is Admit.ACCEPT else 0
-            gate.reserved += held
+            held = decision is Admit.ACCEPT
+            if held:
+                gate.hold(1)
             try:
                 won = await journal.call(
                     journal.store.claim_occurrence,
@@ -324,14 +327,19 @@ class Schedules:
                     core.owner_id,
                     following,
                 )
-            finally:
-                gate.reserved -= held
+            except BaseException:
+                if held:
+                    gate.release(1)
+                raise
             if not won:
                 if held:
-                    gate.wake_next()  # (the place held back is free again)
+                    gate.release(1)
                 return False  # another executor on the store runs it
         try:
-            await self._submit(schedule._spec, *schedule._args, task_id=task_id)
+            if held:
+                await self._submit_held(schedule, task_id)
+            else:
+                await self._submit(schedule._spec, *schedule._args, task_id=task_id)
         except ExecutorClosed:
             await self._release(schedule, at)
             return True
@@ -353,6 +361,18 @@ class Schedules:
             raise
         schedule.last_run = at
         return False
+
+    async def _submit_held(self, schedule: Schedule, task_id: str) -> None:
+        """Submit an occurrence, as `Executor.submit` does, into the place held
+        for it while it was claimed (given back if it is not submitted)."""
+        core = self._core
+        try:
+            await trio.lowlevel.checkpoint_if_cancelled()
+            job = core.new_job(schedule._spec, schedule._args, None, task_id, None, None, None)
+        except BaseException:
+            core.gate.release(1)
+            raise
+        await core.submit(job, held=True)
 
     def _skipped(
         self, schedule: Schedule, task_id: str, at: float, reason: str, error: str

@@ -10,7 +10,14 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
-from .._records import ExecutionRecord, SubStatus, TaskStatus, stored_float, stored_int
+from .._records import (
+    ExecutionRecord,
+    SubStatus,
+    TaskStatus,
+    matchable,
+    stored_float,
+    stored_int,
+)
 from ._key_ledger import KeyGrant, KeyRequest
 
 # A change is a plain tuple, cheap to build on the hot path:
@@ -474,7 +481,8 @@ class Store(Protocol):
         ...
 
     def run(self, run_id: str) -> RunRecord | None:
-        """One workflow run, or None."""
+        """One workflow run, or None (also for an id no store can hold: see
+        `execution`)."""
         ...
 
     def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
@@ -536,11 +544,14 @@ class Store(Protocol):
     ) -> Command:
         """Carry out and record one operator command, in one transaction.
 
-        ``at``: when it was issued, on the store's clock (None: now). Commands
-        apply in the order they were issued: a pause or resume issued before the
-        last one applied to its target changes nothing (its detail says it was
-        superseded), so commands recorded late (an executor records its own
-        from a task, after `Executor.pause` returned) keep their callers' order.
+        ``at``: when it was issued, on the store's clock (None: now; at most 60
+        seconds, ``MAX_SKEW``, ahead of it). Commands apply in the order they
+        were issued: a pause or resume issued before the last one applied to its
+        target changes nothing (its detail says it was superseded), so commands
+        recorded late (an executor records its own from a task, after
+        `Executor.pause` returned) keep their callers' order. A last one issued
+        more than ``MAX_SKEW`` after the store's clock (by a host whose clock is
+        that far ahead) orders nothing: the new command applies.
 
         ``"pause"`` / ``"resume"`` (exactly one of ``name``, ``key``): add or remove
         that pause (`pauses`); changed False if it already was (or was not).
@@ -551,8 +562,9 @@ class Store(Protocol):
         unknown or finished task changes nothing. Every call appends one command.
 
         Raises:
-          ValueError: an unknown kind, a missing or extra target, or an id that is
-            not a storable id (`check_id`), naming it.
+          ValueError: an unknown kind, a missing or extra target, an id that is
+            not a storable id (`check_id`), or an ``at`` that is not a time >= 0
+            or is more than ``MAX_SKEW`` after the store's clock, naming it.
         """
         ...
 
@@ -604,11 +616,15 @@ class Store(Protocol):
     ) -> list[ExecutionRecord]:
         """Executions matching every given filter (``key``: the admission key they
         were submitted with), in ``order`` (oldest submission first by default), at
-        most ``limit`` of them (None: all)."""
+        most ``limit`` of them (None: all). A ``run_id`` or ``key`` no store can
+        hold matches none (see `execution`)."""
         ...
 
     def execution(self, task_id: str) -> ExecutionRecord | None:
-        """One execution, or None."""
+        """One execution, or None. The same on every store: an id no store can
+        hold (a NUL, a lone surrogate) is None; one that is not a str is a
+        TypeError naming it (`trioexec._records.matchable`, as for every lookup's
+        text)."""
         ...
 
     def close(self) -> None:
@@ -623,6 +639,13 @@ def seconds(value: float | datetime.timedelta) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise TypeError(f"deferred_longer_than must be seconds or a timedelta, got {value!r}")
     return stored_float("deferred_longer_than", value)
+
+
+def matches_some(**texts: object) -> bool:
+    """The text filters of a lookup (None: not filtered) can match a row: False
+    if one is a text no store can hold (`matchable`). Raises TypeError naming
+    one that is not a str."""
+    return all(value is None or matchable(what, value) for what, value in texts.items())
 
 
 def check_query(limit: int | None, order: str) -> None:

@@ -24,6 +24,7 @@ from typing import Any, Literal
 import attrs
 
 from .._records import ExecutionRecord, SubStatus, TaskStatus
+from .._records import storable as storable  # (the dashboard's, from here)
 from ._base import COMMAND_FIELDS, LIVE, Command, RunRecord, graph_of
 from ._control import SQLControl, command_of
 from ._sql import RECORD_COLUMNS, RECORD_FIELDS, record_of
@@ -123,17 +124,6 @@ def _sql_store(store: object) -> tuple[SQLControl, _Dialect]:
             f" {store!r}"
         )
     return store, _DIALECTS[store.dialect]
-
-
-def storable(value: str) -> bool:
-    """Whether a store can hold ``value`` (else nothing stored can equal or hold it)."""
-    if "\x00" in value:
-        return False
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def _text(what: str, value: object) -> str | None:

@@ -12,6 +12,17 @@ before the last one applied to its target changes nothing. So the pauses table
 keeps a row per target also once resumed (``paused`` false), with the issue time
 of the latest pause or resume applied to it (``latest``).
 
+**Clocks.** The issue times of commands recorded from several hosts are their
+clocks' readings, so hosts' clocks order their commands, as they decide
+leases. A clock ahead must not pin a target: an issue time more than
+`MAX_SKEW` after the clock of the store recording it is refused (seconds
+mistaken for milliseconds, say), and a target's latest issue time more than
+`MAX_SKEW` after the clock of the store recording a new command is not
+trusted to order it (a host whose clock is that far ahead, or a row older
+than this rule): the new command applies. So a host's clock ahead of
+another's by up to `MAX_SKEW` seconds can hold that one's later command off
+for as long, never more.
+
 **Retention.** The commands log keeps the newest `KEEP_COMMANDS` commands and
 every command of the last `KEEP_SECONDS` (what ``trioexec commands``, the
 dashboard and an executor polling for new ones read); older ones are deleted as
@@ -41,12 +52,19 @@ NOT_RECREATABLE = (
     "not re-creatable: submitted without a registered TaskSpec or with arguments that are not JSON"
 )
 A_STEP = "a workflow step: resume its run"
+#: How the detail of a pause or resume that changed nothing, being issued
+#: before the latest one applied to its target, begins.
+SUPERSEDED_COMMAND = "superseded"
 #: The commands log keeps at least the newest this many commands...
 KEEP_COMMANDS = 1_000
 #: ...and every command issued in the last this many seconds (store's clock).
 KEEP_SECONDS = 3_600.0
 #: Old commands are deleted when a seq that is a multiple of this is recorded.
 PRUNE_EVERY = 100
+#: How far (seconds) a command's issue time may be after the clock of the store
+#: that records it, and hosts' clocks apart for their commands to be ordered by
+#: them (see **Clocks** above).
+MAX_SKEW = 60.0
 
 
 def check_command(
@@ -79,12 +97,30 @@ def check_command(
 
 def check_issued(at: object) -> float | None:
     """A command's issue time (`Store.command`'s ``at``): None (now), or a finite
-    number of seconds on the store's clock. Raises ValueError naming it."""
+    number of seconds >= 0 on the store's clock (Unix seconds by default).
+    Raises ValueError naming it. See `issued_at` for its bound from above."""
     if at is None:
         return None
     issued = stored_float("at", at)
-    if not math.isfinite(issued):
-        raise ValueError(f"at must be a finite time in seconds (the store's clock), got {at!r}")
+    if not math.isfinite(issued) or issued < 0:
+        raise ValueError(
+            f"at must be a time in seconds >= 0 (the store's clock: Unix seconds), got {at!r}"
+        )
+    return issued
+
+
+def issued_at(issued: float | None, now: float) -> float:
+    """The issue time of a command recorded at ``now``: ``issued`` (`check_issued`),
+    None being ``now``. Raises ValueError for one more than `MAX_SKEW` after
+    ``now``: a time in milliseconds, or a clock too far ahead, would order every
+    later command before it."""
+    if issued is None:
+        return now
+    if issued > now + MAX_SKEW:
+        raise ValueError(
+            f"at={issued!r} is {issued - now:.6g} s after the store's clock ({now!r}):"
+            f" an issue time is seconds on the store's clock, at most {MAX_SKEW:g} s ahead"
+        )
     return issued
 
 
@@ -100,14 +136,16 @@ class PauseRow:
 
 
 def pause_turn(
-    row: PauseRow | None, kind: str, who: str, at: float
+    row: PauseRow | None, kind: str, who: str, at: float, now: float
 ) -> tuple[PauseRow | None, bool, str]:
-    """A pause or resume (``kind``) issued by ``who`` at ``at``, against its
-    target's row (None: none yet): (the row to write, None to leave it as it
-    is; changed; the command's detail). One issued before the latest one
-    applied changes nothing; at the same instant, the one recorded later wins."""
-    if row is not None and at < row.latest:
-        return None, False, f"superseded by a later {'pause' if row.paused else 'resume'}"
+    """A pause or resume (``kind``) issued by ``who`` at ``at``, recorded at
+    ``now``, against its target's row (None: none yet): (the row to write, None
+    to leave it as it is; changed; the command's detail). One issued before the
+    latest one applied changes nothing, unless that one's time is more than
+    `MAX_SKEW` after ``now`` (a clock that far ahead orders nothing); at the
+    same instant, the one recorded later wins."""
+    if row is not None and at < row.latest <= now + MAX_SKEW:
+        return None, False, f"{SUPERSEDED_COMMAND} by a later {'pause' if row.paused else 'resume'}"
     if kind == "pause":
         if row is not None and row.paused:
             return attrs.evolve(row, latest=at), False, "already paused"
@@ -291,8 +329,8 @@ def sql_command(
     holds the whole file)."""
     m = mark
     pause = check_command(kind, name, key, task_id, who)
+    at = issued_at(issued, now)
     if pause is not None:
-        at = now if issued is None else issued
         found = conn.execute(
             f"SELECT paused, who, at, latest FROM pauses WHERE kind = {m} AND value = {m}", pause
         ).fetchone()
@@ -301,7 +339,7 @@ def sql_command(
             if found is None
             else PauseRow(paused=bool(found[0]), who=found[1], at=found[2], latest=found[3])
         )
-        new, changed, detail = pause_turn(row, kind, who, at)
+        new, changed, detail = pause_turn(row, kind, who, at, now)
         if new is not None:
             conn.execute(
                 "INSERT INTO pauses (kind, value, who, at, paused, latest)"
@@ -338,7 +376,7 @@ def sql_command(
         m,
         now,
         who,
-        issued=issued,
+        issued=at,
         kind="cancel",
         task_id=task_id,
         changed=changed,

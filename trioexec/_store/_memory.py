@@ -35,6 +35,7 @@ from ._base import (
     apply_change,
     check_query,
     graph_of,
+    matches_some,
     new_row,
     run_graph,
     seconds,
@@ -47,6 +48,7 @@ from ._control import (
     check_commands_query,
     check_issued,
     check_requeue,
+    issued_at,
     pause_turn,
     prune_bounds,
     requeue_refusal,
@@ -171,9 +173,9 @@ class MemoryControl:
         issued = check_issued(at)
         with self._locked():
             now = self.clock()
+            at = issued_at(issued, now)
             if pause is not None:
-                at = now if issued is None else issued
-                new, changed, detail = pause_turn(self._pauses.get(pause), kind, who, at)
+                new, changed, detail = pause_turn(self._pauses.get(pause), kind, who, at, now)
                 if new is not None:
                     self._pauses[pause] = new
                 return self._append(
@@ -195,7 +197,7 @@ class MemoryControl:
                     error=cancelled_by(who),
                 )
             return self._append(
-                now, who, issued, kind="cancel", task_id=task_id, changed=changed, detail=detail
+                now, who, at, kind="cancel", task_id=task_id, changed=changed, detail=detail
             )
 
     def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
@@ -398,11 +400,15 @@ class MemoryStore(MemorySchedules, MemoryControl):
             return [r for r in run_ids if r in self._runs and self._runs[r]["owner"] != owner]
 
     def run(self, run_id: str) -> RunRecord | None:
+        if not matches_some(run_id=run_id):
+            return None
         with self._locked():
             run = self._runs.get(run_id)
             return None if run is None else self._run_record(run)
 
     def runs(self, *, status: str | None = None) -> list[RunRecord]:
+        if not matches_some(status=status):
+            return []
         with self._locked():
             return [
                 self._run_record(r)
@@ -560,6 +566,8 @@ class MemoryStore(MemorySchedules, MemoryControl):
     ) -> list[ExecutionRecord]:
         check_query(limit, order)
         match = self._matcher(status, sub_status, deferred_longer_than, run_id, key)
+        if not matches_some(run_id=run_id, key=key):
+            return []
         with self._locked():
             rows = self._rows.values()
             if order == "longest_deferred":
@@ -587,6 +595,8 @@ class MemoryStore(MemorySchedules, MemoryControl):
         """How many executions match the filters, per status (zeros included)."""
         match = self._matcher(None, sub_status, deferred_longer_than, run_id, key)
         counts = dict.fromkeys(TaskStatus, 0)
+        if not matches_some(run_id=run_id, key=key):
+            return counts
         with self._locked():
             for row in self._rows.values():
                 if match(row):
@@ -622,6 +632,8 @@ class MemoryStore(MemorySchedules, MemoryControl):
         return match
 
     def execution(self, task_id: str) -> ExecutionRecord | None:
+        if not matches_some(task_id=task_id):
+            return None
         with self._locked():
             row = self._rows.get(task_id)
             return None if row is None else self._record(row)

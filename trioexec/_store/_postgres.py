@@ -39,6 +39,7 @@ from ._base import (
     fold_batch,
     full_change,
     graph_of,
+    matches_some,
     run_graph,
     schedule_of,
 )
@@ -522,6 +523,8 @@ class PostgresStore(SQLControl):
             ]
 
     def run(self, run_id: str) -> RunRecord | None:
+        if not matches_some(run_id=run_id):
+            return None
         with self._db.reading("query workflow run", snapshot=True) as conn:
             found = conn.execute(
                 "SELECT 1 FROM workflow_runs WHERE run_id = %s", (run_id,)
@@ -529,6 +532,8 @@ class PostgresStore(SQLControl):
             return None if found is None else self._run(conn, run_id)
 
     def runs(self, *, status: str | None = None) -> list[RunRecord]:
+        if not matches_some(status=status):
+            return []
         with self._db.reading("query workflow runs", snapshot=True) as conn:
             if status is None:
                 cur = conn.execute("SELECT run_id FROM workflow_runs ORDER BY seq")
@@ -558,6 +563,8 @@ class PostgresStore(SQLControl):
         where, params = filter_clause(
             "%s", self.clock, status, sub_status, deferred_longer_than, run_id, key
         )
+        if not matches_some(run_id=run_id, key=key):
+            return []
         if order == "oldest":
             by = "e.seq"
         elif order == "newest":
@@ -587,6 +594,8 @@ class PostgresStore(SQLControl):
         )
         sql = f"SELECT e.status, count(*) FROM executions e{where} GROUP BY e.status"
         counts = dict.fromkeys(TaskStatus, 0)
+        if not matches_some(run_id=run_id, key=key):
+            return counts
         with self._db.reading("count executions") as conn:
             for value, n in conn.execute(sql, params).fetchall():
                 try:
@@ -602,6 +611,8 @@ class PostgresStore(SQLControl):
         return counts
 
     def execution(self, task_id: str) -> ExecutionRecord | None:
+        if not matches_some(task_id=task_id):
+            return None
         with self._db.reading("query execution") as conn:
             row = conn.execute(f"{_SELECT} WHERE e.task_id = %s", (task_id,)).fetchone()
         return None if row is None else record_of(row, self.path)

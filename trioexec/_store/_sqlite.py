@@ -39,6 +39,7 @@ from ._base import (
     fold_batch,
     full_change,
     graph_of,
+    matches_some,
     run_graph,
     schedule_of,
 )
@@ -239,6 +240,8 @@ class SQLiteStore(SQLControl):
     def run(self, run_id: str) -> RunRecord | None:
         """One workflow run, or None: a few primary-key reads on this thread's read
         connection (never waits behind a write)."""
+        if not matches_some(run_id=run_id):
+            return None
         with self._db.reading("query workflow run", snapshot=True) as conn:
             found = conn.execute(
                 "SELECT 1 FROM workflow_runs WHERE run_id = ?", (run_id,)
@@ -246,6 +249,8 @@ class SQLiteStore(SQLControl):
             return None if found is None else self._run(conn, run_id)
 
     def runs(self, *, status: str | None = None) -> list[RunRecord]:
+        if not matches_some(status=status):
+            return []
         with self._db.reading("query workflow runs", snapshot=True) as conn:
             sql = "SELECT run_id FROM workflow_runs"
             params: tuple[object, ...] = ()
@@ -445,6 +450,8 @@ class SQLiteStore(SQLControl):
         where, params = filter_clause(
             "?", self.clock, status, sub_status, deferred_longer_than, run_id, key
         )
+        if not matches_some(run_id=run_id, key=key):
+            return []
         if order == "oldest":
             by = "e.rowid"
         elif order == "newest":
@@ -478,6 +485,8 @@ class SQLiteStore(SQLControl):
         )
         sql = f"SELECT e.status, count(*) FROM executions e{where} GROUP BY e.status"
         counts = dict.fromkeys(TaskStatus, 0)
+        if not matches_some(run_id=run_id, key=key):
+            return counts
         with self._db.reading("count executions") as conn:
             for value, n in conn.execute(sql, params).fetchall():
                 try:
@@ -495,6 +504,8 @@ class SQLiteStore(SQLControl):
     def execution(self, task_id: str) -> ExecutionRecord | None:
         """One execution, or None: a primary-key read on this thread's read
         connection, so it never waits behind a write batch."""
+        if not matches_some(task_id=task_id):
+            return None
         with self._db.reading("query execution") as conn:
             row = conn.execute(f"{_SELECT} WHERE e.task_id = ?", (task_id,)).fetchone()
         return None if row is None else record_of(row, self.path)

@@ -17,6 +17,7 @@ import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError
 from trioexec._control import who_am_i
 from trioexec._records import check_id
+from trioexec._store._control import SUPERSEDED_COMMAND
 from trioexec._store._open import is_postgres_url
 
 from ._common import EXIT_USAGE, ago, console, emit_json, err, fail, open_store, parse_age
@@ -67,6 +68,7 @@ def _check_ids(values: tuple[str, ...], what: str = "task id") -> None:
 def _pause_or_resume(kind: str, db: str, names: tuple[str, ...], keys: tuple[str, ...]) -> None:
     targets = _targets(names, keys)
     who = who_am_i()
+    superseded = []
     with open_writable(db) as store:
         for target in targets:
             try:
@@ -77,6 +79,13 @@ def _pause_or_resume(kind: str, db: str, names: tuple[str, ...], keys: tuple[str
                 fail(str(exc), EXIT_USAGE)
             [(what, value)] = target.items()
             console.print(Text(f"{what} {value}: {command.detail}"), highlight=False)
+            if command.detail.startswith(SUPERSEDED_COMMAND):
+                superseded.append(f"{what} {value}")
+    if superseded:
+        fail(
+            f"not {kind}d: {', '.join(superseded)} (a command issued later, by the clock of"
+            f" the host that issued it, decides; see trioexec commands)"
+        )
 
 
 @click.command()
