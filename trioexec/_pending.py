@@ -317,19 +317,9 @@ class Pending:
         (which goes back to the key's line): the key's best always start first."""
         worst = max(state.earmarked.values())
         if entry < worst:
-            self._send_back(state, worst)
+            _send_back(self, state, worst)
             self._grant(state)
             self.on_waiting(worst[2])
-
-    def _send_back(self, state: KeyState, entry: _Entry) -> None:
-        """A task its key let through (``entry``, not started) goes back to the
-        key's line, at its place in it."""
-        job = entry[2]
-        del state.earmarked[job]  # (its entry in ``ready`` is now stale)
-        self.live -= 1
-        heapq.heappush(state.queue, (entry[0], entry[1], job))
-        self.held += 1
-        self._tombstones += 1  # (its old entry in ``ready``)
 
     def _forget(self, job: Job) -> None:
         """``job`` leaves the queue without starting (cancelled, dropped, or taken
@@ -446,7 +436,7 @@ class Pending:
         if state.limit is not None:
             if self.inline and state.earmarked:
                 for entry in list(state.earmarked.values()):
-                    self._send_back(state, entry)
+                    _send_back(self, state, entry)
                     self.on_waiting(entry[2])
             state.refill(trio.current_time())
             ahead = state.resumers or (start and state.retriers)
@@ -669,3 +659,15 @@ async def wait_unpaused(pending: Pending, job: Job) -> None:
             await pending.resumed.wait()
     finally:
         pending.paused_retries.discard(job)
+
+
+def _send_back(pending: Pending, state: KeyState, entry: _Entry) -> None:
+    """A task its key let through (``entry``, not started) goes back to the key's
+    line in ``pending``, at its place in it. (A function: `Pending` is at its
+    method budget until the re-cut splits it.)"""
+    job = entry[2]
+    del state.earmarked[job]  # (its entry in ``ready`` is now stale)
+    pending.live -= 1
+    heapq.heappush(state.queue, (entry[0], entry[1], job))
+    pending.held += 1
+    pending._tombstones += 1  # (its old entry in ``ready``)
