@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from typing import Any, final
 
 from .._errors import StoreError
+from ._durable_rows import TransactionAborted
 from ._pg_schema import SCHEMA_VERSION, migrate, schema_version
 
 Connection = Any  # psycopg.Connection[tuple[Any, ...]] (psycopg is an optional extra)
@@ -35,6 +36,9 @@ _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 #: The channel commands are notified on; the payload is the store's schema (a
 #: channel name of the schema's own could pass PostgreSQL's 63-byte limit).
 COMMANDS_CHANNEL = "trioexec_commands"
+#: SQLSTATEs of a transaction the server rolled back because of a concurrent one:
+#: serialization_failure, deadlock_detected, lock_not_available.
+_ROLLED_BACK = frozenset({"40001", "40P01", "55P03"})
 
 
 def load_psycopg() -> tuple[Any, Any]:
@@ -117,6 +121,12 @@ def reconnect_delay(failures: int) -> float:
     row failed (the server is away): 0.1 s doubling up to 2 s, give or take a
     fifth (the clients of a restarted server do not all come back at once)."""
     return min(0.1 * 2.0 ** min(failures - 1, 5), 2.0) * random.uniform(0.8, 1.2)
+
+
+def rolled_back(exc: BaseException) -> bool:
+    """Whether psycopg's ``exc`` says the server rolled its transaction back because
+    of a concurrent one (at any statement, COMMIT too): nothing was written."""
+    return getattr(exc, "sqlstate", None) in _ROLLED_BACK
 
 
 def check_schema(schema: object) -> str:
@@ -209,6 +219,17 @@ class PGDatabase:
         text = str(exc).strip()
         detail = text.splitlines()[0] if text else type(exc).__name__
         return StoreError(f"{self.where}: {what}: {detail}")
+
+    def aborted(self, what: str, exc: BaseException, conn: Connection) -> TransactionAborted | None:
+        """The rule for a transaction that may be run again: psycopg's ``exc``, met
+        on ``conn`` before the transaction's COMMIT was sent, left nothing written
+        if the server rolled the transaction back (`rolled_back`) or ended the
+        connection (a restart, `pg_terminate_backend`): the `TransactionAborted`
+        to raise, naming the server and ``what``; None if the error is the call's
+        own."""
+        if rolled_back(exc) or conn.broken:
+            return TransactionAborted(str(self.error(what, exc)))
+        return None
 
     @contextlib.contextmanager
     def transaction(self, what: str) -> Iterator[Connection]:
