@@ -4,22 +4,28 @@ connection that LISTENs for commands cut with ``pg_terminate_backend``, the
 server restarted with ``pg_ctl restart -m fast``, or stopped for longer than the
 store waits for it.
 
-A cut listener is listened again (polling meanwhile); a restart is ridden out;
-a store failure ends the executor with one `StoreError` and leaves its work as
-the store had it, for an executor that recovers; a durable worker's outage is one
-`StoreError` naming the store, never a group, never the password.
+A cut listener is listened again (polling meanwhile); a restart is ridden out,
+the calls it cut run again on a new connection (one cut during its COMMIT only
+if the server says it did not commit); a store failure ends the executor with
+one `StoreError` and leaves its work as the store had it, for an executor that
+recovers; a durable worker's outage is one `StoreError` naming the store, never
+a group, never the password.
 """
 
 from __future__ import annotations
 
+import inspect
+import itertools
 import os
 import select
 import signal
+import socket
 import subprocess
 import sys
 import time
 import traceback
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -201,6 +207,232 @@ async def test_an_executor_rides_out_a_restart(server: str, schema: str, gate: G
             after = [await ex.submit(held, i) for i in range(4, 20)]
             assert [(await ref.wait()).result for ref in after] == list(range(4, 20))
             await until(lambda: len(command_listeners(server)) == 1)  # listening again
+    assert statuses(server, schema) == {"completed": 20}
+
+
+def test_every_call_of_a_postgres_store_is_run_again_after_a_restart() -> None:
+    """Each operation of the Store protocol on a PostgresStore (but ``close``) is
+    wrapped to run again when the server ends its connection (`_retried`): one
+    added later must be too."""
+    from trioexec._store._base import Store
+
+    calls = [n for n, f in vars(Store).items() if inspect.isfunction(f) and n[0] != "_"]
+    assert {"write", "heartbeat", "commands"} <= set(calls)
+    bare = [
+        n for n in calls if n != "close" and not hasattr(getattr(PostgresStore, n), "__wrapped__")
+    ]
+    assert bare == []
+
+
+RUNS: Counter[int] = Counter()  # how many times each `counted` task ran
+
+
+@trioexec.task(id="counted")
+async def counted(i: int) -> int:
+    RUNS[i] += 1
+    await trio.lowlevel.checkpoint()
+    return i
+
+
+async def test_an_executor_rides_out_restarts_with_calls_in_flight(
+    server: str, schema: str
+) -> None:
+    """``pg_ctl restart -m fast`` three times under an executor kept busy: its
+    journal always writing (three submitters, each flushing every 4 submissions;
+    eight slots finishing them), its command poller reading (commands recorded by
+    another store, which also reads the executions meanwhile). The calls the
+    restart cuts are run again on a new connection: the block ends without an
+    error, every task submitted during and after each restart runs, and each ran
+    once and is recorded completed once."""
+    RUNS.clear()
+    refs: dict[int, trioexec.TaskRef[int]] = {}  # by argument
+    numbers = itertools.count()
+    with (
+        trio.fail_after(DEADLINE),
+        PostgresStore(server, schema=schema) as store,
+        PostgresStore(server, schema=schema) as other,
+    ):
+        async with trioexec.open_executor(
+            store=store, max_concurrent_tasks=8, tasks=[counted], lease=300
+        ) as ex:
+
+            async def submit(n: int) -> None:
+                for _ in range(n):
+                    i = next(numbers)
+                    refs[i] = await ex.submit(counted, i)
+                await ex.flush()
+
+            def command() -> None:
+                other.command("resume", name="counted", who="test")
+                other.counts()
+
+            for _ in range(3):
+                restarted = trio.Event()
+
+                async def load(call: Callable[[], Any], restarted: trio.Event = restarted) -> None:
+                    while not restarted.is_set():
+                        await call()
+
+                async with trio.open_nursery() as nursery:
+                    for _ in range(3):
+                        nursery.start_soon(load, lambda: submit(4))
+                    nursery.start_soon(load, lambda: trio.to_thread.run_sync(command))
+                    await trio.to_thread.run_sync(pg_ctl, server, "restart")
+                    restarted.set()
+                first = len(refs)
+                await submit(40)
+                after = [(await refs[i].wait()).result for i in range(first, len(refs))]
+                assert after == list(range(first, len(refs)))
+            done = [await refs[i].wait() for i in range(len(refs))]
+    assert {c.status for c in done} == {TaskStatus.COMPLETED}
+    assert [c.result for c in done] == list(range(len(refs)))
+    assert set(RUNS.values()) == {1}  # each ran once
+    assert sorted(RUNS) == list(range(len(refs)))
+    assert statuses(server, schema) == {"completed": len(refs)}
+
+
+#: The advisory lock the COMMIT of a command waits for in the tests below (a
+#: deferred trigger takes it): a COMMIT the test holds under way on the server.
+COMMIT_LOCK = 30_005
+
+
+@pytest.fixture
+def held_commits(server: str, schema: str) -> Iterator[psycopg.Connection[Any]]:
+    """A connection holding `COMMIT_LOCK`: until it releases it, the COMMIT of each
+    command recorded on ``schema`` waits on the server."""
+    PostgresStore(server, schema=schema).close()  # (the schema, created)
+    sql(
+        server,
+        f"CREATE FUNCTION {schema}.hold_commit() RETURNS trigger LANGUAGE plpgsql AS"
+        f" $$ BEGIN PERFORM pg_advisory_xact_lock({COMMIT_LOCK}); RETURN NULL; END $$;"
+        f" CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT ON {schema}.commands"
+        " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW"
+        f" EXECUTE FUNCTION {schema}.hold_commit()",
+    )
+    with psycopg.connect(server, autocommit=True) as admin:
+        admin.execute("SELECT pg_advisory_lock(%s)", (COMMIT_LOCK,))
+        yield admin
+
+
+async def commit_waiting(admin: psycopg.Connection[Any]) -> tuple[int, int]:
+    """The server process whose COMMIT waits for `COMMIT_LOCK`, and the port its
+    client connected from, once there is one (bounded)."""
+    found: list[tuple[int, int]] = []
+
+    def waiting() -> bool:
+        found[:] = admin.execute(
+            "SELECT pid, client_port FROM pg_stat_activity"
+            " WHERE query = 'COMMIT' AND wait_event_type = 'Lock'"
+        ).fetchall()
+        return len(found) == 1
+
+    await until(waiting)
+    return found[0]
+
+
+def cut(port: int) -> None:
+    """Shut down this process's TCP connection from local ``port``: the network
+    between it and the server fails (the server's end of it lives on)."""
+    for name in os.listdir("/dev/fd"):
+        try:
+            fd = os.dup(int(name))
+        except OSError:  # (closed since it was listed)
+            continue
+        try:
+            sock = socket.socket(fileno=fd)
+        except OSError:  # (not a socket)
+            os.close(fd)
+            continue
+        with sock:
+            if sock.family == socket.AF_INET and sock.getsockname()[1] == port:
+                sock.shutdown(socket.SHUT_RDWR)
+                return
+    pytest.fail(f"no TCP connection of this process from port {port}")
+
+
+async def test_a_commit_that_took_effect_on_a_lost_connection_is_not_run_again(
+    server: str, schema: str, held_commits: psycopg.Connection[Any]
+) -> None:
+    """The connection is lost while a command's COMMIT is under way on the server,
+    which goes on and commits it: the store asks the server (on a new connection)
+    whether that transaction committed, and, as it did, the call returns the
+    command, recorded once."""
+    recorded: list[trioexec.Command] = []
+    with PostgresStore(server, schema=schema) as store:
+
+        def record() -> None:
+            recorded.append(store.command("pause", name="n", who="test"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, record)
+            _, port = await commit_waiting(held_commits)
+            cut(port)
+            held_commits.execute("SELECT pg_advisory_unlock(%s)", (COMMIT_LOCK,))
+    assert [c.seq for c in recorded] == [
+        seq for (seq,) in sql(server, f"SELECT seq FROM {schema}.commands")
+    ]
+    assert len(recorded) == 1
+
+
+async def test_a_commit_the_server_ended_is_run_again(
+    server: str, schema: str, held_commits: psycopg.Connection[Any]
+) -> None:
+    """The server ends the connection (``pg_terminate_backend``) while a command's
+    COMMIT waits there: the transaction did not commit (the server says so, asked
+    on a new connection), so the call runs again and the command is recorded
+    once."""
+    recorded: list[trioexec.Command] = []
+    with PostgresStore(server, schema=schema) as store:
+
+        def record() -> None:
+            recorded.append(store.command("pause", name="n", who="test"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(trio.to_thread.run_sync, record)
+            pid, _ = await commit_waiting(held_commits)
+            ended = held_commits.execute("SELECT pg_terminate_backend(%s, 10000)", (pid,))
+            assert ended.fetchall() == [(True,)]
+            held_commits.execute("SELECT pg_advisory_unlock(%s)", (COMMIT_LOCK,))
+    assert [c.seq for c in recorded] == [
+        seq for (seq,) in sql(server, f"SELECT seq FROM {schema}.commands")
+    ]
+    assert len(recorded) == 1
+
+
+async def test_an_executor_under_a_long_outage_raises_one_store_error_and_leaves_its_work(
+    server: str, schema: str, gate: Gate
+) -> None:
+    """The server stops for longer than the store waits for it (the URL's
+    connect_timeout) while the executor writes: the calls it cut are tried again
+    only that long, then the block raises one StoreError naming the store (never
+    the password), and the work is left as the store had it, for an executor that
+    recovers."""
+    url = with_password(server) + "?connect_timeout=2"
+    try:
+        with PostgresStore(url, schema=schema) as store:
+            with trio.fail_after(DEADLINE), pytest.raises(StoreError) as caught:
+                async with trioexec.open_executor(
+                    store=store, max_concurrent_tasks=4, tasks=[held], lease=300
+                ) as ex:
+                    for i in range(20):
+                        await ex.submit(held, i)
+                    await ex.flush()
+                    await until(lambda: gate.started == 4)
+                    await trio.to_thread.run_sync(pg_ctl, server, "stop")
+                    gate.event.set()  # (their completions cannot be written)
+                    await trio.sleep_forever()
+    finally:
+        pg_ctl(server, "start")
+    assert type(caught.value) is StoreError
+    assert "t0psecret" not in "".join(traceback.format_exception(caught.value))
+    assert f"postgres:***@{server.split('@')[1]}" in str(caught.value)
+    assert f"(schema {schema})" in str(caught.value)
+    assert statuses(server, schema) == {"pending": 16, "running": 4}
+
+    later = PostgresStore(server, schema=schema, clock=lambda: time.time() + 3600)
+    with later:  # (an hour on: the failed executor's lease has lapsed)
+        async with trioexec.open_executor(store=later, tasks=[held], recover=True) as ex:
+            await ex.wait_for_idle()
     assert statuses(server, schema) == {"completed": 20}
 
 

@@ -37,7 +37,7 @@ from ._durable_rows import (
     merge_rows,
     note,
 )
-from ._pg_conn import Connection, PGDatabase, load_psycopg
+from ._pg_conn import Connection, PGDatabase, load_psycopg, rolled_back
 
 _P_COLS = ("id", "state", "data", "timeout_at", "ikc", "iku", "tags", "created_at", "settled_at")
 _T_COLS = ("id", "state", "version", "target", "pid", "ttl", "lease_expires_at", "timeout_at")
@@ -110,9 +110,6 @@ _ANY_DUE = (
 #: grown (5,000 tasks created and run at once: 12 ms a fulfil of a batch, against
 #: 1.1 ms planned each time).
 _PLANNED = False
-#: SQLSTATEs of a transaction the server rolled back because of a concurrent one:
-#: serialization_failure, deadlock_detected, lock_not_available.
-_RETRYABLE = frozenset({"40001", "40P01", "55P03"})
 #: A NOTIFY payload must stay under 8,000 bytes; a longer target wakes everyone.
 _MAX_PAYLOAD = 4_000
 
@@ -207,12 +204,12 @@ class PostgresTables:
                     try:
                         yield
                     except self._psycopg.Error as exc:
-                        if not self._raw.broken:
+                        # Before the COMMIT was sent: the connection lost (a restart)
+                        # wrote nothing, and the next try connects again.
+                        aborted = self.db.aborted("durable store", exc, self._raw)
+                        if aborted is None:
                             raise
-                        # The connection was lost (a restart) before the COMMIT was
-                        # sent: nothing was written, and the next try connects again.
-                        error = self.db.error("durable store: connection lost", exc)
-                        raise TransactionAborted(str(error)) from exc
+                        raise aborted from exc
                     if not self._begin:  # (else nothing was sent: nothing to end)
                         self._raw.execute(_commit(self._psycopg, self.channel, self._wake))
                 except BaseException:
@@ -599,8 +596,7 @@ def _errors(error: type[Exception], db: PGDatabase) -> Iterator[None]:
         yield
     except error as exc:
         message = str(db.error("durable store", exc))
-        kind = TransactionAborted if getattr(exc, "sqlstate", None) in _RETRYABLE else StoreError
-        raise kind(message) from exc
+        raise (TransactionAborted if rolled_back(exc) else StoreError)(message) from exc
 
 
 def _update(

@@ -36,8 +36,8 @@ class TaskState(enum.StrEnum):
 
 class TransactionAborted(StoreError):
     """The database rolled a transaction back because it met a concurrent one (a
-    deadlock, a row inserted meanwhile): nothing was written, and running it again
-    may succeed."""
+    deadlock, a row inserted meanwhile), or ended its connection before it could
+    commit (a restart): nothing was written, and running it again may succeed."""
 
 
 class Tables(Protocol):

@@ -15,11 +15,14 @@ import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
-from typing import Any, final
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar, final
 
 from .._errors import StoreError
+from ._durable_rows import TransactionAborted
 from ._pg_schema import SCHEMA_VERSION, migrate, schema_version
+
+T = TypeVar("T")
 
 Connection = Any  # psycopg.Connection[tuple[Any, ...]] (psycopg is an optional extra)
 
@@ -35,6 +38,12 @@ _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 #: The channel commands are notified on; the payload is the store's schema (a
 #: channel name of the schema's own could pass PostgreSQL's 63-byte limit).
 COMMANDS_CHANNEL = "trioexec_commands"
+#: SQLSTATEs of a transaction the server rolled back because of a concurrent one:
+#: serialization_failure, deadlock_detected, lock_not_available.
+_ROLLED_BACK = frozenset({"40001", "40P01", "55P03"})
+#: The transaction's id, if it has one (it wrote), asked before its COMMIT: if the
+#: connection is lost during the COMMIT, the server says after whether it took effect.
+_XID = "SELECT txid_current_if_assigned()"
 
 
 def load_psycopg() -> tuple[Any, Any]:
@@ -117,6 +126,12 @@ def reconnect_delay(failures: int) -> float:
     row failed (the server is away): 0.1 s doubling up to 2 s, give or take a
     fifth (the clients of a restarted server do not all come back at once)."""
     return min(0.1 * 2.0 ** min(failures - 1, 5), 2.0) * random.uniform(0.8, 1.2)
+
+
+def rolled_back(exc: BaseException) -> bool:
+    """Whether psycopg's ``exc`` says the server rolled its transaction back because
+    of a concurrent one (at any statement, COMMIT too): nothing was written."""
+    return getattr(exc, "sqlstate", None) in _ROLLED_BACK
 
 
 def check_schema(schema: object) -> str:
@@ -210,32 +225,140 @@ class PGDatabase:
         detail = text.splitlines()[0] if text else type(exc).__name__
         return StoreError(f"{self.where}: {what}: {detail}")
 
+    def aborted(self, what: str, exc: BaseException, conn: Connection) -> TransactionAborted | None:
+        """The rule for a transaction that may be run again: psycopg's ``exc``, met
+        on ``conn`` before the transaction's COMMIT was sent, left nothing written
+        if the server rolled the transaction back (`rolled_back`) or ended the
+        connection (a restart, `pg_terminate_backend`): the `TransactionAborted`
+        to raise, naming the server and ``what``; None if the error is the call's
+        own."""
+        if rolled_back(exc) or conn.broken:
+            return TransactionAborted(str(self.error(what, exc)))
+        return None
+
     @contextlib.contextmanager
     def transaction(self, what: str) -> Iterator[Connection]:
         """A connection inside one transaction, committed at the end of the block
-        (rolled back if it raises)."""
+        (rolled back if it raises).
+
+        Raises:
+          TransactionAborted: nothing was written, and the block may be run
+            again (`retry`): the server ended the connection (a restart) before
+            the COMMIT took effect, or rolled the transaction back for a
+            concurrent one. A connection lost during the COMMIT itself is
+            settled by asking the server, on a new connection, whether the
+            transaction committed (then the block ends as if nothing happened).
+          StoreError: any other failure, naming the server and ``what``.
+        """
         if self.read_only:
             raise StoreError(f"{self.where}: opened read-only")
-        with self.errors(what), self._connection() as conn, conn.transaction():
-            yield conn
+        lost: tuple[TransactionAborted, BaseException, int | None] | None = None
+        with self.errors(what), self._connection() as conn:
+            xid: int | None = None
+            committing = False
+            try:
+                with conn.transaction():
+                    yield conn
+                    xid = conn.execute(_XID).fetchone()[0]
+                    committing = True  # (COMMIT is sent as the block ends)
+            except self._psycopg.Error as exc:
+                aborted = self.aborted(what, exc, conn)
+                if aborted is None:
+                    raise
+                if not committing or rolled_back(exc):
+                    raise aborted from exc
+                lost = (aborted, exc, xid)  # (asked once this connection is back)
+        if lost is not None and not self._committed(what, lost[1], lost[2]):
+            raise lost[0] from lost[1]
+
+    def _committed(self, what: str, exc: BaseException, xid: int | None) -> bool:
+        """Whether the transaction ``xid`` (None: it wrote nothing), whose
+        connection was lost (``exc``) after its COMMIT was sent, took effect: the
+        server is asked on another connection (waited for, up to the store's
+        timeout, while it restarts; a transaction still in progress there, its
+        old connection not yet ended, is asked about again). A `StoreError` if
+        it cannot be known."""
+        if xid is None:
+            return False
+        deadline = time.monotonic() + self.timeout
+        failures = 0
+        while True:
+            with self.errors(what), self._connection(deadline) as conn:
+                status = conn.execute("SELECT txid_status(%s)", (xid,)).fetchone()[0]
+            if status in ("committed", "aborted"):
+                return bool(status == "committed")
+            failures += 1
+            pause = reconnect_delay(failures)
+            if status is None or self._closing or time.monotonic() + pause > deadline:
+                raise StoreError(
+                    f"{self.error(what, exc)} (during COMMIT; whether it took effect is"
+                    f" unknown: transaction {xid} is {status or 'forgotten'})"
+                ) from exc
+            self._woken.wait(pause)
+
+    def retry(self, call: Callable[[], T]) -> T:
+        """``call()`` (a store call: its transactions and reads), run again while it
+        raises `TransactionAborted` (nothing was written), for up to the store's
+        timeout after the first: a server restarting is waited for (a connection
+        of the pool, checked); one away for longer fails the call with a
+        `StoreError` (never a `TransactionAborted`: a retry around it does not
+        run it again)."""
+        deadline: float | None = None
+        failures = 0
+        while True:
+            try:
+                return call()
+            except TransactionAborted as exc:
+                if deadline is None:
+                    deadline = time.monotonic() + self.timeout
+                failures += 1
+                if failures > 1:  # (transactions that met each other: not in step)
+                    pause = reconnect_delay(failures - 1)
+                    self._woken.wait(min(pause, max(0.0, deadline - time.monotonic())))
+                if self._closing or time.monotonic() >= deadline or not self._back(deadline):
+                    raise StoreError(f"{exc} (tried again for {self.timeout:g} s)") from exc
+
+    def _back(self, deadline: float) -> bool:
+        """Whether the pool hands out a connection (checked) before ``deadline``: the
+        server is back."""
+        try:
+            with self._connection(deadline):
+                return True
+        except self._psycopg.Error:  # (the pool's PoolTimeout)
+            return False
 
     @contextlib.contextmanager
     def reading(self, what: str, *, snapshot: bool = False) -> Iterator[Connection]:
         """A connection for reads: each statement sees the latest commits, or, with
-        ``snapshot``, the block sees one snapshot."""
+        ``snapshot``, the block sees one snapshot.
+
+        Raises:
+          TransactionAborted: the server ended the connection (a restart): the
+            block may be run again (`retry`).
+          StoreError: any other failure, naming the server and ``what``.
+        """
         with self.errors(what), self._connection() as conn:
-            if not snapshot:
-                yield conn
-                return
-            with conn.transaction():
-                conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                yield conn
+            try:
+                if not snapshot:
+                    yield conn
+                    return
+                with conn.transaction():
+                    conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    yield conn
+            except self._psycopg.Error as exc:
+                aborted = self.aborted(what, exc, conn)
+                if aborted is None:
+                    raise
+                raise aborted from exc
 
     @contextlib.contextmanager
-    def _connection(self) -> Iterator[Connection]:
+    def _connection(self, deadline: float | None = None) -> Iterator[Connection]:
+        """A connection of the pool (waited for up to the store's timeout, or until
+        ``deadline``, a `time.monotonic` time)."""
         if self._pool is None:
             raise StoreError(f"{self.where}: the store is closed")
-        with self._pool.connection() as conn:
+        timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+        with self._pool.connection(timeout=timeout) as conn:
             yield conn
 
     def connect(self, *, wait: bool = False) -> Connection:

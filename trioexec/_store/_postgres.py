@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import functools
 import hashlib
 import time
 from collections.abc import Callable, Collection, Iterator, Sequence
-from typing import final
+from typing import Concatenate, ParamSpec, TypeVar, cast, final
 
 import attrs
 
@@ -87,6 +88,22 @@ _UPDATES = {
     " waiting_on = NULL, finished_at = %s, error = %s, traceback = %s,"
     " args = coalesce(args, %s)" + _GUARD,
 }
+
+
+S = TypeVar("S", bound=SQLControl)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _retried(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+    """A store call, run again while the server ends the connection it used before
+    its transaction could commit (a restart): `PGDatabase.retry`."""
+
+    @functools.wraps(method)
+    def call(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return cast("PGDatabase", self._db).retry(lambda: method(self, *args, **kwargs))
+
+    return call
 
 
 def _value(v: object) -> object:
@@ -167,8 +184,16 @@ class PostgresStore(SQLControl):
         self.schema = schema
         self.path = self._db.where  # what messages and views name the store by
 
+    # (SQLControl's calls, run again like the rest: `_retried`)
+    command = _retried(SQLControl.command)
+    commands = _retried(SQLControl.commands)
+    last_command_seq = _retried(SQLControl.last_command_seq)
+    pauses = _retried(SQLControl.pauses)
+    requeue = _retried(SQLControl.requeue)
+
     # ------------------------------------------------------------------ writes
 
+    @_retried
     def write(self, changes: Sequence[Change]) -> list[str]:
         with self._db.transaction("write") as conn:
             submitted = [c[1] for c in changes if c[0] == "row" or c[0] == "submit"]
@@ -201,10 +226,12 @@ class PostgresStore(SQLControl):
                     fenced.extend(str(r[1]) for r in fresh if r[1] not in inserted)
         return fenced
 
+    @_retried
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:
         with self._db.transaction("heartbeat") as conn:
             write_lease(conn, "%s", owner, lease_expires_at)
 
+    @_retried
     def renew_lease(self, owner: str, lease: float) -> float:
         """`heartbeat` for ``lease`` seconds from when it is written (this
         store's clock, once its transaction has begun: not from a wait for the
@@ -214,6 +241,7 @@ class PostgresStore(SQLControl):
             write_lease(conn, "%s", owner, at)
         return at
 
+    @_retried
     def release_owner(self, owner: str) -> None:
         with self._db.transaction("release owner") as conn:
             conn.execute(_READ_COMMITTED)
@@ -225,6 +253,7 @@ class PostgresStore(SQLControl):
                 _lock_key(conn, self.schema, key)
             conn.execute("DELETE FROM key_holds WHERE owner = %s", (owner,))
 
+    @_retried
     def key_round(self, owner: str, requests: Sequence[KeyRequest]) -> list[KeyGrant]:
         """See `Store.key_round`. Each key is settled under a transaction-level
         advisory lock on (schema, key), taken in sorted key order: two hosts
@@ -240,6 +269,7 @@ class PostgresStore(SQLControl):
             prune_buckets(conn, "%s", self.clock(), len(requests), " FOR UPDATE SKIP LOCKED")
         return [grants[i] for i in range(len(requests))]
 
+    @_retried
     def save_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
         with self._db.transaction("save schedule") as conn:
             before = conn.execute(
@@ -254,6 +284,7 @@ class PostgresStore(SQLControl):
             )
         return None if before is None else schedule_of(before)
 
+    @_retried
     def schedules(self) -> list[ScheduleRecord]:
         with self._db.reading("query schedules") as conn:
             rows = conn.execute(
@@ -261,6 +292,7 @@ class PostgresStore(SQLControl):
             ).fetchall()
         return [schedule_of(row) for row in rows]
 
+    @_retried
     def claim_occurrence(
         self, schedule_id: str, at: float, owner: str, next_run: float | None
     ) -> bool:
@@ -283,6 +315,7 @@ class PostgresStore(SQLControl):
                 )
         return won
 
+    @_retried
     def release_occurrence(self, schedule_id: str, at: float, owner: str) -> bool:
         with self._db.transaction("release schedule occurrence") as conn:
             released = (
@@ -303,6 +336,7 @@ class PostgresStore(SQLControl):
                 )
         return released
 
+    @_retried
     def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
         if not live:
             return []
@@ -326,6 +360,7 @@ class PostgresStore(SQLControl):
                 )
         return lost
 
+    @_retried
     def recover(
         self,
         owner: str,
@@ -437,6 +472,7 @@ class PostgresStore(SQLControl):
 
     # ------------------------------------------------------------------ workflow runs
 
+    @_retried
     def claim_runs(
         self,
         owner: str,
@@ -511,6 +547,7 @@ class PostgresStore(SQLControl):
         values = dict(zip(_RUN_COLUMNS, row, strict=True))
         return RunRecord(**{**values, "graph": graph_of(values["graph"])}, steps=steps)
 
+    @_retried
     def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
         with self._db.reading("check run ownership") as conn:
             return [
@@ -522,6 +559,7 @@ class PostgresStore(SQLControl):
                 )
             ]
 
+    @_retried
     def run(self, run_id: str) -> RunRecord | None:
         if not matches_some(run_id=run_id):
             return None
@@ -531,6 +569,7 @@ class PostgresStore(SQLControl):
             ).fetchone()
             return None if found is None else self._run(conn, run_id)
 
+    @_retried
     def runs(self, *, status: str | None = None) -> list[RunRecord]:
         if not matches_some(status=status):
             return []
@@ -545,6 +584,7 @@ class PostgresStore(SQLControl):
 
     # ------------------------------------------------------------------ reads
 
+    @_retried
     def executions(
         self,
         *,
@@ -579,6 +619,7 @@ class PostgresStore(SQLControl):
             rows = conn.execute(sql, params).fetchall()
         return [record_of(row, self.path) for row in rows]
 
+    @_retried
     def counts(
         self,
         *,
@@ -610,6 +651,7 @@ class PostgresStore(SQLControl):
                     ) from None
         return counts
 
+    @_retried
     def execution(self, task_id: str) -> ExecutionRecord | None:
         if not matches_some(task_id=task_id):
             return None
