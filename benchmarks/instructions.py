@@ -22,10 +22,10 @@ Scenarios (baselines and targets from issue 32):
   hand-written CapacityLimiter acquire, release, ``Event.wait``, acquire, release
   (suite.py's ``park_defer`` and ``park_hand``, scenario 3).
 - ``store``: the ``noop`` workload with a SQLiteStore (a file in a temporary
-  directory) vs. the same without a store, both with Trio's clock slowed 50 times
-  (`slow_trio_clock`: the journal's writer gathers rows for 5 ms, the command
-  poller reads every 0.5 s, and valgrind must not multiply how often they fire
-  per task). The writer is a thread: these counts still move by ~0.3%.
+  directory) vs. the same without a store, both with Trio's clock stopped
+  (`stop_trio_clock`: no timer fires, so the journal writes one transaction, at
+  the close, and the command poller never reads): the per-task cost of the store,
+  without the transactions' own, which natively are ~5 per 4,000 such tasks.
 - ``workflow``: a step of 50 four-step chain workflows run at once
   (``ex.run_workflow``) vs. the same specs awaited one by one with ``ex.run``
   (suite.py's ``chain_steps``, scenario 9); per step, N counted in steps.
@@ -72,14 +72,14 @@ Result = dict[str, Any]
 class Side:
     """One side of a scenario: suite.py's ``case`` with ``fixed`` arguments and its
     size in ``scaled``; one unit of ``scaled`` is ``per`` units of work (tasks).
-    ``clock_rate``: Trio's clock runs at this rate of real time (see `child`)."""
+    ``stopped``: Trio's clock stands still (see `stop_trio_clock`)."""
 
     label: str
     case: str
     scaled: str
     fixed: dict[str, Any] = field(default_factory=dict)
     per: int = 1
-    clock_rate: float | None = None
+    stopped: bool = False
 
     def count(self, n: int) -> int:
         """The value of ``scaled`` for about ``n`` units of work."""
@@ -99,8 +99,6 @@ class Scenario:
     unit: str = "task"
 
 
-# What valgrind's callgrind slows this Python code down by, roughly (see `child`).
-SLOWED_CLOCK = 1 / 50
 SCENARIOS = {
     s.name: s
     for s in [
@@ -120,15 +118,9 @@ SCENARIOS = {
         ),
         Scenario(
             "store",
-            "SQLiteStore vs none, limit 4, clock /50",
-            Side(
-                "with SQLiteStore",
-                "executor",
-                "n",
-                {"limit": 4, "store": True},
-                clock_rate=SLOWED_CLOCK,
-            ),
-            Side("executor", "executor", "n", {"limit": 4}, clock_rate=SLOWED_CLOCK),
+            "SQLiteStore vs none, limit 4, clock stopped",
+            Side("with SQLiteStore", "executor", "n", {"limit": 4, "store": True}, stopped=True),
+            Side("executor", "executor", "n", {"limit": 4}, stopped=True),
             2.0,
         ),
         Scenario(
@@ -169,35 +161,35 @@ def seed_trio(seed: int = 0) -> None:
     rng.seed(seed)
 
 
-def slow_trio_clock(rate: float) -> None:
-    """Make every ``trio.run`` of this process use a clock running at ``rate`` of
-    real time (`trio.testing.MockClock`, no autojump).
+def stop_trio_clock() -> None:
+    """Make every ``trio.run`` of this process use a stopped clock
+    (`trio.testing.MockClock` at rate 0, no autojump): no timer ever fires.
 
     What a timer does per task depends on how much work fits in its period: the
     journal gathers rows for 5 ms of Trio time before a transaction, the command
     poller reads the store every 0.5 s. Under valgrind the same work takes ~50
-    times longer, so with the real clock a run writes ~10 times more transactions
-    and polls ~50 times more often per task than it does natively, and how many
-    depends on the machine's load (counts moved by 1-12% between repeats). A clock
-    slowed as much keeps the timers' share about what it is natively."""
+    times longer, so with the real clock a run wrote ~10 times more transactions
+    and polled ~50 times more often per task than natively, and how many moved
+    with the machine's load (repeats 1-12% apart; with the clock slowed 50 times,
+    still 0.1-3.4%). Stopped, the writer batches by count alone."""
     import trio
     import trio.testing
 
     run = trio.run
 
-    def slowed(*args: Any, **kwargs: Any) -> Any:
-        kwargs.setdefault("clock", trio.testing.MockClock(rate=rate))
+    def stopped(*args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("clock", trio.testing.MockClock(rate=0))
         return run(*args, **kwargs)
 
-    trio.run = slowed
+    trio.run = stopped
 
 
-def child(case: str, raw_args: list[str], clock_rate: float | None = None) -> None:
-    """Run suite.py's ``case`` here, Trio seeded (its clock slowed to ``clock_rate``
-    if given); print which trioexec it used, then the case's own JSON line."""
+def child(case: str, raw_args: list[str], stopped: bool = False) -> None:
+    """Run suite.py's ``case`` here, Trio seeded (its clock stopped if ``stopped``);
+    print which trioexec it used, then the case's own JSON line."""
     seed_trio()
-    if clock_rate is not None:
-        slow_trio_clock(clock_rate)
+    if stopped:
+        stop_trio_clock()
     sys.path.insert(0, str(HERE.parent))
     import suite
 
@@ -226,15 +218,15 @@ def child_env() -> dict[str, str]:
 
 def child_argv(python: str, side: Side, size: int) -> list[str]:
     args = [f"--arg={k}={json.dumps(v)}" for k, v in side.kwargs(size).items()]
-    if side.clock_rate is not None:
-        args.append(f"--clock-rate={side.clock_rate}")
+    if side.stopped:
+        args.append("--stopped-clock")
     return [python, str(HERE), "--child", side.case, *args]
 
 
 def describe_run(side: Side, size: int) -> str:
     words = [side.case, *(f"{k}={v}" for k, v in side.kwargs(size).items())]
-    if side.clock_rate is not None:
-        words.append(f"clock_rate={side.clock_rate:g}")
+    if side.stopped:
+        words.append("clock=stopped")
     return " ".join(words)
 
 
@@ -345,7 +337,7 @@ def measure(
         return {
             "label": side.label,
             "case": side.case,
-            "clock_rate": side.clock_rate,
+            "clock": "stopped" if side.stopped else "real",
             "args": side.kwargs(c),
             "units": c * side.per,
             "per_unit": sum(marginal) / len(marginal),
@@ -488,12 +480,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write the results here")
     parser.add_argument("--keep", type=Path, metavar="DIR", help="keep callgrind's files here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--clock-rate", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--stopped-clock", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--arg", action="append", default=[], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.child:
-        child(args.child, args.arg, args.clock_rate)
+        child(args.child, args.arg, args.stopped_clock)
         return 0
     if shutil.which("valgrind") is None:
         log("valgrind is not installed (apt-get install valgrind)")
@@ -542,8 +534,7 @@ def main(argv: list[str] | None = None) -> int:
                     f"{a} and {b}"
                     for a, b in zip(side["transactions_n"], side["transactions_2n"], strict=True)
                 )
-                rate = side["clock_rate"]
-                clock = "" if rate is None else f" (Trio's clock at {rate:g} of real time)"
+                clock = " (Trio's clock stopped)" if side["clock"] == "stopped" else ""
                 print(
                     f"{res['scenario']}: {side['label']}: transactions at N and 2N, each"
                     f" repeat: {runs}{clock}"
