@@ -31,10 +31,12 @@ Scenarios (baselines and targets from issue 32):
   (suite.py's ``chain_steps``, scenario 9); per step, N counted in steps.
 
 Deterministic: the children run with ``PYTHONHASHSEED=0``, Trio's scheduler seeded
-(it reverses each batch of runnable tasks at random), no coverage hooks; the
+(it reverses each batch of runnable tasks at random), as ``python -S`` with only
+the standard library, site-packages and a link to the trioexec counted on their
+path (`child_path`: no coverage hook, no checkout whose files come and go); the
 workloads read no clock but the stopwatch around them (a constant). All rows use
-one interpreter (this script's own, ``--python`` to change it) and whatever
-``trioexec`` it imports (``PYTHONPATH`` selects a checkout): both are printed.
+one interpreter (this script's own, ``--python`` to change it) and the
+``trioexec`` it imports here (``PYTHONPATH`` selects a checkout): both are printed.
 Before counting, every case runs once without valgrind, which also compiles the
 ``.pyc`` files the counted runs then load (a first import would count compiling).
 ``--keep DIR`` keeps the callgrind output files (``callgrind_annotate FILE``).
@@ -206,21 +208,57 @@ class CountFailed(RuntimeError):
     pass
 
 
-def child_env() -> dict[str, str]:
-    """This environment without coverage's start-up hook or PYTHON* settings (but
-    PYTHONPATH), and with a fixed hash seed."""
+def plain_env(pythonpath: str | None) -> dict[str, str]:
+    """This environment without coverage's start-up hook or PYTHON* settings, with a
+    fixed hash seed and ``pythonpath`` as PYTHONPATH (none if None)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("COVERAGE_", "PYTHON"))}
-    if "PYTHONPATH" in os.environ:
-        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     env["PYTHONHASHSEED"] = "0"
+    if pythonpath is not None:
+        env["PYTHONPATH"] = pythonpath
     return env
 
 
-def child_argv(python: str, side: Side, size: int) -> list[str]:
-    args = [f"--arg={k}={json.dumps(v)}" for k, v in side.kwargs(size).items()]
-    if side.stopped:
-        args.append("--stopped-clock")
-    return [python, str(HERE), "--child", side.case, *args]
+@dataclass(frozen=True)
+class Interpreter:
+    """How a child starts: ``python -S`` (no site hooks, no .pth files) with
+    ``path`` as its PYTHONPATH (see `child_path`)."""
+
+    python: str
+    path: str
+
+    def argv(self, side: Side, size: int) -> list[str]:
+        args = [f"--arg={k}={json.dumps(v)}" for k, v in side.kwargs(size).items()]
+        if side.stopped:
+            args.append("--stopped-clock")
+        return [self.python, "-S", str(HERE), "--child", side.case, *args]
+
+
+def child_path(python: str, folder: Path) -> str:
+    """The children's PYTHONPATH: ``folder``, holding only a link to the trioexec
+    package that ``python`` imports here (this PYTHONPATH's, else the installed
+    one), then the standard library and site-packages; nothing else.
+
+    A lookup that misses (an optional import) lists every directory on the path,
+    at a cost that grows with its entries. An editable install puts the checkout's
+    root on the path, where test runs come and go (hundreds of ``.coverage.*``
+    files): counts taken minutes apart moved by up to 1.8M instructions."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("COVERAGE_")}
+    where = (
+        "import importlib.util, json, site, sys; sys.path.remove(''); "
+        "spec = importlib.util.find_spec('trioexec'); "
+        "print(json.dumps([spec and spec.origin, site.getsitepackages()]))"
+    )
+    origin, sites = json.loads(subprocess.run(
+        [python, "-c", where], capture_output=True, text=True, check=True, timeout=60, env=env
+    ).stdout)  # fmt: skip
+    if origin is None:
+        raise CountFailed(f"{python} cannot import trioexec (set PYTHONPATH to a checkout)")
+    stdlib = json.loads(subprocess.run(
+        [python, "-S", "-c", "import json, sys; print(json.dumps(sys.path[1:]))"],
+        capture_output=True, text=True, check=True, timeout=60, env=plain_env(None),
+    ).stdout)  # fmt: skip
+    (folder / "trioexec").symlink_to(Path(origin).parent, target_is_directory=True)
+    return os.pathsep.join([str(folder), *stdlib, *sites])
 
 
 def describe_run(side: Side, size: int) -> str:
@@ -230,11 +268,12 @@ def describe_run(side: Side, size: int) -> str:
     return " ".join(words)
 
 
-def run_child(argv: list[str], label: str) -> str:
-    """Run ``argv`` (in `child_env`); its stdout. A failure raises `CountFailed`."""
+def run_child(argv: list[str], pythonpath: str, label: str) -> str:
+    """Run ``argv`` (in `plain_env`); its stdout. A failure raises `CountFailed`."""
     try:
+        env = plain_env(pythonpath)
         proc = subprocess.run(
-            argv, capture_output=True, text=True, timeout=TIMEOUT, env=child_env(), check=False
+            argv, capture_output=True, text=True, timeout=TIMEOUT, env=env, check=False
         )
     except subprocess.TimeoutExpired as exc:
         raise CountFailed(f"{label}: timed out after {TIMEOUT:.0f} s") from exc
@@ -257,13 +296,13 @@ def read_total(path: Path) -> int:
     return found.get("totals", found.get("summary", 0))
 
 
-def count(python: str, side: Side, size: int, out: Path) -> Result:
+def count(interpreter: Interpreter, side: Side, size: int, out: Path) -> Result:
     """One fresh process running ``side`` at ``size`` under callgrind: its
     ``instructions``, and the case's own figures (``store_writes``: transactions)."""
     label = describe_run(side, size)
     argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"]
     t0 = time.perf_counter()
-    stdout = run_child(argv + child_argv(python, side, size), label)
+    stdout = run_child(argv + interpreter.argv(side, size), interpreter.path, label)
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     result: Result = json.loads(lines[-1]) if lines else {}
     result["instructions"] = total = read_total(out)
@@ -271,14 +310,14 @@ def count(python: str, side: Side, size: int, out: Path) -> Result:
     return result
 
 
-def warm(python: str, side: Side, size: int) -> str:
+def warm(interpreter: Interpreter, side: Side, size: int) -> str:
     """Run ``side`` once without valgrind (it works; its .pyc files are written);
     the path of the trioexec it imported."""
     label = describe_run(side, size)
-    stdout = run_child(child_argv(python, side, size), label)
+    stdout = run_child(interpreter.argv(side, size), interpreter.path, label)
     for line in stdout.splitlines():
         if line.startswith('{"trioexec"'):
-            return str(json.loads(line)["trioexec"])
+            return os.path.realpath(json.loads(line)["trioexec"])
     raise CountFailed(f"{label}: did not say which trioexec it imported")
 
 
@@ -437,7 +476,7 @@ def describe(python: str) -> Result:
     version = subprocess.run(
         [python, "-c", "import platform, sys; print(platform.python_implementation(), "
          "platform.python_version(), sys.executable)"],
-        capture_output=True, text=True, check=True, timeout=60, env=child_env(),
+        capture_output=True, text=True, check=True, timeout=60, env=plain_env(None),
     ).stdout.split()  # fmt: skip
     valgrind = subprocess.run(
         ["valgrind", "--version"], capture_output=True, text=True, check=True, timeout=60
@@ -495,22 +534,25 @@ def main(argv: list[str] | None = None) -> int:
     repeat = max(1, args.repeat)
     info = describe(args.python)
     t0 = time.perf_counter()
-    sides = {side for sc in scenarios for side in (sc.ours, sc.base)}
-    log("each case once without valgrind (it works; .pyc files written)")
-    with ThreadPoolExecutor(max(1, args.jobs)) as pool:
-        paths = set(pool.map(lambda side: warm(args.python, side, side.count(args.n)), sides))
-    if len(paths) != 1:
-        raise CountFailed(f"the cases imported different trioexec packages: {sorted(paths)}")
-    (path,) = paths
-    info.update(trioexec=str(Path(path).parent), commit=trioexec_commit(path))
-
     with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "path").mkdir()
+        interpreter = Interpreter(args.python, child_path(args.python, Path(tmp) / "path"))
+        sides = {side for sc in scenarios for side in (sc.ours, sc.base)}
+        log("each case once without valgrind (it works; .pyc files written)")
+        with ThreadPoolExecutor(max(1, args.jobs)) as pool:
+            paths = set(pool.map(lambda side: warm(interpreter, side, side.count(args.n)), sides))
+        if len(paths) != 1:
+            raise CountFailed(f"the cases imported different trioexec packages: {sorted(paths)}")
+        (path,) = paths
+        info.update(trioexec=str(Path(path).parent), commit=trioexec_commit(path))
+
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
 
         def counter(side: Side, size: int, r: int) -> Result:
             name = describe_run(side, size).replace(" ", ".")
-            return count(args.python, side, size, folder / f"callgrind.{name}.r{r + 1}.out")
+            out = folder / f"callgrind.{name}.r{r + 1}.out"
+            return count(interpreter, side, size, out)
 
         log(f"counting: N={args.n}, each count {repeat} times, {args.jobs} at a time")
         results = measure(scenarios, args.n, repeat, args.jobs, counter)
