@@ -1,5 +1,6 @@
 """Developer tasks: ``nox -s tests``, ``lint``, ``typecheck``, ``examples``, ``demo``, ``soak``,
-``docs``, ``changelog``, ``bench``, ``bench_peers``, ``bench_profile``.
+``docs``, ``changelog``, ``bench`` (``-- --instructions``: valgrind counts), ``bench_peers``,
+``bench_profile``.
 
 nox itself goes in a virtualenv of its own (a system Python may refuse ``pip install``,
 PEP 668): ``python3 -m venv .venv && .venv/bin/pip install nox``, then ``.venv/bin/nox``.
@@ -233,9 +234,19 @@ def bench(session: nox.Session) -> None:
     the same run (never a pass/fail gate). ``nox -s bench -- --quick`` for a smoke
     run; other arguments (``--only 1,3``, ``--repeat 2``, ``--json PATH``) pass on.
     ``--write-docs``: also write the run into docs/benchmarks.md (benchmarks/render.py).
-    Scenario 12 starts a throwaway PostgreSQL server and runs procrastinate beside."""
-    session.install("-e", ".[postgres]", "procrastinate>=3.0")
+    Scenario 12 starts a throwaway PostgreSQL server and runs procrastinate beside.
+
+    ``nox -s bench -- --instructions``: instead, instructions per task under valgrind's
+    callgrind, start-up subtracted, for issue 32's rows (benchmarks/instructions.py;
+    ``--n``, ``--only``, ``--repeat``, ``--jobs``, ``--json PATH`` pass on). Counts do
+    not move with the machine's load; a few minutes."""
     args = list(session.posargs)
+    if "--instructions" in args:
+        args.remove("--instructions")
+        session.install("-e", ".")
+        session.run("python", str(HERE / "benchmarks" / "instructions.py"), *args)
+        return
+    session.install("-e", ".[postgres]", "procrastinate>=3.0")
     write_docs = "--write-docs" in args
     if write_docs:
         args.remove("--write-docs")
