@@ -75,6 +75,7 @@ def test_reads_callgrind_totals(instructions: ModuleType, tmp_path: Path) -> Non
     assert instructions.read_total(out) == 77
 
 
+@pytest.mark.slow  # (~15 s of valgrind: in `nox -s soak`, not the default run)
 def test_a_real_count_of_the_executor(
     instructions: ModuleType, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
