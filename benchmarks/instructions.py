@@ -511,7 +511,12 @@ def parse_only(text: str) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--n", type=int, default=2000, help="units of work (default 2,000)")
+    parser.add_argument(
+        "--n",
+        type=int,
+        default=2000,
+        help="units of work (default 2,000; above 1,024, where the channel pool's buffer fills)",
+    )
     parser.add_argument("--only", type=parse_only, help="scenarios, e.g. noop,defer")
     parser.add_argument("--repeat", type=int, default=2, help="count each run R times (2)")
     parser.add_argument("--jobs", type=int, default=1, help="counted runs at a time (1)")
