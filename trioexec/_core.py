@@ -163,6 +163,7 @@ class ExecutorCore:
         store: Store | None = None,
         specs: dict[str, TaskSpec] | None = None,
         share_keys: bool = True,
+        inline: bool = False,
     ) -> None:
         self.config = config
         self.store = store
@@ -173,7 +174,7 @@ class ExecutorCore:
         # With a store, limited keys are shared with every executor on it.
         shared = share_keys and store is not None and bool(config.key_limits)
         self.pending = pending = Pending(
-            config.key_limits, config.priority_aging, self.wall, shared
+            config.key_limits, config.priority_aging, self.wall, shared, inline
         )
         self.slots = SlotPool(config.max_concurrent_tasks)
         self.journal = journal = None if store is None else Journal(store)

@@ -101,8 +101,8 @@ class DeterministicExecutor:
             )
         specs, _ = split_tasks(tasks)
         # The same parts as `open_executor`'s, with no nursery: jobs run in `run_ready`.
-        self._core = ExecutorCore(config, store, specs, share_keys=False)
-        self._core.pending.inline = True  # (a key's room goes to the task that runs)
+        # (inline: a key's room goes to the task that runs, in the caller's task)
+        self._core = ExecutorCore(config, store, specs, share_keys=False, inline=True)
         if store is not None:
             store.heartbeat(self._core.owner_id, math.inf)  # never expires: nothing to recover
 

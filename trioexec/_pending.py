@@ -97,6 +97,7 @@ class Pending:
         priority_aging: float | None = 60.0,
         wall: Callable[[], float] | None = None,
         shared: bool = False,
+        inline: bool = False,
     ) -> None:
         self._jobs: deque[Job] = deque()
         self.live = 0
@@ -131,7 +132,7 @@ class Pending:
         # Jobs run one at a time in one task (`DeterministicExecutor`): a task
         # its key let through cannot start before the started one that rejoins
         # its key has ended, so it gives its room back to it (`rejoin`).
-        self.inline = False
+        self.inline = inline
 
     # ------------------------------------------------------------ in and out
 
