@@ -74,6 +74,26 @@ def _run(cmd: list[str], what: str) -> None:
 
 
 @contextlib.contextmanager
+def schema_at_version(url: str, schema: str, version: int) -> Iterator[object]:
+    """A connection (autocommit) to a new ``schema`` as an older trioexec left it:
+    its first ``version`` migrations applied and recorded, for the caller to write
+    the old rows a migration test starts from."""
+    import psycopg
+
+    from trioexec._store import _pg_schema
+
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"SET search_path TO {schema}")
+        for migration in _pg_schema.MIGRATIONS[:version]:
+            conn.execute(migration.encode())
+        conn.execute(
+            "INSERT INTO trioexec_meta (key, value) VALUES ('schema_version', %s)", (str(version),)
+        )
+        yield conn
+
+
+@contextlib.contextmanager
 def postgres_server(*, durable: bool = False) -> Iterator[str]:
     """Start a server; yield its URL (user ``postgres``, database ``postgres``, no
     password). ``durable=False`` turns fsync off (tests: faster; a crash of the

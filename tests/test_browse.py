@@ -21,6 +21,7 @@ import sqlite_utils
 import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pg_server import schema_at_version
 
 import trioexec
 from trioexec import MemoryStore, PostgresStore, SQLiteStore, TaskStatus, Workflow, task
@@ -606,14 +607,7 @@ def test_a_sqlite_file_of_schema_10_migrates(tmp_path):
 
 def test_a_postgres_schema_of_version_7_migrates(postgres_url, pg_schema):
     before = 7
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {pg_schema}")
-        conn.execute(f"SET search_path TO {pg_schema}")
-        for migration in _pg_schema.MIGRATIONS[:before]:
-            conn.execute(migration.encode())
-        conn.execute(
-            "INSERT INTO trioexec_meta (key, value) VALUES ('schema_version', %s)", (str(before),)
-        )
+    with schema_at_version(postgres_url, pg_schema, before) as conn:
         conn.execute(
             "INSERT INTO workflow_runs (run_id, workflow, status, context, owner, created_at)"
             " VALUES ('old', 'wf', 'completed', '{}', 'A', 1.0)"

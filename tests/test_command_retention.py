@@ -17,9 +17,9 @@ from contextlib import closing
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 import sqlite_utils
+from pg_server import schema_at_version
 
 import trioexec
 from trioexec import PostgresStore, SQLiteStore
@@ -130,14 +130,7 @@ def test_a_postgres_schema_of_version_8_migrates_its_pauses(
     postgres_url: str, pg_schema: str
 ) -> None:
     before = 8
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {pg_schema}")
-        conn.execute(f"SET search_path TO {pg_schema}")
-        for migration in _pg_schema.MIGRATIONS[:before]:
-            conn.execute(migration.encode())
-        conn.execute(
-            "INSERT INTO trioexec_meta (key, value) VALUES ('schema_version', %s)", (str(before),)
-        )
+    with schema_at_version(postgres_url, pg_schema, before) as conn:
         conn.execute("INSERT INTO pauses (kind, value, who, at) VALUES ('key', 'k', 'ops', 5.0)")
     with PostgresStore(postgres_url, schema=pg_schema, inline=True, clock=lambda: 10.0) as store:
         assert store.pauses() == [Pause(kind="key", value="k", who="ops", at=5.0)]

@@ -16,6 +16,7 @@ import pytest
 import sqlite_utils
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pg_server import schema_at_version
 
 from trioexec import PostgresStore, SQLiteStore, StoreError, SubStatus, TaskStatus
 from trioexec._store import Command, Pause, Requeued, _pg_schema, _sqlite_schema
@@ -574,14 +575,7 @@ def test_a_sqlite_file_of_schema_9_migrates_and_keeps_its_rows(tmp_path):
 
 def test_a_postgres_schema_of_version_6_migrates_and_keeps_its_rows(postgres_url, pg_schema):
     before = 6
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {pg_schema}")
-        conn.execute(f"SET search_path TO {pg_schema}")
-        for migration in _pg_schema.MIGRATIONS[:before]:
-            conn.execute(migration.encode())
-        conn.execute(
-            "INSERT INTO trioexec_meta (key, value) VALUES ('schema_version', %s)", (str(before),)
-        )
+    with schema_at_version(postgres_url, pg_schema, before) as conn:
         conn.execute(
             "INSERT INTO executions (task_id, name, status, attempt, owner, submitted_at,"
             " finished_at, error, spec_id, args) VALUES (%s, 'job', 'failed', 1, 'A', 1.0, 2.0,"

@@ -21,6 +21,7 @@ import sqlite_utils
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from pg_server import schema_at_version
 
 from trioexec import MemoryStore, PostgresStore, SQLiteStore, StoreError
 from trioexec._store import _pg_schema, _sqlite_schema
@@ -504,14 +505,8 @@ def test_a_postgres_schema_from_before_key_ledger_migrates(
     postgres_url: str, pg_schema: str
 ) -> None:
     before = 3  # keys on executions, no key_holds yet
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {pg_schema}")
-        conn.execute(f"SET search_path TO {pg_schema}")
-        for migration in _pg_schema.MIGRATIONS[:before]:
-            conn.execute(migration.encode())
-        conn.execute(
-            "INSERT INTO trioexec_meta (key, value) VALUES ('schema_version', %s)", (str(before),)
-        )
+    with schema_at_version(postgres_url, pg_schema, before):
+        pass  # (no rows of its own)
     with pytest.raises(StoreError, match="written by an older trioexec"):
         PostgresStore(postgres_url, schema=pg_schema, read_only=True)
     with PostgresStore(postgres_url, schema=pg_schema, clock=Clock()) as store:
@@ -558,14 +553,7 @@ def test_a_postgres_schema_from_before_bucket_pruning_migrates(
     postgres_url: str, pg_schema: str
 ) -> None:
     before = 8  # the dashboard's indexes, no full_at yet
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {pg_schema}")
-        conn.execute(f"SET search_path TO {pg_schema}")
-        for migration in _pg_schema.MIGRATIONS[:before]:
-            conn.execute(migration.encode())
-        conn.execute(
-            "INSERT INTO trioexec_meta (key, value) VALUES ('schema_version', %s)", (str(before),)
-        )
+    with schema_at_version(postgres_url, pg_schema, before) as conn:
         conn.execute("INSERT INTO key_buckets (key, tokens, stamp) VALUES ('old', 0.0, 50.0)")
     with pytest.raises(StoreError, match="written by an older trioexec"):
         PostgresStore(postgres_url, schema=pg_schema, read_only=True)

@@ -12,6 +12,7 @@ import pytest
 import sqlite_utils
 import trio
 import trio.testing
+from pg_server import schema_at_version
 
 from trioexec import (
     KeyLimit,
@@ -249,14 +250,7 @@ def test_a_sqlite_file_from_before_keys_migrates_in_place(tmp_path):
 
 def test_a_postgres_schema_from_before_keys_migrates_in_place(postgres_url, pg_schema):
     before = 2  # the schema version before keys (migration 3 added them)
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {pg_schema}")
-        conn.execute(f"SET search_path TO {pg_schema}")
-        for migration in _pg_schema.MIGRATIONS[:before]:
-            conn.execute(migration.encode())
-        conn.execute(
-            "INSERT INTO trioexec_meta (key, value) VALUES ('schema_version', %s)", (str(before),)
-        )
+    with schema_at_version(postgres_url, pg_schema, before) as conn:
         conn.execute(
             "INSERT INTO executions (task_id, name, status, attempt, owner, submitted_at,"
             " finished_at) VALUES ('old', 'job', 'completed', 1, 'A', 1.0, 2.0)"

@@ -9,10 +9,10 @@ import sys
 from contextlib import closing
 from pathlib import Path
 
-import psycopg
 import sqlite_utils
 import trio
 import trio.testing
+from pg_server import schema_at_version
 
 from trioexec import (
     Backoff,
@@ -227,14 +227,7 @@ def test_a_sqlite_file_at_the_previous_version_migrates(tmp_path):
 
 def test_a_postgres_schema_at_the_previous_version_migrates(postgres_url, pg_schema):
     before = 5
-    with psycopg.connect(postgres_url, autocommit=True) as conn:
-        conn.execute(f"CREATE SCHEMA {pg_schema}")
-        conn.execute(f"SET search_path TO {pg_schema}")
-        for migration in _pg_schema.MIGRATIONS[:before]:
-            conn.execute(migration.encode())
-        conn.execute(
-            "INSERT INTO trioexec_meta (key, value) VALUES ('schema_version', %s)", (str(before),)
-        )
+    with schema_at_version(postgres_url, pg_schema, before) as conn:
         conn.execute(
             "INSERT INTO executions (task_id, name, status, attempt, owner, submitted_at)"
             " VALUES ('old', 'job', 'pending', 0, 'A', 1.0)"
