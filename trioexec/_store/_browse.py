@@ -4,9 +4,9 @@ does), the executions finished per time bucket, the task names stored, and a
 task's commands.
 
 Plain synchronous functions over `SQLiteStore` and `PostgresStore` (the web app
-runs them in a worker thread), each in one read snapshot (`SQLControl.snapshot`).
+runs them in a worker thread), each in one read snapshot (`SQLStore.snapshot`).
 The SQL is written once, with the store's placeholder and the few functions that
-differ between SQLite and PostgreSQL as parameters (`_Dialect`). Every text the
+differ between SQLite and PostgreSQL as parameters (`Dialect`). Every text the
 caller gives is a bound parameter (a status, checked against `TaskStatus`, picks
 one of its constant conditions); a ``waiting_on`` filter is a literal substring
 (``instr`` / ``strpos``, never ``LIKE``), so ``%``, ``_``, ``[`` and quotes in it
@@ -26,8 +26,10 @@ import attrs
 from .._records import ExecutionRecord, SubStatus, TaskStatus
 from .._records import storable as storable  # (the dashboard's, from here)
 from ._base import COMMAND_FIELDS, LIVE, Command, RunRecord, graph_of
-from ._control import SQLControl, command_of
+from ._control import command_of
+from ._dialect import Dialect
 from ._sql import RECORD_COLUMNS, RECORD_FIELDS, record_of
+from ._sql_store import SQLStore
 
 #: How `browse` orders executions: ``"newest"`` submission first (the default),
 #: ``"oldest"`` first, or ``"longest_waiting"``: only live executions (pending or
@@ -74,41 +76,6 @@ class Bucket:
         return sum(self.ended.values())
 
 
-@attrs.frozen
-class _Dialect:
-    mark: str  #: the placeholder
-    seq: str  #: submission order (a unique integer per execution)
-    find: str  #: ``{col}`` holds the parameter as a literal substring
-    bucket: str  #: the bucket number of ``e.finished_at``: ``(finished_at - p1) / p2``, floored
-    #: Keeps a planner off a column's index (SQLite: unary ``+``; it has no
-    #: statistics, and would walk every execution of a name to find the few live)
-    aside: str
-    #: Submission order among the live executions only, sorted after they are
-    #: found (PostgreSQL: ``seq + 0``; it guesses that a third of the rows hold
-    #: any ``strpos``, and walks the whole ``seq`` index back to find 51 of them)
-    live_seq: str
-
-
-_DIALECTS = {
-    "sqlite": _Dialect(
-        mark="?",
-        seq="e.rowid",
-        find="instr({col}, ?) > 0",
-        # (CAST truncates toward zero: the same as floor for the rows counted, >= since)
-        bucket="CAST((e.finished_at - ?) / ? AS INTEGER)",
-        aside="+",
-        live_seq="e.rowid",
-    ),
-    "postgres": _Dialect(
-        mark="%s",
-        seq="e.seq",
-        find="strpos({col}, %s) > 0",
-        bucket="CAST(floor((e.finished_at - %s) / %s) AS bigint)",
-        aside="",
-        live_seq="(e.seq + 0)",
-    ),
-}
-
 # longest_waiting's sort key: (0 waiting / 1 active, since when, submission order).
 _RANK = "CASE WHEN e.status = 'pending' OR e.sub_status = 'deferred' THEN 0 ELSE 1 END"
 _SINCE = (
@@ -117,13 +84,13 @@ _SINCE = (
 )
 
 
-def _sql_store(store: object) -> tuple[SQLControl, _Dialect]:
-    if not isinstance(store, SQLControl):
+def _sql_store(store: object) -> tuple[SQLStore, Dialect]:
+    if not isinstance(store, SQLStore):
         raise TypeError(
             f"the dashboard reads a SQLiteStore or a PostgresStore, got {type(store).__name__}"
             f" {store!r}"
         )
-    return store, _DIALECTS[store.dialect]
+    return store, store.dialect
 
 
 def _text(what: str, value: object) -> str | None:
@@ -141,7 +108,7 @@ def _limit(value: object) -> int:
 
 
 def _where(
-    d: _Dialect,
+    d: Dialect,
     order: object,
     status: TaskStatus | str | None,
     sub_status: SubStatus | str | None,
@@ -210,10 +177,10 @@ def _where(
     return where, params, live
 
 
-def _order(d: _Dialect, order: object, live: bool) -> tuple[list[str], bool]:
+def _order(d: Dialect, order: object, live: bool) -> tuple[list[str], bool]:
     """The sort key's expressions (of live executions only: ``live``), and
     whether descending."""
-    seq = d.live_seq if live else d.seq
+    seq = d.live_seq if live else f"e.{d.seq}"
     if order == "oldest":
         return [seq], False
     if order == "newest":
@@ -324,7 +291,7 @@ def browse(
     )
     sql = (
         f"SELECT {RECORD_COLUMNS}, {', '.join(f'k.{n}' for n in names)} FROM ({inner}) AS k"
-        f" JOIN executions e ON {d.seq} = k.{names[-1]}"
+        f" JOIN executions e ON e.{d.seq} = k.{names[-1]}"
         " LEFT JOIN owners o ON o.owner = e.owner"
         f" ORDER BY {', '.join(f'k.{n}{way}' for n in names)}"
     )
@@ -520,7 +487,7 @@ def runs_page(
         untimed.append(f"r.run_id < {d.mark}")
         untimed_params.append(start[1])
     rows: list[Any] = []
-    step_seq = "s." + d.seq.removeprefix("e.")
+    step_seq = f"s.{d.seq}"
     with sql_store.snapshot("query workflow runs") as conn:
         if timed:
             rows = conn.execute(
@@ -552,7 +519,7 @@ def runs_page(
             for found in conn.execute(
                 f"SELECT {RECORD_COLUMNS} FROM executions e LEFT JOIN owners o"
                 f" ON o.owner = e.owner WHERE e.run_id IN ({marks}) AND {_LIVE_SQL}"
-                f" ORDER BY {d.seq}",
+                f" ORDER BY e.{d.seq}",
                 running,
             ).fetchall():
                 record = record_of(found, sql_store.path)

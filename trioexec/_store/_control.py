@@ -1,8 +1,7 @@
 """Operator commands (pause, resume, cancel) and dead letters sent back to pending
 (requeue): the rules every store follows (`check_command`, `pause_turn`,
-`cancel_plan`, `requeue_refusal`, `prune_bounds`), and the SQL the two SQL stores
-share, written once with the placeholder (``?`` or ``%s``) as a parameter, like
-`settle_key`.
+`cancel_plan`, `requeue_refusal`, `prune_bounds`), and the SQL of `Store.command` and
+`Store.requeue`, written once with the placeholder (``?`` or ``%s``) as a parameter.
 
 **Order.** A command is applied in the order it was issued, not the order it was
 recorded: an executor records its pauses and resumes from a task of its own,
@@ -32,10 +31,9 @@ An executor reads only the newest seq and the pauses when it starts.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Literal, Protocol
+from collections.abc import Sequence
+from typing import Any
 
 import attrs
 
@@ -273,7 +271,7 @@ def sorted_pauses(pauses: list[Pause]) -> list[Pause]:
 
 # ---------------------------------------------------------------------- SQL
 
-_COMMAND_COLUMNS = ", ".join(COMMAND_FIELDS)
+COMMAND_COLUMNS = ", ".join(COMMAND_FIELDS)
 _REQUEUE = (
     "UPDATE executions SET status = 'pending', owner = NULL, version = version + 1,"
     " recovery_attempts = 0, sub_status = NULL, deferred_since = NULL, finished_at = NULL,"
@@ -436,130 +434,3 @@ def sql_requeue(
         conn, m, now, who, **retry_fields(asked, name, len(done), len(refused))
     )
     return Requeued(requeued=done, refused=refused, command=command)
-
-
-def sql_commands(conn: Any, mark: str, after: int, limit: int | None) -> list[Command]:
-    """`Store.commands`: a range of the commands' primary key."""
-    check_commands_query(after, limit)
-    sql = f"SELECT {_COMMAND_COLUMNS} FROM commands WHERE seq > {mark} ORDER BY seq"
-    params: list[object] = [after]
-    if limit is not None:
-        sql += f" LIMIT {mark}"
-        params.append(limit)
-    return [command_of(row) for row in conn.execute(sql, params).fetchall()]
-
-
-def sql_pauses(conn: Any) -> list[Pause]:
-    """`Store.pauses`: the pauses table's paused rows."""
-    rows = conn.execute("SELECT kind, value, who, at FROM pauses WHERE paused").fetchall()
-    return sorted_pauses([Pause(kind=k, value=v, who=w, at=a) for k, v, w, a in rows])
-
-
-class _Database(Protocol):
-    """A SQL store's connections (`SQLiteFile`, `PGDatabase`)."""
-
-    def transaction(self, what: str, /) -> contextlib.AbstractContextManager[Any]: ...
-
-    def reading(
-        self, what: str, /, *, snapshot: bool = False
-    ) -> contextlib.AbstractContextManager[Any]: ...
-
-
-class SQLControl:
-    """The operator commands of a SQL store (`Store.command`, `Store.requeue` and
-    their reads), one body for `SQLiteStore` and `PostgresStore`: each says its
-    placeholder, its submission order and how it locks a task's row, and may
-    wrap a command's transaction (`_commanding`)."""
-
-    #: Which SQL the store speaks (the dashboard's reads, `_browse`, pick their
-    #: functions and its submission order column by it).
-    dialect: ClassVar[Literal["sqlite", "postgres"]] = "sqlite"
-    _MARK: ClassVar[str] = "?"
-    _OLDEST: ClassVar[str] = "e.rowid"  #: submission order
-    #: Locks the row of the task a command reads (SQLite: the write transaction
-    #: holds the whole file already).
-    _LOCK_ROW: ClassVar[str] = ""
-    _db: _Database
-    path: str
-    clock: Callable[[], float]
-
-    def _commanding(self, what: str) -> contextlib.AbstractContextManager[Any]:
-        """The write transaction of a command."""
-        return self._db.transaction(what)
-
-    def snapshot(self, doing: str) -> contextlib.AbstractContextManager[Any]:
-        """A read connection whose statements see one state of the database (never
-        waits for a write; read-only stores too), for the dashboard's reads
-        (`trioexec._store._browse`). ``doing`` names the read in a `StoreError`."""
-        return self._db.reading(doing, snapshot=True)
-
-    def command(
-        self,
-        kind: str,
-        *,
-        name: str | None = None,
-        key: str | None = None,
-        task_id: str | None = None,
-        who: str,
-        at: float | None = None,
-    ) -> Command:
-        """See `Store.command`: one write transaction."""
-        check_command(kind, name, key, task_id, who)  # (before waiting for the lock)
-        issued = check_issued(at)
-        with self._commanding("record a command") as conn:
-            now = self.clock()  # (its turn taken: commands see the clock in order)
-            return sql_command(
-                conn,
-                self._MARK,
-                self.path,
-                now,
-                kind,
-                name,
-                key,
-                task_id,
-                who,
-                issued,
-                lock=self._LOCK_ROW,
-            )
-
-    def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
-        """See `Store.commands`: a range of the primary key (never waits for a write)."""
-        check_commands_query(after, limit)
-        with self._db.reading("query commands") as conn:
-            return sql_commands(conn, self._MARK, after, limit)
-
-    def last_command_seq(self) -> int:
-        """See `Store.last_command_seq`: the primary key's end."""
-        with self._db.reading("query commands") as conn:
-            row = conn.execute("SELECT max(seq) FROM commands").fetchone()
-        return 0 if row is None or row[0] is None else int(row[0])
-
-    def pauses(self) -> list[Pause]:
-        """See `Store.pauses`."""
-        with self._db.reading("query pauses") as conn:
-            return sql_pauses(conn)
-
-    def requeue(
-        self,
-        task_ids: Sequence[str] | None = None,
-        *,
-        name: str | None = None,
-        since: float | None = None,
-        who: str,
-    ) -> Requeued:
-        """See `Store.requeue`: one write transaction."""
-        check_requeue(task_ids, name, since, who)
-        with self._commanding("requeue") as conn:
-            now = self.clock()
-            return sql_requeue(
-                conn,
-                self._MARK,
-                self.path,
-                now,
-                task_ids,
-                name,
-                since,
-                who,
-                oldest=self._OLDEST,
-                lock=self._LOCK_ROW,
-            )

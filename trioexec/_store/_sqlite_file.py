@@ -12,13 +12,15 @@ import threading
 import time
 import urllib.parse
 import weakref
-from collections.abc import Iterator
-from typing import final
+from collections.abc import Callable, Iterator
+from typing import TypeVar, final
 
 import sqlite_utils
 
 from .._errors import StoreError
 from ._sqlite_schema import SCHEMA_VERSION, migrate, schema_version
+
+T = TypeVar("T")
 
 #: How long a writer waits for another connection's write lock before giving up.
 WRITE_BUSY_TIMEOUT = 10.0
@@ -258,6 +260,11 @@ class SQLiteFile:
             if conn is not None:
                 with contextlib.suppress(sqlite3.Error):
                     conn.close()
+
+    def retry(self, call: Callable[[], T]) -> T:
+        """``call()``: a SQLite store call is never run again (its errors are its
+        answer; `PGDatabase.retry` rides out a server restart)."""
+        return call()
 
     @contextlib.contextmanager
     def reading(self, doing: str, *, snapshot: bool = False) -> Iterator[sqlite3.Connection]:

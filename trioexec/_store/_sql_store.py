@@ -1,0 +1,750 @@
+"""`SQLStore`: every operation of a SQL store, written once over a database's
+connections (`SQLiteFile`, `PGDatabase`) and a `Dialect`. `SQLiteStore` and
+`PostgresStore` say only how they connect and the little that truly differs:
+how a batch of new rows goes in, how claims lock, how commands take turns.
+
+**Claims lock, then judge.** A recovery or a run takeover first takes the
+candidate rows (PostgreSQL: ``FOR UPDATE ... SKIP LOCKED``, so two hosts
+recovering at once claim different rows; SQLite: the write transaction holds
+the whole file), then reads them again in a new statement and judges them (the
+verdicts of `_verdict`): under READ COMMITTED a row another host claimed
+meanwhile is locked with its new owner, but judged against the owners of the
+first statement's snapshot, where that owner's lease may not exist yet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import functools
+from collections.abc import Callable, Collection, Sequence
+from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar
+
+import attrs
+
+from .._errors import StoreError
+from .._records import ExecutionRecord, SubStatus, TaskStatus
+from ._base import (
+    ORPHANED,
+    RUN_KINDS,
+    RUN_ORPHANED,
+    SCHEDULE_FIELDS,
+    SUPERSEDED,
+    Change,
+    Command,
+    Order,
+    Pause,
+    Recovery,
+    Requeued,
+    RunRecord,
+    RunRecovery,
+    ScheduleRecord,
+    abandoned_error,
+    check_query,
+    fold_batch,
+    full_change,
+    graph_of,
+    matches_some,
+    run_graph,
+    schedule_of,
+)
+from ._control import (
+    COMMAND_COLUMNS,
+    check_command,
+    check_commands_query,
+    check_issued,
+    check_requeue,
+    command_of,
+    sorted_pauses,
+    sql_command,
+    sql_requeue,
+)
+from ._dialect import DIALECTS, Dialect
+from ._key_ledger import KeyGrant, KeyRequest
+from ._sql import SELECT_RECORDS, filter_clause, prune_buckets, record_of, settle_key, write_lease
+from ._verdict import Verdict, claimed_attempts, recovery_verdict
+
+T = TypeVar("T")
+S = TypeVar("S", bound="SQLStore")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+#: `RunRecord`'s fields but its steps: the workflow_runs table's columns.
+_RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
+_SCHEDULE_COLUMNS = ", ".join(SCHEDULE_FIELDS)
+_LIVE = "('pending', 'running')"
+_GUARD = " WHERE task_id = {m} AND version = {m} AND status IN ('pending', 'running')"
+_UPDATES = {
+    "start": "UPDATE executions SET status = 'running', sub_status = 'active', attempt = {m},"
+    " started_at = coalesce(started_at, {m}), waiting_on = NULL" + _GUARD,
+    "sub": "UPDATE executions SET sub_status = {m}, deferred_since = {m}, waiting_on = {m}"
+    " WHERE task_id = {m} AND version = {m} AND status = 'running'",
+    "wait": "UPDATE executions SET waiting_on = {m}" + _GUARD,
+    "retry": "UPDATE executions SET status = 'pending', sub_status = NULL,"
+    " deferred_since = NULL, error = {m}, waiting_on = 'retry backoff'" + _GUARD,
+    "finish": "UPDATE executions SET status = {m}, sub_status = NULL, deferred_since = NULL,"
+    " waiting_on = NULL, finished_at = {m}, error = {m}, traceback = {m},"
+    " args = coalesce(args, {m})" + _GUARD,
+}
+_UPDATES_BY_MARK = {
+    d.mark: {kind: sql.format(m=d.mark) for kind, sql in _UPDATES.items()} for d in DIALECTS
+}
+#: Ends an execution that is still live (`recover`'s and `claim_runs`' failures,
+#: a run's superseded steps); its guard follows.
+_END = (
+    "UPDATE executions SET status = {m}, sub_status = NULL, deferred_since = NULL,"
+    " waiting_on = NULL, traceback = NULL, finished_at = {m}, error = {m}"
+)
+
+
+class Database(Protocol):
+    """A SQL store's connections (`SQLiteFile`, `PGDatabase`)."""
+
+    def transaction(self, what: str, /) -> contextlib.AbstractContextManager[Any]: ...
+
+    def reading(
+        self, what: str, /, *, snapshot: bool = False
+    ) -> contextlib.AbstractContextManager[Any]: ...
+
+    def retry(self, call: Callable[[], T], /) -> T: ...
+
+    def close(self) -> None: ...
+
+
+def _retried(method: Callable[Concatenate[S, P], R]) -> Callable[Concatenate[S, P], R]:
+    """A store call, run again while its database says it may be (PostgreSQL: the
+    server ended the connection before the transaction could commit, a restart:
+    `PGDatabase.retry`; SQLite never does)."""
+
+    @functools.wraps(method)
+    def call(self: S, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._db.retry(lambda: method(self, *args, **kwargs))
+
+    return call
+
+
+def _value(v: object) -> object:
+    """An enum as its value (psycopg would send an Enum's name)."""
+    return getattr(v, "value", v)
+
+
+class SQLStore:
+    """The `Store` operations of a SQL database, one body for `SQLiteStore` and
+    `PostgresStore`."""
+
+    #: Which SQL the store speaks (the dashboard's reads, `_browse`, use it too).
+    dialect: ClassVar[Dialect]
+    _db: Database
+    path: str  #: what messages and views name the store by
+    clock: Callable[[], float]
+
+    # ------------------------------------------------------------------ what differs
+
+    def _insert_rows(self, conn: Any, rows: list[list[object]]) -> list[str]:
+        """Insert a batch's new rows ("row" changes); the ids of those refused (an
+        execution another host inserted meanwhile)."""
+        raise NotImplementedError
+
+    def _claim(self, conn: Any, owner: str, claim: dict[str, tuple[int, int]]) -> None:
+        """Give the locked executions ``claim`` (task id -> (version, recovery
+        attempts once claimed)) to ``owner``, pending again."""
+        raise NotImplementedError
+
+    def _begin(self, conn: Any) -> None:
+        """Start a transaction whose later statements must see what committed
+        since its first (PostgreSQL: READ COMMITTED whatever the default)."""
+
+    def _lock_key(self, conn: Any, key: str) -> None:
+        """Take the transaction's lock of ``key`` (PostgreSQL: an advisory lock;
+        SQLite's write transaction holds the whole file already)."""
+
+    def _commanding(self, what: str) -> contextlib.AbstractContextManager[Any]:
+        """The write transaction of a command."""
+        return self._db.transaction(what)
+
+    # ------------------------------------------------------------------ writes
+
+    @_retried
+    def write(self, changes: Sequence[Change]) -> list[str]:
+        m = self.dialect.mark
+        updates = _UPDATES_BY_MARK[m]
+        with self._db.transaction("write") as conn:
+            submitted = [str(c[1]) for c in changes if c[0] == "row" or c[0] == "submit"]
+            existing: set[object] = set()
+            if submitted:
+                existing = {
+                    row[0]
+                    for row in conn.execute(
+                        f"SELECT task_id FROM executions WHERE {self._in('task_id')}",
+                        (self.dialect.list_param(submitted),),
+                    )
+                }
+
+            def update(change: Change) -> bool:
+                if change[0] in RUN_KINDS:
+                    return self._write_run(conn, m, change)
+                args = (*(_value(v) for v in full_change(change)[3:]), change[1], change[2])
+                return int(conn.execute(updates[str(change[0])], args).rowcount) == 1
+
+            fresh, fenced = fold_batch(changes, existing, update)
+            if fresh:
+                fenced.extend(self._insert_rows(conn, fresh))
+        return fenced
+
+    def _in(self, column: str) -> str:
+        return self.dialect.in_list(column)
+
+    @staticmethod
+    def _write_run(conn: Any, m: str, change: Change) -> bool:
+        """Apply a run change; False if fenced (the run is not the writer's)."""
+        kind = change[0]
+        if kind == "run":
+            run_id, _, workflow, context, owner, created_at = change[1:7]
+            conn.execute(
+                "INSERT INTO workflow_runs (run_id, workflow, status, context, owner,"
+                f" created_at, graph) VALUES ({m}, {m}, 'running', {m}, {m}, {m}, {m})"
+                " ON CONFLICT (run_id) DO NOTHING",
+                (run_id, workflow, context, owner, created_at, run_graph(change)),
+            )
+            return True
+        owned = conn.execute(
+            f"SELECT 1 FROM workflow_runs WHERE run_id = {m} AND owner = {m}",
+            (change[1], change[2]),
+        ).fetchone()
+        if owned is None:
+            return False
+        if kind == "step":
+            _, run_id, _, step_id, state, output, task_id = change
+            conn.execute(
+                "INSERT INTO workflow_steps (run_id, step_id, state, output, task_id)"
+                f" VALUES ({m}, {m}, {m}, {m}, {m}) ON CONFLICT (run_id, step_id) DO UPDATE"
+                " SET state = excluded.state, output = excluded.output,"
+                " task_id = excluded.task_id",
+                (run_id, step_id, _value(state), output, task_id),
+            )
+        else:
+            conn.execute(
+                f"UPDATE workflow_runs SET status = {m}, finished_at = {m} WHERE run_id = {m}",
+                (_value(change[3]), change[4], change[1]),
+            )
+        return True
+
+    # ------------------------------------------------------------------ leases
+
+    @_retried
+    def heartbeat(self, owner: str, lease_expires_at: float) -> None:
+        with self._db.transaction("heartbeat") as conn:
+            write_lease(conn, self.dialect.mark, owner, lease_expires_at)
+
+    @_retried
+    def renew_lease(self, owner: str, lease: float) -> float:
+        """`heartbeat` for ``lease`` seconds from when it is written (this
+        store's clock, once its transaction has begun: not from a wait for the
+        store's lock). Returns when it expires."""
+        with self._db.transaction("heartbeat") as conn:
+            at = self.clock() + lease
+            write_lease(conn, self.dialect.mark, owner, at)
+        return at
+
+    @_retried
+    def release_owner(self, owner: str) -> None:
+        m = self.dialect.mark
+        with self._db.transaction("release owner") as conn:
+            self._begin(conn)
+            conn.execute(f"DELETE FROM owners WHERE owner = {m}", (owner,))
+            # Its keys' locks first, in a round's order: a round reclaiming these
+            # rows holds the lock, and the two would otherwise wait on each other.
+            held = conn.execute(f"SELECT key FROM key_holds WHERE owner = {m}", (owner,))
+            for key in sorted(row[0] for row in held.fetchall()):
+                self._lock_key(conn, key)
+            conn.execute(f"DELETE FROM key_holds WHERE owner = {m}", (owner,))
+
+    @_retried
+    def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
+        if not live:
+            return []
+        m = self.dialect.mark
+        with self._db.reading("check ownership") as conn:
+            found = dict(
+                conn.execute(
+                    f"SELECT task_id, version FROM executions WHERE {self._in('task_id')}"
+                    f" AND owner = {m} AND status IN {_LIVE}",
+                    (self.dialect.list_param(live), owner),
+                ).fetchall()
+            )
+            lost = [t for t, v in live.items() if found.get(t, v) != v]
+            missing = [t for t in live if t not in found]
+            if missing:
+                # Either not flushed yet (fine) or taken by someone else (lost).
+                lost.extend(
+                    row[0]
+                    for row in conn.execute(
+                        f"SELECT task_id FROM executions WHERE {self._in('task_id')}",
+                        (self.dialect.list_param(missing),),
+                    )
+                )
+        return lost
+
+    @_retried
+    def recover(
+        self,
+        owner: str,
+        now: float,
+        recreatable: Callable[[ExecutionRecord], bool],
+        max_recovery_attempts: int,
+        limit: int | None = None,
+    ) -> Recovery:
+        d = self.dialect
+        m = d.mark
+        claimed: list[ExecutionRecord] = []
+        orphaned: list[ExecutionRecord] = []
+        abandoned: list[ExecutionRecord] = []
+        with self._db.transaction("recover") as conn:
+            self._begin(conn)  # (the second read below needs a new snapshot)
+            expired = (
+                f" e.status IN {_LIVE} AND e.owner {d.is_not} {m}"
+                " AND e.run_id IS NULL"  # a workflow step is resumed with its run
+                f" AND (o.lease_expires_at IS NULL OR o.lease_expires_at < {m})"
+            )
+            locked = conn.execute(  # (lock, then judge: see the module's docstring)
+                "SELECT e.task_id FROM executions e LEFT JOIN owners o ON o.owner = e.owner"
+                f" WHERE{expired} ORDER BY e.{d.seq}{d.skip_locked.format(alias='e')}",
+                (owner, now),
+            ).fetchall()
+            if not locked:
+                return Recovery([], [], [])
+            rows = conn.execute(
+                f"{SELECT_RECORDS} WHERE {self._in('e.task_id')} AND{expired} ORDER BY e.{d.seq}",
+                (d.list_param([r[0] for r in locked]), owner, now),
+            ).fetchall()
+            claim: dict[str, tuple[int, int]] = {}  # task id -> (version, attempts once claimed)
+            for row in rows:
+                record = record_of(row, self.path)
+                room = limit is None or len(claim) < limit
+                verdict = recovery_verdict(record, recreatable(record), max_recovery_attempts, room)
+                if verdict is Verdict.ABANDON:
+                    self._end(conn, record, now, abandoned_error(record.recovery_attempts))
+                    abandoned.append(self._one(conn, record.task_id))
+                elif verdict is Verdict.ORPHAN:
+                    self._end(conn, record, now, ORPHANED)
+                    orphaned.append(self._one(conn, record.task_id))
+                elif verdict is Verdict.CLAIM:
+                    claim[record.task_id] = (record.version, claimed_attempts(record))
+            if claim:
+                self._claim(conn, owner, claim)
+                claimed = [
+                    record_of(row, self.path)
+                    for row in conn.execute(
+                        f"{SELECT_RECORDS} WHERE {self._in('e.task_id')} ORDER BY e.{d.seq}",
+                        (d.list_param(claim),),
+                    )
+                ]
+        return Recovery(claimed, orphaned, abandoned)
+
+    def _end(self, conn: Any, record: ExecutionRecord, now: float, error: str) -> None:
+        m = self.dialect.mark
+        conn.execute(
+            _END.format(m=m) + f" WHERE task_id = {m} AND version = {m}",
+            ("failed", now, error, record.task_id, record.version),
+        )
+
+    def _one(self, conn: Any, task_id: str) -> ExecutionRecord:
+        row = conn.execute(
+            f"{SELECT_RECORDS} WHERE e.task_id = {self.dialect.mark}", (task_id,)
+        ).fetchone()
+        return record_of(row, self.path)
+
+    # ------------------------------------------------------------------ keys
+
+    @_retried
+    def key_round(self, owner: str, requests: Sequence[KeyRequest]) -> list[KeyGrant]:
+        """See `Store.key_round`. Each key is settled under its lock (`_lock_key`),
+        taken in sorted key order: two hosts settling one key take turns, and
+        never wait on each other in a cycle."""
+        m = self.dialect.mark
+        grants: dict[int, KeyGrant] = {}
+        with self._db.transaction("key round") as conn:
+            self._begin(conn)
+            for i in sorted(range(len(requests)), key=lambda i: requests[i].key):
+                self._lock_key(conn, requests[i].key)
+                # (read after the lock, and the clock too: rounds see it in order)
+                grants[i] = settle_key(conn, m, owner, requests[i], self.clock())
+            lock = self.dialect.skip_locked.format(alias="key_buckets")
+            prune_buckets(conn, m, self.clock(), len(requests), lock)
+        return [grants[i] for i in range(len(requests))]
+
+    # ------------------------------------------------------------------ schedules
+
+    @_retried
+    def save_schedule(self, record: ScheduleRecord) -> ScheduleRecord | None:
+        m = self.dialect.mark
+        lock = self.dialect.for_update
+        with self._db.transaction("save schedule") as conn:
+            before = conn.execute(
+                f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE schedule_id = {m}{lock}",
+                (record.schedule_id,),
+            ).fetchone()
+            conn.execute(
+                f"INSERT INTO schedules ({_SCHEDULE_COLUMNS}) VALUES ({m}, {m}, {m}, {m}, {m},"
+                " NULL) ON CONFLICT (schedule_id) DO UPDATE SET cron = excluded.cron,"
+                " tz = excluded.tz, name = excluded.name, next_run = excluded.next_run",
+                (record.schedule_id, record.cron, record.tz, record.name, record.next_run),
+            )
+        return None if before is None else schedule_of(before)
+
+    @_retried
+    def schedules(self) -> list[ScheduleRecord]:
+        with self._db.reading("query schedules") as conn:
+            rows = conn.execute(
+                f"SELECT {_SCHEDULE_COLUMNS} FROM schedules ORDER BY schedule_id"
+            ).fetchall()
+        return [schedule_of(row) for row in rows]
+
+    @_retried
+    def claim_occurrence(
+        self, schedule_id: str, at: float, owner: str, next_run: float | None
+    ) -> bool:
+        m = self.dialect.mark
+        with self._db.transaction("claim schedule occurrence") as conn:
+            inserted = conn.execute(
+                f"INSERT INTO schedule_runs (schedule_id, at, owner) VALUES ({m}, {m}, {m})"
+                " ON CONFLICT DO NOTHING",
+                (schedule_id, at, owner),
+            )
+            won = int(inserted.rowcount) == 1
+            if won:
+                conn.execute(
+                    f"UPDATE schedules SET last_run = {self.dialect.greatest}"
+                    f"(coalesce(last_run, {m}), {m}), next_run = {m} WHERE schedule_id = {m}",
+                    (at, at, next_run, schedule_id),
+                )
+        return won
+
+    @_retried
+    def release_occurrence(self, schedule_id: str, at: float, owner: str) -> bool:
+        m = self.dialect.mark
+        with self._db.transaction("release schedule occurrence") as conn:
+            deleted = conn.execute(
+                f"DELETE FROM schedule_runs WHERE schedule_id = {m} AND at = {m} AND owner = {m}",
+                (schedule_id, at, owner),
+            )
+            released = int(deleted.rowcount) == 1
+            if released:
+                conn.execute(
+                    "UPDATE schedules SET last_run = (SELECT max(at) FROM schedule_runs"
+                    f" WHERE schedule_id = {m}) WHERE schedule_id = {m} AND last_run = {m}",
+                    (schedule_id, schedule_id, at),
+                )
+        return released
+
+    # ------------------------------------------------------------------ workflow runs
+
+    @_retried
+    def claim_runs(
+        self,
+        owner: str,
+        now: float,
+        workflows: Collection[str],
+        max_recovery_attempts: int,
+    ) -> RunRecovery:
+        d = self.dialect
+        m = d.mark
+        known = set(workflows)
+        claimed: list[RunRecord] = []
+        orphaned: list[RunRecord] = []
+        abandoned: list[RunRecord] = []
+        with self._db.transaction("claim workflow runs") as conn:
+            self._begin(conn)
+            expired = (
+                " FROM workflow_runs r LEFT JOIN owners o ON o.owner = r.owner"
+                f" WHERE r.status = 'running' AND r.owner {d.is_not} {m}"
+                f" AND (o.lease_expires_at IS NULL OR o.lease_expires_at < {m})"
+            )
+            locked = conn.execute(  # (lock, then judge: see the module's docstring)
+                f"SELECT r.run_id{expired} ORDER BY r.{d.seq}{d.skip_locked.format(alias='r')}",
+                (owner, now),
+            ).fetchall()
+            if not locked:
+                return RunRecovery([], [], [])
+            rows = conn.execute(
+                f"SELECT r.run_id, r.workflow, r.recovery_attempts{expired}"
+                f" AND {self._in('r.run_id')} ORDER BY r.{d.seq}",
+                (owner, now, d.list_param([r[0] for r in locked])),
+            ).fetchall()
+            for run_id, workflow, attempts in rows:
+                if workflow not in known or attempts >= max_recovery_attempts:
+                    error = RUN_ORPHANED if workflow not in known else abandoned_error(attempts)
+                    conn.execute(
+                        f"UPDATE workflow_runs SET status = 'failed', finished_at = {m}"
+                        f" WHERE run_id = {m}",
+                        (now, run_id),
+                    )
+                    self._end_steps(conn, run_id, "failed", now, error)
+                    (orphaned if workflow not in known else abandoned).append(
+                        self._run(conn, run_id)
+                    )
+                    continue
+                conn.execute(
+                    f"UPDATE workflow_runs SET owner = {m},"
+                    f" recovery_attempts = recovery_attempts + 1 WHERE run_id = {m}",
+                    (owner, run_id),
+                )
+                self._end_steps(conn, run_id, "cancelled", now, SUPERSEDED)
+                claimed.append(self._run(conn, run_id))
+        return RunRecovery(claimed, orphaned, abandoned)
+
+    def _end_steps(self, conn: Any, run_id: str, status: str, now: float, error: str) -> None:
+        m = self.dialect.mark
+        conn.execute(
+            _END.format(m=m) + f" WHERE run_id = {m} AND status IN {_LIVE}",
+            (status, now, error, run_id),
+        )
+
+    def _run(self, conn: Any, run_id: str) -> RunRecord:
+        m = self.dialect.mark
+        row = conn.execute(
+            f"SELECT {', '.join(_RUN_COLUMNS)} FROM workflow_runs WHERE run_id = {m}", (run_id,)
+        ).fetchone()
+        steps = {
+            step_id: (state, output)
+            for step_id, state, output in conn.execute(
+                f"SELECT step_id, state, output FROM workflow_steps WHERE run_id = {m}"
+                f" ORDER BY {self.dialect.seq}",
+                (run_id,),
+            )
+        }
+        values = dict(zip(_RUN_COLUMNS, row, strict=True))
+        return RunRecord(**{**values, "graph": graph_of(values["graph"])}, steps=steps)
+
+    @_retried
+    def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
+        with self._db.reading("check run ownership") as conn:
+            return [
+                row[0]
+                for row in conn.execute(
+                    f"SELECT run_id FROM workflow_runs WHERE {self._in('run_id')}"
+                    f" AND owner {self.dialect.is_not} {self.dialect.mark}",
+                    (self.dialect.list_param(run_ids), owner),
+                )
+            ]
+
+    @_retried
+    def run(self, run_id: str) -> RunRecord | None:
+        """One workflow run, or None: a few primary-key reads in one snapshot
+        (never waits behind a write)."""
+        if not matches_some(run_id=run_id):
+            return None
+        with self._db.reading("query workflow run", snapshot=True) as conn:
+            found = conn.execute(
+                f"SELECT 1 FROM workflow_runs WHERE run_id = {self.dialect.mark}", (run_id,)
+            ).fetchone()
+            return None if found is None else self._run(conn, run_id)
+
+    @_retried
+    def runs(self, *, status: str | None = None) -> list[RunRecord]:
+        if not matches_some(status=status):
+            return []
+        with self._db.reading("query workflow runs", snapshot=True) as conn:
+            sql = "SELECT run_id FROM workflow_runs"
+            params: tuple[object, ...] = ()
+            if status is not None:
+                sql += f" WHERE status = {self.dialect.mark}"
+                params = (status,)
+            ids = [row[0] for row in conn.execute(f"{sql} ORDER BY {self.dialect.seq}", params)]
+            return [self._run(conn, run_id) for run_id in ids]
+
+    # ------------------------------------------------------------------ commands
+
+    @_retried
+    def command(
+        self,
+        kind: str,
+        *,
+        name: str | None = None,
+        key: str | None = None,
+        task_id: str | None = None,
+        who: str,
+        at: float | None = None,
+    ) -> Command:
+        """See `Store.command`: one write transaction."""
+        check_command(kind, name, key, task_id, who)  # (before waiting for the lock)
+        issued = check_issued(at)
+        d = self.dialect
+        with self._commanding("record a command") as conn:
+            now = self.clock()  # (its turn taken: commands see the clock in order)
+            return sql_command(
+                conn,
+                d.mark,
+                self.path,
+                now,
+                kind,
+                name,
+                key,
+                task_id,
+                who,
+                issued,
+                lock=d.lock_row,
+            )
+
+    @_retried
+    def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
+        """See `Store.commands`: a range of the primary key (never waits for a write)."""
+        check_commands_query(after, limit)
+        m = self.dialect.mark
+        sql = f"SELECT {COMMAND_COLUMNS} FROM commands WHERE seq > {m} ORDER BY seq"
+        params: list[object] = [after]
+        if limit is not None:
+            sql += f" LIMIT {m}"
+            params.append(limit)
+        with self._db.reading("query commands") as conn:
+            return [command_of(row) for row in conn.execute(sql, params).fetchall()]
+
+    @_retried
+    def last_command_seq(self) -> int:
+        """See `Store.last_command_seq`: the primary key's end."""
+        with self._db.reading("query commands") as conn:
+            row = conn.execute("SELECT max(seq) FROM commands").fetchone()
+        return 0 if row is None or row[0] is None else int(row[0])
+
+    @_retried
+    def pauses(self) -> list[Pause]:
+        """See `Store.pauses`."""
+        with self._db.reading("query pauses") as conn:
+            rows = conn.execute("SELECT kind, value, who, at FROM pauses WHERE paused").fetchall()
+        return sorted_pauses([Pause(kind=k, value=v, who=w, at=a) for k, v, w, a in rows])
+
+    @_retried
+    def requeue(
+        self,
+        task_ids: Sequence[str] | None = None,
+        *,
+        name: str | None = None,
+        since: float | None = None,
+        who: str,
+    ) -> Requeued:
+        """See `Store.requeue`: one write transaction."""
+        check_requeue(task_ids, name, since, who)
+        d = self.dialect
+        with self._commanding("requeue") as conn:
+            now = self.clock()
+            return sql_requeue(
+                conn,
+                d.mark,
+                self.path,
+                now,
+                task_ids,
+                name,
+                since,
+                who,
+                oldest=f"e.{d.seq}",
+                lock=d.lock_row,
+            )
+
+    def snapshot(self, doing: str) -> contextlib.AbstractContextManager[Any]:
+        """A read connection whose statements see one state of the database (never
+        waits for a write; read-only stores too), for the dashboard's reads
+        (`trioexec._store._browse`). ``doing`` names the read in a `StoreError`."""
+        return self._db.reading(doing, snapshot=True)
+
+    # ------------------------------------------------------------------ reads
+
+    @_retried
+    def executions(
+        self,
+        *,
+        status: TaskStatus | str | None = None,
+        sub_status: SubStatus | str | None = None,
+        deferred_longer_than: float | datetime.timedelta | None = None,
+        run_id: str | None = None,
+        key: str | None = None,
+        limit: int | None = None,
+        order: Order = "oldest",
+    ) -> list[ExecutionRecord]:
+        """Executions matching every given filter (``key``: the admission key they
+        were submitted with), in ``order`` (see `Order`), at most ``limit`` of them:
+        sorted and cut in SQL, on an index where the filters allow.
+
+        Raises:
+          StoreError: naming the store and the task id, for a row this trioexec
+            cannot read (an unknown status, say).
+        """
+        check_query(limit, order)
+        d = self.dialect
+        where, params = filter_clause(
+            d.mark, self.clock, status, sub_status, deferred_longer_than, run_id, key
+        )
+        if not matches_some(run_id=run_id, key=key):
+            return []
+        seq = f"e.{d.seq}"
+        if order == "oldest":
+            by = seq
+        elif order == "newest":
+            by = f"{seq} DESC"
+        elif deferred_longer_than is not None or (
+            sub_status is not None and SubStatus(sub_status) is SubStatus.DEFERRED
+        ):
+            by = f"e.deferred_since, {seq}"  # all deferred (no NULLs): the index's order
+        else:
+            by = f"{d.deferred_last}, {seq}"
+        sql = f"{SELECT_RECORDS}{where} ORDER BY {by}"
+        if limit is not None:
+            sql += f" LIMIT {d.mark}"
+            params.append(limit)
+        with self._db.reading("query executions") as conn:
+            rows = conn.execute(sql, params).fetchall()
+        return [record_of(row, self.path) for row in rows]
+
+    @_retried
+    def counts(
+        self,
+        *,
+        sub_status: SubStatus | str | None = None,
+        deferred_longer_than: float | datetime.timedelta | None = None,
+        run_id: str | None = None,
+        key: str | None = None,
+    ) -> dict[TaskStatus, int]:
+        """How many executions match the filters, per status (every status present,
+        zeros included): one ``GROUP BY`` on the status index, no rows loaded."""
+        m = self.dialect.mark
+        where, params = filter_clause(
+            m, self.clock, None, sub_status, deferred_longer_than, run_id, key
+        )
+        sql = f"SELECT e.status, count(*) FROM executions e{where} GROUP BY e.status"
+        counts = dict.fromkeys(TaskStatus, 0)
+        if not matches_some(run_id=run_id, key=key):
+            return counts
+        with self._db.reading("count executions") as conn:
+            for value, n in conn.execute(sql, params).fetchall():
+                try:
+                    counts[TaskStatus(value)] = n
+                except ValueError:
+                    bad = conn.execute(
+                        f"SELECT task_id FROM executions WHERE status = {m} LIMIT 1", (value,)
+                    ).fetchone()
+                    raise StoreError(
+                        f"{self.path}: execution {bad[0]!r} has an unreadable row"
+                        f" (status {value!r})"
+                    ) from None
+        return counts
+
+    @_retried
+    def execution(self, task_id: str) -> ExecutionRecord | None:
+        """One execution, or None: a primary-key read on a read connection, so it
+        never waits behind a write batch."""
+        if not matches_some(task_id=task_id):
+            return None
+        with self._db.reading("query execution") as conn:
+            row = conn.execute(
+                f"{SELECT_RECORDS} WHERE e.task_id = {self.dialect.mark}", (task_id,)
+            ).fetchone()
+        return None if row is None else record_of(row, self.path)
+
+    def close(self) -> None:
+        """Close every connection; idempotent."""
+        self._db.close()
+
+    def __enter__(self: S) -> S:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
