@@ -128,45 +128,126 @@ def submit_row(change: Change) -> list[object]:
     return ["row", *new_row(change).values()]  # (new_row keeps ROW_COLUMNS' order)
 
 
+# ---------------------------------------------------------------------- transitions
+
+#: Take the change's value of this column (its fields after kind, task id and
+#: version are the columns marked `ARG` or `FIRST`, in the table's order).
+ARG = "<arg>"
+#: Take it only if the row has none yet (``coalesce(column, value)``).
+FIRST = "<first>"
+#: What each kind of change does to a live execution's row: the statuses it
+#: applies in (fenced otherwise, as is a version that is not the row's), and
+#: each column it sets: to a constant, or to the change's value (`ARG`, `FIRST`).
+#: The one statement of these rules: the memory store's rows (`apply_change`), the
+#: rows a batch folds before inserting them (`fold_row`) and the SQL stores'
+#: ``UPDATE`` statements (`update_sql`) all derive from it.
+TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
+    "start": (
+        LIVE,
+        {
+            "status": TaskStatus.RUNNING,
+            "sub_status": SubStatus.ACTIVE,
+            "attempt": ARG,
+            "started_at": FIRST,
+            "waiting_on": None,
+        },
+    ),
+    # (a sub-status exists only while running)
+    "sub": ((TaskStatus.RUNNING,), {"sub_status": ARG, "deferred_since": ARG, "waiting_on": ARG}),
+    "wait": (LIVE, {"waiting_on": ARG}),
+    "retry": (
+        LIVE,
+        {
+            "status": TaskStatus.PENDING,
+            "sub_status": None,
+            "deferred_since": None,
+            "error": ARG,
+            "waiting_on": RETRY_BACKOFF,
+        },
+    ),
+    "finish": (
+        LIVE,
+        {
+            "status": ARG,
+            "sub_status": None,
+            "deferred_since": None,
+            "waiting_on": None,
+            "finished_at": ARG,
+            "error": ARG,
+            "traceback": ARG,
+            "args": FIRST,  # (a dead letter's arguments, if the row has none)
+        },
+    ),
+}
+# A plan: (guard statuses, where the version and status sit, and for each column
+# set: where it sits, ARG / FIRST / None for a constant, and the change's field
+# index or the constant).
+_Plan = tuple[tuple[TaskStatus, ...], Any, Any, tuple[tuple[Any, str | None, Any], ...]]
+
+
+def _plans(place: Callable[[str], object]) -> dict[str, _Plan]:
+    plans: dict[str, _Plan] = {}
+    for kind, (guard, sets) in TRANSITIONS.items():
+        steps: list[tuple[object, str | None, Any]] = []
+        field = 3  # (after kind, task id, version)
+        for column, how in sets.items():
+            if how is ARG or how is FIRST:
+                steps.append((place(column), ARG if how is ARG else FIRST, field))
+                field += 1
+            else:
+                steps.append((place(column), None, how))
+        plans[kind] = (guard, place("version"), place("status"), tuple(steps))
+    return plans
+
+
+_BY_INDEX = _plans(lambda column: ROW_COLUMNS.index(column) + 1)  # ("row" lists: kind at 0)
+_BY_NAME = _plans(lambda column: column)  # (the memory store's dicts)
+
+
+def _fold(row: Any, change: Change, plans: dict[str, _Plan]) -> bool:
+    """Apply ``change`` to ``row`` by `TRANSITIONS`; False (nothing changed) if fenced."""
+    try:
+        guard, version, status, steps = plans[str(change[0])]
+    except KeyError:  # pragma: no cover - a bug in the executor
+        raise ValueError(f"unknown change {change!r}") from None
+    if row[version] != change[2] or row[status] not in guard:
+        return False
+    change = full_change(change)
+    for place, how, value in steps:
+        if how is None:
+            row[place] = value
+        elif how is ARG or row[place] is None:
+            row[place] = change[value]
+    return True
+
+
+def update_sql(kind: str, mark: str) -> str:
+    """The SQL stores' ``UPDATE`` of an execution by a change of ``kind``
+    (`TRANSITIONS`), with ``mark`` as the placeholder: its parameters are the
+    change's fields after its version, then its task id and version."""
+    guard, sets = TRANSITIONS[kind]
+    assignments = []
+    for column, how in sets.items():
+        if how is ARG:
+            assignments.append(f"{column} = {mark}")
+        elif how is FIRST:
+            assignments.append(f"{column} = coalesce({column}, {mark})")
+        else:  # (constants: None or a status, never a caller's text)
+            value = "NULL" if how is None else repr(getattr(how, "value", how))
+            assignments.append(f"{column} = {value}")
+    statuses = ", ".join(repr(s.value) for s in guard)
+    return (
+        f"UPDATE executions SET {', '.join(assignments)}"
+        f" WHERE task_id = {mark} AND version = {mark} AND status IN ({statuses})"
+    )
+
+
 def fold_row(row: list[object], change: Change) -> bool:
     """`apply_change` for a "row" not written yet: fold ``change`` into it.
     Returns False (and changes nothing) if the change is fenced out."""
-    if row[R_VERSION] != change[2] or row[R_STATUS] not in LIVE:
-        return False
     if len(row) < _ROW_LEN:  # (the executor's row, of a previous shape)
         row.extend(_ROW_TAIL[len(row) - _ROW_LEN :])
-    kind = change[0]
-    if kind == "start":
-        row[R_STATUS] = TaskStatus.RUNNING
-        row[R_SUB] = SubStatus.ACTIVE
-        row[R_ATTEMPT] = change[3]
-        row[R_WAITING] = None
-        if row[R_STARTED] is None:
-            row[R_STARTED] = change[4]
-    elif kind == "finish":
-        row[R_STATUS] = change[3]
-        row[R_SUB] = row[R_SINCE] = row[R_WAITING] = None
-        row[R_FINISHED] = change[4]
-        row[R_ERROR] = change[5]
-        row[R_TRACEBACK] = change[6] if len(change) > 6 else None
-        if len(change) > 7 and row[R_ARGS] is None:
-            row[R_ARGS] = change[7]
-    elif kind == "sub":
-        if row[R_STATUS] is not TaskStatus.RUNNING:
-            return False  # a sub-status exists only while running
-        row[R_SUB] = change[3]
-        row[R_SINCE] = change[4]
-        row[R_WAITING] = change[5] if len(change) > 5 else None
-    elif kind == "wait":
-        row[R_WAITING] = change[3]
-    elif kind == "retry":
-        row[R_STATUS] = TaskStatus.PENDING
-        row[R_SUB] = row[R_SINCE] = None
-        row[R_ERROR] = change[3]
-        row[R_WAITING] = RETRY_BACKOFF
-    else:  # pragma: no cover - a bug in the executor
-        raise ValueError(f"unknown change {change!r}")
-    return True
+    return _fold(row, change, _BY_INDEX)
 
 
 def fold_batch(
@@ -250,43 +331,7 @@ def new_row(change: Change) -> dict[str, object]:
 def apply_change(row: dict[str, object] | None, change: Change) -> bool:
     """Apply a non-submit change to ``row`` in place, as every store must.
     Returns False (and changes nothing) if it is fenced out."""
-    if row is None or row["version"] != change[2] or row["status"] not in LIVE:
-        return False
-    kind = change[0]
-    if kind == "start":
-        row["status"] = TaskStatus.RUNNING
-        row["sub_status"] = SubStatus.ACTIVE
-        row["attempt"] = change[3]
-        row["waiting_on"] = None
-        if row["started_at"] is None:
-            row["started_at"] = change[4]
-    elif kind == "sub":
-        if row["status"] is not TaskStatus.RUNNING:
-            return False  # a sub-status exists only while running
-        row["sub_status"] = change[3]
-        row["deferred_since"] = change[4]
-        row["waiting_on"] = change[5] if len(change) > 5 else None
-    elif kind == "wait":
-        row["waiting_on"] = change[3]
-    elif kind == "retry":
-        row["status"] = TaskStatus.PENDING
-        row["sub_status"] = None
-        row["deferred_since"] = None
-        row["error"] = change[3]
-        row["waiting_on"] = RETRY_BACKOFF
-    elif kind == "finish":
-        row["status"] = change[3]
-        row["sub_status"] = None
-        row["deferred_since"] = None
-        row["waiting_on"] = None
-        row["finished_at"] = change[4]
-        row["error"] = change[5]
-        row["traceback"] = change[6] if len(change) > 6 else None
-        if len(change) > 7 and row["args"] is None:
-            row["args"] = change[7]
-    else:  # pragma: no cover - a bug in the executor
-        raise ValueError(f"unknown change {change!r}")
-    return True
+    return row is not None and _fold(row, change, _BY_NAME)
 
 
 @attrs.frozen(kw_only=True)

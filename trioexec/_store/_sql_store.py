@@ -30,6 +30,7 @@ from ._base import (
     RUN_ORPHANED,
     SCHEDULE_FIELDS,
     SUPERSEDED,
+    TRANSITIONS,
     Change,
     Command,
     Order,
@@ -47,6 +48,7 @@ from ._base import (
     matches_some,
     run_graph,
     schedule_of,
+    update_sql,
 )
 from ._control import (
     COMMAND_COLUMNS,
@@ -73,21 +75,8 @@ R = TypeVar("R")
 _RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
 _SCHEDULE_COLUMNS = ", ".join(SCHEDULE_FIELDS)
 _LIVE = "('pending', 'running')"
-_GUARD = " WHERE task_id = {m} AND version = {m} AND status IN ('pending', 'running')"
-_UPDATES = {
-    "start": "UPDATE executions SET status = 'running', sub_status = 'active', attempt = {m},"
-    " started_at = coalesce(started_at, {m}), waiting_on = NULL" + _GUARD,
-    "sub": "UPDATE executions SET sub_status = {m}, deferred_since = {m}, waiting_on = {m}"
-    " WHERE task_id = {m} AND version = {m} AND status = 'running'",
-    "wait": "UPDATE executions SET waiting_on = {m}" + _GUARD,
-    "retry": "UPDATE executions SET status = 'pending', sub_status = NULL,"
-    " deferred_since = NULL, error = {m}, waiting_on = 'retry backoff'" + _GUARD,
-    "finish": "UPDATE executions SET status = {m}, sub_status = NULL, deferred_since = NULL,"
-    " waiting_on = NULL, finished_at = {m}, error = {m}, traceback = {m},"
-    " args = coalesce(args, {m})" + _GUARD,
-}
 _UPDATES_BY_MARK = {
-    d.mark: {kind: sql.format(m=d.mark) for kind, sql in _UPDATES.items()} for d in DIALECTS
+    d.mark: {kind: update_sql(kind, d.mark) for kind in TRANSITIONS} for d in DIALECTS
 }
 #: Ends an execution that is still live (`recover`'s and `claim_runs`' failures,
 #: a run's superseded steps); its guard follows.
