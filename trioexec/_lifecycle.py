@@ -23,26 +23,13 @@ from ._metrics import Tally
 from ._observe import Observer, log_failure, log_lease_lost, log_overruled, log_retry
 from ._records import SubStatus, TaskStatus, safe_repr, storable_text
 from ._spec import TaskSpec
-from ._store._base import (
-    LIVE,
-    R_ARGS,
-    R_ATTEMPT,
-    R_ERROR,
-    R_FINISHED,
-    R_SINCE,
-    R_STARTED,
-    R_STATUS,
-    R_SUB,
-    R_TRACEBACK,
-    R_WAITING,
-)
+from ._store._base import R_WAITING
 from ._taskref import Job, UnreadFailures
 
 if TYPE_CHECKING:
     from ._admission import Gate
     from ._journal import Journal
     from ._pending import Pending
-    from ._store import Change
 
 
 class Runs(Protocol):
@@ -177,11 +164,6 @@ class Lifecycle:
         self.tally.queue_depth -= 1
         self.finish(oldest, TaskStatus.DROPPED)
 
-    def log(self, change: Change) -> None:
-        journal = self.journal
-        assert journal is not None
-        journal.append(change)
-
     def log_submit(self, job: Job, row: list[object]) -> None:
         """Journal a new execution as a "row" change (`submit_row`), into which
         its next changes are folded while the journal has not taken it
@@ -205,18 +187,7 @@ class Lifecycle:
         job.attempts += 1
         journal = self.journal
         if journal is not None:
-            now = self.wall()
-            row = journal.open_row(job)
-            if row is not None and row[R_STATUS] is TaskStatus.PENDING:
-                # `fold_row`'s "start", inlined: the hot path of a short task.
-                row[R_STATUS] = TaskStatus.RUNNING
-                row[R_SUB] = SubStatus.ACTIVE
-                row[R_ATTEMPT] = job.attempts
-                row[R_WAITING] = None
-                if row[R_STARTED] is None:
-                    row[R_STARTED] = now
-            else:
-                self.log(("start", job.task_id, job.version, job.attempts, now))
+            journal.fold(job, ("start", job.task_id, job.version, job.attempts, self.wall()))
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
         if job.started_at is None:
@@ -348,22 +319,21 @@ class Lifecycle:
                 job.error = TaskCancelled(self.cancel_reason)  # (as the store says)
             error = None if job.error is None else safe_repr(job.error)
             dead = job.error is not None and status in _DEAD
-            row = journal.open_row(job)
-            if row is not None and row[R_STATUS] in LIVE:
-                # `fold_row`'s "finish", inlined: the hot path of a short task.
-                row[R_STATUS] = status
-                row[R_SUB] = row[R_SINCE] = row[R_WAITING] = None
-                row[R_FINISHED] = job.finished_at
-                row[R_ERROR] = error
-                if dead:
-                    row[R_TRACEBACK], args = _dead_letter(job)
-                    if row[R_ARGS] is None:
-                        row[R_ARGS] = args
-            elif not dead:
-                self.log(("finish", job.task_id, job.version, status, job.finished_at, error))
-            else:  # what operators look at in a dead letter: its traceback and arguments
-                change = ("finish", job.task_id, job.version, status, job.finished_at, error)
-                self.log((*change, *_dead_letter(job)))
+            # (a dead letter keeps what operators look at: its traceback and arguments)
+            traceback, args = _dead_letter(job) if dead else (None, None)
+            journal.fold(
+                job,
+                (
+                    "finish",
+                    job.task_id,
+                    job.version,
+                    status,
+                    job.finished_at,
+                    error,
+                    traceback,
+                    args,
+                ),
+            )
             job.row = None
             if job.run_id is not None and status is TaskStatus.COMPLETED and self.runs is not None:
                 # A completed step's record goes into the same transaction as its

@@ -83,10 +83,9 @@ ROW_COLUMNS = (
     "waiting_on",
     "traceback",
 )
-# Where each field sits in a "row" change (the kind is at 0).
-R_STATUS, R_SUB, R_ATTEMPT, R_VERSION = 4, 5, 6, 9
-R_STARTED, R_FINISHED, R_SINCE, R_ERROR = 11, 12, 13, 14
-R_ARGS, R_WAITING, R_TRACEBACK = 16, 19, 20
+# Where a field sits in a "row" change (the kind is at 0).
+R_VERSION = ROW_COLUMNS.index("version") + 1
+R_WAITING = ROW_COLUMNS.index("waiting_on") + 1
 _ROW_LEN = len(ROW_COLUMNS) + 1
 # What a "row" of a previous shape lacks at its end, oldest first: without
 # waiting_on (it waits for a slot), without traceback (none).
@@ -179,24 +178,36 @@ TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
         },
     ),
 }
-# A plan: (guard statuses, where the version and status sit, and for each column
-# set: where it sits, ARG / FIRST / None for a constant, and the change's field
-# index or the constant).
-_Plan = tuple[tuple[TaskStatus, ...], Any, Any, tuple[tuple[Any, str | None, Any], ...]]
 
 
-def _plans(place: Callable[[str], object]) -> dict[str, _Plan]:
-    plans: dict[str, _Plan] = {}
+@attrs.frozen
+class _Plan:
+    """`TRANSITIONS`' entry of one kind, for rows whose columns sit at the places
+    ``place(column)`` gives (a "row" list's index, a dict's key)."""
+
+    guard: tuple[TaskStatus, ...]
+    version: Any
+    status: Any
+    size: int  #: the change's length in its current shape
+    constants: tuple[tuple[Any, object], ...]  #: (place, value)
+    args: tuple[tuple[Any, int], ...]  #: (place, the change's field)
+    firsts: tuple[tuple[Any, int], ...]  #: (place, the change's field), if none yet
+
+
+def _plans(place: Callable[[str], object]) -> dict[object, _Plan]:
+    plans: dict[object, _Plan] = {}
     for kind, (guard, sets) in TRANSITIONS.items():
-        steps: list[tuple[object, str | None, Any]] = []
-        field = 3  # (after kind, task id, version)
-        for column, how in sets.items():
-            if how is ARG or how is FIRST:
-                steps.append((place(column), ARG if how is ARG else FIRST, field))
-                field += 1
-            else:
-                steps.append((place(column), None, how))
-        plans[kind] = (guard, place("version"), place("status"), tuple(steps))
+        fields = [c for c, how in sets.items() if how is ARG or how is FIRST]
+        field = {c: 3 + i for i, c in enumerate(fields)}  # (after kind, task id, version)
+        plans[kind] = _Plan(
+            guard,
+            place("version"),
+            place("status"),
+            3 + len(fields),
+            tuple((place(c), how) for c, how in sets.items() if c not in field),
+            tuple((place(c), field[c]) for c, how in sets.items() if how is ARG),
+            tuple((place(c), field[c]) for c, how in sets.items() if how is FIRST),
+        )
     return plans
 
 
@@ -204,20 +215,23 @@ _BY_INDEX = _plans(lambda column: ROW_COLUMNS.index(column) + 1)  # ("row" lists
 _BY_NAME = _plans(lambda column: column)  # (the memory store's dicts)
 
 
-def _fold(row: Any, change: Change, plans: dict[str, _Plan]) -> bool:
+def _fold(row: Any, change: Change, plans: dict[object, _Plan]) -> bool:
     """Apply ``change`` to ``row`` by `TRANSITIONS`; False (nothing changed) if fenced."""
     try:
-        guard, version, status, steps = plans[str(change[0])]
+        plan = plans[change[0]]
     except KeyError:  # pragma: no cover - a bug in the executor
         raise ValueError(f"unknown change {change!r}") from None
-    if row[version] != change[2] or row[status] not in guard:
+    if row[plan.version] != change[2] or row[plan.status] not in plan.guard:
         return False
-    change = full_change(change)
-    for place, how, value in steps:
-        if how is None:
-            row[place] = value
-        elif how is ARG or row[place] is None:
-            row[place] = change[value]
+    if len(change) != plan.size:
+        change = full_change(change)
+    for place, value in plan.constants:
+        row[place] = value
+    for place, field in plan.args:
+        row[place] = change[field]
+    for place, field in plan.firsts:
+        if row[place] is None:
+            row[place] = change[field]
     return True
 
 
