@@ -26,7 +26,6 @@ from pg_server import schema_at_version
 import trioexec
 from trioexec import MemoryStore, PostgresStore, SQLiteStore, TaskStatus, Workflow, task
 from trioexec._store import _browse, _pg_schema, _sqlite_schema
-from trioexec._store._base import ROW_COLUMNS
 from trioexec._store._browse import (
     Bucket,
     Page,
@@ -36,6 +35,7 @@ from trioexec._store._browse import (
     task_commands,
     task_names,
 )
+from trioexec._store._columns import ROW_COLUMNS
 
 SQL_KINDS = ["sqlite", "postgres"]
 LIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)

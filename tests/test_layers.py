@@ -385,3 +385,23 @@ def test_every_public_error_is_defined_in_errors():
     ]
     assert {e.__name__ for e in exported} >= {"TrioexecError", "Conflict", "PromiseRejected"}
     assert [e for e in exported if e.__module__ != "trioexec._errors"] == []
+
+
+def test_the_executions_columns_are_listed_once():
+    """Issue 31: the executions' columns are defined in `_store._columns` alone;
+    the schemas, the row layout, PostgreSQL's casts and a new row derive from it.
+    No other module holds a literal list of most of them (a second definition)."""
+    from trioexec._store._columns import ROW_COLUMNS
+
+    columns = set(ROW_COLUMNS)
+    found = {}
+    for name, module in modules().items():
+        if name == "trioexec._store._columns":
+            continue
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.Tuple | ast.List | ast.Set | ast.Dict):
+                items = node.keys if isinstance(node, ast.Dict) else node.elts
+                named = {i.value for i in items if isinstance(i, ast.Constant)} & columns
+                if len(named) > 2 * len(columns) // 3:
+                    found[f"{name}:{node.lineno}"] = len(named)
+    assert not found, f"a second list of the executions' columns: {found}"

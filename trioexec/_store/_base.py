@@ -18,6 +18,7 @@ from .._records import (
     stored_float,
     stored_int,
 )
+from ._columns import EXECUTIONS, ROW_COLUMNS
 from ._key_ledger import KeyGrant, KeyRequest
 
 # A change is a plain tuple, cheap to build on the hot path:
@@ -60,29 +61,6 @@ Order = Literal["oldest", "newest", "longest_deferred"]
 ORDERS: tuple[Order, ...] = ("oldest", "newest", "longest_deferred")
 
 
-#: A "row" change's fields after its kind, in order (also the SQLite columns).
-ROW_COLUMNS = (
-    "task_id",
-    "name",
-    "run_id",
-    "status",
-    "sub_status",
-    "attempt",
-    "recovery_attempts",
-    "owner",
-    "version",
-    "submitted_at",
-    "started_at",
-    "finished_at",
-    "deferred_since",
-    "error",
-    "spec_id",
-    "args",
-    "key",
-    "priority",
-    "waiting_on",
-    "traceback",
-)
 # Where a field sits in a "row" change (the kind is at 0).
 R_VERSION = ROW_COLUMNS.index("version") + 1
 R_WAITING = ROW_COLUMNS.index("waiting_on") + 1
@@ -315,31 +293,24 @@ def new_row(change: Change) -> dict[str, object]:
     """The row a ``submit`` or ``row`` change creates."""
     if change[0] == "row":
         return dict(zip(ROW_COLUMNS, full_row(change)[1:], strict=True))
-    task_id, version, name, run_id, spec_id, args, owner, at, key, priority, waiting = _submitted(
-        change
-    )
-    return {
-        "task_id": task_id,
-        "name": name,
-        "run_id": run_id,
-        "status": TaskStatus.PENDING,
-        "sub_status": None,
-        "attempt": 0,
-        "recovery_attempts": 0,
-        "owner": owner,
-        "version": version,
-        "submitted_at": at,
-        "started_at": None,
-        "finished_at": None,
-        "deferred_since": None,
-        "error": None,
-        "spec_id": spec_id,
-        "args": args,
-        "key": key,
-        "priority": priority,
-        "waiting_on": waiting,
-        "traceback": None,
-    }
+    values = dict(zip(_SUBMIT_FIELDS, _submitted(change), strict=True))
+    return {c.name: values.get(c.name, c.initial) for c in EXECUTIONS}
+
+
+#: A "submit" change's fields after its kind (the other columns: `Column.initial`).
+_SUBMIT_FIELDS = (
+    "task_id",
+    "version",
+    "name",
+    "run_id",
+    "spec_id",
+    "args",
+    "owner",
+    "submitted_at",
+    "key",
+    "priority",
+    "waiting_on",
+)
 
 
 def apply_change(row: dict[str, object] | None, change: Change) -> bool:

@@ -7,9 +7,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._errors import StoreError
+from ._columns import POSTGRES, added
 
 if TYPE_CHECKING:
     import psycopg
+
+
+def _add_columns(version: int) -> str:
+    """The executions columns of schema ``version`` (`_columns.EXECUTIONS`)."""
+    columns = ", ".join(f"ADD COLUMN {c.postgres()}" for c in added(POSTGRES, version))
+    return f"ALTER TABLE executions {columns};"
+
 
 #: Migration n (1-based) brings the schema from version n - 1 to n. Times are
 #: seconds since the epoch (double precision), as in the SQLite store; ``seq``
@@ -19,22 +27,9 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE trioexec_meta (key text PRIMARY KEY, value text NOT NULL);
     CREATE TABLE executions (
         seq bigint GENERATED ALWAYS AS IDENTITY,
-        task_id text PRIMARY KEY,
-        name text NOT NULL,
-        run_id text,
-        status text NOT NULL,
-        sub_status text,
-        attempt integer NOT NULL DEFAULT 0,
-        recovery_attempts integer NOT NULL DEFAULT 0,
-        owner text,
-        version bigint NOT NULL DEFAULT 1,
-        submitted_at double precision,
-        started_at double precision,
-        finished_at double precision,
-        deferred_since double precision,
-        error text,
-        spec_id text,
-        args text
+        """
+    + ",\n        ".join(c.postgres() for c in added(POSTGRES, 1))
+    + """
     );
     CREATE UNIQUE INDEX executions_seq ON executions (seq);
     -- Only the live rows: most rows are inserted finished, and an index they
@@ -118,9 +113,8 @@ MIGRATIONS: tuple[str, ...] = (
     # 3: admission by key: each execution's key and priority as submitted (rows
     # from before: NULL key, priority 0; a constant default rewrites no row). The
     # index holds keyed rows only: a keyless insert writes no entry to it.
-    """
-    ALTER TABLE executions ADD COLUMN key text,
-        ADD COLUMN priority bigint NOT NULL DEFAULT 0;
+    _add_columns(3)
+    + """
     CREATE INDEX executions_key ON executions (key, seq) WHERE key IS NOT NULL;
     """,
     # 4: key limits shared by the executors on this schema: the slots of a key
@@ -159,16 +153,14 @@ MIGRATIONS: tuple[str, ...] = (
     );
     """,  # 6: why a live execution is not running (`ExecutionRecord.waiting_on`);
     # rows written before it was recorded have it NULL.
-    """
-    ALTER TABLE executions ADD COLUMN waiting_on text;
-    """,
+    _add_columns(6),
     # 7: operator commands: the traceback of the exception that ended an
     # execution (dead letters show it); the append-only log of every command
     # (executors poll it by seq; commands take turns under an advisory lock, so
     # seq order is commit order); what is paused now; the failed executions
     # (dead letters), for a requeue of them all (the live index skips them).
-    """
-    ALTER TABLE executions ADD COLUMN traceback text;
+    _add_columns(7)
+    + """
     CREATE TABLE commands (
         seq bigserial PRIMARY KEY,
         kind text NOT NULL,

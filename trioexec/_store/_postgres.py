@@ -17,27 +17,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import final
 
-from ._base import ROW_COLUMNS
+from ._columns import EXECUTIONS, ROW_COLUMNS
 from ._dialect import POSTGRES
 from ._durable_pg import PostgresTables
 from ._pg_conn import Connection, PGDatabase, redact
 from ._sql_store import SQLStore
 
-#: The SQL type of each "row" column, for the arrays `unnest` takes apart.
-_ROW_TYPES = {
-    "attempt": "integer",
-    "recovery_attempts": "integer",
-    "version": "bigint",
-    "submitted_at": "double precision",
-    "started_at": "double precision",
-    "finished_at": "double precision",
-    "deferred_since": "double precision",
-    "priority": "bigint",  # (a priority may be up to 2**62 either way)
-}
 _INSERT_ROWS = (
     f"INSERT INTO executions ({', '.join(ROW_COLUMNS)})"
     f" SELECT {', '.join(ROW_COLUMNS)} FROM unnest("
-    + ", ".join(f"%b::{_ROW_TYPES.get(c, 'text')}[]" for c in ROW_COLUMNS)
+    + ", ".join(f"%b::{c.postgres_type}[]" for c in EXECUTIONS)
     + f") WITH ORDINALITY AS r({', '.join(ROW_COLUMNS)}, n) ORDER BY n"
 )
 #: (ON CONFLICT's speculative insertion costs the server more per row: only after a race)

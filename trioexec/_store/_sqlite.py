@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import final
 
 from .._records import stored_float
-from ._base import ROW_COLUMNS
+from ._columns import ROW_COLUMNS
 from ._dialect import SQLITE
 from ._durable_tables import SQLiteTables
 from ._sql_store import SQLStore

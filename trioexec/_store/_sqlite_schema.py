@@ -10,6 +10,7 @@ import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
 from .._errors import StoreError
+from ._columns import SQLITE, added
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
@@ -20,6 +21,12 @@ MIGRATIONS = Migrations("trioexec")
 KNOWN_MIGRATIONS: list[str] = []
 
 
+def _add_columns(db: sqlite_utils.Database, version: int) -> None:
+    """Add the executions columns of schema ``version`` (`_columns.EXECUTIONS`)."""
+    for column in added(SQLITE, version):
+        db.execute(f"ALTER TABLE executions ADD COLUMN {column.sqlite()}")
+
+
 def _migration(name: str) -> Callable[[_Migrate], _Migrate]:
     KNOWN_MIGRATIONS.append(name)
     return MIGRATIONS(name=name)
@@ -28,28 +35,12 @@ def _migration(name: str) -> Callable[[_Migrate], _Migrate]:
 @_migration("0001_initial")
 def _initial(db: sqlite_utils.Database) -> None:
     db["trioexec_meta"].create({"key": str, "value": str}, pk="key")  # type: ignore[union-attr]
+    first = added(SQLITE, 1)
     db["executions"].create(  # type: ignore[union-attr]
-        {
-            "task_id": str,
-            "name": str,
-            "run_id": str,
-            "status": str,
-            "sub_status": str,
-            "attempt": int,
-            "recovery_attempts": int,
-            "owner": str,
-            "version": int,
-            "submitted_at": float,
-            "started_at": float,
-            "finished_at": float,
-            "deferred_since": float,
-            "error": str,
-            "spec_id": str,
-            "args": str,
-        },
+        {c.name: c.python_type for c in first},
         pk="task_id",
-        not_null={"name", "status", "attempt", "recovery_attempts", "version"},
-        defaults={"attempt": 0, "recovery_attempts": 0, "version": 1},
+        not_null={c.name for c in first if c.not_null},
+        defaults={c.name: c.default for c in first if c.default is not None},
     )
     db["owners"].create({"owner": str, "lease_expires_at": float}, pk="owner")  # type: ignore[union-attr]
     db.execute("CREATE INDEX executions_status ON executions (status, owner)")
@@ -150,8 +141,7 @@ def _execution_keys(db: sqlite_utils.Database) -> None:
     # before have none (NULL key, priority 0). The index holds keyed rows only, so
     # a keyless insert costs nothing more; `executions(key=...)` reads it in rowid
     # order (the index's own order after the key).
-    db.execute("ALTER TABLE executions ADD COLUMN key TEXT")
-    db.execute("ALTER TABLE executions ADD COLUMN priority INTEGER NOT NULL DEFAULT 0")
+    _add_columns(db, 6)
     db.execute("CREATE INDEX executions_key ON executions (key) WHERE key IS NOT NULL")
     db.execute("UPDATE trioexec_meta SET value = '6' WHERE key = 'schema_version'")
 
@@ -191,7 +181,7 @@ def _schedules(db: sqlite_utils.Database) -> None:
 def _waiting_on(db: sqlite_utils.Database) -> None:
     # Why a live execution is not running (`ExecutionRecord.waiting_on`); rows
     # written before it was recorded have it NULL.
-    db.execute("ALTER TABLE executions ADD COLUMN waiting_on TEXT")
+    _add_columns(db, 9)
     db.execute("UPDATE trioexec_meta SET value = '9' WHERE key = 'schema_version'")
 
 
@@ -201,7 +191,7 @@ def _control(db: sqlite_utils.Database) -> None:
     # (dead letters show it), the append-only log of every command (executors
     # poll it by seq: AUTOINCREMENT never hands out a seq again), and what is
     # paused now.
-    db.execute("ALTER TABLE executions ADD COLUMN traceback TEXT")
+    _add_columns(db, 10)
     db.execute(
         "CREATE TABLE commands (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT NOT NULL,"
         " name TEXT, key TEXT, task_id TEXT, who TEXT NOT NULL, at REAL NOT NULL,"

@@ -1,0 +1,95 @@
+"""The executions table, defined once: each column's name, type, constraint and the
+schema versions that added it. The SQLite and PostgreSQL schemas create and add
+these columns from it (`added`), a "row" change lists
+its values in this order (`ROW_COLUMNS`), PostgreSQL's batch insert casts by its
+types, and a new execution's row starts from its `Column.initial` values."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from .._records import TaskStatus
+
+Kind = Literal["text", "integer", "bigint", "real"]
+_SQLITE_TYPES = {"text": str, "integer": int, "bigint": int, "real": float}
+_SQLITE_SPELLING = {str: "TEXT", int: "INTEGER", float: "FLOAT"}
+_POSTGRES_TYPES = {
+    "text": "text",
+    "integer": "integer",
+    "bigint": "bigint",
+    "real": "double precision",
+}
+
+
+@attrs.frozen
+class Column:
+    name: str
+    kind: Kind
+    #: The schema versions that added it: (SQLite's, PostgreSQL's).
+    since: tuple[int, int] = (1, 1)
+    #: NOT NULL, with this DEFAULT (for the rows before it) if not None
+    not_null: bool = False
+    default: int | None = None
+    #: What a new execution's row holds if its submission does not say.
+    initial: object = None
+
+    @property
+    def python_type(self) -> type:
+        """Its type as sqlite-utils' ``create`` takes it."""
+        return _SQLITE_TYPES[self.kind]
+
+    def sqlite(self) -> str:
+        """As SQLite's ``ALTER TABLE ... ADD COLUMN`` spells it."""
+        return self._spell(_SQLITE_SPELLING[self.python_type])
+
+    @property
+    def postgres_type(self) -> str:
+        return _POSTGRES_TYPES[self.kind]
+
+    def postgres(self) -> str:
+        """As PostgreSQL's ``CREATE TABLE`` and ``ADD COLUMN`` spell it."""
+        key = " PRIMARY KEY" if self.name == "task_id" else ""
+        return self._spell(self.postgres_type) + key
+
+    def _spell(self, sql_type: str) -> str:
+        spelled = f"{self.name} {sql_type}"
+        if self.not_null:
+            spelled += " NOT NULL"
+        if self.default is not None:
+            spelled += f" DEFAULT {self.default}"
+        return spelled
+
+
+EXECUTIONS = (
+    Column("task_id", "text"),
+    Column("name", "text", not_null=True),
+    Column("run_id", "text"),
+    Column("status", "text", not_null=True, initial=TaskStatus.PENDING),
+    Column("sub_status", "text"),
+    Column("attempt", "integer", not_null=True, default=0, initial=0),
+    Column("recovery_attempts", "integer", not_null=True, default=0, initial=0),
+    Column("owner", "text"),
+    Column("version", "bigint", not_null=True, default=1),
+    Column("submitted_at", "real"),
+    Column("started_at", "real"),
+    Column("finished_at", "real"),
+    Column("deferred_since", "real"),
+    Column("error", "text"),
+    Column("spec_id", "text"),
+    Column("args", "text"),
+    Column("key", "text", since=(6, 3)),
+    # (a priority may be up to 2**62 either way)
+    Column("priority", "bigint", since=(6, 3), not_null=True, default=0, initial=0),
+    Column("waiting_on", "text", since=(9, 6), initial="slot"),
+    Column("traceback", "text", since=(10, 7)),
+)
+#: A "row" change's fields after its kind, in order.
+ROW_COLUMNS = tuple(c.name for c in EXECUTIONS)
+SQLITE, POSTGRES = 0, 1  # (the index of a store's version in `Column.since`)
+
+
+def added(store: int, version: int) -> list[Column]:
+    """The executions columns ``store``'s schema ``version`` added (1: the table)."""
+    return [c for c in EXECUTIONS if c.since[store] == version]
