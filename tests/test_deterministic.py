@@ -399,13 +399,16 @@ async def test_it_runs_every_background_task_of_open_executor_or_a_stand_in(
 
 
 def test_it_takes_every_option_open_executor_takes() -> None:
-    """API §3: "takes the same options" — the same names, kinds and defaults."""
+    """API §3: "takes the same options": both take ``**options`` of one list,
+    `ExecutorOptions`, and read it the same way (`Setup.read`)."""
     import inspect
+    import typing
 
     from trioexec import DeterministicExecutor, open_executor
+    from trioexec._executor import ExecutorOptions
 
-    def options(fn: object) -> dict[str, object]:
-        params = inspect.signature(fn).parameters.values()  # type: ignore[arg-type]
-        return {p.name: (p.kind, p.default) for p in params if p.name != "self"}
-
-    assert options(DeterministicExecutor.__init__) == options(open_executor)
+    for fn in (DeterministicExecutor.__init__, open_executor):
+        params = [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+        assert [(p.name, p.kind) for p in params] == [("options", inspect.Parameter.VAR_KEYWORD)]
+        hints = typing.get_type_hints(fn, include_extras=True)
+        assert hints["options"] == typing.Unpack[ExecutorOptions]

@@ -13,33 +13,18 @@ tasks `open_executor` runs beside its workers (a key's refill timer) run during
 from __future__ import annotations
 
 import math
-from collections.abc import Awaitable, Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Unpack, final, overload
+from typing import Any, Unpack, final
 
 import trio
 
-from ._admission import Overflow
-from ._core import ExecutorConfig, ExecutorCore, check_store
-from ._events import EventStream
-from ._executor import one_level, split_tasks
-from ._handle import TaskHandle
-from ._keys import KeyLimit
-from ._metrics import ExecutorMetrics
-from ._records import ShutdownPolicy, TaskCompletion
-from ._store import Store
-from ._taskref import (
-    Job,
-    R,
-    SubmitOptions,
-    TakesHandleKeyword,
-    TakesTaskHandleKeyword,
-    TaskRef,
-    Ts,
-)
+from ._core import ExecutorCore
+from ._executor import ExecutorOptions, Facade, Setup, one_level
+from ._records import TaskCompletion
+from ._taskref import Job
 
 
 @final
-class DeterministicExecutor:
+class DeterministicExecutor(Facade):
     """Queue with `submit_nowait`, run with ``await run_ready()``.
 
     Takes the same options as `open_executor` (keyword-only). A ``store`` must be
@@ -54,110 +39,23 @@ class DeterministicExecutor:
         [completion] = await ex.run_ready()
     """
 
-    def __init__(
-        self,
-        *,
-        max_concurrent_tasks: int = 4,
-        queue_capacity: int = 1024,
-        overflow: Overflow = Overflow.BLOCK,
-        shutdown_policy: ShutdownPolicy = ShutdownPolicy.DRAIN,
-        thread_workers: int | None = None,
-        store: Store | None = None,
-        event_capacity: int = 1024,
-        task_budget: float | None = None,
-        tasks: Iterable[object] = (),
-        recover: bool = False,
-        lease: float = 30.0,
-        max_recovery_attempts: int = 3,
-        key_limits: KeyLimit | Mapping[str, KeyLimit] | None = None,
-        priority_aging: float | None = 60.0,
-        shutdown_grace: float | None = None,
-        report_unread_failures: bool = True,
-    ) -> None:
+    def __init__(self, **options: Unpack[ExecutorOptions]) -> None:
+        setup = Setup.read(options)
         # (report_unread_failures: taken as open_executor takes it; `run_ready`
         # returns every completion it makes, so none is ever left unread here)
-        del report_unread_failures
-        config = ExecutorConfig(
-            max_concurrent_tasks=max_concurrent_tasks,
-            queue_capacity=queue_capacity,
-            overflow=overflow,
-            shutdown_policy=shutdown_policy,
-            thread_workers=thread_workers,
-            event_capacity=event_capacity,
-            task_budget=task_budget,
-            lease=lease,
-            max_recovery_attempts=max_recovery_attempts,
-            key_limits=key_limits,  # (its converter checks it)
-            priority_aging=priority_aging,
-            shutdown_grace=shutdown_grace,
-        )
-        check_store(store)
-        if recover:
+        store = setup.store
+        if setup.recover:
             raise ValueError("DeterministicExecutor does not recover; use open_executor")
         if store is not None and not store.inline:
             raise ValueError(
                 "DeterministicExecutor writes in the caller's task: give it an inline store "
                 "(MemoryStore, or SQLiteStore(path, inline=True))"
             )
-        specs, _ = split_tasks(tasks)
         # The same parts as `open_executor`'s, with no nursery: jobs run in `run_ready`.
         # (inline: a key's room goes to the task that runs, in the caller's task)
-        self._core = ExecutorCore(config, store, specs, share_keys=False, inline=True)
+        self._core = ExecutorCore(setup.config, store, setup.specs, share_keys=False, inline=True)
         if store is not None:
             store.heartbeat(self._core.owner_id, math.inf)  # never expires: nothing to recover
-
-    if TYPE_CHECKING:  # its overloads (see `trioexec._taskref.Ts`)
-
-        @overload
-        def submit_nowait(
-            self, fn: Callable[[*Ts], Awaitable[R]], *args: *Ts, **options: Unpack[SubmitOptions]
-        ) -> TaskRef[R]: ...
-
-        @overload
-        def submit_nowait(
-            self,
-            fn: Callable[[*Ts, TaskHandle], Awaitable[R]],
-            *args: *Ts,
-            **options: Unpack[SubmitOptions],
-        ) -> TaskRef[R]: ...
-
-        @overload
-        def submit_nowait(
-            self, fn: Callable[[*Ts], R], *args: *Ts, **options: Unpack[SubmitOptions]
-        ) -> TaskRef[R]: ...
-
-        @overload
-        def submit_nowait(
-            self, fn: Callable[[*Ts, TaskHandle], R], *args: *Ts, **options: Unpack[SubmitOptions]
-        ) -> TaskRef[R]: ...
-
-        @overload
-        def submit_nowait(
-            self,
-            fn: TakesHandleKeyword[*Ts] | TakesTaskHandleKeyword[*Ts],
-            *args: *Ts,
-            **options: Unpack[SubmitOptions],
-        ) -> TaskRef[Any]: ...
-
-    def submit_nowait(
-        self,
-        fn: Callable[..., Any],
-        *args: object,
-        name: str | None = None,
-        task_id: str | None = None,
-        timeout: float | None = None,
-        budget: float | None = None,
-        correlation_id: str | None = None,
-        key: str | None = None,
-        priority: int | None = None,
-    ) -> TaskRef[Any]:
-        """Queue ``fn(*args)``; never blocks (``Overflow.BLOCK`` acts as ``REJECT``)."""
-        core = self._core
-        job = core.new_job(
-            fn, args, name, task_id, timeout, budget, correlation_id, None, key, priority
-        )
-        core.submit_nowait(job)
-        return TaskRef(job)
 
     async def run_ready(
         self, max_tasks: int | None = None, cancel: trio.Event | None = None
@@ -233,24 +131,6 @@ class DeterministicExecutor:
     def resume(self, *, name: str | None = None, key: str | None = None) -> None:
         """`Executor.resume`, here only."""
         self._core.control.resume(name, key)
-
-    def cancel_pending(self) -> int:
-        """End every queued task as ``CANCELLED``; return how many."""
-        return self._core.lifecycle.cancel_pending()
-
-    def statistics(self) -> ExecutorMetrics:
-        """A frozen `ExecutorMetrics` snapshot."""
-        return self._core.statistics()
-
-    @property
-    def metrics(self) -> ExecutorMetrics:
-        """The same snapshot as `statistics`."""
-        return self._core.statistics()
-
-    @property
-    def events(self) -> EventStream:
-        """The bounded `HealthEvent` stream (read it with ``get_nowait`` in tests)."""
-        return self._core.events
 
     @property
     def pending(self) -> int:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Unpack, final, overload
+from typing import TYPE_CHECKING, Any, TypedDict, Unpack, final, overload
 
+import attrs
 import trio
 
 from ._admission import Overflow
@@ -42,20 +43,155 @@ from ._workflow import Workflow
 __all__ = ["Executor", "ExecutorConfig", "open_executor", "split_tasks"]
 
 
+class ExecutorOptions(TypedDict, total=False):
+    """The options of `open_executor` and of `DeterministicExecutor` (both take
+    exactly these, keyword-only: this is their one list). `Setup.read` reads them;
+    `ExecutorConfig` holds the defaults of those it checks."""
+
+    max_concurrent_tasks: int
+    queue_capacity: int
+    overflow: Overflow
+    shutdown_policy: ShutdownPolicy
+    thread_workers: int | None
+    store: Store | None
+    event_capacity: int
+    task_budget: float | None
+    tasks: Iterable[object]
+    recover: bool
+    lease: float
+    max_recovery_attempts: int
+    key_limits: KeyLimit | Mapping[str, KeyLimit] | None
+    priority_aging: float | None
+    shutdown_grace: float | None
+    report_unread_failures: bool
+
+
 @final
-class Executor:
+@attrs.frozen
+class Setup:
+    """`ExecutorOptions` read and checked: what a facade builds its parts from."""
+
+    config: ExecutorConfig
+    store: Store | None
+    specs: dict[str, TaskSpec]
+    workflows: dict[str, Workflow]
+    recover: bool
+    report_unread_failures: bool
+
+    @classmethod
+    def read(cls, options: ExecutorOptions) -> Setup:
+        """Raises what `ExecutorConfig`, `split_tasks` and `check_store` raise (an
+        unknown option is a `TypeError` of `ExecutorConfig`'s)."""
+        rest: dict[str, Any] = dict(options)
+        store = rest.pop("store", None)
+        tasks = rest.pop("tasks", ())
+        recover = rest.pop("recover", False)
+        report = rest.pop("report_unread_failures", True)
+        config = ExecutorConfig(**rest)
+        specs, workflows = split_tasks(tasks)
+        check_store(store)
+        return cls(config, store, specs, workflows, recover, report)
+
+
+class Facade:
+    """What `Executor` and `DeterministicExecutor` both offer, written once: each
+    delegates to the `ExecutorCore` it holds."""
+
+    _core: ExecutorCore
+
+    if TYPE_CHECKING:  # its overloads (see `trioexec._taskref.Ts`)
+
+        @overload
+        def submit_nowait(
+            self, fn: Callable[[*Ts], Awaitable[R]], *args: *Ts, **options: Unpack[SubmitOptions]
+        ) -> TaskRef[R]: ...
+
+        @overload
+        def submit_nowait(
+            self,
+            fn: Callable[[*Ts, TaskHandle], Awaitable[R]],
+            *args: *Ts,
+            **options: Unpack[SubmitOptions],
+        ) -> TaskRef[R]: ...
+
+        @overload
+        def submit_nowait(
+            self, fn: Callable[[*Ts], R], *args: *Ts, **options: Unpack[SubmitOptions]
+        ) -> TaskRef[R]: ...
+
+        @overload
+        def submit_nowait(
+            self, fn: Callable[[*Ts, TaskHandle], R], *args: *Ts, **options: Unpack[SubmitOptions]
+        ) -> TaskRef[R]: ...
+
+        @overload
+        def submit_nowait(
+            self,
+            fn: TakesHandleKeyword[*Ts] | TakesTaskHandleKeyword[*Ts],
+            *args: *Ts,
+            **options: Unpack[SubmitOptions],
+        ) -> TaskRef[Any]: ...
+
+    def submit_nowait(
+        self,
+        fn: Callable[..., Any],
+        *args: object,
+        name: str | None = None,
+        task_id: str | None = None,
+        timeout: float | None = None,
+        budget: float | None = None,
+        correlation_id: str | None = None,
+        key: str | None = None,
+        priority: int | None = None,
+    ) -> TaskRef[Any]:
+        """Submit ``fn(*args)`` and return its `TaskRef` at once: like `Executor.submit`
+        (the same options and errors), but never blocks, so under ``Overflow.BLOCK``
+        a full executor raises `TaskRejected` (as under ``REJECT``)."""
+        core = self._core
+        job = core.new_job(
+            fn, args, name, task_id, timeout, budget, correlation_id, None, key, priority
+        )
+        core.submit_nowait(job)
+        return TaskRef(job)
+
+    def cancel_pending(self) -> int:
+        """End every task that has not started yet as ``CANCELLED``; return how many.
+
+        Never blocks. Running and deferred tasks, and tasks waiting between
+        attempts, are not touched.
+        """
+        return self._core.lifecycle.cancel_pending()
+
+    def statistics(self) -> ExecutorMetrics:
+        """A frozen `ExecutorMetrics` snapshot. Never blocks."""
+        return self._core.statistics()
+
+    @property
+    def metrics(self) -> ExecutorMetrics:
+        """The same snapshot as `statistics`, as a property (an alias, as API.md §3
+        names both)."""
+        return self.statistics()
+
+    @property
+    def events(self) -> EventStream:
+        """The bounded `HealthEvent` stream, read with ``async for event in
+        ex.events`` (or ``get_nowait``, in a test of a `DeterministicExecutor`).
+
+        Buffers from the executor's start; when the reader lags, the oldest unread
+        events are dropped and counted (``events_dropped_count``). Iteration ends
+        after the executor has closed and the buffer is empty.
+        """
+        return self._core.events
+
+
+@final
+class Executor(Facade):
     """The object `open_executor` yields. See `open_executor` for the options."""
 
-    def __init__(
-        self,
-        config: ExecutorConfig,
-        store: Store | None = None,
-        specs: dict[str, TaskSpec] | None = None,
-        workflows: dict[str, Workflow] | None = None,
-    ) -> None:
-        self._core = core = ExecutorCore(config, store, specs)
+    def __init__(self, setup: Setup) -> None:
+        self._core = core = ExecutorCore(setup.config, setup.store, setup.specs)
         self._runs = WorkflowRuns(
-            workflows or {},
+            setup.workflows,
             core,
             core.journal,
             core.events,
@@ -172,60 +308,6 @@ class Executor:
     if TYPE_CHECKING:  # its overloads (see `trioexec._taskref.Ts`)
 
         @overload
-        def submit_nowait(
-            self, fn: Callable[[*Ts], Awaitable[R]], *args: *Ts, **options: Unpack[SubmitOptions]
-        ) -> TaskRef[R]: ...
-
-        @overload
-        def submit_nowait(
-            self,
-            fn: Callable[[*Ts, TaskHandle], Awaitable[R]],
-            *args: *Ts,
-            **options: Unpack[SubmitOptions],
-        ) -> TaskRef[R]: ...
-
-        @overload
-        def submit_nowait(
-            self, fn: Callable[[*Ts], R], *args: *Ts, **options: Unpack[SubmitOptions]
-        ) -> TaskRef[R]: ...
-
-        @overload
-        def submit_nowait(
-            self, fn: Callable[[*Ts, TaskHandle], R], *args: *Ts, **options: Unpack[SubmitOptions]
-        ) -> TaskRef[R]: ...
-
-        @overload
-        def submit_nowait(
-            self,
-            fn: TakesHandleKeyword[*Ts] | TakesTaskHandleKeyword[*Ts],
-            *args: *Ts,
-            **options: Unpack[SubmitOptions],
-        ) -> TaskRef[Any]: ...
-
-    def submit_nowait(
-        self,
-        fn: Callable[..., Any],
-        *args: object,
-        name: str | None = None,
-        task_id: str | None = None,
-        timeout: float | None = None,
-        budget: float | None = None,
-        correlation_id: str | None = None,
-        key: str | None = None,
-        priority: int | None = None,
-    ) -> TaskRef[Any]:
-        """Like `submit`, but never blocks: under ``Overflow.BLOCK`` a full executor
-        raises `TaskRejected`."""
-        core = self._core
-        job = core.new_job(
-            fn, args, name, task_id, timeout, budget, correlation_id, None, key, priority
-        )
-        core.submit_nowait(job)
-        return TaskRef(job)
-
-    if TYPE_CHECKING:  # its overloads (see `trioexec._taskref.Ts`)
-
-        @overload
         async def run(self, fn: Callable[[*Ts], Awaitable[R]], *args: *Ts) -> R: ...
 
         @overload
@@ -255,14 +337,6 @@ class Executor:
         ref = await self.submit(fn, *args)
         completion = await ref.wait()
         return completion.unwrap()
-
-    def cancel_pending(self) -> int:
-        """End every task that has not started yet as ``CANCELLED``; return how many.
-
-        Never blocks. Running and deferred tasks, and tasks waiting between
-        attempts, are not touched.
-        """
-        return self._core.lifecycle.cancel_pending()
 
     # ---------------------------------------------------------------- workflows
 
@@ -415,25 +489,6 @@ class Executor:
         """
         return self._core.pending.statistics(check_key(key))
 
-    def statistics(self) -> ExecutorMetrics:
-        """A frozen `ExecutorMetrics` snapshot. Never blocks."""
-        return self._core.statistics()
-
-    @property
-    def events(self) -> EventStream:
-        """The bounded `HealthEvent` stream: ``async for event in ex.events``.
-
-        Buffers from the executor's start; when the reader lags, the oldest unread
-        events are dropped and counted (``events_dropped_count``). Iteration ends
-        after the executor has closed and the buffer is empty.
-        """
-        return self._core.events
-
-    @property
-    def metrics(self) -> ExecutorMetrics:
-        """The same snapshot as `statistics`."""
-        return self._core.statistics()
-
     async def shutdown(
         self, policy: ShutdownPolicy | None = None, *, grace: float | None = None
     ) -> None:
@@ -519,25 +574,7 @@ def _same_leaves(a: BaseException, b: BaseException) -> bool:
 
 
 @asynccontextmanager
-async def open_executor(
-    *,
-    max_concurrent_tasks: int = 4,
-    queue_capacity: int = 1024,
-    overflow: Overflow = Overflow.BLOCK,
-    shutdown_policy: ShutdownPolicy = ShutdownPolicy.DRAIN,
-    thread_workers: int | None = None,
-    store: Store | None = None,
-    event_capacity: int = 1024,
-    task_budget: float | None = None,
-    tasks: Iterable[object] = (),
-    recover: bool = False,
-    lease: float = 30.0,
-    max_recovery_attempts: int = 3,
-    key_limits: KeyLimit | Mapping[str, KeyLimit] | None = None,
-    priority_aging: float | None = 60.0,
-    shutdown_grace: float | None = None,
-    report_unread_failures: bool = True,
-) -> AsyncIterator[Executor]:
+async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Executor]:
     """Open an executor whose tasks run in a nursery inside this block. Every
     option is keyword-only.
 
@@ -565,35 +602,44 @@ async def open_executor(
     them from ``tasks``. See `Executor.flush` for what waits for durability.
 
     Args:
-      max_concurrent_tasks: the slots: how many tasks hold one at once (>= 1).
-      queue_capacity: how many accepted tasks may wait beyond the slots (>= 0).
-        Admission is bounded by ``max_concurrent_tasks + queue_capacity``,
-        counted over pending, active and deferred tasks.
-      overflow: what a submission does when that bound is reached (`Overflow`).
-      shutdown_policy: how leaving the block ends the work (`ShutdownPolicy`).
+      max_concurrent_tasks: the slots: how many tasks hold one at once (>= 1;
+        default 4).
+      queue_capacity: how many accepted tasks may wait beyond the slots (>= 0;
+        default 1024). Admission is bounded by ``max_concurrent_tasks +
+        queue_capacity``, counted over pending, active and deferred tasks.
+      overflow: what a submission does when that bound is reached (`Overflow`;
+        default ``BLOCK``).
+      shutdown_policy: how leaving the block ends the work (`ShutdownPolicy`;
+        default ``DRAIN``).
       thread_workers: how many plain ``def`` tasks run in threads at once
-        (None: ``max_concurrent_tasks``).
+        (None, the default: ``max_concurrent_tasks``).
       store: where every execution is recorded (`SQLiteStore`, `PostgresStore`,
-        `MemoryStore`); None: nothing is recorded. The caller closes it.
+        `MemoryStore`); None (the default): nothing is recorded. The caller
+        closes it.
       event_capacity: how many unread `HealthEvent` values ``ex.events`` keeps;
-        past it the oldest are dropped and counted.
+        past it the oldest are dropped and counted (default 1024).
       task_budget: the cooperative budget, in seconds of active (slot-holding)
         time, of a task submitted without a ``budget`` of its own (neither on
-        `Executor.submit` nor on its `TaskSpec`); None: no budget. A task over
-        its budget is not interrupted: its completion says
+        `Executor.submit` nor on its `TaskSpec`); None (the default): no budget.
+        A task over its budget is not interrupted: its completion says
         ``budget_exceeded=True`` and ``timeout_budget_exceeded_count`` counts it.
       tasks: the `TaskSpec` values and `Workflow` objects that recovery and
-        ``trioexec retry`` may re-create executions from, by id.
-      recover: with a store, re-run the executions whose owner's lease expired.
-      lease: seconds of the executor's lease on its executions (with a store).
+        ``trioexec retry`` may re-create executions from, by id (default none).
+      recover: with a store, re-run the executions whose owner's lease expired
+        (default False).
+      lease: seconds of the executor's lease on its executions (with a store;
+        default 30).
       max_recovery_attempts: how many times one execution may be recovered
-        before it is failed as ``abandoned``.
+        before it is failed as ``abandoned`` (default 3).
       key_limits: one `KeyLimit` for every admission key, or a mapping from key
-        to `KeyLimit` (``"*"``: every key not listed); None: keys are not limited.
+        to `KeyLimit` (``"*"``: every key not listed); None (the default): keys
+        are not limited.
       priority_aging: a pending task's priority rises by 1 for every that many
-        seconds it has waited; None: no aging.
+        seconds it has waited (default 60); None: no aging.
       shutdown_grace: how long a shutdown may drain before what is left is
-        cancelled; None: no limit.
+        cancelled; None (the default): no limit.
+      report_unread_failures: say which failures nobody read, as above (default
+        True).
 
     Example::
 
@@ -601,22 +647,9 @@ async def open_executor(
             ref = await ex.submit(fetch, url)
             print((await ref.wait()).result)
     """
-    config = ExecutorConfig(
-        max_concurrent_tasks=max_concurrent_tasks,
-        queue_capacity=queue_capacity,
-        overflow=overflow,
-        shutdown_policy=shutdown_policy,
-        thread_workers=thread_workers,
-        event_capacity=event_capacity,
-        task_budget=task_budget,
-        lease=lease,
-        max_recovery_attempts=max_recovery_attempts,
-        key_limits=key_limits,  # (its converter checks it)
-        priority_aging=priority_aging,
-        shutdown_grace=shutdown_grace,
-    )
-    specs, workflows = split_tasks(tasks)
-    check_store(store)
+    setup = Setup.read(options)
+    store, recover = setup.store, setup.recover
+    lease, attempts = setup.config.lease, setup.config.max_recovery_attempts
     if recover and store is None:
         raise ValueError("recover=True needs a store to recover from")
     body_error: list[BaseException] = []  # what the body raised, if anything
@@ -626,7 +659,7 @@ async def open_executor(
         # heartbeat in the outer one, so the last completions are written after
         # the last worker has finished, whatever ended the block.
         async with trio.open_nursery() as infra:
-            ex = Executor(config, store, specs, workflows)
+            ex = Executor(setup)
             core = ex._core
             # The writer and the heartbeat keep going, whatever cancels the block,
             # until every task has ended and the rest is written: a lease must not
@@ -642,11 +675,9 @@ async def open_executor(
                     ex._runs.nursery = nursery
                     if recover:
                         assert core.recovery is not None
-                        more = await core.recovery.recover(max_recovery_attempts)
+                        more = await core.recovery.recover(attempts)
                         core.control.on_retry = core.recovery.poke
-                        infra.start_soon(
-                            core.guarded, core.recovery.run, lease, max_recovery_attempts, more
-                        )
+                        infra.start_soon(core.guarded, core.recovery.run, lease, attempts, more)
                     try:
                         yield ex
                     except BaseException as exc:
@@ -674,7 +705,7 @@ async def open_executor(
         _raise_single(group, body_error)
         raise
     finally:
-        if report_unread_failures and core is not None:
+        if setup.report_unread_failures and core is not None:
             _report_unread(core)
     if core.lifecycle.failure is not None:
         # Whatever the body was doing was cancelled by the failure: this is the error.
