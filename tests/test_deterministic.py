@@ -412,3 +412,19 @@ def test_it_takes_every_option_open_executor_takes() -> None:
         assert [(p.name, p.kind) for p in params] == [("options", inspect.Parameter.VAR_KEYWORD)]
         hints = typing.get_type_hints(fn, include_extras=True)
         assert hints["options"] == typing.Unpack[ExecutorOptions]
+
+
+async def test_an_unknown_option_is_refused_naming_it_and_the_call() -> None:
+    """A misspelled option (``max_concurent_tasks``) is one TypeError that names
+    the option and the call, on either facade; nothing starts."""
+    from trioexec import DeterministicExecutor, open_executor
+
+    with pytest.raises(
+        TypeError, match=r"DeterministicExecutor\(\) got an unexpected option 'prio'"
+    ):
+        DeterministicExecutor(prio=1)  # type: ignore[call-arg]
+    with pytest.raises(
+        TypeError, match=r"open_executor\(\) got an unexpected option 'max_concurent_tasks'"
+    ):
+        async with open_executor(max_concurent_tasks=2):  # type: ignore[call-arg]
+            pass

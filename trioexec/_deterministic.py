@@ -40,7 +40,7 @@ class DeterministicExecutor(Facade):
     """
 
     def __init__(self, **options: Unpack[ExecutorOptions]) -> None:
-        setup = Setup.read(options)
+        setup = Setup.read(options, "DeterministicExecutor()")
         # (report_unread_failures: taken as open_executor takes it; `run_ready`
         # returns every completion it makes, so none is ever left unread here)
         store = setup.store

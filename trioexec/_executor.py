@@ -79,9 +79,13 @@ class Setup:
     report_unread_failures: bool
 
     @classmethod
-    def read(cls, options: ExecutorOptions) -> Setup:
-        """Raises what `ExecutorConfig`, `split_tasks` and `check_store` raise (an
-        unknown option is a `TypeError` of `ExecutorConfig`'s)."""
+    def read(cls, options: ExecutorOptions, caller: str) -> Setup:
+        """Raises TypeError naming ``caller`` for an option it does not take, and
+        what `ExecutorConfig`, `split_tasks` and `check_store` raise."""
+        unknown = sorted(set(options) - set(ExecutorOptions.__annotations__))
+        if unknown:
+            known = ", ".join(ExecutorOptions.__annotations__)
+            raise TypeError(f"{caller} got an unexpected option {unknown[0]!r} (it takes {known})")
         rest: dict[str, Any] = dict(options)
         store = rest.pop("store", None)
         tasks = rest.pop("tasks", ())
@@ -647,7 +651,7 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
             ref = await ex.submit(fetch, url)
             print((await ref.wait()).result)
     """
-    setup = Setup.read(options)
+    setup = Setup.read(options, "open_executor()")
     store, recover = setup.store, setup.recover
     lease, attempts = setup.config.lease, setup.config.max_recovery_attempts
     if recover and store is None:
