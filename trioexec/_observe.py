@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING, Any, Protocol, final
 from ._records import safe_repr
 
 if TYPE_CHECKING:
-    from ._lifecycle import Lifecycle
     from ._records import TaskStatus
     from ._taskref import Job
 
@@ -46,6 +45,16 @@ class Observer(Protocol):
         store: another owner has the task, and nothing of this end was recorded
         (its status is now ``CANCELLED``, its waiters told ``lease_lost``)."""
         ...
+
+
+class Observed(Protocol):
+    """Where an executor tells its observer (its lifecycle), as `trioexec.contrib`
+    sees it: the observer to tell (several through `combine`), and what a live
+    task waits on."""
+
+    observer: Observer | None
+
+    def waiting_on(self, job: Job) -> str | None: ...
 
 
 @final
@@ -122,10 +131,10 @@ def combine(current: Observer | None, new: Observer) -> Observers:
     return Observers(new) if current is None else Observers(current, new)
 
 
-def lifecycle_of(ex: Any) -> Lifecycle:
+def lifecycle_of(ex: Any) -> Observed:
     """Where ``ex`` (an `Executor` or a `DeterministicExecutor`) tells its
     observer (``.observer``, several through `combine`), for `trioexec.contrib`."""
-    lifecycle: Lifecycle = ex._core.lifecycle
+    lifecycle: Observed = ex._core.lifecycle
     return lifecycle
 
 

@@ -74,7 +74,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 import trioexec
-from trioexec._observe import Observers, combine, lifecycle_of, logger, owner_of
+from trioexec._observe import Observed, Observers, combine, lifecycle_of, logger, owner_of
 from trioexec._records import TaskStatus, safe_repr
 from trioexec.durable._store import UNTRACED, trace_with
 
@@ -86,7 +86,6 @@ if TYPE_CHECKING:
     from opentelemetry.util.types import AttributeValue
 
     from trioexec import DeterministicExecutor, Executor
-    from trioexec._lifecycle import Lifecycle
     from trioexec._taskref import Job
     from trioexec.durable import DurableStore
 
@@ -245,7 +244,7 @@ class _Tracing:
 
     __slots__ = ("client_id", "lifecycle", "tasks", "tracer")
 
-    def __init__(self, tracer: trace.Tracer, lifecycle: Lifecycle, client_id: str) -> None:
+    def __init__(self, tracer: trace.Tracer, lifecycle: Observed, client_id: str) -> None:
         self.tracer = tracer
         self.lifecycle = lifecycle
         self.client_id = client_id
