@@ -4,6 +4,7 @@ change records it hands over in batches (group commit)."""
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, Literal, Protocol
@@ -112,12 +113,16 @@ def submit_row(change: Change) -> list[object]:
 ARG = "<arg>"
 #: Take it only if the row has none yet (``coalesce(column, value)``).
 FIRST = "<first>"
+#: One more than it was (a version: the owner that had it is fenced out).
+BUMP = "<bump>"
 #: What each kind of change does to a live execution's row: the statuses it
 #: applies in (fenced otherwise, as is a version that is not the row's), and
 #: each column it sets: to a constant, or to the change's value (`ARG`, `FIRST`).
 #: The one statement of these rules: the memory store's rows (`apply_change`), the
 #: rows a batch folds before inserting them (`fold_row`) and the SQL stores'
 #: ``UPDATE`` statements (`update_sql`) all derive from it.
+#: What ending an execution clears.
+_ENDED = {"sub_status": None, "deferred_since": None, "waiting_on": None, "traceback": None}
 TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
     "start": (
         LIVE,
@@ -155,6 +160,32 @@ TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
             "args": FIRST,  # (a dead letter's arguments, if the row has none)
         },
     ),
+    # What a store does on its own (never journaled by an executor): end a live
+    # execution (a recovery verdict, a run's superseded steps), cancel one with no
+    # live owner (a command), and claim one an expired owner left.
+    "end": (LIVE, {"status": ARG, **_ENDED, "finished_at": ARG, "error": ARG}),
+    "cancel": (
+        LIVE,
+        {
+            "status": TaskStatus.CANCELLED,
+            "version": BUMP,
+            **_ENDED,
+            "finished_at": ARG,
+            "error": ARG,
+        },
+    ),
+    "claim": (
+        LIVE,
+        {
+            "owner": ARG,
+            "version": BUMP,
+            "status": TaskStatus.PENDING,
+            "sub_status": None,
+            "deferred_since": None,
+            "waiting_on": "slot",
+            "recovery_attempts": ARG,
+        },
+    ),
 }
 
 
@@ -170,6 +201,7 @@ class _Plan:
     constants: tuple[tuple[Any, object], ...]  #: (place, value)
     args: tuple[tuple[Any, int], ...]  #: (place, the change's field)
     firsts: tuple[tuple[Any, int], ...]  #: (place, the change's field), if none yet
+    bumps: tuple[Any, ...]  #: places one more than they were
 
 
 def _plans(place: Callable[[str], object]) -> dict[object, _Plan]:
@@ -182,9 +214,10 @@ def _plans(place: Callable[[str], object]) -> dict[object, _Plan]:
             place("version"),
             place("status"),
             3 + len(fields),
-            tuple((place(c), how) for c, how in sets.items() if c not in field),
+            tuple((place(c), how) for c, how in sets.items() if c not in field and how is not BUMP),
             tuple((place(c), field[c]) for c, how in sets.items() if how is ARG),
             tuple((place(c), field[c]) for c, how in sets.items() if how is FIRST),
+            tuple(place(c) for c, how in sets.items() if how is BUMP),
         )
     return plans
 
@@ -210,13 +243,17 @@ def _fold(row: Any, change: Change, plans: dict[object, _Plan]) -> bool:
     for place, field in plan.firsts:
         if row[place] is None:
             row[place] = change[field]
+    for place in plan.bumps:
+        row[place] += 1
     return True
 
 
-def update_sql(kind: str, mark: str) -> str:
+@functools.cache
+def update_sql(kind: str, mark: str, by: str = "task_id = {m} AND version = {m}") -> str:
     """The SQL stores' ``UPDATE`` of an execution by a change of ``kind``
     (`TRANSITIONS`), with ``mark`` as the placeholder: its parameters are the
-    change's fields after its version, then its task id and version."""
+    change's fields after its version, then those of ``by`` (the rows it
+    updates: the task id and version by default)."""
     guard, sets = TRANSITIONS[kind]
     assignments = []
     for column, how in sets.items():
@@ -224,13 +261,15 @@ def update_sql(kind: str, mark: str) -> str:
             assignments.append(f"{column} = {mark}")
         elif how is FIRST:
             assignments.append(f"{column} = coalesce({column}, {mark})")
+        elif how is BUMP:
+            assignments.append(f"{column} = {column} + 1")
         else:  # (constants: None or a status, never a caller's text)
             value = "NULL" if how is None else repr(getattr(how, "value", how))
             assignments.append(f"{column} = {value}")
     statuses = ", ".join(repr(s.value) for s in guard)
     return (
         f"UPDATE executions SET {', '.join(assignments)}"
-        f" WHERE task_id = {mark} AND version = {mark} AND status IN ({statuses})"
+        f" WHERE {by.format(m=mark)} AND status IN ({statuses})"
     )
 
 

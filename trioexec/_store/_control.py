@@ -38,7 +38,7 @@ from typing import Any
 import attrs
 
 from .._records import ExecutionRecord, TaskStatus, check_id, stored_float, stored_int
-from ._base import COMMAND_FIELDS, LIVE, Command, Pause, Requeued
+from ._base import COMMAND_FIELDS, LIVE, Command, Pause, Requeued, update_sql
 from ._sql import SELECT_RECORDS, record_of
 
 #: What `Store.command` does; a "retry" is recorded by `Store.requeue`.
@@ -364,10 +364,7 @@ def sql_command(
     if in_store:
         assert record is not None
         conn.execute(
-            "UPDATE executions SET status = 'cancelled', version = version + 1,"
-            " sub_status = NULL, deferred_since = NULL, waiting_on = NULL, traceback = NULL,"
-            f" finished_at = {m}, error = {m} WHERE task_id = {m} AND version = {m}",
-            (now, cancelled_by(who), record.task_id, record.version),
+            update_sql("cancel", m), (now, cancelled_by(who), record.task_id, record.version)
         )
     return append_command(
         conn,

@@ -186,16 +186,7 @@ class MemoryControl:
             changed, in_store, detail = cancel_plan(None if row is None else self._record(row), now)
             if in_store:
                 assert row is not None
-                row.update(
-                    status=TaskStatus.CANCELLED,
-                    version=row["version"] + 1,
-                    sub_status=None,
-                    deferred_since=None,
-                    waiting_on=None,
-                    traceback=None,
-                    finished_at=now,
-                    error=cancelled_by(who),
-                )
+                apply_change(row, ("cancel", task_id, row["version"], now, cancelled_by(who)))
             return self._append(
                 now, who, at, kind="cancel", task_id=task_id, changed=changed, detail=detail
             )
@@ -384,16 +375,8 @@ class MemoryStore(MemorySchedules, MemoryControl):
 
     def _end_steps(self, run_id: str, status: TaskStatus, now: float, error: str) -> None:
         for row in self._rows.values():
-            if row["run_id"] == run_id and row["status"] in LIVE:
-                row.update(
-                    status=status,
-                    sub_status=None,
-                    deferred_since=None,
-                    waiting_on=None,
-                    traceback=None,
-                    finished_at=now,
-                    error=error,
-                )
+            if row["run_id"] == run_id:
+                apply_change(row, ("end", row["task_id"], row["version"], status, now, error))
 
     def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
         with self._locked():
@@ -529,29 +512,14 @@ class MemoryStore(MemorySchedules, MemoryControl):
                     self._fail(row, now, ORPHANED)
                     orphaned.append(self._record(row))
                 elif verdict is Verdict.CLAIM:
-                    row.update(
-                        owner=owner,
-                        version=row["version"] + 1,
-                        status=TaskStatus.PENDING,
-                        sub_status=None,
-                        deferred_since=None,
-                        waiting_on="slot",
-                        recovery_attempts=claimed_attempts(record),
-                    )
+                    claim = ("claim", record.task_id, record.version, owner)
+                    apply_change(row, (*claim, claimed_attempts(record)))
                     claimed.append(self._record(row))
             return Recovery(claimed, orphaned, abandoned)
 
     @staticmethod
     def _fail(row: dict[str, Any], now: float, error: str) -> None:
-        row.update(
-            status=TaskStatus.FAILED,
-            sub_status=None,
-            deferred_since=None,
-            waiting_on=None,
-            traceback=None,
-            finished_at=now,
-            error=error,
-        )
+        apply_change(row, ("end", row["task_id"], row["version"], TaskStatus.FAILED, now, error))
 
     def executions(
         self,

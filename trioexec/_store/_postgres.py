@@ -31,11 +31,6 @@ _INSERT_ROWS = (
 )
 #: (ON CONFLICT's speculative insertion costs the server more per row: only after a race)
 _INSERT_NEW_ROWS = _INSERT_ROWS + " ON CONFLICT (task_id) DO NOTHING RETURNING task_id"
-_CLAIM = (
-    "UPDATE executions e SET owner = %s, version = version + 1, status = 'pending',"
-    " sub_status = NULL, deferred_since = NULL, waiting_on = 'slot', recovery_attempts = c.n"
-    " FROM unnest(%s::text[], %s::integer[]) AS c(task_id, n) WHERE e.task_id = c.task_id"
-)
 # Key rounds read each key's rows after taking its lock: every statement must see
 # the rounds committed before (a REPEATABLE READ default would read a snapshot
 # from before the lock, and grant past the limit).
@@ -117,10 +112,6 @@ class PostgresStore(SQLStore):
             inserted = {row[0] for row in conn.execute(_INSERT_NEW_ROWS, columns)}
             return [str(r[1]) for r in rows if r[1] not in inserted]
         return []
-
-    def _claim(self, conn: Connection, owner: str, claim: dict[str, tuple[int, int]]) -> None:
-        # (one statement, not one per row: they are locked, ours)
-        conn.execute(_CLAIM, (owner, list(claim), [n for _, n in claim.values()]))
 
     def _begin(self, conn: Connection) -> None:
         conn.execute(_READ_COMMITTED)  # (whatever the database's default)

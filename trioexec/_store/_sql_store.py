@@ -78,12 +78,6 @@ _LIVE = "('pending', 'running')"
 _UPDATES_BY_MARK = {
     d.mark: {kind: update_sql(kind, d.mark) for kind in TRANSITIONS} for d in DIALECTS
 }
-#: Ends an execution that is still live (`recover`'s and `claim_runs`' failures,
-#: a run's superseded steps); its guard follows.
-_END = (
-    "UPDATE executions SET status = {m}, sub_status = NULL, deferred_since = NULL,"
-    " waiting_on = NULL, traceback = NULL, finished_at = {m}, error = {m}"
-)
 
 
 class Database(Protocol):
@@ -132,11 +126,6 @@ class SQLStore:
     def _insert_rows(self, conn: Any, rows: list[list[object]]) -> list[str]:
         """Insert a batch's new rows ("row" changes); the ids of those refused (an
         execution another host inserted meanwhile)."""
-        raise NotImplementedError
-
-    def _claim(self, conn: Any, owner: str, claim: dict[str, tuple[int, int]]) -> None:
-        """Give the locked executions ``claim`` (task id -> (version, recovery
-        attempts once claimed)) to ``owner``, pending again."""
         raise NotImplementedError
 
     def _begin(self, conn: Any) -> None:
@@ -320,7 +309,10 @@ class SQLStore:
                 elif verdict is Verdict.CLAIM:
                     claim[record.task_id] = (record.version, claimed_attempts(record))
             if claim:
-                self._claim(conn, owner, claim)
+                conn.cursor().executemany(  # (psycopg's connections have no executemany)
+                    update_sql("claim", m),
+                    [(owner, n, task_id, version) for task_id, (version, n) in claim.items()],
+                )
                 claimed = [
                     record_of(row, self.path)
                     for row in conn.execute(
@@ -333,7 +325,7 @@ class SQLStore:
     def _end(self, conn: Any, record: ExecutionRecord, now: float, error: str) -> None:
         m = self.dialect.mark
         conn.execute(
-            _END.format(m=m) + f" WHERE task_id = {m} AND version = {m}",
+            update_sql("end", m),
             ("failed", now, error, record.task_id, record.version),
         )
 
@@ -485,7 +477,7 @@ class SQLStore:
     def _end_steps(self, conn: Any, run_id: str, status: str, now: float, error: str) -> None:
         m = self.dialect.mark
         conn.execute(
-            _END.format(m=m) + f" WHERE run_id = {m} AND status IN {_LIVE}",
+            update_sql("end", m, "run_id = {m}"),
             (status, now, error, run_id),
         )
 

@@ -104,13 +104,6 @@ class SQLiteStore(SQLStore):
             conn.executemany(_INSERT_EACH, (row[1:] for row in rows))
         return []
 
-    def _claim(
-        self, conn: sqlite3.Connection, owner: str, claim: dict[str, tuple[int, int]]
-    ) -> None:
-        conn.executemany(
-            _CLAIM, ((owner, attempts, t, version) for t, (version, attempts) in claim.items())
-        )
-
     def durable_tables(self) -> SQLiteTables:
         """The durable tables of this store's file, for `trioexec.durable`, on a
         connection of their own (read-only if the store is; closed by their
@@ -131,8 +124,3 @@ _INSERT_EACH = (
     f" VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
 )
 _JSON_ARROW = sqlite3.sqlite_version_info >= (3, 38)  # the ->> operator
-_CLAIM = (
-    "UPDATE executions SET owner = ?, version = version + 1, status = 'pending',"
-    " sub_status = NULL, deferred_since = NULL, waiting_on = 'slot', recovery_attempts = ?"
-    " WHERE task_id = ? AND version = ?"
-)
