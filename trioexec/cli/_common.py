@@ -19,6 +19,7 @@ import click
 
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError
+from trioexec._records import age
 from trioexec._store._pg_conn import mask, redact
 
 try:
@@ -90,14 +91,8 @@ def parse_age(text: str) -> float:
 
 
 def ago(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
+    """An age for a table: 40.0s, 3.5m, 36.0h (hours at most); empty for None."""
+    return "" if seconds is None else age(seconds, tenths=True, days=False)
 
 
 def stamp(t: float | None) -> str:
