@@ -69,7 +69,7 @@ class Dashboard:
         # The macros as globals, not imports: a block rendered alone (a fragment)
         # does not run its template's top-level imports.
         macros = self.env.get_template("_macros.html").module
-        for name in ("csrf_field", "back_field", "task_rows", "task_head"):
+        for name in ("csrf_field", "back_field", "task_rows", "task_head", "choice", "pager"):
             self.env.globals[name] = getattr(macros, name)
         self.db_label = db_label(db)
 
