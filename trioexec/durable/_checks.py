@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from .._records import stored_float, stored_int
@@ -64,6 +65,13 @@ def check_create(id: object, ikc: object, target: object, tags: object) -> None:
     check_optional_id(ikc, "idempotency_key")
     check_optional_id(target, "target")
     check_tags(tags)
+
+
+def check_holds(pid: object, tasks: Iterable[tuple[object, int]]) -> None:
+    """``pid`` and the id of each of ``tasks`` (id, version) are usable ids."""
+    check_id(pid, "pid")
+    for id, _ in tasks:
+        check_id(id, "task id")
 
 
 def promise_record(row: Row) -> PromiseRecord:
