@@ -19,8 +19,7 @@ from ._checks import (
     check_id,
     check_limit,
     check_optional_id,
-    check_timeout,
-    check_ttl,
+    check_seconds,
     encode,
     new_rows,
     promise_record,
@@ -174,7 +173,7 @@ class Core:
         tags: dict[str, str] | None = None,
         target: str | None = None,
     ) -> PromiseRecord:
-        check_timeout(timeout)
+        check_seconds(timeout, "timeout", zero=True)
         with self.tables.transaction():
             now = self._begin()
             return promise_record(
@@ -304,8 +303,8 @@ class Core:
         target: str,
     ) -> TaskRecord:
         check_id(id, "task id")
-        check_timeout(timeout)
-        check_ttl(ttl)
+        check_seconds(timeout, "timeout", zero=True)
+        check_seconds(ttl, "ttl")
         check_id(pid, "pid")
         check_id(target, "target")
         with self.tables.transaction():
@@ -319,7 +318,7 @@ class Core:
             return self.task_record(task)
 
     def acquire(self, id: str, version: int, *, pid: str, ttl: float) -> TaskRecord:
-        check_ttl(ttl)
+        check_seconds(ttl, "ttl")
         check_id(pid, "pid")
         with self.tables.transaction():
             now = self._begin()
@@ -339,7 +338,7 @@ class Core:
         `acquire` would: version + 1, a lease of ``ttl``), each with its promise's
         data (JSON text): all a worker needs to start the work, in one transaction
         (two claims at once never get the same task)."""
-        check_ttl(ttl)
+        check_seconds(ttl, "ttl")
         check_limit(limit)
         check_id(target, "target")
         check_id(pid, "pid")
@@ -446,7 +445,7 @@ class Core:
         check_id(id, "task id")
         if isinstance(action, PromiseCreate):
             check_id(action.id, "promise id")
-            check_timeout(action.timeout)
+            check_seconds(action.timeout, "timeout", zero=True)
         elif isinstance(action, PromiseSettle):
             check_id(action.id, "promise id")
         else:

@@ -59,7 +59,7 @@ from .._records import ShutdownPolicy, safe_repr
 from .._records import check_id as check_task_id
 from .._spec import CallInfo, call_info
 from .._taskref import TaskRef
-from ._checks import check_id, encode
+from ._checks import check_id, check_seconds, encode
 from ._records import Conflict, Suspend, TaskRecord
 from ._store import DurableStore, Wakeup, claim_work, lost_leases, open_wakeup
 from ._suspend import DurableHandle, leftover
@@ -67,11 +67,6 @@ from ._suspend import DurableHandle, leftover
 #: A worker holds at most this many times its slots in tasks claimed ahead (held,
 #: not started).
 AHEAD = 16
-
-
-def _check_seconds(value: object, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
 
 
 @final
@@ -644,8 +639,8 @@ async def open_worker(
         async with open_worker(ds, "refunds", refund, lease=10) as worker:
             await trio.sleep_forever()
     """
-    _check_seconds(lease, "lease")
-    _check_seconds(poll_interval, "poll_interval")
+    check_seconds(lease, "lease")
+    check_seconds(poll_interval, "poll_interval")
     check_id(target, "target")
     pid = check_id(pid, "pid") if pid is not None else _default_pid()
     if not callable(handlers) and not isinstance(handlers, Mapping):
