@@ -302,7 +302,7 @@ class ExecutionRecord:
         gone = self.owner_gone_for(now)
         if gone is None:
             return None
-        since = "no owner" if self.owner is None else f"owner gone {_duration(gone)} ago"
+        since = "no owner" if self.owner is None else f"owner gone {age(gone)} ago"
         if self.run_id is not None:  # (a step: recovery resumes its workflow run)
             return f"{since}; an executor with recover=True will resume its run"
         if self.recreatable:
@@ -310,9 +310,15 @@ class ExecutionRecord:
         return f"{since}; orphaned: it cannot be re-created, recovery will fail it"
 
 
-def _duration(seconds: float) -> str:
-    """``seconds`` as a person reads an age: 40s, 3m, 2h, 5d."""
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{int(seconds // size)}{unit}"
-    return f"{int(seconds)}s"
+def age(seconds: float, *, tenths: bool = False, days: bool = True) -> str:
+    """``seconds`` as a person reads an age, in the largest unit it reaches: whole
+    units rounded down (40s, 3m, 2h, 5d), or with ``tenths`` (40.0s, 3.5m); without
+    ``days``, hours are the largest (36.0h). A negative age (two clocks) reads 0.
+    The one rule for the owner notes, the CLI's and the dashboard's ages."""
+    seconds = max(0.0, seconds)
+    units = _UNITS if days else _UNITS[1:]
+    unit, size = next(((u, n) for u, n in units if seconds >= n), ("s", 1))
+    return f"{seconds / size:.1f}{unit}" if tenths else f"{int(seconds // size)}{unit}"
+
+
+_UNITS = (("d", 86400), ("h", 3600), ("m", 60))

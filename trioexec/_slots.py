@@ -176,12 +176,7 @@ class SlotToken:
         """
         if self._held:
             raise RuntimeError("this SlotToken already holds a slot")
-        try:
-            self._pool._limiter.acquire_on_behalf_of_nowait(self)
-        except trio.WouldBlock:
-            return False
-        self._held = True
-        return True
+        return self.hold_nowait()
 
     def hold_nowait(self) -> bool:
         """Hold a slot without waiting: True if this token holds one now (it

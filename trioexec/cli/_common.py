@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
@@ -19,6 +20,8 @@ import click
 
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError
+from trioexec._records import age
+from trioexec._store._open import is_postgres_url
 from trioexec._store._pg_conn import mask, redact
 
 try:
@@ -59,11 +62,14 @@ def cell(value: object) -> Text:
 
 
 @contextmanager
-def open_store(path: str) -> Iterator[SQLiteStore | PostgresStore]:
-    """An existing database (a SQLite file or a PostgreSQL URL) opened read-only,
-    or one clear line and exit 1."""
+def open_store(path: str, *, read_only: bool = True) -> Iterator[SQLiteStore | PostgresStore]:
+    """An existing database (a SQLite file or a PostgreSQL URL) opened read-only, or
+    to write (brought to this trioexec's schema if older), or one clear line and
+    exit 1."""
+    if not read_only and not is_postgres_url(path) and not os.path.exists(path):
+        fail(f"{path}: no such database file")  # (a writer would create it)
     try:
-        store = trioexec.open_store(path, read_only=True)
+        store = trioexec.open_store(path, read_only=read_only)
     except (StoreError, ValueError, ModuleNotFoundError) as exc:
         fail(str(exc))
     try:
@@ -90,14 +96,8 @@ def parse_age(text: str) -> float:
 
 
 def ago(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f}m"
-    return f"{seconds / 3600:.1f}h"
+    """An age for a table: 40.0s, 3.5m, 36.0h (hours at most); empty for None."""
+    return "" if seconds is None else age(seconds, tenths=True, days=False)
 
 
 def stamp(t: float | None) -> str:

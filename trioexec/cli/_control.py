@@ -5,41 +5,17 @@ with who sent it and when (``trioexec commands`` lists them)."""
 from __future__ import annotations
 
 import datetime
-import os
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import click
 from rich.text import Text
 
-import trioexec
-from trioexec import PostgresStore, SQLiteStore, StoreError
 from trioexec._control import who_am_i
 from trioexec._records import check_id
 from trioexec._store._control import SUPERSEDED_COMMAND
-from trioexec._store._open import is_postgres_url
 
 from ._common import EXIT_USAGE, ago, console, emit_json, err, fail, open_store, parse_age
 from ._table import Column, one_line, print_table
-
-
-@contextmanager
-def open_writable(db: str) -> Iterator[SQLiteStore | PostgresStore]:
-    """An existing database opened to write commands to (brought to this
-    trioexec's schema if older), or one clear line and exit 1."""
-    if not is_postgres_url(db) and not os.path.exists(db):  # (a writer would create it)
-        fail(f"{db}: no such database file")
-    try:
-        store = trioexec.open_store(db)
-    except (StoreError, ValueError, ModuleNotFoundError) as exc:
-        fail(str(exc))
-    try:
-        yield store
-    except StoreError as exc:
-        fail(str(exc))
-    finally:
-        store.close()
 
 
 def _targets(names: tuple[str, ...], keys: tuple[str, ...]) -> list[dict[str, str]]:
@@ -69,7 +45,7 @@ def _pause_or_resume(kind: str, db: str, names: tuple[str, ...], keys: tuple[str
     targets = _targets(names, keys)
     who = who_am_i()
     superseded = []
-    with open_writable(db) as store:
+    with open_store(db, read_only=False) as store:
         for target in targets:
             try:
                 command = store.command(
@@ -119,7 +95,7 @@ def cancel(db: str, task_ids: tuple[str, ...]) -> None:
     who = who_am_i()
     unknown = 0
     _check_ids(task_ids)
-    with open_writable(db) as store:
+    with open_store(db, read_only=False) as store:
         for task_id in task_ids:
             try:
                 command = store.command("cancel", task_id=task_id, who=who)
@@ -170,7 +146,7 @@ def retry(
     _check_ids(task_ids)
     if name is not None:
         _check_ids((name,), "name")
-    with open_writable(db) as store:
+    with open_store(db, read_only=False) as store:
         try:
             result = store.requeue(list(task_ids) or None, name=name, since=after, who=who_am_i())
         except ValueError as exc:

@@ -4,18 +4,17 @@
 from __future__ import annotations
 
 import json
-import os
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 import trio
 from rich.text import Text
 
-from trioexec import StoreError, TaskStatus
-from trioexec._store._open import is_postgres_url
+from trioexec import TaskStatus
+from trioexec._store._durable_rows import PromiseState, TaskState
 
 from ._common import (
     EXIT_PROBLEM,
@@ -33,9 +32,7 @@ from ._table import Column, print_table
 if TYPE_CHECKING:
     from trioexec.durable import DurableStore
 
-
-PROMISE_STATES = ["pending", "resolved", "rejected", "rejected_canceled", "rejected_timedout"]
-TASK_STATES = ["pending", "acquired", "suspended", "halted", "fulfilled"]
+T = TypeVar("T")
 
 
 class _DefaultList(click.Group):
@@ -53,18 +50,8 @@ def open_durable(db: str, *, read_only: bool = True) -> Iterator[DurableStore]:
     clear line and exit 1."""
     from trioexec.durable import DurableStore
 
-    if read_only:
-        with open_store(db) as store, DurableStore(store) as ds:
-            yield ds
-        return
-    if not is_postgres_url(db) and not os.path.exists(db):  # a writer would create it
-        fail(f"{db}: no such database file")
-    try:
-        writable = DurableStore(db)
-    except StoreError as exc:
-        fail(str(exc))
-    with writable:
-        yield writable
+    with open_store(db, read_only=read_only) as store, DurableStore(store) as ds:
+        yield ds
 
 
 @click.group(cls=_DefaultList)
@@ -72,77 +59,79 @@ def promises() -> None:
     """Durable promises: list them, or resolve/reject one (e.g. approve from a shell)."""
 
 
+def _listing(
+    db: str,
+    search: Callable[[DurableStore], Awaitable[tuple[list[T], str | None]]],
+    as_json: bool,
+    columns: list[Column],
+    cells: Callable[[T], list[object]],
+) -> None:
+    """The first page ``search`` finds in DB, as JSON or as a table."""
+    with open_durable(db) as ds:
+        rows, _ = trio.run(search, ds)
+    if as_json:
+        emit_json(rows)
+        return
+    print_table(console, columns, [cells(r) for r in rows])
+
+
 @promises.command("list")
 @click.argument("db", type=click.Path(dir_okay=False))
-@click.option("--state", type=click.Choice(PROMISE_STATES))
+@click.option("--state", type=click.Choice([s.value for s in PromiseState]))
 @click.option("--limit", type=click.IntRange(1), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
 def promises_list(db: str, state: str | None, limit: int, as_json: bool) -> None:
     """Promises in DB, by id."""
-    with open_durable(db) as ds:
-        rows, _ = trio.run(lambda: ds.promises.search(state=state, limit=limit))
-    if as_json:
-        emit_json(rows)
-        return
-    columns = [
-        Column("id"),
-        Column("state"),
-        Column("data", fold=True),
-        Column("times out"),
-        Column("tags", fold=True),
-    ]
-    table = [
+    _listing(
+        db,
+        lambda ds: ds.promises.search(state=state, limit=limit),
+        as_json,
         [
+            Column("id"),
+            Column("state"),
+            Column("data", fold=True),
+            Column("times out"),
+            Column("tags", fold=True),
+        ],
+        lambda p: [
             p.id,
             p.state.value,
             (p.data or "")[:40],
             stamp(p.timeout_at),
             json.dumps(p.tags, ensure_ascii=False),
-        ]
-        for p in rows
-    ]
-    print_table(console, columns, table)
+        ],
+    )
 
 
-def _settle(db: str, id: str, data: str | None, how: str) -> None:
-    from trioexec.durable import Conflict, NotFound
+def _settle_command(how: str, summary: str, data: str) -> None:
+    """``trioexec promises resolve|reject DB ID [--data JSON]``."""
 
-    try:
-        value = None if data is None else json.loads(data)
-    except json.JSONDecodeError as exc:
-        fail(f"--data is not JSON: {exc}", EXIT_USAGE)
-    with open_durable(db, read_only=False) as ds:
-        settle = getattr(ds.promises, how)
+    @promises.command(how, help=summary)
+    @click.argument("db", type=click.Path(dir_okay=False))
+    @click.argument("id")
+    @click.option("--data", help=f"the {data}, as JSON")
+    def settle(db: str, id: str, data: str | None) -> None:
+        from trioexec.durable import Conflict, NotFound
+
         try:
-            record = trio.run(lambda: settle(id, data=value))
-        except (Conflict, NotFound) as exc:
-            fail(f"{db}: {exc}")
-    console.print(Text(f"promise {record.id}: {record.state.value}"))
+            value = None if data is None else json.loads(data)
+        except json.JSONDecodeError as exc:
+            fail(f"--data is not JSON: {exc}", EXIT_USAGE)
+        with open_durable(db, read_only=False) as ds:
+            try:
+                record = trio.run(lambda: getattr(ds.promises, how)(id, data=value))
+            except (Conflict, NotFound) as exc:
+                fail(f"{db}: {exc}")
+        console.print(Text(f"promise {record.id}: {record.state.value}"))
 
 
-@promises.command("resolve")
-@click.argument("db", type=click.Path(dir_okay=False))
-@click.argument("id")
-@click.option("--data", help="the value, as JSON")
-def promises_resolve(db: str, id: str, data: str | None) -> None:
-    """Resolve promise ID (tasks waiting on it resume)."""
-    _settle(db, id, data, "resolve")
-
-
-@promises.command("reject")
-@click.argument("db", type=click.Path(dir_okay=False))
-@click.argument("id")
-@click.option("--data", help="the reason, as JSON")
-def promises_reject(db: str, id: str, data: str | None) -> None:
-    """Reject promise ID."""
-    _settle(db, id, data, "reject")
+_settle_command("resolve", "Resolve promise ID (tasks waiting on it resume).", "value")
+_settle_command("reject", "Reject promise ID.", "reason")
 
 
 @click.command()
 @click.argument("db", type=click.Path(dir_okay=False))
-@click.option(
-    "--state", type=click.Choice(["pending", "acquired", "suspended", "halted", "fulfilled"])
-)
+@click.option("--state", type=click.Choice([s.value for s in TaskState]))
 @click.option("--target")
 @click.option("--limit", type=click.IntRange(1), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True)
@@ -154,22 +143,20 @@ def tasks(db: str, state: str | None, target: str | None, limit: int, as_json: b
     (Executor.submit, workflows, schedules) are not here: trioexec status DB
     lists those.
     """
-    with open_durable(db) as ds:
-        rows, _ = trio.run(lambda: ds.tasks.search(state=state, target=target, limit=limit))
-    if as_json:
-        emit_json(rows)
-        return
-    columns = [
-        Column("id"),
-        Column("state"),
-        Column("version", justify="right"),
-        Column("target"),
-        Column("holder", fold=True),
-        Column("lease until"),
-        Column("awaiting", fold=True),
-    ]
-    table = [
+    _listing(
+        db,
+        lambda ds: ds.tasks.search(state=state, target=target, limit=limit),
+        as_json,
         [
+            Column("id"),
+            Column("state"),
+            Column("version", justify="right"),
+            Column("target"),
+            Column("holder", fold=True),
+            Column("lease until"),
+            Column("awaiting", fold=True),
+        ],
+        lambda t: [
             t.id,
             t.state.value,
             t.version,
@@ -177,10 +164,8 @@ def tasks(db: str, state: str | None, target: str | None, limit: int, as_json: b
             t.pid,
             stamp(t.lease_expires_at),
             ", ".join(t.awaiting),
-        ]
-        for t in rows
-    ]
-    print_table(console, columns, table)
+        ],
+    )
 
 
 @click.command()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 from .._store._durable_rows import BulkTables, Row
-from ._checks import check_create, check_id, check_timeout, encode, new_rows, promise_record
+from ._checks import check_create, check_id, check_seconds, encode, new_rows, promise_record
 from ._records import PromiseRecord, PromiseState
 
 if TYPE_CHECKING:
@@ -169,7 +169,8 @@ def _creates(
         kw = call.keywords
         ikc, target = kw.get("idempotency_key"), kw.get("target")
         try:
-            check_timeout(timeout)  # (a timeout of 0 is born timed out: below)
+            # (a timeout of 0 is born timed out: below)
+            check_seconds(timeout, "timeout", zero=True)
             check_create(id, ikc, target, kw.get("tags"))
             data, tags = kw.get("data"), kw.get("tags")
             row, task = new_rows(id, timeout, ikc, data, tags, target, now, core.retry_timeout)

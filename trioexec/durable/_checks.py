@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterable
 from typing import Any
 
 from .._records import stored_float, stored_int
@@ -66,6 +67,13 @@ def check_create(id: object, ikc: object, target: object, tags: object) -> None:
     check_tags(tags)
 
 
+def check_holds(pid: object, tasks: Iterable[tuple[object, int]]) -> None:
+    """``pid`` and the id of each of ``tasks`` (id, version) are usable ids."""
+    check_id(pid, "pid")
+    for id, _ in tasks:
+        check_id(id, "task id")
+
+
 def promise_record(row: Row) -> PromiseRecord:
     return PromiseRecord(
         id=row["id"],
@@ -80,22 +88,21 @@ def promise_record(row: Row) -> PromiseRecord:
     )
 
 
-def check_timeout(timeout: float) -> None:
-    if (
-        isinstance(timeout, bool)
-        or not isinstance(timeout, int | float)
-        or not 0 <= stored_float("timeout", timeout) < math.inf
-    ):
-        raise ValueError(f"timeout must be a finite number of seconds >= 0, got {timeout!r}")
+def check_seconds(value: object, what: str, *, zero: bool = False) -> None:
+    """``value`` is a finite number of seconds (not a bool) above 0, or 0 too with
+    ``zero``, that a store can hold: a timeout, a lease, an interval.
 
-
-def check_ttl(ttl: float) -> None:
+    Raises:
+      ValueError: naming ``what`` and the value.
+    """
     if (
-        isinstance(ttl, bool)
-        or not isinstance(ttl, int | float)
-        or not 0 < stored_float("ttl", ttl) < math.inf
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 <= stored_float(what, value) < math.inf
+        or (value == 0 and not zero)
     ):
-        raise ValueError(f"ttl must be a finite number of seconds > 0, got {ttl!r}")
+        bound = ">= 0" if zero else "> 0"
+        raise ValueError(f"{what} must be a finite number of seconds {bound}, got {value!r}")
 
 
 def check_limit(limit: int) -> None:

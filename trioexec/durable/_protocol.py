@@ -9,17 +9,17 @@ a promise resumes the tasks suspended on it in the same transaction: no polling.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from .._store._durable_rows import Row, Tables
 from ._bulk import run_calls
 from ._checks import (
     check_create,
+    check_holds,
     check_id,
     check_limit,
     check_optional_id,
-    check_timeout,
-    check_ttl,
+    check_seconds,
     encode,
     new_rows,
     promise_record,
@@ -35,6 +35,8 @@ from ._records import (
     TaskRecord,
     TaskState,
 )
+
+R = TypeVar("R", PromiseRecord, TaskRecord)
 
 
 class _RunAgain(Exception):
@@ -171,7 +173,7 @@ class Core:
         tags: dict[str, str] | None = None,
         target: str | None = None,
     ) -> PromiseRecord:
-        check_timeout(timeout)
+        check_seconds(timeout, "timeout", zero=True)
         with self.tables.transaction():
             now = self._begin()
             return promise_record(
@@ -254,8 +256,7 @@ class Core:
             self._begin()
             want = None if state is None else PromiseState(state).value
             rows = self.tables.search_promises(want, tag, limit + 1, cursor)
-        page = [promise_record(r) for r in rows[:limit]]
-        return page, (page[-1].id if len(rows) > limit else None)
+            return _page(rows, promise_record, limit)
 
     # ------------------------------------------------------------------ tasks
 
@@ -302,8 +303,8 @@ class Core:
         target: str,
     ) -> TaskRecord:
         check_id(id, "task id")
-        check_timeout(timeout)
-        check_ttl(ttl)
+        check_seconds(timeout, "timeout", zero=True)
+        check_seconds(ttl, "ttl")
         check_id(pid, "pid")
         check_id(target, "target")
         with self.tables.transaction():
@@ -317,7 +318,7 @@ class Core:
             return self.task_record(task)
 
     def acquire(self, id: str, version: int, *, pid: str, ttl: float) -> TaskRecord:
-        check_ttl(ttl)
+        check_seconds(ttl, "ttl")
         check_id(pid, "pid")
         with self.tables.transaction():
             now = self._begin()
@@ -337,7 +338,7 @@ class Core:
         `acquire` would: version + 1, a lease of ``ttl``), each with its promise's
         data (JSON text): all a worker needs to start the work, in one transaction
         (two claims at once never get the same task)."""
-        check_ttl(ttl)
+        check_seconds(ttl, "ttl")
         check_limit(limit)
         check_id(target, "target")
         check_id(pid, "pid")
@@ -351,45 +352,25 @@ class Core:
     def heartbeat(self, pid: str, tasks: Sequence[tuple[str, int]]) -> int:
         """Renew the lease of each (id, version) this pid holds; skip the rest.
         Returns how many were renewed."""
-        check_id(pid, "pid")
-        for id, _ in tasks:
-            check_id(id, "task id")
+        check_holds(pid, tasks)
         with self.tables.transaction():
             now = self._begin()
             renewed = 0
             for id, version in tasks:
-                task = self.tables.task(id)
-                if (
-                    task is None
-                    or task["state"] != TaskState.ACQUIRED.value
-                    or task["version"] != version
-                    or task["pid"] != pid
-                ):
-                    continue
-                task["lease_expires_at"] = now + task["ttl"]
-                self.tables.put_task(task)
-                renewed += 1
+                task = _held(self.tables, id, version, pid)
+                if task is not None:
+                    task["lease_expires_at"] = now + task["ttl"]
+                    self.tables.put_task(task)
+                    renewed += 1
             return renewed
 
     def lost_leases(self, pid: str, tasks: Sequence[tuple[str, int]]) -> list[tuple[str, int]]:
         """The (id, version) pairs of ``tasks`` that are not acquired by ``pid`` at that
         version (any more: a task never comes back to a version it left)."""
-        check_id(pid, "pid")
-        for id, _ in tasks:
-            check_id(id, "task id")
+        check_holds(pid, tasks)
         with self.tables.transaction():
             self._begin()
-            lost = []
-            for id, version in tasks:
-                task = self.tables.task(id)
-                if (
-                    task is None
-                    or task["state"] != TaskState.ACQUIRED.value
-                    or task["version"] != version
-                    or task["pid"] != pid
-                ):
-                    lost.append((id, version))
-            return lost
+            return [(id, v) for id, v in tasks if _held(self.tables, id, v, pid) is None]
 
     def suspend(self, id: str, version: int, awaited: Sequence[str]) -> Suspend:
         if isinstance(awaited, str):
@@ -464,7 +445,7 @@ class Core:
         check_id(id, "task id")
         if isinstance(action, PromiseCreate):
             check_id(action.id, "promise id")
-            check_timeout(action.timeout)
+            check_seconds(action.timeout, "timeout", zero=True)
         elif isinstance(action, PromiseSettle):
             check_id(action.id, "promise id")
         else:
@@ -536,8 +517,7 @@ class Core:
             self._begin()
             want = None if state is None else TaskState(state).value
             rows = self.tables.search_tasks(want, target, limit + 1, cursor)
-            page = [self.task_record(r) for r in rows[:limit]]
-        return page, (page[-1].id if len(rows) > limit else None)
+            return _page(rows, self.task_record, limit)
 
     # ------------------------------------------------------------------ invariants
 
@@ -589,6 +569,27 @@ def claim_tagged(
             (task, data, {} if row is None else dict(row["tags"]))
             for (task, data), row in zip(claimed, promises, strict=True)
         ]
+
+
+def _page(rows: list[Row], record: Callable[[Row], R], limit: int) -> tuple[list[R], str | None]:
+    """The records of a page of ``limit`` from ``rows``, read one past it (a search
+    for ``limit + 1``), and the cursor of the next page (None: this is the last)."""
+    page = [record(r) for r in rows[:limit]]
+    return page, (page[-1].id if len(rows) > limit else None)
+
+
+def _held(tables: Tables, id: str, version: int, pid: str) -> Row | None:
+    """Task ``id``'s row if ``pid`` holds it at ``version`` (acquired), else None:
+    what a heartbeat renews; the rest is lost."""
+    task = tables.task(id)
+    if (
+        task is None
+        or task["state"] != TaskState.ACQUIRED.value
+        or task["version"] != version
+        or task["pid"] != pid
+    ):
+        return None
+    return task
 
 
 def _acquire_row(tables: Tables, task: Row, version: int, pid: str, ttl: float, now: float) -> None:

@@ -22,6 +22,7 @@ from .._store._durable_rows import Tables, TransactionAborted
 from .._store._durable_tables import SQLiteTables
 from .._store._open import open_store
 from .._store._pg_conn import reconnect_delay
+from ._checks import check_seconds
 from ._protocol import Core, claim_tagged
 from ._records import (
     PromiseCreate,
@@ -90,14 +91,7 @@ class DurableStore:
         clock: Callable[[], float] | None = None,
         retry_timeout: float = 30.0,
     ) -> None:
-        if (
-            isinstance(retry_timeout, bool)
-            or not isinstance(retry_timeout, int | float)
-            or not 0 < stored_float("retry_timeout", retry_timeout) < math.inf
-        ):
-            raise ValueError(
-                f"retry_timeout must be a finite number of seconds > 0, got {retry_timeout!r}"
-            )
+        check_seconds(retry_timeout, "retry_timeout")
         self._owned: SQLiteStore | PostgresStore | None = None
         self._limiter = trio.CapacityLimiter(1)  # one connection: one call at a time
         self._queue: list[_Call] = []  # operations waiting for the next transaction

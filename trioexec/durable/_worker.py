@@ -57,9 +57,9 @@ from .._executor import Executor, one_level, open_executor
 from .._handle import TaskHandle
 from .._records import ShutdownPolicy, safe_repr
 from .._records import check_id as check_task_id
-from .._spec import call_info
+from .._spec import CallInfo, call_info
 from .._taskref import TaskRef
-from ._checks import check_id, encode
+from ._checks import check_id, check_seconds, encode
 from ._records import Conflict, Suspend, TaskRecord
 from ._store import DurableStore, Wakeup, claim_work, lost_leases, open_wakeup
 from ._suspend import DurableHandle, leftover
@@ -67,11 +67,6 @@ from ._suspend import DurableHandle, leftover
 #: A worker holds at most this many times its slots in tasks claimed ahead (held,
 #: not started).
 AHEAD = 16
-
-
-def _check_seconds(value: object, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-        raise ValueError(f"{what} must be a finite number of seconds > 0, got {value!r}")
 
 
 @final
@@ -377,6 +372,17 @@ class Worker:
         self._run_ended.set()
         self._run_ended = trio.Event()
 
+    def _call(
+        self, info: CallInfo, record: TaskRecord, handle: TaskHandle
+    ) -> tuple[list[str], dict[str, DurableHandle]]:
+        """For one call of the handler: the list of the pending promises it asks to
+        suspend on (empty so far), and its keyword arguments (its handle, if it
+        takes one)."""
+        awaited: list[str] = []
+        if info.handle_param is None:
+            return awaited, {}
+        return awaited, {info.handle_param: DurableHandle(self, record, handle, awaited)}
+
     async def _run_async(
         self,
         record: TaskRecord,
@@ -387,47 +393,35 @@ class Worker:
         if not self._start(record):
             return None  # drained, leaving or lost: the task is released or someone else's
         try:
-            return await self._run_handler(record, handler, param, handle)
+            info = call_info(handler)
+            while True:
+                awaited, kwargs = self._call(info, record, handle)
+                try:
+                    result = await handler(param, **kwargs)
+                except BaseException as exc:
+                    cancelled_here = trio.current_effective_deadline() == -math.inf
+                    if not awaited:
+                        # A cancelled run's error is not its outcome: it is released.
+                        cancelled = cancelled_here or handle.cancel_requested
+                        if isinstance(exc, Exception) and not cancelled:
+                            await self._reject(record, exc)
+                        raise
+                    rest = leftover(exc, cancelled_here=cancelled_here)
+                    if rest is not None:
+                        raise rest from None
+                else:
+                    if not awaited:
+                        return await self._complete(record, result)
+                # The handler asked to suspend (even if it swallowed the signal): that
+                # is its outcome, written even if the run is being cancelled meanwhile.
+                if not await self._suspend(record, awaited):
+                    return None
+                # A promise settled before the suspension was written: the handler
+                # runs again at once, unless the run is being cancelled (nothing was
+                # recorded: its task is released).
+                await trio.lowlevel.checkpoint_if_cancelled()
         finally:
             self._end(record)
-
-    async def _run_handler(
-        self,
-        record: TaskRecord,
-        handler: Callable[..., Any],
-        param: Any,
-        handle: TaskHandle,
-    ) -> Any:
-        info = call_info(handler)
-        while True:
-            awaited: list[str] = []  # pending promises the run asked to suspend on
-            kwargs = {}
-            if info.handle_param is not None:
-                kwargs[info.handle_param] = DurableHandle(self, record, handle, awaited)
-            try:
-                result = await handler(param, **kwargs)
-            except BaseException as exc:
-                cancelled_here = trio.current_effective_deadline() == -math.inf
-                if not awaited:
-                    # A cancelled run's error is not its outcome: it is released.
-                    cancelled = cancelled_here or handle.cancel_requested
-                    if isinstance(exc, Exception) and not cancelled:
-                        await self._reject(record, exc)
-                    raise
-                rest = leftover(exc, cancelled_here=cancelled_here)
-                if rest is not None:
-                    raise rest from None
-            else:
-                if not awaited:
-                    return await self._complete(record, result)
-            # The handler asked to suspend (even if it swallowed the signal): that is
-            # its outcome, written even if the run is being cancelled meanwhile.
-            if not await self._suspend(record, awaited):
-                return None
-            # A promise settled before the suspension was written: the handler runs
-            # again at once, unless the run is being cancelled (nothing was recorded:
-            # its task is released).
-            await trio.lowlevel.checkpoint_if_cancelled()
 
     def _run_sync(
         self,
@@ -441,53 +435,41 @@ class Worker:
         if not trio.from_thread.run_sync(self._start, record):
             return None
         try:
-            return self._run_handler_sync(record, handler, param, handle)
+            info = call_info(handler)
+            while True:
+                awaited, kwargs = self._call(info, record, handle)
+                try:
+                    result = handler(param, **kwargs)
+                    if inspect.isawaitable(result):
+                        if inspect.iscoroutine(result):
+                            result.close()
+                        raise TypeError(
+                            f"the handler of durable task {record.id!r} is a plain def that "
+                            f"returned an awaitable ({type(result).__qualname__}); "
+                            "make it an async def"
+                        )
+                except BaseException as exc:
+                    if not awaited:
+                        if isinstance(exc, Exception) and handle.cancel_requested:
+                            # A thread is not cancelled: it learns of it and raises
+                            # something. The run was cancelled: released, not rejected.
+                            trio.from_thread.check_cancelled()
+                            raise
+                        if isinstance(exc, Exception):
+                            trio.from_thread.run(self._reject, record, exc)
+                        raise
+                    # In a thread, a Cancelled can only come from this run being cancelled.
+                    rest = leftover(exc, cancelled_here=True)
+                    if rest is not None:
+                        raise rest from None
+                else:
+                    if not awaited:
+                        return trio.from_thread.run(self._complete, record, result)
+                if not trio.from_thread.run(self._suspend, record, awaited):
+                    return None
+                trio.from_thread.check_cancelled()  # (see _run_async)
         finally:
             trio.from_thread.run_sync(self._end, record)
-
-    def _run_handler_sync(
-        self,
-        record: TaskRecord,
-        handler: Callable[..., Any],
-        param: Any,
-        handle: TaskHandle,
-    ) -> Any:
-        info = call_info(handler)
-        while True:
-            awaited: list[str] = []  # pending promises the run asked to suspend on
-            kwargs = {}
-            if info.handle_param is not None:
-                kwargs[info.handle_param] = DurableHandle(self, record, handle, awaited)
-            try:
-                result = handler(param, **kwargs)
-                if inspect.isawaitable(result):
-                    if inspect.iscoroutine(result):
-                        result.close()
-                    raise TypeError(
-                        f"the handler of durable task {record.id!r} is a plain def that "
-                        f"returned an awaitable ({type(result).__qualname__}); "
-                        "make it an async def"
-                    )
-            except BaseException as exc:
-                if not awaited:
-                    if isinstance(exc, Exception) and handle.cancel_requested:
-                        # A thread is not cancelled: it learns of it and raises
-                        # something. The run was cancelled: released, not rejected.
-                        trio.from_thread.check_cancelled()
-                        raise
-                    if isinstance(exc, Exception):
-                        trio.from_thread.run(self._reject, record, exc)
-                    raise
-                # In a thread, a Cancelled can only come from this run being cancelled.
-                rest = leftover(exc, cancelled_here=True)
-                if rest is not None:
-                    raise rest from None
-            else:
-                if not awaited:
-                    return trio.from_thread.run(self._complete, record, result)
-            if not trio.from_thread.run(self._suspend, record, awaited):
-                return None
-            trio.from_thread.check_cancelled()  # (see _run_handler)
 
     async def _complete(self, record: TaskRecord, result: Any) -> Any:
         try:
@@ -657,8 +639,8 @@ async def open_worker(
         async with open_worker(ds, "refunds", refund, lease=10) as worker:
             await trio.sleep_forever()
     """
-    _check_seconds(lease, "lease")
-    _check_seconds(poll_interval, "poll_interval")
+    check_seconds(lease, "lease")
+    check_seconds(poll_interval, "poll_interval")
     check_id(target, "target")
     pid = check_id(pid, "pid") if pid is not None else _default_pid()
     if not callable(handlers) and not isinstance(handlers, Mapping):

@@ -9,8 +9,8 @@ from __future__ import annotations
 import collections
 import time
 import urllib.parse
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, TypeVar
 
 import attrs
 import trio
@@ -27,8 +27,9 @@ from trioexec._store._browse import (
     task_commands,
     task_names,
 )
+from trioexec._store._durable_rows import PromiseState
 
-from ._board import read_counts
+from ._board import Board, read_counts
 from ._render import dashboard_of, message, pretty_json, render, segment, unsegment
 from ._security import sent_path
 from ._svg import HEIGHT, PAD, STEP_H, STEP_W, WIDTH, bars, line, run_graph
@@ -49,9 +50,10 @@ COUNTS = (
     ("timed_out", "timed out"),
     ("cancelled", "cancelled"),
 )
-PROMISE_STATES = ("pending", "resolved", "rejected", "rejected_canceled", "rejected_timedout")
+PROMISE_STATES = tuple(s.value for s in PromiseState)
 RUN_STATES = ("running", "completed", "failed", "cancelled")
 COMPLETED, FAILED, TIMED_OUT = TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.TIMED_OUT
+T = TypeVar("T")
 
 
 class BadQuery(ValueError):
@@ -74,6 +76,39 @@ def _url(path: str, params: Mapping[str, str | None]) -> str:
     return f"{path}?{urllib.parse.urlencode(kept)}" if kept else path
 
 
+def _pager(
+    path: str, params: Mapping[str, str | None], cursor: str | None, next_cursor: str | None
+) -> dict[str, str | None]:
+    """A page's pager: the cursor it shows, its first page, its next (None: last)."""
+    return {
+        "cursor": cursor,
+        "first_url": _url(path, params),
+        "next_url": next_cursor and _url(path, {**params, "cursor": next_cursor}),
+    }
+
+
+def _board(request: Request) -> tuple[Board, int]:
+    """The board, and its version before the page's reads: a change meanwhile
+    makes the page's script fetch the page again."""
+    board = dashboard_of(request).board
+    return board, board.version
+
+
+async def _find(
+    board: Board, request: Request, param: str, read: Callable[[Any, str], T | None]
+) -> tuple[str, T | None]:
+    """The id the path names, and ``read(store, id)``: None if there is no such
+    thing (an id no store can hold, a NUL, is none: not a read that fails)."""
+    id = unsegment(request.path_params[param])
+    return id, (await board.read(read, id) if storable(id) else None)
+
+
+def _missing(request: Request, what: str, named: str) -> Response:
+    """The 404 page of a task or run not in the database."""
+    text = f"no {named} in this database"
+    return message(request, f"No such {what}", text, status_code=404, back=f"/{what}s")
+
+
 def bad_query(request: Request, exc: ValueError) -> Response:
     return message(request, "Bad request", str(exc), status_code=400, back=sent_path(request))
 
@@ -82,8 +117,7 @@ def bad_query(request: Request, exc: ValueError) -> Response:
 
 
 async def overview(request: Request) -> Response:
-    board = dashboard_of(request).board
-    version = board.version  # (before the reads: a change meanwhile refreshes it)
+    board, version = _board(request)
     now = time.time()
     counts = board.counts or await board.read(read_counts, 0)
     buckets = await board.read(activity, since=now - 3600, bucket=60.0, now=now)
@@ -141,8 +175,7 @@ class TaskFilters:
 
 
 async def tasks(request: Request) -> Response:
-    board = dashboard_of(request).board
-    version = board.version  # (before the reads: a change meanwhile refreshes it)
+    board, version = _board(request)
     try:
         f = TaskFilters.of(request.query_params)
         cursor = _text(request.query_params, "cursor")
@@ -156,12 +189,10 @@ async def tasks(request: Request) -> Response:
         "f": f,
         "page": page,
         "names": names,
-        "cursor": cursor,
         "statuses": [s.value for s in TaskStatus],
         "sub_statuses": [s.value for s in SubStatus],
         "orders": ORDERS,
-        "first_url": _url("/tasks", f.params()),
-        "next_url": _url("/tasks", {**f.params(), "cursor": page.next_cursor}),
+        **_pager("/tasks", f.params(), cursor, page.next_cursor),
     }
     return render(request, "tasks.html", context)
 
@@ -196,19 +227,10 @@ def timeline(record: ExecutionRecord, commands: list[Command]) -> list[Moment]:
 
 
 async def task(request: Request) -> Response:
-    board = dashboard_of(request).board
-    version = board.version  # (before the reads: a change meanwhile refreshes it)
-    task_id = unsegment(request.path_params["task_id"])
-    # (an id no store can hold, a NUL: no such task, not a read that fails)
-    record = await board.read(lambda store: store.execution(task_id)) if storable(task_id) else None
+    board, version = _board(request)
+    task_id, record = await _find(board, request, "task_id", lambda store, id: store.execution(id))
     if record is None:
-        return message(
-            request,
-            "No such task",
-            f"no task {task_id!r} in this database",
-            status_code=404,
-            back="/tasks",
-        )
+        return _missing(request, "task", f"task {task_id!r}")
     commands = await board.read(task_commands, task_id)
     context = {
         "version": version,
@@ -257,8 +279,7 @@ _LIFE = {state.value: i for i, state in enumerate(StepState)}
 
 
 async def runs(request: Request) -> Response:
-    board = dashboard_of(request).board
-    version = board.version  # (before the reads: a change meanwhile refreshes it)
+    board, version = _board(request)
     try:
         status = _choice(request.query_params, "status", RUN_STATES)
         cursor = _text(request.query_params, "cursor")
@@ -269,10 +290,7 @@ async def runs(request: Request) -> Response:
         "version": version,
         "title": "Runs",
         "runs": page.rows,
-        "cursor": cursor,
-        "first_url": _url("/runs", {"status": status}),
-        "next_url": page.next_cursor
-        and _url("/runs", {"status": status, "cursor": page.next_cursor}),
+        **_pager("/runs", {"status": status}, cursor, page.next_cursor),
         "status": status,
         "statuses": RUN_STATES,
         "steps": {r.run_id: step_summary(r, page.live.get(r.run_id, ())) for r in page.rows},
@@ -281,18 +299,10 @@ async def runs(request: Request) -> Response:
 
 
 async def run(request: Request) -> Response:
-    board = dashboard_of(request).board
-    version = board.version  # (before the reads: a change meanwhile refreshes it)
-    run_id = unsegment(request.path_params["run_id"])
-    record = await board.read(lambda store: store.run(run_id)) if storable(run_id) else None
+    board, version = _board(request)
+    run_id, record = await _find(board, request, "run_id", lambda store, id: store.run(id))
     if record is None:
-        return message(
-            request,
-            "No such run",
-            f"no workflow run {run_id!r} in this database",
-            status_code=404,
-            back="/runs",
-        )
+        return _missing(request, "run", f"workflow run {run_id!r}")
     its_tasks = await board.read(browse, run_id=run_id, order="oldest", limit=200)
     states = step_states(record, its_tasks.rows)
     context = {
@@ -318,8 +328,7 @@ async def run(request: Request) -> Response:
 
 
 async def promises(request: Request, flash: Any = None, status_code: int = 200) -> Response:
-    board = dashboard_of(request).board
-    version = board.version  # (before the reads: a change meanwhile refreshes it)
+    board, version = _board(request)
     query = request.query_params if request.method == "GET" else {}
     try:
         state = _choice(query, "state", PROMISE_STATES)
@@ -341,9 +350,7 @@ async def promises(request: Request, flash: Any = None, status_code: int = 200) 
         "promises": found,
         "state": state,
         "states": PROMISE_STATES,
-        "cursor": cursor,
-        "first_url": _url("/promises", {"state": state}),
-        "next_url": next_cursor and _url("/promises", {"state": state, "cursor": next_cursor}),
+        **_pager("/promises", {"state": state}, cursor, next_cursor),
         "current": "/promises",
     }
     if request.method != "GET":  # (an action's refusal, shown on the page)
@@ -355,8 +362,7 @@ async def promises(request: Request, flash: Any = None, status_code: int = 200) 
 
 
 async def failed(request: Request) -> Response:
-    board = dashboard_of(request).board
-    version = board.version  # (before the reads: a change meanwhile refreshes it)
+    board, version = _board(request)
     name = _text(request.query_params, "name")
     cursor = _text(request.query_params, "cursor")
     try:
@@ -371,16 +377,13 @@ async def failed(request: Request) -> Response:
         "page": page,
         "name": name,
         "names": await board.read(task_names),
-        "cursor": cursor,
-        "first_url": _url("/failed", {"name": name}),
-        "next_url": _url("/failed", {"name": name, "cursor": page.next_cursor}),
+        **_pager("/failed", {"name": name}, cursor, page.next_cursor),
     }
     return render(request, "failed.html", context)
 
 
 async def control(request: Request) -> Response:
-    board = dashboard_of(request).board
-    version = board.version  # (before the reads: a change meanwhile refreshes it)
+    board, version = _board(request)
     pauses = await board.read(lambda store: store.pauses())
     # The last ~50 by seq, and any newer than the poller has seen: never the whole log.
     after = 0 if board.counts is None else max(0, board.counts.last_command - COMMANDS_SHOWN)

@@ -20,6 +20,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, PlainTextResponse, Response
 
 from trioexec import ExecutionRecord, TaskStatus
+from trioexec._records import age
 from trioexec._store._open import is_postgres_url
 from trioexec._store._pg_conn import mask, redact
 
@@ -68,7 +69,7 @@ class Dashboard:
         # The macros as globals, not imports: a block rendered alone (a fragment)
         # does not run its template's top-level imports.
         macros = self.env.get_template("_macros.html").module
-        for name in ("csrf_field", "back_field", "task_rows", "task_head"):
+        for name in ("csrf_field", "back_field", "task_rows", "task_head", "choice", "pager"):
             self.env.globals[name] = getattr(macros, name)
         self.db_label = db_label(db)
 
@@ -126,16 +127,8 @@ def stamp(t: float | None) -> str:
 
 
 def ago(seconds: float | None) -> str:
-    if seconds is None:
-        return ""
-    seconds = max(0.0, seconds)
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    if seconds < 3600:
-        return f"{seconds / 60:.1f}m"
-    if seconds < 86400:
-        return f"{seconds / 3600:.1f}h"
-    return f"{seconds / 86400:.1f}d"
+    """An age for a page: 40.0s, 3.5m, 2.0h, 1.5d; empty for None."""
+    return "" if seconds is None else age(seconds, tenths=True)
 
 
 def waited(record: ExecutionRecord, now: float) -> str:
