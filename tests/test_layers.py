@@ -88,7 +88,13 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     (
         "values",
         frozenset(
-            {"trioexec._records", "trioexec._errors", "trioexec._metrics", "trioexec._events"}
+            {
+                "trioexec._records",
+                "trioexec._errors",
+                "trioexec._metrics",
+                "trioexec._events",
+                "trioexec._durable_records",
+            }
         ),
     ),
 )
@@ -126,6 +132,7 @@ class Module:
     path: pathlib.Path
     tree: ast.Module
     imports: tuple[Import, ...]
+    every_import: tuple[Import, ...]  #: those under ``if TYPE_CHECKING:`` too
 
 
 def _is_type_checking(test: ast.expr) -> bool:
@@ -148,10 +155,14 @@ def _runtime_nodes(tree: ast.AST) -> list[ast.AST]:
     return out
 
 
-def _imports(name: str, is_package: bool, tree: ast.Module, known: set[str]) -> list[Import]:
+def _imports(
+    name: str, is_package: bool, tree: ast.Module, known: set[str], every: bool = False
+) -> list[Import]:
+    """The imports of module ``name``; with ``every``, those under ``if
+    TYPE_CHECKING:`` too."""
     package = name if is_package else name.rpartition(".")[0]
     found: list[Import] = []
-    for node in _runtime_nodes(tree):
+    for node in ast.walk(tree) if every else _runtime_nodes(tree):
         if isinstance(node, ast.Import):
             found.extend(Import(alias.name, node.lineno) for alias in node.names)
         elif isinstance(node, ast.ImportFrom):
@@ -187,6 +198,7 @@ def modules() -> dict[str, Module]:
             path=path,
             tree=tree,
             imports=tuple(_imports(name, is_package, tree, set(paths))),
+            every_import=tuple(_imports(name, is_package, tree, set(paths), every=True)),
         )
     return out
 
@@ -269,6 +281,20 @@ def test_every_module_has_a_layer():
     assert not unplaced, f"place these modules in LAYERS: {unplaced}"
 
 
+def test_no_import_circle_counting_type_checking_imports():
+    """Issue 31: a type-only import still ties two modules together; no circle
+    even counting those (a layer hiding an upward call behind TYPE_CHECKING)."""
+    known = modules()
+    graph = {
+        name: {i.target for i in module.every_import if i.target in known} - {name}
+        for name, module in known.items()
+    }
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import circle: {' -> '.join(reversed(exc.args[1]))}")
+
+
 def test_no_import_cycles():
     graph = {
         name: {i.target for i in internal_imports(module)} - {name}
@@ -304,8 +330,15 @@ def test_the_store_and_values_layers_are_what_the_issue_says():
     assert store == values - 1
     for value in ("trioexec._records", "trioexec._errors", "trioexec._metrics", "trioexec._events"):
         assert layer_of(value) == values
+    # (and the durable records and states, which errors carry: issue 31, no import circle)
     assert [n for n in NAMES if layer_of(n) == values] == sorted(
-        ["trioexec._errors", "trioexec._events", "trioexec._metrics", "trioexec._records"]
+        [
+            "trioexec._durable_records",
+            "trioexec._errors",
+            "trioexec._events",
+            "trioexec._metrics",
+            "trioexec._records",
+        ]
     )
     assert all(n.startswith("trioexec._store") for n in NAMES if layer_of(n) == store)
     # The executor core (its parts) sits below workflows and durable, which are

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .durable._records import PromiseRecord
+    from ._durable_records import PromiseRecord
 
 
 class TrioexecError(Exception):

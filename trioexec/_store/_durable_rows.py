@@ -1,5 +1,6 @@
-"""What the durable tables hold: their row shape, the states stored in them, and
-the table layer the durable protocol runs on.
+"""What the durable tables hold: their row shape (the states stored in them are
+values, `trioexec._durable_records`), and the table layer the durable protocol
+runs on.
 
 They live with the store, below `trioexec.durable`, so the tables import nothing
 from the protocol built on them; `trioexec.durable` re-exports the state enums.
@@ -7,31 +8,16 @@ from the protocol built on them; `trioexec.durable` re-exports the state enums.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from typing import Any, Protocol, runtime_checkable
 
+from .._durable_records import PromiseState as PromiseState
+from .._durable_records import TaskState as TaskState
 from .._errors import StoreError
 
 #: A promise or task row: a plain dict of column name to value, ``tags`` decoded.
 Row = dict[str, Any]
-
-
-class PromiseState(enum.StrEnum):
-    PENDING = "pending"
-    RESOLVED = "resolved"
-    REJECTED = "rejected"
-    REJECTED_CANCELED = "rejected_canceled"
-    REJECTED_TIMEDOUT = "rejected_timedout"
-
-
-class TaskState(enum.StrEnum):
-    PENDING = "pending"
-    ACQUIRED = "acquired"
-    SUSPENDED = "suspended"
-    HALTED = "halted"
-    FULFILLED = "fulfilled"
 
 
 class TransactionAborted(StoreError):

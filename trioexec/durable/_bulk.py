@@ -14,14 +14,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
-from .._store._durable_rows import BulkTables, Row
+from .._store._durable_rows import BulkTables, Row, Tables
 from ._checks import check_create, check_id, check_seconds, encode, new_rows, promise_record
 from ._records import PromiseRecord, PromiseState
-
-if TYPE_CHECKING:
-    from ._protocol import Core
 
 _FULFIL_KEYWORDS = frozenset({"data", "rejected"})
 _CREATE_KEYWORDS = frozenset({"idempotency_key", "data", "tags", "target"})
@@ -38,6 +35,22 @@ class AloneTables(Protocol):
 
     writes: int
     errors: tuple[type[Exception], ...]
+
+
+class Core(Protocol):
+    """What a group commit needs of the protocol (`trioexec.durable._protocol.Core`)
+    that hands its operations here: its tables, the two operations it bulks (to
+    know them), how a settled promise resumes its waiters, and a new task's
+    retry timeout."""
+
+    tables: Tables
+    retry_timeout: float
+
+    @property
+    def fulfill(self) -> Callable[..., Any]: ...
+    @property
+    def create_promise(self) -> Callable[..., Any]: ...
+    def resume_waiters(self, promise_id: str, now: float) -> None: ...
 
 
 def run_calls(

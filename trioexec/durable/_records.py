@@ -9,10 +9,12 @@ from typing import Any
 
 import attrs
 
+from .._durable_records import PromiseRecord as PromiseRecord
+from .._durable_records import PromiseState as PromiseState
+from .._durable_records import TaskRecord as TaskRecord
+from .._durable_records import TaskState as TaskState
 from .._errors import Conflict as Conflict
 from .._errors import NotFound as NotFound
-from .._store._durable_rows import PromiseState as PromiseState
-from .._store._durable_rows import TaskState as TaskState
 
 
 class Suspend(enum.StrEnum):
@@ -20,41 +22,6 @@ class Suspend(enum.StrEnum):
 
     SUSPENDED = "suspended"
     ALREADY_SETTLED = "already_settled"  #: an awaited promise had settled (Resonate's 300)
-
-
-@attrs.frozen(kw_only=True)
-class PromiseRecord:
-    """A durable promise. ``data`` is JSON text (or None); times are wall-clock."""
-
-    id: str
-    state: PromiseState
-    data: str | None = None
-    timeout_at: float
-    idempotency_key_create: str | None = None
-    idempotency_key_settle: str | None = None
-    tags: dict[str, str] = attrs.field(factory=dict)
-    created_at: float
-    settled_at: float | None = None
-
-    @property
-    def pending(self) -> bool:
-        return self.state is PromiseState.PENDING
-
-
-@attrs.frozen(kw_only=True)
-class TaskRecord:
-    """The claim on a promise's work. ``version`` is the OCC token every mutating
-    call presents; only ``acquire`` increments it."""
-
-    id: str
-    state: TaskState
-    version: int
-    target: str | None = None
-    pid: str | None = None
-    ttl: float | None = None
-    lease_expires_at: float | None = None  #: set exactly while ACQUIRED
-    timeout_at: float | None = None  #: retry timeout, set exactly while PENDING
-    awaiting: tuple[str, ...] = ()  #: promise ids a SUSPENDED task waits for
 
 
 @attrs.frozen(kw_only=True)

@@ -14,7 +14,7 @@ from ._checks import check_id
 from ._records import NotFound, PromiseRecord, PromiseState, TaskRecord
 
 if TYPE_CHECKING:
-    from ._worker import Worker
+    from ._store import Promises
 
 
 class _Suspended(BaseException):
@@ -58,9 +58,9 @@ class DurableHandle:
     """
 
     def __init__(
-        self, worker: Worker, record: TaskRecord, task: TaskHandle, awaited: list[str]
+        self, promises: Promises, record: TaskRecord, task: TaskHandle, awaited: list[str]
     ) -> None:
-        self._worker = worker
+        self._promises = promises
         self.task_id = record.id
         self.version = record.version
         self.task = task
@@ -98,7 +98,7 @@ class DurableHandle:
           ValueError: ``id`` is not a usable id.
         """
         check_id(id, "promise id")
-        record = await self._worker.ds.promises.get(id)
+        record = await self._promises.get(id)
         if record is None:
             raise NotFound(f"no promise {id!r}")
         if record.pending:

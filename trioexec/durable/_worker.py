@@ -381,7 +381,9 @@ class Worker:
         awaited: list[str] = []
         if info.handle_param is None:
             return awaited, {}
-        return awaited, {info.handle_param: DurableHandle(self, record, handle, awaited)}
+        return awaited, {
+            info.handle_param: DurableHandle(self.ds.promises, record, handle, awaited)
+        }
 
     async def _run_async(
         self,
