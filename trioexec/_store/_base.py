@@ -727,6 +727,107 @@ def check_query(limit: int | None, order: str) -> None:
         raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
 
 
+@attrs.frozen
+class Filter:
+    """`Store.executions`' and `Store.counts`' filters, checked once for every
+    store (None: not filtered)."""
+
+    status: TaskStatus | None
+    sub_status: SubStatus | None
+    #: Deferred since this time or before (the store's clock): ``deferred_longer_than``.
+    deferred_before: float | None
+    run_id: str | None
+    key: str | None
+
+    @classmethod
+    def of(
+        cls,
+        clock: Callable[[], float],
+        status: TaskStatus | str | None,
+        sub_status: SubStatus | str | None,
+        deferred_longer_than: float | datetime.timedelta | None,
+        run_id: str | None,
+        key: str | None,
+    ) -> Filter | None:
+        """The filters, checked (ValueError or TypeError naming a bad one); None if
+        they can match no row (a ``run_id`` or ``key`` no store can hold)."""
+        checked = cls(
+            None if status is None else TaskStatus(status),
+            None if sub_status is None else SubStatus(sub_status),
+            None if deferred_longer_than is None else clock() - seconds(deferred_longer_than),
+            run_id,
+            key,
+        )
+        return checked if matches_some(run_id=run_id, key=key) else None
+
+    @property
+    def deferred_only(self) -> bool:
+        """Only deferred executions match (every one has a ``deferred_since``)."""
+        return self.sub_status is SubStatus.DEFERRED or self.deferred_before is not None
+
+
+class Records:
+    """`Store.executions`, `Store.counts` and `Store.execution`, checked once for
+    every store: each store answers a checked `Filter` (`_select`, `_count`) or a
+    task id that some store may hold (`_lookup`)."""
+
+    clock: Callable[[], float]
+
+    def executions(
+        self,
+        *,
+        status: TaskStatus | str | None = None,
+        sub_status: SubStatus | str | None = None,
+        deferred_longer_than: float | datetime.timedelta | None = None,
+        run_id: str | None = None,
+        key: str | None = None,
+        limit: int | None = None,
+        order: Order = "oldest",
+    ) -> list[ExecutionRecord]:
+        """Executions matching every given filter (``key``: the admission key they
+        were submitted with), in ``order`` (see `Order`), at most ``limit`` of them
+        (None: all). A ``run_id`` or ``key`` no store can hold matches none.
+
+        Raises:
+          ValueError: a bad filter, ``limit`` or ``order``, named.
+          StoreError: naming the store and the task id, for a row this trioexec
+            cannot read (an unknown status, say).
+        """
+        check_query(limit, order)
+        found = Filter.of(self.clock, status, sub_status, deferred_longer_than, run_id, key)
+        return [] if found is None else self._select(found, limit, order)
+
+    def counts(
+        self,
+        *,
+        sub_status: SubStatus | str | None = None,
+        deferred_longer_than: float | datetime.timedelta | None = None,
+        run_id: str | None = None,
+        key: str | None = None,
+    ) -> dict[TaskStatus, int]:
+        """How many executions match the filters, per status (every status
+        present, zeros included)."""
+        counts = dict.fromkeys(TaskStatus, 0)
+        found = Filter.of(self.clock, None, sub_status, deferred_longer_than, run_id, key)
+        if found is not None:
+            self._count(found, counts)
+        return counts
+
+    def execution(self, task_id: str) -> ExecutionRecord | None:
+        """One execution, or None (an id no store can hold, a NUL or a lone
+        surrogate, is None too)."""
+        return self._lookup(task_id) if matches_some(task_id=task_id) else None
+
+    def _select(self, found: Filter, limit: int | None, order: Order) -> list[ExecutionRecord]:
+        raise NotImplementedError
+
+    def _count(self, found: Filter, counts: dict[TaskStatus, int]) -> None:
+        raise NotImplementedError
+
+    def _lookup(self, task_id: str) -> ExecutionRecord | None:
+        raise NotImplementedError
+
+
 def abandoned_error(attempts: int) -> str:
     return f"abandoned after {attempts} recovery attempts (owner lease expired each time)"
 

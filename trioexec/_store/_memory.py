@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import datetime
 import heapq
 import threading
 import time
@@ -24,8 +23,10 @@ from ._base import (
     SUPERSEDED,
     Change,
     Command,
+    Filter,
     Order,
     Pause,
+    Records,
     Recovery,
     Requeued,
     RunRecord,
@@ -33,12 +34,10 @@ from ._base import (
     ScheduleRecord,
     abandoned_error,
     apply_change,
-    check_query,
     graph_of,
     matches_some,
     new_row,
     run_graph,
-    seconds,
 )
 from ._control import (
     PauseRow,
@@ -257,7 +256,7 @@ class MemoryControl:
 
 
 @final
-class MemoryStore(MemorySchedules, MemoryControl):
+class MemoryStore(MemorySchedules, MemoryControl, Records):
     """An in-memory store: for tests, and for executors that only want the
     recording (sub-status, queries) without a file.
 
@@ -521,87 +520,30 @@ class MemoryStore(MemorySchedules, MemoryControl):
     def _fail(row: dict[str, Any], now: float, error: str) -> None:
         apply_change(row, ("end", row["task_id"], row["version"], TaskStatus.FAILED, now, error))
 
-    def executions(
-        self,
-        *,
-        status: TaskStatus | str | None = None,
-        sub_status: SubStatus | str | None = None,
-        deferred_longer_than: float | datetime.timedelta | None = None,
-        run_id: str | None = None,
-        key: str | None = None,
-        limit: int | None = None,
-        order: Order = "oldest",
-    ) -> list[ExecutionRecord]:
-        check_query(limit, order)
-        match = self._matcher(status, sub_status, deferred_longer_than, run_id, key)
-        if not matches_some(run_id=run_id, key=key):
-            return []
+    def _select(self, found: Filter, limit: int | None, order: Order) -> list[ExecutionRecord]:
         with self._locked():
             rows = self._rows.values()
             if order == "longest_deferred":
-                found = sorted(
-                    filter(match, rows),
+                selected = sorted(
+                    (r for r in rows if _matches(r, found)),
                     key=lambda r: (r["deferred_since"] is None, r["deferred_since"] or 0.0),
                 )[:limit]
             else:
-                found = []
+                selected = []
                 for row in reversed(rows) if order == "newest" else rows:
-                    if len(found) == limit:
+                    if len(selected) == limit:
                         break
-                    if match(row):
-                        found.append(row)
-            return [self._record(row) for row in found]
+                    if _matches(row, found):
+                        selected.append(row)
+            return [self._record(row) for row in selected]
 
-    def counts(
-        self,
-        *,
-        sub_status: SubStatus | str | None = None,
-        deferred_longer_than: float | datetime.timedelta | None = None,
-        run_id: str | None = None,
-        key: str | None = None,
-    ) -> dict[TaskStatus, int]:
-        """How many executions match the filters, per status (zeros included)."""
-        match = self._matcher(None, sub_status, deferred_longer_than, run_id, key)
-        counts = dict.fromkeys(TaskStatus, 0)
-        if not matches_some(run_id=run_id, key=key):
-            return counts
+    def _count(self, found: Filter, counts: dict[TaskStatus, int]) -> None:
         with self._locked():
             for row in self._rows.values():
-                if match(row):
+                if _matches(row, found):
                     counts[row["status"]] += 1
-        return counts
 
-    def _matcher(
-        self,
-        status: TaskStatus | str | None,
-        sub_status: SubStatus | str | None,
-        deferred_longer_than: float | datetime.timedelta | None,
-        run_id: str | None,
-        key: str | None,
-    ) -> Callable[[dict[str, Any]], bool]:
-        want_status = None if status is None else TaskStatus(status)
-        want_sub = None if sub_status is None else SubStatus(sub_status)
-        cutoff = None
-        if deferred_longer_than is not None:
-            cutoff = self.clock() - seconds(deferred_longer_than)
-
-        def match(row: dict[str, Any]) -> bool:
-            return (
-                (want_status is None or row["status"] is want_status)
-                and (want_sub is None or row["sub_status"] is want_sub)
-                and (
-                    cutoff is None
-                    or (row["sub_status"] is SubStatus.DEFERRED and row["deferred_since"] <= cutoff)
-                )
-                and (run_id is None or row["run_id"] == run_id)
-                and (key is None or row["key"] == key)
-            )
-
-        return match
-
-    def execution(self, task_id: str) -> ExecutionRecord | None:
-        if not matches_some(task_id=task_id):
-            return None
+    def _lookup(self, task_id: str) -> ExecutionRecord | None:
         with self._locked():
             row = self._rows.get(task_id)
             return None if row is None else self._record(row)
@@ -623,3 +565,20 @@ class MemoryStore(MemorySchedules, MemoryControl):
 
     def __repr__(self) -> str:
         return f"<MemoryStore {len(self._rows)} executions>"
+
+
+def _matches(row: dict[str, Any], found: Filter) -> bool:
+    """``row`` passes the filters ``found``."""
+    return (
+        (found.status is None or row["status"] is found.status)
+        and (found.sub_status is None or row["sub_status"] is found.sub_status)
+        and (
+            found.deferred_before is None
+            or (
+                row["sub_status"] is SubStatus.DEFERRED
+                and row["deferred_since"] <= found.deferred_before
+            )
+        )
+        and (found.run_id is None or row["run_id"] == found.run_id)
+        and (found.key is None or row["key"] == found.key)
+    )

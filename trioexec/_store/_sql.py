@@ -5,14 +5,13 @@ pruning of full buckets that ends a round)."""
 
 from __future__ import annotations
 
-import datetime
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import attrs
 
 from .._records import ExecutionRecord, SubStatus, TaskStatus
-from ._base import seconds
+from ._base import Filter
 from ._key_ledger import PRUNE_MORE, Hold, KeyGrant, KeyRequest, full_at, settle
 
 #: The SQL stores' query of executions with their owner's lease (``e``, ``o``).
@@ -42,34 +41,25 @@ def record_of(row: Sequence[object], where: str) -> ExecutionRecord:
     return ExecutionRecord(**values)
 
 
-def filter_clause(
-    mark: str,
-    now: Callable[[], float],
-    status: TaskStatus | str | None,
-    sub_status: SubStatus | str | None,
-    deferred_longer_than: float | datetime.timedelta | None,
-    run_id: str | None,
-    key: str | None = None,
-) -> tuple[str, list[object]]:
-    """The SQL stores' ``WHERE`` for `Store.executions`'s filters (on ``e``), with
-    ``mark`` as the parameter placeholder (``?`` or ``%s``), and its parameters."""
+def filter_clause(mark: str, found: Filter) -> tuple[str, list[object]]:
+    """The SQL stores' ``WHERE`` for checked filters (on ``e``), with ``mark`` as
+    the parameter placeholder (``?`` or ``%s``), and its parameters."""
     where: list[str] = []
     params: list[object] = []
-    if status is not None:
+    if found.status is not None:
         where.append(f"e.status = {mark}")
-        params.append(TaskStatus(status).value)
-    if sub_status is not None:
+        params.append(found.status.value)
+    if found.sub_status is not None:
         where.append(f"e.sub_status = {mark}")
-        params.append(SubStatus(sub_status).value)
-    if deferred_longer_than is not None:
+        params.append(found.sub_status.value)
+    if found.deferred_before is not None:
         where.append(f"e.sub_status = 'deferred' AND e.deferred_since <= {mark}")
-        params.append(now() - seconds(deferred_longer_than))
-    if run_id is not None:
-        where.append(f"e.run_id = {mark}")
-        params.append(run_id)
-    if key is not None:
-        where.append(f"e.key = {mark}")
-        params.append(key)
+        params.append(found.deferred_before)
+    for column in ("run_id", "key"):
+        value = getattr(found, column)
+        if value is not None:
+            where.append(f"e.{column} = {mark}")
+            params.append(value)
     return (" WHERE " + " AND ".join(where) if where else ""), params
 
 

@@ -15,7 +15,6 @@ first statement's snapshot, where that owner's lease may not exist yet.
 from __future__ import annotations
 
 import contextlib
-import datetime
 import functools
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar
@@ -23,7 +22,7 @@ from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar
 import attrs
 
 from .._errors import StoreError
-from .._records import ExecutionRecord, SubStatus, TaskStatus
+from .._records import ExecutionRecord, TaskStatus
 from ._base import (
     ORPHANED,
     RUN_KINDS,
@@ -33,15 +32,16 @@ from ._base import (
     TRANSITIONS,
     Change,
     Command,
+    Filter,
     Order,
     Pause,
+    Records,
     Recovery,
     Requeued,
     RunRecord,
     RunRecovery,
     ScheduleRecord,
     abandoned_error,
-    check_query,
     fold_batch,
     full_change,
     graph_of,
@@ -111,7 +111,7 @@ def _value(v: object) -> object:
     return getattr(v, "value", v)
 
 
-class SQLStore:
+class SQLStore(Records):
     """The `Store` operations of a SQL database, one body for `SQLiteStore` and
     `PostgresStore`."""
 
@@ -630,41 +630,17 @@ class SQLStore:
     # ------------------------------------------------------------------ reads
 
     @_retried
-    def executions(
-        self,
-        *,
-        status: TaskStatus | str | None = None,
-        sub_status: SubStatus | str | None = None,
-        deferred_longer_than: float | datetime.timedelta | None = None,
-        run_id: str | None = None,
-        key: str | None = None,
-        limit: int | None = None,
-        order: Order = "oldest",
-    ) -> list[ExecutionRecord]:
-        """Executions matching every given filter (``key``: the admission key they
-        were submitted with), in ``order`` (see `Order`), at most ``limit`` of them:
-        sorted and cut in SQL, on an index where the filters allow.
-
-        Raises:
-          StoreError: naming the store and the task id, for a row this trioexec
-            cannot read (an unknown status, say).
-        """
-        check_query(limit, order)
+    def _select(self, found: Filter, limit: int | None, order: Order) -> list[ExecutionRecord]:
+        """Sorted and cut in SQL, on an index where the filters allow."""
         d = self.dialect
-        where, params = filter_clause(
-            d.mark, self.clock, status, sub_status, deferred_longer_than, run_id, key
-        )
-        if not matches_some(run_id=run_id, key=key):
-            return []
+        where, params = filter_clause(d.mark, found)
         seq = f"e.{d.seq}"
         if order == "oldest":
             by = seq
         elif order == "newest":
             by = f"{seq} DESC"
-        elif deferred_longer_than is not None or (
-            sub_status is not None and SubStatus(sub_status) is SubStatus.DEFERRED
-        ):
-            by = f"e.deferred_since, {seq}"  # all deferred (no NULLs): the index's order
+        elif found.deferred_only:
+            by = f"e.deferred_since, {seq}"  # (no NULLs: the index's order)
         else:
             by = f"{d.deferred_last}, {seq}"
         sql = f"{SELECT_RECORDS}{where} ORDER BY {by}"
@@ -676,24 +652,11 @@ class SQLStore:
         return [record_of(row, self.path) for row in rows]
 
     @_retried
-    def counts(
-        self,
-        *,
-        sub_status: SubStatus | str | None = None,
-        deferred_longer_than: float | datetime.timedelta | None = None,
-        run_id: str | None = None,
-        key: str | None = None,
-    ) -> dict[TaskStatus, int]:
-        """How many executions match the filters, per status (every status present,
-        zeros included): one ``GROUP BY`` on the status index, no rows loaded."""
+    def _count(self, found: Filter, counts: dict[TaskStatus, int]) -> None:
+        """One ``GROUP BY`` on the status index, no rows loaded."""
         m = self.dialect.mark
-        where, params = filter_clause(
-            m, self.clock, None, sub_status, deferred_longer_than, run_id, key
-        )
+        where, params = filter_clause(m, found)
         sql = f"SELECT e.status, count(*) FROM executions e{where} GROUP BY e.status"
-        counts = dict.fromkeys(TaskStatus, 0)
-        if not matches_some(run_id=run_id, key=key):
-            return counts
         with self._db.reading("count executions") as conn:
             for value, n in conn.execute(sql, params).fetchall():
                 try:
@@ -706,14 +669,10 @@ class SQLStore:
                         f"{self.path}: execution {bad[0]!r} has an unreadable row"
                         f" (status {value!r})"
                     ) from None
-        return counts
 
     @_retried
-    def execution(self, task_id: str) -> ExecutionRecord | None:
-        """One execution, or None: a primary-key read on a read connection, so it
-        never waits behind a write batch."""
-        if not matches_some(task_id=task_id):
-            return None
+    def _lookup(self, task_id: str) -> ExecutionRecord | None:
+        """A primary-key read on a read connection: never waits behind a write."""
         with self._db.reading("query execution") as conn:
             row = conn.execute(
                 f"{SELECT_RECORDS} WHERE e.task_id = {self.dialect.mark}", (task_id,)
