@@ -174,6 +174,20 @@ TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
             "error": ARG,
         },
     ),
+    # (an operator's requeue of a dead letter: its attempt, error and traceback kept)
+    "requeue": (
+        (TaskStatus.FAILED, TaskStatus.TIMED_OUT, TaskStatus.CANCELLED),
+        {
+            "status": TaskStatus.PENDING,
+            "owner": None,
+            "version": BUMP,
+            "recovery_attempts": 0,
+            "sub_status": None,
+            "deferred_since": None,
+            "finished_at": None,
+            "waiting_on": "slot",
+        },
+    ),
     "claim": (
         LIVE,
         {

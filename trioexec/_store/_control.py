@@ -37,14 +37,23 @@ from typing import Any
 
 import attrs
 
-from .._records import ExecutionRecord, TaskStatus, check_id, stored_float, stored_int
-from ._base import COMMAND_FIELDS, LIVE, Command, Pause, Requeued, update_sql
+from .._records import ExecutionRecord, check_id, stored_float, stored_int
+from ._base import (
+    COMMAND_FIELDS,
+    LIVE,
+    TRANSITIONS,
+    Command,
+    Pause,
+    Requeued,
+    apply_change,
+    update_sql,
+)
 from ._sql import SELECT_RECORDS, record_of
 
 #: What `Store.command` does; a "retry" is recorded by `Store.requeue`.
 KINDS = ("pause", "resume", "cancel")
 #: The finished statuses `Store.requeue` sends back (asked by id).
-REQUEUEABLE = (TaskStatus.FAILED, TaskStatus.TIMED_OUT, TaskStatus.CANCELLED)
+REQUEUEABLE = TRANSITIONS["requeue"][0]
 CANCELLED_IN_STORE = "cancelled in the store (no live owner)"
 NOT_RECREATABLE = (
     "not re-creatable: submitted without a registered TaskSpec or with arguments that are not JSON"
@@ -225,19 +234,11 @@ def requeue_refusal(record: ExecutionRecord | None) -> str | None:
 
 
 def requeued(record: ExecutionRecord) -> ExecutionRecord:
-    """``record`` as a requeue leaves it (its attempt, error and traceback kept)."""
-    return attrs.evolve(
-        record,
-        status=TaskStatus.PENDING,
-        owner=None,
-        lease_expires_at=None,
-        version=record.version + 1,
-        recovery_attempts=0,
-        sub_status=None,
-        deferred_since=None,
-        finished_at=None,
-        waiting_on="slot",
-    )
+    """``record`` as a requeue leaves it (`TRANSITIONS`: its attempt, error and
+    traceback kept), with no owner's lease."""
+    values = attrs.asdict(record, recurse=False)
+    apply_change(values, ("requeue", record.task_id, record.version))
+    return ExecutionRecord(**{**values, "lease_expires_at": None})
 
 
 def retry_fields(
@@ -272,11 +273,6 @@ def sorted_pauses(pauses: list[Pause]) -> list[Pause]:
 # ---------------------------------------------------------------------- SQL
 
 COMMAND_COLUMNS = ", ".join(COMMAND_FIELDS)
-_REQUEUE = (
-    "UPDATE executions SET status = 'pending', owner = NULL, version = version + 1,"
-    " recovery_attempts = 0, sub_status = NULL, deferred_since = NULL, finished_at = NULL,"
-    " waiting_on = 'slot' WHERE task_id = {m} AND version = {m}"
-)
 
 
 def command_of(row: Sequence[Any]) -> Command:
@@ -406,7 +402,7 @@ def sql_requeue(
             refused.append((task_id, why))
             return
         assert record is not None
-        conn.execute(_REQUEUE.format(m=m), (record.task_id, record.version))
+        conn.execute(update_sql("requeue", m), (record.task_id, record.version))
         done.append(requeued(record))
 
     if asked is None:

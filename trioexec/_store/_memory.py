@@ -240,16 +240,7 @@ class MemoryControl:
                     refused.append((task_id, why))
                     continue
                 assert found is not None
-                found.update(
-                    status=TaskStatus.PENDING,
-                    owner=None,
-                    version=found["version"] + 1,
-                    recovery_attempts=0,
-                    sub_status=None,
-                    deferred_since=None,
-                    finished_at=None,
-                    waiting_on="slot",
-                )
+                apply_change(found, ("requeue", task_id, found["version"]))
                 done.append(self._record(found))
             command = self._append(now, who, **retry_fields(asked, name, len(done), len(refused)))
             return Requeued(requeued=done, refused=refused, command=command)
