@@ -427,3 +427,61 @@ def sql_requeue(
         conn, m, now, who, **retry_fields(asked, name, len(done), len(refused))
     )
     return Requeued(requeued=done, refused=refused, command=command)
+
+
+class Commands:
+    """`Store.command`, `Store.commands` and `Store.requeue`, checked once for every
+    store (a bad argument is refused before any lock is waited for): each store
+    carries out a checked command (`_command`), reads a range (`_commands_after`)
+    and requeues what was asked (`_requeue`)."""
+
+    def command(
+        self,
+        kind: str,
+        *,
+        name: str | None = None,
+        key: str | None = None,
+        task_id: str | None = None,
+        who: str,
+        at: float | None = None,
+    ) -> Command:
+        """See `Store.command`: one write transaction."""
+        pause = check_command(kind, name, key, task_id, who)
+        return self._command(kind, pause, name, key, task_id, who, check_issued(at))
+
+    def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
+        """See `Store.commands`: never waits for a write."""
+        check_commands_query(after, limit)
+        return self._commands_after(after, limit)
+
+    def requeue(
+        self,
+        task_ids: Sequence[str] | None = None,
+        *,
+        name: str | None = None,
+        since: float | None = None,
+        who: str,
+    ) -> Requeued:
+        """See `Store.requeue`: one write transaction."""
+        asked, name, since = check_requeue(task_ids, name, since, who)
+        return self._requeue(asked, name, since, who)
+
+    def _command(
+        self,
+        kind: str,
+        pause: tuple[str, str] | None,
+        name: str | None,
+        key: str | None,
+        task_id: str | None,
+        who: str,
+        issued: float | None,
+    ) -> Command:
+        raise NotImplementedError
+
+    def _commands_after(self, after: int, limit: int | None) -> list[Command]:
+        raise NotImplementedError
+
+    def _requeue(
+        self, asked: list[str] | None, name: str | None, since: float | None, who: str
+    ) -> Requeued:
+        raise NotImplementedError

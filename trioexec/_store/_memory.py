@@ -40,13 +40,10 @@ from ._base import (
     run_graph,
 )
 from ._control import (
+    Commands,
     PauseRow,
     cancel_plan,
     cancelled_by,
-    check_command,
-    check_commands_query,
-    check_issued,
-    check_requeue,
     issued_at,
     pause_turn,
     prune_bounds,
@@ -116,7 +113,7 @@ class MemorySchedules:
             return True
 
 
-class MemoryControl:
+class MemoryControl(Commands):
     """`MemoryStore`'s operator commands (`Store.command`, `Store.requeue` and
     their reads), kept apart like its schedules: the rules are `_control`'s, as
     the SQL stores'."""
@@ -158,18 +155,16 @@ class MemoryControl:
                 del self._pauses[target]
         return command
 
-    def command(
+    def _command(
         self,
         kind: str,
-        *,
-        name: str | None = None,
-        key: str | None = None,
-        task_id: str | None = None,
+        pause: tuple[str, str] | None,
+        name: str | None,
+        key: str | None,
+        task_id: str | None,
         who: str,
-        at: float | None = None,
+        issued: float | None,
     ) -> Command:
-        pause = check_command(kind, name, key, task_id, who)
-        issued = check_issued(at)
         with self._locked():
             now = self.clock()
             at = issued_at(issued, now)
@@ -190,8 +185,7 @@ class MemoryControl:
                 now, who, at, kind="cancel", task_id=task_id, changed=changed, detail=detail
             )
 
-    def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
-        check_commands_query(after, limit)
+    def _commands_after(self, after: int, limit: int | None) -> list[Command]:
         with self._locked():
             start = bisect.bisect_right(self._commands, after, key=lambda c: c.seq)
             return self._commands[start : None if limit is None else start + limit]
@@ -210,15 +204,9 @@ class MemoryControl:
                 ]
             )
 
-    def requeue(
-        self,
-        task_ids: Sequence[str] | None = None,
-        *,
-        name: str | None = None,
-        since: float | None = None,
-        who: str,
+    def _requeue(
+        self, asked: list[str] | None, name: str | None, since: float | None, who: str
     ) -> Requeued:
-        asked, name, since = check_requeue(task_ids, name, since, who)
         with self._locked():
             now = self.clock()
             todo: list[tuple[str, dict[str, Any] | None]]

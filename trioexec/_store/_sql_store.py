@@ -52,10 +52,7 @@ from ._base import (
 )
 from ._control import (
     COMMAND_COLUMNS,
-    check_command,
-    check_commands_query,
-    check_issued,
-    check_requeue,
+    Commands,
     command_of,
     sorted_pauses,
     sql_command,
@@ -111,7 +108,7 @@ def _value(v: object) -> object:
     return getattr(v, "value", v)
 
 
-class SQLStore(Records):
+class SQLStore(Records, Commands):
     """The `Store` operations of a SQL database, one body for `SQLiteStore` and
     `PostgresStore`."""
 
@@ -537,19 +534,16 @@ class SQLStore(Records):
     # ------------------------------------------------------------------ commands
 
     @_retried
-    def command(
+    def _command(
         self,
         kind: str,
-        *,
-        name: str | None = None,
-        key: str | None = None,
-        task_id: str | None = None,
+        pause: tuple[str, str] | None,
+        name: str | None,
+        key: str | None,
+        task_id: str | None,
         who: str,
-        at: float | None = None,
+        issued: float | None,
     ) -> Command:
-        """See `Store.command`: one write transaction."""
-        check_command(kind, name, key, task_id, who)  # (before waiting for the lock)
-        issued = check_issued(at)
         d = self.dialect
         with self._commanding("record a command") as conn:
             now = self.clock()  # (its turn taken: commands see the clock in order)
@@ -568,9 +562,8 @@ class SQLStore(Records):
             )
 
     @_retried
-    def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
-        """See `Store.commands`: a range of the primary key (never waits for a write)."""
-        check_commands_query(after, limit)
+    def _commands_after(self, after: int, limit: int | None) -> list[Command]:
+        """A range of the primary key (never waits for a write)."""
         m = self.dialect.mark
         sql = f"SELECT {COMMAND_COLUMNS} FROM commands WHERE seq > {m} ORDER BY seq"
         params: list[object] = [after]
@@ -595,16 +588,9 @@ class SQLStore(Records):
         return sorted_pauses([Pause(kind=k, value=v, who=w, at=a) for k, v, w, a in rows])
 
     @_retried
-    def requeue(
-        self,
-        task_ids: Sequence[str] | None = None,
-        *,
-        name: str | None = None,
-        since: float | None = None,
-        who: str,
+    def _requeue(
+        self, asked: list[str] | None, name: str | None, since: float | None, who: str
     ) -> Requeued:
-        """See `Store.requeue`: one write transaction."""
-        check_requeue(task_ids, name, since, who)
         d = self.dialect
         with self._commanding("requeue") as conn:
             now = self.clock()
@@ -613,7 +599,7 @@ class SQLStore(Records):
                 d.mark,
                 self.path,
                 now,
-                task_ids,
+                asked,
                 name,
                 since,
                 who,
