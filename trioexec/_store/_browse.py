@@ -195,10 +195,8 @@ def _encode(order: str, key: list[Any]) -> str:
     return base64.urlsafe_b64encode(text.encode()).decode("ascii")
 
 
-def _decode(cursor: object, order: str) -> list[Any]:
-    """The sort key a cursor of `_encode` holds; ValueError naming a cursor that is
-    not one, or is one of another order."""
-    bad = ValueError(f"malformed cursor {cursor!r}: pass back a Page's next_cursor as it is")
+def _unpack(cursor: object, bad: ValueError) -> list[Any]:
+    """The JSON list a cursor of ours holds (`_encode`); ``bad`` for anything else."""
     if not isinstance(cursor, str) or not cursor or len(cursor) > _MAX_CURSOR:
         raise bad
     try:
@@ -206,7 +204,17 @@ def _decode(cursor: object, order: str) -> list[Any]:
         value = json.loads(raw.decode("utf-8"))
     except (UnicodeError, binascii.Error, ValueError):
         raise bad from None
-    if not isinstance(value, list) or not value or not isinstance(value[0], str):
+    if not isinstance(value, list):
+        raise bad
+    return value
+
+
+def _decode(cursor: object, order: str) -> list[Any]:
+    """The sort key a cursor of `_encode` holds; ValueError naming a cursor that is
+    not one, or is one of another order."""
+    bad = ValueError(f"malformed cursor {cursor!r}: pass back a Page's next_cursor as it is")
+    value = _unpack(cursor, bad)
+    if not value or not isinstance(value[0], str):
         raise bad
     if value[0] != order:
         raise ValueError(f"cursor {cursor!r} is a page of order {value[0]!r}, not {order!r}")
@@ -422,14 +430,8 @@ def _run_key(cursor: object) -> list[Any]:
     """A runs cursor's key: ``[created_at, run_id]``, or ``[None, run_id]`` in
     the runs without a creation time (they come last)."""
     bad = ValueError(f"malformed cursor {cursor!r}: pass back a RunPage's next_cursor as it is")
-    if not isinstance(cursor, str) or not cursor or len(cursor) > _MAX_CURSOR:
-        raise bad
-    try:
-        raw = base64.b64decode(cursor.encode("ascii"), altchars=b"-_", validate=True)
-        value = json.loads(raw.decode("utf-8"))
-    except (UnicodeError, binascii.Error, ValueError):
-        raise bad from None
-    if not isinstance(value, list) or len(value) != 3 or value[0] != _RUN_ORDER:
+    value = _unpack(cursor, bad)
+    if len(value) != 3 or value[0] != _RUN_ORDER:
         raise bad
     at, run_id = value[1], value[2]
     if not isinstance(run_id, str) or not storable(run_id):
