@@ -6,6 +6,9 @@ from __future__ import annotations
 import functools
 import gc
 import os
+import shutil
+import sys
+import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,6 +19,23 @@ from pg_server import STORE_KINDS, NoServer, postgres_server
 
 #: Set (CI does): no server is a failure, not a skip.
 REQUIRE_ENV = "TRIOEXEC_REQUIRE_POSTGRES"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under ``PYTHONDONTWRITEBYTECODE`` (set in some environments: CI's here), every
+    Python child a test starts (the CLI, workers, examples: hundreds a run) would
+    compile anew each module of trioexec not compiled already, and this process
+    each test module: instead, they keep their bytecode in a directory of this
+    run's own (``PYTHONPYCACHEPREFIX``), deleted after it. Nothing is written
+    beside the sources, as the variable asks. A prefix already set is kept."""
+    if not sys.dont_write_bytecode or os.environ.get("PYTHONPYCACHEPREFIX"):
+        return
+    prefix = tempfile.mkdtemp(prefix="trioexec-pyc-")
+    config.add_cleanup(functools.partial(shutil.rmtree, prefix, ignore_errors=True))
+    os.environ["PYTHONPYCACHEPREFIX"] = prefix
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.pycache_prefix = prefix
+    sys.dont_write_bytecode = False
 
 
 @pytest.fixture(autouse=True, scope="module")
