@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import gc
 import os
-import shutil
 import sys
 import tempfile
 import uuid
@@ -25,13 +24,13 @@ def pytest_configure(config: pytest.Config) -> None:
     """Under ``PYTHONDONTWRITEBYTECODE`` (set in some environments: CI's here), every
     Python child a test starts (the CLI, workers, examples: hundreds a run) would
     compile anew each module of trioexec not compiled already, and this process
-    each test module: instead, they keep their bytecode in a directory of this
-    run's own (``PYTHONPYCACHEPREFIX``), deleted after it. Nothing is written
-    beside the sources, as the variable asks. A prefix already set is kept."""
+    would rewrite every test module's asserts, every run. Instead they keep their
+    bytecode where the variable leaves the sources alone: in the system's
+    temporary directory (``PYTHONPYCACHEPREFIX``), checked against the sources
+    and kept between runs as ``__pycache__`` would be. A prefix already set is kept."""
     if not sys.dont_write_bytecode or os.environ.get("PYTHONPYCACHEPREFIX"):
         return
-    prefix = tempfile.mkdtemp(prefix="trioexec-pyc-")
-    config.add_cleanup(functools.partial(shutil.rmtree, prefix, ignore_errors=True))
+    prefix = os.path.join(tempfile.gettempdir(), "trioexec-tests-pycache")
     os.environ["PYTHONPYCACHEPREFIX"] = prefix
     os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
     sys.pycache_prefix = prefix
