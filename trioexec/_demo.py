@@ -29,7 +29,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import trio
-import trio.testing
 
 import trioexec
 from trioexec import Backoff, Context, MemoryStore, Store, TaskHandle, Workflow
@@ -280,5 +279,9 @@ def simulate(plan: Plan, defer: bool) -> float:
         with MemoryStore(clock=FakeWallClock()) as memory, DurableStore(memory) as ds:
             result.append(await run_workload(plan, defer=defer, ds=ds))
 
-    trio.run(go, clock=trio.testing.MockClock(autojump_threshold=0))
+    # (here, not at the top: trio.testing imports pytest when it is installed,
+    # a tenth of a second of every ``trioexec`` command's start)
+    from trio.testing import MockClock
+
+    trio.run(go, clock=MockClock(autojump_threshold=0))
     return result[0]
