@@ -4,7 +4,6 @@ same database file as the executor's store."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import sqlite3
 import threading
 import time
@@ -33,7 +32,9 @@ class DictTables:
         self.errors: tuple[type[Exception], ...] = ()  # none fails the transaction
 
     def _saved(self) -> tuple[dict[str, Row], dict[str, Row], dict[tuple[str, str], None]]:
-        return copy.deepcopy(self.promises), copy.deepcopy(self.tasks), dict(self.callbacks)
+        # Shallow: a stored row is never changed in place, only replaced (every
+        # write puts a new dict), so the rows of a copy stay as they were.
+        return dict(self.promises), dict(self.tasks), dict(self.callbacks)
 
     @contextlib.contextmanager
     def transaction(self) -> Iterator[None]:
@@ -83,7 +84,7 @@ class DictTables:
         if row is None or any(row[k] != v for k, v in expect.items()):
             return False
         self.writes += 1
-        row.update(changes)
+        self.tasks[id] = {**row, **changes}
         return True
 
     def update_promise(self, id: str, expect: Row, changes: Row) -> Row | None:
@@ -91,7 +92,8 @@ class DictTables:
         if row is None or any(row[k] != v for k, v in expect.items()):
             return None
         self.writes += 1
-        row.update(changes)
+        new = {**row, **changes}
+        self.promises[id] = dict(new, tags=dict(new["tags"]))
         return self.promise(id)
 
     def claim(
