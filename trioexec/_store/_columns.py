@@ -13,7 +13,7 @@ import attrs
 from .._records import TaskStatus
 
 Kind = Literal["text", "integer", "bigint", "real"]
-_SQLITE_TYPES = {"text": str, "integer": int, "bigint": int, "real": float}
+_PYTHON_TYPES = {"text": str, "integer": int, "bigint": int, "real": float}
 _SQLITE_SPELLING = {str: "TEXT", int: "INTEGER", float: "FLOAT"}
 _POSTGRES_TYPES = {
     "text": "text",
@@ -38,7 +38,7 @@ class Column:
     @property
     def python_type(self) -> type:
         """Its type as sqlite-utils' ``create`` takes it."""
-        return _SQLITE_TYPES[self.kind]
+        return _PYTHON_TYPES[self.kind]
 
     def sqlite(self) -> str:
         """As SQLite's ``ALTER TABLE ... ADD COLUMN`` spells it."""
@@ -87,7 +87,8 @@ EXECUTIONS = (
 )
 #: A "row" change's fields after its kind, in order.
 ROW_COLUMNS = tuple(c.name for c in EXECUTIONS)
-SQLITE, POSTGRES = 0, 1  # (the index of a store's version in `Column.since`)
+#: Where each schema's version sits in `Column.since`.
+SQLITE_SCHEMA, POSTGRES_SCHEMA = 0, 1
 
 
 def added(store: int, version: int) -> list[Column]:

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Collection
-from typing import Any, Literal
+from typing import Any
 
 import attrs
 
 
 @attrs.frozen
 class Dialect:
-    name: Literal["sqlite", "postgres"]
     mark: str  #: the placeholder
     seq: str  #: a table's submission order column (a unique integer per row)
     is_not: str  #: ``a IS NOT b`` that treats NULL as a value
@@ -70,6 +69,6 @@ _SPELLINGS: dict[str, tuple[Any, Any]] = {
     "aside": ("+", ""),
     "live_seq": ("e.rowid", "(e.seq + 0)"),
 }
-SQLITE = Dialect("sqlite", **{field: both[0] for field, both in _SPELLINGS.items()})
-POSTGRES = Dialect("postgres", **{field: both[1] for field, both in _SPELLINGS.items()})
+SQLITE = Dialect(**{field: both[0] for field, both in _SPELLINGS.items()})
+POSTGRES = Dialect(**{field: both[1] for field, both in _SPELLINGS.items()})
 DIALECTS = (SQLITE, POSTGRES)

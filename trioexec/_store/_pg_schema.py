@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._errors import StoreError
-from ._columns import POSTGRES, added
+from ._columns import POSTGRES_SCHEMA, added
 
 if TYPE_CHECKING:
     import psycopg
@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 def _add_columns(version: int) -> str:
     """The executions columns of schema ``version`` (`_columns.EXECUTIONS`)."""
-    columns = ", ".join(f"ADD COLUMN {c.postgres()}" for c in added(POSTGRES, version))
+    columns = ", ".join(f"ADD COLUMN {c.postgres()}" for c in added(POSTGRES_SCHEMA, version))
     return f"ALTER TABLE executions {columns};"
 
 
@@ -28,7 +28,7 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE TABLE executions (
         seq bigint GENERATED ALWAYS AS IDENTITY,
         """
-    + ",\n        ".join(c.postgres() for c in added(POSTGRES, 1))
+    + ",\n        ".join(c.postgres() for c in added(POSTGRES_SCHEMA, 1))
     + """
     );
     CREATE UNIQUE INDEX executions_seq ON executions (seq);

@@ -10,7 +10,7 @@ import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
 from .._errors import StoreError
-from ._columns import SQLITE, added
+from ._columns import SQLITE_SCHEMA, added
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
@@ -23,7 +23,7 @@ KNOWN_MIGRATIONS: list[str] = []
 
 def _add_columns(db: sqlite_utils.Database, version: int) -> None:
     """Add the executions columns of schema ``version`` (`_columns.EXECUTIONS`)."""
-    for column in added(SQLITE, version):
+    for column in added(SQLITE_SCHEMA, version):
         db.execute(f"ALTER TABLE executions ADD COLUMN {column.sqlite()}")
 
 
@@ -35,7 +35,7 @@ def _migration(name: str) -> Callable[[_Migrate], _Migrate]:
 @_migration("0001_initial")
 def _initial(db: sqlite_utils.Database) -> None:
     db["trioexec_meta"].create({"key": str, "value": str}, pk="key")  # type: ignore[union-attr]
-    first = added(SQLITE, 1)
+    first = added(SQLITE_SCHEMA, 1)
     db["executions"].create(  # type: ignore[union-attr]
         {c.name: c.python_type for c in first},
         pk="task_id",
