@@ -71,4 +71,3 @@ _SPELLINGS: dict[str, tuple[Any, Any]] = {
 }
 SQLITE = Dialect(**{field: both[0] for field, both in _SPELLINGS.items()})
 POSTGRES = Dialect(**{field: both[1] for field, both in _SPELLINGS.items()})
-DIALECTS = (SQLITE, POSTGRES)

@@ -29,7 +29,6 @@ from ._base import (
     RUN_ORPHANED,
     SCHEDULE_FIELDS,
     SUPERSEDED,
-    TRANSITIONS,
     Change,
     Command,
     Filter,
@@ -58,7 +57,7 @@ from ._control import (
     sql_command,
     sql_requeue,
 )
-from ._dialect import DIALECTS, Dialect
+from ._dialect import Dialect
 from ._key_ledger import KeyGrant, KeyRequest
 from ._sql import SELECT_RECORDS, filter_clause, prune_buckets, record_of, settle_key, write_lease
 from ._verdict import Verdict, claimed_attempts, recovery_verdict
@@ -72,9 +71,6 @@ R = TypeVar("R")
 _RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
 _SCHEDULE_COLUMNS = ", ".join(SCHEDULE_FIELDS)
 _LIVE = "('pending', 'running')"
-_UPDATES_BY_MARK = {
-    d.mark: {kind: update_sql(kind, d.mark) for kind in TRANSITIONS} for d in DIALECTS
-}
 
 
 class Database(Protocol):
@@ -142,7 +138,6 @@ class SQLStore(Records, Commands):
     @_retried
     def write(self, changes: Sequence[Change]) -> list[str]:
         m = self.dialect.mark
-        updates = _UPDATES_BY_MARK[m]
         with self._db.transaction("write") as conn:
             submitted = [str(c[1]) for c in changes if c[0] == "row" or c[0] == "submit"]
             existing: set[object] = set()
@@ -159,7 +154,7 @@ class SQLStore(Records, Commands):
                 if change[0] in RUN_KINDS:
                     return self._write_run(conn, m, change)
                 args = (*(_value(v) for v in full_change(change)[3:]), change[1], change[2])
-                return int(conn.execute(updates[str(change[0])], args).rowcount) == 1
+                return int(conn.execute(update_sql(str(change[0]), m), args).rowcount) == 1
 
             fresh, fenced = fold_batch(changes, existing, update)
             if fresh:
