@@ -35,6 +35,7 @@ from trioexec._store._browse import (
     task_commands,
     task_names,
 )
+from trioexec._store._changes import Row, RunCreated, RunEnded, StepRecorded
 from trioexec._store._columns import ROW_COLUMNS
 
 SQL_KINDS = ["sqlite", "postgres"]
@@ -91,7 +92,7 @@ def active(task_id: str, **fields: Any) -> dict[str, Any]:
 
 def put(store: Any, rows: list[dict[str, Any]]) -> None:
     """Write ``rows`` (in this order: their submission order) in one batch."""
-    assert store.write([["row", *(r[c] for c in ROW_COLUMNS)] for r in rows]) == []
+    assert store.write([Row(r[c] for c in ROW_COLUMNS) for r in rows]) == []
 
 
 def walk(store: Any, **query: Any) -> tuple[list[str], list[Page]]:
@@ -547,12 +548,12 @@ async def test_a_run_records_its_graph(kind, store_maker, autojump_clock):
     assert list(record.graph) == ["fetch", "left", "right 🎉", "join"]  # run order
     assert [r.graph for r in store.runs()] == [GRAPH]
     # A run written in the old shape (no graph) reads back without one.
-    store.write([("run", "old-run", 0, "diamond", "{}", "A", 5.0)])
+    store.write([RunCreated(("old-run", "A", "diamond", "{}", 5.0, None))])
     assert store.run("old-run").graph is None
     # A graph no trioexec writes (a hand-edited row) reads as none: it only
     # draws the run, so the run itself stays readable.
     for n, bent in enumerate(['{"a": 5}', "[1, 2]", "not json", '"text"']):
-        store.write([("run", f"bent-{n}", 0, "diamond", "{}", "A", 5.0, bent)])
+        store.write([RunCreated((f"bent-{n}", "A", "diamond", "{}", 5.0, bent))])
         assert store.run(f"bent-{n}").graph is None
     await trio.lowlevel.checkpoint()
 
@@ -653,15 +654,15 @@ def test_runs_page_walks_every_run_once_newest_first_with_its_steps(store):
     changes: list[Any] = []
     for i in range(23):
         at = None if i % 7 == 3 else 1000.0 + i // 2  # (ties, and a few untimed)
-        changes.append(("run", f"r{i:02d}", 0, f"wf{i % 2}", "{}", "w", at, '{"a": []}'))
-        changes.append(("step", f"r{i:02d}", "w", "a", "completed", str(i), f"t{i}"))
+        changes.append(RunCreated((f"r{i:02d}", "w", f"wf{i % 2}", "{}", at, '{"a": []}')))
+        changes.append(StepRecorded((f"r{i:02d}", "w", "a", "completed", str(i), f"t{i}")))
         if i % 3 == 0:
-            changes.append(("run_end", f"r{i:02d}", "w", "completed", 2000.0))
+            changes.append(RunEnded((f"r{i:02d}", "w", "completed", 2000.0)))
     store.write(changes)
-    runs = [c for c in changes if c[0] == "run"]
+    runs = [c for c in changes if isinstance(c, RunCreated)]
 
     def key(c: Any) -> tuple[Any, ...]:
-        return (c[6] is not None, c[6] or 0.0, c[1])
+        return (c[4] is not None, c[4] or 0.0, c[0])
 
     def walk(**query: Any) -> list[str]:
         seen, cursor, pages = [], None, 0
@@ -674,13 +675,13 @@ def test_runs_page_walks_every_run_once_newest_first_with_its_steps(store):
                 return seen
             cursor = page.next_cursor
 
-    assert walk() == [c[1] for c in sorted(runs, key=key, reverse=True)]
+    assert walk() == [c[0] for c in sorted(runs, key=key, reverse=True)]
     done = {f"r{i:02d}" for i in range(0, 23, 3)}
     assert walk(status="completed") == [
-        c[1] for c in sorted(runs, key=key, reverse=True) if c[1] in done
+        c[0] for c in sorted(runs, key=key, reverse=True) if c[0] in done
     ]
     assert walk(workflow="wf1", status="running") == [
-        c[1] for c in sorted(runs, key=key, reverse=True) if c[3] == "wf1" and c[1] not in done
+        c[0] for c in sorted(runs, key=key, reverse=True) if c[2] == "wf1" and c[0] not in done
     ]
     [first] = runs_page(store, limit=1).rows
     assert first == store.run(first.run_id)  # (steps and graph as the store reads them)
@@ -696,9 +697,9 @@ def test_runs_page_brings_each_running_runs_live_executions(store):
     executions, in submission order; none for an ended run, none that ended."""
     store.write(
         [
-            ("run", "going", 0, "wf", "{}", "w", 1000.0, '{"a": [], "b": ["a"], "c": ["a"]}'),
-            ("run", "over", 0, "wf", "{}", "w", 999.0, '{"a": []}'),
-            ("run_end", "over", "w", "completed", 1001.0),
+            RunCreated(("going", "w", "wf", "{}", 1000.0, '{"a": [], "b": ["a"], "c": ["a"]}')),
+            RunCreated(("over", "w", "wf", "{}", 999.0, '{"a": []}')),
+            RunEnded(("over", "w", "completed", 1001.0)),
         ]
     )
     put(

@@ -36,6 +36,7 @@ import trio
 
 import trioexec
 from trioexec import Context, SQLiteStore, SubStatus, TaskStatus, Workflow, task
+from trioexec._store._changes import Finish, Start, Sub, submitted
 from trioexec.durable import DurableStore, PromiseState, TaskState
 
 _script = shutil.which("trioexec", path=os.path.dirname(sys.executable))
@@ -189,15 +190,15 @@ def build_app_db(path: Path | str) -> AppDb:
             old, new = now - OLD, now - RECENT
             store.write(
                 [
-                    ("submit", "approval-old", 1, "approval", None, None, None, "w2", old),
-                    ("start", "approval-old", 1, 1, old),
-                    ("sub", "approval-old", 1, SubStatus.DEFERRED, old),
-                    ("submit", "webhook-new", 1, "webhook", None, None, None, "w2", new),
-                    ("start", "webhook-new", 1, 1, new),
-                    ("sub", "webhook-new", 1, SubStatus.DEFERRED, new),
-                    ("submit", "crunch-1", 1, "crunch", None, None, None, "w2", new),
-                    ("start", "crunch-1", 1, 1, new),
-                    ("submit", "queued-1", 1, "queued", None, None, None, "w2", new),
+                    submitted("approval-old", 1, "approval", None, None, None, "w2", old),
+                    Start(("approval-old", 1, 1, old)),
+                    Sub(("approval-old", 1, SubStatus.DEFERRED, old, None)),
+                    submitted("webhook-new", 1, "webhook", None, None, None, "w2", new),
+                    Start(("webhook-new", 1, 1, new)),
+                    Sub(("webhook-new", 1, SubStatus.DEFERRED, new, None)),
+                    submitted("crunch-1", 1, "crunch", None, None, None, "w2", new),
+                    Start(("crunch-1", 1, 1, new)),
+                    submitted("queued-1", 1, "queued", None, None, None, "w2", new),
                 ]
             )
         with DurableStore(path) as ds:
@@ -278,11 +279,11 @@ def build_keyed_db(path: Path | str) -> None:
     with trioexec.open_store(path) as store:
         store.write(
             [
-                ("submit", "fetch-a1", 1, "fetch", None, None, None, "w", now, "api.example", 5),
-                ("submit", "fetch-b1", 1, "fetch", None, None, None, "w", now, "b.example", 0),
-                ("submit", "plain-1", 1, "plain", None, None, None, "w", now),
-                ("submit", "fetch-a2", 1, "fetch", None, None, None, "w", now, "api.example", 1),
-                ("finish", "fetch-a1", 1, TaskStatus.COMPLETED, now, None),
+                submitted("fetch-a1", 1, "fetch", None, None, None, "w", now, "api.example", 5),
+                submitted("fetch-b1", 1, "fetch", None, None, None, "w", now, "b.example", 0),
+                submitted("plain-1", 1, "plain", None, None, None, "w", now),
+                submitted("fetch-a2", 1, "fetch", None, None, None, "w", now, "api.example", 1),
+                Finish(("fetch-a1", 1, TaskStatus.COMPLETED, now, None, None, None)),
             ]
         )
 
@@ -406,10 +407,10 @@ def test_watch_live_under_a_terminal_follows_another_process(app: AppDb) -> None
         with SQLiteStore(app.path) as store:
             store.write(
                 [
-                    ("submit", "late-1", 1, "late", None, None, None, "w3", now),
-                    ("start", "late-1", 1, 1, now),
-                    ("finish", "late-1", 1, TaskStatus.COMPLETED, now, None),
-                    ("finish", "crunch-1", 1, TaskStatus.FAILED, now, "OSError()"),
+                    submitted("late-1", 1, "late", None, None, None, "w3", now),
+                    Start(("late-1", 1, 1, now)),
+                    Finish(("late-1", 1, TaskStatus.COMPLETED, now, None, None, None)),
+                    Finish(("crunch-1", 1, TaskStatus.FAILED, now, "OSError()", None, None)),
                 ]
             )
         child.expect(r"completed\s+5\s")

@@ -14,6 +14,7 @@ import trio
 from test_cli import cli, ok, one_line_error, squash
 
 from trioexec import SQLiteStore, SubStatus, TaskStatus
+from trioexec._store._changes import Finish, RunCreated, Start, StepRecorded, Sub, submitted
 from trioexec.durable import DurableStore
 
 NAMES = [
@@ -34,19 +35,21 @@ def odd(tmp_path_factory: pytest.TempPathFactory) -> Path:
     error, tag and target is one of NAMES."""
     path = tmp_path_factory.mktemp("markup") / "[bold]odd :smile:.db"
     now = time.time()
-    changes: list[tuple[object, ...]] = [("run", "[run]/1", 0, "wf[/]", "{}", "w", now)]
+    changes: list[tuple[object, ...]] = [RunCreated(("[run]/1", "w", "wf[/]", "{}", now, None))]
     for i, name in enumerate(NAMES):
         task_id = f"{name}#{i}"
         run_id = "[run]/1" if i == 0 else None
         changes += [
-            ("submit", task_id, 1, name, run_id, None, None, "w", now - 100 + i),
-            ("start", task_id, 1, 1, now - 100 + i),
+            submitted(task_id, 1, name, run_id, None, None, "w", now - 100 + i),
+            Start((task_id, 1, 1, now - 100 + i)),
         ]
         if i % 2:
-            changes.append(("sub", task_id, 1, SubStatus.DEFERRED, now - 50 + i))
+            changes.append(Sub((task_id, 1, SubStatus.DEFERRED, now - 50 + i, None)))
         else:
-            changes.append(("finish", task_id, 1, TaskStatus.FAILED, now, f"Error({name!r})"))
-    changes.append(("step", "[run]/1", "w", "[step]", "failed", None, f"{NAMES[0]}#0"))
+            changes.append(
+                Finish((task_id, 1, TaskStatus.FAILED, now, f"Error({name!r})", None, None))
+            )
+    changes.append(StepRecorded(("[run]/1", "w", "[step]", "failed", None, f"{NAMES[0]}#0")))
     with SQLiteStore(path) as store:
         store.heartbeat("w", now + 3600)
         store.write(changes)

@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 
 import trioexec
+from trioexec._store._changes import Finish, submitted
 
 ROOT = Path(__file__).resolve().parent.parent
 EXECUTOR = Path(__file__).resolve().parent / "dashboard_executor.py"
@@ -633,8 +634,10 @@ def test_a_click_on_a_row_whose_id_holds_dot_segments_acts_on_that_row(
                 change
                 for task_id in (*odd_tasks, victim)
                 for change in (
-                    ("submit", task_id, 1, "charge-card", None, "charge-card", "[1]", "w", now),
-                    ("finish", task_id, 1, trioexec.TaskStatus.FAILED, now, "ConnectionError"),
+                    submitted(task_id, 1, "charge-card", None, "charge-card", "[1]", "w", now),
+                    Finish(
+                        (task_id, 1, trioexec.TaskStatus.FAILED, now, "ConnectionError", None, None)
+                    ),
                 )
             ]
         )

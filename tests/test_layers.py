@@ -449,3 +449,99 @@ def test_the_executions_columns_are_listed_once():
                 if len(named) > 2 * len(columns) // 3:
                     found[f"{name}:{node.lineno}"] = len(named)
     assert not found, f"a second list of the executions' columns: {found}"
+
+
+# ---------------------------------------------------------------- wiring
+
+#: The executor's parts: an attribute of one of these names on another object is
+#: a part, handed over when that object is made, never assigned later.
+PARTS = frozenset(
+    {
+        "control", "events", "gate", "journal", "keyshare", "lifecycle", "nursery",
+        "observer", "pending", "recovery", "runs", "shutdown", "slots", "tally", "workers",
+    }
+)  # fmt: skip
+
+
+def _methods() -> frozenset[str]:
+    """The names of the package's methods (properties aside)."""
+    names = set()
+    for module in modules().values():
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.ClassDef):
+                for item in node.body:
+                    if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef) and not any(
+                        ast.unparse(d).endswith(("property", "setter")) for d in item.decorator_list
+                    ):
+                        names.add(item.name)
+    return frozenset(names)
+
+
+def late_links(tree: ast.AST, methods: frozenset[str]) -> list[str]:
+    """Assignments that tie one object to another after it was made: a
+    callback (a lambda, a partial, a bound method, an ``on_*``) or a part
+    (`PARTS`) assigned to an attribute of an object other than ``self``."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign):
+            targets, value = node.targets, node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            targets, value = [node.target], node.value
+        else:
+            continue
+        for target in targets:
+            assigned = target.elts if isinstance(target, ast.Tuple) else [target]
+            for sub in assigned:
+                if not isinstance(sub, ast.Attribute):
+                    continue
+                owner = sub.value
+                if isinstance(owner, ast.Name) and owner.id in ("self", "cls"):
+                    continue  # (its own attribute)
+                callback = (
+                    isinstance(value, ast.Lambda)
+                    or (
+                        isinstance(value, ast.Call)
+                        and ast.unparse(value.func) in ("functools.partial", "partial")
+                    )
+                    or (isinstance(value, ast.Attribute) and value.attr in methods)
+                    or (sub.attr.startswith("on_") and not _is_none(value))
+                )
+                if callback or (sub.attr in PARTS and not _is_none(value)):
+                    found.append(f"{ast.unparse(node)[:100]} (line {node.lineno})")
+    return found
+
+
+def _is_none(value: ast.expr) -> bool:
+    return isinstance(value, ast.Constant) and value.value is None
+
+
+def test_the_late_link_scanner_finds_callbacks_and_parts_assigned_later():
+    source = """
+journal.on_written = self.lifecycle.written
+self.lifecycle.wake_worker = pending.on_ready = self.workers.work_arrived
+self.keyshare.free_slots = lambda: slots.available
+core.lifecycle.runs = self._runs
+ex._runs.nursery = nursery
+job.on_done = functools.partial(done, 1)
+self.steps = steps
+self.on_idle = on_idle
+job.on_done = None
+job.status = status
+job.result, outputs[sid] = job.result
+"""
+    found = late_links(ast.parse(source), frozenset({"written", "work_arrived"}))
+    assert [line.rsplit(" (", 1)[1] for line in found] == [
+        "line 2)", "line 3)", "line 3)", "line 4)", "line 5)", "line 6)", "line 7)",
+    ]  # fmt: skip
+
+
+def test_no_late_links():
+    """Issue 31: the parts are wired through their constructors; none has a
+    callback or a part of another assigned to it after it is made."""
+    methods = _methods()
+    found = {
+        name: links
+        for name, module in modules().items()
+        if (links := late_links(module.tree, methods))
+    }
+    assert not found, f"late links (hand them to the constructor): {found}"

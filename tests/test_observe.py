@@ -11,6 +11,7 @@ import trio
 import trioexec
 from trioexec import Backoff, TaskHandle, TaskStatus, open_executor
 from trioexec._observe import combine
+from trioexec._store._changes import Start, submitted
 
 
 class Recorder:
@@ -139,8 +140,8 @@ async def test_the_logger_records_a_lost_lease_and_an_abandoned_task(autojump_cl
     # An execution of an owner whose lease lapsed, recovered too often already.
     store.write(
         [
-            ("submit", "gone-1", 1, "gone", None, "gone", "[]", "dead", 900.0),
-            ("start", "gone-1", 1, 1, 900.0),
+            submitted("gone-1", 1, "gone", None, "gone", "[]", "dead", 900.0),
+            Start(("gone-1", 1, 1, 900.0)),
         ]
     )
     store.heartbeat("dead", 950.0)

@@ -16,12 +16,13 @@ import pytest
 
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError, TaskStatus, open_store
+from trioexec._store._changes import Start, submitted
 from trioexec._store._pg_schema import SCHEMA_VERSION
 from trioexec.durable import DurableStore
 
 
 def submit(task_id: str, owner: str = "me") -> tuple[object, ...]:
-    return ("submit", task_id, 1, "job", None, None, None, owner, 1.0)
+    return submitted(task_id, 1, "job", None, None, None, owner, 1.0)
 
 
 def test_two_schemas_in_one_database_do_not_see_each_other(postgres_url: str) -> None:
@@ -112,7 +113,7 @@ def test_an_execution_another_host_inserted_first_is_refused(
         PostgresStore(postgres_url, schema=pg_schema) as b,
     ):
         assert a.write([submit("same", owner="a")]) == []
-        assert b.write([submit("same", owner="b"), ("start", "same", 1, 1, 2.0)]) == [
+        assert b.write([submit("same", owner="b"), Start(("same", 1, 1, 2.0))]) == [
             "same",
             "same",
         ]

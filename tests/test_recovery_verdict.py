@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 import trioexec
 from trioexec import ExecutionRecord, SQLiteStore, TaskStatus
+from trioexec._store._changes import Finish, Start, submitted
 from trioexec._store._verdict import Verdict, claimed_attempts, recovery_verdict
 from trioexec.testing import FakeWallClock
 
@@ -84,9 +85,9 @@ def _dead_letter(store: Any) -> None:
     store.heartbeat("A", NOW + 60)
     store.write(
         [
-            ("submit", "dead", 1, "job", None, "spec.x", "[1]", "A", 1.0),
-            ("start", "dead", 1, 1, 2.0),
-            ("finish", "dead", 1, TaskStatus.FAILED, 5.0, "ValueError('real')", "Traceback"),
+            submitted("dead", 1, "job", None, "spec.x", "[1]", "A", 1.0),
+            Start(("dead", 1, 1, 2.0)),
+            Finish(("dead", 1, TaskStatus.FAILED, 5.0, "ValueError('real')", "Traceback", None)),
         ]
     )
     [requeued] = store.requeue(["dead"], who=WHO).requeued
@@ -147,9 +148,9 @@ async def test_a_retried_task_waits_for_an_executor_that_can_run_it(
         store.heartbeat("A", NOW + 3600)
         store.write(
             [
-                ("submit", "dead", 1, "job", None, "job", "[21]", "A", 1.0),
-                ("start", "dead", 1, 1, 2.0),
-                ("finish", "dead", 1, TaskStatus.FAILED, 5.0, "ValueError('real')", "tb"),
+                submitted("dead", 1, "job", None, "job", "[21]", "A", 1.0),
+                Start(("dead", 1, 1, 2.0)),
+                Finish(("dead", 1, TaskStatus.FAILED, 5.0, "ValueError('real')", "tb", None)),
             ]
         )
         store.requeue(["dead"], who=WHO)

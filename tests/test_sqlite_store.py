@@ -19,12 +19,13 @@ import sqlite_utils
 import trio
 
 from trioexec import SQLiteStore, StoreError, SubStatus, TaskStatus
+from trioexec._store._changes import Finish, Start, Sub, submitted
 from trioexec._store._sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 from trioexec.durable import DurableStore, PromiseState
 
 
 def submit(task_id, *, run_id=None, owner="A", at=1.0):
-    return ("submit", task_id, 1, "job", run_id, None, None, owner, at)
+    return submitted(task_id, 1, "job", run_id, None, None, owner, at)
 
 
 def make_store_file(path):
@@ -177,8 +178,8 @@ def test_reopening_keeps_the_data(tmp_path):
     with SQLiteStore(path, inline=True, clock=lambda: 50.0) as store:
         store.heartbeat("A", 80.0)
         store.write([submit("t1", run_id="r"), submit("t2")])
-        store.write([("start", "t1", 1, 1, 10.0), ("sub", "t1", 1, SubStatus.DEFERRED, 20.0)])
-        store.write([("finish", "t2", 1, TaskStatus.FAILED, 30.0, "ValueError('x')")])
+        store.write([Start(("t1", 1, 1, 10.0)), Sub(("t1", 1, SubStatus.DEFERRED, 20.0, None))])
+        store.write([Finish(("t2", 1, TaskStatus.FAILED, 30.0, "ValueError('x')", None, None))])
         before = store.executions()
     schema = sql(path, "SELECT * FROM trioexec_meta ORDER BY key")
     migrations = sql(path, "SELECT * FROM _sqlite_migrations ORDER BY id")
@@ -201,7 +202,7 @@ def test_two_stores_on_one_file_see_each_others_commits(tmp_path):
         one.write([submit("t1")])
         assert [r.task_id for r in two.executions()] == ["t1"]
         assert two.write([submit("t1")]) == ["t1"]  # a duplicate, wherever it comes from
-        two.write([("start", "t1", 1, 1, 2.0)])
+        two.write([Start(("t1", 1, 1, 2.0))])
         record = one.execution("t1")
         assert record is not None
         assert record.status is TaskStatus.RUNNING
@@ -212,7 +213,21 @@ def test_two_stores_on_one_file_see_each_others_commits(tmp_path):
         recovery = two.recover("B", 100.0, lambda r: True, 3)
         assert [r.task_id for r in recovery.claimed] == ["t1"]
         assert one.taken_over("A", {"t1": 1}) == ["t1"]
-        assert one.write([("finish", "t1", 1, TaskStatus.COMPLETED, 101.0, None)]) == ["t1"]
+        assert one.write(
+            [
+                Finish(
+                    (
+                        "t1",
+                        1,
+                        TaskStatus.COMPLETED,
+                        101.0,
+                        None,
+                        None,
+                        None,
+                    )
+                )
+            ]
+        ) == ["t1"]
 
 
 def test_close_is_idempotent_and_use_after_close_raises(tmp_path):
@@ -294,8 +309,8 @@ def big_store(tmp_path_factory):
     assert store.write([submit(f"t{i:06d}", run_id=f"run-{i % 100}") for i in range(n)]) == []
     running = [f"t{i:06d}" for i in range(0, n, 100)]
     store.write(
-        [("start", t, 1, 1, 500.0) for t in running]
-        + [("sub", t, 1, SubStatus.DEFERRED, 600.0) for t in running[::2]]
+        [Start((t, 1, 1, 500.0)) for t in running]
+        + [Sub((t, 1, SubStatus.DEFERRED, 600.0, None)) for t in running[::2]]
     )
     yield store, statements, path
     store.close()
@@ -364,14 +379,14 @@ def test_folded_batch_insert_both_ways(tmp_path, monkeypatch, json_insert):
         pytest.skip("this SQLite has no ->> operator")
     monkeypatch.setattr(_sqlite, "_JSON_ARROW", json_insert)
     changes = [
-        ("submit", "a", 1, "task a", None, "spec", '[1, "x"]', "owner", 10.0),
-        ("start", "a", 1, 1, 11.0),
-        ("sub", "a", 1, SubStatus.DEFERRED, 12.0),
-        ("finish", "a", 1, TaskStatus.FAILED, 13.0, "ValueError('boom')"),
-        ("submit", "b", 1, "task b", "run-1", None, None, "owner", 10.5),
-        ("start", "b", 1, 1, 11.5),
-        ("sub", "b", 1, SubStatus.DEFERRED, 12.5),
-        ("finish", "b", 2, TaskStatus.COMPLETED, 13.0, None),  # stale version: fenced
+        submitted("a", 1, "task a", None, "spec", '[1, "x"]', "owner", 10.0),
+        Start(("a", 1, 1, 11.0)),
+        Sub(("a", 1, SubStatus.DEFERRED, 12.0, None)),
+        Finish(("a", 1, TaskStatus.FAILED, 13.0, "ValueError('boom')", None, None)),
+        submitted("b", 1, "task b", "run-1", None, None, "owner", 10.5),
+        Start(("b", 1, 1, 11.5)),
+        Sub(("b", 1, SubStatus.DEFERRED, 12.5, None)),
+        Finish(("b", 2, TaskStatus.COMPLETED, 13.0, None, None, None)),  # stale version: fenced
     ]
     with SQLiteStore(str(tmp_path / "x.db")) as store:
         assert store.write(changes) == ["b"]
@@ -453,7 +468,7 @@ def test_an_unreadable_execution_row_is_a_store_error_naming_it(tmp_path, column
     """Before the fix: a raw ValueError from the enum, naming neither file nor row."""
     path = tmp_path / "runs.db"
     with SQLiteStore(path) as store:
-        store.write([submit("t1"), submit("t2"), ("start", "t2", 1, 1, 2.0)])
+        store.write([submit("t1"), submit("t2"), Start(("t2", 1, 1, 2.0))])
     sql(path, f"UPDATE executions SET {column} = ? WHERE task_id = 't2'", (value,))
     with SQLiteStore(path, read_only=read_only) as store:
         calls = [store.executions, lambda: store.execution("t2")]
@@ -630,7 +645,7 @@ def test_read_only_store_refuses_every_write_and_changes_nothing(tmp_path):
     path = tmp_path / "runs.db"
     with SQLiteStore(path, inline=True) as store:
         store.heartbeat("A", 99.0)
-        store.write([submit("t1"), ("start", "t1", 1, 1, 2.0)])
+        store.write([submit("t1"), Start(("t1", 1, 1, 2.0))])
     with DurableStore(path) as ds:
         durable_call(ds, "promises.create", "p1", 3600)
     before = files(tmp_path)

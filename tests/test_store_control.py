@@ -20,7 +20,8 @@ from pg_server import schema_at_version
 
 from trioexec import PostgresStore, SQLiteStore, StoreError, SubStatus, TaskStatus
 from trioexec._store import Command, Pause, Requeued, _pg_schema, _sqlite_schema
-from trioexec._store._base import fold_row, submit_row
+from trioexec._store._base import fold_row
+from trioexec._store._changes import Finish, Start, Sub, submitted
 
 WHO = "ops@host pid 7 '[🚀]'"
 ODD = "batch[/] 'x' 🚀"  # brackets, a quote, an emoji
@@ -40,15 +41,15 @@ class Clock:
 
 
 def submit(task_id, owner="A", *, name="job", spec="spec.x", args="[1]", run_id=None, at=1.0):
-    return ("submit", task_id, 1, name, run_id, spec, args, owner, at)
+    return submitted(task_id, 1, name, run_id, spec, args, owner, at)
 
 
 def ended(task_id, status, *, owner="A", at=5.0, **kw):
     """The changes of an execution that ran once and ended ``status``."""
     return [
         submit(task_id, owner, **kw),
-        ("start", task_id, 1, 1, 2.0),
-        ("finish", task_id, 1, status, at, f"{status.value} error", f"Traceback {task_id}"),
+        Start((task_id, 1, 1, 2.0)),
+        Finish((task_id, 1, status, at, f"{status.value} error", f"Traceback {task_id}", None)),
     ]
 
 
@@ -172,12 +173,14 @@ def test_cancel_of_a_task_whose_owner_lives_is_sent_to_the_owner(make_store):
     clock = Clock()
     store = make_store(clock=clock)
     store.heartbeat("A", clock.now)  # (a lease that ends now is still live now)
-    store.write([submit(ODD), ("start", ODD, 1, 1, 2.0)])
+    store.write([submit(ODD), Start((ODD, 1, 1, 2.0))])
     before = store.execution(ODD)
     got = store.command("cancel", task_id=ODD, who=WHO)
     assert (got.changed, got.detail) == (True, "sent to its owner A")
     assert store.execution(ODD) == before  # the owner cancels it: the store does not
-    assert store.write([("finish", ODD, 1, TaskStatus.CANCELLED, 6.0, "Cancelled()")]) == []
+    assert (
+        store.write([Finish((ODD, 1, TaskStatus.CANCELLED, 6.0, "Cancelled()", None, None))]) == []
+    )
 
 
 @pytest.mark.parametrize("lease", ["expired", "none", "no owner"])
@@ -190,8 +193,8 @@ def test_cancel_of_a_task_nobody_runs_is_done_by_the_store_and_fences_it(make_st
     store.write(
         [
             submit("t", owner),
-            ("start", "t", 1, 1, 2.0),
-            ("sub", "t", 1, SubStatus.DEFERRED, 3.0, "event"),
+            Start(("t", 1, 1, 2.0)),
+            Sub(("t", 1, SubStatus.DEFERRED, 3.0, "event")),
         ]
     )
     got = store.command("cancel", task_id="t", who=WHO)
@@ -204,7 +207,7 @@ def test_cancel_of_a_task_nobody_runs_is_done_by_the_store_and_fences_it(make_st
     assert record.traceback is None
     assert record.owner == owner
     # Its owner, back after all, is fenced out: its next write is refused.
-    assert store.write([("finish", "t", 1, TaskStatus.COMPLETED, 9.0, None)]) == ["t"]
+    assert store.write([Finish(("t", 1, TaskStatus.COMPLETED, 9.0, None, None, None))]) == ["t"]
     if owner is not None:
         assert store.taken_over(owner, {"t": 1}) == ["t"]
     assert store.execution("t") == record
@@ -295,7 +298,7 @@ def _dead_letters(store):
             *ended("not json", TaskStatus.FAILED, args=None),
             submit("pending"),
             submit("running"),
-            ("start", "running", 1, 1, 2.0),
+            Start(("running", 1, 1, 2.0)),
         ]
     )
 
@@ -435,7 +438,10 @@ def test_recovery_claims_a_requeued_execution_and_runs_it_as_its_next_attempt(ma
     assert store.recover("D", clock.now, lambda r: True, 3).claimed == []  # C's now
     assert (
         store.write(
-            [("start", "dead", 3, 2, 7.0), ("finish", "dead", 3, TaskStatus.COMPLETED, 8.0, None)]
+            [
+                Start(("dead", 3, 2, 7.0)),
+                Finish(("dead", 3, TaskStatus.COMPLETED, 8.0, None, None, None)),
+            ]
         )
         == []
     )
@@ -492,7 +498,8 @@ def test_cancel_of_a_requeued_execution_is_done_by_the_store(make_store):
 
 
 def _finish(task_id, *extra):
-    return ("finish", task_id, 1, TaskStatus.FAILED, 5.0, "ValueError('x')", *extra)
+    traceback, args = (*extra, None, None)[:2]
+    return Finish((task_id, 1, TaskStatus.FAILED, 5.0, "ValueError('x')", traceback, args))
 
 
 @pytest.mark.parametrize("batch", ["apart", "one batch", "row"])
@@ -506,14 +513,14 @@ def test_a_finish_records_the_traceback_and_arguments_the_row_lacks(make_store, 
         "none": (None, (_finish("none", None, None),)),
     }
     for task_id, (args, finish) in cases.items():
-        changes = [submit(task_id, spec=None, args=args), ("start", task_id, 1, 1, 2.0), *finish]
+        changes = [submit(task_id, spec=None, args=args), Start((task_id, 1, 1, 2.0)), *finish]
         if batch == "apart":
             for change in changes:
                 assert store.write([change]) == []
         elif batch == "one batch":
             assert store.write(changes) == []
         else:
-            row = submit_row(changes[0])
+            row = changes[0]
             assert all(fold_row(row, change) for change in changes[1:])
             assert store.write([row]) == []
     got = {t: store.execution(t) for t in cases}
@@ -524,24 +531,6 @@ def test_a_finish_records_the_traceback_and_arguments_the_row_lacks(make_store, 
     assert (got["old"].traceback, got["old"].args) == (None, "[1]")
     assert (got["none"].traceback, got["none"].args) == (None, None)
     assert not got["args"].recreatable  # (no spec id: shown, not re-created)
-
-
-@pytest.mark.parametrize("cut", [19, 20])
-def test_rows_of_the_previous_shapes_still_take_a_finish(make_store, cut):
-    """A "row" without waiting_on and traceback (19 items), or without traceback
-    (20): written as they are, or with a finish folded in."""
-    store = make_store()
-    full = submit_row(submit("as-is"))
-    assert len(full) == 21
-    assert store.write([full[:cut]]) == []
-    folded = submit_row(submit("folded"))[:cut]
-    assert fold_row(folded, _finish("folded", "tb", "[2]"))
-    assert store.write([folded]) == []
-    assert store.write([submit_row(submit("then"))[:cut], _finish("then", "tb2")]) == []
-    assert store.execution("as-is").waiting_on == "slot"
-    assert store.execution("as-is").traceback is None
-    assert (store.execution("folded").traceback, store.execution("folded").args) == ("tb", "[1]")
-    assert store.execution("then").traceback == "tb2"
 
 
 # ---------------------------------------------------------------------- migrations

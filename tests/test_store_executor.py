@@ -19,6 +19,7 @@ from trioexec import (
     open_executor,
     task,
 )
+from trioexec._store._changes import Finish, Retry, Row, Start, Sub, submitted
 from trioexec.testing import FakeWallClock
 
 
@@ -173,8 +174,8 @@ def _dead_owner_rows(store, spec, n, *, owner="dead", args=(1,)):
     changes = []
     for i in range(n):
         tid = f"{owner}-{i}"
-        changes.append(("submit", tid, 1, spec.id, None, spec.id, json.dumps(args), owner, 0.0))
-        changes.append(("start", tid, 1, 1, 0.0))
+        changes.append(submitted(tid, 1, spec.id, None, spec.id, json.dumps(args), owner, 0.0))
+        changes.append(Start((tid, 1, 1, 0.0)))
     store.write(changes)
     store.heartbeat(owner, 5.0)  # long expired at t >= 5
     return [f"{owner}-{i}" for i in range(n)]
@@ -198,9 +199,9 @@ async def test_recovery_reruns_orphans_and_abandons(make_store, autojump_clock):
     nonjson = ["dead3-0"]
     store.write(
         [
-            ("submit", "dead3-0", 1, "x", None, "work", None, "dead3", 0.0),
-            ("submit", "done-0", 1, "x", None, "work", "[1]", "dead4", 0.0),
-            ("finish", "done-0", 1, TaskStatus.COMPLETED, 1.0, None),
+            submitted("dead3-0", 1, "x", None, "work", None, "dead3", 0.0),
+            submitted("done-0", 1, "x", None, "work", "[1]", "dead4", 0.0),
+            Finish(("done-0", 1, TaskStatus.COMPLETED, 1.0, None, None, None)),
         ]
     )
     async with open_executor(store=store, recover=True, tasks=[work], lease=10) as ex:
@@ -233,8 +234,8 @@ async def test_recovery_abandons_after_max_attempts(make_store, autojump_clock):
 
     store.write(
         [
-            ("submit", "t", 1, "work", None, "work", "[1]", "a", 0.0),
-            ("start", "t", 1, 1, 0.0),
+            submitted("t", 1, "work", None, "work", "[1]", "a", 0.0),
+            Start(("t", 1, 1, 0.0)),
         ]
     )
     # Three earlier recoveries, each by an owner that died too.
@@ -260,7 +261,7 @@ async def test_recovery_waits_for_the_lease_to_lapse(make_store, autojump_clock)
     async def work(x):
         ran.append((x, trio.current_time()))
 
-    store.write([("submit", "t", 1, "work", None, "work", "[7]", "crashed", 0.0)])
+    store.write([submitted("t", 1, "work", None, "work", "[7]", "crashed", 0.0)])
     store.heartbeat("crashed", 25.0)  # its lease runs until t=25
     async with open_executor(store=store, recover=True, tasks=[work], lease=10) as ex:
         await trio.sleep(5)
@@ -285,7 +286,7 @@ async def test_two_executors_one_store_never_share(make_store, autojump_clock):
 
     store.write(
         [
-            ("submit", f"t{i}", 1, "work", None, "work", json.dumps([i]), "dead", 0.0)
+            submitted(f"t{i}", 1, "work", None, "work", json.dumps([i]), "dead", 0.0)
             for i in range(50)
         ]
     )
@@ -428,19 +429,19 @@ async def test_the_writer_gathers_a_batch_unless_someone_waits(make_store, mock_
 
 
 def test_a_row_change_is_the_same_as_the_changes_folded_into_it(make_store):
-    """A "row" change (an execution with its next changes folded in by the
-    executor) leaves the store as the separate changes would."""
-    from trioexec._store._base import fold_row, submit_row
+    """A `Row` (an execution with its next changes folded in by the executor)
+    leaves the store as the separate changes would."""
+    from trioexec._store._base import fold_row
 
     def changes(task_id):
-        submit = ("submit", task_id, 1, "job", None, "spec", "[1]", "me", 1.0)
+        submit = submitted(task_id, 1, "job", None, "spec", "[1]", "me", 1.0)
         return submit, [
-            ("start", task_id, 1, 1, 2.0),
-            ("sub", task_id, 1, SubStatus.DEFERRED, 3.0),
-            ("sub", task_id, 1, SubStatus.ACTIVE, None),
-            ("retry", task_id, 1, "boom"),
-            ("start", task_id, 1, 2, 4.0),
-            ("finish", task_id, 1, TaskStatus.FAILED, 5.0, "boom again"),
+            Start((task_id, 1, 1, 2.0)),
+            Sub((task_id, 1, SubStatus.DEFERRED, 3.0, None)),
+            Sub((task_id, 1, SubStatus.ACTIVE, None, None)),
+            Retry((task_id, 1, "boom")),
+            Start((task_id, 1, 2, 4.0)),
+            Finish((task_id, 1, TaskStatus.FAILED, 5.0, "boom again", None, None)),
         ]
 
     store = make_store()
@@ -448,10 +449,10 @@ def test_a_row_change_is_the_same_as_the_changes_folded_into_it(make_store):
         submit, later = changes(f"apart-{cut}")
         assert store.write([submit, *later]) == []
         submit, later = changes(f"folded-{cut}")
-        row = submit_row(submit)
+        row = Row(submit)
         assert all(fold_row(row, change) for change in later[:cut])
         before = list(row)
-        assert store.write([row, *later[cut:]]) == []  # type: ignore[list-item]
+        assert store.write([row, *later[cut:]]) == []
         assert row == before  # the store folded the rest into a copy, not the executor's list
         apart, folded = store.execution(f"apart-{cut}"), store.execution(f"folded-{cut}")
         assert attrs.evolve(folded, task_id=apart.task_id) == apart, cut

@@ -25,12 +25,13 @@ from trioexec import (
     task,
 )
 from trioexec._store import _pg_schema, _sqlite_schema
+from trioexec._store._changes import Finish, Start, submitted
 from trioexec.testing import FakeWallClock
 
 
 def keyed(task_id, key, priority, *, owner="dead", spec="work", args="[1]", at=0.0):
     """A "submit" change with a key and a priority (its two optional last fields)."""
-    return ("submit", task_id, 1, task_id, None, spec, args, owner, at, key, priority)
+    return submitted(task_id, 1, task_id, None, spec, args, owner, at, key, priority)
 
 
 async def test_key_and_priority_round_trip_through_an_executor(make_store, autojump_clock):
@@ -105,8 +106,8 @@ def test_executions_and_counts_filter_by_key(make_store):
             keyed("a1", "a", 0, at=1.0),
             keyed("b1", "b", 5, at=2.0),
             keyed("a2", "a", 1, at=3.0),
-            ("submit", "none", 1, "none", None, None, None, "dead", 4.0),
-            ("finish", "a1", 1, TaskStatus.COMPLETED, 5.0, None),
+            submitted("none", 1, "none", None, None, None, "dead", 4.0),
+            Finish(("a1", 1, TaskStatus.COMPLETED, 5.0, None, None, None)),
         ]
     )
     assert [r.task_id for r in store.executions(key="a")] == ["a1", "a2"]
@@ -153,7 +154,7 @@ async def test_recovery_keeps_key_and_priority(make_store, autojump_clock):
             keyed("t1", "k", 1, args="[1]"),
             keyed("t2", "k", 5, args="[2]"),
             keyed("t3", "k", 3, args="[3]"),
-            ("start", "t1", 1, 1, 0.0),
+            Start(("t1", 1, 1, 0.0)),
         ]
     )
     store.heartbeat("dead", 5.0)  # long lapsed

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from trioexec import TaskStatus
+from trioexec._store._changes import submitted
 
 UNHOLDABLE = ["a\x00b", "\x00", "\ud800", "a\udcffb"]
 
@@ -38,7 +39,7 @@ NAMED = ["task_id", "run_id", "status", "run_id", "key", "key", "run_id", "key"]
 
 def _submitted(store: Any) -> None:
     """One execution (of key "k", in run "r"), so that a lookup has rows to miss."""
-    change = ("submit", "t", 1, "job", "r", None, None, "A", 1.0, "k", 0, "slot")
+    change = submitted("t", 1, "job", "r", None, None, "A", 1.0, "k", 0, "slot")
     assert store.write([change]) == []
 
 

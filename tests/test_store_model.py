@@ -34,6 +34,17 @@ from trioexec import (
     SubStatus,
     TaskStatus,
 )
+from trioexec._store._changes import (
+    Finish,
+    Retry,
+    RunCreated,
+    RunEnded,
+    Start,
+    StepRecorded,
+    Sub,
+    Wait,
+    submitted,
+)
 
 IDS = tuple(f"t{i:02d}" for i in range(24))
 OWNERS = ("A", "B", "C")
@@ -100,25 +111,23 @@ class Row:
     waiting_on: str | None = "slot"
 
     def apply(self, change: tuple[Any, ...]) -> bool:
-        """A non-submit change, as the contract says; False if it is fenced out."""
-        if change[2] != self.version or self.status not in LIVE:
+        """A transition, as the contract says; False if it is fenced out."""
+        if change[1] != self.version or self.status not in LIVE:
             return False
-        kind = change[0]
-        if kind == "start":
+        if isinstance(change, Start):
             self.status, self.sub_status = TaskStatus.RUNNING, SubStatus.ACTIVE
-            self.attempt, self.waiting_on = change[3], None
+            self.attempt, self.waiting_on = change[2], None
             if self.started_at is None:  # the first start
-                self.started_at = change[4]
-        elif kind == "sub":
-            self.sub_status, self.deferred_since = change[3], change[4]
-            self.waiting_on = change[5] if len(change) > 5 else None  # (the old shape: None)
-        elif kind == "wait":
-            self.waiting_on = change[3]
-        elif kind == "retry":
+                self.started_at = change[3]
+        elif isinstance(change, Sub):
+            self.sub_status, self.deferred_since, self.waiting_on = change[2:]
+        elif isinstance(change, Wait):
+            self.waiting_on = change[2]
+        elif isinstance(change, Retry):
             self.status, self.sub_status, self.deferred_since = TaskStatus.PENDING, None, None
-            self.error, self.waiting_on = change[3], "retry backoff"
+            self.error, self.waiting_on = change[2], "retry backoff"
         else:
-            self.end(change[3], change[4], change[5])
+            self.end(change[2], change[3], change[4])
         return True
 
     def end(self, status: TaskStatus, at: float, error: Any) -> None:
@@ -165,15 +174,14 @@ submit_spec = st.tuples(
     st.sampled_from((0, 0, 3, -(2**62) + 1)),  # priority
 )
 start_spec = st.tuples(st.just("start"), targets, version_delta)
-#: What a change says a task waits on (OLD: a "sub" of the previous shape, without it).
-OLD = object()
+#: What a change says a task waits on.
 WAITING = (None, "slot", "event", "condition is_ready", "key concurrency t'[%]🚀", "promise p*")
 sub_spec = st.tuples(
     st.just("sub"),
     targets,
     version_delta,
     st.sampled_from(SubStatus),
-    st.sampled_from((OLD, *WAITING)),
+    st.sampled_from(WAITING),
 )
 wait_spec = st.tuples(st.just("wait"), targets, version_delta, st.sampled_from(WAITING))
 retry_spec = st.tuples(st.just("retry"), targets, version_delta, st.sampled_from(["boom", "E(1)"]))
@@ -254,7 +262,7 @@ class StoresAgree(RuleBasedStateMachine):
             if kind == "run":  # ("run", run_id, workflow, owner): a workflow run starts
                 _, run_id, workflow, owner = spec
                 context = '{"job": 7}'
-                changes.append(("run", run_id, 0, workflow, context, owner, self.now))
+                changes.append(RunCreated((run_id, owner, workflow, context, self.now, None)))
                 self.runs.setdefault(run_id, Run(run_id, workflow, context, owner, self.now))
                 continue
             task_id = self.target(kind, spec[1])
@@ -262,7 +270,7 @@ class StoresAgree(RuleBasedStateMachine):
             if kind == "submit":
                 _, _, name, run_id, spec_id, args, owner, *keyed = spec
                 changes.append(
-                    ("submit", task_id, 1, name, run_id, spec_id, args, owner, self.now, *keyed)
+                    submitted(task_id, 1, name, run_id, spec_id, args, owner, self.now, *keyed)
                 )
                 if row is None:
                     self.rows[task_id] = Row(
@@ -289,18 +297,16 @@ class StoresAgree(RuleBasedStateMachine):
             version = (1 if row is None else row.version) + delta
             if kind == "start":
                 attempt = 1 if row is None else row.attempt + 1
-                change: tuple[Any, ...] = ("start", task_id, version, attempt, self.now)
+                change: tuple[Any, ...] = Start((task_id, version, attempt, self.now))
             elif kind == "sub":
                 since = self.now if spec[3] is SubStatus.DEFERRED else None
-                change = ("sub", task_id, version, spec[3], since)
-                if spec[4:] and spec[4] is not OLD:
-                    change = (*change, spec[4])
+                change = Sub((task_id, version, spec[3], since, spec[4] if spec[4:] else None))
             elif kind == "wait":
-                change = ("wait", task_id, version, spec[3])
+                change = Wait((task_id, version, spec[3]))
             elif kind == "retry":
-                change = ("retry", task_id, version, spec[3])
+                change = Retry((task_id, version, spec[3]))
             else:
-                change = ("finish", task_id, version, spec[3], self.now, spec[4])
+                change = Finish((task_id, version, spec[3], self.now, spec[4], None, None))
             changes.append(change)
             if task_id in refused or row is None or not row.apply(change):
                 expected.append(task_id)
@@ -402,10 +408,10 @@ class StoresAgree(RuleBasedStateMachine):
         change = data.draw(
             st.sampled_from(
                 [
-                    ("start", task_id, version, row.attempt + 1, self.now),
-                    ("sub", task_id, version, SubStatus.DEFERRED, self.now),
-                    ("retry", task_id, version, "stale"),
-                    ("finish", task_id, version, TaskStatus.COMPLETED, self.now, None),
+                    Start((task_id, version, row.attempt + 1, self.now)),
+                    Sub((task_id, version, SubStatus.DEFERRED, self.now, None)),
+                    Retry((task_id, version, "stale")),
+                    Finish((task_id, version, TaskStatus.COMPLETED, self.now, None, None, None)),
                 ]
             )
         )
@@ -570,7 +576,7 @@ class StoresAgree(RuleBasedStateMachine):
             run = self.runs[run_id]
             # Mostly the run's owner; sometimes one it was taken from (fenced).
             owner = data.draw(st.sampled_from([run.owner, run.owner, *OWNERS]))
-            change = ("step", run_id, owner, step_id, state, output, task_id)
+            change = StepRecorded((run_id, owner, step_id, state, output, task_id))
             if owner == run.owner:
                 assert self.both("write", [change]) == []
                 run.steps[step_id] = (state, output)
@@ -583,7 +589,7 @@ class StoresAgree(RuleBasedStateMachine):
             run_id = data.draw(st.sampled_from(sorted(self.runs)))
             run = self.runs[run_id]
             owner = data.draw(st.sampled_from([run.owner, run.owner, *OWNERS]))
-            fenced = self.both("write", [("run_end", run_id, owner, status, self.now)])
+            fenced = self.both("write", [RunEnded((run_id, owner, status, self.now))])
             if owner == run.owner:
                 assert fenced == []
                 run.status = status
@@ -772,8 +778,8 @@ def test_taken_over_reports_an_execution_failed_by_recovery(make_store):
     store = make_store(clock=lambda: now)
     store.heartbeat("A", 110.0)
     # Not re-creatable: recovery will fail it `orphaned`, leaving owner and version.
-    store.write([("submit", "t1", 1, "job", None, None, None, "A", now)])
-    store.write([("start", "t1", 1, 1, now)])
+    store.write([submitted("t1", 1, "job", None, None, None, "A", now)])
+    store.write([Start(("t1", 1, 1, now))])
     recovery = store.recover("B", 200.0, recreatable, MAX_RECOVERY_ATTEMPTS)
     assert [r.task_id for r in recovery.orphaned] == ["t1"]
     # "A" is still alive (say, a slow heartbeat) and still runs t1, version 1.
@@ -787,8 +793,8 @@ def test_taken_over_reports_an_execution_failed_by_recovery(make_store):
 )
 def test_sub_status_is_never_set_on_a_pending_execution(make_store):
     store = make_store(clock=lambda: 5.0)
-    store.write([("submit", "t1", 1, "job", None, None, None, "A", 5.0)])
-    store.write([("sub", "t1", 1, SubStatus.DEFERRED, 5.0)])
+    store.write([submitted("t1", 1, "job", None, None, None, "A", 5.0)])
+    store.write([Sub(("t1", 1, SubStatus.DEFERRED, 5.0, None))])
     record = store.execution("t1")
     assert record is not None
     assert record.status is TaskStatus.PENDING
@@ -807,11 +813,11 @@ def test_executions_limit_order_and_counts(make_store):
     changes = []
     for i, since in enumerate([50.0, None, 20.0, None, 20.0, 70.0]):
         t = f"t{i}"
-        changes.append(("submit", t, 1, "job", None, None, None, "A", float(i)))
-        changes.append(("start", t, 1, 1, float(i)))
+        changes.append(submitted(t, 1, "job", None, None, None, "A", float(i)))
+        changes.append(Start((t, 1, 1, float(i))))
         if since is not None:
-            changes.append(("sub", t, 1, SubStatus.DEFERRED, since))
-    changes.append(("finish", "t3", 1, TaskStatus.FAILED, 9.0, "boom"))
+            changes.append(Sub((t, 1, SubStatus.DEFERRED, since, None)))
+    changes.append(Finish(("t3", 1, TaskStatus.FAILED, 9.0, "boom", None, None)))
     store.write(changes)
 
     def ids(**query):
@@ -852,4 +858,4 @@ def test_use_after_close_raises_store_error(make_store):
     with pytest.raises(StoreError, match="closed"):
         store.executions()
     with pytest.raises(StoreError, match="closed"):
-        store.write([("submit", "t1", 1, "job", None, None, None, "A", 1.0)])
+        store.write([submitted("t1", 1, "job", None, None, None, "A", 1.0)])

@@ -139,8 +139,8 @@ async def test_a_completed_step_is_recorded_with_its_execution(store, autojump_c
         # (a "row" whose status is final: the execution, finish folded in)
         kinds = {
             (
-                "finish" if c[0] == "row" and c[4] not in ("pending", "running") else c[0],
-                c[3] if c[0] == "step" else None,
+                "finish" if c.kind == "row" and c[3] not in ("pending", "running") else c.kind,
+                c[2] if c.kind == "step" else None,
             )
             for c in changes
         }

@@ -13,6 +13,7 @@ from pg_server import STORE_KINDS
 
 import trioexec
 from trioexec import SQLiteStore, SubStatus, TaskStatus
+from trioexec._store._changes import Finish, Start, Sub, submitted
 from trioexec.durable import DurableStore, PromiseState
 
 THREADS = 6
@@ -72,17 +73,17 @@ def hammer(store, me: int, start: threading.Barrier, errors: list[BaseException]
         for i in range(PER_THREAD):
             t = f"t{me}-{i:03d}"
             store.heartbeat(owner, 1e12)
-            assert store.write([("submit", t, 1, f"job-{me}", None, None, None, owner, 1.0)]) == []
-            assert store.write([("start", t, 1, 1, 2.0)]) == []
+            assert store.write([submitted(t, 1, f"job-{me}", None, None, None, owner, 1.0)]) == []
+            assert store.write([Start((t, 1, 1, 2.0))]) == []
             if i % 2:
-                assert store.write([("sub", t, 1, SubStatus.DEFERRED, 3.0)]) == []
+                assert store.write([Sub((t, 1, SubStatus.DEFERRED, 3.0, None))]) == []
             assert store.taken_over(owner, {t: 1}) == []
             assert store.execution(t).status is TaskStatus.RUNNING
             store.executions(status=TaskStatus.RUNNING, limit=20, order="newest")
             store.counts(sub_status=SubStatus.DEFERRED)
             store.recover(owner, 0.0, lambda r: True, 3)  # nobody's lease has expired
             assert store.runs_taken_over(owner, []) == []
-            finish = ("finish", t, 1, TaskStatus.COMPLETED, 4.0, None)
+            finish = Finish((t, 1, TaskStatus.COMPLETED, 4.0, None, None, None))
             assert store.write([finish]) == []
         store.release_owner(owner)
     except BaseException as exc:  # reported by the main thread
@@ -119,7 +120,7 @@ def test_reads_walk_the_rows_while_other_threads_write(shared):
     """Before the fix MemoryStore's long reads iterated its dicts while writers
     inserted into them: 'dictionary changed size during iteration'."""
     shared.write(
-        [("submit", f"old-{i}", 1, "job", None, None, None, "A", 1.0) for i in range(20_000)]
+        [submitted(f"old-{i}", 1, "job", None, None, None, "A", 1.0) for i in range(20_000)]
     )
     start = threading.Barrier(4)
     errors: list[BaseException] = []
@@ -128,7 +129,7 @@ def test_reads_walk_the_rows_while_other_threads_write(shared):
         try:
             start.wait()
             for i in range(300):
-                shared.write([("submit", f"new-{me}-{i}", 1, "job", None, None, None, "B", 2.0)])
+                shared.write([submitted(f"new-{me}-{i}", 1, "job", None, None, None, "B", 2.0)])
         except BaseException as exc:
             errors.append(exc)
 
@@ -195,7 +196,7 @@ def test_a_read_never_waits_behind_a_write_in_another_thread(tmp_path):
     state) while another thread is in the middle of a write transaction holding the
     store's lock: they use this thread's read connection, not the write one."""
     with SQLiteStore(tmp_path / "shared.db") as store:
-        store.write([("submit", "t1", 1, "job", None, "spec", "[]", "gone", 1.0)])
+        store.write([submitted("t1", 1, "job", None, "spec", "[]", "gone", 1.0)])
         inside, release = threading.Event(), threading.Event()
 
         def slow_recreatable(record: trioexec.ExecutionRecord) -> bool:
@@ -232,7 +233,7 @@ def test_a_read_never_waits_behind_a_write_in_another_thread(tmp_path):
 
 def test_close_closes_every_threads_read_connection(tmp_path):
     store = SQLiteStore(tmp_path / "shared.db")
-    store.write([("submit", "t1", 1, "job", None, None, None, "A", 1.0)])
+    store.write([submitted("t1", 1, "job", None, None, None, "A", 1.0)])
     seen: list[object] = []
     thread = threading.Thread(target=lambda: seen.append(store.execution("t1")))
     thread.start()

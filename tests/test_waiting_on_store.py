@@ -26,6 +26,7 @@ from trioexec import (
     task,
 )
 from trioexec._store import _pg_schema, _sqlite_schema
+from trioexec._store._changes import Finish, Start, Sub, Wait, submitted
 from trioexec.testing import FakeWallClock
 
 
@@ -188,17 +189,17 @@ async def test_old_change_shapes_are_still_accepted(make_store, autojump_clock):
     assert (
         store.write(
             [
-                ("submit", "a", 1, "job", None, None, None, "w", 1.0),  # 9 fields
-                ("submit", "b", 1, "job", None, None, None, "w", 1.0, "k", 0),  # 11 fields
-                ("submit", "c", 1, "job", None, None, None, "w", 1.0, "k", 0, "rate limit k"),
-                ("start", "a", 1, 1, 2.0),
-                ("sub", "a", 1, SubStatus.DEFERRED, 3.0),  # the old shape: waiting on nothing
+                submitted("a", 1, "job", None, None, None, "w", 1.0),  # 9 fields
+                submitted("b", 1, "job", None, None, None, "w", 1.0, "k", 0),  # 11 fields
+                submitted("c", 1, "job", None, None, None, "w", 1.0, "k", 0, "rate limit k"),
+                Start(("a", 1, 1, 2.0)),
+                Sub(("a", 1, SubStatus.DEFERRED, 3.0, None)),  # the old shape: waiting on nothing
             ]
         )
         == []
     )
     assert [store.execution(t).waiting_on for t in "abc"] == [None, "slot", "rate limit k"]
-    store.write([("sub", "a", 1, SubStatus.DEFERRED, 3.0, "promise p-1"), ("wait", "b", 1, "x")])
+    store.write([Sub(("a", 1, SubStatus.DEFERRED, 3.0, "promise p-1")), Wait(("b", 1, "x"))])
     assert store.execution("a").waiting_on == "promise p-1"
     assert store.execution("b").waiting_on == "x"
     assert store.executions(status="running")[0].deferred_since == 3.0
@@ -216,7 +217,7 @@ def test_a_sqlite_file_at_the_previous_version_migrates(tmp_path):
     db.close()
     with SQLiteStore(path, inline=True) as store:
         assert store.execution("old").waiting_on is None  # written before it was recorded
-        store.write([("wait", "old", 1, "slot")])
+        store.write([Wait(("old", 1, "slot"))])
         assert store.execution("old").waiting_on == "slot"
     with closing(sqlite3.connect(path)) as conn:
         version = conn.execute(
@@ -234,7 +235,7 @@ def test_a_postgres_schema_at_the_previous_version_migrates(postgres_url, pg_sch
         )
     with PostgresStore(postgres_url, schema=pg_schema) as store:
         assert store.execution("old").waiting_on is None
-        store.write([("wait", "old", 1, "slot")])
+        store.write([Wait(("old", 1, "slot"))])
         assert store.execution("old").waiting_on == "slot"
     assert _pg_schema.SCHEMA_VERSION >= 6  # (migrated through 6, and on)
 
@@ -261,14 +262,14 @@ def _waiting_db(path: Path) -> None:
     with SQLiteStore(path, inline=True) as store:
         store.write(
             [
-                ("submit", "p-1", 1, "approve", None, None, None, "w", 1.0),
-                ("start", "p-1", 1, 1, 2.0),
-                ("sub", "p-1", 1, SubStatus.DEFERRED, 3.0, "promise approval-7"),
-                ("submit", "k-1", 1, "crunch", None, None, None, "w", 2.0, "t'[%]", 0),
-                ("wait", "k-1", 1, "key concurrency t'[%]"),
-                ("submit", "q-1", 1, "queued", None, None, None, "w", 3.0),
-                ("submit", "done", 1, "fin", None, None, None, "w", 4.0),
-                ("finish", "done", 1, TaskStatus.COMPLETED, 5.0, None),
+                submitted("p-1", 1, "approve", None, None, None, "w", 1.0),
+                Start(("p-1", 1, 1, 2.0)),
+                Sub(("p-1", 1, SubStatus.DEFERRED, 3.0, "promise approval-7")),
+                submitted("k-1", 1, "crunch", None, None, None, "w", 2.0, "t'[%]", 0),
+                Wait(("k-1", 1, "key concurrency t'[%]")),
+                submitted("q-1", 1, "queued", None, None, None, "w", 3.0),
+                submitted("done", 1, "fin", None, None, None, "w", 4.0),
+                Finish(("done", 1, TaskStatus.COMPLETED, 5.0, None, None, None)),
             ]
         )
 

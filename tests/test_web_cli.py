@@ -27,6 +27,7 @@ import trio
 from test_cli import TRIOEXEC, cli, cli_env, one_line_error
 
 import trioexec
+from trioexec._store._changes import RunCreated, submitted
 from trioexec.web._security import cookie_name, cookie_value
 
 URL_LINE = re.compile(
@@ -142,7 +143,7 @@ def test_server_errors_are_written_to_stderr(tmp_path: Path) -> None:
     on stderr (the web app's log, which trioexec alone would keep silent)."""
     make_db(tmp_path / "app.db")
     with trioexec.open_store(tmp_path / "app.db") as store:
-        store.write([("run", "bent", 0, "wf", "{}", "w", time.time(), '{"a": []}')])
+        store.write([RunCreated(("bent", "w", "wf", "{}", time.time(), '{"a": []}'))])
     with sqlite3.connect(tmp_path / "app.db") as conn:  # (a graph no trioexec writes)
         conn.execute("""UPDATE workflow_runs SET graph = '{"a": 5}' WHERE run_id = 'bent'""")
     conn.close()
@@ -261,7 +262,7 @@ def cuttable_proxy(
 
 def test_ctrl_c_with_postgres_unreachable_exits_at_once(tmp_path: Path, pg_database: str) -> None:
     with trioexec.open_store(pg_database) as store:
-        store.write([("submit", "t1", 1, "n", None, None, None, "w", time.time())])
+        store.write([submitted("t1", 1, "n", None, None, None, "w", time.time())])
     parts = urllib.parse.urlsplit(pg_database)
     with cuttable_proxy(parts.port or 5432) as (port, cut, hanging):
         url = parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}").geturl()

@@ -32,6 +32,7 @@ import trio.testing
 
 import trioexec
 from trioexec import SubStatus, TaskStatus, Workflow, task
+from trioexec._store._changes import Finish, RunCreated, Start, StepRecorded, Sub, submitted
 from trioexec.durable import DurableStore, PromiseState
 from trioexec.web import create_app
 from trioexec.web._security import cookie_name, cookie_value, csrf_of
@@ -107,21 +108,21 @@ async def build(target: str) -> Db:
         now = time.time()
         store.write(
             [
-                ("submit", "approval-old", 1, "approval", None, None, None, "w2", now - 3600),
-                ("start", "approval-old", 1, 1, now - 3600),
-                ("sub", "approval-old", 1, SubStatus.DEFERRED, now - 3600, "promise approval-7"),
-                ("submit", "webhook-new", 1, "webhook", None, None, None, "w2", now - 5),
-                ("start", "webhook-new", 1, 1, now - 5),
-                ("sub", "webhook-new", 1, SubStatus.DEFERRED, now - 5, "event"),
-                ("submit", "crunch-1", 1, "crunch", None, None, None, "w2", now - 5),
-                ("start", "crunch-1", 1, 1, now - 5),
-                ("submit", "queued-1", 1, "queued", None, None, None, "w2", now - 5),
+                submitted("approval-old", 1, "approval", None, None, None, "w2", now - 3600),
+                Start(("approval-old", 1, 1, now - 3600)),
+                Sub(("approval-old", 1, SubStatus.DEFERRED, now - 3600, "promise approval-7")),
+                submitted("webhook-new", 1, "webhook", None, None, None, "w2", now - 5),
+                Start(("webhook-new", 1, 1, now - 5)),
+                Sub(("webhook-new", 1, SubStatus.DEFERRED, now - 5, "event")),
+                submitted("crunch-1", 1, "crunch", None, None, None, "w2", now - 5),
+                Start(("crunch-1", 1, 1, now - 5)),
+                submitted("queued-1", 1, "queued", None, None, None, "w2", now - 5),
                 # A run under way on that executor: its approval step waits.
-                ("run", "run-live", 0, "refund", "{}", "w2", now - 60, json.dumps(LIVE_GRAPH)),
-                ("step", "run-live", "w2", "fetch", "completed", "1", "fetch-9"),
-                ("submit", "approve-9", 1, "approve", "run-live", None, None, "w2", now - 50),
-                ("start", "approve-9", 1, 1, now - 50),
-                ("sub", "approve-9", 1, SubStatus.DEFERRED, now - 50, "promise approval-7"),
+                RunCreated(("run-live", "w2", "refund", "{}", now - 60, json.dumps(LIVE_GRAPH))),
+                StepRecorded(("run-live", "w2", "fetch", "completed", "1", "fetch-9")),
+                submitted("approve-9", 1, "approve", "run-live", None, None, "w2", now - 50),
+                Start(("approve-9", 1, 1, now - 50)),
+                Sub(("approve-9", 1, SubStatus.DEFERRED, now - 50, "promise approval-7")),
             ]
         )
     with DurableStore(target) as ds:
@@ -269,7 +270,7 @@ async def test_task_list_pages_by_cursor(db: Db) -> None:
 async def test_the_runs_page_pages_newest_first(db: Db) -> None:
     with trioexec.open_store(db.target) as store:
         store.write(
-            [("run", f"many-{i:02d}", 0, "bulk", "{}", "w3", 2e9 + i, "{}") for i in range(60)]
+            [RunCreated((f"many-{i:02d}", "w3", "bulk", "{}", 2e9 + i, "{}")) for i in range(60)]
         )
     async with client(db.target) as c:
         first = (await c.get("/runs")).text
@@ -876,8 +877,11 @@ async def odd(db: Db) -> Db:
                 assert not (await (await ex.submit(boom, 1, task_id=task_id)).wait()).ok
         store.write(
             [
-                *(("run", r, 0, "odd", "{}", "w9", now, '{"s": []}') for r in (*ODD_IDS, *VICTIMS)),
-                *(("submit", t, 1, "queued", None, None, None, "w9", now) for t in LIVE_ODD),
+                *(
+                    RunCreated((r, "w9", "odd", "{}", now, '{"s": []}'))
+                    for r in (*ODD_IDS, *VICTIMS)
+                ),
+                *(submitted(t, 1, "queued", None, None, None, "w9", now) for t in LIVE_ODD),
             ]
         )
     with DurableStore(db.target) as ds:
@@ -1177,8 +1181,10 @@ async def test_the_overview_counts_every_execution_that_ended_as_finished(db: Db
                     change
                     for i, status in enumerate((*ended, TaskStatus.TIMED_OUT))
                     for change in (
-                        ("submit", f"end-{i}", 1, "ender", None, None, None, "w2", now - 9),
-                        ("finish", f"end-{i}", 1, status, now - 5, f"{status.value} here"),
+                        submitted(f"end-{i}", 1, "ender", None, None, None, "w2", now - 9),
+                        Finish(
+                            (f"end-{i}", 1, status, now - 5, f"{status.value} here", None, None)
+                        ),
                     )
                 ]
             )

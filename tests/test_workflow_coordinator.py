@@ -53,7 +53,7 @@ def step(sid: str, *deps: str, fn=None, **options):
 def coordinators(ex) -> list[trio.lowlevel.Task]:
     """The executor's tasks that are not its own (workers, poller): the runs'."""
     own = ("trioexec worker", "trioexec._poller.Poller.run")
-    tasks = [t for t in ex._runs.nursery.child_tasks if t.name not in own]
+    tasks = [t for t in ex._core.workers.nursery.child_tasks if t.name not in own]
     assert all(t.coro.cr_code is WorkflowRun._coordinate.__code__ for t in tasks)
     return tasks
 

@@ -96,19 +96,20 @@ class Control:
         lifecycle: Lifecycle,
         journal: Journal | None,
         owner_id: str,
+        on_retry: Callable[[], None] | None = None,
     ) -> None:
         self._pending = pending
         self._lifecycle = lifecycle
         self._journal = journal
         self.names: set[str] = set()
         self.keys: set[str] = set()
-        self.on_retry: Callable[[], None] = lambda: None  # (recovery's `poke`)
+        self._on_retry = on_retry  # (recovery's `poke`: requeued rows are recovered now)
         self._who = who_am_i(f"executor {owner_id[:8]}")
         # (command, kind, value, issued at): not recorded yet
         self._outbox: list[tuple[str, str, str, float]] = []
         self._seq = 0  # the last command seen
         self._wake = trio.Event()
-        self.closed = False  # (the executor has: pause and resume raise)
+        self._closed = False  # (the executor has: pause and resume raise; `close`)
 
     # ------------------------------------------------------------ here
 
@@ -119,7 +120,7 @@ class Control:
         self._command("resume", check_target(name, key))
 
     def _command(self, command: str, targets: list[tuple[str, str]]) -> None:
-        if self.closed:
+        if self._closed:
             raise ExecutorClosed(f"cannot {command}: the executor has closed")
         at = None if self._journal is None else issue_time(self._journal.store)
         for kind, value in targets:
@@ -177,6 +178,10 @@ class Control:
             await self.flush()
             await self.follow(await journal.call(store.commands, self._seq))
 
+    def close(self) -> None:
+        """The executor has closed: a pause or resume from now on raises."""
+        self._closed = True
+
     async def flush(self) -> None:
         """Record this executor's commands not recorded yet (also as it closes)."""
         journal = self._journal
@@ -204,7 +209,7 @@ class Control:
                 if job is not None and not job.ended:
                     lifecycle.cancelled_by[job.task_id] = command.who  # (its error says so)
                     lifecycle.cancel(job)
-            elif command.kind == "retry" and command.changed:
-                self.on_retry()
+            elif command.kind == "retry" and command.changed and self._on_retry is not None:
+                self._on_retry()
         if any(c.kind in ("pause", "resume") for c in commands):
             await self._sync()

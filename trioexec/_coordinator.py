@@ -26,6 +26,7 @@ from ._events import EventStream, HealthEventKind
 from ._records import SubStatus, TaskCompletion, TaskStatus, check_id
 from ._spec import TaskSpec
 from ._store import RunRecord
+from ._store._changes import RunCreated, RunEnded, StepRecorded
 from ._taskref import Job
 from ._workflow import (
     Context,
@@ -44,7 +45,6 @@ from ._workflow import (
 
 if TYPE_CHECKING:
     from ._journal import Journal
-    from ._store import Change
 
 
 @attrs.frozen(kw_only=True)
@@ -200,8 +200,8 @@ class WorkflowRun:
         if not resumed:
             steps = self.workflow.steps
             graph = {sid: list(steps[sid].dependencies) for sid in self.workflow.order}
-            self._runs.log(
-                ("run", self.run_id, 0, self.workflow.name, self._initial_json, json.dumps(graph))
+            self._runs.log_created(
+                self.run_id, self.workflow.name, self._initial_json, json.dumps(graph)
             )
         self._advance()
 
@@ -266,7 +266,10 @@ class WorkflowRun:
             # Accepted at once when it fits: no task switch per step (the loop
             # checkpoints as it waits for the steps' ends).
             job, accepted = steps.new_step(
-                run_spec(self.workflow, sid, wrap_step), (step_input,), self.run_id
+                run_spec(self.workflow, sid, wrap_step),
+                (step_input,),
+                self.run_id,
+                self._step_ended,
             )
             if not accepted:
                 await steps.admit_step(job)
@@ -282,9 +285,6 @@ class WorkflowRun:
             self._advance()
             return
         self._jobs[sid] = self._started[sid] = job
-        job.on_done = self._step_ended
-        if job.ended and not job.pending_ack:  # dropped on arrival: it has told no one
-            self._ended.append(job)
 
     def _collect(self) -> None:
         """Take the end of every step job that has told it ended (and, with a
@@ -322,7 +322,7 @@ class WorkflowRun:
         """Journal a step's completion with its output (in the same batch as the
         step execution's own completion)."""
         _, output = job.result  # (`wrap_step`'s function returned it)
-        self._runs.log(("step", self.run_id, 0, job.name, StepState.COMPLETED, output, job.task_id))
+        self._runs.log_step(self.run_id, job.name, StepState.COMPLETED, output, job.task_id)
 
     def _set(self, sid: str, state: StepState) -> None:
         old = self._states[sid]
@@ -345,11 +345,11 @@ class WorkflowRun:
         runs = self._runs
         if runs.journaled:
             job = self._jobs.get(sid)
-            runs.log(("step", self.run_id, 0, sid, StepState.FAILED, None, job and job.task_id))
+            runs.log_step(self.run_id, sid, StepState.FAILED, None, job and job.task_id)
         for dependent in self.workflow.dependents(sid):
             if self._states[dependent] is StepState.PENDING:
                 self._set(dependent, StepState.SKIPPED)
-                runs.log(("step", self.run_id, 0, dependent, StepState.SKIPPED, None, None))
+                runs.log_step(self.run_id, dependent, StepState.SKIPPED, None, None)
 
     def _lost(self) -> None:
         """Another executor has taken this run over: stop coordinating it here,
@@ -426,7 +426,7 @@ class WorkflowRun:
         ):
             # A run cut short by a shutdown stays 'running' in the store, so that
             # recovery resumes it; one that ended is recorded as ended.
-            self._runs.log(("run_end", self.run_id, 0, run_status, self._runs.wall()))
+            self._runs.log_end(self.run_id, run_status)
         self._done.set()
 
 
@@ -462,15 +462,37 @@ def wrap_step(spec: TaskSpec) -> TaskSpec:
 
 
 class StepSubmitter(Protocol):
-    """How the runs submit their steps (the executor's core)."""
+    """The executor's core, as its workflow runs see it: how they submit their
+    steps, journal, publish, and where their coordinators run."""
 
-    def new_step(self, spec: TaskSpec, args: tuple[Any, ...], run_id: str) -> tuple[Job, bool]:
+    @property
+    def journal(self) -> Journal | None: ...
+    @property
+    def events(self) -> EventStream: ...
+    @property
+    def owner_id(self) -> str: ...
+    @property
+    def nursery(self) -> trio.Nursery | None:
+        """Where coordinators run (None: the executor runs jobs inline)."""
+
+    def wall(self) -> float: ...
+
+    def new_step(
+        self,
+        spec: TaskSpec,
+        args: tuple[Any, ...],
+        run_id: str,
+        on_done: Callable[[Job], None],
+    ) -> tuple[Job, bool]:
         """The step's job, and whether it was accepted at once (not a checkpoint)."""
         ...
 
     async def admit_step(self, job: Job) -> None:
         """Admit a step not accepted at once (waits for space, or raises)."""
         ...
+
+    def run_ended(self) -> None:
+        """A run ended (the executor may be idle now)."""
 
 
 @final
@@ -482,25 +504,14 @@ class WorkflowRuns:
     protocols.
     """
 
-    def __init__(
-        self,
-        workflows: dict[str, Workflow],
-        steps: StepSubmitter,
-        journal: Journal | None,
-        events: EventStream,
-        wall: Callable[[], float],
-        owner_id: str,
-        idle_changed: Callable[[], None],
-    ) -> None:
+    def __init__(self, workflows: dict[str, Workflow], steps: StepSubmitter) -> None:
         self.steps = steps
-        self.events = events
-        self.wall = wall
+        self.events = steps.events
+        self.wall = steps.wall
         self.active: dict[str, WorkflowRun] = {}
-        self.nursery: trio.Nursery | None = None  # (coordinators run here once set)
         self._workflows = workflows
-        self._journal = journal
-        self._owner_id = owner_id
-        self._idle_changed = idle_changed
+        self._journal = steps.journal
+        self._owner_id = steps.owner_id
         # Run ids: 32 hex digits, random per executor, then counted (a uuid4 per
         # run cost as much as a step's bookkeeping).
         self._id_prefix = uuid.uuid4().hex[:20]
@@ -522,7 +533,8 @@ class WorkflowRuns:
     async def start(
         self, workflow: Workflow, context: Mapping[str, Any] | None, run_id: str | None
     ) -> WorkflowRun:
-        if self.nursery is None:
+        nursery = self.steps.nursery
+        if nursery is None:
             raise TypeError("workflows need an executor from open_executor")
         if run_id is not None:
             check_id("run_id", run_id)
@@ -534,7 +546,7 @@ class WorkflowRuns:
         # Exactly one schedule point, as `Executor.submit`: cancelled here, no run.
         await trio.lowlevel.checkpoint_if_cancelled()
         run = WorkflowRun(self, workflow, context, run_id)
-        self.nursery.start_soon(run._coordinate)
+        nursery.start_soon(run._coordinate)
         self.active[run.run_id] = run
         run._begin(resumed=False)
         await trio.lowlevel.cancel_shielded_checkpoint()
@@ -549,28 +561,35 @@ class WorkflowRuns:
 
     def resume(self, record: RunRecord) -> None:
         """Resume a run recovery claimed."""
-        assert self.nursery is not None
+        nursery = self.steps.nursery
+        assert nursery is not None
         workflow = self._workflows[record.workflow]
         run = WorkflowRun(self, workflow, json.loads(record.context), record.run_id, record)
-        self.nursery.start_soon(run._coordinate)
+        nursery.start_soon(run._coordinate)
         self.active[run.run_id] = run
         run._begin(resumed=True)
 
     def finished(self, run: WorkflowRun) -> None:
         self.active.pop(run.run_id, None)
-        self._idle_changed()
+        self.steps.run_ended()
 
-    def log(self, change: Change) -> None:
-        """Journal a run's change (with a store). A 'run' change gets its owner and
-        creation time here; the others are guarded by our ownership of the run."""
-        journal = self._journal
-        if journal is None:
-            return
-        if change[0] == "run":  # (its graph, if any, after them: see `Change`)
-            change = (*change[:5], self._owner_id, self.wall(), *change[5:])
-        else:
-            change = (change[0], change[1], self._owner_id, *change[3:])
-        journal.append(change)
+    # Journaled with a store (the changes of a run are guarded by our ownership of it).
+
+    def log_created(self, run_id: str, workflow: str, context: str, graph: str) -> None:
+        if self._journal is not None:
+            created = (run_id, self._owner_id, workflow, context, self.wall(), graph)
+            self._journal.append(RunCreated(created))
+
+    def log_step(
+        self, run_id: str, step_id: str, state: StepState, output: str | None, task_id: str | None
+    ) -> None:
+        if self._journal is not None:
+            step = (run_id, self._owner_id, step_id, state, output, task_id)
+            self._journal.append(StepRecorded(step))
+
+    def log_end(self, run_id: str, status: RunStatus) -> None:
+        if self._journal is not None:
+            self._journal.append(RunEnded((run_id, self._owner_id, status, self.wall())))
 
     # ------------------------------------------------------------ told by the executor
 

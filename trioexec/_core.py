@@ -32,13 +32,13 @@ from ._causation import current_job
 from ._control import Control
 from ._events import EventStream
 from ._journal import Journal
-from ._keys import KeyLimit, check_key, key_limits_for
-from ._keyshare import broker_for
-from ._lifecycle import Lifecycle
+from ._keys import KeyLimit, KeyState, check_key, key_limits_for
+from ._keyshare import KeyBroker
+from ._lifecycle import Lifecycle, journal_waiting
 from ._metrics import ExecutorMetrics, Tally
 from ._pending import Pending
 from ._records import ExecutionRecord, ShutdownPolicy, check_id
-from ._recovery import Recovery
+from ._recovery import RecoverableRuns, Recovery
 from ._shutdown import Shutdown
 from ._slots import SlotPool
 from ._spec import CallInfo, TaskSpec, call_info, check_priority, spec_key
@@ -164,6 +164,7 @@ class ExecutorCore:
         specs: dict[str, TaskSpec] | None = None,
         share_keys: bool = True,
         inline: bool = False,
+        runs: Callable[[ExecutorCore], RecoverableRuns] | None = None,
     ) -> None:
         self.config = config
         self.store = store
@@ -173,29 +174,33 @@ class ExecutorCore:
         self.events = EventStream(config.event_capacity)
         # With a store, limited keys are shared with every executor on it.
         shared = share_keys and store is not None and bool(config.key_limits)
+        # Each part is made after the parts it calls, and told of them as it is
+        # made. What the queue and the journal decide reaches later parts through
+        # this core (`ready`, `waiting`, `want`, `parked`, `_written`).
         self.pending = pending = Pending(
-            config.key_limits, config.priority_aging, self.wall, shared, inline
+            config.key_limits, config.priority_aging, self.wall, shared, inline, self
         )
-        self.slots = SlotPool(config.max_concurrent_tasks)
-        self.journal = journal = None if store is None else Journal(store)
-        self.keyshare = (
-            None if journal is None or not shared else (broker_for(pending, journal, self.owner_id))
+        self.slots = slots = SlotPool(config.max_concurrent_tasks)
+        self.journal = journal = None if store is None else Journal(store, self._written)
+        self.keyshare = keyshare = (
+            None
+            if journal is None or not shared
+            else KeyBroker(pending, journal, self.owner_id, lambda: slots.available - pending.live)
         )
         self.gate = Gate(config.capacity, config.overflow, tally, pending, journal, self.events)
+        # (The workflow runs are made first: the lifecycle tells them of their steps.)
+        self.runs = None if runs is None else runs(self)
         self.lifecycle = Lifecycle(
-            tally, pending, self.gate, self.events, journal, self.wall, self.owner_id
+            tally, pending, self.gate, self.events, journal, self.wall, self.owner_id, self.runs
         )
-        if journal is not None:
-            journal.on_written = self.lifecycle.written
         self.workers = Workers(
-            self.slots, self.lifecycle, config.thread_workers or config.max_concurrent_tasks
+            slots,
+            self.lifecycle,
+            config.thread_workers or config.max_concurrent_tasks,
+            None if keyshare is None else keyshare.slot_freed,
         )
-        self.lifecycle.wake_worker = pending.on_ready = self.workers.work_arrived
-        if self.keyshare is not None:
-            slots = self.slots
-            self.keyshare.free_slots = lambda: slots.available - pending.live
-            self.workers.on_idle = self.keyshare.slot_freed
-            self.slots.on_resize(self.keyshare.slot_freed)
+        if keyshare is not None:
+            slots.on_resize(keyshare.slot_freed)
         self.shutdown = Shutdown(self.gate, self.lifecycle, self.workers)
         self.recovery = (
             None
@@ -208,12 +213,17 @@ class ExecutorCore:
                 self.events,
                 self.owner_id,
                 specs or {},
-                self._recovered_job,
+                self._recovered,
+                self.runs,
             )
         )
         # (A DeterministicExecutor keeps its pauses, like its limits, to itself.)
         self.control = Control(
-            pending, self.lifecycle, journal if share_keys else None, self.owner_id
+            pending,
+            self.lifecycle,
+            journal if share_keys else None,
+            self.owner_id,
+            None if self.recovery is None else self.recovery.poke,
         )
         self._id_prefix = uuid.uuid4().hex[:12] + "-"
         self._ids = itertools.count(1)
@@ -237,6 +247,7 @@ class ExecutorCore:
         run_id: str | None = None,
         key: str | None = None,
         priority: int | None = None,
+        on_done: Callable[[Job], None] | None = None,
     ) -> Job:
         """Check one submission and make its `Job` (not accepted yet)."""
         self.tally.submitted_count += 1
@@ -304,6 +315,7 @@ class ExecutorCore:
             run_id,
             key,
             priority or 0,
+            on_done=on_done,
         )
         if task_id is not None:
             self.lifecycle.track_named(job)
@@ -337,9 +349,9 @@ class ExecutorCore:
         if self.store is not None and self.store.execution(task_id) is not None:
             raise ValueError(f"task id {task_id!r} is already recorded in the store")
 
-    def _recovered_job(self, spec: TaskSpec, args: tuple[Any, ...], record: ExecutionRecord) -> Job:
-        """The `Job` of an execution recovery claimed: its record's id, version,
-        attempts, key and priority (and no new submission counted)."""
+    def _recovered(self, spec: TaskSpec, args: tuple[Any, ...], record: ExecutionRecord) -> None:
+        """Queue an execution recovery claimed: a `Job` with its record's id,
+        version, attempts, key and priority (and no new submission counted)."""
         parent = current_job()
         causation_id = None if parent is None else parent.task_id
         correlation_id = None if parent is None else parent.correlation_id
@@ -363,7 +375,8 @@ class ExecutorCore:
             version=record.version,
             attempts=record.attempt,
         )
-        return job
+        self.lifecycle.accept(job, recovered=True)
+        self.workers.work_arrived()
 
     def accept_if_fits(self, job: Job) -> bool:
         """Accept ``job`` at once if it fits (the common case, decided without
@@ -374,6 +387,7 @@ class ExecutorCore:
             except BaseException:  # (accepting raised, before it changed anything)
                 self.lifecycle.untrack(job)
                 raise
+            self.workers.work_arrived()
             return True
         return False
 
@@ -418,18 +432,35 @@ class ExecutorCore:
             self.lifecycle.accept(job)
         elif decision is Admit.DROP_NEW:
             self.lifecycle.drop_new(job)
+            return
         elif decision is Admit.DROP_OLDEST:
             self.lifecycle.accept(job, displace=True)
         else:
             raise self.gate.refusal(job, decision)
+        self.workers.work_arrived()
 
-    def new_step(self, spec: TaskSpec, args: tuple[Any, ...], run_id: str) -> tuple[Job, bool]:
-        """A workflow run's step as a `Job` (allowed while a DRAIN lets started
-        runs finish), accepted at once if it fits: True. Not a checkpoint (the
-        coordinator checkpoints as it waits for its steps); if False, the step
-        goes through `admit_step`."""
-        job = self.new_job(spec, args, spec.id, None, None, None, run_id, run_id)
+    def new_step(
+        self,
+        spec: TaskSpec,
+        args: tuple[Any, ...],
+        run_id: str,
+        on_done: Callable[[Job], None],
+    ) -> tuple[Job, bool]:
+        """A workflow run's step as a `Job` that calls ``on_done`` once it has
+        ended (allowed while a DRAIN lets started runs finish), accepted at once
+        if it fits: True. Not a checkpoint (the coordinator checkpoints as it
+        waits for its steps); if False, the step goes through `admit_step`."""
+        job = self.new_job(spec, args, spec.id, None, None, None, run_id, run_id, on_done=on_done)
         return job, self.accept_if_fits(job)
+
+    @property
+    def nursery(self) -> trio.Nursery | None:
+        """Where the workflow runs' coordinators run (`Workers.start`)."""
+        return self.workers.nursery
+
+    def run_ended(self) -> None:
+        """A workflow run ended: the executor may be idle now."""
+        self.lifecycle.maybe_idle()
 
     async def admit_step(self, job: Job) -> None:
         """Admit a step `new_step` could not accept at once: waits for space
@@ -438,6 +469,30 @@ class ExecutorCore:
 
     def statistics(self) -> ExecutorMetrics:
         return self.tally.snapshot(self.events.dropped)
+
+    # ------------------------------------------------------------ what the queue and journal tell
+
+    def ready(self) -> None:
+        """A task a key or a pause held back may start now (`Listener.ready`)."""
+        self.workers.work_arrived()
+
+    def waiting(self, job: Job) -> None:
+        """What ``job`` waits on changed (`Listener.waiting`): with a store, journaled."""
+        if self.journal is not None:
+            journal_waiting(self.lifecycle, job)
+
+    def want(self, state: KeyState) -> None:
+        """A shared key changed (`Listener.want`): the key broker settles it."""
+        if self.keyshare is not None:
+            self.keyshare.want(state)
+
+    def parked(self, job: Job) -> None:
+        """A pause parked ``job`` (`Listener.parked`): a shutdown cancels it."""
+        self.shutdown.parked(job)
+
+    def _written(self, notify: list[Any], fenced: list[str]) -> None:
+        """A batch is durable (the journal's ``on_written``)."""
+        self.lifecycle.written(notify, fenced)
 
     # ------------------------------------------------------------ the store's services
 

@@ -9,6 +9,7 @@ the block's errors down to the one that ended it.
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -193,19 +194,10 @@ class Executor(Facade):
     """The object `open_executor` yields. See `open_executor` for the options."""
 
     def __init__(self, setup: Setup) -> None:
-        self._core = core = ExecutorCore(setup.config, setup.store, setup.specs)
-        self._runs = WorkflowRuns(
-            setup.workflows,
-            core,
-            core.journal,
-            core.events,
-            core.wall,
-            core.owner_id,
-            core.lifecycle.maybe_idle,
-        )
-        core.lifecycle.runs = self._runs
-        if core.recovery is not None:
-            core.recovery.runs = self._runs
+        runs = functools.partial(WorkflowRuns, setup.workflows)
+        self._core = core = ExecutorCore(setup.config, setup.store, setup.specs, runs=runs)
+        assert isinstance(core.runs, WorkflowRuns)
+        self._runs = core.runs
 
     @property
     def owner(self) -> str:
@@ -676,29 +668,25 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
             try:
                 async with one_level(body_error), trio.open_nursery() as nursery:
                     core.workers.start(nursery)
-                    ex._runs.nursery = nursery
                     if recover:
                         assert core.recovery is not None
                         more = await core.recovery.recover(attempts)
-                        core.control.on_retry = core.recovery.poke
                         infra.start_soon(core.guarded, core.recovery.run, lease, attempts, more)
                     try:
                         yield ex
                     except BaseException as exc:
                         body_error.append(exc)
-                        core.lifecycle.cancel_reason = _interrupted(exc)
-                        core.shutdown.begin(ShutdownPolicy.CANCEL)
+                        core.shutdown.begin(ShutdownPolicy.CANCEL, reason=_interrupted(exc))
                         raise
                     finally:
                         nursery.start_soon(_close_events_when_done, core)
                     try:
                         await ex.shutdown()
                     except BaseException as exc:  # e.g. cancelled from outside while draining
-                        core.lifecycle.cancel_reason = _interrupted(exc)
-                        core.shutdown.begin(ShutdownPolicy.CANCEL)
+                        core.shutdown.begin(ShutdownPolicy.CANCEL, reason=_interrupted(exc))
                         raise
             finally:
-                core.control.closed = True
+                core.control.close()
                 try:
                     if store is not None:
                         await core.close_store()

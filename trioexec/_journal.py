@@ -26,7 +26,8 @@ import trio
 
 from ._errors import StoreError
 from ._records import safe_repr
-from ._store._base import R_VERSION, fold_row
+from ._store._base import fold_row
+from ._store._changes import R_VERSION, Row, Transition
 
 if TYPE_CHECKING:
     from ._store import Change, Store
@@ -53,11 +54,12 @@ class Journal:
     """The changes not yet in the store, the completions waiting on them, and the
     one lock that orders every call to the store from this executor.
 
-    ``on_written(notify, fenced)`` is called after each batch is durable, with
-    the batch's completions to acknowledge and the task ids the store fenced out.
+    ``on_written(notify, fenced)``, given when it is made, is called after each
+    batch is durable, with the batch's completions to acknowledge and the task
+    ids the store fenced out.
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, on_written: Callable[[list[Any], list[str]], None]) -> None:
         self.store = store
         self.changes: list[Change] = []  # not yet handed to the store
         self.notify: list[Any] = []  # completions (TaskRefs) to acknowledge once durable
@@ -65,7 +67,7 @@ class Journal:
         # What was journaled before the failure, to write once more (`write`).
         self._before_failure: tuple[list[Change], list[Any]] = ([], [])
         self.limit = JOURNAL_LIMIT  # (tests lower it)
-        self.on_written: Callable[[list[Any], list[str]], None] = lambda notify, fenced: None
+        self._on_written = on_written
         self._writer_lot = trio.lowlevel.ParkingLot()
         # `append` wakes the parked writer once this many changes wait: 1 while it
         # is idle, a full batch while it gathers, never while it writes.
@@ -88,7 +90,7 @@ class Journal:
             self._wake_at = _NEVER
             self._writer_lot.unpark()
 
-    def open_row(self, job: Job) -> list[object] | None:
+    def open_row(self, job: Job) -> Row | None:
         """``job``'s "row" change if its next change may be folded into it: this
         journal has not taken it and it is still the row of this version."""
         row = job.row
@@ -98,7 +100,7 @@ class Journal:
             job.row = None  # (taken: written, or being written)
         return None
 
-    def fold(self, job: Job, change: Change) -> None:
+    def fold(self, job: Job, change: Transition) -> None:
         """Journal ``change``, folded into ``job``'s open row if it has one."""
         row = self.open_row(job)
         if row is None or not fold_row(row, change):
@@ -179,7 +181,7 @@ class Journal:
             self._batch_written(notify, fenced)
 
     def _batch_written(self, notify: list[Any], fenced: list[str]) -> None:
-        self.on_written(notify, fenced)
+        self._on_written(notify, fenced)
         if self._flushers:
             self._flushers.unpark_all()
 

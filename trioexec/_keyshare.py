@@ -44,7 +44,9 @@ _EPSILON = 1e-9
 class KeyBroker:
     """Settles this executor's shared keys with the store."""
 
-    def __init__(self, pending: Pending, journal: Journal, owner: str) -> None:
+    def __init__(
+        self, pending: Pending, journal: Journal, owner: str, free_slots: Callable[[], int]
+    ) -> None:
         self._pending = pending
         self._journal = journal
         self._owner = owner
@@ -58,16 +60,16 @@ class KeyBroker:
         self._lot = trio.lowlevel.ParkingLot()
         self._settling = False
         self.rounds = 0  # store calls made (tests and statistics)
-        # Slots free for tasks not let through yet (the executor sets it). A
-        # shared rate's tokens are asked for only for tasks that can start (and
-        # one more): tokens that wait for slots would let starts bunch up when
-        # the slots come free. Keys held to fewer so are `_starved`.
-        self.free_slots: Callable[[], int] = lambda: 1 << 30
+        # Slots free for tasks not let through yet. A shared rate's tokens are
+        # asked for only for tasks that can start (and one more): tokens that
+        # wait for slots would let starts bunch up when the slots come free.
+        # Keys held to fewer so are `_starved`.
+        self.free_slots = free_slots
         self._starved: set[str] = set()
         self._budget = 0  # (free slots left in the round being made)
 
     def want(self, state: KeyState) -> None:
-        """``state``'s key changed: settle it in the next round (`Pending.on_want`)."""
+        """``state``'s key changed: settle it in the next round (`Listener.want`)."""
         if not self._settling:
             self._dirty.setdefault(state.key, False)
             if self._lot:
@@ -242,10 +244,3 @@ class KeyBroker:
     def held(self) -> dict[str, int]:
         """Slots held in the store, by key."""
         return dict(self._held)
-
-
-def broker_for(pending: Pending, journal: Journal, owner: str) -> KeyBroker:
-    """A broker wired to ``pending`` (its `Pending.on_want`)."""
-    broker = KeyBroker(pending, journal, owner)
-    pending.on_want = broker.want
-    return broker

@@ -20,10 +20,18 @@ import trio
 from ._errors import StoreError, TaskCancelled
 from ._events import EventStream, HealthEventKind
 from ._metrics import Tally
-from ._observe import Observer, log_failure, log_lease_lost, log_overruled, log_retry
+from ._observe import (
+    Observer,
+    combine,
+    log_failure,
+    log_lease_lost,
+    log_overruled,
+    log_retry,
+    without,
+)
 from ._records import SubStatus, TaskStatus, safe_repr, storable_text
 from ._spec import TaskSpec
-from ._store._base import R_WAITING
+from ._store._changes import R_WAITING, Finish, Retry, Row, Start, Sub, Wait, submitted
 from ._taskref import Job, UnreadFailures
 
 if TYPE_CHECKING:
@@ -59,15 +67,15 @@ class Lifecycle:
         journal: Journal | None,
         wall: Callable[[], float],
         owner_id: str,
+        runs: Runs | None = None,
     ) -> None:
         self.tally = tally
         self.pending = pending
         self.journal = journal
         self.wall = wall
-        self.runs: Runs | None = None  # the workflow runs, if the executor has them
-        self.wake_worker: Callable[[], None] = lambda: None  # (the workers set it)
+        self.runs = runs  # the workflow runs, if the executor has them
         self.live: dict[str, Job] = {}  # with a store: accepted and not finished
-        self.space_freed = trio.Event()  # set when a task ends (recovery waits on it)
+        self._space_freed = trio.Event()  # set when a task ends (`wait_space_freed`)
         self._named: dict[str, Job] = {}  # tasks with a chosen id, from submission to end
         self._gate = gate
         self._blocked = gate.waiters  # BLOCK submitters (read on every finish)
@@ -80,14 +88,24 @@ class Lifecycle:
         #: why tasks the shutdown cancels end (their store error): set when the
         #: executor's block ends by an exception (Ctrl-C says "interrupted")
         self.cancel_reason: str | None = None
-        self.observer: Observer | None = None  # (`trioexec.contrib`: `_observe.combine`)
+        self.observer: Observer | None = None  # (`add_observer`)
         self.unread = UnreadFailures()  # failed tasks whose completion nobody read
-        if journal is not None:
-            # What a task of a limited key waits on changes as its key lets it
-            # through or holds it back (unkeyed tasks never call this).
-            pending.on_waiting = lambda job: journal_waiting(self, job)
 
     # ------------------------------------------------------------ accepted
+
+    async def wait_space_freed(self) -> None:
+        """Wait until a task ends (with a store: recovery waits for room)."""
+        await self._space_freed.wait()
+        self._space_freed = trio.Event()
+
+    def add_observer(self, observer: Observer) -> None:
+        """Tell ``observer`` of every transition from now on, after the
+        observers added before (`trioexec.contrib`)."""
+        self.observer = combine(self.observer, observer)
+
+    def remove_observer(self, observer: Observer) -> None:
+        """Tell ``observer`` nothing more."""
+        self.observer = without(self.observer, observer)
 
     def is_live(self, task_id: str) -> bool:
         return task_id in self.live or task_id in self._named
@@ -107,7 +125,7 @@ class Lifecycle:
         place, `DROP_OLDEST`). What may raise comes first (its row for the
         store, the arguments as JSON; its key's state, in `Pending.append`):
         a submission that raises leaves no trace, nothing counted, queued,
-        journaled or dropped."""
+        journaled or dropped. (The caller wakes a worker for it.)"""
         journal = self.journal
         row = None if journal is None or recovered else submit_row(job, self._owner_id)
         if displace:
@@ -127,7 +145,6 @@ class Lifecycle:
             tally.note_high_water()  # (a new mark is rare)
         if self.observer is not None:
             self.observer.submitted(job)
-        self.wake_worker()
 
     def waiting_on(self, job: Job) -> str | None:
         """Why ``job`` is not running now (`TaskRef.waiting_on`)."""
@@ -164,8 +181,8 @@ class Lifecycle:
         self.tally.queue_depth -= 1
         self.finish(oldest, TaskStatus.DROPPED)
 
-    def log_submit(self, job: Job, row: list[object]) -> None:
-        """Journal a new execution as a "row" change (`submit_row`), into which
+    def log_submit(self, job: Job, row: Row) -> None:
+        """Journal a new execution as a `Row` (`submit_row`), into which
         its next changes are folded while the journal has not taken it
         (`Journal.fold`)."""
         journal = self.journal
@@ -174,7 +191,7 @@ class Lifecycle:
             row[R_WAITING] = self.pending.waiting_on(job) or "slot"
         job.row = row
         job.row_batch = journal.batch
-        journal.append(row)  # type: ignore[arg-type]
+        journal.append(row)
 
     # ------------------------------------------------------------ running
 
@@ -187,7 +204,7 @@ class Lifecycle:
         job.attempts += 1
         journal = self.journal
         if journal is not None:
-            journal.fold(job, ("start", job.task_id, job.version, job.attempts, self.wall()))
+            journal.fold(job, Start((job.task_id, job.version, job.attempts, self.wall())))
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
         if job.started_at is None:
@@ -205,7 +222,7 @@ class Lifecycle:
         error = safe_repr(job.error)
         journal = self.journal
         if journal is not None:
-            journal.fold(job, ("retry", job.task_id, job.version, error))
+            journal.fold(job, Retry((job.task_id, job.version, error)))
         self.events.publish(
             HealthEventKind.TASK_RETRY_SCHEDULED,
             job.task_id,
@@ -229,7 +246,7 @@ class Lifecycle:
         if journal is not None:
             waiting = self.waiting_on(job)  # (what the handle waits for)
             journal.fold(
-                job, ("sub", job.task_id, job.version, SubStatus.DEFERRED, self.wall(), waiting)
+                job, Sub((job.task_id, job.version, SubStatus.DEFERRED, self.wall(), waiting))
             )
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
@@ -244,7 +261,7 @@ class Lifecycle:
         self.events.note(HealthEventKind.TASK_RESUMED, job.task_id)
         journal = self.journal
         if journal is not None:
-            journal.fold(job, ("sub", job.task_id, job.version, SubStatus.ACTIVE, None, None))
+            journal.fold(job, Sub((job.task_id, job.version, SubStatus.ACTIVE, None, None)))
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
         tally.note_high_water()
@@ -321,19 +338,8 @@ class Lifecycle:
             dead = job.error is not None and status in _DEAD
             # (a dead letter keeps what operators look at: its traceback and arguments)
             traceback, args = _dead_letter(job) if dead else (None, None)
-            journal.fold(
-                job,
-                (
-                    "finish",
-                    job.task_id,
-                    job.version,
-                    status,
-                    job.finished_at,
-                    error,
-                    traceback,
-                    args,
-                ),
-            )
+            change = (job.task_id, job.version, status, job.finished_at, error, traceback, args)
+            journal.fold(job, Finish(change))
             job.row = None
             if job.run_id is not None and status is TaskStatus.COMPLETED and self.runs is not None:
                 # A completed step's record goes into the same transaction as its
@@ -342,8 +348,8 @@ class Lifecycle:
             journal.notify.append(job)
             if job.waited_on:
                 journal.hurry()  # someone waits for it
-            if not self.space_freed.is_set():
-                self.space_freed.set()  # (recovery only happens with a store)
+            if not self._space_freed.is_set():
+                self._space_freed.set()  # (recovery only happens with a store)
         if freed and self._blocked:
             # Hand the freed place to the longest-waiting BLOCK submitter.
             self._gate.wake_next(handing_place=True)
@@ -515,10 +521,10 @@ def journal_waiting(lifecycle: Lifecycle, job: Job) -> None:
     carries the value) or after it ended."""
     journal = lifecycle.journal
     if journal is not None and job.task_id in lifecycle.live and not job.ended:
-        journal.fold(job, ("wait", job.task_id, job.version, lifecycle.waiting_on(job)))
+        journal.fold(job, Wait((job.task_id, job.version, lifecycle.waiting_on(job))))
 
 
-def submit_row(job: Job, owner_id: str) -> list[object]:
+def submit_row(job: Job, owner_id: str) -> Row:
     """The store's row of a new execution of ``owner_id``'s (not journaled yet):
     the part of a submission that may raise (its arguments as JSON), made first."""
     fn = job.fn
@@ -527,11 +533,18 @@ def submit_row(job: Job, owner_id: str) -> list[object]:
         args = json.dumps(job.args) if spec_id is not None else None
     except (TypeError, ValueError):
         args = None  # not JSON: recorded, but recovery cannot re-create it
-    return [  # the store's "row" layout
-        "row", job.task_id, job.name, job.run_id, TaskStatus.PENDING, None, 0, 0,
-        owner_id, job.version, job.submitted_at, None, None, None, None, spec_id, args,
-        job.key, job.priority, "slot", None,
-    ]  # fmt: skip
+    return submitted(
+        job.task_id,
+        job.version,
+        job.name,
+        job.run_id,
+        spec_id,
+        args,
+        owner_id,
+        job.submitted_at,
+        job.key,
+        job.priority,
+    )
 
 
 _DEAD_ARGS_MAX = 65_536

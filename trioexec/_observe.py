@@ -49,10 +49,13 @@ class Observer(Protocol):
 
 class Observed(Protocol):
     """Where an executor tells its observer (its lifecycle), as `trioexec.contrib`
-    sees it: the observer to tell (several through `combine`), and what a live
-    task waits on."""
+    sees it: the observer it tells (an `Observers` once one is added), how to
+    add and remove one, and what a live task waits on."""
 
-    observer: Observer | None
+    @property
+    def observer(self) -> Observer | None: ...
+    def add_observer(self, observer: Observer) -> None: ...
+    def remove_observer(self, observer: Observer) -> None: ...
 
     def waiting_on(self, job: Job) -> str | None: ...
 
@@ -117,18 +120,33 @@ class Observers:
             except Exception:
                 self._drop(observer, "overruled")
 
+    def add(self, observer: Observer) -> None:
+        # A new list: a loop telling the others goes on over the old one.
+        self.all = [*self.all, observer]
+
+    def remove(self, observer: Observer) -> None:
+        self.all = [o for o in self.all if o is not observer]
+
     def _drop(self, observer: Observer, step: str) -> None:
         logger.exception("observer %r raised in %s: it is told nothing more", observer, step)
-        # A new list: the loop that called this goes on over the old one.
-        self.all = [o for o in self.all if o is not observer]
+        self.remove(observer)
 
 
 def combine(current: Observer | None, new: Observer) -> Observers:
     """``current`` (if any) and ``new``, as one observer (each guarded)."""
     if isinstance(current, Observers):
-        current.all = [*current.all, new]
+        current.add(new)
         return current
     return Observers(new) if current is None else Observers(current, new)
+
+
+def without(current: Observer | None, gone: Observer) -> Observer | None:
+    """``current`` without ``gone`` (None if nothing is left to tell)."""
+    if current is gone:
+        return None
+    if isinstance(current, Observers):
+        current.remove(gone)
+    return current
 
 
 def lifecycle_of(ex: Any) -> Observed:

@@ -25,7 +25,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import final
+from typing import Protocol, final
 
 import trio
 
@@ -39,6 +39,44 @@ _COMPACT_AFTER = 64
 _KEEP_IDLE = 1024
 
 _Entry = tuple[float, int, Job]
+
+
+class Listener(Protocol):
+    """What the queue decides that other parts carry out (the executor's core
+    hands each to the part that does it)."""
+
+    def ready(self) -> None:
+        """A task a key or a pause held back may start now: wake a worker."""
+
+    def waiting(self, job: Job) -> None:
+        """What ``job`` waits on changed without a transition of its own (its
+        key let it through or held it back, a pause parked it)."""
+
+    def want(self, state: KeyState) -> None:
+        """What a shared key's tasks hold or wait for changed: the store hears."""
+
+    def parked(self, job: Job) -> None:
+        """A pause parked ``job``, or holds its retry (a shutdown cancels it)."""
+
+
+@final
+class _Deaf:
+    """The listener of a queue on its own (tests): nobody to tell."""
+
+    def ready(self) -> None:
+        pass
+
+    def waiting(self, job: Job) -> None:
+        pass
+
+    def want(self, state: KeyState) -> None:
+        pass
+
+    def parked(self, job: Job) -> None:
+        pass
+
+
+_DEAF = _Deaf()
 
 
 def _paused_by(paused: tuple[frozenset[str], frozenset[str]] | None, job: Job) -> bool:
@@ -60,8 +98,9 @@ class Pending:
     aside (a plain attribute: the workers read it on every turn); ``held`` is
     how many more wait for their key.
 
-    ``on_ready`` is called for each task a key lets through later (its room
-    came back): the workers' wake-up.
+    What it decides that others carry out (wake a worker, journal what a task
+    waits on, tell the store of a shared key, cancel what a pause holds during
+    a shutdown) it tells its `Listener`, given when it is made.
     """
 
     __slots__ = (
@@ -79,11 +118,8 @@ class Pending:
         "held",
         "inline",
         "keys",
+        "listener",
         "live",
-        "on_parked",
-        "on_ready",
-        "on_waiting",
-        "on_want",
         "parked",
         "paused",
         "paused_retries",
@@ -98,7 +134,9 @@ class Pending:
         wall: Callable[[], float] | None = None,
         shared: bool = False,
         inline: bool = False,
+        listener: Listener | None = None,
     ) -> None:
+        self.listener = _DEAF if listener is None else listener
         self._jobs: deque[Job] = deque()
         self.live = 0
         self.held = 0
@@ -113,22 +151,13 @@ class Pending:
         self._tombstones = 0
         self.keys: dict[str, KeyState] = {}
         self.timers = KeyTimers(self._token_due)
-        self.on_ready: Callable[[], None] = lambda: None
-        # What a task of a limited key waits on changed: its key let it through
-        # or held it back (`trioexec._lifecycle.journal_waiting` records it).
-        self.on_waiting: Callable[[Job], None] = lambda job: None
-        # Limits shared through a store: ``on_want`` hears of every change in what
-        # a key's tasks hold or wait for (`trioexec._keyshare.KeyBroker.want`).
-        self._shared = shared
-        self.on_want: Callable[[KeyState], None] = lambda state: None
+        self._shared = shared  # limits shared through a store (the listener's `want`)
         # Paused names and keys (None: nothing is paused; `set_paused`), and the
         # queued tasks they hold out of the queue, each with its place in it.
         self.paused: tuple[frozenset[str], frozenset[str]] | None = None
         self.parked: dict[Job, _Entry] = {}
         self.paused_retries: set[Job] = set()  # retries a pause holds (`wait_unpaused`)
         self.resumed = trio.Event()  # set (and replaced) when a pause is lifted
-        # A task was parked, or a retry held, by a pause (the shutdown cancels it).
-        self.on_parked: Callable[[Job], None] = lambda job: None
         # Jobs run one at a time in one task (`DeterministicExecutor`): a task
         # its key let through cannot start before the started one that rejoins
         # its key has ended, so it gives its room back to it (`rejoin`).
@@ -177,7 +206,7 @@ class Pending:
                 if state.limit is not None and state.limit.rate is not None:
                     state.use_token(trio.current_time())
                     if state.shared:
-                        self.on_want(state)  # (the store hears of it; the next token)
+                        self.listener.want(state)  # (the store hears of it; the next token)
             return job
         return None
 
@@ -241,7 +270,7 @@ class Pending:
                 if state.resumers or state.retriers:
                     self._grant(state)  # the room they were let through into is free
             if state.shared:
-                self.on_want(state)  # (the store's part of it may go back)
+                self.listener.want(state)  # (the store's part of it may go back)
             self._maybe_forget_key(state)
         return jobs
 
@@ -320,7 +349,7 @@ class Pending:
         if entry < worst:
             _send_back(self, state, worst)
             self._grant(state)
-            self.on_waiting(worst[2])
+            self.listener.waiting(worst[2])
 
     def _forget(self, job: Job) -> None:
         """``job`` leaves the queue without starting (cancelled, dropped, or taken
@@ -338,7 +367,7 @@ class Pending:
             self.held -= 1
         if state is not None:
             if state.shared:
-                self.on_want(state)
+                self.listener.want(state)
             self._maybe_forget_key(state)
         self._tombstones += 1
         entries = len(self._ready) + self.held
@@ -405,7 +434,7 @@ class Pending:
             if state.limit is not None and (state.queue or state.resumers or state.retriers):
                 self._grant(state)
             elif state.shared:
-                self.on_want(state)
+                self.listener.want(state)
         elif not deferred and job in state.deferred:
             state.deferred.remove(job)
             state.retrying.add(job)
@@ -419,7 +448,7 @@ class Pending:
             if state.limit is not None and (state.queue or state.resumers or state.retriers):
                 self._grant(state)
             elif state.shared:
-                self.on_want(state)
+                self.listener.want(state)
         else:
             state.deferred.discard(job)
             state.retrying.discard(job)
@@ -438,7 +467,7 @@ class Pending:
             if self.inline and state.earmarked:
                 for entry in list(state.earmarked.values()):
                     _send_back(self, state, entry)
-                    self.on_waiting(entry[2])
+                    self.listener.waiting(entry[2])
             state.refill(trio.current_time())
             ahead = state.resumers or (start and state.retriers)
             if ahead or not state.room(start):
@@ -447,7 +476,7 @@ class Pending:
                 state.limited_count += 1
                 self._grant(state)  # (sets the timer for the token it may wait for)
                 if not waiter.granted:
-                    self.on_waiting(job)
+                    self.listener.waiting(job)
                 try:
                     await waiter.event.wait()
                 except BaseException:
@@ -474,7 +503,7 @@ class Pending:
         if limit is not None and limit.rate is not None:
             state.use_token(trio.current_time())
             if state.shared:
-                self.on_want(state)
+                self.listener.want(state)
 
     def waiting_on(self, job: Job) -> str | None:
         """Why a queued or rejoining task of a limited key waits, if it waits for
@@ -515,7 +544,7 @@ class Pending:
                 state.take(waiter.job, start)
                 waiter.granted = True
                 waiter.event.set()
-                self.on_waiting(waiter.job)
+                self.listener.waiting(waiter.job)
             if line:
                 break
         if not state.resumers and not state.retriers:
@@ -530,10 +559,10 @@ class Pending:
                 self.held -= 1
                 entry = heapq.heappop(queue)
                 self._let_through(state, entry)
-                self.on_ready()
-                self.on_waiting(entry[2])
+                self.listener.ready()
+                self.listener.waiting(entry[2])
         if state.shared:
-            self.on_want(state)  # (the store's bucket: no timer here)
+            self.listener.want(state)  # (the store's bucket: no timer here)
             return
         waiting = state.retriers or state.queue
         if waiting and not state.resumers and limit.rate is not None and state.by_rate():
@@ -582,7 +611,7 @@ class Pending:
             if job.key is not None:
                 self.keys[job.key].parked -= 1
             self._place(entry)
-            self.on_waiting(job)
+            self.listener.waiting(job)
         if self.paused is not None:
             found: dict[Job, _Entry] = {}
             for entry in self._ready:
@@ -614,7 +643,7 @@ class Pending:
                     if state.limit is not None:
                         self._grant(state)
         for _ in back:
-            self.on_ready()
+            self.listener.ready()
         if self.paused_retries:
             self.resumed.set()
             self.resumed = trio.Event()
@@ -642,8 +671,8 @@ def _park(pending: Pending, entry: _Entry) -> None:
     pending.parked[job] = entry
     if job.key is not None:
         pending.keys[job.key].parked += 1
-    pending.on_waiting(job)
-    pending.on_parked(job)
+    pending.listener.waiting(job)
+    pending.listener.parked(job)
 
 
 async def wait_unpaused(pending: Pending, job: Job) -> None:
@@ -653,8 +682,8 @@ async def wait_unpaused(pending: Pending, job: Job) -> None:
     if not _paused_by(pending.paused, job):
         return
     pending.paused_retries.add(job)
-    pending.on_waiting(job)
-    pending.on_parked(job)
+    pending.listener.waiting(job)
+    pending.listener.parked(job)
     try:
         while _paused_by(pending.paused, job):
             await pending.resumed.wait()

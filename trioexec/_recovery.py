@@ -22,23 +22,21 @@ from trio_util import periodic
 from ._admission import Gate
 from ._events import EventStream, HealthEventKind
 from ._journal import Journal
-from ._lifecycle import Lifecycle
+from ._lifecycle import Lifecycle, Runs
 from ._observe import log_abandoned
 from ._records import ExecutionRecord
 from ._shutdown import Shutdown
 from ._spec import TaskSpec
-from ._taskref import Job
 
 if TYPE_CHECKING:
     from ._store import RunRecord
 
 
-class RecoverableRuns(Protocol):
-    """What recovery asks of the executor's workflow runs."""
+class RecoverableRuns(Runs, Protocol):
+    """The executor's workflow runs, as the lifecycle and recovery see them."""
 
     def names(self) -> list[str]: ...
     def active_ids(self) -> list[str]: ...
-    def lost(self, run_ids: list[str]) -> None: ...
     def resume(self, record: RunRecord) -> None: ...
 
 
@@ -55,9 +53,10 @@ class Recovery:
         events: EventStream,
         owner_id: str,
         specs: dict[str, TaskSpec],
-        recovered_job: Callable[[TaskSpec, tuple[Any, ...], ExecutionRecord], Job],
+        recovered: Callable[[TaskSpec, tuple[Any, ...], ExecutionRecord], None],
+        runs: RecoverableRuns | None = None,
     ) -> None:
-        self.runs: RecoverableRuns | None = None
+        self.runs = runs
         self._journal = journal
         self._lifecycle = lifecycle
         self._gate = gate
@@ -65,7 +64,7 @@ class Recovery:
         self._events = events
         self._owner_id = owner_id
         self._specs = specs
-        self._recovered_job = recovered_job
+        self._recovered = recovered
         self._poked = trio.Event()  # (`poke`)
         # Renewals take turns with giving the lease up (`close`), not with the
         # journal's calls: a renewal queued behind a long recovery pass or a
@@ -157,8 +156,7 @@ class Recovery:
                 return False  # left claimed under our lease: recovered once it lapses
             assert record.spec_id is not None
             assert record.args is not None
-            job = self._recovered_job(specs[record.spec_id], tuple(json.loads(record.args)), record)
-            lifecycle.accept(job, recovered=True)
+            self._recovered(specs[record.spec_id], tuple(json.loads(record.args)), record)
         runs = self.runs
         if runs is not None and not self._is_closing():
             claimed = await journal.call(
@@ -195,8 +193,7 @@ class Recovery:
         while True:
             if more:
                 while tally.outstanding > half:
-                    await lifecycle.space_freed.wait()
-                    lifecycle.space_freed = trio.Event()
+                    await lifecycle.wait_space_freed()
             else:
                 with trio.move_on_after(lease):
                     await self._poked.wait()

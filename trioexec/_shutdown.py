@@ -53,13 +53,19 @@ class Shutdown:
         caller = current_job()
         return caller is not None and caller.owner is self._lifecycle
 
-    def begin(self, policy: ShutdownPolicy, grace: float | None = None) -> None:
+    def begin(
+        self, policy: ShutdownPolicy, grace: float | None = None, *, reason: str | None = None
+    ) -> None:
         """Stop accepting work and apply ``policy``. Never blocks; may be called
         again with a stricter policy or a shorter grace.
 
         With a ``grace`` (seconds, checked by the caller), what is still outstanding
-        that long from now is cancelled as under ``CANCEL``.
+        that long from now is cancelled as under ``CANCEL``. A ``reason`` (the
+        executor's block ended by an exception: "interrupted") is what the tasks
+        it cancels end with in the store.
         """
+        if reason is not None:
+            self._lifecycle.cancel_reason = reason
         self.closing = True
         self._begun.set()
         if policy is not ShutdownPolicy.DRAIN:
@@ -71,7 +77,6 @@ class Shutdown:
             self._lifecycle.cancel_pending()
         # What a pause holds would never start (nor would a task paused from now on).
         pending = self._lifecycle.pending
-        pending.on_parked = self._cancel_soon
         for job in [*pending.parked, *pending.paused_retries]:
             self._lifecycle.cancel(job)
         if policy is ShutdownPolicy.CANCEL:
@@ -81,9 +86,12 @@ class Shutdown:
         if grace is not None and policy is not ShutdownPolicy.CANCEL:
             self._start_grace(grace)
 
-    def _cancel_soon(self, job: Job) -> None:
-        """Cancel ``job``, paused during the shutdown, once its caller is done
-        with it (it is being queued or parked right now)."""
+    def parked(self, job: Job) -> None:
+        """A pause parked ``job``, or holds its retry: during a shutdown it is
+        cancelled, once its caller is done with it (it is being queued or
+        parked right now), since it would never start."""
+        if not self.closing:
+            return
         trio.lowlevel.current_trio_token().run_sync_soon(self._lifecycle.cancel, job)
 
     async def wait_closed(self) -> None:

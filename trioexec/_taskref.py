@@ -27,6 +27,7 @@ _FAILURES = (TaskStatus.FAILED, TaskStatus.TIMED_OUT)
 
 if TYPE_CHECKING:
     from ._handle import TaskHandle
+    from ._store._changes import Row
 
 
 # The types of `Executor.submit`, `submit_nowait` and `run` (API.md §12): overloads,
@@ -125,8 +126,8 @@ class Job:
     version: int = 1  # the store's fencing version (-1: nothing more may be written)
     started_at: float | None = None
     finished_at: float = 0.0
-    #: (with a store) its "row" change while the journal may still fold into it
-    row: list[object] | None = None
+    #: (with a store) its `Row` while the journal may still fold into it
+    row: Row | None = None
     row_batch: int = -1  # the journal batch that row is in
 
     @property

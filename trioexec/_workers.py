@@ -39,7 +39,13 @@ class Workers:
     """The worker tasks of one executor (none without a nursery: then the
     caller runs jobs with `run_next`)."""
 
-    def __init__(self, pool: SlotPool, lifecycle: Lifecycle, thread_workers: int) -> None:
+    def __init__(
+        self,
+        pool: SlotPool,
+        lifecycle: Lifecycle,
+        thread_workers: int,
+        on_idle: Callable[[], None] | None = None,
+    ) -> None:
         self.pool = pool
         self.nursery: trio.Nursery | None = None  # (set by `start`)
         # This Trio run's registry of running executions (set by `start`).
@@ -61,7 +67,7 @@ class Workers:
         self._lent_threads: set[TaskHandle] = set()  # deferred sync tasks' thread tokens
         # Told when a worker finds no work and gives its slot back (the key
         # broker asks for a shared rate's tokens only for tasks that can start).
-        self.on_idle: Callable[[], None] | None = None
+        self.on_idle = on_idle
         pool.on_resize(self._resized)
 
     def start(self, nursery: trio.Nursery, *, inline: bool = False) -> None:

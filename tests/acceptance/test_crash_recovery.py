@@ -21,6 +21,7 @@ import trio
 from lineproc import LineProcess
 
 from trioexec import Store, SubStatus, TaskStatus, open_executor, open_store
+from trioexec._store._changes import Start, submitted
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "crash_worker.py"
@@ -215,8 +216,8 @@ def _dead_rows(store: Store, owner: str, n: int, marker: Path, log: Path) -> lis
         tid = f"{owner}-{i:03d}"
         ids.append(tid)
         args = json.dumps(["quick", str(marker), str(log)])
-        changes.append(("submit", tid, 1, WORK.id, None, WORK.id, args, owner, time.time()))
-        changes.append(("start", tid, 1, 1, time.time()))
+        changes.append(submitted(tid, 1, WORK.id, None, WORK.id, args, owner, time.time()))
+        changes.append(Start((tid, 1, 1, time.time())))
     store.write(changes)
     return ids
 

@@ -19,39 +19,9 @@ from .._records import (
     stored_float,
     stored_int,
 )
-from ._columns import EXECUTIONS, ROW_COLUMNS
+from ._changes import Change, Row, RunChange, Transition
+from ._columns import ROW_COLUMNS
 from ._key_ledger import KeyGrant, KeyRequest
-
-# A change is a plain tuple, cheap to build on the hot path:
-#   ("submit", task_id, version, name, run_id, spec_id, args, owner, submitted_at
-#              [, key, priority[, waiting_on]])
-#              (without the last three: no key, priority 0; without waiting_on: "slot")
-#   ("start", task_id, version, attempt, started_at)           waiting on nothing (None)
-#   ("sub", task_id, version, sub_status, deferred_since[, waiting_on])
-#              sub_status: SubStatus; without waiting_on (the old shape): None
-#   ("wait", task_id, version, waiting_on)                     only what it waits on changed
-#   ("retry", task_id, version, error)                         back to pending: "retry backoff"
-#   ("finish", task_id, version, status, finished_at, error[, traceback[, args]])
-#              status: TaskStatus; traceback: the formatted traceback of the exception
-#              that ended it, or None; args: the arguments' JSON, recorded only if the
-#              row has none (a dead letter shows them to operators; without a spec
-#              id it is still not re-creatable). The old shape has neither: None
-#   ["row", *(one value per ROW_COLUMNS)]                      a list, see below
-# ``waiting_on`` is `ExecutionRecord.waiting_on`: why a live execution is not
-# running. A "wait" is journaled only off the hot path (a task held back by its
-# key and let through, a deferral's condition met, a backoff over).
-# A "row" is a new execution's whole row: a "submit" with the changes that
-# followed it folded in (`fold_row`) by the executor while the batch was still
-# gathering, so a short task is one change, not three. It is fenced like a
-# "submit" (refused if the execution exists), and a store never keeps the list.
-# and for workflow runs (the second field is the run id; the third the writing owner:
-# "step" and "run_end" apply only while that owner has the run, else the run id is fenced):
-#   ("run", run_id, 0, workflow, context_json, owner, created_at[, graph_json])
-#              graph_json: `RunRecord.graph` as JSON (without it, the old shape: None)
-#   ("step", run_id, owner, step_id, state, output_json, task_id)  state: a StepState value
-#   ("run_end", run_id, owner, status, finished_at)                status: a RunStatus value
-Change = tuple[object, ...]
-RUN_KINDS = frozenset({"run", "step", "run_end"})
 
 LIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)
 
@@ -62,48 +32,7 @@ Order = Literal["oldest", "newest", "longest_deferred"]
 ORDERS: tuple[Order, ...] = ("oldest", "newest", "longest_deferred")
 
 
-# Where a field sits in a "row" change (the kind is at 0).
-R_VERSION = ROW_COLUMNS.index("version") + 1
-R_WAITING = ROW_COLUMNS.index("waiting_on") + 1
-_ROW_LEN = len(ROW_COLUMNS) + 1
-# What a "row" of a previous shape lacks at its end, oldest first: without
-# waiting_on (it waits for a slot), without traceback (none).
-_ROW_TAIL = ("slot", None)
 RETRY_BACKOFF = "retry backoff"
-
-
-def _submitted(change: Change) -> tuple[object, ...]:
-    """A ``submit`` change's fields after its kind, with key, priority and
-    waiting_on (the shorter shapes of older trioexecs too)."""
-    if len(change) == 9:
-        return (*change[1:], None, 0, "slot")
-    if len(change) == 11:
-        return (*change[1:], "slot")
-    return change[1:]
-
-
-def full_row(change: Change) -> Change:
-    """A "row" change with every field of `ROW_COLUMNS` (one of a previous shape
-    waits for a slot if it has no ``waiting_on``, and has no ``traceback``)."""
-    if len(change) == _ROW_LEN:
-        return change
-    return [*change, *_ROW_TAIL[len(change) - _ROW_LEN :]]  # type: ignore[return-value]
-
-
-def full_change(change: Change) -> Change:
-    """A non-submit change in its current shape (a "sub" of the previous shape,
-    without ``waiting_on``, waits on nothing; a "finish" without ``traceback``
-    or ``args`` has none)."""
-    if change[0] == "sub" and len(change) == 5:
-        return (*change, None)
-    if change[0] == "finish" and len(change) < 8:
-        return (*change, *(None,) * (8 - len(change)))
-    return change
-
-
-def submit_row(change: Change) -> list[object]:
-    """The "row" change of a ``submit`` change: the execution, pending."""
-    return ["row", *new_row(change).values()]  # (new_row keeps ROW_COLUMNS' order)
 
 
 # ---------------------------------------------------------------------- transitions
@@ -211,7 +140,7 @@ class _Plan:
     guard: tuple[TaskStatus, ...]
     version: Any
     status: Any
-    size: int  #: the change's length in its current shape
+    size: int  #: the change's length
     constants: tuple[tuple[Any, object], ...]  #: (place, value)
     args: tuple[tuple[Any, int], ...]  #: (place, the change's field)
     firsts: tuple[tuple[Any, int], ...]  #: (place, the change's field), if none yet
@@ -222,12 +151,12 @@ def _plans(place: Callable[[str], object]) -> dict[object, _Plan]:
     plans: dict[object, _Plan] = {}
     for kind, (guard, sets) in TRANSITIONS.items():
         fields = [c for c, how in sets.items() if how is ARG or how is FIRST]
-        field = {c: 3 + i for i, c in enumerate(fields)}  # (after kind, task id, version)
+        field = {c: 2 + i for i, c in enumerate(fields)}  # (after the task id and version)
         plans[kind] = _Plan(
             guard,
             place("version"),
             place("status"),
-            3 + len(fields),
+            2 + len(fields),
             tuple((place(c), how) for c, how in sets.items() if c not in field and how is not BUMP),
             tuple((place(c), field[c]) for c, how in sets.items() if how is ARG),
             tuple((place(c), field[c]) for c, how in sets.items() if how is FIRST),
@@ -236,20 +165,15 @@ def _plans(place: Callable[[str], object]) -> dict[object, _Plan]:
     return plans
 
 
-_BY_INDEX = _plans(lambda column: ROW_COLUMNS.index(column) + 1)  # ("row" lists: kind at 0)
+_BY_INDEX = _plans(ROW_COLUMNS.index)  # (`Row` lists)
 _BY_NAME = _plans(lambda column: column)  # (the memory store's dicts)
 
 
-def _fold(row: Any, change: Change, plans: dict[object, _Plan]) -> bool:
+def _fold(row: Any, change: Transition, plans: dict[object, _Plan]) -> bool:
     """Apply ``change`` to ``row`` by `TRANSITIONS`; False (nothing changed) if fenced."""
-    try:
-        plan = plans[change[0]]
-    except KeyError:  # pragma: no cover - a bug in the executor
-        raise ValueError(f"unknown change {change!r}") from None
-    if row[plan.version] != change[2] or row[plan.status] not in plan.guard:
+    plan = plans[change.kind]
+    if row[plan.version] != change[1] or row[plan.status] not in plan.guard:
         return False
-    if len(change) != plan.size:
-        change = full_change(change)
     for place, value in plan.constants:
         row[place] = value
     for place, field in plan.args:
@@ -287,53 +211,46 @@ def update_sql(kind: str, mark: str, by: str = "task_id = {m} AND version = {m}"
     )
 
 
-def fold_row(row: list[object], change: Change) -> bool:
-    """`apply_change` for a "row" not written yet: fold ``change`` into it.
+def fold_row(row: Row, change: Transition) -> bool:
+    """`apply_change` for a `Row` not written yet: fold ``change`` into it.
     Returns False (and changes nothing) if the change is fenced out."""
-    if len(row) < _ROW_LEN:  # (the executor's row, of a previous shape)
-        row.extend(_ROW_TAIL[len(row) - _ROW_LEN :])
     return _fold(row, change, _BY_INDEX)
 
 
 def fold_batch(
-    changes: Sequence[Change], existing: Collection[object], update: Callable[[Change], bool]
-) -> tuple[list[list[object]], list[str]]:
+    changes: Sequence[Change],
+    existing: Collection[object],
+    update: Callable[[Transition | RunChange], bool],
+) -> tuple[list[Row], list[str]]:
     """How a SQL store writes a batch: an execution first submitted in it is folded
     in memory (the same transition rules as `MemoryStore`) and inserted once, final
     state and all; under load most batches hold submit, start and finish of the
-    same short tasks. ``existing``: the ids of the batch's submissions already
+    same short tasks. ``existing``: the ids of the batch's new executions already
     stored (refused); ``update(change)`` writes any other change (a run change, a
     transition of a stored execution), False if fenced.
 
-    Returns the new rows to insert ("row" changes, in submission order; never the
-    executor's own lists if they change) and the fenced task ids."""
+    Returns the new rows to insert (in submission order; never the executor's
+    own lists if they change) and the fenced task ids."""
     fenced: list[str] = []
-    fresh: dict[object, list[object]] = {}
+    fresh: dict[object, Row] = {}
     copied: set[object] = set()  # ids in fresh whose row is our own copy
-    refused: set[object] = set()  # ids whose submit was refused: the rest too
+    refused: set[object] = set()  # ids whose row was refused: the rest too
     for change in changes:
-        task_id = change[1]
-        kind = change[0]
-        if kind == "row" or kind == "submit":
+        task_id = change[0]
+        if isinstance(change, Row):
             if task_id in existing or task_id in fresh:
                 fenced.append(str(task_id))
                 refused.add(task_id)
-            elif kind == "row":
-                if len(change) != _ROW_LEN:  # (the previous shape: a copy)
-                    change = full_row(change)
-                    copied.add(task_id)
-                fresh[task_id] = change  # type: ignore[assignment]
             else:
-                fresh[task_id] = submit_row(change)
-                copied.add(task_id)
-        elif kind in RUN_KINDS:
+                fresh[task_id] = change
+        elif isinstance(change, RunChange):
             if not update(change):
                 fenced.append(str(task_id))
         elif task_id in refused:
             fenced.append(str(task_id))
         elif task_id in fresh:
             if task_id not in copied:  # (the executor's list is not ours to change)
-                fresh[task_id] = list(fresh[task_id])
+                fresh[task_id] = Row(fresh[task_id])
                 copied.add(task_id)
             if not fold_row(fresh[task_id], change):
                 fenced.append(str(task_id))
@@ -342,33 +259,14 @@ def fold_batch(
     return list(fresh.values()), fenced
 
 
-def new_row(change: Change) -> dict[str, object]:
-    """The row a ``submit`` or ``row`` change creates."""
-    if change[0] == "row":
-        return dict(zip(ROW_COLUMNS, full_row(change)[1:], strict=True))
-    values = dict(zip(_SUBMIT_FIELDS, _submitted(change), strict=True))
-    return {c.name: values.get(c.name, c.initial) for c in EXECUTIONS}
+def new_row(change: Row) -> dict[str, object]:
+    """The row a new execution's `Row` creates, by column."""
+    return dict(zip(ROW_COLUMNS, change, strict=True))
 
 
-#: A "submit" change's fields after its kind (the other columns: `Column.initial`).
-_SUBMIT_FIELDS = (
-    "task_id",
-    "version",
-    "name",
-    "run_id",
-    "spec_id",
-    "args",
-    "owner",
-    "submitted_at",
-    "key",
-    "priority",
-    "waiting_on",
-)
-
-
-def apply_change(row: dict[str, object] | None, change: Change) -> bool:
-    """Apply a non-submit change to ``row`` in place, as every store must.
-    Returns False (and changes nothing) if it is fenced out."""
+def apply_change(row: dict[str, object] | None, change: Transition) -> bool:
+    """Apply ``change`` to ``row`` in place, as every store must. Returns False
+    (and changes nothing) if it is fenced out."""
     return row is not None and _fold(row, change, _BY_NAME)
 
 
@@ -388,11 +286,6 @@ class RunRecord:
     #: step id -> the step ids it depends on, in the workflow's run order, as
     #: written when the run was created (None: a run written before it was kept)
     graph: dict[str, list[str]] | None = None
-
-
-def run_graph(change: Change) -> str | None:
-    """A "run" change's graph JSON (None: a change of the old shape)."""
-    return None if len(change) < 8 else change[7]  # type: ignore[return-value]
 
 
 def graph_of(text: object) -> dict[str, list[str]] | None:

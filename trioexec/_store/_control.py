@@ -48,6 +48,7 @@ from ._base import (
     apply_change,
     update_sql,
 )
+from ._changes import Requeue
 from ._sql import SELECT_RECORDS, record_of
 
 #: What `Store.command` does; a "retry" is recorded by `Store.requeue`.
@@ -237,7 +238,7 @@ def requeued(record: ExecutionRecord) -> ExecutionRecord:
     """``record`` as a requeue leaves it (`TRANSITIONS`: its attempt, error and
     traceback kept), with no owner's lease."""
     values = attrs.asdict(record, recurse=False)
-    apply_change(values, ("requeue", record.task_id, record.version))
+    apply_change(values, Requeue((record.task_id, record.version)))
     return ExecutionRecord(**{**values, "lease_expires_at": None})
 
 

@@ -18,10 +18,8 @@ from .._records import ExecutionRecord, SubStatus, TaskStatus
 from ._base import (
     LIVE,
     ORPHANED,
-    RUN_KINDS,
     RUN_ORPHANED,
     SUPERSEDED,
-    Change,
     Command,
     Filter,
     Order,
@@ -37,7 +35,17 @@ from ._base import (
     graph_of,
     matches_some,
     new_row,
-    run_graph,
+)
+from ._changes import (
+    Cancel,
+    Change,
+    Claim,
+    End,
+    Requeue,
+    Row,
+    RunChange,
+    RunCreated,
+    StepRecorded,
 )
 from ._control import (
     Commands,
@@ -180,7 +188,7 @@ class MemoryControl(Commands):
             changed, in_store, detail = cancel_plan(None if row is None else self._record(row), now)
             if in_store:
                 assert row is not None
-                apply_change(row, ("cancel", task_id, row["version"], now, cancelled_by(who)))
+                apply_change(row, Cancel((task_id, row["version"], now, cancelled_by(who))))
             return self._append(
                 now, who, at, kind="cancel", task_id=task_id, changed=changed, detail=detail
             )
@@ -228,7 +236,7 @@ class MemoryControl(Commands):
                     refused.append((task_id, why))
                     continue
                 assert found is not None
-                apply_change(found, ("requeue", task_id, found["version"]))
+                apply_change(found, Requeue((task_id, found["version"])))
                 done.append(self._record(found))
             command = self._append(now, who, **retry_fields(asked, name, len(done), len(refused)))
             return Requeued(requeued=done, refused=refused, command=command)
@@ -270,14 +278,14 @@ class MemoryStore(MemorySchedules, MemoryControl, Records):
         with self._locked():
             fenced: list[str] = []
             self._fenced = fenced
-            refused: set[str] = set()  # ids whose submit was refused: the rest of theirs too
+            refused: set[str] = set()  # ids whose row was refused: the rest of theirs too
             rows = self._rows
             for change in changes:
-                task_id = change[1]
+                task_id = change[0]
                 assert isinstance(task_id, str)
-                if change[0] in RUN_KINDS:
+                if isinstance(change, RunChange):
                     self._write_run(change)
-                elif change[0] == "submit" or change[0] == "row":
+                elif isinstance(change, Row):
                     if task_id in rows:
                         fenced.append(task_id)
                         refused.add(task_id)
@@ -287,10 +295,10 @@ class MemoryStore(MemorySchedules, MemoryControl, Records):
                     fenced.append(task_id)
             return fenced
 
-    def _write_run(self, change: Change) -> None:
-        kind, run_id = change[0], change[1]
-        if kind == "run":
-            workflow, context, owner, created_at = change[3:7]
+    def _write_run(self, change: RunChange) -> None:
+        run_id = change[0]
+        if isinstance(change, RunCreated):
+            _, owner, workflow, context, created_at, graph = change
             self._runs.setdefault(
                 str(run_id),
                 {
@@ -303,20 +311,20 @@ class MemoryStore(MemorySchedules, MemoryControl, Records):
                     "finished_at": None,
                     "steps": {},
                     "recovery_attempts": 0,
-                    "graph": graph_of(run_graph(change)),
+                    "graph": graph_of(graph),
                 },
             )
             return
         run = self._runs.get(str(run_id))
-        if run is None or run["owner"] != change[2]:
+        if run is None or run["owner"] != change[1]:
             self._fenced.append(str(run_id))  # not (or no longer) this owner's run
             return
-        if kind == "step":
-            _, _, _, step_id, state, output, _task_id = change
+        if isinstance(change, StepRecorded):
+            _, _, step_id, state, output, _task_id = change
             run["steps"][step_id] = (state, output)
         else:
-            run["status"] = change[3]
-            run["finished_at"] = change[4]
+            run["status"] = change[2]
+            run["finished_at"] = change[3]
 
     def claim_runs(
         self,
@@ -354,7 +362,7 @@ class MemoryStore(MemorySchedules, MemoryControl, Records):
     def _end_steps(self, run_id: str, status: TaskStatus, now: float, error: str) -> None:
         for row in self._rows.values():
             if row["run_id"] == run_id:
-                apply_change(row, ("end", row["task_id"], row["version"], status, now, error))
+                apply_change(row, End((row["task_id"], row["version"], status, now, error)))
 
     def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
         with self._locked():
@@ -490,14 +498,14 @@ class MemoryStore(MemorySchedules, MemoryControl, Records):
                     self._fail(row, now, ORPHANED)
                     orphaned.append(self._record(row))
                 elif verdict is Verdict.CLAIM:
-                    claim = ("claim", record.task_id, record.version, owner)
-                    apply_change(row, (*claim, claimed_attempts(record)))
+                    claim = (record.task_id, record.version, owner, claimed_attempts(record))
+                    apply_change(row, Claim(claim))
                     claimed.append(self._record(row))
             return Recovery(claimed, orphaned, abandoned)
 
     @staticmethod
     def _fail(row: dict[str, Any], now: float, error: str) -> None:
-        apply_change(row, ("end", row["task_id"], row["version"], TaskStatus.FAILED, now, error))
+        apply_change(row, End((row["task_id"], row["version"], TaskStatus.FAILED, now, error)))
 
     def _select(self, found: Filter, limit: int | None, order: Order) -> list[ExecutionRecord]:
         with self._locked():

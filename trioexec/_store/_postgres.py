@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import final
 
+from ._changes import R_ID, Row
 from ._columns import EXECUTIONS, ROW_COLUMNS
 from ._dialect import POSTGRES
 from ._durable_pg import PostgresTables
@@ -101,8 +102,8 @@ class PostgresStore(SQLStore):
         self.schema = schema
         self.path = self._db.where  # what messages and views name the store by
 
-    def _insert_rows(self, conn: Connection, rows: list[list[object]]) -> list[str]:
-        columns = [[getattr(v, "value", v) for v in col] for col in zip(*rows, strict=True)][1:]
+    def _insert_rows(self, conn: Connection, rows: list[Row]) -> list[str]:
+        columns = [[getattr(v, "value", v) for v in col] for col in zip(*rows, strict=True)]
         try:
             with conn.transaction():  # a savepoint: a race undoes only the insert
                 conn.execute(_INSERT_ROWS, columns)
@@ -110,7 +111,7 @@ class PostgresStore(SQLStore):
             # Another host inserted one of these ids since we looked: that one is
             # refused, like a submission whose id is already stored.
             inserted = {row[0] for row in conn.execute(_INSERT_NEW_ROWS, columns)}
-            return [str(r[1]) for r in rows if r[1] not in inserted]
+            return [str(r[R_ID]) for r in rows if r[R_ID] not in inserted]
         return []
 
     def _begin(self, conn: Connection) -> None:

@@ -25,11 +25,9 @@ from .._errors import StoreError
 from .._records import ExecutionRecord, TaskStatus
 from ._base import (
     ORPHANED,
-    RUN_KINDS,
     RUN_ORPHANED,
     SCHEDULE_FIELDS,
     SUPERSEDED,
-    Change,
     Command,
     Filter,
     Order,
@@ -42,13 +40,12 @@ from ._base import (
     ScheduleRecord,
     abandoned_error,
     fold_batch,
-    full_change,
     graph_of,
     matches_some,
-    run_graph,
     schedule_of,
     update_sql,
 )
+from ._changes import Change, Row, RunChange, RunCreated, StepRecorded, Transition
 from ._control import (
     COMMAND_COLUMNS,
     Commands,
@@ -116,8 +113,8 @@ class SQLStore(Records, Commands):
 
     # ------------------------------------------------------------------ what differs
 
-    def _insert_rows(self, conn: Any, rows: list[list[object]]) -> list[str]:
-        """Insert a batch's new rows ("row" changes); the ids of those refused (an
+    def _insert_rows(self, conn: Any, rows: list[Row]) -> list[str]:
+        """Insert a batch's new rows; the ids of those refused (an
         execution another host inserted meanwhile)."""
         raise NotImplementedError
 
@@ -139,7 +136,7 @@ class SQLStore(Records, Commands):
     def write(self, changes: Sequence[Change]) -> list[str]:
         m = self.dialect.mark
         with self._db.transaction("write") as conn:
-            submitted = [str(c[1]) for c in changes if c[0] == "row" or c[0] == "submit"]
+            submitted = [str(c[0]) for c in changes if isinstance(c, Row)]
             existing: set[object] = set()
             if submitted:
                 existing = {
@@ -150,11 +147,11 @@ class SQLStore(Records, Commands):
                     )
                 }
 
-            def update(change: Change) -> bool:
-                if change[0] in RUN_KINDS:
+            def update(change: Transition | RunChange) -> bool:
+                if isinstance(change, RunChange):
                     return self._write_run(conn, m, change)
-                args = (*(_value(v) for v in full_change(change)[3:]), change[1], change[2])
-                return int(conn.execute(update_sql(str(change[0]), m), args).rowcount) == 1
+                args = (*(_value(v) for v in change[2:]), change[0], change[1])
+                return int(conn.execute(update_sql(change.kind, m), args).rowcount) == 1
 
             fresh, fenced = fold_batch(changes, existing, update)
             if fresh:
@@ -165,26 +162,25 @@ class SQLStore(Records, Commands):
         return self.dialect.in_list(column)
 
     @staticmethod
-    def _write_run(conn: Any, m: str, change: Change) -> bool:
+    def _write_run(conn: Any, m: str, change: RunChange) -> bool:
         """Apply a run change; False if fenced (the run is not the writer's)."""
-        kind = change[0]
-        if kind == "run":
-            run_id, _, workflow, context, owner, created_at = change[1:7]
+        if isinstance(change, RunCreated):
+            run_id, owner, workflow, context, created_at, graph = change
             conn.execute(
                 "INSERT INTO workflow_runs (run_id, workflow, status, context, owner,"
                 f" created_at, graph) VALUES ({m}, {m}, 'running', {m}, {m}, {m}, {m})"
                 " ON CONFLICT (run_id) DO NOTHING",
-                (run_id, workflow, context, owner, created_at, run_graph(change)),
+                (run_id, workflow, context, owner, created_at, graph),
             )
             return True
         owned = conn.execute(
             f"SELECT 1 FROM workflow_runs WHERE run_id = {m} AND owner = {m}",
-            (change[1], change[2]),
+            (change[0], change[1]),
         ).fetchone()
         if owned is None:
             return False
-        if kind == "step":
-            _, run_id, _, step_id, state, output, task_id = change
+        if isinstance(change, StepRecorded):
+            run_id, _, step_id, state, output, task_id = change
             conn.execute(
                 "INSERT INTO workflow_steps (run_id, step_id, state, output, task_id)"
                 f" VALUES ({m}, {m}, {m}, {m}, {m}) ON CONFLICT (run_id, step_id) DO UPDATE"
@@ -195,7 +191,7 @@ class SQLStore(Records, Commands):
         else:
             conn.execute(
                 f"UPDATE workflow_runs SET status = {m}, finished_at = {m} WHERE run_id = {m}",
-                (_value(change[3]), change[4], change[1]),
+                (_value(change[2]), change[3], change[0]),
             )
         return True
 

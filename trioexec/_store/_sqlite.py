@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import final
 
 from .._records import stored_float
+from ._changes import Row
 from ._columns import ROW_COLUMNS
 from ._dialect import SQLITE
 from ._durable_tables import SQLiteTables
@@ -93,7 +94,7 @@ class SQLiteStore(SQLStore):
             raise ValueError(f"busy_timeout must be seconds >= 0, got {busy_timeout!r}")
         self._db = SQLiteFile(self.path, read_only=read_only, busy_timeout=float(busy_timeout))
 
-    def _insert_rows(self, conn: sqlite3.Connection, rows: list[list[object]]) -> list[str]:
+    def _insert_rows(self, conn: sqlite3.Connection, rows: list[Row]) -> list[str]:
         # One statement for all the rows: sqlite3's executemany would let go of the
         # GIL and wait to get it back for every row, while the Trio thread wants it
         # (statuses are StrEnums: JSON text). The batch's lock holds the file: no
@@ -101,7 +102,7 @@ class SQLiteStore(SQLStore):
         if _JSON_ARROW:
             conn.execute(_INSERT_ROWS, (json.dumps(rows),))
         else:
-            conn.executemany(_INSERT_EACH, (row[1:] for row in rows))
+            conn.executemany(_INSERT_EACH, rows)
         return []
 
     def durable_tables(self) -> SQLiteTables:
@@ -116,7 +117,7 @@ class SQLiteStore(SQLStore):
 
 _INSERT_ROWS = (
     f"INSERT INTO executions ({', '.join(ROW_COLUMNS)}) SELECT "
-    + ", ".join(f"value ->> {i + 1}" for i in range(len(ROW_COLUMNS)))  # (0: the kind)
+    + ", ".join(f"value ->> {i}" for i in range(len(ROW_COLUMNS)))
     + " FROM json_each(?)"
 )
 _INSERT_EACH = (

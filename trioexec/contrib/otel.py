@@ -74,7 +74,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 import trioexec
-from trioexec._observe import Observed, Observers, combine, lifecycle_of, logger, owner_of
+from trioexec._observe import Observed, Observers, lifecycle_of, logger, owner_of
 from trioexec._records import TaskStatus, safe_repr
 from trioexec.durable._store import UNTRACED, trace_with
 
@@ -142,7 +142,7 @@ def instrument(
         tracer_provider=tracer_provider,
         schema_url=SCHEMA_URL,
     )
-    lifecycle.observer = combine(current, _Tracing(tracer, lifecycle, owner_of(ex)))
+    lifecycle.add_observer(_Tracing(tracer, lifecycle, owner_of(ex)))
 
 
 def instrument_durable(ds: DurableStore) -> None:

@@ -199,7 +199,7 @@ class Instrumentation:
         self._metrics = metrics
         self._lifecycle = _observe.lifecycle_of(ex)
         self._observer = _Observer(metrics, name, max_task_names)
-        self._lifecycle.observer = _observe.combine(self._lifecycle.observer, self._observer)
+        self._lifecycle.add_observer(self._observer)
 
     @property
     def executor(self) -> Executor | None:
@@ -214,12 +214,8 @@ class Instrumentation:
         if self._metrics.executors.get(self.name) is not self:
             return
         del self._metrics.executors[self.name]
-        lifecycle, observer = self._lifecycle, self._observer
-        if lifecycle.observer is observer:
-            lifecycle.observer = None
-        elif isinstance(lifecycle.observer, _observe.Observers):
-            lifecycle.observer.all.remove(observer)
-        observer.forget()
+        self._lifecycle.remove_observer(self._observer)
+        self._observer.forget()
 
     def __repr__(self) -> str:
         return f"<Instrumentation executor={self.name!r}>"

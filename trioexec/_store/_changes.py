@@ -1,0 +1,188 @@
+"""The changes an executor journals and a store writes, a batch at a time (group
+commit): one small class per kind.
+
+A change is a tuple of its fields, made in one C call on the hot path (a class
+with an ``__init__`` costs a Python frame per change); its class names the kind.
+A transition of an execution starts with the execution's task id and the
+version its writer holds (a store fences out a change of any other version);
+what each kind then does to the execution's row is `TRANSITIONS` (`_base`), its
+fields after the version being the columns the table marks `ARG` or `FIRST`, in
+the table's order. A workflow run's changes start with the run id and the
+owner writing them (applied only while that owner has the run).
+
+A new execution is a `Row`: its whole row (a list, in `ROW_COLUMNS`' order),
+into which the executor folds the changes that follow while the batch is still
+gathering, so a short task is one change, not three (`Journal.fold`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Protocol
+
+from ._columns import EXECUTIONS, ROW_COLUMNS
+
+
+class Transition(tuple[Any, ...]):
+    """A change of an execution: (task id, version, *the kind's fields)."""
+
+    __slots__ = ()
+    kind: ClassVar[str]  #: its entry in `TRANSITIONS`
+
+
+class Start(Transition):
+    """(task id, version, attempt, started_at): an attempt began."""
+
+    __slots__ = ()
+    kind = "start"
+
+
+class Sub(Transition):
+    """(task id, version, sub_status, deferred_since, waiting_on): it deferred
+    (waiting on its condition) or resumed (waiting on nothing)."""
+
+    __slots__ = ()
+    kind = "sub"
+
+
+class Wait(Transition):
+    """(task id, version, waiting_on): only what it waits on changed (journaled
+    off the hot path: a key let it through or held it back, a pause)."""
+
+    __slots__ = ()
+    kind = "wait"
+
+
+class Retry(Transition):
+    """(task id, version, error): back to pending for its next attempt."""
+
+    __slots__ = ()
+    kind = "retry"
+
+
+class Finish(Transition):
+    """(task id, version, status, finished_at, error, traceback, args): it ended.
+    ``traceback``: of the exception that ended it, or None; ``args``: the
+    arguments' JSON, kept only if the row has none (a dead letter shows them)."""
+
+    __slots__ = ()
+    kind = "finish"
+
+
+# What a store does on its own (never journaled by an executor).
+
+
+class End(Transition):
+    """(task id, version, status, finished_at, error): a recovery verdict, or a
+    run's superseded step."""
+
+    __slots__ = ()
+    kind = "end"
+
+
+class Cancel(Transition):
+    """(task id, version, finished_at, error): a cancel command for an execution
+    no live executor owns."""
+
+    __slots__ = ()
+    kind = "cancel"
+
+
+class Claim(Transition):
+    """(task id, version, owner, recovery_attempts): recovery takes it over."""
+
+    __slots__ = ()
+    kind = "claim"
+
+
+class Requeue(Transition):
+    """(task id, version): an operator's retry of a dead letter."""
+
+    __slots__ = ()
+    kind = "requeue"
+
+
+class Row(list[Any]):
+    """A new execution: its whole row, in `ROW_COLUMNS`' order (refused if the
+    execution exists). Folded in place while the journal holds it."""
+
+    __slots__ = ()
+    kind: ClassVar[str] = "row"
+
+
+class RunChange(tuple[Any, ...]):
+    """A change of a workflow run: (run id, the owner writing it, *fields)."""
+
+    __slots__ = ()
+    kind: ClassVar[str]
+
+
+class RunCreated(RunChange):
+    """(run id, owner, workflow, context JSON, created_at, graph JSON)."""
+
+    __slots__ = ()
+    kind = "run"
+
+
+class StepRecorded(RunChange):
+    """(run id, owner, step id, state, output JSON, task id): a step's state,
+    a `StepState` value."""
+
+    __slots__ = ()
+    kind = "step"
+
+
+class RunEnded(RunChange):
+    """(run id, owner, status, finished_at): status a `RunStatus` value."""
+
+    __slots__ = ()
+    kind = "run_end"
+
+
+Change = Transition | Row | RunChange
+
+#: Where a field sits in a `Row`.
+R_ID = ROW_COLUMNS.index("task_id")
+R_VERSION = ROW_COLUMNS.index("version")
+R_WAITING = ROW_COLUMNS.index("waiting_on")
+
+
+#: What a submission gives of a new execution's row, in `submitted`'s order (with
+#: defaults for the last three); every other column starts at its `Column.initial`.
+_GIVEN = ("task_id", "version", "name", "run_id", "spec_id", "args", "owner", "submitted_at")
+_DEFAULTED = {"key": None, "priority": 0, "waiting_on": "slot"}
+
+
+class _Submitted(Protocol):
+    def __call__(
+        self,
+        task_id: str,
+        version: int,
+        name: str,
+        run_id: str | None,
+        spec_id: str | None,
+        args: str | None,
+        owner: str | None,
+        submitted_at: float | None,
+        key: str | None = None,
+        priority: int = 0,
+        waiting_on: str | None = "slot",
+    ) -> Row: ...
+
+
+def _write_submitted() -> _Submitted:
+    """`submitted`, written out from `EXECUTIONS` (as attrs writes an ``__init__``):
+    one list display, as cheap as a literal row, whose columns and initial values
+    are the column list's."""
+    params = [*_GIVEN, *(f"{name}={value!r}" for name, value in _DEFAULTED.items())]
+    names = {*_GIVEN, *_DEFAULTED}
+    values = [c.name if c.name in names else f"_initial[{i}]" for i, c in enumerate(EXECUTIONS)]
+    source = f"def submitted({', '.join(params)}):\n    return Row(({', '.join(values)},))\n"
+    scope: dict[str, Any] = {"Row": Row, "_initial": [c.initial for c in EXECUTIONS]}
+    exec(source, scope)  # (the source holds only the column list's own names)
+    made: _Submitted = scope["submitted"]
+    return made
+
+
+#: ``submitted(task_id, version, name, run_id, spec_id, args, owner, submitted_at,
+#: key=None, priority=0, waiting_on="slot")``: a new execution's `Row`, pending.
+submitted = _write_submitted()
