@@ -35,7 +35,7 @@ from trioexec._store._browse import (
     task_commands,
     task_names,
 )
-from trioexec._store._changes import Row, RunCreated, RunEnded, StepRecorded
+from trioexec._store._changes import RunCreated, RunEnded, StepRecorded
 from trioexec._store._columns import ROW_COLUMNS
 
 SQL_KINDS = ["sqlite", "postgres"]
@@ -92,7 +92,7 @@ def active(task_id: str, **fields: Any) -> dict[str, Any]:
 
 def put(store: Any, rows: list[dict[str, Any]]) -> None:
     """Write ``rows`` (in this order: their submission order) in one batch."""
-    assert store.write([Row(r[c] for c in ROW_COLUMNS) for r in rows]) == []
+    assert store.write([[r[c] for c in ROW_COLUMNS] for r in rows]) == []
 
 
 def walk(store: Any, **query: Any) -> tuple[list[str], list[Page]]:

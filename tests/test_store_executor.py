@@ -19,7 +19,7 @@ from trioexec import (
     open_executor,
     task,
 )
-from trioexec._store._changes import Finish, Retry, Row, Start, Sub, submitted
+from trioexec._store._changes import Finish, Retry, Start, Sub, submitted
 from trioexec.testing import FakeWallClock
 
 
@@ -449,7 +449,7 @@ def test_a_row_change_is_the_same_as_the_changes_folded_into_it(make_store):
         submit, later = changes(f"apart-{cut}")
         assert store.write([submit, *later]) == []
         submit, later = changes(f"folded-{cut}")
-        row = Row(submit)
+        row = list(submit)
         assert all(fold_row(row, change) for change in later[:cut])
         before = list(row)
         assert store.write([row, *later[cut:]]) == []

@@ -15,6 +15,7 @@ from trioexec import (
     open_executor,
     task,
 )
+from trioexec._store._changes import StepRecorded
 from trioexec.testing import FakeWallClock
 
 
@@ -139,8 +140,10 @@ async def test_a_completed_step_is_recorded_with_its_execution(store, autojump_c
         # (a "row" whose status is final: the execution, finish folded in)
         kinds = {
             (
-                "finish" if c.kind == "row" and c[3] not in ("pending", "running") else c.kind,
-                c[2] if c.kind == "step" else None,
+                "finish"
+                if isinstance(c, list) and c[3] not in ("pending", "running")
+                else getattr(c, "kind", "row"),
+                c[2] if isinstance(c, StepRecorded) else None,
             )
             for c in changes
         }

@@ -315,7 +315,7 @@ class ExecutorCore:
             run_id,
             key,
             priority or 0,
-            on_done=on_done,
+            on_done,  # (positional: a keyword costs the hot path a name search)
         )
         if task_id is not None:
             self.lifecycle.track_named(job)

@@ -27,7 +27,7 @@ import trio
 from ._errors import StoreError
 from ._records import safe_repr
 from ._store._base import fold_row
-from ._store._changes import R_VERSION, Row, Transition
+from ._store._changes import R_VERSION, ExecutionRow, Transition
 
 if TYPE_CHECKING:
     from ._store import Change, Store
@@ -90,7 +90,7 @@ class Journal:
             self._wake_at = _NEVER
             self._writer_lot.unpark()
 
-    def open_row(self, job: Job) -> Row | None:
+    def open_row(self, job: Job) -> ExecutionRow | None:
         """``job``'s "row" change if its next change may be folded into it: this
         journal has not taken it and it is still the row of this version."""
         row = job.row

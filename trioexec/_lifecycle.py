@@ -31,7 +31,7 @@ from ._observe import (
 )
 from ._records import SubStatus, TaskStatus, safe_repr, storable_text
 from ._spec import TaskSpec
-from ._store._changes import R_WAITING, Finish, Retry, Row, Start, Sub, Wait, submitted
+from ._store._changes import R_WAITING, ExecutionRow, Finish, Retry, Start, Sub, Wait, submitted
 from ._taskref import Job, UnreadFailures
 
 if TYPE_CHECKING:
@@ -181,8 +181,8 @@ class Lifecycle:
         self.tally.queue_depth -= 1
         self.finish(oldest, TaskStatus.DROPPED)
 
-    def log_submit(self, job: Job, row: Row) -> None:
-        """Journal a new execution as a `Row` (`submit_row`), into which
+    def log_submit(self, job: Job, row: ExecutionRow) -> None:
+        """Journal a new execution as an `ExecutionRow` (`submit_row`), into which
         its next changes are folded while the journal has not taken it
         (`Journal.fold`)."""
         journal = self.journal
@@ -524,7 +524,7 @@ def journal_waiting(lifecycle: Lifecycle, job: Job) -> None:
         journal.fold(job, Wait((job.task_id, job.version, lifecycle.waiting_on(job))))
 
 
-def submit_row(job: Job, owner_id: str) -> Row:
+def submit_row(job: Job, owner_id: str) -> ExecutionRow:
     """The store's row of a new execution of ``owner_id``'s (not journaled yet):
     the part of a submission that may raise (its arguments as JSON), made first."""
     fn = job.fn

@@ -27,7 +27,7 @@ _FAILURES = (TaskStatus.FAILED, TaskStatus.TIMED_OUT)
 
 if TYPE_CHECKING:
     from ._handle import TaskHandle
-    from ._store._changes import Row
+    from ._store._changes import ExecutionRow
 
 
 # The types of `Executor.submit`, `submit_nowait` and `run` (API.md §12): overloads,
@@ -108,6 +108,8 @@ class Job:
     run_id: str | None = None  # the workflow run it is a step of
     key: str | None = None  # its admission key (`KeyLimit`)
     priority: int = 0
+    #: called once it has ended (with a store: once that is durable), or the store failed
+    on_done: Callable[[Job], None] | None = None
     status: TaskStatus = TaskStatus.PENDING
     attempts: int = 0
     active_seconds: float = 0.0
@@ -118,16 +120,14 @@ class Job:
     handle: TaskHandle | None = None
     scope: trio.CancelScope | None = None  # set once a worker has taken it
     done: trio.Event | None = None  # made by the first waiter
-    #: called once it has ended (with a store: once that is durable), or the store failed
-    on_done: Callable[[Job], None] | None = None
     completion: TaskCompletion[Any] | None = None
     result: Any = None
     error: BaseException | None = None
     version: int = 1  # the store's fencing version (-1: nothing more may be written)
     started_at: float | None = None
     finished_at: float = 0.0
-    #: (with a store) its `Row` while the journal may still fold into it
-    row: Row | None = None
+    #: (with a store) its `ExecutionRow` while the journal may still fold into it
+    row: ExecutionRow | None = None
     row_batch: int = -1  # the journal batch that row is in
 
     @property

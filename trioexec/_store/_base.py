@@ -19,7 +19,7 @@ from .._records import (
     stored_float,
     stored_int,
 )
-from ._changes import Change, Row, RunChange, Transition
+from ._changes import Change, ExecutionRow, RunChange, Transition
 from ._columns import ROW_COLUMNS
 from ._key_ledger import KeyGrant, KeyRequest
 
@@ -165,7 +165,7 @@ def _plans(place: Callable[[str], object]) -> dict[object, _Plan]:
     return plans
 
 
-_BY_INDEX = _plans(ROW_COLUMNS.index)  # (`Row` lists)
+_BY_INDEX = _plans(ROW_COLUMNS.index)  # (`ExecutionRow` lists)
 _BY_NAME = _plans(lambda column: column)  # (the memory store's dicts)
 
 
@@ -211,8 +211,8 @@ def update_sql(kind: str, mark: str, by: str = "task_id = {m} AND version = {m}"
     )
 
 
-def fold_row(row: Row, change: Transition) -> bool:
-    """`apply_change` for a `Row` not written yet: fold ``change`` into it.
+def fold_row(row: ExecutionRow, change: Transition) -> bool:
+    """`apply_change` for an `ExecutionRow` not written yet: fold ``change`` into it.
     Returns False (and changes nothing) if the change is fenced out."""
     return _fold(row, change, _BY_INDEX)
 
@@ -221,7 +221,7 @@ def fold_batch(
     changes: Sequence[Change],
     existing: Collection[object],
     update: Callable[[Transition | RunChange], bool],
-) -> tuple[list[Row], list[str]]:
+) -> tuple[list[ExecutionRow], list[str]]:
     """How a SQL store writes a batch: an execution first submitted in it is folded
     in memory (the same transition rules as `MemoryStore`) and inserted once, final
     state and all; under load most batches hold submit, start and finish of the
@@ -232,12 +232,12 @@ def fold_batch(
     Returns the new rows to insert (in submission order; never the executor's
     own lists if they change) and the fenced task ids."""
     fenced: list[str] = []
-    fresh: dict[object, Row] = {}
+    fresh: dict[object, ExecutionRow] = {}
     copied: set[object] = set()  # ids in fresh whose row is our own copy
     refused: set[object] = set()  # ids whose row was refused: the rest too
     for change in changes:
         task_id = change[0]
-        if isinstance(change, Row):
+        if isinstance(change, list):
             if task_id in existing or task_id in fresh:
                 fenced.append(str(task_id))
                 refused.add(task_id)
@@ -250,7 +250,7 @@ def fold_batch(
             fenced.append(str(task_id))
         elif task_id in fresh:
             if task_id not in copied:  # (the executor's list is not ours to change)
-                fresh[task_id] = Row(fresh[task_id])
+                fresh[task_id] = list(fresh[task_id])
                 copied.add(task_id)
             if not fold_row(fresh[task_id], change):
                 fenced.append(str(task_id))
@@ -259,8 +259,8 @@ def fold_batch(
     return list(fresh.values()), fenced
 
 
-def new_row(change: Row) -> dict[str, object]:
-    """The row a new execution's `Row` creates, by column."""
+def new_row(change: ExecutionRow) -> dict[str, object]:
+    """The row a new execution's `ExecutionRow` creates, by column."""
     return dict(zip(ROW_COLUMNS, change, strict=True))
 
 

@@ -10,14 +10,14 @@ fields after the version being the columns the table marks `ARG` or `FIRST`, in
 the table's order. A workflow run's changes start with the run id and the
 owner writing them (applied only while that owner has the run).
 
-A new execution is a `Row`: its whole row (a list, in `ROW_COLUMNS`' order),
+A new execution is an `ExecutionRow`: its whole row (a list, in `ROW_COLUMNS`' order),
 into which the executor folds the changes that follow while the batch is still
 gathering, so a short task is one change, not three (`Journal.fold`).
 """
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, TypeAlias
 
 from ._columns import EXECUTIONS, ROW_COLUMNS
 
@@ -101,12 +101,10 @@ class Requeue(Transition):
     kind = "requeue"
 
 
-class Row(list[Any]):
-    """A new execution: its whole row, in `ROW_COLUMNS`' order (refused if the
-    execution exists). Folded in place while the journal holds it."""
-
-    __slots__ = ()
-    kind: ClassVar[str] = "row"
+#: A new execution: its whole row, in `ROW_COLUMNS`' order (refused if the
+#: execution exists). A plain list: the journal folds the changes that follow
+#: into it in place (a list subclass would cost each of those writes a slow path).
+ExecutionRow: TypeAlias = list[Any]
 
 
 class RunChange(tuple[Any, ...]):
@@ -138,9 +136,9 @@ class RunEnded(RunChange):
     kind = "run_end"
 
 
-Change = Transition | Row | RunChange
+Change = Transition | ExecutionRow | RunChange
 
-#: Where a field sits in a `Row`.
+#: Where a field sits in an `ExecutionRow`.
 R_ID = ROW_COLUMNS.index("task_id")
 R_VERSION = ROW_COLUMNS.index("version")
 R_WAITING = ROW_COLUMNS.index("waiting_on")
@@ -166,7 +164,7 @@ class _Submitted(Protocol):
         key: str | None = None,
         priority: int = 0,
         waiting_on: str | None = "slot",
-    ) -> Row: ...
+    ) -> ExecutionRow: ...
 
 
 def _write_submitted() -> _Submitted:
@@ -176,13 +174,13 @@ def _write_submitted() -> _Submitted:
     params = [*_GIVEN, *(f"{name}={value!r}" for name, value in _DEFAULTED.items())]
     names = {*_GIVEN, *_DEFAULTED}
     values = [c.name if c.name in names else f"_initial[{i}]" for i, c in enumerate(EXECUTIONS)]
-    source = f"def submitted({', '.join(params)}):\n    return Row(({', '.join(values)},))\n"
-    scope: dict[str, Any] = {"Row": Row, "_initial": [c.initial for c in EXECUTIONS]}
+    source = f"def submitted({', '.join(params)}):\n    return [{', '.join(values)}]\n"
+    scope: dict[str, Any] = {"_initial": [c.initial for c in EXECUTIONS]}
     exec(source, scope)  # (the source holds only the column list's own names)
     made: _Submitted = scope["submitted"]
     return made
 
 
 #: ``submitted(task_id, version, name, run_id, spec_id, args, owner, submitted_at,
-#: key=None, priority=0, waiting_on="slot")``: a new execution's `Row`, pending.
+#: key=None, priority=0, waiting_on="slot")``: a new execution's row, pending.
 submitted = _write_submitted()

@@ -42,7 +42,6 @@ from ._changes import (
     Claim,
     End,
     Requeue,
-    Row,
     RunChange,
     RunCreated,
     StepRecorded,
@@ -285,7 +284,7 @@ class MemoryStore(MemorySchedules, MemoryControl, Records):
                 assert isinstance(task_id, str)
                 if isinstance(change, RunChange):
                     self._write_run(change)
-                elif isinstance(change, Row):
+                elif isinstance(change, list):
                     if task_id in rows:
                         fenced.append(task_id)
                         refused.add(task_id)

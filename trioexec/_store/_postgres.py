@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import final
 
-from ._changes import R_ID, Row
+from ._changes import R_ID, ExecutionRow
 from ._columns import EXECUTIONS, ROW_COLUMNS
 from ._dialect import POSTGRES
 from ._durable_pg import PostgresTables
@@ -102,7 +102,7 @@ class PostgresStore(SQLStore):
         self.schema = schema
         self.path = self._db.where  # what messages and views name the store by
 
-    def _insert_rows(self, conn: Connection, rows: list[Row]) -> list[str]:
+    def _insert_rows(self, conn: Connection, rows: list[ExecutionRow]) -> list[str]:
         columns = [[getattr(v, "value", v) for v in col] for col in zip(*rows, strict=True)]
         try:
             with conn.transaction():  # a savepoint: a race undoes only the insert

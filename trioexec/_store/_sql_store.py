@@ -45,7 +45,7 @@ from ._base import (
     schedule_of,
     update_sql,
 )
-from ._changes import Change, Row, RunChange, RunCreated, StepRecorded, Transition
+from ._changes import Change, ExecutionRow, RunChange, RunCreated, StepRecorded, Transition
 from ._control import (
     COMMAND_COLUMNS,
     Commands,
@@ -113,7 +113,7 @@ class SQLStore(Records, Commands):
 
     # ------------------------------------------------------------------ what differs
 
-    def _insert_rows(self, conn: Any, rows: list[Row]) -> list[str]:
+    def _insert_rows(self, conn: Any, rows: list[ExecutionRow]) -> list[str]:
         """Insert a batch's new rows; the ids of those refused (an
         execution another host inserted meanwhile)."""
         raise NotImplementedError
@@ -136,7 +136,7 @@ class SQLStore(Records, Commands):
     def write(self, changes: Sequence[Change]) -> list[str]:
         m = self.dialect.mark
         with self._db.transaction("write") as conn:
-            submitted = [str(c[0]) for c in changes if isinstance(c, Row)]
+            submitted = [str(c[0]) for c in changes if isinstance(c, list)]
             existing: set[object] = set()
             if submitted:
                 existing = {

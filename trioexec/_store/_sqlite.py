@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import final
 
 from .._records import stored_float
-from ._changes import Row
+from ._changes import ExecutionRow
 from ._columns import ROW_COLUMNS
 from ._dialect import SQLITE
 from ._durable_tables import SQLiteTables
@@ -94,7 +94,7 @@ class SQLiteStore(SQLStore):
             raise ValueError(f"busy_timeout must be seconds >= 0, got {busy_timeout!r}")
         self._db = SQLiteFile(self.path, read_only=read_only, busy_timeout=float(busy_timeout))
 
-    def _insert_rows(self, conn: sqlite3.Connection, rows: list[Row]) -> list[str]:
+    def _insert_rows(self, conn: sqlite3.Connection, rows: list[ExecutionRow]) -> list[str]:
         # One statement for all the rows: sqlite3's executemany would let go of the
         # GIL and wait to get it back for every row, while the Trio thread wants it
         # (statuses are StrEnums: JSON text). The batch's lock holds the file: no
