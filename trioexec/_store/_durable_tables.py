@@ -11,11 +11,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._errors import StoreError
-from ._durable_rows import PromiseState, Row, TaskState, claim_by_search, keep
+from ._durable_rows import Row, claim_by_search, due_at, keep
 from ._durable_sql import SQLTables
 from ._sqlite_file import SQLiteFile
-
-_PENDING = PromiseState.PENDING.value
 
 
 class DictTables:
@@ -119,22 +117,13 @@ class DictTables:
             del self.callbacks[key]
 
     def timed_out_promises(self, now: float) -> list[Row]:
-        rows = [r for r in self.promises.values() if r["state"] == _PENDING]
-        return [dict(r) for r in sorted(rows, key=lambda r: r["id"]) if r["timeout_at"] <= now]
+        return _due(self.promises, "pending", "timeout_at", now)
 
     def expired_leases(self, now: float) -> list[Row]:
-        return [
-            dict(r)
-            for r in sorted(self.tasks.values(), key=lambda r: r["id"])
-            if r["state"] == TaskState.ACQUIRED.value and r["lease_expires_at"] <= now
-        ]
+        return _due(self.tasks, "acquired", "lease_expires_at", now)
 
     def due_pending_tasks(self, now: float) -> list[Row]:
-        return [
-            dict(r)
-            for r in sorted(self.tasks.values(), key=lambda r: r["id"])
-            if r["state"] == TaskState.PENDING.value and r["timeout_at"] <= now
-        ]
+        return _due(self.tasks, "pending", "timeout_at", now)
 
     def search_promises(
         self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
@@ -161,6 +150,12 @@ class DictTables:
 
     def all_callbacks(self) -> Iterator[tuple[str, str]]:
         return iter(list(self.callbacks))
+
+
+def _due(rows: dict[str, Row], state: str, when: str, now: float) -> list[Row]:
+    """The rows in ``state`` whose ``when`` has come (<= now), by id."""
+    due = [dict(r) for r in rows.values() if due_at(r, state, when, now)]
+    return sorted(due, key=lambda r: r["id"])
 
 
 def _page(
