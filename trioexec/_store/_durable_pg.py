@@ -3,11 +3,15 @@
 The protocol (`trioexec.durable._protocol.Core`) reads a row, decides, and writes it
 back. Under PostgreSQL's READ COMMITTED that is safe because every row the
 protocol reads to change is read locked (``SELECT ... FOR UPDATE``): a concurrent
-transaction waits for it and then sees what this one wrote. What time does to the
-rows (timed-out promises, lapsed leases, due retries) and a worker's claim take
-their rows with ``FOR UPDATE SKIP LOCKED``: two transactions doing it at once take
-different rows instead of waiting for each other. A claim is one statement (the
-batch's rows locked, acquired and returned with their promises' data).
+transaction waits for it and then sees what this one wrote. A row it only looks at
+(a get, the promises a suspend awaits) is locked shared (``FOR SHARE``): it cannot
+change until this transaction ends, but lookers do not wait for each other, so
+group commits looking at the same promises in different orders do not deadlock.
+What time does to the rows (timed-out promises, lapsed leases, due retries) and a
+worker's claim take their rows with ``FOR UPDATE SKIP LOCKED``: two transactions
+doing it at once take different rows instead of waiting for each other. A claim is
+one statement (the batch's rows locked, acquired and returned with their
+promises' data).
 
 When a task becomes claimable (created pending, released, resumed, its lease
 lapsed), the transaction sends ``NOTIFY`` on the schema's channel with the task's

@@ -105,9 +105,11 @@ class SQLTables:
         self.path = path  # what messages name the store by
         self._read_only = read_only
         # With ``locks``, every row read to change is locked (a concurrent
-        # transaction waits for it, then sees what this one wrote), and time's
-        # queries skip the rows another transaction holds.
+        # transaction waits for it, then sees what this one wrote), a row only
+        # looked at is locked shared (lookers do not wait for each other), and
+        # time's queries skip the rows another transaction holds.
         self._lock = " FOR UPDATE" if locks else ""
+        self._share = " FOR SHARE" if locks else ""
         self._skip = " FOR UPDATE SKIP LOCKED" if locks else ""
         self._fatal = fatal  # the database's errors: they fail the transaction
         self._open = False  # a transaction is open (calls run in one thread at a time)
@@ -189,13 +191,12 @@ class SQLTables:
             ) from None
         return out
 
-    def _get(self, table: Table, id: str) -> Row | None:
+    def _get(self, table: Table, id: str, shared: bool) -> Row | None:
         overlay = note(self._overlay, table.noun)
         if overlay is not None and id in table.of(overlay):
             return table.copy(table.of(overlay)[id])
-        row = self.conn.execute(
-            f"{table.select} WHERE id = {self.MARK}{self._lock}", (id,)
-        ).fetchone()
+        lock = self._share if shared else self._lock
+        row = self.conn.execute(f"{table.select} WHERE id = {self.MARK}{lock}", (id,)).fetchone()
         return None if row is None else self._row(table, row)
 
     def _put(self, table: Table, row: Row, values: tuple[Any, ...]) -> None:
@@ -229,16 +230,16 @@ class SQLTables:
         self.writes += 1
         self._stored[key] = values
 
-    def promise(self, id: str) -> Row | None:
-        return self._get(PROMISES, id)
+    def promise(self, id: str, *, shared: bool = False) -> Row | None:
+        return self._get(PROMISES, id, shared)
 
     def put_promise(self, row: Row) -> None:
         values = [row[c] for c in PROMISES.cols]
         values[PROMISES.cols.index("tags")] = json.dumps(row["tags"], sort_keys=True)
         self._put(PROMISES, row, tuple(values))
 
-    def task(self, id: str) -> Row | None:
-        return self._get(TASKS, id)
+    def task(self, id: str, *, shared: bool = False) -> Row | None:
+        return self._get(TASKS, id, shared)
 
     def put_task(self, row: Row) -> None:
         self._put(TASKS, row, tuple(row[c] for c in TASKS.cols))

@@ -63,7 +63,7 @@ class DictTables:
             self.promises, self.tasks, self.callbacks = saved
             return False, exc
 
-    def promise(self, id: str) -> Row | None:
+    def promise(self, id: str, *, shared: bool = False) -> Row | None:
         row = self.promises.get(id)
         return None if row is None else dict(row, tags=dict(row["tags"]))
 
@@ -71,7 +71,7 @@ class DictTables:
         self.writes += 1
         self.promises[row["id"]] = dict(row, tags=dict(row["tags"]))
 
-    def task(self, id: str) -> Row | None:
+    def task(self, id: str, *, shared: bool = False) -> Row | None:
         row = self.tasks.get(id)
         return None if row is None else dict(row)
 
