@@ -3,11 +3,15 @@
 The protocol (`trioexec.durable._protocol.Core`) reads a row, decides, and writes it
 back. Under PostgreSQL's READ COMMITTED that is safe because every row the
 protocol reads to change is read locked (``SELECT ... FOR UPDATE``): a concurrent
-transaction waits for it and then sees what this one wrote. What time does to the
-rows (timed-out promises, lapsed leases, due retries) and a worker's claim take
-their rows with ``FOR UPDATE SKIP LOCKED``: two transactions doing it at once take
-different rows instead of waiting for each other. A claim is one statement (the
-batch's rows locked, acquired and returned with their promises' data).
+transaction waits for it and then sees what this one wrote. A row it only looks at
+(a get, the promises a suspend awaits) is locked shared (``FOR SHARE``): it cannot
+change until this transaction ends, but lookers do not wait for each other, so
+group commits looking at the same promises in different orders do not deadlock.
+What time does to the rows (timed-out promises, lapsed leases, due retries) and a
+worker's claim take their rows with ``FOR UPDATE SKIP LOCKED``: two transactions
+doing it at once take different rows instead of waiting for each other. A claim is
+one statement (the batch's rows locked, acquired and returned with their
+promises' data).
 
 When a task becomes claimable (created pending, released, resumed, its lease
 lapsed), the transaction sends ``NOTIFY`` on the schema's channel with the task's
@@ -25,27 +29,12 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._errors import StoreError
-from ._durable_rows import (
-    Overlay,
-    PromiseState,
-    Row,
-    TaskState,
-    TransactionAborted,
-    copy_promise,
-    due_at,
-    keep,
-    merge_rows,
-    note,
-)
+from ._durable_rows import Row, TaskState, TransactionAborted, keep
+from ._durable_sql import PROMISES, TASKS, SQLTables
 from ._pg_conn import Connection, PGDatabase, load_psycopg, rolled_back
 
-_P_COLS = ("id", "state", "data", "timeout_at", "ikc", "iku", "tags", "created_at", "settled_at")
-_T_COLS = ("id", "state", "version", "target", "pid", "ttl", "lease_expires_at", "timeout_at")
-_PROMISE_STATES = frozenset(s.value for s in PromiseState)
-_TASK_STATES = frozenset(s.value for s in TaskState)
+_P_COLS, _T_COLS = PROMISES.cols, TASKS.cols
 _PENDING = TaskState.PENDING.value
-_P_SELECT = f"SELECT {', '.join(_P_COLS)} FROM durable_promises"
-_T_SELECT = f"SELECT {', '.join(_T_COLS)} FROM durable_tasks"
 _CLAIM = (
     "WITH c AS (SELECT id FROM durable_tasks WHERE state = 'pending' AND target = %s"
     " ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED)"
@@ -129,7 +118,7 @@ def payload(target: str) -> str:
     return target if len(target.encode()) <= _MAX_PAYLOAD else ""
 
 
-class PostgresTables:
+class PostgresTables(SQLTables):
     """The durable_* tables of a `PostgresStore`'s schema, on one connection of
     their own (autocommit; each transaction an explicit ``BEGIN``/``COMMIT``).
 
@@ -141,36 +130,29 @@ class PostgresTables:
     the next transaction.
     """
 
+    MARK = "%s"
+    # A row not read in this transaction was inserted by another meanwhile if this
+    # inserts nothing (`TransactionAborted`: run it again, and the row is read).
+    INSERT = "INSERT INTO {table} ({cols}) VALUES ({marks}) ON CONFLICT (id) DO NOTHING"
+    READ_BACK = True  # (in the update's round trip; a later write of the row updates it)
+    TAGGED = "(tags::jsonb ->> %s) = %s"
+    SEQ = "seq"
+
     def __init__(self, db: PGDatabase) -> None:
         self._psycopg = load_psycopg()[0]
+        # `AloneTables`: an operation that fails having written nothing needs no
+        # savepoint (two round trips fewer) to be undone.
+        self.errors = (self._psycopg.Error, TransactionAborted)  # those fail the transaction
+        read_only = db.read_only
+        super().__init__(
+            db.connect(), db.where, read_only=read_only, locks=not read_only, fatal=self.errors
+        )
         self.db = db
-        self.path = db.where  # what messages name the store by
-        self._read_only = db.read_only
-        self._lock = "" if db.read_only else " FOR UPDATE"
-        self._skip = "" if db.read_only else " FOR UPDATE SKIP LOCKED"
         self.channel = channel(db.schema)
-        self._raw: Connection = db.connect()
-        self._open = False  # a transaction is open (calls run in one thread at a time)
         # The BEGIN of the open transaction until it is sent: with its first statement
         # (the look for what time has done, in one round trip), or before it.
         self._begin: list[str] = []
-        # Whether time has done anything (timed-out promises, lapsed leases, due
-        # retries) at the moment of this transaction, found by one look.
-        self._due: tuple[bool, bool, bool] | None = None
-        # A read-only transaction's effects of time, kept in memory (never written).
-        self._overlay: Overlay | None = None
-        # (table, id) -> the row's stored values as read in this transaction: a
-        # write then updates only the columns that changed, or nothing.
-        self._stored: dict[tuple[str, str], tuple[Any, ...]] = {}
         self._wake: set[str] = set()  # targets with newly claimable tasks, to NOTIFY
-        # `AloneTables`: an operation that fails having written nothing needs no
-        # savepoint (two round trips fewer) to be undone.
-        self.writes = 0  # statements that changed rows
-        self.errors = (self._psycopg.Error, TransactionAborted)  # those fail the transaction
-
-    def close(self) -> None:
-        """Close the connection; idempotent."""
-        self._raw.close()
 
     @property
     def conn(self) -> Connection:
@@ -179,22 +161,14 @@ class PostgresTables:
             self._raw.execute(self._begin.pop())
         return self._raw
 
-    # ------------------------------------------------------------------ transactions
-
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
-        """One transaction; inside one already open, part of it (a no-op)."""
-        if self._open:
-            yield
-            return
-        self._open = True
+    def _begun(self) -> Iterator[None]:
         try:
             with _errors(self._psycopg.Error, self.db):
                 if self._raw.broken or self._raw.closed:
                     self._raw.close()
                     # (a server restarting is waited for, up to the store's timeout)
                     self._raw = self.db.connect(wait=True)
-                self._overlay = Overlay() if self._read_only else None
                 self._begin[:] = [
                     "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
                     if self._read_only
@@ -218,177 +192,67 @@ class PostgresTables:
                             self._raw.execute("ROLLBACK")
                     raise
         finally:
-            self._open = False
             self._begin.clear()
-            self._due = None
-            self._overlay = None
-            self._stored.clear()
             self._wake.clear()
 
     def attempt(self, call: Callable[[], Any]) -> tuple[bool, Any]:
-        """``call()`` as a unit inside the open transaction (a savepoint): ``(True, its
-        value)``, or ``(False, its exception)`` with its writes undone. An error of
-        the database itself is raised: the whole transaction fails."""
-        conn = self.conn
-        conn.execute("SAVEPOINT durable_call")
         wake = set(self._wake)
-        try:
-            value = call()
-        except (self._psycopg.Error, TransactionAborted):
-            raise
-        except Exception as exc:
-            conn.execute("ROLLBACK TO SAVEPOINT durable_call")
-            conn.execute("RELEASE SAVEPOINT durable_call")
-            self._stored.clear()  # what it wrote is undone
-            self._wake = wake
-            return False, exc
-        conn.execute("RELEASE SAVEPOINT durable_call")
-        return True, value
-
-    # ------------------------------------------------------------------ rows
-
-    def _promise(self, row: tuple[Any, ...]) -> Row:
-        self._stored["durable_promises", row[0]] = row
-        out = dict(zip(_P_COLS, row, strict=True))
-        try:
-            if out["state"] not in _PROMISE_STATES:
-                raise ValueError(f"unknown state {out['state']!r}")
-            out["tags"] = json.loads(out["tags"])
-            if not isinstance(out["tags"], dict):
-                raise ValueError(f"tags are not a JSON object: {out['tags']!r}")
-        except (TypeError, ValueError) as exc:
-            raise StoreError(
-                f"{self.path}: durable promise {out['id']!r} has an unreadable row: {exc}"
-            ) from None
-        return out
-
-    def _task(self, row: tuple[Any, ...]) -> Row:
-        self._stored["durable_tasks", row[0]] = row
-        out = dict(zip(_T_COLS, row, strict=True))
-        if out["state"] not in _TASK_STATES:
-            raise StoreError(
-                f"{self.path}: durable task {out['id']!r} has an unreadable row:"
-                f" unknown state {out['state']!r}"
-            )
-        return out
-
-    def _write(self, table: str, cols: tuple[str, ...], values: tuple[Any, ...]) -> None:
-        """Store a row: only its changed columns if it was read (and so locked) in
-        this transaction, nothing if none changed; else insert it. A row inserted
-        by another transaction meanwhile aborts this one (`TransactionAborted`: run
-        it again, and the row is read)."""
-        key = (table, values[0])
-        before = self._stored.get(key)
-        if before is None:
-            inserted = self.conn.execute(
-                f"INSERT INTO {table} ({', '.join(cols)})"
-                f" VALUES ({', '.join(['%s'] * len(cols))}) ON CONFLICT (id) DO NOTHING",
-                values,
-            ).rowcount
-            self.writes += 1
-            if inserted != 1:
-                raise TransactionAborted(
-                    f"{self.path}: durable store: {table} {values[0]!r} was inserted"
-                    " by another transaction meanwhile"
-                )
-        else:
-            changed = [i for i, (a, b) in enumerate(zip(before, values, strict=True)) if a != b]
-            if not changed:
-                return
-            self.conn.execute(
-                f"UPDATE {table} SET {', '.join(f'{cols[i]} = %s' for i in changed)} WHERE id = %s",
-                [*(values[i] for i in changed), values[0]],
-            )
-            self.writes += 1
-        self._stored[key] = values
-
-    def _keep(self, call: str) -> Overlay | None:
-        """Where a write goes on a read-only store (its overlay), or None: write it."""
-        return keep(self._overlay, self._read_only, self.path, call)
-
-    def promise(self, id: str) -> Row | None:
-        overlay = note(self._overlay, "promise")
-        if overlay is not None and id in overlay.promises:
-            return copy_promise(overlay.promises[id])
-        row = self.conn.execute(f"{_P_SELECT} WHERE id = %s{self._lock}", (id,)).fetchone()
-        return None if row is None else self._promise(row)
-
-    def put_promise(self, row: Row) -> None:
-        overlay = self._keep("put_promise")
-        if overlay is not None:
-            overlay.promises[row["id"]] = copy_promise(row)
-            return
-        values = [row[c] for c in _P_COLS]
-        values[_P_COLS.index("tags")] = json.dumps(row["tags"], sort_keys=True)
-        self._write("durable_promises", _P_COLS, tuple(values))
-
-    def task(self, id: str) -> Row | None:
-        overlay = note(self._overlay, "task")
-        if overlay is not None and id in overlay.tasks:
-            return dict(overlay.tasks[id])
-        row = self.conn.execute(f"{_T_SELECT} WHERE id = %s{self._lock}", (id,)).fetchone()
-        return None if row is None else self._task(row)
+        done = super().attempt(call)
+        if not done[0]:
+            self._wake = wake  # its tasks made claimable are undone too
+        return done
 
     def put_task(self, row: Row) -> None:
-        overlay = self._keep("put_task")
-        if overlay is not None:
-            overlay.tasks[row["id"]] = dict(row)
-            return
-        before = self._stored.get(("durable_tasks", row["id"]))
-        self._write("durable_tasks", _T_COLS, tuple(row[c] for c in _T_COLS))
-        if row["state"] == _PENDING and (before is None or before[1] != _PENDING):
+        before = self._stored.get((TASKS.name, row["id"]))
+        super().put_task(row)
+        written = self._overlay is None  # (a read-only store's goes to its overlay)
+        if written and row["state"] == _PENDING and (before is None or before[1] != _PENDING):
             self._wake.add(payload(row["target"]))
 
-    def update_task(self, id: str, expect: Row, changes: Row) -> bool:
-        self._keep("update_task")  # never part of applying time: refused if read-only
-        rows = _update(self.conn, "durable_tasks", id, expect, changes, _T_COLS)
-        if rows:
-            self.writes += 1
-            self._task(rows[0])
-        return bool(rows)
-
-    def update_promise(self, id: str, expect: Row, changes: Row) -> Row | None:
-        self._keep("update_promise")
-        rows = _update(self.conn, "durable_promises", id, expect, changes, _P_COLS)
-        if not rows:
-            return None
-        self.writes += 1
-        return self._promise(rows[0])
+    def timed_out_promises(self, now: float) -> list[Row]:
+        # The protocol's first call of a transaction: one look (with the BEGIN) says
+        # whether any of the three queries of time would find a row.
+        if self._begin and math.isfinite(now):
+            begin = self._begin.pop()
+            found = self._raw.execute(f"{begin}; {_ANY_DUE.format(now=repr(float(now)))}")
+            found.nextset()
+            self._due = tuple(found.fetchone())
+        return super().timed_out_promises(now)
 
     def claim(
         self, target: str, limit: int, pid: str, ttl: float, now: float
     ) -> list[tuple[Row, str | None]]:
         """Acquire up to ``limit`` pending tasks of ``target`` (oldest id first,
         skipping rows another transaction holds), in one statement."""
-        self._keep("claim")
+        keep(self._overlay, self._read_only, self.path, "claim")
         args = (target, limit, pid, ttl, now + ttl)
         rows = self.conn.execute(_CLAIM, args, prepare=_PLANNED).fetchall()
         self.writes += bool(rows)
         rows.sort(key=lambda r: r[0])
-        return [(self._task(r[:-1]), r[-1]) for r in rows]
+        return [(self._row(TASKS, r[:-1]), r[-1]) for r in rows]
 
     def fulfil_many(
         self, items: list[tuple[str, int, str, str | None]], now: float
     ) -> list[tuple[Row, bool]] | None:
         """`BulkTables.fulfil_many`: one statement, which writes only if every task
         is acquired at its version and every promise pending (rows locked)."""
-        self._keep("fulfil_many")
+        keep(self._overlay, self._read_only, self.path, "fulfil_many")
         batch = _json([{"id": i, "version": v, "state": s, "data": d} for i, v, s, d in items])
         args = (batch, len(items), now)
         rows = self.conn.execute(_FULFIL_MANY, args, prepare=_PLANNED).fetchall()
         if len(rows) != len(items):
             return None
         self.writes += 1
-        settled = {r[0]: (self._promise(r[:-2]), bool(r[-2])) for r in rows}
+        settled = {r[0]: (self._row(PROMISES, r[:-2]), bool(r[-2])) for r in rows}
         for id, *_ in items:
-            self._stored.pop(("durable_tasks", id), None)
+            self._stored.pop((TASKS.name, id), None)
         return [settled[id] for id, *_ in items]
 
     def create_many(self, promises: list[Row], tasks: list[Row]) -> bool:
         """`BulkTables.create_many`: one statement, which inserts the rows unless a
         promise of the batch exists (one inserted meanwhile by another transaction
         aborts this one: `TransactionAborted`)."""
-        self._keep("create_many")
+        keep(self._overlay, self._read_only, self.path, "create_many")
         p_values = [tuple(row[c] for c in _P_COLS) for row in promises]
         t_values = [tuple(row[c] for c in _T_COLS) for row in tasks]
         tags = _P_COLS.index("tags")
@@ -411,166 +275,11 @@ class PostgresTables:
                 " by another transaction meanwhile"
             )
         for values in p_values:
-            self._stored["durable_promises", values[0]] = values
+            self._stored[PROMISES.name, values[0]] = values
         for values, row in zip(t_values, tasks, strict=True):
-            self._stored["durable_tasks", values[0]] = values
+            self._stored[TASKS.name, values[0]] = values
             self._wake.add(payload(row["target"]))
         return True
-
-    def add_callback(self, promise_id: str, task_id: str) -> None:
-        self._keep("add_callback")
-        self.conn.execute(
-            "INSERT INTO durable_callbacks (promise_id, task_id) VALUES (%s, %s)"
-            " ON CONFLICT DO NOTHING",
-            (promise_id, task_id),
-        )
-        self.writes += 1
-
-    def tasks_awaiting(self, promise_id: str) -> list[str]:
-        overlay = note(self._overlay, "tasks_awaiting")
-        found = [
-            r[0]
-            for r in self.conn.execute(
-                "SELECT task_id FROM durable_callbacks WHERE promise_id = %s ORDER BY seq",
-                (promise_id,),
-            )
-        ]
-        return found if overlay is None else [t for t in found if t not in overlay.dropped]
-
-    def awaited_by(self, task_id: str) -> list[str]:
-        overlay = note(self._overlay, "awaited_by")
-        if overlay is not None and task_id in overlay.dropped:
-            return []
-        return [
-            r[0]
-            for r in self.conn.execute(
-                "SELECT promise_id FROM durable_callbacks WHERE task_id = %s ORDER BY seq",
-                (task_id,),
-            )
-        ]
-
-    def drop_callbacks(self, task_id: str) -> None:
-        overlay = self._keep("drop_callbacks")
-        if overlay is not None:
-            overlay.dropped.add(task_id)
-            return
-        self.conn.execute("DELETE FROM durable_callbacks WHERE task_id = %s", (task_id,))
-        self.writes += 1
-
-    def timed_out_promises(self, now: float) -> list[Row]:
-        overlay = note(self._overlay, "timed_out_promises")
-        # The protocol's first call of a transaction: one look (with the BEGIN) says
-        # whether any of the three queries of time would find a row.
-        if self._begin and math.isfinite(now):
-            begin = self._begin.pop()
-            found = self._raw.execute(f"{begin}; {_ANY_DUE.format(now=repr(float(now)))}")
-            found.nextset()
-            self._due = tuple(found.fetchone())
-        rows = []
-        if self._due is None or self._due[0]:
-            rows = _due(self.conn, _P_SELECT, "timeout_at", now, "pending", self._skip)
-        promises = [self._promise(r) for r in rows]
-        if overlay is None:
-            return promises
-        return merge_rows(
-            promises, overlay.promises, lambda r: due_at(r, "pending", "timeout_at", now)
-        )
-
-    def expired_leases(self, now: float) -> list[Row]:
-        overlay = note(self._overlay, "expired_leases")
-        rows = []
-        if self._due is None or self._due[1]:
-            rows = _due(self.conn, _T_SELECT, "lease_expires_at", now, "acquired", self._skip)
-        tasks = [self._task(r) for r in rows]
-        if overlay is None:
-            return tasks
-        return merge_rows(
-            tasks, overlay.tasks, lambda r: due_at(r, "acquired", "lease_expires_at", now)
-        )
-
-    def due_pending_tasks(self, now: float) -> list[Row]:
-        overlay = note(self._overlay, "due_pending_tasks")
-        rows = []
-        if self._due is None or self._due[2]:
-            rows = _due(self.conn, _T_SELECT, "timeout_at", now, "pending", self._skip)
-        tasks = [self._task(r) for r in rows]
-        if overlay is None:
-            return tasks
-        return merge_rows(tasks, overlay.tasks, lambda r: due_at(r, "pending", "timeout_at", now))
-
-    def search_promises(
-        self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
-    ) -> list[Row]:
-        overlay = note(self._overlay, "search_promises")
-        where, params = _page_where(state, cursor)
-        if tag is not None:
-            where.append("(tags::jsonb ->> %s) = %s")
-            params.extend(tag)
-        more = 0 if overlay is None else len(overlay.promises)
-        rows = self.conn.execute(
-            f"{_P_SELECT} WHERE {' AND '.join(where)} ORDER BY id LIMIT %s",
-            (*params, limit + more),
-        )
-        promises = [self._promise(r) for r in rows]
-        if overlay is None:
-            return promises
-
-        def match(row: Row) -> bool:
-            return (
-                (cursor is None or row["id"] > cursor)
-                and (state is None or row["state"] == state)
-                and (tag is None or row["tags"].get(tag[0]) == tag[1])
-            )
-
-        return merge_rows(promises, overlay.promises, match)[:limit]
-
-    def search_tasks(
-        self, state: str | None, target: str | None, limit: int, cursor: str | None
-    ) -> list[Row]:
-        overlay = note(self._overlay, "search_tasks")
-        where, params = _page_where(state, cursor)
-        if target is not None:
-            where.append("target = %s")
-            params.append(target)
-        more = 0 if overlay is None else len(overlay.tasks)
-        rows = self.conn.execute(
-            f"{_T_SELECT} WHERE {' AND '.join(where)} ORDER BY id LIMIT %s",
-            (*params, limit + more),
-        )
-        tasks = [self._task(r) for r in rows]
-        if overlay is None:
-            return tasks
-
-        def match(row: Row) -> bool:
-            return (
-                (cursor is None or row["id"] > cursor)
-                and (state is None or row["state"] == state)
-                and (target is None or row["target"] == target)
-            )
-
-        return merge_rows(tasks, overlay.tasks, match)[:limit]
-
-    def all_promises(self) -> Iterator[Row]:
-        overlay = note(self._overlay, "all_promises")
-        promises = [self._promise(r) for r in self.conn.execute(_P_SELECT).fetchall()]
-        if overlay is not None:
-            promises = merge_rows(promises, overlay.promises, lambda r: True)
-        return iter(promises)
-
-    def all_tasks(self) -> Iterator[Row]:
-        overlay = note(self._overlay, "all_tasks")
-        tasks = [self._task(r) for r in self.conn.execute(_T_SELECT).fetchall()]
-        if overlay is not None:
-            tasks = merge_rows(tasks, overlay.tasks, lambda r: True)
-        return iter(tasks)
-
-    def all_callbacks(self) -> Iterator[tuple[str, str]]:
-        overlay = note(self._overlay, "all_callbacks")
-        rows = self.conn.execute(
-            "SELECT promise_id, task_id FROM durable_callbacks ORDER BY seq"
-        ).fetchall()
-        dropped = set() if overlay is None else overlay.dropped
-        return iter([(r[0], r[1]) for r in rows if r[1] not in dropped])
 
 
 def _json(rows: list[dict[str, Any]]) -> str:
@@ -597,44 +306,6 @@ def _errors(error: type[Exception], db: PGDatabase) -> Iterator[None]:
     except error as exc:
         message = str(db.error("durable store", exc))
         raise (TransactionAborted if rolled_back(exc) else StoreError)(message) from exc
-
-
-def _update(
-    conn: Connection, table: str, id: str, expect: Row, changes: Row, cols: tuple[str, ...]
-) -> list[tuple[Any, ...]]:
-    """Change row ``id`` if its columns hold ``expect``'s values; the row as changed
-    (``cols``), if it did."""
-    return list(
-        conn.execute(
-            f"UPDATE {table} SET {', '.join(f'{c} = %s' for c in changes)}"
-            f" WHERE id = %s{''.join(f' AND {c} = %s' for c in expect)}"
-            f" RETURNING {', '.join(cols)}",
-            (*changes.values(), id, *expect.values()),
-        )
-    )
-
-
-def _due(
-    conn: Connection, select: str, when: str, now: float, state: str, skip: str
-) -> list[tuple[Any, ...]]:
-    """Rows in ``state`` whose ``when`` column has come (<= now), by id; with ``skip``
-    (a writable store), those no other transaction holds (locked)."""
-    # (``state`` written in: the partial index of those rows serves only a query
-    # that names its state.)
-    return list(
-        conn.execute(f"{select} WHERE state = '{state}' AND {when} <= %s ORDER BY id{skip}", (now,))
-    )
-
-
-def _page_where(state: str | None, cursor: str | None) -> tuple[list[str], list[Any]]:
-    where, params = ["TRUE"], []
-    if cursor is not None:
-        where.append("id > %s")
-        params.append(cursor)
-    if state is not None:
-        where.append("state = %s")
-        params.append(state)
-    return where, params
 
 
 class Listener:

@@ -4,7 +4,6 @@ same database file as the executor's store."""
 from __future__ import annotations
 
 import contextlib
-import json
 import sqlite3
 import threading
 import time
@@ -12,21 +11,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._errors import StoreError
-from ._durable_rows import (
-    Overlay,
-    PromiseState,
-    Row,
-    TaskState,
-    claim_by_search,
-    copy_promise,
-    due_at,
-    keep,
-    merge_rows,
-    note,
-)
+from ._durable_rows import Row, claim_by_search, due_at, keep
+from ._durable_sql import SQLTables
 from ._sqlite_file import SQLiteFile
-
-_PENDING = PromiseState.PENDING.value
 
 
 class DictTables:
@@ -76,7 +63,7 @@ class DictTables:
             self.promises, self.tasks, self.callbacks = saved
             return False, exc
 
-    def promise(self, id: str) -> Row | None:
+    def promise(self, id: str, *, shared: bool = False) -> Row | None:
         row = self.promises.get(id)
         return None if row is None else dict(row, tags=dict(row["tags"]))
 
@@ -84,7 +71,7 @@ class DictTables:
         self.writes += 1
         self.promises[row["id"]] = dict(row, tags=dict(row["tags"]))
 
-    def task(self, id: str) -> Row | None:
+    def task(self, id: str, *, shared: bool = False) -> Row | None:
         row = self.tasks.get(id)
         return None if row is None else dict(row)
 
@@ -130,22 +117,13 @@ class DictTables:
             del self.callbacks[key]
 
     def timed_out_promises(self, now: float) -> list[Row]:
-        rows = [r for r in self.promises.values() if r["state"] == _PENDING]
-        return [dict(r) for r in sorted(rows, key=lambda r: r["id"]) if r["timeout_at"] <= now]
+        return _due(self.promises, "pending", "timeout_at", now)
 
     def expired_leases(self, now: float) -> list[Row]:
-        return [
-            dict(r)
-            for r in sorted(self.tasks.values(), key=lambda r: r["id"])
-            if r["state"] == TaskState.ACQUIRED.value and r["lease_expires_at"] <= now
-        ]
+        return _due(self.tasks, "acquired", "lease_expires_at", now)
 
     def due_pending_tasks(self, now: float) -> list[Row]:
-        return [
-            dict(r)
-            for r in sorted(self.tasks.values(), key=lambda r: r["id"])
-            if r["state"] == TaskState.PENDING.value and r["timeout_at"] <= now
-        ]
+        return _due(self.tasks, "pending", "timeout_at", now)
 
     def search_promises(
         self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
@@ -174,6 +152,12 @@ class DictTables:
         return iter(list(self.callbacks))
 
 
+def _due(rows: dict[str, Row], state: str, when: str, now: float) -> list[Row]:
+    """The rows in ``state`` whose ``when`` has come (<= now), by id."""
+    due = [dict(r) for r in rows.values() if due_at(r, state, when, now)]
+    return sorted(due, key=lambda r: r["id"])
+
+
 def _page(
     rows: dict[str, Row],
     state: str | None,
@@ -194,18 +178,13 @@ def _page(
     return out
 
 
-_P_COLS = ("id", "state", "data", "timeout_at", "ikc", "iku", "tags", "created_at", "settled_at")
-_T_COLS = ("id", "state", "version", "target", "pid", "ttl", "lease_expires_at", "timeout_at")
-_PROMISE_STATES = frozenset(s.value for s in PromiseState)
-_TASK_STATES = frozenset(s.value for s in TaskState)
-
-
-class SQLiteTables:
+class SQLiteTables(SQLTables):
     """The durable_* tables of a trioexec database, on one connection.
 
     Every protocol operation is one ``BEGIN IMMEDIATE`` transaction, so operations
-    from several processes on one file are serialised by SQLite, and (on a connection
-    from `SQLiteStore.durable_tables`) it holds the store's lock, so they never
+    from several processes on one file are serialised by SQLite (a read takes no
+    row lock, a claim skips none), and (on a connection from
+    `SQLiteStore.durable_tables`) it holds the store's lock, so they never
     interleave with the store's own writes in this process, and checks that the file
     was not deleted or replaced underneath.
 
@@ -216,371 +195,55 @@ class SQLiteTables:
     write raises ``StoreError("<path>: opened read-only")``.
     """
 
+    MARK = "?"
+    # (No other transaction writes meanwhile: a row not read in this one is replaced.)
+    INSERT = "INSERT OR REPLACE INTO {table} ({cols}) VALUES ({marks})"
+    READ_BACK = False  # (a RETURNING costs SQLite more than the whole row's write)
+    # json_each, not a JSON path: a path has no escapes for '"' in a key.
+    TAGGED = (
+        "EXISTS (SELECT 1 FROM json_each(durable_promises.tags) j WHERE j.key = ? AND j.value = ?)"
+    )
+    SEQ = "rowid"
+
     def __init__(self, conn: sqlite3.Connection, path: str) -> None:
-        self.conn = conn
-        self.path = path
         # The store's SQLiteFile, if a store opened the connection: its lock and
         # file check guard every write transaction.
         self._file: SQLiteFile | None = getattr(conn, "file", None)
-        self._read_only = bool(self._file is not None and self._file.read_only)
-        self._overlay: Overlay | None = None
-        self._open = False  # a transaction is open (calls run in one thread at a time)
-        # (table, id) -> the row's stored values as read in this transaction: a
-        # write then updates only the columns that changed (fewer index entries,
-        # fewer pages to commit), or nothing if none did.
-        self._stored: dict[tuple[str, str], tuple[Any, ...]] = {}
+        read_only = bool(self._file is not None and self._file.read_only)
+        super().__init__(conn, path, read_only=read_only, locks=False, fatal=(sqlite3.Error,))
         # How long a write waits for another connection's write lock (ms).
         self._busy_ms = int(conn.execute("PRAGMA busy_timeout").fetchone()[0])
 
-    def close(self) -> None:
-        """Close the connection; idempotent."""
-        self.conn.close()
-
     @contextlib.contextmanager
-    def transaction(self) -> Iterator[None]:
-        """One transaction; inside one already open, part of it (a no-op)."""
-        if self._open:
-            yield
-            return
-        self._open = True
-        try:
-            if self._read_only:
-                with self._transaction("BEGIN"):
-                    self._overlay = Overlay()
-                    try:
-                        yield
-                    finally:
-                        self._overlay = None
-            elif self._file is not None:
-                with self._file.exclusive(), self._transaction("BEGIN IMMEDIATE"):
-                    yield
-            else:
-                with self._transaction("BEGIN IMMEDIATE"):
-                    yield
-        finally:
-            self._open = False
-            self._stored.clear()
-
-    @contextlib.contextmanager
-    def _transaction(self, begin: str) -> Iterator[None]:
-        conn = self.conn
-        try:
-            if begin == "BEGIN IMMEDIATE":
-                _begin_immediate(conn, self._busy_ms)
-            else:
-                conn.execute(begin)
-        except sqlite3.Error as exc:
-            raise StoreError(f"{self.path}: durable store: {exc}") from None
-        try:
-            yield
-            conn.execute("COMMIT")
-        except sqlite3.Error as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise StoreError(f"{self.path}: durable store: {exc}") from None
-        except BaseException:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            raise
-
-    def attempt(self, call: Callable[[], Any]) -> tuple[bool, Any]:
-        """``call()`` as a unit inside the open transaction (a savepoint): ``(True, its
-        value)``, or ``(False, its exception)`` with its writes undone. An error of
-        SQLite itself is raised: the whole transaction fails."""
-        conn = self.conn
-        conn.execute("SAVEPOINT durable_call")
-        try:
-            value = call()
-        except sqlite3.Error:
-            raise
-        except Exception as exc:
-            conn.execute("ROLLBACK TO durable_call")
-            conn.execute("RELEASE durable_call")
-            self._stored.clear()  # what it wrote is undone
-            return False, exc
-        conn.execute("RELEASE durable_call")
-        return True, value
-
-    # ------------------------------------------------------------------ read-only
-
-    def _note(self, call: str) -> Overlay | None:
-        """The read-only overlay (None on a writable store), ending its time phase
-        at the first call that is not part of applying time."""
-        return note(self._overlay, call)
-
-    def _keep(self, call: str) -> Overlay | None:
-        """Where a write goes on a read-only store (its overlay), or None: write it."""
-        return keep(self._overlay, self._read_only, self.path, call)
-
-    # ------------------------------------------------------------------ rows
-
-    def _write(self, table: str, cols: tuple[str, ...], values: tuple[Any, ...]) -> None:
-        """Store a row: only its changed columns if it was read in this transaction
-        (nothing if none changed), else the whole row."""
-        key = (table, values[0])
-        before = self._stored.get(key)
-        if before is None:
-            self.conn.execute(
-                f"INSERT OR REPLACE INTO {table} ({', '.join(cols)})"
-                f" VALUES ({', '.join('?' * len(cols))})",
-                values,
-            )
-        else:
-            changed = [i for i, (a, b) in enumerate(zip(before, values, strict=True)) if a != b]
-            if not changed:
-                return
-            self.conn.execute(
-                f"UPDATE {table} SET {', '.join(f'{cols[i]} = ?' for i in changed)} WHERE id = ?",
-                [*(values[i] for i in changed), values[0]],
-            )
-        self._stored[key] = values
-
-    def _promise(self, row: tuple[Any, ...]) -> Row:
-        self._stored["durable_promises", row[0]] = row
-        out = dict(zip(_P_COLS, row, strict=True))
-        try:
-            if out["state"] not in _PROMISE_STATES:
-                raise ValueError(f"unknown state {out['state']!r}")
-            out["tags"] = json.loads(out["tags"])
-            if not isinstance(out["tags"], dict):
-                raise ValueError(f"tags are not a JSON object: {out['tags']!r}")
-        except (TypeError, ValueError) as exc:
-            raise StoreError(
-                f"{self.path}: durable promise {out['id']!r} has an unreadable row: {exc}"
-            ) from None
-        return out
-
-    def _task(self, row: tuple[Any, ...]) -> Row:
-        self._stored["durable_tasks", row[0]] = row
-        out = dict(zip(_T_COLS, row, strict=True))
-        if out["state"] not in _TASK_STATES:
-            raise StoreError(
-                f"{self.path}: durable task {out['id']!r} has an unreadable row:"
-                f" unknown state {out['state']!r}"
-            )
-        return out
-
-    def promise(self, id: str) -> Row | None:
-        overlay = self._note("promise")
-        if overlay is not None and id in overlay.promises:
-            return copy_promise(overlay.promises[id])
-        row = self.conn.execute(
-            f"SELECT {', '.join(_P_COLS)} FROM durable_promises WHERE id = ?", (id,)
-        ).fetchone()
-        return None if row is None else self._promise(row)
-
-    def put_promise(self, row: Row) -> None:
-        overlay = self._keep("put_promise")
-        if overlay is not None:
-            overlay.promises[row["id"]] = copy_promise(row)
-            return
-        values = [row[c] for c in _P_COLS]
-        values[_P_COLS.index("tags")] = json.dumps(row["tags"], sort_keys=True)
-        self._write("durable_promises", _P_COLS, tuple(values))
-
-    def task(self, id: str) -> Row | None:
-        overlay = self._note("task")
-        if overlay is not None and id in overlay.tasks:
-            return dict(overlay.tasks[id])
-        row = self.conn.execute(
-            f"SELECT {', '.join(_T_COLS)} FROM durable_tasks WHERE id = ?", (id,)
-        ).fetchone()
-        return None if row is None else self._task(row)
-
-    def put_task(self, row: Row) -> None:
-        overlay = self._keep("put_task")
-        if overlay is not None:
-            overlay.tasks[row["id"]] = dict(row)
-            return
-        self._write("durable_tasks", _T_COLS, tuple(row[c] for c in _T_COLS))
-
-    def _update(self, table: str, id: str, expect: Row, changes: Row, returning: str) -> Any:
-        self._keep(f"update {table}")  # never part of applying time: refused if read-only
-        self._stored.pop((table, id), None)
-        return self.conn.execute(
-            f"UPDATE {table} SET {', '.join(f'{c} = ?' for c in changes)}"
-            f" WHERE id = ?{''.join(f' AND {c} = ?' for c in expect)}{returning}",
-            (*changes.values(), id, *expect.values()),
-        )
-
-    def update_task(self, id: str, expect: Row, changes: Row) -> bool:
-        return bool(self._update("durable_tasks", id, expect, changes, "").rowcount == 1)
-
-    def update_promise(self, id: str, expect: Row, changes: Row) -> Row | None:
-        returning = f" RETURNING {', '.join(_P_COLS)}"
-        rows = self._update("durable_promises", id, expect, changes, returning).fetchall()
-        return self._promise(rows[0]) if rows else None
+    def _begun(self) -> Iterator[None]:
+        conn: sqlite3.Connection = self._raw
+        file = None if self._read_only else self._file
+        with contextlib.nullcontext() if file is None else file.exclusive():
+            try:
+                if self._read_only:
+                    conn.execute("BEGIN")
+                else:
+                    _begin_immediate(conn, self._busy_ms)
+            except sqlite3.Error as exc:
+                raise StoreError(f"{self.path}: durable store: {exc}") from None
+            try:
+                yield
+                conn.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise StoreError(f"{self.path}: durable store: {exc}") from None
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
 
     def claim(
         self, target: str, limit: int, pid: str, ttl: float, now: float
     ) -> list[tuple[Row, str | None]]:
         """(One transaction at a time holds the file's write lock: no skipping.)"""
-        self._keep("claim")  # never part of applying time: refused if read-only
+        keep(self._overlay, self._read_only, self.path, "claim")  # refused if read-only
         return claim_by_search(self, target, limit, pid, ttl, now)
-
-    def add_callback(self, promise_id: str, task_id: str) -> None:
-        self._keep("add_callback")  # never part of applying time: refused if read-only
-        self.conn.execute(
-            "INSERT OR IGNORE INTO durable_callbacks (promise_id, task_id) VALUES (?, ?)",
-            (promise_id, task_id),
-        )
-
-    def tasks_awaiting(self, promise_id: str) -> list[str]:
-        overlay = self._note("tasks_awaiting")
-        found = [
-            r[0]
-            for r in self.conn.execute(
-                "SELECT task_id FROM durable_callbacks WHERE promise_id = ? ORDER BY rowid",
-                (promise_id,),
-            )
-        ]
-        return found if overlay is None else [t for t in found if t not in overlay.dropped]
-
-    def awaited_by(self, task_id: str) -> list[str]:
-        overlay = self._note("awaited_by")
-        if overlay is not None and task_id in overlay.dropped:
-            return []
-        return [
-            r[0]
-            for r in self.conn.execute(
-                "SELECT promise_id FROM durable_callbacks WHERE task_id = ? ORDER BY rowid",
-                (task_id,),
-            )
-        ]
-
-    def drop_callbacks(self, task_id: str) -> None:
-        overlay = self._keep("drop_callbacks")
-        if overlay is not None:
-            overlay.dropped.add(task_id)
-            return
-        self.conn.execute("DELETE FROM durable_callbacks WHERE task_id = ?", (task_id,))
-
-    def timed_out_promises(self, now: float) -> list[Row]:
-        overlay = self._note("timed_out_promises")
-        rows = _due(self.conn, "durable_promises", _P_COLS, "timeout_at", now)
-        promises = [self._promise(r) for r in rows]
-        if overlay is None:
-            return promises
-        return merge_rows(
-            promises, overlay.promises, lambda r: due_at(r, "pending", "timeout_at", now)
-        )
-
-    def expired_leases(self, now: float) -> list[Row]:
-        overlay = self._note("expired_leases")
-        rows = _due(self.conn, "durable_tasks", _T_COLS, "lease_expires_at", now, "acquired")
-        tasks = [self._task(r) for r in rows]
-        if overlay is None:
-            return tasks
-        return merge_rows(
-            tasks, overlay.tasks, lambda r: due_at(r, "acquired", "lease_expires_at", now)
-        )
-
-    def due_pending_tasks(self, now: float) -> list[Row]:
-        overlay = self._note("due_pending_tasks")
-        rows = _due(self.conn, "durable_tasks", _T_COLS, "timeout_at", now)
-        tasks = [self._task(r) for r in rows]
-        if overlay is None:
-            return tasks
-        return merge_rows(tasks, overlay.tasks, lambda r: due_at(r, "pending", "timeout_at", now))
-
-    def search_promises(
-        self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
-    ) -> list[Row]:
-        overlay = self._note("search_promises")
-        # json_each, not a JSON path: a path has no escapes for '"' in a key.
-        extra = (
-            "EXISTS (SELECT 1 FROM json_each(durable_promises.tags) j"
-            " WHERE j.key = ? AND j.value = ?)",
-            tag,
-        )
-        more = 0 if overlay is None else len(overlay.promises)
-        rows = _page_rows(
-            self.conn, "durable_promises", _P_COLS, state, extra, limit + more, cursor
-        )
-        promises = [self._promise(r) for r in rows]
-        if overlay is None:
-            return promises
-
-        def match(row: Row) -> bool:
-            return (
-                (cursor is None or row["id"] > cursor)
-                and (state is None or row["state"] == state)
-                and (tag is None or row["tags"].get(tag[0]) == tag[1])
-            )
-
-        return merge_rows(promises, overlay.promises, match)[:limit]
-
-    def search_tasks(
-        self, state: str | None, target: str | None, limit: int, cursor: str | None
-    ) -> list[Row]:
-        overlay = self._note("search_tasks")
-        extra = ("target = ?", None if target is None else (target,))
-        more = 0 if overlay is None else len(overlay.tasks)
-        rows = _page_rows(self.conn, "durable_tasks", _T_COLS, state, extra, limit + more, cursor)
-        tasks = [self._task(r) for r in rows]
-        if overlay is None:
-            return tasks
-
-        def match(row: Row) -> bool:
-            return (
-                (cursor is None or row["id"] > cursor)
-                and (state is None or row["state"] == state)
-                and (target is None or row["target"] == target)
-            )
-
-        return merge_rows(tasks, overlay.tasks, match)[:limit]
-
-    def all_promises(self) -> Iterator[Row]:
-        overlay = self._note("all_promises")
-        rows = self.conn.execute(f"SELECT {', '.join(_P_COLS)} FROM durable_promises").fetchall()
-        promises = [self._promise(r) for r in rows]
-        if overlay is not None:
-            promises = merge_rows(promises, overlay.promises, lambda r: True)
-        return iter(promises)
-
-    def all_tasks(self) -> Iterator[Row]:
-        overlay = self._note("all_tasks")
-        rows = self.conn.execute(f"SELECT {', '.join(_T_COLS)} FROM durable_tasks").fetchall()
-        tasks = [self._task(r) for r in rows]
-        if overlay is not None:
-            tasks = merge_rows(tasks, overlay.tasks, lambda r: True)
-        return iter(tasks)
-
-    def all_callbacks(self) -> Iterator[tuple[str, str]]:
-        overlay = self._note("all_callbacks")
-        rows = self.conn.execute(
-            "SELECT promise_id, task_id FROM durable_callbacks ORDER BY rowid"
-        ).fetchall()
-        dropped = set() if overlay is None else overlay.dropped
-        return iter([(r[0], r[1]) for r in rows if r[1] not in dropped])
-
-
-def _page_rows(
-    conn: sqlite3.Connection,
-    table: str,
-    cols: tuple[str, ...],
-    state: str | None,
-    extra: tuple[str, tuple[str, ...] | None],
-    limit: int,
-    cursor: str | None,
-) -> list[tuple[Any, ...]]:
-    """Rows by id after ``cursor``, in ``state``, matching ``extra`` (a condition
-    and its parameters; None parameters: no condition)."""
-    where, params = ["1"], []
-    if cursor is not None:
-        where.append("id > ?")
-        params.append(cursor)
-    if state is not None:
-        where.append("state = ?")
-        params.append(state)
-    condition, extra_params = extra
-    if extra_params is not None:
-        where.append(condition)
-        params.extend(extra_params)
-    return conn.execute(
-        f"SELECT {', '.join(cols)} FROM {table} WHERE {' AND '.join(where)} ORDER BY id LIMIT ?",
-        (*params, limit),
-    ).fetchall()
 
 
 def _begin_immediate(conn: sqlite3.Connection, busy_ms: int) -> None:
@@ -609,18 +272,3 @@ def _begin_immediate(conn: sqlite3.Connection, busy_ms: int) -> None:
             delay = min(delay * 2, 0.001)
     finally:
         conn.execute(f"PRAGMA busy_timeout = {busy_ms}")
-
-
-def _due(
-    conn: sqlite3.Connection,
-    table: str,
-    cols: tuple[str, ...],
-    when: str,
-    now: float,
-    state: str = "pending",
-) -> list[tuple[Any, ...]]:
-    """Rows of ``table`` in ``state`` whose ``when`` column has come (<= now)."""
-    return conn.execute(
-        f"SELECT {', '.join(cols)} FROM {table} WHERE state = ? AND {when} <= ? ORDER BY id",
-        (state, now),
-    ).fetchall()

@@ -239,7 +239,7 @@ class Core:
         check_id(id, "promise id")
         with self.tables.transaction():
             self._begin()
-            row = self.tables.promise(id)
+            row = self.tables.promise(id, shared=True)
             return None if row is None else promise_record(row)
 
     def search_promises(
@@ -384,7 +384,10 @@ class Core:
             task = self._acquired(id, version)
             rows = []
             for pid in awaited:
-                row = self.tables.promise(pid)
+                # Looked at, not changed: pending until this commits (a settle
+                # waits, then sees the callbacks); concurrent suspends on the same
+                # promises (in any order) do not wait for each other.
+                row = self.tables.promise(pid, shared=True)
                 if row is None:
                     raise NotFound(f"no promise {pid!r}")
                 rows.append(row)
@@ -453,7 +456,7 @@ class Core:
         with self.tables.transaction():
             now = self._begin()
             self._acquired(id, version)
-            own = self.tables.promise(id)
+            own = self.tables.promise(id, shared=True)
             if own is None or own["state"] != PromiseState.PENDING.value:
                 raise Conflict(f"task {id!r}: its promise is not pending")
             if isinstance(action, PromiseCreate):
@@ -499,7 +502,7 @@ class Core:
         check_id(id, "task id")
         with self.tables.transaction():
             self._begin()
-            row = self.tables.task(id)
+            row = self.tables.task(id, shared=True)
             return None if row is None else self.task_record(row)
 
     def search_tasks(
@@ -564,7 +567,7 @@ def claim_tagged(
     worker continues the creator's trace from: ``_store.trace_with``)."""
     with core.tables.transaction():
         claimed = core.claim_work(target, pid=pid, ttl=ttl, limit=limit)
-        promises = [core.tables.promise(task.id) for task, _ in claimed]
+        promises = [core.tables.promise(task.id, shared=True) for task, _ in claimed]
         return [
             (task, data, {} if row is None else dict(row["tags"]))
             for (task, data), row in zip(claimed, promises, strict=True)
