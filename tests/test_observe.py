@@ -10,7 +10,7 @@ import trio
 
 import trioexec
 from trioexec import Backoff, TaskHandle, TaskStatus, open_executor
-from trioexec._observe import combine
+from trioexec._observe import combine, without
 from trioexec._store._changes import Start, submitted
 
 
@@ -214,3 +214,13 @@ async def test_an_observer_raising_when_a_pending_task_is_cancelled_does_not_han
         await busy.wait()
         with trio.fail_after(10):
             await ex.wait_for_idle()
+
+
+def test_removing_the_last_observer_leaves_none_to_call():
+    """A removed observer costs nothing: once none is left, a transition calls none."""
+    a, b = object(), object()
+    both = combine(combine(None, a), b)  # type: ignore[arg-type]
+    assert without(both, a) is both
+    assert both.all == [b]
+    assert without(both, b) is None
+    assert without(None, a) is None  # type: ignore[arg-type]

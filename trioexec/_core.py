@@ -450,7 +450,10 @@ class ExecutorCore:
         ended (allowed while a DRAIN lets started runs finish), accepted at once
         if it fits: True. Not a checkpoint (the coordinator checkpoints as it
         waits for its steps); if False, the step goes through `admit_step`."""
-        job = self.new_job(spec, args, spec.id, None, None, None, run_id, run_id, on_done=on_done)
+        # (every argument positional: a keyword costs a search of the parameters)
+        job = self.new_job(
+            spec, args, spec.id, None, None, None, run_id, run_id, None, None, on_done
+        )
         return job, self.accept_if_fits(job)
 
     @property
@@ -478,8 +481,7 @@ class ExecutorCore:
 
     def waiting(self, job: Job) -> None:
         """What ``job`` waits on changed (`Listener.waiting`): with a store, journaled."""
-        if self.journal is not None:
-            journal_waiting(self.lifecycle, job)
+        journal_waiting(self.lifecycle, job)
 
     def want(self, state: KeyState) -> None:
         """A shared key changed (`Listener.want`): the key broker settles it."""

@@ -141,11 +141,14 @@ def combine(current: Observer | None, new: Observer) -> Observers:
 
 
 def without(current: Observer | None, gone: Observer) -> Observer | None:
-    """``current`` without ``gone`` (None if nothing is left to tell)."""
+    """``current`` without ``gone``; None if nothing is left to tell (a
+    transition then costs no call at all)."""
     if current is gone:
         return None
     if isinstance(current, Observers):
         current.remove(gone)
+        if not current.all:
+            return None
     return current
 
 
