@@ -3,7 +3,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trioexec import Overflow
-from trioexec._admission import Admit, admit, rejection_reason
+from trioexec._machine._admit import Admit, admit, rejection_reason
 
 counts = st.integers(0, 50)
 

@@ -29,7 +29,7 @@ from trioexec import (
     TaskStatus,
     open_executor,
 )
-from trioexec._keys import KeyState
+from trioexec._machine._keys import KeyState
 from trioexec.testing import FakeWallClock
 
 

@@ -55,9 +55,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
             {
                 "trioexec._core",
                 "trioexec._control",
-                "trioexec._taskref",
                 "trioexec._admission",
-                "trioexec._pending",
+                "trioexec._waits",
                 "trioexec._keyshare",
                 "trioexec._lifecycle",
                 "trioexec._workers",
@@ -70,6 +69,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
             }
         ),
     ),
+    # The machine: what the executor decides, with no I/O (no Trio, no store).
+    ("machine", frozenset({"trioexec._machine*"})),
     (
         "tasks, handle, slots",
         frozenset(
@@ -78,7 +79,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "trioexec._handle",
                 "trioexec._poller",
                 "trioexec._slots",
-                "trioexec._keys",
+                "trioexec._taskref",
                 "trioexec._backoff",
                 "trioexec.testing",
             }

@@ -1,12 +1,14 @@
 """`Pending`, the pending queue, against a plain list: FIFO order, cancel in O(1)
 by tombstone, and compaction that never loses or reorders a live job."""
 
+import time
+
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from trioexec import TaskStatus
-from trioexec._pending import Pending
+from trioexec._machine._pending import Pending
 from trioexec._spec import call_info
 from trioexec._taskref import Job
 
@@ -24,7 +26,7 @@ def make_job(n: int) -> Job:
 class PendingMachine(RuleBasedStateMachine):
     def __init__(self):
         super().__init__()
-        self.pending = Pending()
+        self.pending = Pending(time.monotonic)
         self.model: list[Job] = []  # live jobs, in order
         self.made = 0
 
@@ -64,7 +66,7 @@ TestPending.settings = settings(max_examples=100, stateful_step_count=60, deadli
 
 
 def test_tombstones_are_compacted_once_they_are_the_majority():
-    pending = Pending()
+    pending = Pending(time.monotonic)
     jobs = [make_job(n) for n in range(200)]
     for job in jobs:
         pending.append(job)

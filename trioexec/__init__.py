@@ -1,6 +1,5 @@
 """trioexec: a Trio-native task runtime whose tasks give their slot back while they wait."""
 
-from ._admission import Overflow as Overflow
 from ._coordinator import WorkflowResult as WorkflowResult
 from ._coordinator import WorkflowRun as WorkflowRun
 from ._core import ExecutorConfig as ExecutorConfig
@@ -20,10 +19,11 @@ from ._events import HealthEventKind as HealthEventKind
 from ._executor import Executor as Executor
 from ._executor import open_executor as open_executor
 from ._handle import TaskHandle as TaskHandle
-from ._keys import KeyLimit as KeyLimit
-from ._keys import KeyStatistics as KeyStatistics
+from ._machine._keys import KeyLimit as KeyLimit
+from ._machine._keys import KeyStatistics as KeyStatistics
 from ._metrics import ExecutorMetrics as ExecutorMetrics
 from ._records import ExecutionRecord as ExecutionRecord
+from ._records import Overflow as Overflow
 from ._records import ShutdownPolicy as ShutdownPolicy
 from ._records import SubStatus as SubStatus
 from ._records import TaskCompletion as TaskCompletion

@@ -32,7 +32,7 @@ from ._store._control import MAX_SKEW
 if TYPE_CHECKING:
     from ._journal import Journal
     from ._lifecycle import Lifecycle
-    from ._pending import Pending
+    from ._machine._pending import Pending
     from ._store import Command, Store
 
 #: How often an executor reads the store's commands (within a second, as promised).

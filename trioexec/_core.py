@@ -27,23 +27,25 @@ from typing import Any, final
 import attrs
 import trio
 
-from ._admission import Admit, Gate, Overflow
+from ._admission import Gate
 from ._causation import current_job
 from ._control import Control
 from ._events import EventStream
 from ._journal import Journal
-from ._keys import KeyLimit, KeyState, check_key, key_limits_for
 from ._keyshare import KeyBroker
 from ._lifecycle import Lifecycle, journal_waiting
+from ._machine._admit import Admit
+from ._machine._keys import KeyLimit, KeyState, check_key, key_limits_for
+from ._machine._pending import Pending
 from ._metrics import ExecutorMetrics, Tally
-from ._pending import Pending
-from ._records import ExecutionRecord, ShutdownPolicy, check_id
+from ._records import ExecutionRecord, Overflow, ShutdownPolicy, check_id
 from ._recovery import RecoverableRuns, Recovery
 from ._shutdown import Shutdown
 from ._slots import SlotPool
 from ._spec import CallInfo, TaskSpec, call_info, check_priority, spec_key
 from ._store import Store
 from ._taskref import Job
+from ._waits import KeyTimer
 from ._workers import Workers
 
 
@@ -178,8 +180,15 @@ class ExecutorCore:
         # made. What the queue and the journal decide reaches later parts through
         # this core (`ready`, `waiting`, `want`, `parked`, `_written`).
         self.pending = pending = Pending(
-            config.key_limits, config.priority_aging, self.wall, shared, inline, self
+            trio.current_time,
+            config.key_limits,
+            config.priority_aging,
+            self.wall,
+            shared,
+            inline,
+            self,
         )
+        self.key_timer = KeyTimer(pending)
         self.slots = slots = SlotPool(config.max_concurrent_tasks)
         self.journal = journal = None if store is None else Journal(store, self._written)
         self.keyshare = keyshare = (
@@ -197,6 +206,7 @@ class ExecutorCore:
             slots,
             self.lifecycle,
             config.thread_workers or config.max_concurrent_tasks,
+            self.key_timer,
             None if keyshare is None else keyshare.slot_freed,
         )
         if keyshare is not None:
@@ -491,6 +501,10 @@ class ExecutorCore:
     def parked(self, job: Job) -> None:
         """A pause parked ``job`` (`Listener.parked`): a shutdown cancels it."""
         self.shutdown.parked(job)
+
+    def timer(self, at: float) -> None:
+        """A key is due sooner (`Listener.timer`): the key timer wakes then."""
+        self.key_timer.due_at(at)
 
     def _written(self, notify: list[Any], fenced: list[str]) -> None:
         """A batch is durable (the journal's ``on_written``)."""

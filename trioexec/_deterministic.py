@@ -87,7 +87,7 @@ class DeterministicExecutor(Facade):
                 body_error.append(exc)
                 raise
             finally:
-                core.pending.close()  # (the timer task ends)
+                core.key_timer.close()  # (the timer task ends)
         return completions
 
     async def _run_ready(
@@ -109,7 +109,7 @@ class DeterministicExecutor(Facade):
                 completions.extend(job.make_completion() for job in cancelled)
                 break
             pending = core.pending
-            pending.timers.fire()
+            pending.tick()
             job = await core.workers.run_next()
             if job is None:
                 if not pending.held or math.isinf(pending.timers.next()):

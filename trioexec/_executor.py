@@ -18,15 +18,14 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack, final, overload
 import attrs
 import trio
 
-from ._admission import Overflow
 from ._coordinator import WorkflowResult, WorkflowRun, WorkflowRuns
 from ._core import ExecutorConfig, ExecutorCore, check_grace, check_store
 from ._errors import ExecutorClosed, StoreError, TaskDefinitionError
 from ._events import EventStream
 from ._handle import TaskHandle
-from ._keys import KeyLimit, KeyStatistics, check_key
+from ._machine._keys import KeyLimit, KeyStatistics, check_key
 from ._metrics import ExecutorMetrics
-from ._records import ShutdownPolicy
+from ._records import Overflow, ShutdownPolicy
 from ._schedule import Schedule, Schedules
 from ._slots import SlotPool
 from ._spec import TaskSpec, collect_specs
@@ -530,7 +529,7 @@ class Executor(Facade):
             await trio.lowlevel.checkpoint()
             return
         await core.lifecycle.wait_for_idle()
-        core.pending.close()
+        core.key_timer.close()
         core.workers.wake_idle()
         if core.workers.shared_poller is not None:
             core.workers.shared_poller.close()

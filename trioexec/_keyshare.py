@@ -28,8 +28,8 @@ from ._store._key_ledger import KeyGrant, KeyRequest
 
 if TYPE_CHECKING:
     from ._journal import Journal
-    from ._keys import KeyState
-    from ._pending import Pending
+    from ._machine._keys import KeyState
+    from ._machine._pending import Pending
 
 #: How soon a key that others hold is asked for again, first and at most.
 POLL_MIN = 0.05

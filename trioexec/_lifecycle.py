@@ -37,7 +37,7 @@ from ._taskref import Job, UnreadFailures
 if TYPE_CHECKING:
     from ._admission import Gate
     from ._journal import Journal
-    from ._pending import Pending
+    from ._machine._pending import Pending
 
 
 class Runs(Protocol):

@@ -26,12 +26,12 @@ from ._causation import running
 from ._errors import PermanentError, TaskTimeout
 from ._handle import TaskHandle
 from ._lifecycle import Lifecycle, journal_waiting
-from ._pending import wait_unpaused
 from ._poller import Poller
 from ._records import SubStatus, TaskStatus
 from ._slots import SlotPool, SlotToken
 from ._spec import TaskSpec
 from ._taskref import Job
+from ._waits import KeyTimer, rejoin, wait_unpaused
 
 
 @final
@@ -44,9 +44,11 @@ class Workers:
         pool: SlotPool,
         lifecycle: Lifecycle,
         thread_workers: int,
+        key_timer: KeyTimer,
         on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.pool = pool
+        self._key_timer = key_timer
         self.nursery: trio.Nursery | None = None  # (set by `start`)
         # This Trio run's registry of running executions (set by `start`).
         self.registry: dict[trio.lowlevel.Task, Job] | None = None
@@ -81,7 +83,7 @@ class Workers:
         polls in its own task); every other background task it can need runs in
         ``nursery`` as in `open_executor`. The one place both start them
         (tests/test_deterministic.py lists each task and its stand-in)."""
-        self._pending.start(nursery)
+        self._key_timer.start(nursery)
         if inline:
             return
         self.nursery = nursery
@@ -299,7 +301,7 @@ class Workers:
                 await wait_unpaused(self._pending, job)
                 journal_waiting(self._lifecycle, job)  # (a slot, or its key, next)
                 if job.key is not None:
-                    await self._pending.rejoin(job)
+                    await rejoin(self._pending, job)
             finally:
                 backing_off.discard(job)
                 self._count += 1
@@ -414,7 +416,7 @@ class Workers:
         if job.key is None:
             await slot.reclaim()
             return
-        await self._pending.rejoin(job)
+        await rejoin(self._pending, job)
         try:
             await slot.reclaim()
         except BaseException:

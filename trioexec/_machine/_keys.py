@@ -6,8 +6,10 @@ A key's limit bounds its tasks that hold a slot (``concurrency``) and its starts
 queue that decides who starts (`Pending`) keeps each key's held-back tasks in a
 line of their own, so a key at its limit never delays another key's tasks.
 
-The arithmetic is pure (`KeyState.room`, `KeyState.refill`, `KeyState.ready_at`):
-it takes ``now`` on Trio's clock and returns numbers.
+Part of the machine (`trioexec._machine`): no Trio here. The arithmetic is pure
+(`KeyState.room`, `KeyState.refill`, `KeyState.ready_at`): it takes ``now`` on the
+executor's clock and returns numbers; `KeyTimers` only orders when keys are due
+(the shell's timer task sleeps until then).
 """
 
 from __future__ import annotations
@@ -15,16 +17,15 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, final
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, final
 
 import attrs
-import trio
 
-from ._records import check_id
+from .._records import check_id
 
 if TYPE_CHECKING:
-    from ._taskref import Job
+    from .._taskref import Job
 
 #: the `KeyLimit` of every key a mapping does not list
 DEFAULT_KEY = "*"
@@ -175,16 +176,28 @@ def check_key(value: object) -> str:
     return check_id("key", value)
 
 
+class Wake(Protocol):
+    """What the shell waits on, and the machine sets when the wait is over (a
+    `trio.Event`)."""
+
+    def set(self) -> None: ...
+
+
+W = TypeVar("W", bound=Wake)
+
+
 @final
-class Waiter:
+class Waiter(Generic[W]):
     """A started task of a limited key waiting in one of its key's lines (to
-    resume from a deferral, or for a retry's attempt)."""
+    resume from a deferral, or, with ``start``, for a retry's attempt); ``wake``
+    is set once it is ``granted`` the key."""
 
-    __slots__ = ("event", "granted", "job")
+    __slots__ = ("granted", "job", "start", "wake")
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, wake: W, start: bool) -> None:
         self.job = job
-        self.event = trio.Event()
+        self.wake = wake
+        self.start = start
         self.granted = False
 
 
@@ -249,8 +262,8 @@ class KeyState:
         self.limited_count = 0
         self.earmarked: dict[Job, tuple[float, int, Job]] = {}  # (with their entries)
         self.queue: list[tuple[float, int, Job]] = []
-        self.resumers: deque[Waiter] = deque()
-        self.retriers: deque[Waiter] = deque()
+        self.resumers: deque[Waiter[Any]] = deque()
+        self.retriers: deque[Waiter[Any]] = deque()
         self.tokens = limit.burst if limit is not None and not shared else 0.0
         self.stamp = math.inf if shared else now  # when `tokens` was last brought up to date
         # Shared: when each token of the store's held here came, and how long
@@ -411,70 +424,38 @@ class KeyState:
 
 @final
 class KeyTimers:
-    """When limited keys' buckets have their next token: one task (started in
-    ``nursery`` when first needed) sleeps until the earliest and calls
-    ``on_due(state)`` for each that is due."""
+    """When limited keys' buckets have their next token: a heap of the keys
+    due, earliest first (the shell sleeps until `next`, then the queue takes
+    the keys `due` then)."""
 
-    __slots__ = ("_heap", "_scope", "_seq", "nursery", "on_due")
+    __slots__ = ("_heap", "_seq")
 
-    def __init__(self, on_due: Callable[[KeyState], None]) -> None:
-        self.on_due = on_due
-        self.nursery: trio.Nursery | None = None  # (set by the workers: runs the task)
+    def __init__(self) -> None:
         self._heap: list[tuple[float, int, KeyState]] = []
         self._seq = 0
-        self._scope: trio.CancelScope | None = None
 
-    def set(self, state: KeyState, at: float) -> None:
-        """Wake ``state``'s key at ``at`` (unless it is to be woken sooner)."""
+    def set(self, state: KeyState, at: float) -> bool:
+        """Wake ``state``'s key at ``at`` (unless it is to be woken sooner).
+        True if that is now the earliest (the shell's sleep ends sooner)."""
         if at >= state.timer_at:
-            return
+            return False
         state.timer_at = at
         self._seq += 1
-        heapq.heappush(self._heap, (at, self._seq, state))
-        scope = self._scope
-        if scope is not None:
-            scope.deadline = min(scope.deadline, at)
-        elif self.nursery is not None:
-            self._spawn(self.nursery)
-
-    def start(self, nursery: trio.Nursery) -> None:
-        """The task runs in ``nursery`` from now on (at once if a key waits already:
-        `DeterministicExecutor` gives each `run_ready` a nursery of its own)."""
-        self.nursery = nursery
-        if self._heap and self._scope is None:
-            self._spawn(nursery)
-
-    def _spawn(self, nursery: trio.Nursery) -> None:
-        self._scope = trio.CancelScope(deadline=self.next())
-        nursery.start_soon(self._run, self._scope, name="trioexec key timer")
-
-    async def _run(self, scope: trio.CancelScope) -> None:
-        while self._scope is scope:
-            with scope:
-                await trio.sleep_forever()
-            if self._scope is not scope:
-                return
-            self.fire()
-            scope = self._scope = trio.CancelScope(deadline=self.next())
-
-    def fire(self) -> None:
-        """Call ``on_due`` for every key due now."""
-        now = trio.current_time()
         heap = self._heap
+        heapq.heappush(heap, (at, self._seq, state))
+        return heap[0][2] is state
+
+    def due(self, now: float) -> list[KeyState]:
+        """The keys due at ``now`` (taken off the heap)."""
+        heap = self._heap
+        states = []
         while heap and heap[0][0] <= now:
             at, _, state = heapq.heappop(heap)
-            if at != state.timer_at:
-                continue  # superseded by an earlier one
-            state.timer_at = math.inf
-            self.on_due(state)
+            if at == state.timer_at:  # (else superseded by an earlier one)
+                state.timer_at = math.inf
+                states.append(state)
+        return states
 
     def next(self) -> float:
         """When the next key is due (inf: none is)."""
         return self._heap[0][0] if self._heap else math.inf
-
-    def close(self) -> None:
-        """The task ends, and none starts until `start` is called again."""
-        self.nursery = None
-        scope, self._scope = self._scope, None
-        if scope is not None:
-            scope.cancel()

@@ -10,13 +10,17 @@ never delays another key's tasks.
 Rank: higher priority first, then submission order. With ``priority_aging``,
 a waiting task's priority rises by 1 for every ``priority_aging`` seconds it has
 waited (continuously), so two tasks compare by ``queued_at - priority *
-priority_aging``: a static order, kept in a heap. ``queued_at`` is Trio's clock
+priority_aging``: a static order, kept in a heap. ``queued_at`` is the executor's clock
 when the task was queued (for the tasks already waiting when the first key or
 priority arrives, worked out from their ``submitted_at``), made monotonic, so
 equal priorities keep submission order.
 
 A task cancelled while pending leaves a tombstone the workers skip, so a cancel
 costs O(1); the structures are compacted when tombstones outnumber live entries.
+
+Part of the machine (`trioexec._machine`): no Trio here. It reads the clock it is
+given, tells its `Listener` what to carry out, and sets the `Wake` a waiting
+task's shell gave it (`trioexec._waits` does the waiting).
 """
 
 from __future__ import annotations
@@ -25,20 +29,20 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import Protocol, final
+from typing import TYPE_CHECKING, Protocol, final
 
-import trio
+from .._records import TaskStatus
+from ._keys import DEFAULT_KEY, KeyLimit, KeyState, KeyStatistics, KeyTimers, W, Waiter, Wake
 
-from ._keys import DEFAULT_KEY, KeyLimit, KeyState, KeyStatistics, KeyTimers, Waiter
-from ._records import TaskStatus
-from ._taskref import Job
+if TYPE_CHECKING:
+    from .._taskref import Job
 
 # Compact only past this many tombstones (and when they are the majority).
 _COMPACT_AFTER = 64
 # Keep this many keys' states (their counts) before dropping idle ones.
 _KEEP_IDLE = 1024
 
-_Entry = tuple[float, int, Job]
+_Entry = tuple[float, int, "Job"]
 
 
 class Listener(Protocol):
@@ -58,6 +62,9 @@ class Listener(Protocol):
     def parked(self, job: Job) -> None:
         """A pause parked ``job``, or holds its retry (a shutdown cancels it)."""
 
+    def timer(self, at: float) -> None:
+        """A key is due at ``at``, sooner than any before: call `Pending.tick` then."""
+
 
 @final
 class _Deaf:
@@ -73,6 +80,9 @@ class _Deaf:
         pass
 
     def parked(self, job: Job) -> None:
+        pass
+
+    def timer(self, at: float) -> None:
         pass
 
 
@@ -115,6 +125,7 @@ class Pending:
         "_shared",
         "_tombstones",
         "_wall",
+        "clock",
         "held",
         "inline",
         "keys",
@@ -123,12 +134,12 @@ class Pending:
         "parked",
         "paused",
         "paused_retries",
-        "resumed",
         "timers",
     )
 
     def __init__(
         self,
+        clock: Callable[[], float],
         key_limits: Mapping[str, KeyLimit] | None = None,
         priority_aging: float | None = 60.0,
         wall: Callable[[], float] | None = None,
@@ -136,6 +147,7 @@ class Pending:
         inline: bool = False,
         listener: Listener | None = None,
     ) -> None:
+        self.clock = clock  # the executor's (Trio's, in the shell)
         self.listener = _DEAF if listener is None else listener
         self._jobs: deque[Job] = deque()
         self.live = 0
@@ -150,14 +162,14 @@ class Pending:
         self._limits = dict(key_limits or {})
         self._tombstones = 0
         self.keys: dict[str, KeyState] = {}
-        self.timers = KeyTimers(self._token_due)
+        self.timers = KeyTimers()
         self._shared = shared  # limits shared through a store (the listener's `want`)
         # Paused names and keys (None: nothing is paused; `set_paused`), and the
         # queued tasks they hold out of the queue, each with its place in it.
         self.paused: tuple[frozenset[str], frozenset[str]] | None = None
         self.parked: dict[Job, _Entry] = {}
-        self.paused_retries: set[Job] = set()  # retries a pause holds (`wait_unpaused`)
-        self.resumed = trio.Event()  # set (and replaced) when a pause is lifted
+        # Retries a pause holds (`hold_retry`), each with what wakes it once lifted.
+        self.paused_retries: dict[Job, Wake] = {}
         # Jobs run one at a time in one task (`DeterministicExecutor`): a task
         # its key let through cannot start before the started one that rejoins
         # its key has ended, so it gives its room back to it (`rejoin`).
@@ -204,7 +216,7 @@ class Pending:
                 state.pending -= 1
                 state.holders.add(job)
                 if state.limit is not None and state.limit.rate is not None:
-                    state.use_token(trio.current_time())
+                    state.use_token(self.clock())
                     if state.shared:
                         self.listener.want(state)  # (the store hears of it; the next token)
             return job
@@ -281,7 +293,7 @@ class Pending:
         self._ranked = True
         jobs, self._jobs = self._jobs, deque()
         self.live = 0
-        now, wall = trio.current_time(), self._wall
+        now, wall = self.clock(), self._wall
         for job in jobs:
             if job.status is TaskStatus.PENDING:
                 # Queued before anything was ranked: its age from its submission time.
@@ -293,7 +305,7 @@ class Pending:
         state = None if job.key is None else self.state(job.key)
         seq = self._seq = self._seq + 1
         if t is None:
-            t = trio.current_time()
+            t = self.clock()
         if t < self._last:
             t = self._last
         else:
@@ -330,7 +342,7 @@ class Pending:
             return
         if not state.queue and not state.resumers and not state.retriers:  # (the common case)
             if state.limit.rate is not None:
-                state.refill(trio.current_time())
+                state.refill(self.clock())
             if state.room():
                 self._let_through(state, entry)
                 return
@@ -412,7 +424,7 @@ class Pending:
         if state is None:
             limits = self._limits
             limit = limits.get(key) or limits.get(DEFAULT_KEY)
-            state = self.keys[key] = KeyState(key, limit, trio.current_time(), self._shared)
+            state = self.keys[key] = KeyState(key, limit, self.clock(), self._shared)
         return state
 
     def statistics(self, key: str) -> KeyStatistics:
@@ -454,13 +466,14 @@ class Pending:
             state.retrying.discard(job)
         self._maybe_forget_key(state)
 
-    async def rejoin(self, job: Job) -> None:
+    def rejoin(self, job: Job, make_wake: Callable[[], W]) -> Waiter[W] | None:
         """Take ``job``'s key back: after a deferral (it holds it on return), or
         for a retry's attempt (it is let through; `attempt_starts` takes the token
         once it holds a slot). First come, first served among the key's started
         tasks (resumes first: a rate holds back starts only), ahead of its pending
-        ones. If cancelled while waiting, it takes nothing. Not a checkpoint when
-        the key has room."""
+        ones. None: it has it now; else it waits in the key's line until the
+        waiter's ``wake`` (made by ``make_wake``) is set, or until its wait is
+        cancelled (`leave_line`)."""
         state = self._state_of(job)
         start = job in state.retrying
         if state.limit is not None:
@@ -468,30 +481,33 @@ class Pending:
                 for entry in list(state.earmarked.values()):
                     _send_back(self, state, entry)
                     self.listener.waiting(entry[2])
-            state.refill(trio.current_time())
+            state.refill(self.clock())
             ahead = state.resumers or (start and state.retriers)
             if ahead or not state.room(start):
-                waiter = Waiter(job)
+                waiter = Waiter(job, make_wake(), start)
                 (state.retriers if start else state.resumers).append(waiter)
                 state.limited_count += 1
                 self._grant(state)  # (sets the timer for the token it may wait for)
                 if not waiter.granted:
                     self.listener.waiting(job)
-                try:
-                    await waiter.event.wait()
-                except BaseException:
-                    if waiter.granted:
-                        self.release(job, deferred=not start)
-                        if start:
-                            state.reserved.discard(job)
-                            state.retrying.add(job)
-                            self._grant(state)
-                    else:
-                        (state.retriers if start else state.resumers).remove(waiter)
-                        self._grant(state)  # the next in line may fit now
-                    raise
-                return
+                return waiter
         state.take(job, start)
+        return None
+
+    def leave_line(self, waiter: Waiter[W]) -> None:
+        """``waiter``'s wait was cancelled: its task takes nothing (what it was
+        granted meanwhile goes back)."""
+        job, start = waiter.job, waiter.start
+        state = self._state_of(job)
+        if waiter.granted:
+            self.release(job, deferred=not start)
+            if start:
+                state.reserved.discard(job)
+                state.retrying.add(job)
+                self._grant(state)
+        else:
+            (state.retriers if start else state.resumers).remove(waiter)
+            self._grant(state)  # the next in line may fit now
 
     def attempt_starts(self, job: Job) -> None:
         """A retry let through by its key holds its slot now: it holds the key,
@@ -501,7 +517,7 @@ class Pending:
         state.holders.add(job)
         limit = state.limit
         if limit is not None and limit.rate is not None:
-            state.use_token(trio.current_time())
+            state.use_token(self.clock())
             if state.shared:
                 self.listener.want(state)
 
@@ -517,7 +533,7 @@ class Pending:
         if job in state.reserved:
             return "slot"
         if _queued(job) or any(w.job is job for w in (*state.resumers, *state.retriers)):
-            state.refill(trio.current_time())
+            state.refill(self.clock())
             return state.reason()
         return None
 
@@ -537,13 +553,13 @@ class Pending:
         limit = state.limit
         assert limit is not None
         if limit.rate is not None:
-            state.refill(trio.current_time())
+            state.refill(self.clock())
         for line, start in ((state.resumers, False), (state.retriers, True)):
             while line and state.room(start):
                 waiter = line.popleft()
                 state.take(waiter.job, start)
                 waiter.granted = True
-                waiter.event.set()
+                waiter.wake.set()
                 self.listener.waiting(waiter.job)
             if line:
                 break
@@ -566,7 +582,7 @@ class Pending:
             return
         waiting = state.retriers or state.queue
         if waiting and not state.resumers and limit.rate is not None and state.by_rate():
-            self.timers.set(state, state.ready_at())
+            self._set_timer(state, state.ready_at())
 
     def _maybe_forget_key(self, state: KeyState) -> None:
         """Memory follows the keys in use: past ``_KEEP_IDLE`` keys, an idle key
@@ -576,17 +592,23 @@ class Pending:
         store (`regrant`). O(1) a call."""
         if not state.idle or len(self.keys) <= _KEEP_IDLE:
             return
-        if state.spent(trio.current_time()):
+        if state.spent(self.clock()):
             if self.keys.get(state.key) is state:  # (not a new state of the key)
                 del self.keys[state.key]
         elif not state.shared:
-            self.timers.set(state, state.full_at())
+            self._set_timer(state, state.full_at())
 
-    def _token_due(self, state: KeyState) -> None:
-        """``state``'s bucket has its next token now (`KeyTimers`)."""
-        if state.limit is not None and (state.resumers or state.retriers or state.queue):
-            self._grant(state)
-        self._maybe_forget_key(state)
+    def _set_timer(self, state: KeyState, at: float) -> None:
+        if self.timers.set(state, at):
+            self.listener.timer(at)
+
+    def tick(self) -> None:
+        """The keys due now have their next token (or a full bucket): their
+        waiting tasks go through as it allows; idle ones are forgotten."""
+        for state in self.timers.due(self.clock()):
+            if state.limit is not None and (state.resumers or state.retriers or state.queue):
+                self._grant(state)
+            self._maybe_forget_key(state)
 
     # ------------------------------------------------------------ paused
 
@@ -644,17 +666,19 @@ class Pending:
                         self._grant(state)
         for _ in back:
             self.listener.ready()
-        if self.paused_retries:
-            self.resumed.set()
-            self.resumed = trio.Event()
+        for job in [j for j in self.paused_retries if not _paused_by(self.paused, j)]:
+            self.paused_retries.pop(job).set()
 
-    def start(self, nursery: trio.Nursery) -> None:
-        """Refill timers run in ``nursery`` from now on."""
-        self.timers.start(nursery)
-
-    def close(self) -> None:
-        """The executor is done: the timer task ends."""
-        self.timers.close()
+    def hold_retry(self, job: Job, wake: Wake) -> bool:
+        """Hold a retry's next attempt while its name or key is paused, until
+        ``wake`` is set (its ``waiting_on`` says ``"paused"``): True if it is
+        held. Its shell forgets it (`paused_retries`) once woken or cancelled."""
+        if not _paused_by(self.paused, job):
+            return False
+        self.paused_retries[job] = wake
+        self.listener.waiting(job)
+        self.listener.parked(job)
+        return True
 
     def __repr__(self) -> str:
         tombstones = self._tombstones if self._ranked else len(self._jobs) - self.live
@@ -673,22 +697,6 @@ def _park(pending: Pending, entry: _Entry) -> None:
         pending.keys[job.key].parked += 1
     pending.listener.waiting(job)
     pending.listener.parked(job)
-
-
-async def wait_unpaused(pending: Pending, job: Job) -> None:
-    """Wait while ``job``'s name or key is paused: a pause holds a retry's next
-    attempt too (its ``waiting_on`` says ``"paused"``). Not a checkpoint if it is
-    not paused."""
-    if not _paused_by(pending.paused, job):
-        return
-    pending.paused_retries.add(job)
-    pending.listener.waiting(job)
-    pending.listener.parked(job)
-    try:
-        while _paused_by(pending.paused, job):
-            await pending.resumed.wait()
-    finally:
-        pending.paused_retries.discard(job)
 
 
 def _send_back(pending: Pending, state: KeyState, entry: _Entry) -> None:

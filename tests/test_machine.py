@@ -1,0 +1,359 @@
+"""The machine without Trio (issue 31): `Pending` driven as the shell drives it —
+submit, start, defer and resume, retry, finish, cancel, pause, the clock moving
+and the key timers ticking — against a model of what the runtime promises:
+
+- a key's concurrency bound and its rate (over any span of ``s`` seconds at most
+  ``burst + rate * s / per`` starts) are never exceeded;
+- tasks start best first: no queued task without a limit outranks the one that
+  starts (priority, then submission order), nor does a task of the same key;
+- a paused task does not start; nothing is lost: the queue's counts are the
+  model's, and once everything is let go every task starts and ends.
+
+No Trio run, no store: the machine reads the clock it is given and sets the
+wakes the shell gave it (here, flags).
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from trioexec import KeyLimit, TaskStatus
+from trioexec._machine._pending import Pending
+from trioexec._spec import call_info
+from trioexec._taskref import Job
+
+LIMITS = {
+    "a": KeyLimit(concurrency=2),
+    "b": KeyLimit(concurrency=1),
+    "r": KeyLimit(rate=2, per=10.0),
+    "ar": KeyLimit(concurrency=1, rate=1, per=5.0),
+}
+KEYS = [None, "a", "b", "b", "r", "ar", "ar", "free"]  # ("free": a key with no limit)
+NAMES = ["n0", "n1"]
+
+
+async def noop():
+    pass
+
+
+class Flag:
+    """The wake a shell hands the machine (a `trio.Event` in the real one)."""
+
+    def __init__(self) -> None:
+        self.is_set = False
+
+    def set(self) -> None:
+        self.is_set = True
+
+
+class Listener:
+    def __init__(self) -> None:
+        self.readies = 0
+        self.parks: list[Job] = []
+        self.timers: list[float] = []
+
+    def ready(self) -> None:
+        self.readies += 1
+
+    def waiting(self, job: Job) -> None:
+        pass
+
+    def want(self, state: object) -> None:
+        raise AssertionError("no key is shared here")
+
+    def parked(self, job: Job) -> None:
+        self.parks.append(job)
+
+    def timer(self, at: float) -> None:
+        self.timers.append(at)
+
+
+class MachineAgainstModel(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.listener = Listener()
+        self.pending = Pending(lambda: self.now, LIMITS, None, listener=self.listener)
+        self.made = 0
+        self.queued: list[Job] = []  # submitted, not started, not cancelled
+        self.running: list[Job] = []  # hold their key (and a slot)
+        self.deferred: list[Job] = []  # gave it back, will resume
+        self.retrying: list[Job] = []  # between attempts, will retry
+        self.lines: list[tuple[Job, object, bool]] = []  # (job, waiter, retry) in a key's line
+        self.held: list[tuple[Job, Flag]] = []  # retries a pause holds
+        self.rank: dict[Job, tuple[int, int]] = {}
+        self.starts: dict[str, list[float]] = {}
+        self.paused: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
+
+    # ---------------------------------------------------------------- helpers
+
+    def is_paused(self, job: Job) -> bool:
+        names, keys = self.paused
+        return job.name in names or job.key in keys
+
+    def started(self, job: Job) -> None:
+        if job.key is not None:
+            self.starts.setdefault(job.key, []).append(self.now)
+        self.running.append(job)
+
+    def woken(self) -> None:
+        """Tasks whose wait in their key's line is over go on, as the shell does;
+        so do retries a pause held, once it is lifted."""
+        for entry in list(self.held):
+            job, flag = entry
+            if flag.is_set:
+                assert not self.is_paused(job)
+                self.held.remove(entry)
+                self.pending.paused_retries.pop(job, None)
+                self.rejoin(job, True)
+        for entry in list(self.lines):
+            job, waiter, retry = entry
+            if waiter.wake.is_set:
+                assert waiter.granted
+                self.lines.remove(entry)
+                if retry:
+                    self.pending.attempt_starts(job)
+                self.started(job) if retry else self.running.append(job)
+
+    # ---------------------------------------------------------------- rules
+
+    @rule(
+        key=st.sampled_from(KEYS),
+        priority=st.sampled_from([0, 0, 1, 5]),
+        name=st.sampled_from(NAMES),
+    )
+    def submit(self, key, priority, name):
+        job = Job(
+            None,
+            noop,
+            (),
+            call_info(noop),
+            f"t{self.made}",
+            name,
+            None,
+            None,
+            None,
+            None,
+            0.0,
+            False,
+            True,
+        )
+        job.key, job.priority = key, priority
+        self.rank[job] = (-priority, self.made)
+        self.made += 1
+        self.pending.append(job)
+        self.queued.append(job)
+
+    @rule()
+    def start(self):
+        job = self.pending.pop()
+        if job is None:
+            return
+        assert job in self.queued
+        assert not self.is_paused(job)
+        for other in self.queued:
+            if other is job or self.is_paused(other):
+                continue
+            if other.key in (None, "free") or other.key == job.key:
+                assert self.rank[job] < self.rank[other], (job, other)
+        self.queued.remove(job)
+        job.status = TaskStatus.RUNNING
+        self.started(job)
+
+    @precondition(lambda self: self.running)
+    @rule(data=st.data(), how=st.sampled_from(["finish", "defer", "retry"]))
+    def leave(self, data, how):
+        job = data.draw(st.sampled_from(self.running))
+        if how != "finish" and job.key is None:
+            how = "finish"
+        self.running.remove(job)
+        if how == "finish":
+            job.status = TaskStatus.COMPLETED
+            if job.key is not None:
+                self.pending.ended(job)
+        elif how == "defer":
+            self.pending.release(job, deferred=True)
+            self.deferred.append(job)
+        else:
+            self.pending.release(job)
+            self.retrying.append(job)
+        self.woken()
+
+    @precondition(lambda self: self.deferred or self.retrying)
+    @rule(data=st.data())
+    def come_back(self, data):
+        self.come_back_one(data.draw(st.sampled_from(self.deferred + self.retrying)))
+
+    @precondition(lambda self: self.queued)
+    @rule()
+    def drop_oldest(self):
+        job = self.pending.pop_oldest()
+        first = min(
+            (j for j in self.queued if not self.is_paused(j)), key=self.rank.get, default=None
+        )
+        if first is None or job is None:
+            assert job is first
+            return
+        oldest = min(
+            (j for j in self.queued if not self.is_paused(j)), key=lambda j: self.rank[j][1]
+        )
+        assert job is oldest
+        self.queued.remove(job)
+        job.status = TaskStatus.DROPPED
+        self.woken()
+
+    @precondition(lambda self: self.queued)
+    @rule()
+    def take_all(self):
+        jobs = self.pending.take_all()
+        assert sorted(jobs, key=id) == sorted(self.queued, key=id)
+        for job in jobs:
+            job.status = TaskStatus.CANCELLED
+        self.queued.clear()
+        self.woken()
+
+    @precondition(lambda self: any(not w.granted for _, w, _ in self.lines))
+    @rule(data=st.data())
+    def give_up_waiting(self, data):
+        """A task waiting in its key's line is cancelled: it takes nothing."""
+        entry = data.draw(st.sampled_from([e for e in self.lines if not e[1].granted]))
+        self.lines.remove(entry)
+        job, waiter, _retry = entry
+        self.pending.leave_line(waiter)
+        job.status = TaskStatus.CANCELLED
+        self.pending.ended(job)
+        self.woken()
+
+    @precondition(lambda self: self.queued)
+    @rule(data=st.data())
+    def cancel(self, data):
+        job = data.draw(st.sampled_from(self.queued))
+        self.queued.remove(job)
+        job.status = TaskStatus.CANCELLED
+        self.pending.discard(job)
+        self.woken()
+
+    @rule(
+        names=st.sets(st.sampled_from(NAMES)), keys=st.sets(st.sampled_from(KEYS[1:]), max_size=1)
+    )
+    def pause(self, names, keys):
+        self.paused = (frozenset(names), frozenset(keys))
+        self.pending.set_paused(*self.paused)
+        self.woken()
+
+    @rule(seconds=st.sampled_from([0.5, 2.5, 5.0, 11.0]))
+    def advance(self, seconds):
+        self.now += seconds
+        if self.pending.timers.next() <= self.now:
+            self.pending.tick()
+        self.woken()
+
+    # ---------------------------------------------------------------- what holds
+
+    @invariant()
+    def bounds_hold(self):
+        for key, limit in LIMITS.items():
+            if limit.concurrency is not None:
+                holding = [j for j in self.running if j.key == key]
+                assert len(holding) <= limit.concurrency, (key, holding)
+            if limit.rate is not None:
+                times = self.starts.get(key, [])
+                for i, t0 in enumerate(times):
+                    for j in range(i, len(times)):
+                        span = times[j] - t0
+                        assert j - i + 1 <= limit.burst + limit.rate * span / limit.per + 1e-9
+
+    @invariant()
+    def counts_are_the_models(self):
+        pending = self.pending
+        assert pending.live + pending.held + len(pending.parked) == len(self.queued)
+        assert set(pending.parked) == {j for j in self.queued if self.is_paused(j)}
+        assert math.isinf(pending.timers.next()) or self.listener.timers
+        assert set(pending.paused_retries) == {job for job, _ in self.held}
+
+    def teardown(self):
+        """Let everything go: every task starts and ends, within a bound."""
+        self.pause(set(), set())
+        for _ in range(4 * self.made + 10):
+            if not (self.queued or self.running or self.deferred or self.retrying or self.lines):
+                assert not self.held
+                return
+            while self.running:
+                self.leave_one()
+            for job in [*self.deferred, *self.retrying]:
+                self.come_back_one(job)
+            while (job := self.pending.pop()) is not None:
+                self.queued.remove(job)
+                job.status = TaskStatus.RUNNING
+                self.started(job)
+            self.bounds_hold()
+            if not self.running and self.pending.timers.next() < math.inf:
+                self.now = max(self.now, self.pending.timers.next())
+                self.pending.tick()
+                self.woken()
+        raise AssertionError(f"stuck: {self.queued=} {self.lines=} {self.pending!r}")
+
+    def leave_one(self):
+        job = self.running.pop()
+        job.status = TaskStatus.COMPLETED
+        if job.key is not None:
+            self.pending.ended(job)
+        self.woken()
+
+    def come_back_one(self, job):
+        retry = job in self.retrying
+        (self.retrying if retry else self.deferred).remove(job)
+        if retry:
+            flag = Flag()
+            if self.pending.hold_retry(job, flag):
+                assert self.is_paused(job)
+                self.held.append((job, flag))
+                return
+        self.rejoin(job, retry)
+
+    def rejoin(self, job, retry):
+        waiter = self.pending.rejoin(job, Flag)
+        if waiter is None:
+            if retry:
+                self.pending.attempt_starts(job)
+                self.started(job)
+            else:
+                self.running.append(job)
+        else:
+            self.lines.append((job, waiter, retry))
+        self.woken()
+
+
+TestMachine = MachineAgainstModel.TestCase
+# (`nox -s soak` runs it again and again under new seeds)
+TestMachine.settings = settings(max_examples=300, stateful_step_count=60, deadline=None)
+
+
+def test_the_machine_runs_without_trio():
+    """Importing the machine's modules on their own loads no Trio and no store."""
+    import subprocess
+    import sys
+
+    code = """
+import sys, types, importlib.util, pathlib
+import trioexec
+path = list(trioexec.__path__)
+for name in list(sys.modules):
+    if name == "trio" or name.startswith(("trio.", "trioexec", "outcome", "sqlite")):
+        del sys.modules[name]
+package = types.ModuleType("trioexec")
+package.__path__ = path
+sys.modules["trioexec"] = package
+import trioexec._machine._pending, trioexec._machine._admit
+roots = ("trio", "trioexec", "sqlite3", "sqlite_utils")
+print(sorted(n for n in sys.modules if n.split(".")[0] in roots))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    loaded = eval(out.stdout)
+    assert "trio" not in loaded
+    assert not any(n.startswith("trioexec._store") for n in loaded)
+    assert "trioexec._machine._pending" in loaded

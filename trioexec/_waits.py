@@ -1,0 +1,90 @@
+"""The queue's waits, carried out in Trio (the machine's `Pending` decides them):
+the task that sleeps until a limited key is due (`KeyTimer`), a started task
+waiting in its key's line (`rejoin`), a retry waiting out a pause
+(`wait_unpaused`)."""
+
+from __future__ import annotations
+
+import math
+from typing import final
+
+import trio
+
+from ._machine._pending import Pending
+from ._taskref import Job
+
+
+@final
+class KeyTimer:
+    """One task (started in ``nursery`` when first needed) sleeps until the
+    queue's next key is due, and ticks the queue then (`Pending.tick`)."""
+
+    __slots__ = ("_pending", "_scope", "nursery")
+
+    def __init__(self, pending: Pending) -> None:
+        self._pending = pending
+        self.nursery: trio.Nursery | None = None  # (set by `start`: runs the task)
+        self._scope: trio.CancelScope | None = None
+
+    def due_at(self, at: float) -> None:
+        """A key is due at ``at`` (`Listener.timer`)."""
+        scope = self._scope
+        if scope is not None:
+            scope.deadline = min(scope.deadline, at)
+        elif self.nursery is not None:
+            self._spawn(self.nursery)
+
+    def start(self, nursery: trio.Nursery) -> None:
+        """The task runs in ``nursery`` from now on (at once if a key waits already:
+        `DeterministicExecutor` gives each `run_ready` a nursery of its own)."""
+        self.nursery = nursery
+        if self._scope is None and not math.isinf(self._pending.timers.next()):
+            self._spawn(nursery)
+
+    def _spawn(self, nursery: trio.Nursery) -> None:
+        self._scope = trio.CancelScope(deadline=self._pending.timers.next())
+        nursery.start_soon(self._run, self._scope, name="trioexec key timer")
+
+    async def _run(self, scope: trio.CancelScope) -> None:
+        while self._scope is scope:
+            with scope:
+                await trio.sleep_forever()
+            if self._scope is not scope:
+                return
+            self._pending.tick()
+            scope = self._scope = trio.CancelScope(deadline=self._pending.timers.next())
+
+    def close(self) -> None:
+        """The task ends, and none starts until `start` is called again."""
+        self.nursery = None
+        scope, self._scope = self._scope, None
+        if scope is not None:
+            scope.cancel()
+
+
+async def rejoin(pending: Pending, job: Job) -> None:
+    """Take ``job``'s key back (`Pending.rejoin`), waiting in its key's line if
+    it must. If cancelled while waiting, it takes nothing. Not a checkpoint when
+    the key has room."""
+    waiter = pending.rejoin(job, trio.Event)
+    if waiter is None:
+        return
+    try:
+        await waiter.wake.wait()
+    except BaseException:
+        pending.leave_line(waiter)
+        raise
+
+
+async def wait_unpaused(pending: Pending, job: Job) -> None:
+    """Wait while ``job``'s name or key is paused: a pause holds a retry's next
+    attempt too (`Pending.hold_retry`). Not a checkpoint if it is not paused."""
+    if pending.paused is None:
+        return
+    wake = trio.Event()
+    if not pending.hold_retry(job, wake):
+        return
+    try:
+        await wake.wait()
+    finally:
+        pending.paused_retries.pop(job, None)
