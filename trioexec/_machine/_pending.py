@@ -322,7 +322,7 @@ class Pending:
         if state is not None:
             state.pending += 1
         if self.paused is not None and _paused_by(self.paused, job):
-            _park(self, entry)
+            self._park(entry)
             return
         self._place(entry)
 
@@ -359,7 +359,7 @@ class Pending:
         (which goes back to the key's line): the key's best always start first."""
         worst = max(state.earmarked.values())
         if entry < worst:
-            _send_back(self, state, worst)
+            self._send_back(state, worst)
             self._grant(state)
             self.listener.waiting(worst[2])
 
@@ -479,7 +479,7 @@ class Pending:
         if state.limit is not None:
             if self.inline and state.earmarked:
                 for entry in list(state.earmarked.values()):
-                    _send_back(self, state, entry)
+                    self._send_back(state, entry)
                     self.listener.waiting(entry[2])
             state.refill(self.clock())
             ahead = state.resumers or (start and state.retriers)
@@ -658,7 +658,7 @@ class Pending:
                     self.held -= 1
                 if of is not None:
                     touched[of.key] = of
-                _park(self, entry)
+                self._park(entry)
             if found:
                 self._compact(None)
                 for state in touched.values():
@@ -680,32 +680,29 @@ class Pending:
         self.listener.parked(job)
         return True
 
+    def _park(self, entry: _Entry) -> None:
+        """Hold ``entry``'s task out of the queue (it is in no heap now): a pause
+        matches it. It keeps its place (``entry``) for when the pause is lifted."""
+        job = entry[2]
+        job.paused = True
+        self.parked[job] = entry
+        if job.key is not None:
+            self.keys[job.key].parked += 1
+        self.listener.waiting(job)
+        self.listener.parked(job)
+
+    def _send_back(self, state: KeyState, entry: _Entry) -> None:
+        """A task its key let through (``entry``, not started) goes back to the key's
+        line, at its place in it."""
+        job = entry[2]
+        del state.earmarked[job]  # (its entry in ``ready`` is now stale)
+        self.live -= 1
+        heapq.heappush(state.queue, (entry[0], entry[1], job))
+        self.held += 1
+        self._tombstones += 1  # (its old entry in ``ready``)
+
     def __repr__(self) -> str:
         tombstones = self._tombstones if self._ranked else len(self._jobs) - self.live
         return (
             f"<Pending {self.live} live, {tombstones} tombstones, {self.held} held by their keys>"
         )
-
-
-def _park(pending: Pending, entry: _Entry) -> None:
-    """Hold ``entry``'s task out of the queue (it is in no heap now): a pause
-    matches it. It keeps its place (``entry``) for when the pause is lifted."""
-    job = entry[2]
-    job.paused = True
-    pending.parked[job] = entry
-    if job.key is not None:
-        pending.keys[job.key].parked += 1
-    pending.listener.waiting(job)
-    pending.listener.parked(job)
-
-
-def _send_back(pending: Pending, state: KeyState, entry: _Entry) -> None:
-    """A task its key let through (``entry``, not started) goes back to the key's
-    line in ``pending``, at its place in it. (A function: `Pending` is at its
-    method budget until the re-cut splits it.)"""
-    job = entry[2]
-    del state.earmarked[job]  # (its entry in ``ready`` is now stale)
-    pending.live -= 1
-    heapq.heappush(state.queue, (entry[0], entry[1], job))
-    pending.held += 1
-    pending._tombstones += 1  # (its old entry in ``ready``)
