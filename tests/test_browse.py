@@ -25,6 +25,8 @@ from pg_server import schema_at_version
 
 import trioexec
 from trioexec import MemoryStore, PostgresStore, SQLiteStore, TaskStatus, Workflow, task
+from trioexec._changes import RunCreated, RunEnded, StepRecorded
+from trioexec._columns import ROW_COLUMNS
 from trioexec._store import _browse, _pg_schema, _sqlite_schema
 from trioexec._store._browse import (
     Bucket,
@@ -35,8 +37,6 @@ from trioexec._store._browse import (
     task_commands,
     task_names,
 )
-from trioexec._store._changes import RunCreated, RunEnded, StepRecorded
-from trioexec._store._columns import ROW_COLUMNS
 
 SQL_KINDS = ["sqlite", "postgres"]
 LIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)

@@ -36,7 +36,7 @@ import trio
 
 import trioexec
 from trioexec import Context, SQLiteStore, SubStatus, TaskStatus, Workflow, task
-from trioexec._store._changes import Finish, Start, Sub, submitted
+from trioexec._changes import Finish, Start, Sub, submitted
 from trioexec.durable import DurableStore, PromiseState, TaskState
 
 _script = shutil.which("trioexec", path=os.path.dirname(sys.executable))

@@ -14,7 +14,7 @@ import trio
 from test_cli import cli, ok, one_line_error, squash
 
 from trioexec import SQLiteStore, SubStatus, TaskStatus
-from trioexec._store._changes import Finish, RunCreated, Start, StepRecorded, Sub, submitted
+from trioexec._changes import Finish, RunCreated, Start, StepRecorded, Sub, submitted
 from trioexec.durable import DurableStore
 
 NAMES = [

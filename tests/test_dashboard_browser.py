@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 
 import trioexec
-from trioexec._store._changes import Finish, submitted
+from trioexec._changes import Finish, submitted
 
 ROOT = Path(__file__).resolve().parent.parent
 EXECUTOR = Path(__file__).resolve().parent / "dashboard_executor.py"

@@ -95,6 +95,10 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "trioexec._metrics",
                 "trioexec._events",
                 "trioexec._durable_records",
+                # What the machine and the shell hand the store: the typed changes
+                # and the executions' columns they set (issue 31).
+                "trioexec._changes",
+                "trioexec._columns",
             }
         ),
     ),
@@ -334,6 +338,8 @@ def test_the_store_and_values_layers_are_what_the_issue_says():
     # (and the durable records and states, which errors carry: issue 31, no import circle)
     assert [n for n in NAMES if layer_of(n) == values] == sorted(
         [
+            "trioexec._changes",
+            "trioexec._columns",
             "trioexec._durable_records",
             "trioexec._errors",
             "trioexec._events",
@@ -433,15 +439,15 @@ def test_every_public_error_is_defined_in_errors():
 
 
 def test_the_executions_columns_are_listed_once():
-    """Issue 31: the executions' columns are defined in `_store._columns` alone;
+    """Issue 31: the executions' columns are defined in `_columns` alone;
     the schemas, the row layout, PostgreSQL's casts and a new row derive from it.
     No other module holds a literal list of most of them (a second definition)."""
-    from trioexec._store._columns import ROW_COLUMNS
+    from trioexec._columns import ROW_COLUMNS
 
     columns = set(ROW_COLUMNS)
     found = {}
     for name, module in modules().items():
-        if name == "trioexec._store._columns":
+        if name == "trioexec._columns":
             continue
         for node in ast.walk(module.tree):
             if isinstance(node, ast.Tuple | ast.List | ast.Set | ast.Dict):

@@ -10,8 +10,8 @@ import trio
 
 import trioexec
 from trioexec import Backoff, TaskHandle, TaskStatus, open_executor
+from trioexec._changes import Start, submitted
 from trioexec._observe import combine, without
-from trioexec._store._changes import Start, submitted
 
 
 class Recorder:

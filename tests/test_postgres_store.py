@@ -16,7 +16,7 @@ import pytest
 
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError, TaskStatus, open_store
-from trioexec._store._changes import Start, submitted
+from trioexec._changes import Start, submitted
 from trioexec._store._pg_schema import SCHEMA_VERSION
 from trioexec.durable import DurableStore
 

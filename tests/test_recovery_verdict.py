@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import trioexec
 from trioexec import ExecutionRecord, SQLiteStore, TaskStatus
-from trioexec._store._changes import Finish, Start, submitted
+from trioexec._changes import Finish, Start, submitted
 from trioexec._store._verdict import Verdict, claimed_attempts, recovery_verdict
 from trioexec.testing import FakeWallClock
 

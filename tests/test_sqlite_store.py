@@ -19,7 +19,7 @@ import sqlite_utils
 import trio
 
 from trioexec import SQLiteStore, StoreError, SubStatus, TaskStatus
-from trioexec._store._changes import Finish, Start, Sub, submitted
+from trioexec._changes import Finish, Start, Sub, submitted
 from trioexec._store._sqlite_schema import MIGRATIONS, SCHEMA_VERSION
 from trioexec.durable import DurableStore, PromiseState
 

@@ -19,9 +19,9 @@ from hypothesis import strategies as st
 from pg_server import schema_at_version
 
 from trioexec import PostgresStore, SQLiteStore, StoreError, SubStatus, TaskStatus
+from trioexec._changes import Finish, Start, Sub, submitted
 from trioexec._store import Command, Pause, Requeued, _pg_schema, _sqlite_schema
 from trioexec._store._base import fold_row
-from trioexec._store._changes import Finish, Start, Sub, submitted
 
 WHO = "ops@host pid 7 '[🚀]'"
 ODD = "batch[/] 'x' 🚀"  # brackets, a quote, an emoji

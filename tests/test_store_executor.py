@@ -19,7 +19,7 @@ from trioexec import (
     open_executor,
     task,
 )
-from trioexec._store._changes import Finish, Retry, Start, Sub, submitted
+from trioexec._changes import Finish, Retry, Start, Sub, submitted
 from trioexec.testing import FakeWallClock
 
 

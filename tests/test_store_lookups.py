@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from trioexec import TaskStatus
-from trioexec._store._changes import submitted
+from trioexec._changes import submitted
 
 UNHOLDABLE = ["a\x00b", "\x00", "\ud800", "a\udcffb"]
 

@@ -34,7 +34,7 @@ from trioexec import (
     SubStatus,
     TaskStatus,
 )
-from trioexec._store._changes import (
+from trioexec._changes import (
     Finish,
     Retry,
     RunCreated,

@@ -15,7 +15,7 @@ from trioexec import (
     open_executor,
     task,
 )
-from trioexec._store._changes import StepRecorded
+from trioexec._changes import StepRecorded
 from trioexec.testing import FakeWallClock
 
 

@@ -13,7 +13,7 @@ from pg_server import STORE_KINDS
 
 import trioexec
 from trioexec import SQLiteStore, SubStatus, TaskStatus
-from trioexec._store._changes import Finish, Start, Sub, submitted
+from trioexec._changes import Finish, Start, Sub, submitted
 from trioexec.durable import DurableStore, PromiseState
 
 THREADS = 6

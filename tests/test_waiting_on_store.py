@@ -25,8 +25,8 @@ from trioexec import (
     open_executor,
     task,
 )
+from trioexec._changes import Finish, Start, Sub, Wait, submitted
 from trioexec._store import _pg_schema, _sqlite_schema
-from trioexec._store._changes import Finish, Start, Sub, Wait, submitted
 from trioexec.testing import FakeWallClock
 
 

@@ -27,7 +27,7 @@ import trio
 from test_cli import TRIOEXEC, cli, cli_env, one_line_error
 
 import trioexec
-from trioexec._store._changes import RunCreated, submitted
+from trioexec._changes import RunCreated, submitted
 from trioexec.web._security import cookie_name, cookie_value
 
 URL_LINE = re.compile(

@@ -32,7 +32,7 @@ import trio.testing
 
 import trioexec
 from trioexec import SubStatus, TaskStatus, Workflow, task
-from trioexec._store._changes import Finish, RunCreated, Start, StepRecorded, Sub, submitted
+from trioexec._changes import Finish, RunCreated, Start, StepRecorded, Sub, submitted
 from trioexec.durable import DurableStore, PromiseState
 from trioexec.web import create_app
 from trioexec.web._security import cookie_name, cookie_value, csrf_of

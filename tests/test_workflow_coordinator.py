@@ -34,7 +34,7 @@ from trioexec import (
     task,
 )
 from trioexec._coordinator import WorkflowRun, wrap_step
-from trioexec._events import HealthEventKind
+from trioexec._records import HealthEventKind
 from trioexec._workflow import (
     load_json,
     progress_attributes,

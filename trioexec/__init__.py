@@ -15,7 +15,6 @@ from ._errors import TaskTimeout as TaskTimeout
 from ._errors import TrioexecError as TrioexecError
 from ._errors import WorkflowError as WorkflowError
 from ._events import HealthEvent as HealthEvent
-from ._events import HealthEventKind as HealthEventKind
 from ._executor import Executor as Executor
 from ._executor import open_executor as open_executor
 from ._handle import TaskHandle as TaskHandle
@@ -23,6 +22,7 @@ from ._machine._keys import KeyLimit as KeyLimit
 from ._machine._keys import KeyStatistics as KeyStatistics
 from ._metrics import ExecutorMetrics as ExecutorMetrics
 from ._records import ExecutionRecord as ExecutionRecord
+from ._records import HealthEventKind as HealthEventKind
 from ._records import Overflow as Overflow
 from ._records import ShutdownPolicy as ShutdownPolicy
 from ._records import SubStatus as SubStatus

@@ -14,10 +14,10 @@ import outcome
 import trio
 
 from ._errors import CapacityExceeded, TaskRejected, TrioexecError
-from ._events import EventStream, HealthEventKind
+from ._events import EventStream
 from ._machine._admit import Admit, admit, rejection_reason
 from ._metrics import Tally
-from ._records import Overflow
+from ._records import HealthEventKind, Overflow
 
 if TYPE_CHECKING:
     from ._journal import Journal

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any, Protocol, final
 import attrs
 import trio
 
+from ._changes import RunCreated, RunEnded, StepRecorded
 from ._errors import ExecutorClosed, TrioexecError
-from ._events import EventStream, HealthEventKind
-from ._records import SubStatus, TaskCompletion, TaskStatus, check_id
+from ._events import EventStream
+from ._records import HealthEventKind, SubStatus, TaskCompletion, TaskStatus, check_id
 from ._spec import TaskSpec
 from ._store import RunRecord
-from ._store._changes import RunCreated, RunEnded, StepRecorded
 from ._taskref import Job
 from ._workflow import (
     Context,

@@ -6,7 +6,6 @@ behind, the oldest unread events are dropped and counted.
 
 from __future__ import annotations
 
-import enum
 import time
 from collections import deque
 from collections.abc import Callable
@@ -15,23 +14,7 @@ from typing import Any, final
 import attrs
 import trio
 
-from ._records import Overflow
-
-
-class HealthEventKind(enum.StrEnum):
-    """What a `HealthEvent` reports."""
-
-    TASK_REJECT = "task_reject"
-    TASK_DROP = "task_drop"
-    TASK_DEFERRED = "task_deferred"
-    TASK_RESUMED = "task_resumed"
-    TASK_FAILED = "task_failed"
-    TASK_RETRY_SCHEDULED = "task_retry_scheduled"
-    TASK_ABANDONED = "task_abandoned"
-    WORKFLOW_PROGRESS = "workflow_progress"
-    SHUTDOWN_GRACE_EXPIRED = "shutdown_grace_expired"
-    SCHEDULE_SKIPPED = "schedule_skipped"
-
+from ._records import HealthEventKind, Overflow
 
 _COALESCING = frozenset({HealthEventKind.TASK_REJECT, HealthEventKind.TASK_DROP})
 

@@ -24,10 +24,10 @@ from typing import TYPE_CHECKING, Any, final
 
 import trio
 
+from ._changes import R_VERSION, ExecutionRow, Transition
 from ._errors import StoreError
 from ._records import safe_repr
 from ._store._base import fold_row
-from ._store._changes import R_VERSION, ExecutionRow, Transition
 
 if TYPE_CHECKING:
     from ._store import Change, Store

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Protocol, final
 
 import trio
 
+from ._changes import R_WAITING, ExecutionRow, Finish, Retry, Start, Sub, Wait, submitted
 from ._errors import StoreError, TaskCancelled
-from ._events import EventStream, HealthEventKind
+from ._events import EventStream
 from ._metrics import Tally
 from ._observe import (
     Observer,
@@ -29,9 +30,8 @@ from ._observe import (
     log_retry,
     without,
 )
-from ._records import SubStatus, TaskStatus, safe_repr, storable_text
+from ._records import HealthEventKind, SubStatus, TaskStatus, safe_repr, storable_text
 from ._spec import TaskSpec
-from ._store._changes import R_WAITING, ExecutionRow, Finish, Retry, Start, Sub, Wait, submitted
 from ._taskref import Job, UnreadFailures
 
 if TYPE_CHECKING:

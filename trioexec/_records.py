@@ -152,6 +152,21 @@ class Overflow(enum.StrEnum):
     FAIL_FAST = "fail_fast"  #: raise `CapacityExceeded` (reason ``capacity_exceeded``)
 
 
+class HealthEventKind(enum.StrEnum):
+    """What a `HealthEvent` reports."""
+
+    TASK_REJECT = "task_reject"
+    TASK_DROP = "task_drop"
+    TASK_DEFERRED = "task_deferred"
+    TASK_RESUMED = "task_resumed"
+    TASK_FAILED = "task_failed"
+    TASK_RETRY_SCHEDULED = "task_retry_scheduled"
+    TASK_ABANDONED = "task_abandoned"
+    WORKFLOW_PROGRESS = "workflow_progress"
+    SHUTDOWN_GRACE_EXPIRED = "shutdown_grace_expired"
+    SCHEDULE_SKIPPED = "schedule_skipped"
+
+
 class ShutdownPolicy(enum.StrEnum):
     """What happens to outstanding work when the executor shuts down."""
 

@@ -20,11 +20,11 @@ import trio
 from trio_util import periodic
 
 from ._admission import Gate
-from ._events import EventStream, HealthEventKind
+from ._events import EventStream
 from ._journal import Journal
 from ._lifecycle import Lifecycle, Runs
 from ._observe import log_abandoned
-from ._records import ExecutionRecord
+from ._records import ExecutionRecord, HealthEventKind
 from ._shutdown import Shutdown
 from ._spec import TaskSpec
 

@@ -36,9 +36,8 @@ import trio
 from cronsim import CronSim, CronSimError
 
 from ._errors import ExecutorClosed, TaskRejected
-from ._events import HealthEventKind
 from ._machine._admit import Admit, rejection_reason
-from ._records import MAX_ID_LENGTH, check_id
+from ._records import MAX_ID_LENGTH, HealthEventKind, check_id
 from ._spec import TaskSpec
 from ._store import ScheduleRecord
 

@@ -21,9 +21,8 @@ import trio
 from ._admission import Gate
 from ._causation import current_job
 from ._errors import ExecutorClosed
-from ._events import HealthEventKind
 from ._lifecycle import Lifecycle
-from ._records import ShutdownPolicy
+from ._records import HealthEventKind, ShutdownPolicy
 from ._taskref import Job
 from ._workers import Workers
 

@@ -26,8 +26,8 @@ from ._spec import CallInfo
 _FAILURES = (TaskStatus.FAILED, TaskStatus.TIMED_OUT)
 
 if TYPE_CHECKING:
+    from ._changes import ExecutionRow
     from ._handle import TaskHandle
-    from ._store._changes import ExecutionRow
 
 
 # The types of `Executor.submit`, `submit_nowait` and `run` (API.md §12): overloads,

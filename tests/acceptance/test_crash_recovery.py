@@ -21,7 +21,7 @@ import trio
 from lineproc import LineProcess
 
 from trioexec import Store, SubStatus, TaskStatus, open_executor, open_store
-from trioexec._store._changes import Start, submitted
+from trioexec._changes import Start, submitted
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "crash_worker.py"

@@ -1,6 +1,7 @@
 """Stores: where executions are recorded. `MemoryStore`, `SQLiteStore` and
 `PostgresStore` behave the same."""
 
+from .._changes import Change as Change
 from ._base import Command as Command
 from ._base import Pause as Pause
 from ._base import Recovery as Recovery
@@ -9,7 +10,6 @@ from ._base import RunRecord as RunRecord
 from ._base import RunRecovery as RunRecovery
 from ._base import ScheduleRecord as ScheduleRecord
 from ._base import Store as Store
-from ._changes import Change as Change
 from ._memory import MemoryStore as MemoryStore
 from ._open import open_store as open_store
 from ._postgres import PostgresStore as PostgresStore

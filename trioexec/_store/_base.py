@@ -11,6 +11,8 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
+from .._changes import Change, ExecutionRow, RunChange, Transition
+from .._columns import ROW_COLUMNS
 from .._records import (
     ExecutionRecord,
     SubStatus,
@@ -19,8 +21,6 @@ from .._records import (
     stored_float,
     stored_int,
 )
-from ._changes import Change, ExecutionRow, RunChange, Transition
-from ._columns import ROW_COLUMNS
 from ._key_ledger import KeyGrant, KeyRequest
 
 LIVE = (TaskStatus.PENDING, TaskStatus.RUNNING)

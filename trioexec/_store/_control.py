@@ -37,6 +37,7 @@ from typing import Any
 
 import attrs
 
+from .._changes import Requeue
 from .._records import ExecutionRecord, check_id, stored_float, stored_int
 from ._base import (
     COMMAND_FIELDS,
@@ -48,7 +49,6 @@ from ._base import (
     apply_change,
     update_sql,
 )
-from ._changes import Requeue
 from ._sql import SELECT_RECORDS, record_of
 
 #: What `Store.command` does; a "retry" is recorded by `Store.requeue`.

@@ -13,6 +13,16 @@ from typing import Any, final
 
 import attrs
 
+from .._changes import (
+    Cancel,
+    Change,
+    Claim,
+    End,
+    Requeue,
+    RunChange,
+    RunCreated,
+    StepRecorded,
+)
 from .._errors import StoreError
 from .._records import ExecutionRecord, SubStatus, TaskStatus
 from ._base import (
@@ -35,16 +45,6 @@ from ._base import (
     graph_of,
     matches_some,
     new_row,
-)
-from ._changes import (
-    Cancel,
-    Change,
-    Claim,
-    End,
-    Requeue,
-    RunChange,
-    RunCreated,
-    StepRecorded,
 )
 from ._control import (
     Commands,

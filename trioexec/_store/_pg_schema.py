@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from .._columns import POSTGRES_SCHEMA, added
 from .._errors import StoreError
-from ._columns import POSTGRES_SCHEMA, added
 
 if TYPE_CHECKING:
     import psycopg

@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import final
 
-from ._changes import R_ID, ExecutionRow
-from ._columns import EXECUTIONS, ROW_COLUMNS
+from .._changes import R_ID, ExecutionRow
+from .._columns import EXECUTIONS, ROW_COLUMNS
 from ._dialect import POSTGRES
 from ._durable_pg import PostgresTables
 from ._pg_conn import Connection, PGDatabase, redact

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar
 
 import attrs
 
+from .._changes import Change, ExecutionRow, RunChange, RunCreated, StepRecorded, Transition
 from .._errors import StoreError
 from .._records import ExecutionRecord, TaskStatus
 from ._base import (
@@ -45,7 +46,6 @@ from ._base import (
     schedule_of,
     update_sql,
 )
-from ._changes import Change, ExecutionRow, RunChange, RunCreated, StepRecorded, Transition
 from ._control import (
     COMMAND_COLUMNS,
     Commands,

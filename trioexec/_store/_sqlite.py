@@ -17,9 +17,9 @@ import time
 from collections.abc import Callable
 from typing import final
 
+from .._changes import ExecutionRow
+from .._columns import ROW_COLUMNS
 from .._records import stored_float
-from ._changes import ExecutionRow
-from ._columns import ROW_COLUMNS
 from ._dialect import SQLITE
 from ._durable_tables import SQLiteTables
 from ._sql_store import SQLStore

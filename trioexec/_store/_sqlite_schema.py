@@ -9,8 +9,8 @@ from typing import TypeVar
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
+from .._columns import SQLITE_SCHEMA, added
 from .._errors import StoreError
-from ._columns import SQLITE_SCHEMA, added
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 

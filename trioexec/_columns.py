@@ -10,7 +10,7 @@ from typing import Literal
 
 import attrs
 
-from .._records import TaskStatus
+from ._records import TaskStatus
 
 Kind = Literal["text", "integer", "bigint", "real"]
 _PYTHON_TYPES = {"text": str, "integer": int, "bigint": int, "real": float}
