@@ -58,14 +58,12 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "trioexec._admission",
                 "trioexec._waits",
                 "trioexec._keyshare",
-                "trioexec._lifecycle",
                 "trioexec._workers",
                 "trioexec._journal",
                 "trioexec._recovery",
                 "trioexec._shutdown",
                 "trioexec._causation",
                 "trioexec._schedule",
-                "trioexec._observe",
             }
         ),
     ),
@@ -80,6 +78,7 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "trioexec._poller",
                 "trioexec._slots",
                 "trioexec._taskref",
+                "trioexec._observe",
                 "trioexec._backoff",
                 "trioexec.testing",
             }

@@ -348,7 +348,7 @@ for name in list(sys.modules):
 package = types.ModuleType("trioexec")
 package.__path__ = path
 sys.modules["trioexec"] = package
-import trioexec._machine._pending, trioexec._machine._admit
+import trioexec._machine._pending, trioexec._machine._admit, trioexec._machine._lifecycle
 roots = ("trio", "trioexec", "sqlite3", "sqlite_utils")
 print(sorted(n for n in sys.modules if n.split(".")[0] in roots))
 """

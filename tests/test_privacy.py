@@ -43,7 +43,7 @@ ALLOWED: dict[tuple[str, str], str] = {
     ("trioexec._workers", "_in_thread"): "TaskHandle(..., _in_thread=): a sync task's handle",
     # TaskHandle's executor-side interface: what the executor does to a running
     # task's handle, which a task itself must not call.
-    ("trioexec._lifecycle", "_request_cancel"): (
+    ("trioexec._machine._lifecycle", "_request_cancel"): (
         "TaskHandle._request_cancel: ref.cancel() or a lost lease fires handle.cancelled()"
         " and stops a reclaim in progress"
     ),
@@ -259,7 +259,7 @@ def test_the_scanner_finds_reaches_and_ignores_own_names_self_and_cls():
 
 def test_the_scan_sees_the_whole_package():
     modules = {r.module for r in package_reaches()}
-    assert {"trioexec._workers", "trioexec._lifecycle"} <= modules
+    assert {"trioexec._workers", "trioexec._machine._lifecycle"} <= modules
     handle = ast.parse((PACKAGE / "_handle.py").read_text(encoding="utf-8"))
     assert {"_request_cancel", "_attempt_over", "_job", "_Waiter"} <= defined(handle)
     spec = ast.parse((PACKAGE / "_spec.py").read_text(encoding="utf-8"))

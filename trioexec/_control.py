@@ -31,7 +31,7 @@ from ._store._control import MAX_SKEW
 
 if TYPE_CHECKING:
     from ._journal import Journal
-    from ._lifecycle import Lifecycle
+    from ._machine._lifecycle import Lifecycle
     from ._machine._pending import Pending
     from ._store import Command, Store
 

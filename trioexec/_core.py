@@ -33,9 +33,9 @@ from ._control import Control
 from ._events import EventStream
 from ._journal import Journal
 from ._keyshare import KeyBroker
-from ._lifecycle import Lifecycle, journal_waiting
 from ._machine._admit import Admit
 from ._machine._keys import KeyLimit, KeyState, check_key, key_limits_for
+from ._machine._lifecycle import Lifecycle, journal_waiting
 from ._machine._pending import Pending
 from ._metrics import ExecutorMetrics, Tally
 from ._records import ExecutionRecord, Overflow, ShutdownPolicy, check_id
@@ -45,7 +45,7 @@ from ._slots import SlotPool
 from ._spec import CallInfo, TaskSpec, call_info, check_priority, spec_key
 from ._store import Store
 from ._taskref import Job
-from ._waits import KeyTimer
+from ._waits import KeyTimer, LifecycleWaits
 from ._workers import Workers
 
 
@@ -199,9 +199,18 @@ class ExecutorCore:
         self.gate = Gate(config.capacity, config.overflow, tally, pending, journal, self.events)
         # (The workflow runs are made first: the lifecycle tells them of their steps.)
         self.runs = None if runs is None else runs(self)
-        self.lifecycle = Lifecycle(
-            tally, pending, self.gate, self.events, journal, self.wall, self.owner_id, self.runs
+        self.lifecycle = lifecycle = Lifecycle(
+            tally,
+            pending,
+            self.gate,
+            self.events,
+            journal,
+            self.wall,
+            self.owner_id,
+            self,
+            self.runs,
         )
+        self.waits = LifecycleWaits(lifecycle)
         self.workers = Workers(
             slots,
             self.lifecycle,
@@ -211,13 +220,14 @@ class ExecutorCore:
         )
         if keyshare is not None:
             slots.on_resize(keyshare.slot_freed)
-        self.shutdown = Shutdown(self.gate, self.lifecycle, self.workers)
+        self.shutdown = Shutdown(self.gate, lifecycle, self.waits, self.workers)
         self.recovery = (
             None
             if journal is None
             else Recovery(
                 journal,
-                self.lifecycle,
+                lifecycle,
+                self.waits,
                 self.gate,
                 self.shutdown,
                 self.events,
@@ -505,6 +515,15 @@ class ExecutorCore:
     def timer(self, at: float) -> None:
         """A key is due sooner (`Listener.timer`): the key timer wakes then."""
         self.key_timer.due_at(at)
+
+    def space_freed(self) -> None:
+        """A task ended while recovery waits for room (the lifecycle's `Listener`)."""
+        self.waits.space_freed()
+
+    def idle(self) -> None:
+        """Nothing is outstanding, and someone waits for that (the lifecycle's
+        `Listener`)."""
+        self.waits.idle()
 
     def _written(self, notify: list[Any], fenced: list[str]) -> None:
         """A batch is durable (the journal's ``on_written``)."""

@@ -473,7 +473,7 @@ class Executor(Facade):
 
     async def wait_for_idle(self) -> None:
         """Wait until nothing is pending, active or deferred. A checkpoint."""
-        await self._core.lifecycle.wait_for_idle()
+        await self._core.waits.wait_for_idle()
 
     def key_statistics(self, key: str) -> KeyStatistics:
         """A `KeyStatistics` snapshot of ``key``'s tasks now (all zero for a key
@@ -528,7 +528,7 @@ class Executor(Facade):
             # Called by one of our own tasks: it cannot wait for itself to end.
             await trio.lowlevel.checkpoint()
             return
-        await core.lifecycle.wait_for_idle()
+        await core.waits.wait_for_idle()
         core.key_timer.close()
         core.workers.wake_idle()
         if core.workers.shared_poller is not None:
@@ -741,7 +741,7 @@ async def _store_services(
 async def _close_events_when_done(core: ExecutorCore) -> None:
     # Runs last in the nursery: once nothing is outstanding, no event can come.
     try:
-        await core.lifecycle.wait_for_idle()
+        await core.waits.wait_for_idle()
     finally:
         core.events.close()
 

@@ -19,14 +19,16 @@ lease left to lapse), and an executor that recovers runs them again.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, final
 
 import trio
 
-from ._changes import R_VERSION, ExecutionRow, Transition
+from ._changes import R_VERSION, ExecutionRow, Transition, submitted
 from ._errors import StoreError
 from ._records import safe_repr
+from ._spec import TaskSpec
 from ._store._base import fold_row
 
 if TYPE_CHECKING:
@@ -89,6 +91,29 @@ class Journal:
         if len(changes) >= self._wake_at:
             self._wake_at = _NEVER
             self._writer_lot.unpark()
+
+    def new_row(self, job: Job, owner_id: str) -> ExecutionRow:
+        """The store's row of a new execution of ``owner_id``'s (not journaled
+        yet): the part of a submission that may raise (its arguments as JSON),
+        made first."""
+        fn = job.fn
+        spec_id = fn.id if isinstance(fn, TaskSpec) else None
+        try:
+            args = json.dumps(job.args) if spec_id is not None else None
+        except (TypeError, ValueError):
+            args = None  # not JSON: recorded, but recovery cannot re-create it
+        return submitted(
+            job.task_id,
+            job.version,
+            job.name,
+            job.run_id,
+            spec_id,
+            args,
+            owner_id,
+            job.submitted_at,
+            job.key,
+            job.priority,
+        )
 
     def open_row(self, job: Job) -> ExecutionRow | None:
         """``job``'s "row" change if its next change may be folded into it: this

@@ -22,11 +22,12 @@ from trio_util import periodic
 from ._admission import Gate
 from ._events import EventStream
 from ._journal import Journal
-from ._lifecycle import Lifecycle, Runs
+from ._machine._lifecycle import Lifecycle, Runs
 from ._observe import log_abandoned
 from ._records import ExecutionRecord, HealthEventKind
 from ._shutdown import Shutdown
 from ._spec import TaskSpec
+from ._waits import LifecycleWaits
 
 if TYPE_CHECKING:
     from ._store import RunRecord
@@ -48,6 +49,7 @@ class Recovery:
         self,
         journal: Journal,
         lifecycle: Lifecycle,
+        waits: LifecycleWaits,
         gate: Gate,
         shutdown: Shutdown,
         events: EventStream,
@@ -59,6 +61,7 @@ class Recovery:
         self.runs = runs
         self._journal = journal
         self._lifecycle = lifecycle
+        self._waits = waits
         self._gate = gate
         self._shutdown = shutdown
         self._events = events
@@ -193,7 +196,7 @@ class Recovery:
         while True:
             if more:
                 while tally.outstanding > half:
-                    await lifecycle.wait_space_freed()
+                    await self._waits.wait_space_freed()
             else:
                 with trio.move_on_after(lease):
                     await self._poked.wait()

@@ -21,9 +21,10 @@ import trio
 from ._admission import Gate
 from ._causation import current_job
 from ._errors import ExecutorClosed
-from ._lifecycle import Lifecycle
+from ._machine._lifecycle import Lifecycle
 from ._records import HealthEventKind, ShutdownPolicy
 from ._taskref import Job
+from ._waits import LifecycleWaits
 from ._workers import Workers
 
 
@@ -31,11 +32,14 @@ from ._workers import Workers
 class Shutdown:
     """Whether one executor is closing, and under which policy."""
 
-    def __init__(self, gate: Gate, lifecycle: Lifecycle, workers: Workers) -> None:
+    def __init__(
+        self, gate: Gate, lifecycle: Lifecycle, waits: LifecycleWaits, workers: Workers
+    ) -> None:
         self.closing = False
         self._drain_runs = True  # under DRAIN, started runs and own tasks may still submit
         self._gate = gate
         self._lifecycle = lifecycle
+        self._waits = waits
         self._workers = workers
         self._deadline = math.inf  # (Trio's clock) when the earliest grace runs out
         self._expired = False
@@ -97,7 +101,7 @@ class Shutdown:
         """Wait until a shutdown has begun (whoever began it) and nothing is
         outstanding any more. A checkpoint."""
         await self._begun.wait()
-        await self._lifecycle.wait_for_idle()
+        await self._waits.wait_for_idle()
 
     def over(self) -> bool:
         """What `wait_closed` waits for holds now: a shutdown has begun and nothing
@@ -119,7 +123,7 @@ class Shutdown:
         """At ``deadline``, cancel what is left (nothing to do if idle by then)."""
         lifecycle = self._lifecycle
         with trio.move_on_at(deadline) as scope:
-            await lifecycle.wait_for_idle()
+            await self._waits.wait_for_idle()
         if not scope.cancelled_caught or self._expired:
             return
         if lifecycle.is_idle() or lifecycle.failure is not None:

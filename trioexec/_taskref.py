@@ -11,7 +11,6 @@ of one: read-only status and the completion, ``wait()`` and ``cancel()``.
 from __future__ import annotations
 
 import math
-import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, TypeVarTuple, final
 
@@ -19,7 +18,7 @@ import attrs
 import trio
 
 from ._errors import StoreError
-from ._records import SubStatus, T_co, TaskCompletion, TaskStatus, safe_repr
+from ._records import SubStatus, T_co, TaskCompletion, TaskStatus
 from ._spec import CallInfo
 
 #: The final statuses of a task that failed (`UnreadFailures`).
@@ -69,6 +68,13 @@ class TakesTaskHandleKeyword(Protocol[*Ts]):
     def __call__(self, *args: *Ts, task_handle: TaskHandle) -> object: ...
 
 
+class Unread(Protocol):
+    """The executor's count of failed tasks whose completion nobody read."""
+
+    def read(self) -> None:
+        """A failed job's completion was made, for whoever reads it."""
+
+
 class Owner(Protocol):
     """What a job asks of the executor it belongs to."""
 
@@ -80,7 +86,7 @@ class Owner(Protocol):
         """Someone waits for a completion to be durable."""
 
     @property
-    def unread(self) -> UnreadFailures: ...
+    def unread(self) -> Unread: ...
 
     def waiting_on(self, job: Job) -> str | None: ...
 
@@ -171,57 +177,11 @@ class Job:
             # The completion holds what a waiter needs; drop the call itself.
             self.fn = self.args = None  # type: ignore[assignment]
             if self.status in _FAILURES and self.run_id is None:
-                self.owner.unread.read()  # (`UnreadFailures`)
+                self.owner.unread.read()  # (`trioexec._machine._lifecycle.UnreadFailures`)
         return self.completion
 
     def __repr__(self) -> str:
         return f"<Job {self.task_id!r} {self.name!r} {self.status.value}>"
-
-
-@final
-class UnreadFailures:
-    """The failed tasks (FAILED or TIMED_OUT, not a workflow's steps) whose
-    completion nobody has read yet: how many, and the first few of them (bounded:
-    a long run keeps no more), for the executor to say so as it closes."""
-
-    KEPT = 16  # (to name the first one still unread)
-
-    __slots__ = ("count", "first")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.first: list[Job] = []
-
-    def add(self, job: Job) -> None:
-        """``job`` ended failed (the failure path only)."""
-        self.count += 1
-        if len(self.first) < self.KEPT:
-            self.first.append(job)
-
-    def read(self) -> None:
-        """A failed job's completion was made, for whoever reads it."""
-        self.count -= 1
-
-    def report(self) -> str | None:
-        """What to say at close (None: nothing unread): how many, and the first
-        one's error with its traceback."""
-        n = self.count
-        if n <= 0:
-            return None
-        lines = [
-            f"trioexec: {n} failed task{'s' if n != 1 else ''} whose completion nobody read"
-            " (await ref.wait(), or open_executor(report_unread_failures=False) for quiet)"
-        ]
-        job = next((job for job in self.first if job.completion is None), None)
-        if job is not None:
-            error = job.error
-            lines.append(
-                f"the first: {job.name!r} (task {job.task_id}) {job.status.value}:"
-                f" {safe_repr(error)}"
-            )
-            if error is not None:
-                lines.append("".join(traceback.format_exception(error)).rstrip("\n"))
-        return "\n".join(lines)
 
 
 @final

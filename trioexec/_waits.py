@@ -1,7 +1,7 @@
-"""The queue's waits, carried out in Trio (the machine's `Pending` decides them):
-the task that sleeps until a limited key is due (`KeyTimer`), a started task
-waiting in its key's line (`rejoin`), a retry waiting out a pause
-(`wait_unpaused`)."""
+"""The machine's waits, carried out in Trio (the machine decides them): the task
+that sleeps until a limited key is due (`KeyTimer`), a started task waiting in
+its key's line (`rejoin`), a retry waiting out a pause (`wait_unpaused`), and
+who waits for the executor to be idle or for a task to end (`LifecycleWaits`)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import final
 
 import trio
 
+from ._machine._lifecycle import Lifecycle
 from ._machine._pending import Pending
 from ._taskref import Job
 
@@ -60,6 +61,46 @@ class KeyTimer:
         scope, self._scope = self._scope, None
         if scope is not None:
             scope.cancel()
+
+
+@final
+class LifecycleWaits:
+    """Who waits on the lifecycle: for nothing to be outstanding
+    (`wait_for_idle`: the executor's close, a shutdown), and recovery for a
+    task to end (`wait_space_freed`). The lifecycle tells when (its listener,
+    the core, hands it on: `idle`, `space_freed`)."""
+
+    __slots__ = ("_idle", "_lifecycle", "_space")
+
+    def __init__(self, lifecycle: Lifecycle) -> None:
+        self._lifecycle = lifecycle
+        self._idle = trio.lowlevel.ParkingLot()
+        self._space = trio.Event()
+
+    async def wait_for_idle(self) -> None:
+        """Until nothing is pending, active or deferred (or the store failed)."""
+        lifecycle = self._lifecycle
+        if lifecycle.is_idle():
+            await trio.lowlevel.checkpoint()
+            return
+        while not lifecycle.is_idle() and lifecycle.failure is None:
+            lifecycle.idle_wanted += 1
+            try:
+                await self._idle.park()
+            finally:
+                lifecycle.idle_wanted -= 1
+
+    def idle(self) -> None:
+        self._idle.unpark_all()
+
+    async def wait_space_freed(self) -> None:
+        """Wait until a task ends (with a store: recovery waits for room)."""
+        self._space = trio.Event()
+        self._lifecycle.space_wanted = True
+        await self._space.wait()
+
+    def space_freed(self) -> None:
+        self._space.set()
 
 
 async def rejoin(pending: Pending, job: Job) -> None:

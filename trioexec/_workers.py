@@ -25,7 +25,7 @@ import trio
 from ._causation import running
 from ._errors import PermanentError, TaskTimeout
 from ._handle import TaskHandle
-from ._lifecycle import Lifecycle, journal_waiting
+from ._machine._lifecycle import Lifecycle, journal_waiting
 from ._poller import Poller
 from ._records import SubStatus, TaskStatus
 from ._slots import SlotPool, SlotToken

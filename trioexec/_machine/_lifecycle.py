@@ -6,6 +6,12 @@ completion. Every transition goes through here, so the `Tally` counts it once,
 the `Journal` records it once (with a store) and the waiters of a finished task
 are woken once its completion is durable. Cancelling, and losing a task to
 another owner (a lease lost, a write fenced out), are transitions too.
+
+Part of the machine (`trioexec._machine`): no Trio here, and no store. The
+journal, the gate and the workflow runs it tells are the shell's (typed here by
+what it asks of them); what waits for a task to end, or for the executor to
+be idle, waits in the shell (`trioexec._waits.LifecycleWaits`), which it tells
+through its `Listener`.
 """
 
 from __future__ import annotations
@@ -13,15 +19,12 @@ from __future__ import annotations
 import json
 import traceback
 from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Protocol, final
+from typing import TYPE_CHECKING, Any, Protocol, final
 
-import trio
-
-from ._changes import R_WAITING, ExecutionRow, Finish, Retry, Start, Sub, Wait, submitted
-from ._errors import StoreError, TaskCancelled
-from ._events import EventStream
-from ._metrics import Tally
-from ._observe import (
+from .._changes import R_WAITING, ExecutionRow, Finish, Retry, Start, Sub, Wait
+from .._errors import StoreError, TaskCancelled
+from .._metrics import Tally
+from .._observe import (
     Observer,
     combine,
     log_failure,
@@ -30,14 +33,50 @@ from ._observe import (
     log_retry,
     without,
 )
-from ._records import HealthEventKind, SubStatus, TaskStatus, safe_repr, storable_text
-from ._spec import TaskSpec
-from ._taskref import Job, UnreadFailures
+from .._records import HealthEventKind, SubStatus, TaskStatus, safe_repr, storable_text
 
 if TYPE_CHECKING:
-    from ._admission import Gate
-    from ._journal import Journal
-    from ._machine._pending import Pending
+    from .._changes import Transition
+    from .._events import EventStream
+    from .._taskref import Job
+    from ._pending import Pending
+
+
+class Gate(Protocol):
+    """What the lifecycle asks of the admission gate (`trioexec._admission.Gate`)."""
+
+    @property
+    def waiters(self) -> Any:
+        """The ``BLOCK`` submitters in line (true while there is one)."""
+
+    def wake_next(self, *, handing_place: bool = False) -> None: ...
+    def publish_refusal(self, kind: HealthEventKind, job: Job, reason: str) -> None: ...
+
+
+class Journal(Protocol):
+    """What the lifecycle asks of the journal (`trioexec._journal.Journal`)."""
+
+    notify: list[Any]
+    batch: int
+
+    @property
+    def failure(self) -> StoreError | None: ...
+    def failure_error(self) -> StoreError: ...
+    def new_row(self, job: Job, owner_id: str) -> ExecutionRow: ...
+    def append(self, change: ExecutionRow) -> None: ...
+    def fold(self, job: Job, change: Transition) -> None: ...
+    def hurry(self) -> None: ...
+
+
+class Listener(Protocol):
+    """What the lifecycle tells the shell (the executor's core)."""
+
+    def space_freed(self) -> None:
+        """A task ended while recovery waits for room (`space_wanted`)."""
+
+    def idle(self) -> None:
+        """Nothing is outstanding any more, and someone waits for that
+        (`idle_wanted`), or the store failed: wake them."""
 
 
 class Runs(Protocol):
@@ -67,6 +106,7 @@ class Lifecycle:
         journal: Journal | None,
         wall: Callable[[], float],
         owner_id: str,
+        listener: Listener,
         runs: Runs | None = None,
     ) -> None:
         self.tally = tally
@@ -75,14 +115,14 @@ class Lifecycle:
         self.wall = wall
         self.runs = runs  # the workflow runs, if the executor has them
         self.live: dict[str, Job] = {}  # with a store: accepted and not finished
-        self._space_freed = trio.Event()  # set when a task ends (`wait_space_freed`)
+        self._listener = listener
+        self.space_wanted = False  # recovery waits for a task to end (the shell sets it)
         self._named: dict[str, Job] = {}  # tasks with a chosen id, from submission to end
         self._gate = gate
         self._blocked = gate.waiters  # BLOCK submitters (read on every finish)
         self.events = events  # (the shutdown publishes on it too)
         self._owner_id = owner_id
-        self._idle_lot = trio.lowlevel.ParkingLot()  # wait_for_idle callers
-        self._idle_waiting = 0  # how many (a ParkingLot's bool is a Python call)
+        self.idle_wanted = 0  # how many wait for idle (the shell counts them)
         self.backing_off: set[Job] = set()  # (the workers keep it) between attempts
         self.cancelled_by: dict[str, str] = {}  # task id -> who sent the cancel command
         #: why tasks the shutdown cancels end (their store error): set when the
@@ -92,11 +132,6 @@ class Lifecycle:
         self.unread = UnreadFailures()  # failed tasks whose completion nobody read
 
     # ------------------------------------------------------------ accepted
-
-    async def wait_space_freed(self) -> None:
-        """Wait until a task ends (with a store: recovery waits for room)."""
-        await self._space_freed.wait()
-        self._space_freed = trio.Event()
 
     def add_observer(self, observer: Observer) -> None:
         """Tell ``observer`` of every transition from now on, after the
@@ -127,7 +162,7 @@ class Lifecycle:
         a submission that raises leaves no trace, nothing counted, queued,
         journaled or dropped. (The caller wakes a worker for it.)"""
         journal = self.journal
-        row = None if journal is None or recovered else submit_row(job, self._owner_id)
+        row = None if journal is None or recovered else journal.new_row(job, self._owner_id)
         if displace:
             self.drop_oldest()
         self.pending.append(job)
@@ -165,9 +200,8 @@ class Lifecycle:
 
     def drop_new(self, job: Job) -> None:
         """``job`` arrived at a full executor under ``DROP_NEWEST``."""
-        row = (
-            None if self.journal is None else submit_row(job, self._owner_id)
-        )  # (may raise: first)
+        journal = self.journal
+        row = None if journal is None else journal.new_row(job, self._owner_id)  # (may raise)
         self._gate.publish_refusal(HealthEventKind.TASK_DROP, job, "queue_full")
         if row is not None:
             self.log_submit(job, row)
@@ -182,7 +216,7 @@ class Lifecycle:
         self.finish(oldest, TaskStatus.DROPPED)
 
     def log_submit(self, job: Job, row: ExecutionRow) -> None:
-        """Journal a new execution as an `ExecutionRow` (`submit_row`), into which
+        """Journal a new execution as an `ExecutionRow` (`Journal.new_row`), into which
         its next changes are folded while the journal has not taken it
         (`Journal.fold`)."""
         journal = self.journal
@@ -348,13 +382,14 @@ class Lifecycle:
             journal.notify.append(job)
             if job.waited_on:
                 journal.hurry()  # someone waits for it
-            if not self._space_freed.is_set():
-                self._space_freed.set()  # (recovery only happens with a store)
+            if self.space_wanted:  # (recovery only happens with a store)
+                self.space_wanted = False
+                self._listener.space_freed()
         if freed and self._blocked:
             # Hand the freed place to the longest-waiting BLOCK submitter.
             self._gate.wake_next(handing_place=True)
-        if self._idle_waiting and self.is_idle():
-            self._idle_lot.unpark_all()
+        if self.idle_wanted and self.is_idle():
+            self._listener.idle()
         if self.observer is not None:
             self.observer.finished(job, status)
         if status is TaskStatus.FAILED or status is TaskStatus.TIMED_OUT:
@@ -472,23 +507,11 @@ class Lifecycle:
             and (self.runs is None or self.runs.open == 0)
         )
 
-    async def wait_for_idle(self) -> None:
-        """Until nothing is pending, active or deferred (or the store failed)."""
-        if self.is_idle():
-            await trio.lowlevel.checkpoint()
-            return
-        while not self.is_idle() and self.failure is None:
-            self._idle_waiting += 1
-            try:
-                await self._idle_lot.park()
-            finally:
-                self._idle_waiting -= 1
-
     def maybe_idle(self) -> None:
         """Something other than a task ended (a run, the store): wake the
         `wait_for_idle` callers if that was the last of it."""
-        if self._idle_waiting and self.is_idle():
-            self._idle_lot.unpark_all()
+        if self.idle_wanted and self.is_idle():
+            self._listener.idle()
 
     def wake_all_waiters(self) -> None:
         """The store failed: every waiter (and `wait_for_idle`) learns of it."""
@@ -496,7 +519,7 @@ class Lifecycle:
         assert journal is not None
         for job in [*self.live.values(), *journal.notify]:
             job.wake_waiters()
-        self._idle_lot.unpark_all()
+        self._listener.idle()
 
     def hurry(self) -> None:
         """Someone waits for a completion: the journal writes without gathering."""
@@ -524,29 +547,6 @@ def journal_waiting(lifecycle: Lifecycle, job: Job) -> None:
         journal.fold(job, Wait((job.task_id, job.version, lifecycle.waiting_on(job))))
 
 
-def submit_row(job: Job, owner_id: str) -> ExecutionRow:
-    """The store's row of a new execution of ``owner_id``'s (not journaled yet):
-    the part of a submission that may raise (its arguments as JSON), made first."""
-    fn = job.fn
-    spec_id = fn.id if isinstance(fn, TaskSpec) else None
-    try:
-        args = json.dumps(job.args) if spec_id is not None else None
-    except (TypeError, ValueError):
-        args = None  # not JSON: recorded, but recovery cannot re-create it
-    return submitted(
-        job.task_id,
-        job.version,
-        job.name,
-        job.run_id,
-        spec_id,
-        args,
-        owner_id,
-        job.submitted_at,
-        job.key,
-        job.priority,
-    )
-
-
 _DEAD_ARGS_MAX = 65_536
 _DEAD = (TaskStatus.FAILED, TaskStatus.TIMED_OUT)  # (a dead letter keeps its traceback)
 
@@ -560,12 +560,12 @@ def _dead_letter(job: Job) -> tuple[str | None, str | None]:
         text = traceback_text(error)
     except Exception:  # (a broken __str__ in the chain)
         text = f"{type(error).__name__} (its traceback could not be formatted)"
-    args: str | None = None
-    if not isinstance(job.fn, TaskSpec):  # (a spec's were recorded at submission, if JSON)
-        try:
-            args = json.dumps(job.args)
-        except (TypeError, ValueError, RecursionError):
-            args = None
+    # (A spec's were recorded at submission, if JSON: the store keeps those,
+    # ``TRANSITIONS``' "args": FIRST.)
+    try:
+        args: str | None = json.dumps(job.args)
+    except (TypeError, ValueError, RecursionError):
+        args = None
     if args is not None and len(args) > _DEAD_ARGS_MAX:
         args = None  # (shown to people only: not worth a huge row)
     return storable_text(text), args
@@ -597,3 +597,49 @@ def traceback_text(error: BaseException) -> str:
 
 _CAUSED = "\nThe above exception was the direct cause of the following exception:\n\n"
 _DURING = "\nDuring handling of the above exception, another exception occurred:\n\n"
+
+
+@final
+class UnreadFailures:
+    """The failed tasks (FAILED or TIMED_OUT, not a workflow's steps) whose
+    completion nobody has read yet: how many, and the first few of them (bounded:
+    a long run keeps no more), for the executor to say so as it closes."""
+
+    KEPT = 16  # (to name the first one still unread)
+
+    __slots__ = ("count", "first")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.first: list[Job] = []
+
+    def add(self, job: Job) -> None:
+        """``job`` ended failed (the failure path only)."""
+        self.count += 1
+        if len(self.first) < self.KEPT:
+            self.first.append(job)
+
+    def read(self) -> None:
+        """A failed job's completion was made, for whoever reads it."""
+        self.count -= 1
+
+    def report(self) -> str | None:
+        """What to say at close (None: nothing unread): how many, and the first
+        one's error with its traceback."""
+        n = self.count
+        if n <= 0:
+            return None
+        lines = [
+            f"trioexec: {n} failed task{'s' if n != 1 else ''} whose completion nobody read"
+            " (await ref.wait(), or open_executor(report_unread_failures=False) for quiet)"
+        ]
+        job = next((job for job in self.first if job.completion is None), None)
+        if job is not None:
+            error = job.error
+            lines.append(
+                f"the first: {job.name!r} (task {job.task_id}) {job.status.value}:"
+                f" {safe_repr(error)}"
+            )
+            if error is not None:
+                lines.append("".join(traceback.format_exception(error)).rstrip("\n"))
+        return "\n".join(lines)
