@@ -19,10 +19,19 @@ import math
 
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+)
 
 from trioexec import KeyLimit, TaskStatus
+from trioexec._changes import Finish, submitted
+from trioexec._machine._lifecycle import Lifecycle
 from trioexec._machine._pending import Pending
+from trioexec._metrics import Tally
 from trioexec._spec import call_info
 from trioexec._taskref import Job
 
@@ -357,3 +366,297 @@ print(sorted(n for n in sys.modules if n.split(".")[0] in roots))
     assert "trio" not in loaded
     assert not any(n.startswith("trioexec._store") for n in loaded)
     assert "trioexec._machine._pending" in loaded
+
+
+# ---------------------------------------------------------------- the lifecycle
+
+
+class Recorder:
+    """The shell's parts the lifecycle tells, as records: the journal, the gate,
+    the event stream, its listener and an observer."""
+
+    def __init__(self) -> None:
+        self.notify: list[Job] = []
+        self.batch = 0
+        self.failure = None
+        self.finishes: dict[str, int] = {}  # task id -> Finish changes journaled
+        self.rows: list[object] = []
+        self.waiters: list[object] = []  # (the gate's BLOCK line: nobody)
+        self.events: list[object] = []
+        self.space = 0
+        self.idles = 0
+        self.told: dict[str, list[str]] = {}  # task id -> what the observer heard
+
+    # the journal
+    def new_row(self, job, owner_id):
+        return submitted(job.task_id, job.version, job.name, None, None, None, owner_id, 0.0)
+
+    def append(self, change):
+        self.rows.append(change)
+
+    def fold(self, job, change):
+        if isinstance(change, Finish):
+            self.finishes[job.task_id] = self.finishes.get(job.task_id, 0) + 1
+
+    def hurry(self):
+        pass
+
+    def failure_error(self):
+        raise AssertionError("the store never fails here")
+
+    # the gate
+    def wake_next(self, *, handing_place=False):
+        pass
+
+    def publish_refusal(self, kind, job, reason):
+        self.events.append((kind, job.task_id))
+
+    # the event stream
+    def publish(self, kind, task_id=None, **fields):
+        self.events.append((kind, task_id))
+
+    def note(self, kind, task_id):
+        self.events.append((kind, task_id))
+
+    # the listener
+    def space_freed(self):
+        self.space += 1
+
+    def idle(self):
+        self.idles += 1
+
+    # an observer
+    def _hear(self, what, job):
+        self.told.setdefault(job.task_id, []).append(what)
+
+    def submitted(self, job):
+        self._hear("submitted", job)
+
+    def started(self, job):
+        self._hear("started", job)
+
+    def deferred(self, job):
+        self._hear("deferred", job)
+
+    def resumed(self, job):
+        self._hear("resumed", job)
+
+    def retrying(self, job, status, delay):
+        self._hear("retrying", job)
+
+    def finished(self, job, status):
+        self._hear(f"finished {status}", job)
+
+    def overruled(self, job, status):
+        self._hear("overruled", job)
+
+
+class Scope:
+    """A running attempt's cancel scope, as the lifecycle sees it."""
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+ENDINGS = [TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.TIMED_OUT]
+
+
+class LifecycleAgainstModel(RuleBasedStateMachine):
+    """The lifecycle driven as the shell drives it (the workers run attempts,
+    defer, resume and retry them; callers cancel; the writer says a batch is
+    durable), with and without a journal: its counts are always the model's,
+    and every accepted task ends exactly once (observed once, journaled once)."""
+
+    @initialize(store=st.booleans())
+    def setup(self, store):
+        self.rec = Recorder()
+        self.pending = Pending(lambda: 0.0)
+        self.lifecycle = Lifecycle(
+            Tally(),
+            self.pending,
+            self.rec,
+            self.rec,
+            self.rec if store else None,
+            lambda: 0.0,
+            "owner",
+            self.rec,
+        )
+        self.lifecycle.add_observer(self.rec)
+        self.store = store
+        self.made = 0
+        self.state: dict[Job, str] = {}  # queued, running, deferred, between, ended
+        self.ended: dict[Job, TaskStatus] = {}
+        self.lost: set[Job] = set()  # taken over by another owner (`lose`)
+
+    def jobs(self, *states):
+        return [job for job, state in self.state.items() if state in states]
+
+    def new(self):
+        job = Job(
+            self.lifecycle, noop, (), call_info(noop), f"t{self.made}", "n", None, None,
+            None, None, 0.0, self.store, True,
+        )  # fmt: skip
+        self.made += 1
+        return job
+
+    def end(self, job, status):
+        assert job not in self.ended
+        self.ended[job] = status
+        self.state[job] = "ended"
+
+    @rule()
+    def submit(self):
+        job = self.new()
+        self.lifecycle.accept(job)
+        self.state[job] = "queued"
+
+    @precondition(lambda self: self.jobs("queued"))
+    @rule(how=st.sampled_from(["drop_oldest", "drop_new"]))
+    def overflow(self, how):
+        job = self.new()
+        if how == "drop_new":
+            self.lifecycle.drop_new(job)
+            self.end(job, TaskStatus.DROPPED)
+            return
+        oldest = self.jobs("queued")[0]
+        self.lifecycle.accept(job, displace=True)
+        self.end(oldest, TaskStatus.DROPPED)
+        self.state[job] = "queued"
+
+    @rule()
+    def start(self):
+        job = self.pending.pop()
+        if job is None:
+            assert not self.jobs("queued")
+            return
+        assert job is self.jobs("queued")[0]  # (first in, first out)
+        job.scope = Scope()
+        self.lifecycle.started(job)
+        self.state[job] = "running"
+
+    @precondition(lambda self: self.jobs("running", "deferred", "between"))
+    @rule(data=st.data(), status=st.sampled_from(ENDINGS))
+    def attempt(self, data, status):
+        """A worker moves a started task on: defer, resume, retry, or end it
+        (as it was asked to, if it was cancelled)."""
+        job = data.draw(st.sampled_from(self.jobs("running", "deferred", "between")))
+        state = self.state[job]
+        if job.scope.cancelled:
+            status = TaskStatus.CANCELLED
+        if state == "deferred":
+            if status is TaskStatus.CANCELLED or data.draw(st.booleans()):
+                self.lifecycle.deferral_abandoned()  # (it ends without a slot back)
+                self.lifecycle.ended(job, status)
+                self.end(job, status)
+            else:
+                self.lifecycle.resumed(job)
+                self.state[job] = "running"
+        elif state == "between":
+            if status is TaskStatus.CANCELLED:
+                self.lifecycle.ended(job, status)
+                self.end(job, status)
+            else:
+                self.lifecycle.started(job)  # (its next attempt)
+                self.state[job] = "running"
+        elif status is TaskStatus.CANCELLED:
+            self.lifecycle.ended(job, status)
+            self.end(job, status)
+        else:
+            how = data.draw(st.sampled_from(["defer", "retry", "end"]))
+            if how == "defer":
+                self.lifecycle.deferred(job)
+                self.state[job] = "deferred"
+            elif how == "retry":
+                job.error = ValueError("again")
+                self.lifecycle.retrying(job, TaskStatus.FAILED, 1.0)
+                self.state[job] = "between"
+            else:
+                if status is not TaskStatus.COMPLETED:
+                    job.error = ValueError("no")  # (a dead letter, with a store)
+                self.lifecycle.ended(job, status)
+                self.end(job, status)
+
+    @precondition(lambda self: self.store and self.jobs("running", "deferred"))
+    @rule(data=st.data())
+    def lose(self, data):
+        """Another owner took one over: it stops here, no retry (its worker ends it)."""
+        job = data.draw(st.sampled_from(self.jobs("running", "deferred")))
+        self.lifecycle.lose(job.task_id)
+        self.lost.add(job)
+        assert job.scope.cancelled
+        assert job.version == -1
+
+    @precondition(lambda self: self.jobs("queued", "running", "deferred", "between"))
+    @rule(data=st.data())
+    def cancel(self, data):
+        job = data.draw(st.sampled_from(self.jobs("queued", "running", "deferred", "between")))
+        self.lifecycle.cancel(job)
+        if self.state[job] == "queued":
+            self.end(job, TaskStatus.CANCELLED)  # (at once)
+        else:
+            assert job.scope.cancelled  # (its worker ends it: `attempt`)
+
+    @precondition(lambda self: self.jobs("queued"))
+    @rule()
+    def cancel_pending(self):
+        queued = self.jobs("queued")
+        assert self.lifecycle.cancel_pending() == len(queued)
+        for job in queued:
+            self.end(job, TaskStatus.CANCELLED)
+
+    @precondition(lambda self: self.store)
+    @rule()
+    def recovery_waits_for_room(self):
+        self.lifecycle.space_wanted = True
+        self.space_before = self.rec.space
+
+    @precondition(lambda self: self.store and self.rec.notify)
+    @rule(data=st.data())
+    def written(self, data):
+        """A batch is durable; some of it was fenced out (another owner has it)."""
+        notify, self.rec.notify = self.rec.notify, []
+        fenced = data.draw(st.lists(st.sampled_from(notify), unique=True))
+        self.lifecycle.written(notify, [job.task_id for job in fenced])
+        for job in fenced:
+            self.ended[job] = TaskStatus.CANCELLED  # (overruled: its result not recorded)
+        assert all(not job.pending_ack for job in notify)
+
+    @invariant()
+    def counts_are_the_models(self):
+        tally = self.lifecycle.tally
+        assert tally.queue_depth == len(self.jobs("queued", "between"))
+        assert tally.active_count == len(self.jobs("running"))
+        assert tally.deferred_count == len(self.jobs("deferred"))
+        ended = list(self.ended.values())
+        assert tally.completed_count == ended.count(TaskStatus.COMPLETED)
+        assert tally.failed_count == ended.count(TaskStatus.FAILED)
+        assert tally.timed_out_count == ended.count(TaskStatus.TIMED_OUT)
+        assert tally.cancelled_count == ended.count(TaskStatus.CANCELLED)
+        assert tally.dropped_count == ended.count(TaskStatus.DROPPED)
+        assert self.lifecycle.is_idle() == (len(self.ended) == len(self.state))
+        unread = [j for j in self.ended if j.status in (TaskStatus.FAILED, TaskStatus.TIMED_OUT)]
+        assert self.lifecycle.unread.count == len(unread)  # (nobody made a completion)
+        assert (self.lifecycle.unread.report() is None) == (not unread)
+        for job, status in self.ended.items():
+            assert job.status is status
+            heard = [w for w in self.rec.told.get(job.task_id, []) if w.startswith("finished")]
+            assert len(heard) == 1, (job, heard)
+            if self.store:
+                assert self.rec.finishes.get(job.task_id) == 1  # (journaled once)
+                assert job.task_id not in self.lifecycle.live
+        if self.store:
+            live = {j.task_id for j in self.state if j not in self.ended and j not in self.lost}
+            assert set(self.lifecycle.live) == live
+
+    @invariant()
+    def a_waiting_recovery_hears_of_a_freed_place(self):
+        if self.store and not self.lifecycle.space_wanted and hasattr(self, "space_before"):
+            assert self.rec.space == self.space_before + 1
+            del self.space_before
+
+
+TestLifecycle = LifecycleAgainstModel.TestCase
+TestLifecycle.settings = settings(max_examples=200, stateful_step_count=100, deadline=None)

@@ -478,8 +478,10 @@ class Lifecycle:
             tally.completed_count -= 1
         elif job.status is TaskStatus.FAILED:
             tally.failed_count -= 1
+            self.unread.forget(job)
         elif job.status is TaskStatus.TIMED_OUT:
             tally.timed_out_count -= 1
+            self.unread.forget(job)
         elif job.status is TaskStatus.DROPPED:
             tally.dropped_count -= 1
         else:
@@ -622,6 +624,13 @@ class UnreadFailures:
     def read(self) -> None:
         """A failed job's completion was made, for whoever reads it."""
         self.count -= 1
+
+    def forget(self, job: Job) -> None:
+        """``job`` did not fail after all: another owner had it (`Lifecycle.overrule`)."""
+        if job.run_id is None and job.completion is None:  # (counted, and not read)
+            self.count -= 1
+            if job in self.first:
+                self.first.remove(job)
 
     def report(self) -> str | None:
         """What to say at close (None: nothing unread): how many, and the first
