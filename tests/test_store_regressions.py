@@ -47,6 +47,28 @@ async def test_a_fenced_completion_is_not_acknowledged_as_completed(store, autoj
     assert (m.completed_count, m.cancelled_count) == (0, 1)
 
 
+async def test_an_overruled_failure_is_not_reported_as_unread(store, autojump_clock, capsys):
+    """A task that failed here after another executor took it over ends CANCELLED
+    (its failure was never recorded): the close does not report it as a failure
+    nobody read (issue 31: found by the lifecycle's model in tests/test_machine.py)."""
+    store.clock = FakeWallClock(start=0)
+
+    @task(id="work")
+    async def work():
+        await trio.sleep(1)
+        raise ValueError("boom")
+
+    async with open_executor(store=store, lease=30, tasks=[work]) as ex:
+        ref = await ex.submit(work)
+        await ex.flush()
+        store.recover("B", 10**6, lambda r: True, 3)  # B takes it over
+        c = await ref.wait()
+    assert c.status is TaskStatus.CANCELLED
+    assert "lease_lost" in str(c.error)
+    assert (ex.statistics().failed_count, ex.statistics().cancelled_count) == (0, 1)
+    assert "whose completion nobody read" not in capsys.readouterr().err
+
+
 async def test_outer_cancel_keeps_the_lease_while_an_uninterruptible_task_runs(autojump_clock):
     store = MemoryStore(clock=FakeWallClock(start=0))
     log = []
