@@ -95,6 +95,7 @@ class MachineAgainstModel(RuleBasedStateMachine):
         self.lines: list[tuple[Job, object, bool]] = []  # (job, waiter, retry) in a key's line
         self.held: list[tuple[Job, Flag]] = []  # retries a pause holds
         self.rank: dict[Job, tuple[int, int]] = {}
+        self.behind_line: dict[Job, bool] = {}
         self.starts: dict[str, list[float]] = {}
         self.paused: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
 
@@ -114,7 +115,7 @@ class MachineAgainstModel(RuleBasedStateMachine):
         so do retries a pause held, once it is lifted."""
         for entry in list(self.held):
             job, flag = entry
-            if flag.is_set:
+            if flag.is_set and entry in self.held:
                 assert not self.is_paused(job)
                 self.held.remove(entry)
                 self.pending.paused_retries.pop(job, None)
@@ -153,6 +154,9 @@ class MachineAgainstModel(RuleBasedStateMachine):
         )
         job.key, job.priority = key, priority
         self.rank[job] = (-priority, self.made)
+        # Tasks of its key waiting in the key's line go first: then a task the
+        # key let through keeps its room, however good this one is.
+        self.behind_line[job] = any(j.key == key for j, _, _ in self.lines)
         self.made += 1
         self.pending.append(job)
         self.queued.append(job)
@@ -167,7 +171,9 @@ class MachineAgainstModel(RuleBasedStateMachine):
         for other in self.queued:
             if other is job or self.is_paused(other):
                 continue
-            if other.key in (None, "free") or other.key == job.key:
+            if other.key in (None, "free") or (
+                other.key == job.key and not self.behind_line[other]
+            ):
                 assert self.rank[job] < self.rank[other], (job, other)
         self.queued.remove(job)
         job.status = TaskStatus.RUNNING

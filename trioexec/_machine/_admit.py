@@ -2,17 +2,52 @@
 
 A pure, await-free function over counts (`admit`), tested exhaustively without
 an event loop, in the manner of httpcore's connection pool: decide
-synchronously, then park or act. Part of the machine (`trioexec._machine`);
-`trioexec._admission.Gate` is its shell.
+synchronously, then park or act. `Admission` holds what it decides on: the
+capacity, the places held back, the line of ``BLOCK`` submitters (opaque here),
+and the refusals with their health events. Part of the machine
+(`trioexec._machine`): no Trio here; `trioexec._admission.Gate` is its shell,
+which parks and wakes the submitters in line.
 """
 
 from __future__ import annotations
 
 import enum
+from collections import deque
+from typing import TYPE_CHECKING, Any, Protocol
 
-from .._records import Overflow
+from .._errors import CapacityExceeded, TaskRejected, TrioexecError
+from .._metrics import Tally
+from .._records import HealthEventKind, Overflow
 
-__all__ = ["Admit", "admit", "rejection_reason"]
+if TYPE_CHECKING:
+    from .._taskref import Job
+    from ._pending import Pending
+
+__all__ = ["Admission", "Admit", "admit", "rejection_reason"]
+
+
+class Backlog(Protocol):
+    """The journal, as admission sees it: how far behind the store is."""
+
+    changes: list[Any]
+    limit: int
+
+    @property
+    def backlogged(self) -> bool: ...
+
+
+class Publisher(Protocol):
+    """The event stream, as admission sees it."""
+
+    def publish(
+        self,
+        kind: HealthEventKind,
+        task_id: str | None = None,
+        *,
+        policy: Overflow | None = None,
+        reason: str | None = None,
+        attributes: dict[str, Any] | None = None,
+    ) -> None: ...
 
 
 class Admit(enum.Enum):
@@ -74,3 +109,131 @@ def rejection_reason(decision: Admit, policy: Overflow, *, backlogged: bool = Fa
     if decision is Admit.REJECT and policy is Overflow.DROP_OLDEST:
         return "nothing_to_drop"
     return "queue_full"
+
+
+class Admission:
+    """The admission of one executor: the bound (pending + active + deferred <=
+    ``capacity``, less the places held back in ``reserved``) and the FIFO line
+    of submitters blocked for space (``waiters``: the shell's, opaque here).
+    The counts it decides on belong to the `Tally`; the store's backlog to the
+    journal."""
+
+    __slots__ = (
+        "_events",
+        "_journal",
+        "_pending",
+        "_tally",
+        "capacity",
+        "overflow",
+        "reserved",
+        "waiters",
+    )
+
+    def __init__(
+        self,
+        capacity: int,
+        overflow: Overflow,
+        tally: Tally,
+        pending: Pending,
+        journal: Backlog | None,
+        events: Publisher,
+    ) -> None:
+        self.capacity = capacity
+        self.overflow = overflow
+        self.reserved = 0  # places held back: handed to woken submitters, or recovery's
+        self._tally = tally
+        self._pending = pending
+        self._journal = journal
+        self._events = events
+        # BLOCK submitters, FIFO (always this one deque: the lifecycle holds it
+        # to see at no cost whether a finished task's place goes to one of them).
+        self.waiters: deque[Any] = deque()
+
+    @property
+    def room(self) -> int:
+        """Places free now (what recovery may claim)."""
+        return max(0, self.capacity - self.reserved - self._tally.outstanding)
+
+    def fits(self) -> bool:
+        """Room for one more, the store keeping up, and no blocked submitter
+        ahead in line: the common case, decided without `admit`."""
+        tally = self._tally
+        journal = self._journal
+        return (
+            tally.queue_depth + tally.active_count + tally.deferred_count
+            < self.capacity - self.reserved
+            and (journal is None or not journal.backlogged)
+            and not self.waiters
+        )
+
+    def backlogged(self) -> bool:
+        """The store's writer is too far behind to take more work."""
+        return self._journal is not None and self._journal.backlogged
+
+    def decide(self, can_wait: bool, woken: bool = False) -> Admit:
+        """What to do with one more submission now. ``woken``: the caller was
+        first in the line of blocked submitters."""
+        if self.fits():
+            return Admit.ACCEPT
+        if not woken and self.waiters:
+            # Blocked submitters are ahead in line: nobody overtakes them.
+            return Admit.WAIT if can_wait else Admit.REJECT
+        tally = self._tally
+        return admit(
+            pending=tally.queue_depth,
+            active=tally.active_count,
+            deferred=tally.deferred_count,
+            capacity=self.capacity - self.reserved,
+            policy=self.overflow,
+            can_wait=can_wait,
+            droppable=self._pending.live + self._pending.held,
+            backlogged=self.backlogged(),
+        )
+
+    def next_waiter(self, handing_place: bool) -> Any:
+        """The longest-waiting blocked submitter to wake (taken out of line), with
+        a freed place handed to it (a task finished), or to decide again if there
+        may be room now; None if nobody is to be woken."""
+        if not self.waiters:
+            return None
+        if handing_place:
+            self.reserved += 1
+        elif self._tally.outstanding >= self.capacity - self.reserved or self.backlogged():
+            return None  # no room yet
+        return self.waiters.popleft()
+
+    def refusal(self, job: Job, decision: Admit) -> TrioexecError:
+        """Count and publish the refusal of ``job``; return the error to raise."""
+        self._tally.rejected_count += 1
+        behind = self.backlogged()
+        reason = rejection_reason(decision, self.overflow, backlogged=behind)
+        self.publish_refusal(HealthEventKind.TASK_REJECT, job, reason)
+        cls = CapacityExceeded if decision is Admit.FAIL else TaskRejected
+        if behind:
+            assert self._journal is not None
+            backlog, limit = len(self._journal.changes), self._journal.limit
+            return cls(
+                f"the store is {backlog} changes behind (limit {limit}); "
+                f"overflow={self.overflow.value}; task {job.name!r} not accepted"
+            )
+        tally = self._tally
+        return cls(
+            f"executor at capacity ({self.capacity}: {tally.queue_depth} pending, "
+            f"{tally.active_count} active, {tally.deferred_count} deferred); "
+            f"overflow={self.overflow.value}; task {job.name!r} not accepted"
+        )
+
+    def publish_refusal(self, kind: HealthEventKind, job: Job, reason: str) -> None:
+        tally = self._tally
+        self._events.publish(
+            kind,
+            job.task_id,
+            policy=self.overflow,
+            reason=reason,
+            attributes={
+                "pending_depth": tally.queue_depth,
+                "active_count": tally.active_count,
+                "deferred_count": tally.deferred_count,
+                "capacity": self.capacity,
+            },
+        )
