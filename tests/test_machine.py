@@ -285,7 +285,7 @@ class MachineAgainstModel(RuleBasedStateMachine):
     @invariant()
     def counts_are_the_models(self):
         pending = self.pending
-        assert pending.live + pending.held + len(pending.parked) == len(self.queued)
+        assert pending.startable + pending.held + len(pending.parked) == len(self.queued)
         assert set(pending.parked) == {j for j in self.queued if self.is_paused(j)}
         assert math.isinf(pending.timers.next()) or self.listener.timers
         assert set(pending.paused_retries) == {job for job, _ in self.held}

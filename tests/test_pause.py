@@ -233,7 +233,7 @@ class PauseMachine(RuleBasedStateMachine):
         pending = self.ex._core.pending
         paused = [e for e in self.queued if self._paused(e[2], e[3])]
         assert len(pending.parked) == len(paused)
-        assert pending.live + pending.held == len(self.queued) - len(paused)
+        assert pending.startable + pending.held == len(self.queued) - len(paused)
         for key, state in pending.keys.items():
             assert state.pending == sum(e[3] == key for e in self.queued), key
             assert state.parked == sum(e[3] == key for e in paused), key

@@ -178,7 +178,7 @@ async def test_pausing_with_a_retry_waiting_for_its_key_keeps_the_queue_counts(
         ex.pause(name="n")
         state = pending.keys["K"]
         assert not [job for job in state.earmarked if job.paused]
-        assert (pending.live, pending.held) == (0, 0)  # nothing of "n" may start
+        assert (pending.startable, pending.held) == (0, 0)  # nothing of "n" may start
         ex.resume(name="n")
         gate.set()
         with trio.fail_after(100):

@@ -57,7 +57,7 @@ class PendingMachine(RuleBasedStateMachine):
 
     @invariant()
     def live_count_matches(self):
-        assert self.pending.live == len(self.model)
+        assert self.pending.startable == len(self.model)
 
 
 TestPending = PendingMachine.TestCase
@@ -73,8 +73,8 @@ def test_tombstones_are_compacted_once_they_are_the_majority():
     for job in jobs[:150]:
         job.status = TaskStatus.CANCELLED
         pending.discard(job)
-    assert pending.live == 50
-    assert "50 live" in repr(pending)
+    assert pending.startable == 50
+    assert "50 startable" in repr(pending)
     tombstones = int(repr(pending).split(", ")[1].split()[0])
     assert tombstones <= 64  # compacted along the way, not 150 kept
     assert [pending.pop() for _ in range(50)] == jobs[150:]

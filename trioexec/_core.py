@@ -194,7 +194,9 @@ class ExecutorCore:
         self.keyshare = keyshare = (
             None
             if journal is None or not shared
-            else KeyBroker(pending, journal, self.owner_id, lambda: slots.available - pending.live)
+            else KeyBroker(
+                pending, journal, self.owner_id, lambda: slots.available - pending.startable
+            )
         )
         self.gate = Gate(config.capacity, config.overflow, tally, pending, journal, self.events)
         # (The workflow runs are made first: the lifecycle tells them of their steps.)

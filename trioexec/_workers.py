@@ -99,7 +99,7 @@ class Workers:
     def work_arrived(self) -> None:
         """A job may start: wake an idle worker, or start one if a slot has none
         (unless the workers already woken will take every job that may start)."""
-        if self._pending.live <= self._coming:
+        if self._pending.startable <= self._coming:
             return
         if self._idle:
             self._coming += 1
@@ -125,16 +125,16 @@ class Workers:
     def _resized(self) -> None:
         # A larger pool needs workers for queued tasks now, not at the next submit.
         self._total = self.pool.total
-        for _ in range(min(self._total - self._count, self._pending.live)):
+        for _ in range(min(self._total - self._count, self._pending.startable)):
             self._spawn()
 
-    def _parked(self) -> None:
+    def _stays_without_slot(self) -> None:
         """This worker stays with a task that holds no slot now (deferred, or
         between attempts); the freed slot needs another worker."""
         self._count -= 1
         if self._tally.queue_depth > len(self._idle) and self._count < self._total:
             self._spawn()
-        elif self._idle and self._pending.live:
+        elif self._idle and self._pending.startable:
             self._wake()
 
     async def _worker(self) -> None:
@@ -160,7 +160,7 @@ class Workers:
                 # job would be the largest cost of running a small task.
                 with trio.CancelScope() as scope:
                     while True:
-                        if self._pending.live <= self._coming:  # (those coming take it)
+                        if self._pending.startable <= self._coming:  # (those coming take it)
                             token.release()
                             if self.closing:
                                 if self.on_idle is not None:
@@ -226,7 +226,7 @@ class Workers:
                             break  # the scope may be cancelled: take a fresh one
                         if self._count > self._total:
                             return  # over strength after a deferral or a shrink: retire
-                        if self._pending.live > self._coming:
+                        if self._pending.startable > self._coming:
                             # More work: yield between jobs (parking for work would
                             # be the schedule point otherwise).
                             await trio.lowlevel.checkpoint()
@@ -244,7 +244,7 @@ class Workers:
     async def run_next(self) -> Job | None:
         """Take a slot, then the next pending job, and run it to its end in the
         calling task (`DeterministicExecutor`). None if nothing was pending."""
-        if not self._pending.live:
+        if not self._pending.startable:
             return None
         token = SlotToken(self.pool)
         await token.reclaim()
@@ -292,7 +292,7 @@ class Workers:
                 self._pending.release(job)
             delay = spec.backoff.delay(job.attempts)
             self._lifecycle.retrying(job, status, delay)
-            self._parked()
+            self._stays_without_slot()
             backing_off = self._lifecycle.backing_off
             backing_off.add(job)
             try:
@@ -407,7 +407,7 @@ class Workers:
         if job.key is not None:
             self._pending.release(job, deferred=True)
         self._lifecycle.deferred(job)
-        self._parked()
+        self._stays_without_slot()
 
     async def reclaim(self, job: Job, slot: SlotToken) -> None:
         """A deferred task takes its key (if it has one) back, then a slot. If

@@ -16,7 +16,7 @@ priority arrives, worked out from their ``submitted_at``), made monotonic, so
 equal priorities keep submission order.
 
 A task cancelled while pending leaves a tombstone the workers skip, so a cancel
-costs O(1); the structures are compacted when tombstones outnumber live entries.
+costs O(1); the structures are compacted when tombstones outnumber the entries of queued tasks.
 
 Part of the machine (`trioexec._machine`): no Trio here. It reads the clock it is
 given, tells its `Listener` what to carry out, and sets the `Wake` a waiting
@@ -104,7 +104,7 @@ def _queued(job: Job) -> bool:
 
 @final
 class Pending:
-    """The pending queue. ``live`` is how many tasks may start now, tombstones
+    """The pending queue. ``startable`` is how many tasks may start now, tombstones
     aside (a plain attribute: the workers read it on every turn); ``held`` is
     how many more wait for their key.
 
@@ -130,10 +130,10 @@ class Pending:
         "inline",
         "keys",
         "listener",
-        "live",
         "parked",
         "paused",
         "paused_retries",
+        "startable",
         "timers",
     )
 
@@ -150,7 +150,7 @@ class Pending:
         self.clock = clock  # the executor's (Trio's, in the shell)
         self.listener = _DEAF if listener is None else listener
         self._jobs: deque[Job] = deque()
-        self.live = 0
+        self.startable = 0
         self.held = 0
         self._ranked = False
         self._ready: list[_Entry] = []
@@ -181,7 +181,7 @@ class Pending:
         if not self._ranked:
             if job.key is None and job.priority == 0:
                 self._jobs.append(job)
-                self.live += 1
+                self.startable += 1
                 return
             self._rank_all()
         self._add(job)
@@ -194,7 +194,7 @@ class Pending:
             while jobs:
                 job = jobs.popleft()
                 if job.status is TaskStatus.PENDING:
-                    self.live -= 1
+                    self.startable -= 1
                     return job
             return None
         ready = self._ready
@@ -211,7 +211,7 @@ class Pending:
                     self._tombstones -= 1
                     continue  # sent back to its key's line by a better task
                 del state.earmarked[job]
-            self.live -= 1
+            self.startable -= 1
             if state is not None:
                 state.pending -= 1
                 state.holders.add(job)
@@ -249,9 +249,9 @@ class Pending:
                 self._maybe_forget_key(state)
             return
         if not self._ranked:
-            self.live -= 1
+            self.startable -= 1
             jobs = self._jobs
-            tombstones = len(jobs) - self.live
+            tombstones = len(jobs) - self.startable
             if tombstones > _COMPACT_AFTER and tombstones * 2 > len(jobs):
                 self._jobs = deque(j for j in jobs if j.status is TaskStatus.PENDING)
             return
@@ -262,14 +262,14 @@ class Pending:
         if not self._ranked:
             jobs = [j for j in self._jobs if j.status is TaskStatus.PENDING]
             self._jobs.clear()
-            self.live = 0
+            self.startable = 0
             return jobs
         jobs = [j for j in self._order if _queued(j) and not j.paused]
         jobs.extend(entry[2] for entry in sorted(self.parked.values()))
         self._ready.clear()
         self._order.clear()
         self.parked.clear()
-        self.live = self.held = self._tombstones = 0
+        self.startable = self.held = self._tombstones = 0
         for job in jobs:
             job.paused = False
             if job.key is not None:
@@ -292,7 +292,7 @@ class Pending:
         """From now on ranked: what the deque holds moves over, in its order."""
         self._ranked = True
         jobs, self._jobs = self._jobs, deque()
-        self.live = 0
+        self.startable = 0
         now, wall = self.clock(), self._wall
         for job in jobs:
             if job.status is TaskStatus.PENDING:
@@ -315,7 +315,7 @@ class Pending:
         entry = (rank, seq, job)
         order = self._order
         order.append(job)
-        if len(order) > 2 * (self.live + self.held + len(self.parked)) + _COMPACT_AFTER:
+        if len(order) > 2 * (self.startable + self.held + len(self.parked)) + _COMPACT_AFTER:
             # It keeps started tasks until the oldest queued one goes: drop them
             # when they dominate (amortized O(1) a task).
             self._order = deque(j for j in order if _queued(j))
@@ -333,12 +333,12 @@ class Pending:
         key = job.key
         if key is None:
             heapq.heappush(self._ready, entry)
-            self.live += 1
+            self.startable += 1
             return
         state = self.state(key)
         if state.limit is None:
             heapq.heappush(self._ready, entry)
-            self.live += 1
+            self.startable += 1
             return
         if not state.queue and not state.resumers and not state.retriers:  # (the common case)
             if state.limit.rate is not None:
@@ -371,7 +371,7 @@ class Pending:
         if state is not None:
             state.pending -= 1
         if state is None or state.limit is None or job in state.earmarked:
-            self.live -= 1
+            self.startable -= 1
             if state is not None and state.limit is not None:
                 del state.earmarked[job]
                 self._grant(state)  # its room is free again
@@ -415,7 +415,7 @@ class Pending:
         # ``ready`` is told apart by identity.)
         state.earmarked[entry[2]] = entry
         heapq.heappush(self._ready, entry)
-        self.live += 1
+        self.startable += 1
 
     # ------------------------------------------------------------ keys
 
@@ -650,10 +650,10 @@ class Pending:
                 job = entry[2]
                 of = None if job.key is None else self.keys[job.key]
                 if of is None or of.limit is None:
-                    self.live -= 1
+                    self.startable -= 1
                 elif job in of.earmarked:
                     del of.earmarked[job]
-                    self.live -= 1
+                    self.startable -= 1
                 else:
                     self.held -= 1
                 if of is not None:
@@ -696,13 +696,14 @@ class Pending:
         line, at its place in it."""
         job = entry[2]
         del state.earmarked[job]  # (its entry in ``ready`` is now stale)
-        self.live -= 1
+        self.startable -= 1
         heapq.heappush(state.queue, (entry[0], entry[1], job))
         self.held += 1
         self._tombstones += 1  # (its old entry in ``ready``)
 
     def __repr__(self) -> str:
-        tombstones = self._tombstones if self._ranked else len(self._jobs) - self.live
+        tombstones = self._tombstones if self._ranked else len(self._jobs) - self.startable
         return (
-            f"<Pending {self.live} live, {tombstones} tombstones, {self.held} held by their keys>"
+            f"<Pending {self.startable} startable, {tombstones} tombstones,"
+            f" {self.held} held by their keys>"
         )
