@@ -75,12 +75,39 @@ PRUNE_EVERY = 100
 MAX_SKEW = 60.0
 
 
+@attrs.frozen
+class Asked:
+    """A `Store.command` checked (`check_command`), for a store to carry out:
+    ``pause`` is the (kind, value) a pause or resume turns, None for a cancel;
+    ``issued`` when it was issued (None: now)."""
+
+    kind: str
+    pause: tuple[str, str] | None
+    name: str | None
+    key: str | None
+    task_id: str | None
+    who: str
+    issued: float | None
+
+
 def check_command(
+    kind: str,
+    name: str | None,
+    key: str | None,
+    task_id: str | None,
+    who: str,
+    at: float | None = None,
+) -> Asked:
+    """Refuse a `Store.command` that cannot be carried out (ValueError naming the
+    bad value: its arguments may come from anywhere, whatever their types say)."""
+    pause = _check_target(kind, name, key, task_id, who)
+    return Asked(kind, pause, name, key, task_id, who, check_issued(at))
+
+
+def _check_target(
     kind: object, name: object, key: object, task_id: object, who: object
 ) -> tuple[str, str] | None:
-    """Refuse a `Store.command` that cannot be carried out (ValueError naming the
-    bad value). Returns the pause's (kind, value) of a pause or resume, None for
-    a cancel."""
+    """The pause's (kind, value) of a pause or resume, None for a cancel."""
     check_id("who", who)
     if kind == "pause" or kind == "resume":
         if task_id is not None:
@@ -305,26 +332,17 @@ def append_command(
 
 
 def sql_command(
-    conn: Any,
-    mark: str,
-    where: str,
-    now: float,
-    kind: str,
-    name: str | None,
-    key: str | None,
-    task_id: str | None,
-    who: str,
-    issued: float | None = None,
-    *,
-    lock: str = "",
+    conn: Any, mark: str, where: str, now: float, asked: Asked, *, lock: str = ""
 ) -> Command:
-    """`Store.command` in a SQL store's transaction (``conn``), at ``now``, issued
-    at ``issued`` (None: now); ``where`` names the store in errors; ``lock`` locks
-    the task's row (PostgreSQL: ``" FOR UPDATE OF e"``; SQLite's write transaction
-    holds the whole file)."""
+    """`Store.command` (``asked``) in a SQL store's transaction (``conn``), at
+    ``now``; ``where`` names the store in errors; ``lock`` locks the task's row
+    (PostgreSQL: ``" FOR UPDATE OF e"``; SQLite's write transaction holds the
+    whole file)."""
     m = mark
-    pause = check_command(kind, name, key, task_id, who)
-    at = issued_at(issued, now)
+    kind, pause, name, key, task_id, who = (
+        asked.kind, asked.pause, asked.name, asked.key, asked.task_id, asked.who
+    )  # fmt: skip
+    at = issued_at(asked.issued, now)
     if pause is not None:
         found = conn.execute(
             f"SELECT paused, who, at, latest FROM pauses WHERE kind = {m} AND value = {m}", pause
@@ -447,8 +465,7 @@ class Commands:
         at: float | None = None,
     ) -> Command:
         """See `Store.command`: one write transaction."""
-        pause = check_command(kind, name, key, task_id, who)
-        return self._command(kind, pause, name, key, task_id, who, check_issued(at))
+        return self._command(check_command(kind, name, key, task_id, who, at))
 
     def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
         """See `Store.commands`: never waits for a write."""
@@ -467,16 +484,7 @@ class Commands:
         asked, name, since = check_requeue(task_ids, name, since, who)
         return self._requeue(asked, name, since, who)
 
-    def _command(
-        self,
-        kind: str,
-        pause: tuple[str, str] | None,
-        name: str | None,
-        key: str | None,
-        task_id: str | None,
-        who: str,
-        issued: float | None,
-    ) -> Command:
+    def _command(self, asked: Asked) -> Command:
         raise NotImplementedError
 
     def _commands_after(self, after: int, limit: int | None) -> list[Command]:

@@ -47,6 +47,7 @@ from ._base import (
     new_row,
 )
 from ._control import (
+    Asked,
     Commands,
     PauseRow,
     cancel_plan,
@@ -162,19 +163,13 @@ class MemoryControl(Commands):
                 del self._pauses[target]
         return command
 
-    def _command(
-        self,
-        kind: str,
-        pause: tuple[str, str] | None,
-        name: str | None,
-        key: str | None,
-        task_id: str | None,
-        who: str,
-        issued: float | None,
-    ) -> Command:
+    def _command(self, asked: Asked) -> Command:
+        kind, pause, name, key, task_id, who = (
+            asked.kind, asked.pause, asked.name, asked.key, asked.task_id, asked.who
+        )  # fmt: skip
         with self._locked():
             now = self.clock()
-            at = issued_at(issued, now)
+            at = issued_at(asked.issued, now)
             if pause is not None:
                 new, changed, detail = pause_turn(self._pauses.get(pause), kind, who, at, now)
                 if new is not None:

@@ -48,6 +48,7 @@ from ._base import (
 )
 from ._control import (
     COMMAND_COLUMNS,
+    Asked,
     Commands,
     command_of,
     sorted_pauses,
@@ -525,32 +526,11 @@ class SQLStore(Records, Commands):
     # ------------------------------------------------------------------ commands
 
     @_retried
-    def _command(
-        self,
-        kind: str,
-        pause: tuple[str, str] | None,
-        name: str | None,
-        key: str | None,
-        task_id: str | None,
-        who: str,
-        issued: float | None,
-    ) -> Command:
+    def _command(self, asked: Asked) -> Command:
         d = self.dialect
         with self._commanding("record a command") as conn:
             now = self.clock()  # (its turn taken: commands see the clock in order)
-            return sql_command(
-                conn,
-                d.mark,
-                self.path,
-                now,
-                kind,
-                name,
-                key,
-                task_id,
-                who,
-                issued,
-                lock=d.lock_row,
-            )
+            return sql_command(conn, d.mark, self.path, now, asked, lock=d.lock_row)
 
     @_retried
     def _commands_after(self, after: int, limit: int | None) -> list[Command]:
