@@ -118,7 +118,7 @@ class MachineAgainstModel(RuleBasedStateMachine):
             if flag.is_set and entry in self.held:
                 assert not self.is_paused(job)
                 self.held.remove(entry)
-                self.pending.paused_retries.pop(job, None)
+                self.pending.pauses.retries.pop(job, None)
                 self.rejoin(job, True)
         for entry in list(self.lines):
             job, waiter, retry = entry
@@ -285,10 +285,10 @@ class MachineAgainstModel(RuleBasedStateMachine):
     @invariant()
     def counts_are_the_models(self):
         pending = self.pending
-        assert pending.startable + pending.held + len(pending.parked) == len(self.queued)
-        assert set(pending.parked) == {j for j in self.queued if self.is_paused(j)}
+        assert pending.startable + pending.held + len(pending.pauses.parked) == len(self.queued)
+        assert set(pending.pauses.parked) == {j for j in self.queued if self.is_paused(j)}
         assert math.isinf(pending.timers.next()) or self.listener.timers
-        assert set(pending.paused_retries) == {job for job, _ in self.held}
+        assert set(pending.pauses.retries) == {job for job, _ in self.held}
 
     def teardown(self):
         """Let everything go: every task starts and ends, within a bound."""

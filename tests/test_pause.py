@@ -232,7 +232,7 @@ class PauseMachine(RuleBasedStateMachine):
     def the_queue_counts_add_up(self) -> None:
         pending = self.ex._core.pending
         paused = [e for e in self.queued if self._paused(e[2], e[3])]
-        assert len(pending.parked) == len(paused)
+        assert len(pending.pauses.parked) == len(paused)
         assert pending.startable + pending.held == len(self.queued) - len(paused)
         for key, state in pending.keys.items():
             assert state.pending == sum(e[3] == key for e in self.queued), key

@@ -80,7 +80,7 @@ class Shutdown:
             self._lifecycle.cancel_pending()
         # What a pause holds would never start (nor would a task paused from now on).
         pending = self._lifecycle.pending
-        for job in [*pending.parked, *pending.paused_retries]:
+        for job in [*pending.pauses.parked, *pending.pauses.retries]:
             self._lifecycle.cancel(job)
         if policy is ShutdownPolicy.CANCEL:
             for job in list(self._workers.taken):

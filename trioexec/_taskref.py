@@ -121,7 +121,7 @@ class Job:
     active_seconds: float = 0.0
     budget_exceeded: bool = False
     cancel_requested: bool = False
-    paused: bool = False  # queued, but held out of the queue by a pause (`Pending.parked`)
+    paused: bool = False  # queued, but held out of the queue by a pause (`Pauses.parked`)
     deadline: float = math.inf  # the running attempt's timeout, on Trio's clock
     handle: TaskHandle | None = None
     scope: trio.CancelScope | None = None  # set once a worker has taken it

@@ -120,7 +120,7 @@ async def rejoin(pending: Pending, job: Job) -> None:
 async def wait_unpaused(pending: Pending, job: Job) -> None:
     """Wait while ``job``'s name or key is paused: a pause holds a retry's next
     attempt too (`Pending.hold_retry`). Not a checkpoint if it is not paused."""
-    if pending.paused is None:
+    if pending.pauses.now is None:
         return
     wake = trio.Event()
     if not pending.hold_retry(job, wake):
@@ -128,4 +128,4 @@ async def wait_unpaused(pending: Pending, job: Job) -> None:
     try:
         await wake.wait()
     finally:
-        pending.paused_retries.pop(job, None)
+        pending.pauses.retries.pop(job, None)

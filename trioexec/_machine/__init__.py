@@ -1,15 +1,21 @@
 """The machine: what an executor decides, with no I/O (no Trio, no store).
 
-It holds the queue of tasks that have not started and decides who starts next
-(`Pending`: priority, aging, keys, pauses), what a key lets through and when it
-is due again (`KeyState`, `KeyTimers`), and whether one more submission gets in
-(`admit`). Its methods are synchronous: they read the clock they are given and
-return, or tell a `Listener`, what the shell is to carry out (wake a worker,
-journal what a task waits on, tell the store of a shared key, set a timer) and
-set what a waiting task's shell gave them to wake. The shell (`trioexec._core`
-and the parts it makes) runs the Trio tasks that do it. The counts per state
-are the `Tally` (`trioexec._metrics`), the rules of an execution's row the
-transition table (`trioexec._store._base.TRANSITIONS`).
+- `_admit`: whether one more submission gets in (`admit`, `Admission`);
+- `_pending`: who starts next (`Pending`: priority, aging, keys' lines);
+- `_keys`: what a key lets through and when it is due again (`KeyState`,
+  `KeyTimers`);
+- `_pauses`: what an operator's pause holds back (`Pauses`);
+- `_lifecycle`: each transition of a task (`Lifecycle`): its counts (the
+  `Tally`), the change it journals, the events and observers it tells.
 
-tests/test_machine.py drives it without Trio against a model.
+Its methods are synchronous. They read the clock they are given and tell what
+they were given (a `Listener`, the journal, the event stream: typed here by
+what is asked of them) what the shell is to carry out: wake a worker, journal
+a change, tell the store of a shared key, set a timer, wake who waits; and
+they set the wake a waiting task's shell handed them. The shell
+(`trioexec._core` and the parts it makes, `trioexec._waits`) runs the Trio
+tasks that do it. The rules of an execution's row are the transition table
+(`trioexec._store._base.TRANSITIONS`).
+
+tests/test_machine.py drives it without Trio, against a model.
 """

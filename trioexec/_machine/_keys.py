@@ -258,7 +258,7 @@ class KeyState:
         self.retrying: set[Job] = set()  # ... that wait for their next attempt
         self.reserved: set[Job] = set()  # ... let through to it, waiting for a slot
         self.pending = 0  # its tasks in the queue (paused ones too)
-        self.parked = 0  # ... of which a pause holds out of it (`Pending.parked`)
+        self.parked = 0  # ... of which a pause holds out of it (`Pauses.parked`)
         self.limited_count = 0
         self.earmarked: dict[Job, tuple[float, int, Job]] = {}  # (with their entries)
         self.queue: list[tuple[float, int, Job]] = []

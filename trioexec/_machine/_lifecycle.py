@@ -185,7 +185,7 @@ class Lifecycle:
         """Why ``job`` is not running now (`TaskRef.waiting_on`)."""
         status = job.status
         if status is TaskStatus.PENDING:
-            if job.paused or job in self.pending.paused_retries:
+            if job.paused or job in self.pending.pauses.retries:
                 return "paused"
             if job.key is not None and (reason := self.pending.waiting_on(job)) is not None:
                 return reason

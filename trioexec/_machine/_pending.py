@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Protocol, final
 
 from .._records import TaskStatus
 from ._keys import DEFAULT_KEY, KeyLimit, KeyState, KeyStatistics, KeyTimers, W, Waiter, Wake
+from ._pauses import Pauses
 
 if TYPE_CHECKING:
     from .._taskref import Job
@@ -89,14 +90,6 @@ class _Deaf:
 _DEAF = _Deaf()
 
 
-def _paused_by(paused: tuple[frozenset[str], frozenset[str]] | None, job: Job) -> bool:
-    """``job`` is of a name or key ``paused`` (`Pending.set_paused`)."""
-    if paused is None:
-        return False
-    names, keys = paused
-    return job.name in names or (job.key is not None and job.key in keys)
-
-
 def _queued(job: Job) -> bool:
     """``job`` is still waiting in the queue (not started, not ended)."""
     return job.status is TaskStatus.PENDING and job.scope is None
@@ -130,9 +123,7 @@ class Pending:
         "inline",
         "keys",
         "listener",
-        "parked",
-        "paused",
-        "paused_retries",
+        "pauses",
         "startable",
         "timers",
     )
@@ -164,12 +155,7 @@ class Pending:
         self.keys: dict[str, KeyState] = {}
         self.timers = KeyTimers()
         self._shared = shared  # limits shared through a store (the listener's `want`)
-        # Paused names and keys (None: nothing is paused; `set_paused`), and the
-        # queued tasks they hold out of the queue, each with its place in it.
-        self.paused: tuple[frozenset[str], frozenset[str]] | None = None
-        self.parked: dict[Job, _Entry] = {}
-        # Retries a pause holds (`hold_retry`), each with what wakes it once lifted.
-        self.paused_retries: dict[Job, Wake] = {}
+        self.pauses = Pauses()  # what a pause holds back (`set_paused`)
         # Jobs run one at a time in one task (`DeterministicExecutor`): a task
         # its key let through cannot start before the started one that rejoins
         # its key has ended, so it gives its room back to it (`rejoin`).
@@ -240,8 +226,7 @@ class Pending:
         """``job``, still in the queue, has ended (cancelled): it stays as a
         tombstone. Call after its status has left PENDING."""
         if job.paused:
-            del self.parked[job]
-            job.paused = False
+            self.pauses.unpark(job)
             if job.key is not None:
                 state = self.keys[job.key]
                 state.pending -= 1
@@ -265,10 +250,11 @@ class Pending:
             self.startable = 0
             return jobs
         jobs = [j for j in self._order if _queued(j) and not j.paused]
-        jobs.extend(entry[2] for entry in sorted(self.parked.values()))
+        parked = self.pauses.parked
+        jobs.extend(entry[2] for entry in sorted(parked.values()))
         self._ready.clear()
         self._order.clear()
-        self.parked.clear()
+        parked.clear()
         self.startable = self.held = self._tombstones = 0
         for job in jobs:
             job.paused = False
@@ -315,13 +301,13 @@ class Pending:
         entry = (rank, seq, job)
         order = self._order
         order.append(job)
-        if len(order) > 2 * (self.startable + self.held + len(self.parked)) + _COMPACT_AFTER:
+        if len(order) > 2 * (self.startable + self.held + len(self.pauses.parked)) + _COMPACT_AFTER:
             # It keeps started tasks until the oldest queued one goes: drop them
             # when they dominate (amortized O(1) a task).
             self._order = deque(j for j in order if _queued(j))
         if state is not None:
             state.pending += 1
-        if self.paused is not None and _paused_by(self.paused, job):
+        if self.pauses.now is not None and self.pauses.holds(job):
             self._park(entry)
             return
         self._place(entry)
@@ -614,34 +600,29 @@ class Pending:
 
     def set_paused(self, names: frozenset[str], keys: frozenset[str]) -> None:
         """Pause exactly the tasks of these ``names`` and ``keys``: queued tasks
-        that match leave the queue for ``parked`` (new ones go there at once), and
-        those that match no more go back to their place in it. Running tasks go
-        on. Rare (an operator's command): O(queue) each time."""
-        if not names and not keys:
-            if self.paused is None:
-                return
-            self.paused = None
-        else:
-            if not self._ranked:
-                self._rank_all()  # (one queue shape for parking and unparking)
-            self.paused = (names, keys)
-        back = [entry for job, entry in self.parked.items() if not _paused_by(self.paused, job)]
-        for entry in sorted(back):
+        that match leave the queue for `Pauses.parked` (new ones go there at
+        once), and those that match no more go back to their place in it.
+        Running tasks go on. Rare (an operator's command): O(queue) each time."""
+        pauses = self.pauses
+        if (names or keys) and not self._ranked:
+            self._rank_all()  # (one queue shape for parking and unparking)
+        back = pauses.set(names, keys)
+        if back is None:
+            return
+        for entry in back:
             job = entry[2]
-            del self.parked[job]
-            job.paused = False
             if job.key is not None:
                 self.keys[job.key].parked -= 1
             self._place(entry)
             self.listener.waiting(job)
-        if self.paused is not None:
+        if pauses.now is not None:
             found: dict[Job, _Entry] = {}
             for entry in self._ready:
-                if _queued(entry[2]) and self._current(entry) and _paused_by(self.paused, entry[2]):
+                if _queued(entry[2]) and self._current(entry) and pauses.holds(entry[2]):
                     found[entry[2]] = entry
             for state in self.keys.values():
                 for entry in state.queue:
-                    if _queued(entry[2]) and _paused_by(self.paused, entry[2]):
+                    if _queued(entry[2]) and pauses.holds(entry[2]):
                         found[entry[2]] = entry
             # Out of the queue first, all of them (their entries too), then the
             # room they leave in their keys goes to who waits there.
@@ -666,16 +647,14 @@ class Pending:
                         self._grant(state)
         for _ in back:
             self.listener.ready()
-        for job in [j for j in self.paused_retries if not _paused_by(self.paused, j)]:
-            self.paused_retries.pop(job).set()
+        pauses.wake_lifted()
 
     def hold_retry(self, job: Job, wake: Wake) -> bool:
         """Hold a retry's next attempt while its name or key is paused, until
         ``wake`` is set (its ``waiting_on`` says ``"paused"``): True if it is
-        held. Its shell forgets it (`paused_retries`) once woken or cancelled."""
-        if not _paused_by(self.paused, job):
+        held. Its shell forgets it (`Pauses.retries`) once woken or cancelled."""
+        if not self.pauses.hold_retry(job, wake):
             return False
-        self.paused_retries[job] = wake
         self.listener.waiting(job)
         self.listener.parked(job)
         return True
@@ -684,8 +663,7 @@ class Pending:
         """Hold ``entry``'s task out of the queue (it is in no heap now): a pause
         matches it. It keeps its place (``entry``) for when the pause is lifted."""
         job = entry[2]
-        job.paused = True
-        self.parked[job] = entry
+        self.pauses.park(entry)
         if job.key is not None:
             self.keys[job.key].parked += 1
         self.listener.waiting(job)

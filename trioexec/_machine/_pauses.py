@@ -1,0 +1,87 @@
+"""`Pauses`: what an operator's pause holds back (`Executor.pause`).
+
+A pause names task names and keys. Queued tasks that match leave the queue's
+order for ``parked``, each keeping its place (its entry) for when the pause is
+lifted; a retry that matches waits between its attempts (``retries``, each with
+the wake its shell waits on). Running tasks go on. `Pending` asks and tells
+this part; the queue's heaps and counts stay its own.
+
+Part of the machine (`trioexec._machine`): no Trio here.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, final
+
+if TYPE_CHECKING:
+    from .._taskref import Job
+    from ._keys import Wake
+
+#: (names, keys) paused now
+Paused = tuple[frozenset[str], frozenset[str]]
+
+
+def paused_by(paused: Paused | None, job: Job) -> bool:
+    """``job`` is of a name or key ``paused``."""
+    if paused is None:
+        return False
+    names, keys = paused
+    return job.name in names or (job.key is not None and job.key in keys)
+
+
+@final
+class Pauses:
+    """The names and keys paused now (``now``: None while nothing is), the queued
+    tasks they hold out of the queue (``parked``: each with its entry, its place
+    in it) and the retries they hold (``retries``: each with what wakes it)."""
+
+    __slots__ = ("now", "parked", "retries")
+
+    def __init__(self) -> None:
+        self.now: Paused | None = None
+        self.parked: dict[Job, Any] = {}
+        self.retries: dict[Job, Wake] = {}
+
+    def holds(self, job: Job) -> bool:
+        """A pause matches ``job`` now."""
+        return paused_by(self.now, job)
+
+    def park(self, entry: Any) -> None:
+        """Hold ``entry``'s task (queued, in no heap now) out of the queue."""
+        job = entry[2]
+        job.paused = True
+        self.parked[job] = entry
+
+    def unpark(self, job: Job) -> Any:
+        """``job`` leaves ``parked`` (ended, taken, or let go): its entry."""
+        job.paused = False
+        return self.parked.pop(job)
+
+    def set(self, names: frozenset[str], keys: frozenset[str]) -> list[Any] | None:
+        """Pause exactly these ``names`` and ``keys``. Returns the parked entries
+        they no longer hold (unparked, in the queue's order) for the queue to put
+        back; None if nothing was or is paused."""
+        if not names and not keys:
+            if self.now is None:
+                return None
+            self.now = None
+        else:
+            self.now = (names, keys)
+        back = sorted(entry for job, entry in self.parked.items() if not self.holds(job))
+        for entry in back:
+            self.unpark(entry[2])
+        return back
+
+    def hold_retry(self, job: Job, wake: Wake) -> bool:
+        """Hold a retry's next attempt while a pause matches it, until ``wake`` is
+        set: True if it is held. Its shell forgets it (``retries``) once woken or
+        cancelled."""
+        if not self.holds(job):
+            return False
+        self.retries[job] = wake
+        return True
+
+    def wake_lifted(self) -> None:
+        """Wake the retries no pause holds any more."""
+        for job in [j for j in self.retries if not self.holds(j)]:
+            self.retries.pop(job).set()
