@@ -116,8 +116,11 @@ class MachineAgainstModel(RuleBasedStateMachine):
         for entry in list(self.held):
             job, flag = entry
             if flag.is_set and entry in self.held:
-                assert not self.is_paused(job)
                 self.held.remove(entry)
+                again = Flag()
+                if self.pending.pauses.hold_retry(job, again):  # (paused again: waits on)
+                    self.held.append((job, again))
+                    continue
                 self.pending.pauses.retries.pop(job, None)
                 self.rejoin(job, True)
         for entry in list(self.lines):
@@ -394,6 +397,9 @@ class Recorder:
         self.told: dict[str, list[str]] = {}  # task id -> what the observer heard
 
     # the journal
+    def dead_letter(self, job):
+        return "Traceback ...", None
+
     def new_row(self, job, owner_id):
         return submitted(job.task_id, job.version, job.name, None, None, None, owner_id, 0.0)
 

@@ -289,3 +289,32 @@ def test_cli_pause_with_a_bad_target_records_nothing(tmp_path: Path) -> None:
         assert store.commands() == []
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("again", ["key", "name"])
+async def test_a_retry_let_go_and_paused_again_before_it_runs_stays_held(autojump_clock, again):
+    """Issue 31 review: a pause lifted and another laid at once (the same name,
+    or the task's key) holds a retry between its attempts still; it does not slip
+    through in the moment between the lift and its task running."""
+    attempts: list[float] = []
+
+    @trioexec.task(retries=1, backoff=Backoff(initial=1, jitter=0.0), key="K")
+    async def flaky() -> None:
+        attempts.append(trio.current_time())
+        if len(attempts) == 1:
+            raise ValueError("first attempt fails")
+
+    async with trioexec.open_executor() as ex:
+        ref = await ex.submit(flaky, name="r")
+        await trio.sleep(0.5)
+        ex.pause(name="r")
+        await trio.sleep(5)
+        assert (len(attempts), ref.waiting_on) == (1, "paused")
+        ex.resume(name="r")
+        ex.pause(**{again: "K" if again == "key" else "r"})
+        await trio.sleep(5)
+        held = (len(attempts), ref.waiting_on)
+        ex.resume(**{again: "K" if again == "key" else "r"})
+        assert (await ref.wait()).ok
+    assert held == (1, "paused")
+    assert len(attempts) == 2

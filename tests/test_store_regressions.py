@@ -69,6 +69,26 @@ async def test_an_overruled_failure_is_not_reported_as_unread(store, autojump_cl
     assert "whose completion nobody read" not in capsys.readouterr().err
 
 
+async def test_a_specs_arguments_not_json_at_submission_stay_unrecorded(store, autojump_clock):
+    """Issue 31 review: a spec task's arguments that were not JSON when it was
+    submitted are not recorded; its dead letter does not record them later,
+    changed since into JSON (it would make the dead letter re-creatable)."""
+    store.clock = FakeWallClock(start=0)
+
+    @task(id="mutates")
+    async def mutates(box: dict) -> None:
+        box["tags"] = sorted(box["tags"])  # a set (not JSON) becomes a list
+        raise ValueError("boom")
+
+    async with open_executor(store=store, tasks=[mutates]) as ex:
+        ref = await ex.submit(mutates, {"tags": {"a", "b"}})
+        c = await ref.wait()
+    assert c.status is TaskStatus.FAILED
+    row = store.execution(ref.task_id)
+    assert row is not None
+    assert (row.args, row.recreatable) == (None, False)
+
+
 async def test_outer_cancel_keeps_the_lease_while_an_uninterruptible_task_runs(autojump_clock):
     store = MemoryStore(clock=FakeWallClock(start=0))
     log = []

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, final
 
@@ -27,7 +28,7 @@ import trio
 
 from ._changes import R_VERSION, ExecutionRow, Transition, submitted
 from ._errors import StoreError
-from ._records import safe_repr
+from ._records import safe_repr, storable_text
 from ._spec import TaskSpec
 from ._store._base import fold_row
 
@@ -114,6 +115,10 @@ class Journal:
             job.key,
             job.priority,
         )
+
+    def dead_letter(self, job: Job) -> tuple[str | None, str | None]:
+        """What the store keeps of a failed execution (`dead_letter`)."""
+        return dead_letter(job)
 
     def open_row(self, job: Job) -> ExecutionRow | None:
         """``job``'s "row" change if its next change may be folded into it: this
@@ -258,3 +263,54 @@ class Journal:
         error = StoreError(*failure.args)
         error.__cause__ = failure.__cause__
         return error
+
+
+_DEAD_ARGS_MAX = 65_536
+
+
+def dead_letter(job: Job) -> tuple[str | None, str | None]:
+    """The traceback text of ``job``'s error and its arguments as JSON (None if
+    they are not JSON), for the store to keep with a failed execution."""
+    error = job.error
+    assert error is not None
+    try:
+        text = traceback_text(error)
+    except Exception:  # (a broken __str__ in the chain)
+        text = f"{type(error).__name__} (its traceback could not be formatted)"
+    args: str | None = None
+    if not isinstance(job.fn, TaskSpec):  # (a spec's were recorded at submission, if JSON)
+        try:
+            args = json.dumps(job.args)
+        except (TypeError, ValueError, RecursionError):
+            args = None
+    if args is not None and len(args) > _DEAD_ARGS_MAX:
+        args = None  # (shown to people only: not worth a huge row)
+    return storable_text(text), args
+
+
+def traceback_text(error: BaseException) -> str:
+    """``error``'s traceback as Python prints it, its causes and contexts first,
+    but without the source lines: reading them (and, since 3.11, parsing them for
+    the ``^^^`` marks) costs ~90 µs a failure on the Trio thread."""
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    exc: BaseException | None = error
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(exc)
+        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
+    parts: list[str] = []
+    for i, exc in enumerate(reversed(chain)):
+        if i:
+            parts.append(_CAUSED if exc.__cause__ is chain[len(chain) - i] else _DURING)
+        if exc.__traceback__ is not None:
+            parts.append("Traceback (most recent call last):\n")
+            for frame, line in traceback.walk_tb(exc.__traceback__):
+                code = frame.f_code
+                parts.append(f'  File "{code.co_filename}", line {line}, in {code.co_name}\n')
+        parts.extend(traceback.format_exception_only(exc))
+    return "".join(parts)
+
+
+_CAUSED = "\nThe above exception was the direct cause of the following exception:\n\n"
+_DURING = "\nDuring handling of the above exception, another exception occurred:\n\n"

@@ -120,12 +120,18 @@ async def rejoin(pending: Pending, job: Job) -> None:
 async def wait_unpaused(pending: Pending, job: Job) -> None:
     """Wait while ``job``'s name or key is paused: a pause holds a retry's next
     attempt too (`Pending.hold_retry`). Not a checkpoint if it is not paused."""
-    if pending.pauses.now is None:
+    pauses = pending.pauses
+    if pauses.now is None:
         return
     wake = trio.Event()
     if not pending.hold_retry(job, wake):
         return
     try:
-        await wake.wait()
+        while True:
+            await wake.wait()
+            # (Lifted; but paused again before this task ran, it waits on.)
+            wake = trio.Event()
+            if not pauses.hold_retry(job, wake):
+                return
     finally:
-        pending.pauses.retries.pop(job, None)
+        pauses.retries.pop(job, None)

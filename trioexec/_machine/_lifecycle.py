@@ -16,7 +16,6 @@ through its `Listener`.
 
 from __future__ import annotations
 
-import json
 import traceback
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, final
@@ -33,13 +32,17 @@ from .._observe import (
     log_retry,
     without,
 )
-from .._records import HealthEventKind, SubStatus, TaskStatus, safe_repr, storable_text
+from .._records import HealthEventKind, SubStatus, TaskStatus, safe_repr
 
 if TYPE_CHECKING:
     from .._changes import Transition
     from .._events import EventStream
     from .._taskref import Job
     from ._pending import Pending
+
+
+#: a failure's ends: its completion is a failure, its row a dead letter (`Journal.dead_letter`)
+_FAILURES = (TaskStatus.FAILED, TaskStatus.TIMED_OUT)
 
 
 class Gate(Protocol):
@@ -63,6 +66,7 @@ class Journal(Protocol):
     def failure(self) -> StoreError | None: ...
     def failure_error(self) -> StoreError: ...
     def new_row(self, job: Job, owner_id: str) -> ExecutionRow: ...
+    def dead_letter(self, job: Job) -> tuple[str | None, str | None]: ...
     def append(self, change: ExecutionRow) -> None: ...
     def fold(self, job: Job, change: Transition) -> None: ...
     def hurry(self) -> None: ...
@@ -369,9 +373,9 @@ class Lifecycle:
             ):
                 job.error = TaskCancelled(self.cancel_reason)  # (as the store says)
             error = None if job.error is None else safe_repr(job.error)
-            dead = job.error is not None and status in _DEAD
+            dead = job.error is not None and status in _FAILURES
             # (a dead letter keeps what operators look at: its traceback and arguments)
-            traceback, args = _dead_letter(job) if dead else (None, None)
+            traceback, args = journal.dead_letter(job) if dead else (None, None)
             change = (job.task_id, job.version, status, job.finished_at, error, traceback, args)
             journal.fold(job, Finish(change))
             job.row = None
@@ -547,58 +551,6 @@ def journal_waiting(lifecycle: Lifecycle, job: Job) -> None:
     journal = lifecycle.journal
     if journal is not None and job.task_id in lifecycle.live and not job.ended:
         journal.fold(job, Wait((job.task_id, job.version, lifecycle.waiting_on(job))))
-
-
-_DEAD_ARGS_MAX = 65_536
-_DEAD = (TaskStatus.FAILED, TaskStatus.TIMED_OUT)  # (a dead letter keeps its traceback)
-
-
-def _dead_letter(job: Job) -> tuple[str | None, str | None]:
-    """The traceback text of ``job``'s error and its arguments as JSON (None if
-    they are not JSON), for the store to keep with a failed execution."""
-    error = job.error
-    assert error is not None
-    try:
-        text = traceback_text(error)
-    except Exception:  # (a broken __str__ in the chain)
-        text = f"{type(error).__name__} (its traceback could not be formatted)"
-    # (A spec's were recorded at submission, if JSON: the store keeps those,
-    # ``TRANSITIONS``' "args": FIRST.)
-    try:
-        args: str | None = json.dumps(job.args)
-    except (TypeError, ValueError, RecursionError):
-        args = None
-    if args is not None and len(args) > _DEAD_ARGS_MAX:
-        args = None  # (shown to people only: not worth a huge row)
-    return storable_text(text), args
-
-
-def traceback_text(error: BaseException) -> str:
-    """``error``'s traceback as Python prints it, its causes and contexts first,
-    but without the source lines: reading them (and, since 3.11, parsing them for
-    the ``^^^`` marks) costs ~90 µs a failure on the Trio thread."""
-    chain: list[BaseException] = []
-    seen: set[int] = set()
-    exc: BaseException | None = error
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        chain.append(exc)
-        exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
-    parts: list[str] = []
-    for i, exc in enumerate(reversed(chain)):
-        if i:
-            parts.append(_CAUSED if exc.__cause__ is chain[len(chain) - i] else _DURING)
-        if exc.__traceback__ is not None:
-            parts.append("Traceback (most recent call last):\n")
-            for frame, line in traceback.walk_tb(exc.__traceback__):
-                code = frame.f_code
-                parts.append(f'  File "{code.co_filename}", line {line}, in {code.co_name}\n')
-        parts.extend(traceback.format_exception_only(exc))
-    return "".join(parts)
-
-
-_CAUSED = "\nThe above exception was the direct cause of the following exception:\n\n"
-_DURING = "\nDuring handling of the above exception, another exception occurred:\n\n"
 
 
 @final

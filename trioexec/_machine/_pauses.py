@@ -74,8 +74,10 @@ class Pauses:
 
     def hold_retry(self, job: Job, wake: Wake) -> bool:
         """Hold a retry's next attempt while a pause matches it, until ``wake`` is
-        set: True if it is held. Its shell forgets it (``retries``) once woken or
-        cancelled."""
+        set: True if it is held. It stays in ``retries`` (a shutdown cancels it,
+        its ``waiting_on`` says ``"paused"``) until its shell, woken or
+        cancelled, takes it out; woken, the shell asks again (a pause may hold
+        it again by then)."""
         if not self.holds(job):
             return False
         self.retries[job] = wake
@@ -83,5 +85,6 @@ class Pauses:
 
     def wake_lifted(self) -> None:
         """Wake the retries no pause holds any more."""
-        for job in [j for j in self.retries if not self.holds(j)]:
-            self.retries.pop(job).set()
+        for job, wake in self.retries.items():
+            if not self.holds(job):
+                wake.set()
