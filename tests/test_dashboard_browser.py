@@ -508,7 +508,7 @@ def test_a_person_watches_resolves_a_promise_and_retries(
     textarea.clear()
     textarea.send_keys(json.dumps(PAYLOAD))
     shot(driver, "promises")
-    css(driver, f"{promise} button.resolve")[0].click()
+    click(driver, "the promise's resolve button", f"{promise} button.resolve")
     wait_for(
         driver,
         "the promise resolved",
@@ -534,7 +534,7 @@ def test_a_person_watches_resolves_a_promise_and_retries(
     driver.get(f"{base}/failed")
     wait_for(driver, "the failed task", lambda d: css(d, f"{failed} button.retry"))
     shot(driver, "failed")
-    css(driver, f"{failed} button.retry")[0].click()
+    click(driver, "the failed task's retry button", f"{failed} button.retry")
     executor.process.expect(f"OK {executor.failed_id}")
     driver.get(f"{base}/tasks")
     wait_for(
@@ -567,7 +567,7 @@ def test_a_person_watches_resolves_a_promise_and_retries(
     assert "retry" in commands, commands
     assert "pause" in commands, commands
     shot(driver, "control")
-    css(driver, f"{paused} button.resume")[0].click()
+    click(driver, "the pause's resume button", f"{paused} button.resume")
     wait_for(driver, "resize-image resumed", lambda d: not css(d, paused))
     assert pauses_in(db) == []
 
@@ -606,7 +606,11 @@ def test_the_read_only_dashboard_has_no_buttons_and_no_actions(
                 refused = http.post(path, data={"data": "{}", "kind": "name", "value": "x"})
                 assert refused.status_code in (404, 405), (path, refused.status_code)
         driver.get(f"{base}/promises")
-        assert text_of(driver, f"{promise} td.state") == "pending"
+        wait_for(  # (the page is live: its rows may come a moment after it)
+            driver,
+            "the promise, still pending",
+            lambda d: text_of(d, f"{promise} td.state") == "pending",
+        )
         assert status_of(db, executor.failed_id) == "failed"
         assert server.stop() == 0
     finally:
