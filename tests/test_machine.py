@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -27,8 +28,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from trioexec import KeyLimit, TaskStatus
+from trioexec import KeyLimit, ShutdownPolicy, TaskStatus
 from trioexec._changes import Finish, submitted
+from trioexec._machine._closing import Closing
 from trioexec._machine._lifecycle import Lifecycle
 from trioexec._machine._pending import Pending
 from trioexec._metrics import Tally
@@ -367,6 +369,7 @@ package = types.ModuleType("trioexec")
 package.__path__ = path
 sys.modules["trioexec"] = package
 import trioexec._machine._pending, trioexec._machine._admit, trioexec._machine._lifecycle
+import trioexec._machine._closing, trioexec._machine._pauses
 roots = ("trio", "trioexec", "sqlite3", "sqlite_utils")
 print(sorted(n for n in sys.modules if n.split(".")[0] in roots))
 """
@@ -672,3 +675,45 @@ class LifecycleAgainstModel(RuleBasedStateMachine):
 
 TestLifecycle = LifecycleAgainstModel.TestCase
 TestLifecycle.settings = settings(max_examples=200, stateful_step_count=100, deadline=None)
+
+
+# ---------------------------------------------------------------- closing
+
+
+@pytest.mark.parametrize(
+    ("policy", "cancels"),
+    [
+        (ShutdownPolicy.DRAIN, (False, False)),
+        (ShutdownPolicy.CANCEL_PENDING, (True, False)),
+        (ShutdownPolicy.CANCEL, (True, True)),
+    ],
+)
+def test_what_each_shutdown_policy_cancels_and_still_admits(policy, cancels):
+    closing = Closing()
+    asked = []
+
+    def own_task():
+        asked.append(True)
+        return True
+
+    assert closing.admits(False, own_task)
+    assert not asked  # (open: who asks is not looked up)
+    assert closing.close(policy) == cancels
+    drain = policy is ShutdownPolicy.DRAIN
+    assert closing.admits(True, own_task) is drain  # a workflow run's step
+    assert closing.admits(False, own_task) is drain  # one of its own running tasks
+    assert closing.admits(False, lambda: False) is False  # anyone else
+
+
+def test_a_grace_sets_one_timer_for_the_earliest_end():
+    closing = Closing()
+    closing.close(ShutdownPolicy.DRAIN)
+    assert closing.grace_deadline(ShutdownPolicy.DRAIN, None, 10.0, idle=False) is None
+    assert closing.grace_deadline(ShutdownPolicy.CANCEL, 5.0, 10.0, idle=False) is None
+    assert closing.grace_deadline(ShutdownPolicy.DRAIN, 5.0, 10.0, idle=True) is None
+    assert closing.grace_deadline(ShutdownPolicy.DRAIN, 5.0, 10.0, idle=False) == 15.0
+    closing.grace_ends = 15.0  # (the shell set its timer)
+    assert closing.grace_deadline(ShutdownPolicy.DRAIN, 9.0, 10.0, idle=False) is None  # later
+    assert closing.grace_deadline(ShutdownPolicy.DRAIN, 1.0, 10.0, idle=False) == 11.0  # sooner
+    closing.expired = True
+    assert closing.grace_deadline(ShutdownPolicy.DRAIN, 1.0, 10.0, idle=False) is None

@@ -7,6 +7,7 @@
 - `_pauses`: what an operator's pause holds back (`Pauses`);
 - `_lifecycle`: each transition of a task (`Lifecycle`): its counts (the
   `Tally`), the change it journals, the events and observers it tells.
+- `_closing`: what a shutdown policy cancels and still admits (`Closing`).
 
 Its methods are synchronous. They read the clock they are given and tell what
 they were given (a `Listener`, the journal, the event stream: typed here by

@@ -1,0 +1,59 @@
+"""`Closing`: what a shutdown decides (`Executor.shutdown`, the end of the
+``async with``), apart from carrying it out.
+
+``DRAIN`` lets everything accepted finish (and started workflow runs, and the
+executor's own running tasks, may still submit until the drain ends);
+``CANCEL_PENDING`` also cancels what has not started; ``CANCEL`` also cancels
+what is running. A grace bounds the first two: once it has run out, what is
+left is cancelled as ``CANCEL`` would. Part of the machine
+(`trioexec._machine`): no Trio here; `trioexec._shutdown.Shutdown` is its shell
+(it wakes the blocked submitters, cancels, and keeps the grace's timer).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from .._records import ShutdownPolicy
+
+
+class Closing:
+    """Whether one executor is closing, what its policy still admits, and when
+    the earliest grace runs out (on the executor's clock)."""
+
+    __slots__ = ("closing", "drain_runs", "expired", "grace_ends")
+
+    def __init__(self) -> None:
+        self.closing = False
+        self.drain_runs = True  # under DRAIN, started runs and own tasks may still submit
+        self.grace_ends = math.inf  # when the earliest grace's timer fires
+        self.expired = False  # a grace ran out: what was left was cancelled
+
+    def admits(self, internal: bool, own_task: Callable[[], bool]) -> bool:
+        """A submission may be accepted now: the executor is open, or a drain
+        still lets a workflow run's step (``internal``) or one of its own
+        running tasks (``own_task()``, asked only then) submit."""
+        return not self.closing or (self.drain_runs and (internal or own_task()))
+
+    def close(self, policy: ShutdownPolicy) -> tuple[bool, bool]:
+        """Closing from now on, under ``policy`` (a later call may be stricter).
+        Returns what to cancel now: the tasks not started, the running ones.
+        (What a pause holds is cancelled under every policy: it would never start.)"""
+        self.closing = True
+        if policy is not ShutdownPolicy.DRAIN:
+            self.drain_runs = False
+        return policy is not ShutdownPolicy.DRAIN, policy is ShutdownPolicy.CANCEL
+
+    def grace_deadline(
+        self, policy: ShutdownPolicy, grace: float | None, now: float, idle: bool
+    ) -> float | None:
+        """When a timer is to cancel what is left, for a ``grace`` given at
+        ``now``; None if none is needed (no grace, ``CANCEL``, idle already, a
+        grace that ran out, or an earlier timer covers it)."""
+        if grace is None or policy is ShutdownPolicy.CANCEL:
+            return None
+        deadline = now + grace
+        if self.expired or deadline >= self.grace_ends or idle:
+            return None
+        return deadline
