@@ -20,6 +20,7 @@ from .._metrics import Tally
 from .._records import HealthEventKind, Overflow
 
 if TYPE_CHECKING:
+    from .._events import EventStream
     from .._taskref import Job
     from ._pending import Pending
 
@@ -34,20 +35,6 @@ class Backlog(Protocol):
 
     @property
     def backlogged(self) -> bool: ...
-
-
-class Publisher(Protocol):
-    """The event stream, as admission sees it."""
-
-    def publish(
-        self,
-        kind: HealthEventKind,
-        task_id: str | None = None,
-        *,
-        policy: Overflow | None = None,
-        reason: str | None = None,
-        attributes: dict[str, Any] | None = None,
-    ) -> None: ...
 
 
 class Admit(enum.Enum):
@@ -136,7 +123,7 @@ class Admission:
         tally: Tally,
         pending: Pending,
         journal: Backlog | None,
-        events: Publisher,
+        events: EventStream,
     ) -> None:
         self.capacity = capacity
         self.overflow = overflow
