@@ -87,7 +87,7 @@ async def test_a_submission_that_raises_while_accepted_leaves_no_trace(
                 before = (before[0], before[1] - 1, *before[2:])  # (one ended meanwhile)
             assert counts(ex) == before
             assert ex.key_statistics("k") == KeyStatistics(key="k")
-            assert "k" not in ex._core.pending.keys  # no state of the key either
+            assert "k" not in ex._core.pending.keys.states  # no state of the key either
             assert store.execution("mine") is None
             await ex.wait_for_idle()
             again = await ex.submit(work, [1], task_id="mine")  # its id is free again

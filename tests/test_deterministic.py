@@ -198,7 +198,7 @@ async def test_a_concurrency_limited_retry_takes_its_key_back_first(autojump_clo
         (2, TaskStatus.COMPLETED, 1),
     ]
     assert attempts == [0, 0, 0, 1, 2]  # FIFO: one task at a time
-    assert ex._core.pending.statistics("k").pending == 0
+    assert ex._core.pending.keys.statistics("k").pending == 0
 
     attempts.clear()
     flaky = flaky_spec()

@@ -445,7 +445,7 @@ async def test_idle_keys_are_forgotten_so_memory_follows_the_keys_in_use(autojum
         for n in range(5000):
             await ex.submit(trio.sleep, 0, key=f"tenant-{n}")
         await ex.wait_for_idle()
-        assert len(ex._core.pending.keys) <= 1024 + 8  # (1,024 idle kept, and those in use)
+        assert len(ex._core.pending.keys.states) <= 1024 + 8  # (1,024 idle kept, and those in use)
         assert ex.key_statistics("tenant-0") == KeyStatistics(key="tenant-0")
 
 
@@ -483,10 +483,10 @@ async def test_a_burst_of_one_off_keys_leaves_a_bounded_number_of_key_states(
     ) as ex:
         for i in range(n):
             await ex.submit(trio.sleep, 0.001, key=f"tenant-{i}")
-        assert len(ex._core.pending.keys) > n - 100  # (each has a task: each kept)
+        assert len(ex._core.pending.keys.states) > n - 100  # (each has a task: each kept)
         await ex.wait_for_idle()
         await trio.sleep(1.0)  # (the rate's buckets are full again half a second after)
-        assert len(ex._core.pending.keys) <= 1024
+        assert len(ex._core.pending.keys.states) <= 1024
         assert key_states() <= 1024
         # A key forgotten is a key never seen: it starts afresh.
         assert ex.key_statistics("tenant-7") == KeyStatistics(key="tenant-7")
@@ -855,7 +855,7 @@ async def test_sending_let_through_tasks_back_keeps_the_tombstone_count_honest(a
             ref.cancel()
         tombstones = int(repr(pending).split(", ")[1].split()[0])
         assert 0 <= tombstones <= 64 + 1  # never negative
-        assert len(pending._ready) <= 2 * 64 + 2  # compacted along the way: no 300 kept
+        assert len(pending.ready) <= 2 * 64 + 2  # compacted along the way: no 300 kept
         gate.set()
 
 

@@ -294,7 +294,7 @@ async def test_tokens_are_not_taken_for_tasks_that_wait_for_a_slot(autojump_cloc
         refs = [await ex.submit(tracker.work, 0, key=KEY) for _ in range(3)]
         await trio.sleep(2.0)
         # One token in hand, for the first task (in line for the slot), no more.
-        assert ex._core.pending.keys[KEY].tokens == 1
+        assert ex._core.pending.keys.states[KEY].tokens == 1
         assert refs[1].waiting_on == f"rate limit {KEY}"
         gate.set()
         for ref in refs:

@@ -123,7 +123,7 @@ async def test_a_forgotten_key_gives_back_its_unused_tokens(autojump_clock):
         a._core.keyshare.free_slots = lambda: 1
         ref = a.submit_nowait(trio.sleep, 0, key="K")
         await trio.testing.wait_all_tasks_blocked()
-        assert a._core.pending.keys["K"].tokens == 1.0  # (its token, earmarked)
+        assert a._core.pending.keys.states["K"].tokens == 1.0  # (its token, earmarked)
         ref.cancel()
         await trio.testing.wait_all_tasks_blocked()
         bucket = store._buckets.get("K")

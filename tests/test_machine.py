@@ -131,7 +131,7 @@ class MachineAgainstModel(RuleBasedStateMachine):
                 assert waiter.granted
                 self.lines.remove(entry)
                 if retry:
-                    self.pending.attempt_starts(job)
+                    self.pending.keys.attempt_starts(job)
                 self.started(job) if retry else self.running.append(job)
 
     # ---------------------------------------------------------------- rules
@@ -194,12 +194,12 @@ class MachineAgainstModel(RuleBasedStateMachine):
         if how == "finish":
             job.status = TaskStatus.COMPLETED
             if job.key is not None:
-                self.pending.ended(job)
+                self.pending.keys.ended(job)
         elif how == "defer":
-            self.pending.release(job, deferred=True)
+            self.pending.keys.release(job, deferred=True)
             self.deferred.append(job)
         else:
-            self.pending.release(job)
+            self.pending.keys.release(job)
             self.retrying.append(job)
         self.woken()
 
@@ -243,9 +243,9 @@ class MachineAgainstModel(RuleBasedStateMachine):
         entry = data.draw(st.sampled_from([e for e in self.lines if not e[1].granted]))
         self.lines.remove(entry)
         job, waiter, _retry = entry
-        self.pending.leave_line(waiter)
+        self.pending.keys.leave_line(waiter)
         job.status = TaskStatus.CANCELLED
-        self.pending.ended(job)
+        self.pending.keys.ended(job)
         self.woken()
 
     @precondition(lambda self: self.queued)
@@ -268,8 +268,8 @@ class MachineAgainstModel(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([0.5, 2.5, 5.0, 11.0]))
     def advance(self, seconds):
         self.now += seconds
-        if self.pending.timers.next() <= self.now:
-            self.pending.tick()
+        if self.pending.keys.timers.next() <= self.now:
+            self.pending.keys.tick()
         self.woken()
 
     # ---------------------------------------------------------------- what holds
@@ -290,9 +290,10 @@ class MachineAgainstModel(RuleBasedStateMachine):
     @invariant()
     def counts_are_the_models(self):
         pending = self.pending
-        assert pending.startable + pending.held + len(pending.pauses.parked) == len(self.queued)
+        counted = pending.startable + pending.keys.held + len(pending.pauses.parked)
+        assert counted == len(self.queued)
         assert set(pending.pauses.parked) == {j for j in self.queued if self.is_paused(j)}
-        assert math.isinf(pending.timers.next()) or self.listener.timers
+        assert math.isinf(pending.keys.timers.next()) or self.listener.timers
         assert set(pending.pauses.retries) == {job for job, _ in self.held}
 
     def teardown(self):
@@ -311,9 +312,9 @@ class MachineAgainstModel(RuleBasedStateMachine):
                 job.status = TaskStatus.RUNNING
                 self.started(job)
             self.bounds_hold()
-            if not self.running and self.pending.timers.next() < math.inf:
-                self.now = max(self.now, self.pending.timers.next())
-                self.pending.tick()
+            if not self.running and self.pending.keys.timers.next() < math.inf:
+                self.now = max(self.now, self.pending.keys.timers.next())
+                self.pending.keys.tick()
                 self.woken()
         raise AssertionError(f"stuck: {self.queued=} {self.lines=} {self.pending!r}")
 
@@ -321,7 +322,7 @@ class MachineAgainstModel(RuleBasedStateMachine):
         job = self.running.pop()
         job.status = TaskStatus.COMPLETED
         if job.key is not None:
-            self.pending.ended(job)
+            self.pending.keys.ended(job)
         self.woken()
 
     def come_back_one(self, job):
@@ -336,10 +337,10 @@ class MachineAgainstModel(RuleBasedStateMachine):
         self.rejoin(job, retry)
 
     def rejoin(self, job, retry):
-        waiter = self.pending.rejoin(job, Flag)
+        waiter = self.pending.keys.rejoin(job, Flag)
         if waiter is None:
             if retry:
-                self.pending.attempt_starts(job)
+                self.pending.keys.attempt_starts(job)
                 self.started(job)
             else:
                 self.running.append(job)

@@ -233,8 +233,8 @@ class PauseMachine(RuleBasedStateMachine):
         pending = self.ex._core.pending
         paused = [e for e in self.queued if self._paused(e[2], e[3])]
         assert len(pending.pauses.parked) == len(paused)
-        assert pending.startable + pending.held == len(self.queued) - len(paused)
-        for key, state in pending.keys.items():
+        assert pending.startable + pending.keys.held == len(self.queued) - len(paused)
+        for key, state in pending.keys.states.items():
             assert state.pending == sum(e[3] == key for e in self.queued), key
             assert state.parked == sum(e[3] == key for e in paused), key
             assert state.statistics().pending == state.pending

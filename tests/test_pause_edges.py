@@ -176,9 +176,9 @@ async def test_pausing_with_a_retry_waiting_for_its_key_keeps_the_queue_counts(
         # A retry in K's line: a better task is held, not swapped with a let-through one.
         high = await ex.submit(_noop, key="K", name="n", priority=10)
         ex.pause(name="n")
-        state = pending.keys["K"]
+        state = pending.keys.states["K"]
         assert not [job for job in state.earmarked if job.paused]
-        assert (pending.startable, pending.held) == (0, 0)  # nothing of "n" may start
+        assert (pending.startable, pending.keys.held) == (0, 0)  # nothing of "n" may start
         ex.resume(name="n")
         gate.set()
         with trio.fail_after(100):

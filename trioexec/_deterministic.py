@@ -109,12 +109,12 @@ class DeterministicExecutor(Facade):
                 completions.extend(job.make_completion() for job in cancelled)
                 break
             pending = core.pending
-            pending.tick()
+            pending.keys.tick()
             job = await core.workers.run_next()
             if job is None:
-                if not pending.held or math.isinf(pending.timers.next()):
+                if not pending.keys.held or math.isinf(pending.keys.timers.next()):
                     break
-                with trio.move_on_at(pending.timers.next()):  # its key's next token...
+                with trio.move_on_at(pending.keys.timers.next()):  # its key's next token...
                     if cancel is None:
                         await trio.sleep_forever()
                     await cancel.wait()  # ...or the cancel

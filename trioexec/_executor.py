@@ -482,7 +482,7 @@ class Executor(Facade):
         Raises:
           TypeError: ``key`` is not a str; ValueError: not one ``submit`` takes.
         """
-        return self._core.pending.statistics(check_key(key))
+        return self._core.pending.keys.statistics(check_key(key))
 
     async def shutdown(
         self, policy: ShutdownPolicy | None = None, *, grace: float | None = None

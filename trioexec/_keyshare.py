@@ -126,7 +126,7 @@ class KeyBroker:
         return requests
 
     def _request(self, key: str, poll: bool) -> KeyRequest | None:
-        state = self._pending.keys.get(key)
+        state = self._pending.keys.states.get(key)
         held = self._held.get(key, 0)
         if state is None or state.limit is None:
             self._poll.pop(key, None)  # (forgotten: nothing of it is kept here)
@@ -199,7 +199,7 @@ class KeyBroker:
                     self._held[key] = grant.held
                 else:
                     self._held.pop(key, None)
-                state = pending.keys.get(key)
+                state = pending.keys.states.get(key)
                 if state is None or not state.shared:
                     if grant.held:
                         self._dirty[key] = False  # its tasks are gone: give it back
@@ -208,7 +208,7 @@ class KeyBroker:
                     state.cap = grant.usable
                 if grant.tokens:
                     state.add_tokens(grant.tokens, grant.full_in, asked)
-                pending.regrant(state)
+                pending.keys.regrant(state)
                 self._plan(state, request, grant, now)
         finally:
             self._settling = False

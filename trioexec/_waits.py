@@ -18,7 +18,7 @@ from ._taskref import Job
 @final
 class KeyTimer:
     """One task (started in ``nursery`` when first needed) sleeps until the
-    queue's next key is due, and ticks the queue then (`Pending.tick`)."""
+    queue's next key is due, and ticks the queue then (`KeyGate.tick`)."""
 
     __slots__ = ("_pending", "_scope", "nursery")
 
@@ -39,11 +39,11 @@ class KeyTimer:
         """The task runs in ``nursery`` from now on (at once if a key waits already:
         `DeterministicExecutor` gives each `run_ready` a nursery of its own)."""
         self.nursery = nursery
-        if self._scope is None and not math.isinf(self._pending.timers.next()):
+        if self._scope is None and not math.isinf(self._pending.keys.timers.next()):
             self._spawn(nursery)
 
     def _spawn(self, nursery: trio.Nursery) -> None:
-        self._scope = trio.CancelScope(deadline=self._pending.timers.next())
+        self._scope = trio.CancelScope(deadline=self._pending.keys.timers.next())
         nursery.start_soon(self._run, self._scope, name="trioexec key timer")
 
     async def _run(self, scope: trio.CancelScope) -> None:
@@ -52,8 +52,8 @@ class KeyTimer:
                 await trio.sleep_forever()
             if self._scope is not scope:
                 return
-            self._pending.tick()
-            scope = self._scope = trio.CancelScope(deadline=self._pending.timers.next())
+            self._pending.keys.tick()
+            scope = self._scope = trio.CancelScope(deadline=self._pending.keys.timers.next())
 
     def close(self) -> None:
         """The task ends, and none starts until `start` is called again."""
@@ -104,16 +104,16 @@ class LifecycleWaits:
 
 
 async def rejoin(pending: Pending, job: Job) -> None:
-    """Take ``job``'s key back (`Pending.rejoin`), waiting in its key's line if
+    """Take ``job``'s key back (`KeyGate.rejoin`), waiting in its key's line if
     it must. If cancelled while waiting, it takes nothing. Not a checkpoint when
     the key has room."""
-    waiter = pending.rejoin(job, trio.Event)
+    waiter = pending.keys.rejoin(job, trio.Event)
     if waiter is None:
         return
     try:
         await waiter.wake.wait()
     except BaseException:
-        pending.leave_line(waiter)
+        pending.keys.leave_line(waiter)
         raise
 
 

@@ -289,7 +289,7 @@ class Workers:
             # Pending again, without a slot (or its key), until the next attempt.
             token.release()
             if job.key is not None:
-                self._pending.release(job)
+                self._pending.keys.release(job)
             delay = spec.backoff.delay(job.attempts)
             self._lifecycle.retrying(job, status, delay)
             self._stays_without_slot()
@@ -308,7 +308,7 @@ class Workers:
             if not token.try_reclaim():
                 await token.reclaim()
             if job.key is not None:
-                self._pending.attempt_starts(job)  # (it takes its token now)
+                self._pending.keys.attempt_starts(job)  # (it takes its token now)
             if handle is not None and not job.info.is_async:
                 # The last attempt's thread may live on (abandoned): it keeps its handle.
                 handle = self._new_handle(job, token)
@@ -405,7 +405,7 @@ class Workers:
             self._lent_threads.add(handle)
             self.thread_limiter.total_tokens += 1
         if job.key is not None:
-            self._pending.release(job, deferred=True)
+            self._pending.keys.release(job, deferred=True)
         self._lifecycle.deferred(job)
         self._stays_without_slot()
 
@@ -420,7 +420,7 @@ class Workers:
         try:
             await slot.reclaim()
         except BaseException:
-            self._pending.release(job, deferred=True)
+            self._pending.keys.release(job, deferred=True)
             raise
 
     def resumed(self, handle: TaskHandle, job: Job) -> None:

@@ -1,8 +1,10 @@
 """The machine: what an executor decides, with no I/O (no Trio, no store).
 
 - `_admit`: whether one more submission gets in (`admit`, `Admission`);
-- `_pending`: who starts next (`Pending`: priority, aging, keys' lines);
-- `_keys`: what a key lets through and when it is due again (`KeyState`,
+- `_pending`: who starts next (`Pending`: priority, aging; the ready heap);
+- `_keygate`: the keys' side of the queue (`KeyGate`): each key's lines, what
+  it lets through, who takes it back, when it is due again;
+- `_keys`: one key's limit, counts and token bucket (`KeyLimit`, `KeyState`,
   `KeyTimers`);
 - `_pauses`: what an operator's pause holds back (`Pauses`);
 - `_lifecycle`: each transition of a task (`Lifecycle`): its counts (the

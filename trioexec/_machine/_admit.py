@@ -173,7 +173,7 @@ class Admission:
             capacity=self.capacity - self.reserved,
             policy=self.overflow,
             can_wait=can_wait,
-            droppable=self._pending.startable + self._pending.held,
+            droppable=self._pending.startable + self._pending.keys.held,
             backlogged=self.backlogged(),
         )
 

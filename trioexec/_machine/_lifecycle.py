@@ -316,7 +316,7 @@ class Lifecycle:
         """A worker is done with ``job``: its last attempt ended with ``status``
         (CANCELLED if cancelled between attempts)."""
         if job.key is not None:
-            self.pending.ended(job)
+            self.pending.keys.ended(job)
         if job.status is TaskStatus.RUNNING:
             self.tally.active_count -= 1
             self.finish(job, status)
