@@ -7,6 +7,8 @@ in the order it first meets them.
 One executor with a `SQLiteStore` (``inline=True``: the write runs in the Trio
 thread, so one tracer sees it) runs a warm-up task, then one no-op task is
 traced from ``ex.submit`` until ``ref.wait()`` returns (its completion durable).
+Deterministic: Trio's scheduler is seeded and its clock is a `MockClock` that
+jumps ahead when everything waits (the journal's writer gathers by the clock).
 Counts only trioexec's own Python functions (Trio's and sqlite3's are not
 counted). ``PYTHONPATH`` selects the checkout traced.
 """
@@ -20,6 +22,7 @@ from types import FrameType
 from typing import Any
 
 import trio
+import trio.testing
 
 import trioexec
 
@@ -50,8 +53,12 @@ def trace() -> list[tuple[str, str]]:
             finally:
                 sys.settrace(None)
 
+    rng = getattr(getattr(trio._core, "_run", None), "_r", None)
+    if rng is not None:
+        rng.seed(0)  # (Trio reverses each batch of runnable tasks at random)
     with tempfile.TemporaryDirectory() as tmp:
-        trio.run(main, os.path.join(tmp, "path.db"))
+        clock = trio.testing.MockClock(autojump_threshold=0)
+        trio.run(main, os.path.join(tmp, "path.db"), clock=clock)
     return calls
 
 
