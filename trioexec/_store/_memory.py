@@ -65,8 +65,8 @@ from ._verdict import Verdict, claimed_attempts, recovery_verdict
 
 
 class MemorySchedules:
-    """`MemoryStore`'s schedules (`Store.save_schedule` and its kin), kept apart:
-    the store class is at the size bound `tests/test_layers.py` sets."""
+    """`MemoryStore`'s schedules (`Store.save_schedule` and its kin): a concept
+    of its own, beside the executions' rows."""
 
     _lock: threading.Lock
     _closed: bool
