@@ -188,6 +188,11 @@ class TaskStatus(enum.StrEnum):
     REJECTED = "rejected"
 
 
+#: The ends of a task that failed: its completion is a failure (counted unread
+#: until read), its row a dead letter.
+FAILURES = (TaskStatus.FAILED, TaskStatus.TIMED_OUT)
+
+
 class SubStatus(enum.StrEnum):
     """What a RUNNING execution is doing: holding a slot, or waiting without one."""
 

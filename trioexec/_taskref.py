@@ -18,11 +18,8 @@ import attrs
 import trio
 
 from ._errors import StoreError
-from ._records import SubStatus, T_co, TaskCompletion, TaskStatus
+from ._records import FAILURES, SubStatus, T_co, TaskCompletion, TaskStatus
 from ._spec import CallInfo
-
-#: The final statuses of a task that failed (`UnreadFailures`).
-_FAILURES = (TaskStatus.FAILED, TaskStatus.TIMED_OUT)
 
 if TYPE_CHECKING:
     from ._changes import ExecutionRow
@@ -176,7 +173,7 @@ class Job:
             )
             # The completion holds what a waiter needs; drop the call itself.
             self.fn = self.args = None  # type: ignore[assignment]
-            if self.status in _FAILURES and self.run_id is None:
+            if self.status in FAILURES and self.run_id is None:
                 self.owner.unread.read()  # (`trioexec._machine._lifecycle.UnreadFailures`)
         return self.completion
 

@@ -32,17 +32,13 @@ from .._observe import (
     log_retry,
     without,
 )
-from .._records import HealthEventKind, SubStatus, TaskStatus, safe_repr
+from .._records import FAILURES, HealthEventKind, SubStatus, TaskStatus, safe_repr
 
 if TYPE_CHECKING:
     from .._changes import Transition
     from .._events import EventStream
     from .._taskref import Job
     from ._pending import Pending
-
-
-#: a failure's ends: its completion is a failure, its row a dead letter (`Journal.dead_letter`)
-_FAILURES = (TaskStatus.FAILED, TaskStatus.TIMED_OUT)
 
 
 class Gate(Protocol):
@@ -373,7 +369,7 @@ class Lifecycle:
             ):
                 job.error = TaskCancelled(self.cancel_reason)  # (as the store says)
             error = None if job.error is None else safe_repr(job.error)
-            dead = job.error is not None and status in _FAILURES
+            dead = job.error is not None and status in FAILURES
             # (a dead letter keeps what operators look at: its traceback and arguments)
             traceback, args = journal.dead_letter(job) if dead else (None, None)
             change = (job.task_id, job.version, status, job.finished_at, error, traceback, args)
