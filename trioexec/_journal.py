@@ -117,8 +117,23 @@ class Journal:
         )
 
     def dead_letter(self, job: Job) -> tuple[str | None, str | None]:
-        """What the store keeps of a failed execution (`dead_letter`)."""
-        return dead_letter(job)
+        """The traceback text of ``job``'s error and its arguments as JSON (None if
+        they are not JSON), for the store to keep with a failed execution."""
+        error = job.error
+        assert error is not None
+        try:
+            text = traceback_text(error)
+        except Exception:  # (a broken __str__ in the chain)
+            text = f"{type(error).__name__} (its traceback could not be formatted)"
+        args: str | None = None
+        if not isinstance(job.fn, TaskSpec):  # (a spec's were recorded at submission, if JSON)
+            try:
+                args = json.dumps(job.args)
+            except (TypeError, ValueError, RecursionError):
+                args = None
+        if args is not None and len(args) > _DEAD_ARGS_MAX:
+            args = None  # (shown to people only: not worth a huge row)
+        return storable_text(text), args
 
     def open_row(self, job: Job) -> ExecutionRow | None:
         """``job``'s "row" change if its next change may be folded into it: this
@@ -266,26 +281,6 @@ class Journal:
 
 
 _DEAD_ARGS_MAX = 65_536
-
-
-def dead_letter(job: Job) -> tuple[str | None, str | None]:
-    """The traceback text of ``job``'s error and its arguments as JSON (None if
-    they are not JSON), for the store to keep with a failed execution."""
-    error = job.error
-    assert error is not None
-    try:
-        text = traceback_text(error)
-    except Exception:  # (a broken __str__ in the chain)
-        text = f"{type(error).__name__} (its traceback could not be formatted)"
-    args: str | None = None
-    if not isinstance(job.fn, TaskSpec):  # (a spec's were recorded at submission, if JSON)
-        try:
-            args = json.dumps(job.args)
-        except (TypeError, ValueError, RecursionError):
-            args = None
-    if args is not None and len(args) > _DEAD_ARGS_MAX:
-        args = None  # (shown to people only: not worth a huge row)
-    return storable_text(text), args
 
 
 def traceback_text(error: BaseException) -> str:
