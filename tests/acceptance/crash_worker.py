@@ -31,7 +31,7 @@ import sys
 import time
 
 import trio
-from worklog import append_line
+from worklog import any_live, append_line
 
 import trioexec
 from trioexec import SubStatus, TaskHandle, TaskStatus, open_executor, open_store
@@ -122,7 +122,7 @@ async def recover(db: str, lease: float, deadline: float) -> None:
         ) as ex:
             print(f"OPEN {ex.owner} {os.getpid()}", flush=True)
             with trio.fail_after(deadline):
-                while store.executions(status="pending") or store.executions(status="running"):
+                while any_live(store):
                     await trio.sleep(0.02)
             await ex.wait_for_idle()
         print(f"DONE {ex.owner} {ex.statistics().completed_count}", flush=True)

@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 import trio
-from worklog import append_line
+from worklog import any_live, append_line
 
 import trioexec
 from trioexec import Backoff, SQLiteStore, TaskHandle, open_executor
@@ -190,7 +190,7 @@ async def final(
             with trio.move_on_after(deadline) as waiting:
                 # The dead owners' leases lapse <= LEASE after their kill; the
                 # recovery pass every LEASE seconds then claims their executions.
-                while store.executions(status="pending") or store.executions(status="running"):
+                while any_live(store):
                     await trio.sleep(0.05)
                 await ex.wait_for_idle()
             if waiting.cancelled_caught:

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import trio
 from lineproc import LineProcess
+from worklog import any_live
 
 from trioexec import Store, SubStatus, TaskStatus, open_executor, open_store
 from trioexec._changes import Start, submitted
@@ -102,7 +103,7 @@ async def _recover_in_process(db: str, marker: Path, n_defer: int) -> tuple[str,
                 ):
                     await trio.sleep(0.02)
                 await trio.Path(marker).touch()
-                while store.executions(status="pending") or store.executions(status="running"):
+                while any_live(store):
                     await trio.sleep(0.02)
                 await ex.wait_for_idle()
         return ex.owner, ex.statistics()
