@@ -94,3 +94,37 @@ SQLITE_SCHEMA, POSTGRES_SCHEMA = 0, 1
 def added(store: int, version: int) -> list[Column]:
     """The executions columns ``store``'s schema ``version`` added (1: the table)."""
     return [c for c in EXECUTIONS if c.since[store] == version]
+
+
+# ---------------------------------------------------------------- the version
+
+
+def version_of(where: str, value: object, current: int) -> int:
+    """The schema version stored as ``value`` in ``trioexec_meta`` (0: no row);
+    refuses one that does not read as a number, or is newer than ``current``."""
+    from ._errors import StoreError
+
+    try:
+        found = int(str(value))
+    except ValueError:
+        raise StoreError(f"{where}: unreadable schema version {value!r} in trioexec_meta") from None
+    if found > current:
+        raise StoreError(
+            f"{where}: written by a newer trioexec (schema version {found}; "
+            f"this trioexec knows up to {current})"
+        )
+    return found
+
+
+def refuse_unmigrated(where: str, found: int, current: int, none: str) -> None:
+    """A read-only store needs the schema as this trioexec writes it: refuses
+    none at all (``none`` says so) or an older one."""
+    from ._errors import StoreError
+
+    if found == 0:
+        raise StoreError(f"{where}: {none}")
+    if found < current:
+        raise StoreError(
+            f"{where}: written by an older trioexec (schema version {found}; this "
+            f"trioexec reads {current}): open it once read-write to migrate it"
+        )

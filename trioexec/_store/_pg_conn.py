@@ -18,6 +18,7 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, final
 
+from .._columns import refuse_unmigrated
 from .._errors import StoreError
 from ._durable_rows import TransactionAborted
 from ._pg_schema import SCHEMA_VERSION, migrate, schema_version
@@ -176,14 +177,7 @@ class PGDatabase:
                 self._configure(conn)
                 if read_only:
                     found = schema_version(conn, self.where, schema)
-                    if found == 0:
-                        raise StoreError(f"{self.where}: no trioexec schema there")
-                    if found < SCHEMA_VERSION:
-                        raise StoreError(
-                            f"{self.where}: written by an older trioexec (schema version"
-                            f" {found}; this trioexec reads {SCHEMA_VERSION}): open it once"
-                            " read-write to migrate it"
-                        )
+                    refuse_unmigrated(self.where, found, SCHEMA_VERSION, "no trioexec schema there")
                 else:
                     migrate(conn, self.where, schema)
             self._pool = psycopg_pool.ConnectionPool(

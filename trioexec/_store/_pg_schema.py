@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._columns import POSTGRES_SCHEMA, added
+from .._columns import POSTGRES_SCHEMA, added, version_of
 from .._errors import StoreError
 
 if TYPE_CHECKING:
@@ -248,16 +248,7 @@ def schema_version(conn: psycopg.Connection[tuple[object, ...]], where: str, sch
     if not tables:
         return 0
     row = conn.execute("SELECT value FROM trioexec_meta WHERE key = 'schema_version'").fetchone()
-    value = None if row is None else row[0]
-    try:
-        found = int(str(value)) if value is not None else 0
-    except ValueError:
-        raise StoreError(f"{where}: unreadable schema version {value!r} in trioexec_meta") from None
-    if found > SCHEMA_VERSION:
-        raise StoreError(
-            f"{where}: written by a newer trioexec (schema version {found}; "
-            f"this trioexec knows up to {SCHEMA_VERSION})"
-        )
+    found = version_of(where, 0 if row is None else row[0], SCHEMA_VERSION)
     return found
 
 

@@ -17,6 +17,7 @@ from typing import TypeVar, final
 
 import sqlite_utils
 
+from .._columns import refuse_unmigrated
 from .._errors import StoreError
 from ._sqlite_schema import SCHEMA_VERSION, migrate, schema_version
 
@@ -127,13 +128,8 @@ class SQLiteFile:
             found = schema_version(sqlite_utils.Database(conn), self.path)
         finally:
             self._checkin(conn)
-        if found == 0:
-            raise StoreError(f"{self.path}: not a trioexec database (no trioexec schema)")
-        if found < SCHEMA_VERSION:
-            raise StoreError(
-                f"{self.path}: written by an older trioexec (schema version {found}; this "
-                f"trioexec reads {SCHEMA_VERSION}): open it once read-write to migrate it"
-            )
+        none = "not a trioexec database (no trioexec schema)"
+        refuse_unmigrated(self.path, found, SCHEMA_VERSION, none)
 
     def _connect(self, *, read_only: bool) -> _Connection:
         conn = self._new_connection(read_only=read_only)

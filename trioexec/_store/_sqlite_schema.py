@@ -9,7 +9,7 @@ from typing import TypeVar
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from .._columns import SQLITE_SCHEMA, added
+from .._columns import SQLITE_SCHEMA, added, version_of
 from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
@@ -274,15 +274,7 @@ def schema_version(db: sqlite_utils.Database, path: str) -> int:
     if "trioexec_meta" not in tables:
         return 0
     row = db.conn.execute("SELECT value FROM trioexec_meta WHERE key = 'schema_version'").fetchone()
-    try:
-        found = int(row[0]) if row else 0
-    except (TypeError, ValueError):
-        raise StoreError(f"{path}: unreadable schema version {row[0]!r} in trioexec_meta") from None
-    if found > SCHEMA_VERSION:
-        raise StoreError(
-            f"{path}: written by a newer trioexec (schema version {found}; "
-            f"this trioexec knows up to {SCHEMA_VERSION})"
-        )
+    found = version_of(path, row[0] if row else 0, SCHEMA_VERSION)
     known = set(KNOWN_MIGRATIONS)
     unknown = {m.name for m in MIGRATIONS.applied(db)} - known
     if unknown:
