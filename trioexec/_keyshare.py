@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
+from ._machine._keys import RESERVED
 from ._store._key_ledger import KeyGrant, KeyRequest
 
 if TYPE_CHECKING:
@@ -145,7 +146,7 @@ class KeyBroker:
         tokens, returned = 0, 0.0
         if limit.rate is not None:
             starters = queued + len(state.retriers)
-            spare = state.tokens - len(state.earmarked) - len(state.reserved)
+            spare = state.tokens - len(state.earmarked) - state.count[RESERVED]
             if limit.concurrency is not None:  # (no more than may start at once)
                 starters = min(starters, limit.concurrency - in_use - len(state.resumers))
             if starters > 0:

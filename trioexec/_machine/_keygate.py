@@ -21,7 +21,19 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol, final
 
 from .._records import TaskStatus
-from ._keys import DEFAULT_KEY, KeyLimit, KeyState, KeyStatistics, KeyTimers, W, Waiter
+from ._keys import (
+    DEFAULT_KEY,
+    DEFERRED,
+    HOLDS,
+    RESERVED,
+    RETRYING,
+    KeyLimit,
+    KeyState,
+    KeyStatistics,
+    KeyTimers,
+    W,
+    Waiter,
+)
 
 if TYPE_CHECKING:
     from .._taskref import Job
@@ -31,6 +43,8 @@ _KEEP_IDLE = 1024
 
 #: A queued task's place: (rank, sequence, job), smallest first.
 Entry = tuple[float, int, "Job"]
+
+_IN_ROOM = (HOLDS, RESERVED)  # (roles that count against a key's room)
 
 
 def queued(job: Job) -> bool:
@@ -140,7 +154,9 @@ class KeyGate:
             del state.earmarked[job]
         self._queue.startable -= 1
         state.pending -= 1
-        state.holders.add(job)
+        assert job not in state.roles  # (a queued task has not started)
+        state.roles[job] = HOLDS  # (`KeyState.move` inlined here and in `ended`: every task)
+        state.count[HOLDS] += 1
         if state.limit is not None and state.limit.rate is not None:
             state.use_token(self.clock())
             if state.shared:
@@ -243,30 +259,27 @@ class KeyGate:
         back (``deferred``), or waits for its next attempt (also after an attempt
         that ended while deferred)."""
         state = self._state_of(job)
-        if job in state.holders:
-            state.holders.remove(job)
-            (state.deferred if deferred else state.retrying).add(job)
+        role = state.roles.get(job)
+        if role == HOLDS:
+            state.move(job, DEFERRED if deferred else RETRYING)
             if state.limit is not None and (state.queue or state.resumers or state.retriers):
                 self.grant(state)
             elif state.shared:
                 self.listener.want(state)
-        elif not deferred and job in state.deferred:
-            state.deferred.remove(job)
-            state.retrying.add(job)
+        elif not deferred and role == DEFERRED:
+            state.move(job, RETRYING)
 
     def ended(self, job: Job) -> None:
         """``job`` (of a key, started) has ended: whatever it held of its key is free."""
         state = self._state_of(job)
-        if job in state.holders or job in state.reserved:
-            state.holders.discard(job)
-            state.reserved.discard(job)
+        role = state.roles.pop(job, None)
+        if role is not None:
+            state.count[role] -= 1
+        if role in _IN_ROOM:
             if state.limit is not None and (state.queue or state.resumers or state.retriers):
                 self.grant(state)
             elif state.shared:
                 self.listener.want(state)
-        else:
-            state.deferred.discard(job)
-            state.retrying.discard(job)
         self._maybe_forget_key(state)
 
     def rejoin(self, job: Job, make_wake: Callable[[], W]) -> Waiter[W] | None:
@@ -278,7 +291,7 @@ class KeyGate:
         waiter's ``wake`` (made by ``make_wake``) is set, or until its wait is
         cancelled (`leave_line`)."""
         state = self._state_of(job)
-        start = job in state.retrying
+        start = state.roles.get(job) == RETRYING
         if state.limit is not None:
             if self.inline and state.earmarked:
                 for entry in list(state.earmarked.values()):
@@ -305,8 +318,7 @@ class KeyGate:
         if waiter.granted:
             self.release(job, deferred=not start)
             if start:
-                state.reserved.discard(job)
-                state.retrying.add(job)
+                state.move(job, RETRYING)
                 self.grant(state)
         else:
             (state.retriers if start else state.resumers).remove(waiter)
@@ -316,8 +328,7 @@ class KeyGate:
         """A retry let through by its key holds its slot now: it holds the key,
         and takes its token."""
         state = self._state_of(job)
-        state.reserved.discard(job)
-        state.holders.add(job)
+        state.move(job, HOLDS)
         limit = state.limit
         if limit is not None and limit.rate is not None:
             state.use_token(self.clock())
@@ -331,7 +342,7 @@ class KeyGate:
         state = None if key is None else self.states.get(key)
         if state is None or state.limit is None or job in state.earmarked:
             return None
-        if job in state.reserved:
+        if state.roles.get(job) == RESERVED:
             return "slot"
         if queued(job) or any(w.job is job for w in (*state.resumers, *state.retriers)):
             state.refill(self.clock())

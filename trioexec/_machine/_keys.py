@@ -201,27 +201,35 @@ class Waiter(Generic[W]):
         self.granted = False
 
 
+#: What a started task is to its key, one role at a time (`KeyState.roles`):
+#: it holds a slot; it gave its slot back (deferred); it waits for its next
+#: attempt; it is a retry let through, waiting for a slot (its token is taken
+#: when it gets one). Holders and reserved ones count against the key's room.
+HOLDS, DEFERRED, RETRYING, RESERVED = range(4)
+_ROLES = ("holds", "deferred", "retrying", "reserved")
+
+
 @final
 class KeyState:
     """One key's counts and lines (kept while the key has tasks or a bucket that
     is not full).
 
+    ``roles``: its started tasks, each with its one role (`HOLDS`, `DEFERRED`,
+    `RETRYING`, `RESERVED`), and ``count``: how many have each;
     ``earmarked``: tasks of a limited key the queue has let through to start
     (they count against the key's room until they start or are cancelled);
     ``queue``: its held-back pending tasks, best first (a heap of
     ``(rank, seq, job)``); ``resumers`` and ``retriers``: its started tasks
     waiting to hold the key again after a deferral (concurrency only) or for a
     retry's attempt (and a token), each line first come first served, resumers
-    first, both ahead of every pending task; ``reserved``: retries the key has
-    let through that wait for a slot (their token is taken when they get it).
+    first, both ahead of every pending task.
     """
 
     __slots__ = (
         "cap",
-        "deferred",
+        "count",
         "earmarked",
         "granted",
-        "holders",
         "key",
         "late",
         "limit",
@@ -229,10 +237,9 @@ class KeyState:
         "parked",
         "pending",
         "queue",
-        "reserved",
         "resumers",
         "retriers",
-        "retrying",
+        "roles",
         "shared",
         "stamp",
         "timer_at",
@@ -253,10 +260,8 @@ class KeyState:
             if shared
             else limit.concurrency
         )
-        self.holders: set[Job] = set()  # its tasks that hold a slot
-        self.deferred: set[Job] = set()  # ... that gave theirs back
-        self.retrying: set[Job] = set()  # ... that wait for their next attempt
-        self.reserved: set[Job] = set()  # ... let through to it, waiting for a slot
+        self.roles: dict[Job, int] = {}
+        self.count = [0, 0, 0, 0]  # (by role)
         self.pending = 0  # its tasks in the queue (paused ones too)
         self.parked = 0  # ... of which a pause holds out of it (`Pauses.parked`)
         self.limited_count = 0
@@ -273,15 +278,21 @@ class KeyState:
         self.late = 0.0
         self.timer_at = math.inf  # a refill check is due then
 
+    def move(self, job: Job, role: int | None) -> int | None:
+        """``job`` takes ``role`` (None: it leaves the key). Returns the role it had."""
+        count = self.count
+        old = self.roles.pop(job, None)
+        if old is not None:
+            count[old] -= 1
+        if role is not None:
+            self.roles[job] = role
+            count[role] += 1
+        return old
+
     def take(self, job: Job, start: bool) -> None:
         """A started task takes its key back: after a deferral it holds it again;
-        a retry is let through (``reserved``) until it holds a slot."""
-        if start:
-            self.retrying.discard(job)
-            self.reserved.add(job)
-        else:
-            self.deferred.discard(job)
-            self.holders.add(job)
+        a retry is let through (`RESERVED`) until it holds a slot."""
+        self.move(job, RESERVED if start else HOLDS)
 
     def use_token(self, now: float) -> None:
         """A task of the key starts: it takes a token. A shared key's token
@@ -346,8 +357,8 @@ class KeyState:
         limit = self.limit
         if limit is None:
             return True
-        taken = len(self.earmarked) + len(self.reserved)
-        if self.cap is not None and len(self.holders) + taken >= self.cap:
+        taken = len(self.earmarked) + self.count[RESERVED]
+        if self.cap is not None and self.count[HOLDS] + taken >= self.cap:
             return False
         return not start or limit.rate is None or self.tokens - taken > 1.0 - _EPSILON
 
@@ -356,15 +367,15 @@ class KeyState:
         limit = self.limit
         if limit is None or limit.rate is None:
             return False
-        taken = len(self.earmarked) + len(self.reserved)
-        return self.cap is None or len(self.holders) + taken < self.cap
+        taken = len(self.earmarked) + self.count[RESERVED]
+        return self.cap is None or self.count[HOLDS] + taken < self.cap
 
     def ready_at(self) -> float:
         """When the bucket holds a token more than those already let through."""
         limit = self.limit
         assert limit is not None
         assert limit.rate is not None
-        missing = len(self.earmarked) + len(self.reserved) + 1.0 - self.tokens
+        missing = len(self.earmarked) + self.count[RESERVED] + 1.0 - self.tokens
         at = self.stamp + max(missing, 0.0) * limit.per / limit.rate
         return max(at, math.nextafter(self.stamp, math.inf))  # (later, however little)
 
@@ -388,19 +399,12 @@ class KeyState:
 
     def in_use(self) -> int:
         """Its tasks that hold the key or were let through to it."""
-        return len(self.holders) + len(self.earmarked) + len(self.reserved)
+        return self.count[HOLDS] + len(self.earmarked) + self.count[RESERVED]
 
     @property
     def idle(self) -> bool:
         """Nothing of the key pending, running, deferred or waiting."""
-        return not (
-            self.pending
-            or self.holders
-            or self.deferred
-            or self.retrying
-            or self.reserved
-            or self.resumers
-        )
+        return not (self.pending or self.roles or self.resumers)
 
     def reason(self) -> str:
         """What holds a task of this key back: its concurrency or its rate."""
@@ -409,17 +413,15 @@ class KeyState:
     def statistics(self) -> KeyStatistics:
         return KeyStatistics(
             key=self.key,
-            active=len(self.holders),
-            pending=self.pending + len(self.retrying) + len(self.reserved),
-            deferred=len(self.deferred),
+            active=self.count[HOLDS],
+            pending=self.pending + self.count[RETRYING] + self.count[RESERVED],
+            deferred=self.count[DEFERRED],
             limited_count=self.limited_count,
         )
 
     def __repr__(self) -> str:
-        return (
-            f"<KeyState {self.key!r} {len(self.holders)} active, {self.pending} queued, "
-            f"{len(self.deferred)} deferred, {len(self.retrying)} retrying>"
-        )
+        roles = ", ".join(f"{n} {name}" for n, name in zip(self.count, _ROLES, strict=True))
+        return f"<KeyState {self.key!r} {self.pending} queued, {roles}>"
 
 
 @final
