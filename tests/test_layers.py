@@ -421,6 +421,28 @@ def test_the_durable_tables_import_first_in_a_fresh_interpreter():
     assert done.stdout.strip() == "[]"  # and it pulled in nothing of trioexec.durable
 
 
+def test_import_trioexec_loads_no_backend_or_extra(tmp_path):
+    """``import trioexec`` pays only for what every user needs: SQLite's
+    sqlite_utils (with the click and pluggy it imports) loads when a SQLite file
+    is opened, psycopg with a PostgreSQL store, the extras with their commands."""
+    heavy = ("sqlite_utils", "click", "pluggy", "psycopg", "psycopg_pool", "rich", "starlette")
+    script = (
+        "import sys, trioexec\n"
+        f"print(sorted(m for m in sys.modules if m.partition('.')[0] in {heavy!r}))\n"
+        "trioexec.SQLiteStore(sys.argv[1]).close()\n"
+        "print('sqlite_utils' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "t.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["[]", "True"]
+
+
 def test_every_public_error_is_defined_in_errors():
     """One place defines the errors (issue 14): every exception the package
     exports, from ``trioexec`` or ``trioexec.durable``, comes from `_errors`."""

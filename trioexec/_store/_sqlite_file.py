@@ -15,11 +15,8 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import TypeVar, final
 
-import sqlite_utils
-
 from .._columns import refuse_unmigrated
 from .._errors import StoreError
-from ._sqlite_schema import SCHEMA_VERSION, migrate, schema_version
 
 T = TypeVar("T")
 
@@ -89,6 +86,11 @@ class SQLiteFile:
                 self._open_writer()
 
     def _open_writer(self) -> None:
+        # (sqlite_utils, and the click and pluggy it loads, only once a file is opened)
+        import sqlite_utils
+
+        from ._sqlite_schema import migrate, schema_version
+
         self._write_conn = conn = self._connect(read_only=False)
         db = sqlite_utils.Database(conn)
         # Another process may be creating or migrating the file right now. Switching
@@ -112,6 +114,10 @@ class SQLiteFile:
         self._checkin(self._checkout())  # a reader at once: a file it cannot read fails here
 
     def _open_read_only(self) -> None:
+        import sqlite_utils
+
+        from ._sqlite_schema import SCHEMA_VERSION, schema_version
+
         try:
             st = os.stat(self._file)
         except FileNotFoundError:
