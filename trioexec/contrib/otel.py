@@ -1,65 +1,11 @@
 """OpenTelemetry traces of an executor's tasks (extra ``otel``: opentelemetry-api).
 
-``instrument(ex)`` makes a span for each attempt of each task ``ex`` runs, on the
-global tracer provider or the one given. The application brings the SDK and its
-exporters; without one every span is a no-op.
-
-What a trace shows:
-
-* One span per attempt, named ``process <task name>``, kind ``CONSUMER``, a child
-  of the span that was current where the task was submitted (the submitter's
-  whole OpenTelemetry context is the parent, so its baggage goes along).
-* A retry's span links to the first attempt's span. Each attempt's span ends
-  when the attempt does; the backoff between two attempts is the gap between
-  their spans.
-* Span events ``trioexec.deferred`` (with ``trioexec.waiting_on``: ``"event"``,
-  ``"condition <name>"``, ``"promise <id>"``...) and ``trioexec.resumed`` while a
-  task gives its slot back (`TaskHandle.defer_until`) and takes one again.
-* A failed or timed-out attempt has status ``ERROR``, the exception recorded as
-  an ``exception`` event and its type as ``error.type``. A completed or
-  cancelled one leaves the status unset (the OpenTelemetry rule for
-  instrumentation libraries); ``trioexec.status`` says which.
-* While the task's function runs, its span is the current span (attached in
-  the worker's Trio task when the attempt starts, detached when it ends, in
-  that same task; a task keeps its Trio task while deferred), so spans the task
-  makes itself, and spans of the libraries it calls, are children of it. A sync
-  task runs in a thread with a copy of that context: the same holds there.
-
-Attributes, from OpenTelemetry's messaging semantic conventions (version 1.44,
-as ``opentelemetry-semantic-conventions`` 0.66b2 names them; the tracer's
-schema URL says so. The ``messaging.operation`` of older versions is now
-``messaging.operation.type``):
-``messaging.system`` = ``"trioexec"``, ``messaging.operation.type`` and
-``messaging.operation.name`` = ``"process"``, ``messaging.message.id`` = the task
-id, ``messaging.destination.name`` = the task name, ``messaging.client.id`` = the
-executor's owner id (which tells two executors apart). trioexec's own:
-``trioexec.attempt`` (1, 2, ...), ``trioexec.status`` (how the attempt ended:
-``completed``, ``failed``, ``timed_out``, ``cancelled``), ``trioexec.key`` (its
-admission key, if any) and ``trioexec.retry.delay`` (seconds until the next
-attempt, on an attempt that is retried).
-
-A task that never starts has no span: cancelled while pending (`TaskRef.cancel`,
-shutdown with ``CANCEL``) or dropped by a full queue, it ends without an
-attempt to show. A task cancelled between two attempts adds nothing to the
-spans of the attempts it had.
-
-Durable tasks (`trioexec.durable`) carry the trace context through the store
-with ``instrument_durable(ds)``, called in the process that creates them and in
-the workers' (each on its own `~trioexec.durable.DurableStore`): the creator's
-context goes into the tags of the task's promise (``otel:traceparent``,
-``otel:tracestate``, ``otel:baggage``: what the global propagator,
-`opentelemetry.propagate`, writes, each name prefixed with ``otel:``), and a
-worker submits the task it claims in the context taken from them. With
-``instrument(worker.executor)`` each run's span (``process durable:<target>``,
-``CONSUMER``, its ``messaging.message.id`` the task's ``<id>@<version>``) is
-then a child of the creator's span, in the creator's trace, whichever host runs
-it; so is each run again after a suspension or a lost lease.
-There is no producer span of its own: the creator's current span is the
-parent, as it is for a task submitted in the same process.
-
-A task recovered by another executor of a `trioexec.Store` (not a durable task)
-still starts a trace of its own instead of continuing the submitter's: the
-store's task rows have no room for the context.
+`instrument` makes a span per attempt (``process <task name>``, ``CONSUMER``, a
+child of the submitter's context, the current span while the task runs, a
+retry linked to the first attempt); `instrument_durable` carries the creator's
+context through a durable store's promise tags. docs/howto/opentelemetry.rst
+is their documentation (spans, events, attributes and what has no span): keep
+the two in step.
 """
 
 from __future__ import annotations

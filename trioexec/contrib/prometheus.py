@@ -1,58 +1,10 @@
 """Prometheus metrics for an executor (extra ``prometheus``: prometheus-client).
 
-``instrument(ex)`` counts what ``ex``'s tasks do into a
-`prometheus_client.CollectorRegistry` (the default one unless told)::
-
-    async with trioexec.open_executor() as ex:
-        instrument(ex, name="ingest")
-        ...
-
-============================================  =======  ======================================
-``trioexec_tasks_submitted_total``            counter  tasks accepted
-``trioexec_tasks_completed_total``            counter  tasks ended, by ``status``
-``trioexec_tasks_fenced_out_total``           counter  of those, ends the store refused
-``trioexec_task_duration_seconds``            histo.   each attempt, start to end
-``trioexec_task_deferred_seconds``            histo.   each deferral, until it ends
-``trioexec_tasks_active``                     gauge    running and holding a slot, now
-``trioexec_tasks_deferred``                   gauge    running and deferred, now
-``trioexec_queue_depth``                      gauge    accepted and waiting for a slot, now
-``trioexec_slots``                            gauge    slots by ``state``: in_use, available
-============================================  =======  ======================================
-
-Labels: ``executor`` on all, ``task`` (the task's name) on all but the last two,
-which are the executor's own. The four gauges are read when scraped (at no
-cost per task), and only while the executor runs: once it has closed (its
-shutdown over) or its store failed, its gauge series are gone (as Prometheus
-expects of a thing that no longer exists; its counters and histograms stay).
-``max_task_names=`` bounds the ``task`` label (`MAX_TASK_NAMES` by default):
-past that many names in one executor, the others are counted under
-``task="other"``. ``buckets=`` sets the two histograms' buckets.
-``status`` is a `trioexec.TaskStatus` value: completed, failed, cancelled,
-timed_out, dropped. An end the store then refuses (fenced out: another
-executor took the task over, its lease lost) stays counted as it was, and
-counts in ``trioexec_tasks_fenced_out_total`` too, under the ``status`` it was
-counted with: subtract it for the ends that were recorded. A submission dropped
-on arrival under ``DROP_NEWEST`` counts
-as completed with status dropped but not as submitted, and one refused with an
-exception in neither. A duration includes the time the attempt spent deferred
-(the deferred histogram has that part); a deferral is observed when it ends,
-resumed or not. Times are Trio's clock (`trio.current_time`), so tests under a
-``MockClock`` see exact sums. Task names become label values: give tasks
-stable names (a function's name is one), never one name per task (a durable
-worker names its runs ``durable:<target>``).
-
-``executor`` is the ``name=`` given to `instrument`, ``"default"`` unless given.
-Several executors can share a registry (the metrics are registered once per
-registry) under different names; a name is taken while its executor is open, so
-an executor opened again under the same name continues the same series. Each
-executor may be instrumented once per registry: a second `instrument` raises
-`ValueError`, as does a name another open executor holds there.
-
-`instrument` returns an `Instrumentation`; its `~Instrumentation.close` stops
-the counting (series already counted stay, as counters do; the executor's
-gauges go). Closing the executor is enough otherwise. The cost per task is a
-few dictionary look-ups and metric updates in the executor's own steps (the
-how-to has the figures).
+`instrument` counts what an executor's tasks do into a registry: counters and
+histograms by ``executor`` and ``task`` (bounded by ``max_task_names``, the rest
+under ``task="other"``), gauges read when scraped, while the executor runs.
+docs/howto/prometheus.rst is their documentation (each metric, its labels,
+what counts how, the cost per task): keep the two in step.
 """
 
 from __future__ import annotations

@@ -27,14 +27,10 @@ runs out on this worker's own clock before a heartbeat renewed it (the heartbeat
 may be stuck). The local attempt is then cancelled and nothing it produces is
 written: another worker may be running the task already.
 
-`Worker.drain` stops a worker without cancelling its work: it claims nothing more,
-gives back at once what it claimed but did not start, and lets the runs end (then,
-past its grace, cancels them and gives their tasks back). A run's outcome is what
-its handler did: a value or an error settles the promise, an await on a pending
-promise suspends the task. A suspension is written even if the run is cancelled
-meanwhile (draining, leaving): the task is then the store's, suspended, never
-released at its version nor run again here. Only a run that ends without any
-outcome (cancelled) has its task released, same version, for another worker.
+How a drain ends what is going on: `Worker.drain`. A run's outcome is what its
+handler did (a value or an error settles the promise, an await on a pending
+promise suspends the task); only a run that ends without one (cancelled) has its
+task released, same version, for another worker.
 """
 
 from __future__ import annotations
