@@ -265,7 +265,10 @@ def test_ctrl_c_with_postgres_unreachable_exits_at_once(tmp_path: Path, pg_datab
         store.write([submitted("t1", 1, "n", None, None, None, "w", time.time())])
     parts = urllib.parse.urlsplit(pg_database)
     with cuttable_proxy(parts.port or 5432) as (port, cut, hanging):
-        url = parts._replace(netloc=f"{parts.username}@127.0.0.1:{port}").geturl()
+        # (a 2 s connect timeout, libpq's least: the 503 below waits it out)
+        netloc = f"{parts.username}@127.0.0.1:{port}"
+        query = "&".join(q for q in (parts.query, "connect_timeout=2") if q)
+        url = parts._replace(netloc=netloc, query=query).geturl()
         with dashboard(url, "--port", "0", cwd=tmp_path) as proc:
             found = URL_LINE.fullmatch(read_line(proc))
             assert found
