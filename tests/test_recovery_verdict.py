@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import trioexec
 from trioexec import ExecutionRecord, SQLiteStore, TaskStatus
-from trioexec._changes import Finish, Start, submitted
+from trioexec._changes import Finish, Release, Start, submitted
 from trioexec._store._verdict import Verdict, claimed_attempts, recovery_verdict
 from trioexec.testing import FakeWallClock
 
@@ -131,6 +131,31 @@ def test_a_requeued_dead_letter_claimed_then_expired_counts_one_attempt(make_sto
     # E dies too: one attempt was allowed.
     [abandoned] = store.recover("F", NOW, lambda r: True, 1).abandoned
     assert abandoned.recovery_attempts == 1
+
+
+def test_a_claim_given_back_is_ownerless_and_its_next_claim_counts_nothing_more(
+    make_store: Any,
+) -> None:
+    store = make_store(clock=lambda: NOW)
+    store.write(
+        [submitted("t", 1, "job", None, "spec.x", "[1]", "A", 1.0), Start(("t", 1, 1, 2.0))]
+    )
+    store.heartbeat("A", NOW - 1)  # A died
+    [claimed] = store.recover("B", NOW, lambda r: True, 1).claimed
+    assert (claimed.owner, claimed.version, claimed.recovery_attempts) == ("B", 2, 1)
+    store.heartbeat("B", NOW + 60)  # B lives, but gives the claim back (it was closing)
+    assert store.write([Release(("t", 2))]) == []
+    given = store.execution("t")
+    assert (given.status, given.owner, given.version, given.recovery_attempts) == (
+        TaskStatus.PENDING,
+        None,
+        3,
+        1,
+    )
+    assert store.write([Release(("t", 2))]) == ["t"]  # (fenced: an old version)
+    # Any executor claims it at once, and with max_recovery_attempts=1 it is not abandoned.
+    [again] = store.recover("C", NOW, lambda r: True, 1).claimed
+    assert (again.owner, again.version, again.recovery_attempts) == ("C", 4, 1)
 
 
 @trioexec.task(id="job")

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 
 import attrs
 import pytest
@@ -13,6 +15,7 @@ from trioexec import (
     HealthEventKind,
     MemoryStore,
     ShutdownPolicy,
+    SQLiteStore,
     SubStatus,
     TaskHandle,
     TaskStatus,
@@ -314,6 +317,61 @@ async def test_leaving_releases_the_lease(make_store, autojump_clock):
     released = store.execution(ref.task_id)
     assert released.owner == ex.owner
     assert released.lease_expires_at is None  # the owner's lease row is gone
+
+
+async def test_a_claim_made_while_closing_is_given_back_uncounted(tmp_path):
+    """A recovery pass whose claim comes back after the executor began to close
+    gives the executions back, ownerless: the next executor's claim counts no
+    recovery more (counted twice, a few unlucky closings would abandon a task
+    that never ran). A SQLite store in threads, on the real
+    clocks: the pass's store call must be under way while the executor closes."""
+    store = SQLiteStore(str(tmp_path / "t.db"))
+    ran = []
+
+    @task(id="work")
+    async def work(i):
+        ran.append(i)
+
+    entered, proceed = threading.Event(), threading.Event()
+    recover = store.recover
+
+    def held_recover(*args):
+        entered.set()
+        proceed.wait(30)  # (until the executor is closing)
+        return recover(*args)
+
+    async def proceed_once_closing():
+        await trio.testing.wait_all_tasks_blocked()  # (the executor's exit waits for the pass)
+        proceed.set()
+
+    async with trio.open_nursery() as outer:
+        async with open_executor(store=store, recover=True, tasks=[work], lease=1.0) as ex:
+            ids = _dead_owner_rows(store, work, 2)
+            store.heartbeat("dead", time.time() - 60)
+            store.recover = held_recover  # (the next pass, within a lease)
+            assert await trio.to_thread.run_sync(entered.wait, 30)
+            outer.start_soon(proceed_once_closing)
+    for tid in ids:
+        row = store.execution(tid)
+        assert (row.status, row.owner, row.recovery_attempts, row.version) == (
+            TaskStatus.PENDING,
+            None,
+            1,  # (the dead owner's lease expired: one recovery)
+            3,  # (claimed: 2; given back: 3)
+        ), row
+    del store.recover
+    async with open_executor(store=store, recover=True, tasks=[work]) as again:
+        await again.wait_for_idle()
+    assert sorted(ran) == [1, 1]
+    for tid in ids:
+        row = store.execution(tid)
+        assert (row.status, row.owner, row.recovery_attempts) == (
+            TaskStatus.COMPLETED,
+            again.owner,
+            1,
+        ), row
+    assert ex.owner != again.owner
+    store.close()
 
 
 async def test_flush_without_store_returns():

@@ -94,6 +94,14 @@ class Claim(Transition):
     kind = "claim"
 
 
+class Release(Transition):
+    """(task id, version): a claim given back before it ran (its executor began
+    to close meanwhile): ownerless, so the next claim counts no recovery more."""
+
+    __slots__ = ()
+    kind = "release"
+
+
 class Requeue(Transition):
     """(task id, version): an operator's retry of a dead letter."""
 

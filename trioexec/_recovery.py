@@ -20,6 +20,7 @@ import trio
 from trio_util import periodic
 
 from ._admission import Gate
+from ._changes import Release
 from ._events import EventStream
 from ._journal import Journal
 from ._machine._lifecycle import Lifecycle, Runs
@@ -154,9 +155,10 @@ class Recovery:
                 attributes={"name": record.name, "recovery_attempts": record.recovery_attempts},
             )
             log_abandoned(record.task_id, record.name, record.attempt, record.recovery_attempts)
+        if self._is_closing():  # (the store call above awaited)
+            await self._give_back(result.claimed)
+            return False
         for record in result.claimed:
-            if self._is_closing():  # (the store call above awaited)
-                return False  # left claimed under our lease: recovered once it lapses
             assert record.spec_id is not None
             assert record.args is not None
             self._recovered(specs[record.spec_id], tuple(json.loads(record.args)), record)
@@ -181,6 +183,16 @@ class Recovery:
                     break  # claimed under our lease, which lapses: recovered again later
                 runs.resume(run_record)
         return len(result.claimed) >= room
+
+    async def _give_back(self, claimed: list[ExecutionRecord]) -> None:
+        """Executions claimed while the executor began to close: ownerless again,
+        so any executor recovers them at once and counts no recovery more (this
+        one ran nothing: counted twice, a few unlucky closings would abandon a
+        task that never ran)."""
+        if claimed:
+            journal = self._journal
+            released = [Release((r.task_id, r.version)) for r in claimed]
+            await journal.call(journal.store.write, released)
 
     def _is_closing(self) -> bool:
         # A method, not the attribute: type checkers keep `closing` narrowed

@@ -117,6 +117,9 @@ TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
             "waiting_on": "slot",
         },
     ),
+    # (a claim given back before it ran: ownerless, so any executor recovers it,
+    # and its claim, as a requeued one's, counts no recovery more)
+    "release": (LIVE, {"owner": None, "version": BUMP}),
     "claim": (
         LIVE,
         {
