@@ -188,7 +188,10 @@ class Recovery:
         """Executions claimed while the executor began to close: ownerless again,
         so any executor recovers them at once and counts no recovery more (this
         one ran nothing: counted twice, a few unlucky closings would abandon a
-        task that never ran)."""
+        task that never ran). Best effort: after a store failure, or while tasks of
+        ours are still live, close does not wait for it and the claims lapse with
+        the lease as before; a store error writing it fails the close as any
+        write's would."""
         if claimed:
             journal = self._journal
             released = [Release((r.task_id, r.version)) for r in claimed]

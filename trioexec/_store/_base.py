@@ -439,7 +439,8 @@ class Store(Protocol):
         ``now``, oldest first: the re-creatable ones become ``owner``'s (pending,
         version + 1, ``recovery_attempts`` + 1), at most ``limit`` of them; the rest
         fail ``orphaned``; past ``max_recovery_attempts`` they fail ``abandoned``.
-        One with no owner (requeued by `requeue`) is no expiry: it is claimed
+        One with no owner (requeued by `requeue`, or a claim an executor gave
+        back as it closed) is no expiry: it is claimed
         without counting an attempt, never abandoned, and left for an executor
         that can re-create it (`_verdict.recovery_verdict` decides for every store).
         Never touches finished rows."""

@@ -10,7 +10,9 @@ Two kinds of execution reach recovery, and they are not alike:
   ``max_recovery_attempts`` the execution is abandoned; one this executor cannot
   re-create is failed ``orphaned`` (its owner is gone; nobody else will).
 * **requeued** (`Store.requeue`, ``trioexec retry``): pending with no owner. An
-  operator asked for it to run again; no lease expired. Claiming it is not a
+  operator asked for it to run again, or an executor that claimed it gave it
+  back unrun as it closed (``Release``, its recovery counted once already); no
+  lease expired. Claiming it is not a
   recovery attempt, it is never abandoned for attempts it did not make, and an
   executor that cannot re-create it leaves it for one that can (its error and
   traceback stay until its next attempt ends).
@@ -35,7 +37,8 @@ class Verdict(enum.Enum):
 
 
 def is_requeued(record: ExecutionRecord) -> bool:
-    """A live execution with no owner: an operator requeued it (`Store.requeue`)."""
+    """A live execution with no owner: an operator requeued it (`Store.requeue`),
+    or its claimer gave it back as it closed (`trioexec._changes.Release`)."""
     return record.owner is None
 
 
