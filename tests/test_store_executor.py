@@ -319,7 +319,7 @@ async def test_leaving_releases_the_lease(make_store, autojump_clock):
     assert released.lease_expires_at is None  # the owner's lease row is gone
 
 
-async def test_a_claim_made_while_closing_is_given_back_uncounted(tmp_path):
+async def test_a_claim_made_while_closing_is_given_back_and_not_counted_again(tmp_path):
     """A recovery pass whose claim comes back after the executor began to close
     gives the executions back, ownerless: the next executor's claim counts no
     recovery more (counted twice, a few unlucky closings would abandon a task

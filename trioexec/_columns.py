@@ -10,6 +10,7 @@ from typing import Literal
 
 import attrs
 
+from ._errors import StoreError
 from ._records import TaskStatus
 
 Kind = Literal["text", "integer", "bigint", "real"]
@@ -102,8 +103,6 @@ def added(store: int, version: int) -> list[Column]:
 def version_of(where: str, value: object, current: int) -> int:
     """The schema version stored as ``value`` in ``trioexec_meta`` (0: no row);
     refuses one that does not read as a number, or is newer than ``current``."""
-    from ._errors import StoreError
-
     try:
         found = int(str(value))
     except ValueError:
@@ -119,8 +118,6 @@ def version_of(where: str, value: object, current: int) -> int:
 def refuse_unmigrated(where: str, found: int, current: int, none: str) -> None:
     """A read-only store needs the schema as this trioexec writes it: refuses
     none at all (``none`` says so) or an older one."""
-    from ._errors import StoreError
-
     if found == 0:
         raise StoreError(f"{where}: {none}")
     if found < current:
