@@ -22,7 +22,6 @@ from pg_server import STORE_KINDS
 
 import trioexec
 from trioexec._store._durable_rows import TransactionAborted
-from trioexec._store._durable_tables import DictTables
 from trioexec.durable import (
     Conflict,
     DurableStore,
@@ -51,12 +50,9 @@ class HandClock:
         return self.now
 
 
-@pytest.fixture(params=["dict", "sqlite", "postgres"])
+@pytest.fixture(params=STORE_KINDS)
 def core(request: pytest.FixtureRequest, store_maker: Any) -> Any:
     clock = HandClock()
-    if request.param == "dict":
-        yield Core(DictTables(), clock)
-        return
     tables = store_maker(request.param, clock=clock).durable_tables()
     try:
         yield Core(tables, clock)
@@ -283,8 +279,11 @@ def test_a_failing_transaction_writes_none_of_its_fulfils(kind: str, store_maker
     tables.close()
 
 
-def test_dict_tables_undo_the_whole_batch_on_an_interrupt() -> None:
-    core = Core(DictTables(), HandClock())
+@pytest.mark.parametrize("kind", ["memory", "sqlite"])
+def test_the_whole_batch_is_undone_on_an_interrupt(kind: str, store_maker: Any) -> None:
+    clock = HandClock()
+    tables = store_maker(kind, clock=clock).durable_tables()
+    core = Core(tables, clock)
     tasks = seed(core, 2)
     before = states(core)
 
@@ -294,6 +293,7 @@ def test_dict_tables_undo_the_whole_batch_on_an_interrupt() -> None:
     with pytest.raises(KeyboardInterrupt):
         core.run(lambda: [functools.partial(core.fulfill, tasks[0].id, 1), interrupt])
     assert states(core) == before
+    tables.close()
 
 
 # ---------------------------------------------------------------------- DurableStore

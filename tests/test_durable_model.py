@@ -4,7 +4,7 @@ A hypothesis state machine drives four implementations of the promise/task
 protocol with the same calls under one moving wall clock: the reference model in
 ``durable_model.py`` (written from the seed and API.md, not from the code), ``Core``
 over ``SQLiteTables`` on a real SQLite file, ``Core`` over ``PostgresTables`` on a
-PostgreSQL schema (emptied for each example), and ``Core`` over ``DictTables``. Every
+PostgreSQL schema (emptied for each example), and ``Core`` over a `MemoryStore`'s. Every
 answer must agree (records, or the exception's type); after every step the stores'
 raw tables (read without letting time act) must equal the model's state, and
 ``check_invariants()`` must be ``[]`` everywhere.
@@ -32,7 +32,6 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
 
 import trioexec
-from trioexec._store._durable_tables import DictTables
 from trioexec.durable import PromiseCreate, PromiseSettle, PromiseState, Suspend, TaskState
 from trioexec.durable._protocol import Core, promise_record
 
@@ -167,13 +166,15 @@ class DurableAgrees(RuleBasedStateMachine):
         self.tables = self.store.durable_tables()
         self.model = Model(self.clock, RETRY_TIMEOUT)
         self.sqlite = Core(self.tables, self.clock, RETRY_TIMEOUT)
-        self.dict = Core(DictTables(), self.clock, RETRY_TIMEOUT)
+        self.memory_store = trioexec.MemoryStore()
+        self.memory_tables = self.memory_store.durable_tables()
+        self.memory = Core(self.memory_tables, self.clock, RETRY_TIMEOUT)
         self.pg_tables = _POSTGRES[0].durable_tables()
         self.pg_tables.conn.execute(
             "TRUNCATE durable_promises, durable_tasks, durable_callbacks RESTART IDENTITY"
         )
         self.postgres = Core(self.pg_tables, self.clock, RETRY_TIMEOUT)
-        self.cores = (("sqlite", self.sqlite), ("postgres", self.postgres), ("dict", self.dict))
+        self.cores = (("sqlite", self.sqlite), ("postgres", self.postgres), ("memory", self.memory))
 
     def clock(self) -> float:
         return self.now
@@ -183,6 +184,8 @@ class DurableAgrees(RuleBasedStateMachine):
         self.tables.close()
         self.store.close()
         self.pg_tables.close()
+        self.memory_tables.close()
+        self.memory_store.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> tuple[str, Any]:

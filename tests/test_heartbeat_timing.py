@@ -8,6 +8,7 @@ import threading
 
 import trio
 import trio.testing
+from store_rows import select
 
 from trioexec import MemoryStore, SQLiteStore, open_executor
 from trioexec._journal import GATHER_SECONDS
@@ -60,7 +61,7 @@ async def test_a_renewal_does_not_wait_for_the_executors_other_store_calls(mock_
         mock_clock.jump(1.0)  # a renewal is due (at a third of the lease)
     assert store.waited is True
     assert store.beats >= 2
-    assert store._owners == {}  # given up at the end, after the renewals
+    assert select(store, "SELECT * FROM owners") == []  # given up at the end, after the renewals
 
 
 async def _noop() -> None:

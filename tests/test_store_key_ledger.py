@@ -22,6 +22,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 from pg_server import schema_at_version
+from store_rows import select
 
 from trioexec import MemoryStore, PostgresStore, SQLiteStore, StoreError
 from trioexec._store import _pg_schema, _sqlite_schema
@@ -67,35 +68,13 @@ class Clock:
 
 def holds(store: Any) -> dict[tuple[str, str], tuple[int, int]]:
     """Every ``key_holds`` row of ``store``: (key, owner) -> (held, wanted)."""
-    if isinstance(store, MemoryStore):
-        return {
-            (key, owner): (h.held, h.wanted)
-            for key, rows in store._holds.items()
-            for owner, h in rows.items()
-        }
-    sql = "SELECT key, owner, held, wanted FROM key_holds"
-    if isinstance(store, SQLiteStore):
-        with contextlib.closing(sqlite3.connect(store.path)) as conn:
-            rows = conn.execute(sql).fetchall()
-    else:
-        with psycopg.connect(store.url) as conn:
-            rows = conn.execute(sql.replace("key_holds", f"{store.schema}.key_holds")).fetchall()
+    rows = select(store, "SELECT key, owner, held, wanted FROM key_holds")
     return {(key, owner): (held, wanted) for key, owner, held, wanted in rows}
 
 
 def buckets(store: Any) -> dict[str, tuple[float, float, float | None]]:
     """Every ``key_buckets`` row of ``store``: key -> (tokens, stamp, full_at)."""
-    if isinstance(store, MemoryStore):
-        return {key: (*bucket, store._full_at[key]) for key, bucket in store._buckets.items()}
-    sql = "SELECT key, tokens, stamp, full_at FROM key_buckets"
-    if isinstance(store, SQLiteStore):
-        with contextlib.closing(sqlite3.connect(store.path)) as conn:
-            rows = conn.execute(sql).fetchall()
-    else:
-        with psycopg.connect(store.url) as conn:
-            rows = conn.execute(
-                sql.replace("key_buckets", f"{store.schema}.key_buckets")
-            ).fetchall()
+    rows = select(store, "SELECT key, tokens, stamp, full_at FROM key_buckets")
     return {key: (tokens, stamp, full_at) for key, tokens, stamp, full_at in rows}
 
 

@@ -10,7 +10,7 @@ from ._base import RunRecord as RunRecord
 from ._base import RunRecovery as RunRecovery
 from ._base import ScheduleRecord as ScheduleRecord
 from ._base import Store as Store
-from ._memory import MemoryStore as MemoryStore
 from ._open import open_store as open_store
 from ._postgres import PostgresStore as PostgresStore
+from ._sqlite import MemoryStore as MemoryStore
 from ._sqlite import SQLiteStore as SQLiteStore

@@ -47,9 +47,9 @@ BUMP = "<bump>"
 #: What each kind of change does to a live execution's row: the statuses it
 #: applies in (fenced otherwise, as is a version that is not the row's), and
 #: each column it sets: to a constant, or to the change's value (`ARG`, `FIRST`).
-#: The one statement of these rules: the memory store's rows (`apply_change`), the
-#: rows a batch folds before inserting them (`fold_row`) and the SQL stores'
-#: ``UPDATE`` statements (`update_sql`) all derive from it.
+#: The one statement of these rules: the rows a batch folds before inserting them
+#: (`fold_row`), a record's values (`apply_change`) and the SQL stores' ``UPDATE``
+#: statements (`update_sql`) all derive from it.
 #: What ending an execution clears.
 _ENDED = {"sub_status": None, "deferred_since": None, "waiting_on": None, "traceback": None}
 TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
@@ -169,7 +169,7 @@ def _plans(place: Callable[[str], object]) -> dict[object, _Plan]:
 
 
 _BY_INDEX = _plans(ROW_COLUMNS.index)  # (`ExecutionRow` lists)
-_BY_NAME = _plans(lambda column: column)  # (the memory store's dicts)
+_BY_NAME = _plans(lambda column: column)  # (values by column name)
 
 
 def _fold(row: Any, change: Transition, plans: dict[object, _Plan]) -> bool:
@@ -226,7 +226,7 @@ def fold_batch(
     update: Callable[[Transition | RunChange], bool],
 ) -> tuple[list[ExecutionRow], list[str]]:
     """How a SQL store writes a batch: an execution first submitted in it is folded
-    in memory (the same transition rules as `MemoryStore`) and inserted once, final
+    in memory (by the same `TRANSITIONS`) and inserted once, final
     state and all; under load most batches hold submit, start and finish of the
     same short tasks. ``existing``: the ids of the batch's new executions already
     stored (refused); ``update(change)`` writes any other change (a run change, a
@@ -262,13 +262,8 @@ def fold_batch(
     return list(fresh.values()), fenced
 
 
-def new_row(change: ExecutionRow) -> dict[str, object]:
-    """The row a new execution's `ExecutionRow` creates, by column."""
-    return dict(zip(ROW_COLUMNS, change, strict=True))
-
-
 def apply_change(row: dict[str, object] | None, change: Transition) -> bool:
-    """Apply ``change`` to ``row`` in place, as every store must. Returns False
+    """Apply ``change`` to ``row`` (values by column name) in place. Returns False
     (and changes nothing) if it is fenced out."""
     return row is not None and _fold(row, change, _BY_NAME)
 

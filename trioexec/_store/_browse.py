@@ -87,8 +87,7 @@ _SINCE = (
 def _sql_store(store: object) -> tuple[SQLStore, Dialect]:
     if not isinstance(store, SQLStore):
         raise TypeError(
-            f"the dashboard reads a SQLiteStore or a PostgresStore, got {type(store).__name__}"
-            f" {store!r}"
+            f"the dashboard reads a trioexec store, got {type(store).__name__} {store!r}"
         )
     return store, store.dialect
 
@@ -267,7 +266,7 @@ def browse(
     Raises:
       ValueError: an unknown status, sub-status or order, a limit out of range, a
         filter that is not text, or a malformed cursor (naming it).
-      TypeError: a store that is not a `SQLiteStore` or `PostgresStore`.
+      TypeError: not a trioexec store.
       StoreError: naming the store, if it cannot be read.
     """
     sql_store, d = _sql_store(store)
@@ -343,7 +342,7 @@ def activity(
     Raises:
       ValueError: a time that is not a finite number, a bucket <= 0, or more
         than `MAX_BUCKETS` buckets (naming the values).
-      TypeError: a store that is not a `SQLiteStore` or `PostgresStore`.
+      TypeError: not a trioexec store.
     """
     sql_store, d = _sql_store(store)
     since = _seconds("since", since)
@@ -461,7 +460,7 @@ def runs_page(
     Raises:
       ValueError: a limit out of range, a filter that is not text, or a
         malformed cursor (naming it).
-      TypeError: a store that is not a `SQLiteStore` or `PostgresStore`.
+      TypeError: not a trioexec store.
       StoreError: naming the store, if it cannot be read.
     """
     sql_store, d = _sql_store(store)

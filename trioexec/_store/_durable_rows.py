@@ -95,27 +95,6 @@ class BulkTables(Protocol):
     def create_many(self, promises: list[Row], tasks: list[Row]) -> bool: ...
 
 
-def claim_by_search(
-    tables: Tables, target: str, limit: int, pid: str, ttl: float, now: float
-) -> list[tuple[Row, str | None]]:
-    """`Tables.claim` for a backend whose transactions never overlap: the oldest
-    pending tasks of ``target``, each acquired and written back."""
-    claimed = []
-    for row in tables.search_tasks(TaskState.PENDING.value, target, limit, None):
-        row.update(
-            state=TaskState.ACQUIRED.value,
-            version=row["version"] + 1,
-            pid=pid,
-            ttl=ttl,
-            lease_expires_at=now + ttl,
-            timeout_at=None,
-        )
-        tables.put_task(row)
-        promise = tables.promise(row["id"])
-        claimed.append((row, None if promise is None else promise["data"]))
-    return claimed
-
-
 # ---------------------------------------------------------------------- read-only views
 
 #: What the protocol calls while it applies time at the start of an operation

@@ -1,7 +1,8 @@
-"""`SQLiteStore`: executions in a SQLite file (WAL), schema by sqlite-utils migrations.
+"""`SQLiteStore`: executions in a SQLite file (WAL), schema by sqlite-utils migrations;
+`MemoryStore`: the same store on a database in memory.
 
-The SQLite store is `SQLStore` (the queries, shared with PostgreSQL) over this
-module (how a batch of rows goes in, how claims are written), ``_sqlite_file``
+Both are `SQLStore` (the queries, shared with PostgreSQL) over this module (how a
+batch of rows goes in), ``_sqlite_file``
 (the connections, and the one place a ``sqlite3.Error`` becomes a `StoreError`
 naming the file) and ``_sqlite_schema`` (the migrations): the only modules that
 import ``sqlite3`` or ``sqlite_utils``, with the durable tables' SQLite backend.
@@ -26,8 +27,33 @@ from ._sql_store import SQLStore
 from ._sqlite_file import READ_ONLY_BUSY_TIMEOUT, WRITE_BUSY_TIMEOUT, SQLiteFile
 
 
+class _OnSQLite(SQLStore):
+    """What `SQLiteStore` and `MemoryStore` share: the dialect, how a batch of rows
+    goes in, and the durable tables."""
+
+    dialect = SQLITE
+    _db: SQLiteFile
+
+    def _insert_rows(self, conn: sqlite3.Connection, rows: list[ExecutionRow]) -> list[str]:
+        # One statement for all the rows: sqlite3's executemany would let go of the
+        # GIL and wait to get it back for every row, while the Trio thread wants it
+        # (statuses are StrEnums: JSON text). The batch's lock holds the file: no
+        # other writer inserted one of these ids since they were looked up.
+        if _JSON_ARROW:
+            conn.execute(_INSERT_ROWS, (json.dumps(rows),))
+        else:
+            conn.executemany(_INSERT_EACH, rows)
+        return []
+
+    def durable_tables(self) -> SQLiteTables:
+        """The durable tables of this store's database, for `trioexec.durable`, on a
+        connection of their own (read-only if the store is; closed by their
+        ``close``). Their transactions take this store's lock."""
+        return SQLiteTables(self._db.open_connection(), self.path)
+
+
 @final
-class SQLiteStore(SQLStore):
+class SQLiteStore(_OnSQLite):
     """Executions in a SQLite file, shared safely by several processes, and by
     several executors and threads of one process.
 
@@ -69,9 +95,6 @@ class SQLiteStore(SQLStore):
             print(store.executions(sub_status="deferred"))
     """
 
-    dialect = SQLITE
-    _db: SQLiteFile
-
     def __init__(
         self,
         path: str | os.PathLike[str],
@@ -94,25 +117,37 @@ class SQLiteStore(SQLStore):
             raise ValueError(f"busy_timeout must be seconds >= 0, got {busy_timeout!r}")
         self._db = SQLiteFile(self.path, read_only=read_only, busy_timeout=float(busy_timeout))
 
-    def _insert_rows(self, conn: sqlite3.Connection, rows: list[ExecutionRow]) -> list[str]:
-        # One statement for all the rows: sqlite3's executemany would let go of the
-        # GIL and wait to get it back for every row, while the Trio thread wants it
-        # (statuses are StrEnums: JSON text). The batch's lock holds the file: no
-        # other writer inserted one of these ids since they were looked up.
-        if _JSON_ARROW:
-            conn.execute(_INSERT_ROWS, (json.dumps(rows),))
-        else:
-            conn.executemany(_INSERT_EACH, rows)
-        return []
-
-    def durable_tables(self) -> SQLiteTables:
-        """The durable tables of this store's file, for `trioexec.durable`, on a
-        connection of their own (read-only if the store is; closed by their
-        ``close``). Their transactions take this store's lock."""
-        return SQLiteTables(self._db.open_connection(), self.path)
-
     def __repr__(self) -> str:
         return f"<SQLiteStore {self.path!r}>"
+
+
+@final
+class MemoryStore(_OnSQLite):
+    """An in-memory store: for tests, and for executors that only want the
+    recording (sub-status, queries) without a file. It is a `SQLiteStore` on a
+    database in memory, gone when the store is closed: the same answers, nothing
+    on disk.
+
+    Several executors and threads may share one. It writes from the Trio thread:
+    under Trio's autojump clock, threads would stall virtual time.
+
+    Args:
+      clock: the wall clock for persisted times (``trioexec.testing.FakeWallClock``
+        follows Trio's mock clock).
+    """
+
+    inline = True
+    read_only = False
+
+    def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
+        self.path = "memory store"  # what messages name the store by
+        self.clock = clock
+        self._db = SQLiteFile(
+            self.path, read_only=False, busy_timeout=WRITE_BUSY_TIMEOUT, memory=True
+        )
+
+    def __repr__(self) -> str:
+        return "<MemoryStore>"
 
 
 _INSERT_ROWS = (

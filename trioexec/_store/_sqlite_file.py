@@ -5,12 +5,14 @@ where ``sqlite3`` errors become `StoreError`, naming the file."""
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sqlite3
 import stat
 import threading
 import time
 import urllib.parse
+import uuid
 import weakref
 from collections.abc import Callable, Iterator
 from typing import TypeVar, final
@@ -51,6 +53,22 @@ def _uri(path: str, **params: str) -> str:
 _OPEN_RETRY = 0.02
 
 
+_SCHEMA_LOCK = threading.Lock()
+
+
+@functools.cache
+def _schema() -> sqlite3.Connection:
+    """An empty database of the current schema, made once: a database in memory
+    starts as its copy (a backup: far quicker than the migrations)."""
+    import sqlite_utils
+
+    from ._sqlite_schema import migrate
+
+    conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+    migrate(sqlite_utils.Database(conn), "memory store")
+    return conn
+
+
 @final
 class SQLiteFile:
     """The connections a `SQLiteStore` holds to its file, opened (created, checked
@@ -64,12 +82,19 @@ class SQLiteFile:
         yet, or no longer) a trioexec database this trioexec can use.
     """
 
-    def __init__(self, path: str, *, read_only: bool, busy_timeout: float) -> None:
+    def __init__(
+        self, path: str, *, read_only: bool, busy_timeout: float, memory: bool = False
+    ) -> None:
         self.path = path
         self.read_only = read_only
         self.busy_timeout = busy_timeout
-        # Absolute: a later chdir must not point the store at another file.
-        self._file = os.path.abspath(path)
+        # ``memory``: a database in memory (SQLite's memdb), named so that this
+        # file's connections share it, and gone with the last of them. Else
+        # absolute: a later chdir must not point the store at another file.
+        self.memory = memory
+        self._file = (
+            f"file:/trioexec-{uuid.uuid4().hex}?vfs=memdb" if memory else os.path.abspath(path)
+        )
         self._identity: tuple[int, int] | None = None  # (st_dev, st_ino) of the file opened
         self._lock = threading.Lock()  # the write connection, and durable writes
         self._write_conn: _Connection | None = None
@@ -86,12 +111,21 @@ class SQLiteFile:
                 self._open_writer()
 
     def _open_writer(self) -> None:
+        self._write_conn = conn = self._connect(read_only=False)
+        if self.memory:
+            with _SCHEMA_LOCK:  # (one copy at a time from one connection)
+                _schema().backup(conn)
+        else:
+            self._migrate(conn)
+        self._identity = self._stat()
+        self._checkin(self._checkout())  # a reader at once: a file it cannot read fails here
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
         # (sqlite_utils, and the click and pluggy it loads, only once a file is opened)
         import sqlite_utils
 
         from ._sqlite_schema import migrate, schema_version
 
-        self._write_conn = conn = self._connect(read_only=False)
         db = sqlite_utils.Database(conn)
         # Another process may be creating or migrating the file right now. Switching
         # to WAL and migrating need its lock, and SQLite refuses a connection that
@@ -110,8 +144,6 @@ class SQLiteFile:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
                 time.sleep(_OPEN_RETRY)
-        self._identity = self._stat()
-        self._checkin(self._checkout())  # a reader at once: a file it cannot read fails here
 
     def _open_read_only(self) -> None:
         import sqlite_utils
@@ -163,6 +195,7 @@ class SQLiteFile:
         else:
             conn = sqlite3.connect(
                 self._file,
+                uri=self.memory,
                 factory=_Connection,
                 check_same_thread=False,
                 isolation_level=None,
@@ -197,6 +230,8 @@ class SQLiteFile:
             conn.close()
 
     def _stat(self) -> tuple[int, int]:
+        if self.memory:  # (nothing on disk to be replaced)
+            return (0, 0)
         st = os.stat(self._file)
         return (st.st_dev, st.st_ino)
 

@@ -18,7 +18,7 @@ from .._errors import NotFound, StoreError
 from .._records import stored_float, stored_int
 from .._store import MemoryStore, PostgresStore, SQLiteStore
 from .._store._durable_pg import Listener, PostgresTables
-from .._store._durable_rows import Tables, TransactionAborted
+from .._store._durable_rows import TransactionAborted
 from .._store._durable_tables import SQLiteTables
 from .._store._open import open_store
 from .._store._pg_conn import reconnect_delay
@@ -100,25 +100,18 @@ class DurableStore:
         self._written = trio.Event()  # set (and replaced) when it ends
         self._tables: SQLiteTables | PostgresTables | None = None  # closed by close()
         self._tracing: Tracing | None = None  # (`trace_with`)
-        tables: Tables
-        if isinstance(path_or_store, MemoryStore):
-            self.inline = True
-            # Every DurableStore on one MemoryStore sees the same promises and tasks.
-            tables = path_or_store.durable_tables()
-            clock = clock or path_or_store.clock
-        else:
-            store: SQLiteStore | PostgresStore
-            if isinstance(path_or_store, SQLiteStore | PostgresStore):
-                store = path_or_store
-            else:  # (a URL of another kind is refused there, its password masked)
-                store = self._owned = open_store(path_or_store, clock=clock or time.time)
-            self.inline = store.inline
-            try:
-                tables = self._tables = store.durable_tables()
-            except BaseException:
-                self.close()
-                raise
-            clock = clock or store.clock
+        store: SQLiteStore | PostgresStore | MemoryStore
+        if isinstance(path_or_store, SQLiteStore | PostgresStore | MemoryStore):
+            store = path_or_store
+        else:  # (a URL of another kind is refused there, its password masked)
+            store = self._owned = open_store(path_or_store, clock=clock or time.time)
+        self.inline = store.inline
+        try:
+            tables = self._tables = store.durable_tables()
+        except BaseException:
+            self.close()
+            raise
+        clock = clock or store.clock
         self.clock = clock
         self._core = Core(tables, clock, retry_timeout)
         self.promises = Promises(self)
