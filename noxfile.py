@@ -97,7 +97,13 @@ def tests(session: nox.Session) -> None:
         cov = ["--cov", "--cov-report=term-missing:skip-covered"]
         if not session.posargs:
             cov.append("--cov-fail-under=90")
-    session.run("pytest", *cov, *session.posargs)
+    # A file's tests run in one process (``loadfile``: their module-level servers
+    # and fixtures are shared as in a serial run), the files on every core, at
+    # most 4 (more would only load the machine the timing tests run on).
+    # ``-- -n 0`` runs serially.
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    workers = min(4, cores or 1)
+    session.run("pytest", "-n", str(workers), "--dist", "loadfile", *cov, *session.posargs)
 
 
 @nox.session(python=PYTHON)

@@ -120,21 +120,33 @@ def postgres_server(*, durable: bool = False) -> Iterator[str]:
              "-E", "UTF8", "--no-sync", "--no-instructions"],
             "initdb",
         )  # fmt: skip
-        port = _free_port()
-        options = f"-p {port} -k {top} -h 127.0.0.1 -c max_connections=300"
-        if not durable:
-            options += " -F -c synchronous_commit=off -c full_page_writes=off"
-        _run(
-            [os.path.join(bindir, "pg_ctl"), "-D", data, "-o", options,
-             "-l", os.path.join(top, "server.log"), "-w", "-t", "60", "start"],
-            "pg_ctl start",
-        )  # fmt: skip
+        log = os.path.join(top, "server.log")
+        taken = False
+        for tries_left in reversed(range(5)):
+            # (A port free now may be taken before the server binds it: by another
+            # pytest-xdist worker starting its own server. Then take another.)
+            port = _free_port()
+            options = f"-p {port} -k {top} -h 127.0.0.1 -c max_connections=300"
+            if not durable:
+                options += " -F -c synchronous_commit=off -c full_page_writes=off"
+            try:
+                _run(
+                    [os.path.join(bindir, "pg_ctl"), "-D", data, "-o", options,
+                     "-l", log, "-w", "-t", "60", "start"],
+                    "pg_ctl start",
+                )  # fmt: skip
+                break
+            except NoServer:
+                with contextlib.suppress(OSError), open(log, errors="replace") as f:
+                    taken = "could not bind" in f.read()
+                if not (tries_left and taken):
+                    raise
         url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
         _STARTED[url] = (
             os.path.join(bindir, "pg_ctl"),
             data,
             options,
-            os.path.join(top, "server.log"),
+            log,
         )
         try:
             yield url
