@@ -672,68 +672,6 @@ class Filter:
         return self.sub_status is SubStatus.DEFERRED or self.deferred_before is not None
 
 
-class Records:
-    """`Store.executions`, `Store.counts` and `Store.execution`, checked once for
-    every store: each store answers a checked `Filter` (`_select`, `_count`) or a
-    task id that some store may hold (`_lookup`)."""
-
-    clock: Callable[[], float]
-
-    def executions(
-        self,
-        *,
-        status: TaskStatus | str | None = None,
-        sub_status: SubStatus | str | None = None,
-        deferred_longer_than: float | datetime.timedelta | None = None,
-        run_id: str | None = None,
-        key: str | None = None,
-        limit: int | None = None,
-        order: Order = "oldest",
-    ) -> list[ExecutionRecord]:
-        """Executions matching every given filter (``key``: the admission key they
-        were submitted with), in ``order`` (see `Order`), at most ``limit`` of them
-        (None: all). A ``run_id`` or ``key`` no store can hold matches none.
-
-        Raises:
-          ValueError: a bad filter, ``limit`` or ``order``, named.
-          StoreError: naming the store and the task id, for a row this trioexec
-            cannot read (an unknown status, say).
-        """
-        check_query(limit, order)
-        found = Filter.of(self.clock, status, sub_status, deferred_longer_than, run_id, key)
-        return [] if found is None else self._select(found, limit, order)
-
-    def counts(
-        self,
-        *,
-        sub_status: SubStatus | str | None = None,
-        deferred_longer_than: float | datetime.timedelta | None = None,
-        run_id: str | None = None,
-        key: str | None = None,
-    ) -> dict[TaskStatus, int]:
-        """How many executions match the filters, per status (every status
-        present, zeros included)."""
-        counts = dict.fromkeys(TaskStatus, 0)
-        found = Filter.of(self.clock, None, sub_status, deferred_longer_than, run_id, key)
-        if found is not None:
-            self._count(found, counts)
-        return counts
-
-    def execution(self, task_id: str) -> ExecutionRecord | None:
-        """One execution, or None (an id no store can hold, a NUL or a lone
-        surrogate, is None too)."""
-        return self._lookup(task_id) if matches_some(task_id=task_id) else None
-
-    def _select(self, found: Filter, limit: int | None, order: Order) -> list[ExecutionRecord]:
-        raise NotImplementedError
-
-    def _count(self, found: Filter, counts: dict[TaskStatus, int]) -> None:
-        raise NotImplementedError
-
-    def _lookup(self, task_id: str) -> ExecutionRecord | None:
-        raise NotImplementedError
-
-
 def abandoned_error(attempts: int) -> str:
     return f"abandoned after {attempts} recovery attempts (owner lease expired each time)"
 

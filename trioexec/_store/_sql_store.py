@@ -15,6 +15,7 @@ first statement's snapshot, where that owner's lease may not exist yet.
 from __future__ import annotations
 
 import contextlib
+import datetime
 import functools
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar
@@ -23,7 +24,7 @@ import attrs
 
 from .._changes import Change, ExecutionRow, RunChange, RunCreated, StepRecorded, Transition
 from .._errors import StoreError
-from .._records import ExecutionRecord, TaskStatus
+from .._records import ExecutionRecord, SubStatus, TaskStatus
 from ._base import (
     ORPHANED,
     RUN_ORPHANED,
@@ -33,13 +34,13 @@ from ._base import (
     Filter,
     Order,
     Pause,
-    Records,
     Recovery,
     Requeued,
     RunRecord,
     RunRecovery,
     ScheduleRecord,
     abandoned_error,
+    check_query,
     fold_batch,
     graph_of,
     matches_some,
@@ -48,8 +49,9 @@ from ._base import (
 )
 from ._control import (
     COMMAND_COLUMNS,
-    Asked,
-    Commands,
+    check_command,
+    check_commands_query,
+    check_requeue,
     command_of,
     sorted_pauses,
     sql_command,
@@ -102,7 +104,7 @@ def _value(v: object) -> object:
     return getattr(v, "value", v)
 
 
-class SQLStore(Records, Commands):
+class SQLStore:
     """The `Store` operations of a SQL database, one body for `SQLiteStore` and
     `PostgresStore`."""
 
@@ -526,15 +528,28 @@ class SQLStore(Records, Commands):
     # ------------------------------------------------------------------ commands
 
     @_retried
-    def _command(self, asked: Asked) -> Command:
+    def command(
+        self,
+        kind: str,
+        *,
+        name: str | None = None,
+        key: str | None = None,
+        task_id: str | None = None,
+        who: str,
+        at: float | None = None,
+    ) -> Command:
+        """See `Store.command`: one write transaction (a bad argument is refused
+        before its lock is waited for)."""
+        asked = check_command(kind, name, key, task_id, who, at)
         d = self.dialect
         with self._commanding("record a command") as conn:
             now = self.clock()  # (its turn taken: commands see the clock in order)
             return sql_command(conn, d.mark, self.path, now, asked, lock=d.lock_row)
 
     @_retried
-    def _commands_after(self, after: int, limit: int | None) -> list[Command]:
-        """A range of the primary key (never waits for a write)."""
+    def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
+        """See `Store.commands`: a range of the primary key (never waits for a write)."""
+        check_commands_query(after, limit)
         m = self.dialect.mark
         sql = f"SELECT {COMMAND_COLUMNS} FROM commands WHERE seq > {m} ORDER BY seq"
         params: list[object] = [after]
@@ -559,9 +574,16 @@ class SQLStore(Records, Commands):
         return sorted_pauses([Pause(kind=k, value=v, who=w, at=a) for k, v, w, a in rows])
 
     @_retried
-    def _requeue(
-        self, asked: list[str] | None, name: str | None, since: float | None, who: str
+    def requeue(
+        self,
+        task_ids: Sequence[str] | None = None,
+        *,
+        name: str | None = None,
+        since: float | None = None,
+        who: str,
     ) -> Requeued:
+        """See `Store.requeue`: one write transaction."""
+        asked, name, since = check_requeue(task_ids, name, since, who)
         d = self.dialect
         with self._commanding("requeue") as conn:
             now = self.clock()
@@ -587,8 +609,23 @@ class SQLStore(Records, Commands):
     # ------------------------------------------------------------------ reads
 
     @_retried
-    def _select(self, found: Filter, limit: int | None, order: Order) -> list[ExecutionRecord]:
-        """Sorted and cut in SQL, on an index where the filters allow."""
+    def executions(
+        self,
+        *,
+        status: TaskStatus | str | None = None,
+        sub_status: SubStatus | str | None = None,
+        deferred_longer_than: float | datetime.timedelta | None = None,
+        run_id: str | None = None,
+        key: str | None = None,
+        limit: int | None = None,
+        order: Order = "oldest",
+    ) -> list[ExecutionRecord]:
+        """See `Store.executions`: sorted and cut in SQL, on an index where the
+        filters allow."""
+        check_query(limit, order)
+        found = Filter.of(self.clock, status, sub_status, deferred_longer_than, run_id, key)
+        if found is None:
+            return []
         d = self.dialect
         where, params = filter_clause(d.mark, found)
         seq = f"e.{d.seq}"
@@ -609,8 +646,20 @@ class SQLStore(Records, Commands):
         return [record_of(row, self.path) for row in rows]
 
     @_retried
-    def _count(self, found: Filter, counts: dict[TaskStatus, int]) -> None:
-        """One ``GROUP BY`` on the status index, no rows loaded."""
+    def counts(
+        self,
+        *,
+        sub_status: SubStatus | str | None = None,
+        deferred_longer_than: float | datetime.timedelta | None = None,
+        run_id: str | None = None,
+        key: str | None = None,
+    ) -> dict[TaskStatus, int]:
+        """How many executions match the filters, per status (every status
+        present, zeros included): one ``GROUP BY`` on the status index."""
+        counts = dict.fromkeys(TaskStatus, 0)
+        found = Filter.of(self.clock, None, sub_status, deferred_longer_than, run_id, key)
+        if found is None:
+            return counts
         m = self.dialect.mark
         where, params = filter_clause(m, found)
         sql = f"SELECT e.status, count(*) FROM executions e{where} GROUP BY e.status"
@@ -626,10 +675,14 @@ class SQLStore(Records, Commands):
                         f"{self.path}: execution {bad[0]!r} has an unreadable row"
                         f" (status {value!r})"
                     ) from None
+        return counts
 
     @_retried
-    def _lookup(self, task_id: str) -> ExecutionRecord | None:
-        """A primary-key read on a read connection: never waits behind a write."""
+    def execution(self, task_id: str) -> ExecutionRecord | None:
+        """See `Store.execution`: a primary-key read on a read connection (never
+        waits behind a write)."""
+        if not matches_some(task_id=task_id):
+            return None
         with self._db.reading("query execution") as conn:
             row = conn.execute(
                 f"{SELECT_RECORDS} WHERE e.task_id = {self.dialect.mark}", (task_id,)
