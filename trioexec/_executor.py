@@ -1,10 +1,9 @@
 """`open_executor`, and `Executor`: the object it yields.
 
 `Executor` is a facade: its public methods check their arguments and delegate
-to the executor's parts, which `ExecutorCore` wires together (see `trioexec._core`);
-workflow runs are kept by `WorkflowRuns` (`trioexec._coordinator`), built on
-those parts. `open_executor` runs the parts' tasks in two nurseries, and takes
-the block's errors down to the one that ended it.
+to the parts `ExecutorCore` wires together (`trioexec._core`); workflow runs are
+kept by `WorkflowRuns` (`trioexec._coordinator`). `open_executor` runs the parts'
+tasks in two nurseries, and takes the block's errors down to the one that ended it.
 """
 
 from __future__ import annotations
@@ -44,9 +43,8 @@ __all__ = ["Executor", "ExecutorConfig", "open_executor", "split_tasks"]
 
 
 class ExecutorOptions(TypedDict, total=False):
-    """The options of `open_executor` and of `DeterministicExecutor` (both take
-    exactly these, keyword-only: this is their one list). `Setup.read` reads them;
-    `ExecutorConfig` holds the defaults of those it checks."""
+    """The options of `open_executor` and `DeterministicExecutor`, keyword-only (their
+    one list), read by `Setup.read`; `ExecutorConfig` checks most and holds their defaults."""
 
     max_concurrent_tasks: int
     queue_capacity: int
@@ -98,8 +96,7 @@ class Setup:
 
 
 class Facade:
-    """What `Executor` and `DeterministicExecutor` both offer, written once: each
-    delegates to the `ExecutorCore` it holds."""
+    """What `Executor` and `DeterministicExecutor` share, delegated to their `ExecutorCore`."""
 
     _core: ExecutorCore
 
@@ -172,8 +169,7 @@ class Facade:
 
     @property
     def metrics(self) -> ExecutorMetrics:
-        """The same snapshot as `statistics`, as a property (an alias, as API.md §3
-        names both)."""
+        """The snapshot `statistics` returns, as a property (API.md §3 names both)."""
         return self.statistics()
 
     @property
@@ -263,11 +259,9 @@ class Executor(Facade):
         """Submit ``fn(*args)`` and return its `TaskRef` once it is accepted.
 
         A checkpoint. Under ``Overflow.BLOCK`` waits for space when the executor is
-        at capacity; if cancelled while waiting, nothing was submitted.
-
-        With a store, the store's backlog counts too: while the writer is more than
-        ``JOURNAL_LIMIT`` changes behind, ``BLOCK`` waits and every other policy
-        refuses (reason ``store_backlog``).
+        at capacity, or (with a store) while its writer is more than ``JOURNAL_LIMIT``
+        changes behind, which every other policy refuses (reason ``store_backlog``);
+        if cancelled while waiting, nothing was submitted.
 
         ``key`` puts the task under that key's `KeyLimit` (``key_limits``);
         ``priority`` (an int, higher first) orders it among the tasks that may
@@ -502,9 +496,8 @@ class Executor(Facade):
         (their thread is then abandoned when cancelled) if the grace must bound it.
 
         Called from one of this executor's own tasks, it begins the shutdown and
-        returns at once (a task cannot wait for itself to end); the grace still holds.
-
-        If the caller is cancelled while waiting, the shutdown goes on without it.
+        returns at once (a task cannot wait for itself to end); the grace still
+        holds. If the caller is cancelled while waiting, the shutdown goes on.
 
         Example::
 
@@ -525,7 +518,6 @@ class Executor(Facade):
         if self._schedules is not None:
             self._schedules.close()  # (no occurrence is submitted from now on)
         if core.shutdown.called_by_own_task():
-            # Called by one of our own tasks: it cannot wait for itself to end.
             await trio.lowlevel.checkpoint()
             return
         await core.waits.wait_for_idle()
@@ -577,11 +569,10 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
     and waits for it, for at most ``shutdown_grace`` seconds (None: no limit)
     before what is left is cancelled (see `Executor.shutdown`: the thread of a
     sync task without a ``timeout=`` is waited for even then); if the block
-    raises, outstanding work is cancelled. No task
-    outlives the block (the one exception: the thread of a sync task abandoned at
-    its ``timeout`` runs on until its function returns, without a slot). Errors
-    from the body propagate unwrapped (never inside an ExceptionGroup); a store
-    failure ends the block as one `StoreError` naming the store.
+    raises, outstanding work is cancelled. No task outlives the block, but for the
+    thread of a sync task abandoned at its ``timeout``: it runs on, without a slot,
+    until its function returns. Errors from the body propagate unwrapped (never
+    inside an ExceptionGroup); a store failure ends it as one `StoreError` naming the store.
 
     Failures are captured, not raised: a task's error is in its completion. So
     that none goes unseen, the executor says on stderr as it closes how many
@@ -650,9 +641,8 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
     body_error: list[BaseException] = []  # what the body raised, if anything
     core: ExecutorCore | None = None
     try:
-        # Two nurseries: the workers in the inner one, the store's writer and the
-        # heartbeat in the outer one, so the last completions are written after
-        # the last worker has finished, whatever ended the block.
+        # Two nurseries: the workers in the inner one, the writer and the heartbeat
+        # in the outer, so the last completions are written after the last worker ends.
         async with trio.open_nursery() as infra:
             ex = Executor(setup)
             core = ex._core
@@ -704,8 +694,7 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
 
 
 def _interrupted(exc: BaseException) -> str:
-    """Why the tasks cancelled because the executor's block ended with ``exc``
-    were cancelled, as their store rows say."""
+    """The cancel reason stored for the tasks ended because the block raised ``exc``."""
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted (KeyboardInterrupt: Ctrl-C)"
     if isinstance(exc, trio.Cancelled):

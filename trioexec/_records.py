@@ -11,9 +11,8 @@ import attrs
 from ._errors import TaskCancelled, TaskRejected
 
 if TYPE_CHECKING:
-    # PEP 696 defaults (typing has them from 3.13): a bare `TaskCompletion` is
-    # `TaskCompletion[Any]`, as it was before it was generic. Type checkers only:
-    # at run time the parameters are plain TypeVars (no dependency, no cost).
+    # PEP 696 defaults (typing has them from 3.13), for type checkers only: a bare
+    # `TaskCompletion` is `TaskCompletion[Any]`. At run time, plain TypeVars.
     from typing_extensions import TypeVar
 
     T_co = TypeVar("T_co", covariant=True, default=Any)
@@ -61,9 +60,8 @@ def storable(value: str) -> bool:
 
 def matchable(what: str, value: object) -> bool:
     """A text a store's lookup is asked for (`Store.execution`'s task id, a filter
-    of `Store.executions`): False if no store can hold it (a NUL, a lone
-    surrogate), so nothing stored matches it. The one rule of every store's
-    lookups. Raises TypeError naming a value that is not a str."""
+    of `Store.executions`): False if no store can hold it, so nothing stored
+    matches it. Raises TypeError naming a value that is not a str."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__} {value!r}")
     return storable(value)
@@ -125,13 +123,11 @@ def stored_int(what: str, value: object, *, minimum: int = INT64_MIN) -> int:
 
 
 def stored_float(what: str, value: object) -> float:
-    """``value`` (an int or a float, not a bool) as the float a store keeps
-    (REAL, double precision): the one conversion of every number of seconds or
-    time that reaches a store (``since=``, ``timeout``, ``ttl``...), before the
-    caller checks its range (NaN and infinities are floats: the caller's range
-    refuses them where they mean nothing). An int no float can hold
-    (``10**400``) raises ValueError naming ``what`` and the value, as a
-    non-number does."""
+    """``value`` (an int or a float, not a bool) as the float a store keeps: the
+    one conversion of every number of seconds that reaches a store (``since=``,
+    ``timeout``, ``ttl``...). NaN and infinities pass (the caller's range check
+    refuses them). Raises ValueError naming ``what`` and the value for a
+    non-number or an int no float holds (``10**400``)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{what} must be a number of seconds, got {_number(value)}")
     try:
@@ -209,8 +205,7 @@ class TaskCompletion(Generic[T_co]):
     ``TaskRef[T]``, whose ``wait()`` returns one); `unwrap` returns that value or
     raises the task's error.
 
-    ``error`` is the exception object (or None); ``result`` the return value
-    (None unless ``ok``).
+    ``error`` is the exception object (or None).
     ``submitted_at``/``started_at``/``finished_at`` are wall-clock Unix seconds
     (``started_at`` is None if the task never started); ``deferred_seconds`` is
     measured on Trio's clock.
@@ -262,17 +257,16 @@ class ExecutionRecord:
 
     Times are wall-clock Unix seconds from the store's clock. ``sub_status`` is set
     only while ``status`` is RUNNING. ``lease_expires_at`` is the owner's lease
-    (one lease per executor, renewed by its heartbeat). ``key`` and ``priority``
-    are the submission's admission key (None: no key) and priority, as submitted.
-    ``waiting_on`` is why a live execution is not running, as its executor last
-    journaled it (`TaskRef.waiting_on`: ``"slot"``, ``"key concurrency <key>"``,
+    (one per executor, renewed by its heartbeat). ``key`` and ``priority`` are
+    the submission's admission key (None: no key) and priority. ``waiting_on`` is
+    why a live execution is not running, as its executor last journaled it
+    (`TaskRef.waiting_on`: ``"slot"``, ``"key concurrency <key>"``,
     ``"rate limit <key>"``, ``"paused"``, ``"retry backoff"``, ``"event"``,
-    ``"condition <name>"``, ``"promise <id>"``); None while it runs, once it
-    ended, and for rows written before the stores recorded it. ``traceback`` is
-    the formatted traceback of the exception that ended a FAILED or TIMED_OUT
-    execution (None otherwise, and for rows written before the stores recorded
-    it); a requeued execution keeps its last error and traceback until its next
-    attempt ends.
+    ``"condition <name>"``, ``"promise <id>"``); None while it runs or once it
+    ended. ``traceback`` is the formatted traceback of the error that ended a
+    FAILED or TIMED_OUT execution; a requeued execution keeps its last error and
+    traceback until its next attempt ends. Rows written before the stores
+    recorded them have neither.
     """
 
     task_id: str
