@@ -11,12 +11,11 @@
   `Tally`), the change it journals, the events and observers it tells.
 - `_closing`: what a shutdown policy cancels and still admits (`Closing`).
 
-Its methods are synchronous. They read the clock they are given and tell what
-they were given (a `Listener`, the journal, the event stream: typed here by
-what is asked of them) what the shell is to carry out: wake a worker, journal
-a change, tell the store of a shared key, set a timer, wake who waits; and
-they set the wake a waiting task's shell handed them. The shell
-(`trioexec._core` and the parts it makes, `trioexec._waits`) runs the Trio
+Its methods are synchronous. They read the clock they are given, and tell the
+parts they were given (a `Listener`, the journal, the event stream: typed here
+by what is asked of them) what the shell is to carry out: wake a worker,
+journal a change, tell the store of a shared key, set a timer, wake who waits.
+The shell (`trioexec._core` and its parts, `trioexec._waits`) runs the Trio
 tasks that do it. The rules of an execution's row are the transition table
 (`trioexec._store._base.TRANSITIONS`).
 

@@ -6,10 +6,9 @@ A key's limit bounds its tasks that hold a slot (``concurrency``) and its starts
 queue that decides who starts (`Pending`) keeps each key's held-back tasks in a
 line of their own, so a key at its limit never delays another key's tasks.
 
-Part of the machine (`trioexec._machine`): no Trio here. The arithmetic is pure
-(`KeyState.room`, `KeyState.refill`, `KeyState.ready_at`): it takes ``now`` on the
-executor's clock and returns numbers; `KeyTimers` only orders when keys are due
-(the shell's timer task sleeps until then).
+The arithmetic is pure (`KeyState.room`, `KeyState.refill`, `KeyState.ready_at`):
+it takes ``now`` on the executor's clock and returns numbers; `KeyTimers` only
+orders when keys are due (the shell's timer task sleeps until then).
 """
 
 from __future__ import annotations

@@ -7,11 +7,9 @@ the `Journal` records it once (with a store) and the waiters of a finished task
 are woken once its completion is durable. Cancelling, and losing a task to
 another owner (a lease lost, a write fenced out), are transitions too.
 
-Part of the machine (`trioexec._machine`): no Trio here, and no store. The
-journal, the gate and the workflow runs it tells are the shell's (typed here by
-what it asks of them); what waits for a task to end, or for the executor to
-be idle, waits in the shell (`trioexec._waits.LifecycleWaits`), which it tells
-through its `Listener`.
+The journal, the gate and the workflow runs it tells are the shell's (typed
+here by what it asks of them); who waits for a task to end or for idle waits in
+the shell (`trioexec._waits.LifecycleWaits`), told through its `Listener`.
 """
 
 from __future__ import annotations
@@ -216,9 +214,8 @@ class Lifecycle:
         self.finish(oldest, TaskStatus.DROPPED)
 
     def log_submit(self, job: Job, row: ExecutionRow) -> None:
-        """Journal a new execution as an `ExecutionRow` (`Journal.new_row`), into which
-        its next changes are folded while the journal has not taken it
-        (`Journal.fold`)."""
+        """Journal a new execution's `ExecutionRow`; its next changes are folded into
+        it while the journal has not taken it (`Journal.fold`)."""
         journal = self.journal
         assert journal is not None
         if job.key is not None or job.paused:  # (held back by its key or a pause)
