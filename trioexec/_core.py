@@ -125,7 +125,6 @@ class ExecutorConfig:
         factory=dict, converter=key_limits_for, hash=False
     )
     priority_aging: float | None = attrs.field(default=60.0, validator=_seconds)
-    # How long a shutdown drains before it cancels what is left (None: no limit).
     shutdown_grace: float | None = attrs.field(default=None, validator=_grace)
 
     @property
@@ -523,8 +522,7 @@ class ExecutorCore:
         self.waits.space_freed()
 
     def idle(self) -> None:
-        """Nothing is outstanding, and someone waits for that (the lifecycle's
-        `Listener`)."""
+        """Nothing is outstanding and someone waits (the lifecycle's `Listener`)."""
         self.waits.idle()
 
     def _written(self, notify: list[Any], fenced: list[str]) -> None:

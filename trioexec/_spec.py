@@ -54,8 +54,7 @@ def _annotation_is_handle(annotation: Any) -> bool:
     if annotation is inspect.Parameter.empty:
         return False
     if isinstance(annotation, str):
-        # `from __future__ import annotations`: match the name, qualified or not,
-        # optionally wrapped in quotes or Optional-style unions are out of scope.
+        # A string annotation: the name, qualified or not, maybe quoted (no unions).
         name = annotation.strip().strip("'\"")
         return name == "TaskHandle" or name.endswith(".TaskHandle")
     return annotation is TaskHandle
@@ -216,13 +215,9 @@ def check_priority(priority: object) -> int:
 
 
 def spec_key(spec: TaskSpec, args: tuple[Any, ...]) -> str:
-    """The key of a task of ``spec`` called with ``args`` (its ``key``, or what
-    its key function returns for them).
-
-    Raises:
-      ValueError: the key function raised, or returned something that is not a
-        usable key (naming the spec and the value).
-    """
+    """The key of a task of ``spec`` called with ``args``: its ``key``, or what its
+    key function returns for them. Raises ValueError naming the spec if the
+    function raised or returned something that is not a str."""
     key = spec.key
     if callable(key):
         try:
@@ -411,12 +406,8 @@ def task(
 
 
 def collect_specs(items: Iterable[object]) -> dict[str, TaskSpec]:
-    """Index the specs a caller hands over (the executor's ``tasks=``) by id.
-
-    Raises:
-      TaskDefinitionError: for a duplicate id (naming it) or an item that is not
-        a `TaskSpec`.
-    """
+    """Index the specs of ``tasks=`` by id. Raises TaskDefinitionError for a
+    duplicate id (naming it) or an item that is not a `TaskSpec`."""
     specs: dict[str, TaskSpec] = {}
     for item in items:
         if not isinstance(item, TaskSpec):

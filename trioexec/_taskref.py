@@ -1,11 +1,9 @@
 """`Job`, the per-task record the executor's parts share, and `TaskRef`, the
 view of it a submitter holds.
 
-A `Job` is what the parts pass around: admission queues it, a worker runs it,
-the lifecycle finishes it, the journal records it. Its fields are the facts of
-one execution (status, attempts, result, the running attempt's scope and
-deadline, whether its completion is durable yet). `TaskRef` is the public face
-of one: read-only status and the completion, ``wait()`` and ``cancel()``.
+Admission queues a `Job`, a worker runs it, the lifecycle finishes it, the
+journal records it; its fields are the facts of one execution. `TaskRef` is its
+public face: read-only status and the completion, ``wait()`` and ``cancel()``.
 """
 
 from __future__ import annotations
@@ -267,7 +265,6 @@ class TaskRef(Generic[T_co]):
             else:
                 await trio.lowlevel.checkpoint()
             if owner.failure is not None and (not job.ended or job.pending_ack):
-                # The store failed before this completion was durable.
                 raise owner.failure_error()
         else:
             await trio.lowlevel.checkpoint()

@@ -132,8 +132,7 @@ class Workflow:
         self._children = {sid: tuple(c) for sid, c in children.items()}
         self._dependency_counts = {sid: len(steps[sid].dependencies) for sid in self._order}
         self._roots = tuple(sid for sid in self._order if not steps[sid].dependencies)
-        # The specs runs submit (`run_spec`): each step's function wrapped by the
-        # coordinator to take and give JSON text, made once per step.
+        # `run_spec`'s cache: each step's spec as the coordinator wraps it.
         self._run_specs: dict[str, TaskSpec] = {}
 
     @property
@@ -186,10 +185,9 @@ class Workflow:
 def _topological_order(name: str, steps: Mapping[str, TaskSpec]) -> tuple[str, ...]:
     """The run order (dependencies first, ties broken by the order the steps were
     given in), or a `WorkflowError` showing the first cycle found."""
-    # graphlib reports a cycle as a path along its edges, found depth-first from
-    # the nodes in the order they were added. With an edge from each step to its
-    # dependencies, the path reads "a needs b needs c needs a", and the walk starts
-    # from the steps in the order given.
+    # graphlib reports a cycle as a path found depth-first from the nodes in the
+    # order they were added: with an edge from each step to its dependencies, it
+    # reads "a needs b needs c needs a", from the steps in the order given.
     needs: graphlib.TopologicalSorter[str] = graphlib.TopologicalSorter()
     for sid in steps:
         needs.add(sid)
@@ -296,9 +294,8 @@ def context_json(context: Context) -> str:
         raise
 
 
-# The default decoder's scanner: what `json.loads` ends up calling, without the
-# layers around it (which cost twice the scan of a small context).
-# (An attribute every JSONDecoder has since Python 2.6; typeshed leaves it out.)
+# The default decoder's scanner, without the layers of `json.loads` around it
+# (they cost twice the scan of a small context; typeshed leaves it out).
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
