@@ -76,9 +76,6 @@ class DeterministicExecutor(Facade):
         core = self._core
         completions: list[TaskCompletion[Any]] = []
         body_error: list[BaseException] = []
-        # The background tasks `open_executor` runs beside its workers (a key's
-        # refill timer: a retry waits in the caller's task for its next token) run
-        # in a nursery of this call's, from the same place (`Workers.start`).
         async with one_level(body_error), trio.open_nursery() as nursery:
             core.workers.start(nursery, inline=True)
             try:
