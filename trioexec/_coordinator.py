@@ -301,8 +301,7 @@ class WorkflowRun:
             # this cycle a finished run is freed at once, not by the cyclic GC.
             job.on_done = None
             if job.status is TaskStatus.COMPLETED:
-                # `wrap_step`'s function returned the step function's value and the
-                # output; the completion (made here, first) gets the value.
+                # (`wrap_step`'s function returned (value, output): the completion gets the value)
                 assert job.completion is None
                 job.result, self._outputs[sid] = job.result
                 self._completions[sid] = job.make_completion()
@@ -518,7 +517,6 @@ class WorkflowRuns:
 
     @property
     def open(self) -> int:
-        """Runs not finished."""
         return len(self.active)
 
     async def start(

@@ -1,17 +1,13 @@
 """`ExecutorCore`: the parts of one executor, wired together, and the submission path
 that runs through them.
 
-Both facades (`Executor`, `DeterministicExecutor`) hold one. The parts, each
-owning its state:
-
-- `Tally` (counters and gauges), `Pending` (the queue), `EventStream`;
-- `Gate` (admission), `Lifecycle` (each transition of a task), `Workers` (the
-  one place that runs a job), `Shutdown` (the three policies);
-- with a store, `Journal` (what is written and when) and `Recovery` (the lease,
-  orphan recovery).
-
-A submission is checked and made into a `Job` here (`new_job`), decided on by
-the gate, and accepted by the lifecycle, which hands it to the workers.
+Both facades (`Executor`, `DeterministicExecutor`) hold one. Each part owns its
+state: `Tally`, `Pending` (the queue), `EventStream`, `Gate` (admission),
+`Lifecycle` (each transition of a task), `Workers` (the one place that runs a
+job), `Shutdown`, and with a store `Journal` (what is written, when) and
+`Recovery` (the lease, orphan recovery). A submission is made into a `Job` here
+(`new_job`), decided on by the gate, and accepted by the lifecycle, which hands
+it to the workers.
 """
 
 from __future__ import annotations
@@ -175,9 +171,8 @@ class ExecutorCore:
         self.events = EventStream(config.event_capacity)
         # With a store, limited keys are shared with every executor on it.
         shared = share_keys and store is not None and bool(config.key_limits)
-        # Each part is made after the parts it calls, and told of them as it is
-        # made. What the queue and the journal decide reaches later parts through
-        # this core (`ready`, `waiting`, `want`, `parked`, `_written`).
+        # Each part is made after the parts it calls; what the queue and the journal
+        # decide reaches later parts through this core (its Listener methods).
         self.pending = pending = Pending(
             trio.current_time,
             config.key_limits,
@@ -494,39 +489,31 @@ class ExecutorCore:
     def statistics(self) -> ExecutorMetrics:
         return self.tally.snapshot(self.events.dropped)
 
-    # ------------------------------------------------------------ what the queue and journal tell
+    # ------------------------------------------------------------ the parts' Listeners, on_written
 
     def ready(self) -> None:
-        """A task a key or a pause held back may start now (`Listener.ready`)."""
         self.workers.work_arrived()
 
     def waiting(self, job: Job) -> None:
-        """What ``job`` waits on changed (`Listener.waiting`): with a store, journaled."""
         journal_waiting(self.lifecycle, job)
 
     def want(self, state: KeyState) -> None:
-        """A shared key changed (`Listener.want`): the key broker settles it."""
         if self.keyshare is not None:
             self.keyshare.want(state)
 
     def parked(self, job: Job) -> None:
-        """A pause parked ``job`` (`Listener.parked`): a shutdown cancels it."""
         self.shutdown.parked(job)
 
     def timer(self, at: float) -> None:
-        """A key is due sooner (`Listener.timer`): the key timer wakes then."""
         self.key_timer.due_at(at)
 
     def space_freed(self) -> None:
-        """A task ended while recovery waits for room (the lifecycle's `Listener`)."""
         self.waits.space_freed()
 
     def idle(self) -> None:
-        """Nothing is outstanding and someone waits (the lifecycle's `Listener`)."""
         self.waits.idle()
 
     def _written(self, notify: list[Any], fenced: list[str]) -> None:
-        """A batch is durable (the journal's ``on_written``)."""
         self.lifecycle.written(notify, fenced)
 
     # ------------------------------------------------------------ the store's services

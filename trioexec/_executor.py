@@ -588,44 +588,35 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
     them from ``tasks``. See `Executor.flush` for what waits for durability.
 
     Args:
-      max_concurrent_tasks: the slots: how many tasks hold one at once (>= 1;
-        default 4).
+      max_concurrent_tasks: how many tasks hold a slot at once (>= 1; default 4).
       queue_capacity: how many accepted tasks may wait beyond the slots (>= 0;
-        default 1024). Admission is bounded by ``max_concurrent_tasks +
-        queue_capacity``, counted over pending, active and deferred tasks.
-      overflow: what a submission does when that bound is reached (`Overflow`;
-        default ``BLOCK``).
-      shutdown_policy: how leaving the block ends the work (`ShutdownPolicy`;
-        default ``DRAIN``).
-      thread_workers: how many plain ``def`` tasks run in threads at once
-        (None, the default: ``max_concurrent_tasks``).
+        default 1024); admission is bounded by ``max_concurrent_tasks +
+        queue_capacity`` over pending, active and deferred tasks.
+      overflow: what a submission does at that bound (`Overflow`; default ``BLOCK``).
+      shutdown_policy: how leaving the block ends the work (`ShutdownPolicy`; default ``DRAIN``).
+      thread_workers: how many plain ``def`` tasks run in threads at once (default
+        None: ``max_concurrent_tasks``).
       store: where every execution is recorded (`SQLiteStore`, `PostgresStore`,
-        `MemoryStore`); None (the default): nothing is recorded. The caller
-        closes it.
+        `MemoryStore`; default None: nowhere). The caller closes it.
       event_capacity: how many unread `HealthEvent` values ``ex.events`` keeps;
         past it the oldest are dropped and counted (default 1024).
       task_budget: the cooperative budget, in seconds of active (slot-holding)
-        time, of a task submitted without a ``budget`` of its own (neither on
-        `Executor.submit` nor on its `TaskSpec`); None (the default): no budget.
-        A task over its budget is not interrupted: its completion says
-        ``budget_exceeded=True`` and ``timeout_budget_exceeded_count`` counts it.
+        time, of a task with no ``budget`` of its own (on `Executor.submit` or its
+        `TaskSpec`; default None: none). A task over it is not interrupted: its
+        completion says ``budget_exceeded=True``; ``timeout_budget_exceeded_count`` counts it.
       tasks: the `TaskSpec` values and `Workflow` objects that recovery and
         ``trioexec retry`` may re-create executions from, by id (default none).
-      recover: with a store, re-run the executions whose owner's lease expired
-        (default False).
-      lease: seconds of the executor's lease on its executions (with a store;
-        default 30).
+      recover: re-run the executions whose owner's lease expired (default False).
+      lease: seconds of the executor's lease on its executions (default 30).
       max_recovery_attempts: how many times one execution may be recovered
         before it is failed as ``abandoned`` (default 3).
       key_limits: one `KeyLimit` for every admission key, or a mapping from key
-        to `KeyLimit` (``"*"``: every key not listed); None (the default): keys
-        are not limited.
+        to `KeyLimit` (``"*"``: every key not listed); default None: no limits.
       priority_aging: a pending task's priority rises by 1 for every that many
-        seconds it has waited (default 60); None: no aging.
+        seconds it has waited (default 60; None: no aging).
       shutdown_grace: how long a shutdown may drain before what is left is
-        cancelled; None (the default): no limit.
-      report_unread_failures: say which failures nobody read, as above (default
-        True).
+        cancelled (default None: no limit).
+      report_unread_failures: say which failures nobody read (default True).
 
     Example::
 

@@ -200,10 +200,8 @@ class SubStatus(enum.StrEnum):
 class TaskCompletion(Generic[T_co]):
     """How one execution ended. Exactly one exists per accepted submission.
 
-    Generic in the task's value: ``TaskCompletion[T]`` for a task that returns a
-    ``T`` (``ex.submit(fn, ...)`` of ``async def fn(...) -> T`` gives a
-    ``TaskRef[T]``, whose ``wait()`` returns one); `unwrap` returns that value or
-    raises the task's error.
+    Generic in the task's value: a ``TaskRef[T]``'s ``wait()`` returns a
+    ``TaskCompletion[T]``, whose `unwrap` returns that ``T`` or raises the task's error.
 
     ``error`` is the exception object (or None).
     ``submitted_at``/``started_at``/``finished_at`` are wall-clock Unix seconds

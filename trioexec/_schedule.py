@@ -336,10 +336,9 @@ class Schedules:
             await self._release(schedule, at)
             return True
         except (TaskRejected, ValueError) as exc:
-            # Refused: a full executor under REJECT, FAIL_FAST, DROP_OLDEST, or a
-            # ValueError (an argument its key is made of, say). Another executor
-            # may have room: the claim goes back. An id in use here or in the
-            # store, though, means the occurrence was submitted already.
+            # Refused (a full executor, or a ValueError: an argument its key is made
+            # of, say): the claim goes back for another executor, unless the id is in
+            # use here or in the store (the occurrence was submitted already).
             in_use = isinstance(exc, ValueError) and self._in_use(task_id)
             if not in_use:
                 await self._release(schedule, at)

@@ -60,8 +60,8 @@ class Workers:
         self._pending = lifecycle.pending
         self._idle: list[trio.lowlevel.Task] = []  # parked, waiting for work
         # Workers woken (or started) for queued work that have not looked at the
-        # queue yet: the jobs they will take are no reason for another worker to
-        # stay up for them (each job costs one worker wake-up, as in a channel pool).
+        # queue yet: no other worker need stay up for the jobs they will take (one
+        # wake-up per job, as in a channel pool).
         self._coming = 0
         self._count = 0  # workers not parked in a deferral
         self._total = pool.total

@@ -2,13 +2,11 @@
 
 - `_admit`: whether one more submission gets in (`admit`, `Admission`);
 - `_pending`: who starts next (`Pending`: priority, aging; the ready heap);
-- `_keygate`: the keys' side of the queue (`KeyGate`): each key's lines, what
-  it lets through, who takes it back, when it is due again;
+- `_keygate`: the keys' side of the queue (`KeyGate`);
 - `_keys`: one key's limit, counts and token bucket (`KeyLimit`, `KeyState`,
   `KeyTimers`);
 - `_pauses`: what an operator's pause holds back (`Pauses`);
-- `_lifecycle`: each transition of a task (`Lifecycle`): its counts (the
-  `Tally`), the change it journals, the events and observers it tells.
+- `_lifecycle`: each transition of a task (`Lifecycle`), counted, journaled, told;
 - `_closing`: what a shutdown policy cancels and still admits (`Closing`).
 
 Its methods are synchronous. They read the clock they are given, and tell the

@@ -129,13 +129,9 @@ class KeyStatistics:
 
 def key_limits_for(value: object) -> dict[str, KeyLimit]:
     """``key_limits=`` as a mapping from key to `KeyLimit` (``"*"``: every key not
-    listed). One `KeyLimit` applies to every key; None limits none. Each
-    `KeyLimit` is checked again (one made with attrs' validators off, say).
-
-    Raises:
-      TypeError: anything else, naming it.
-      ValueError: a `KeyLimit` with a value it refuses, naming it.
-    """
+    listed): one `KeyLimit` applies to every key, None limits none. Each is
+    checked again (one made with attrs' validators off, say). Raises TypeError
+    or ValueError naming what it refuses."""
     if value is None:
         return {}
     if isinstance(value, KeyLimit):
@@ -164,20 +160,15 @@ class _NotText(TypeError, ValueError):
 
 def check_key(value: object) -> str:
     """An admission key (``submit(key=...)``, a spec's, `Executor.key_statistics`'s):
-    a str `check_id` accepts (non-empty, at most 1,000 characters, storable).
-
-    Raises:
-      TypeError: not a str, naming it (also a ValueError, as for the other ids).
-      ValueError: a str no store can hold, naming it.
-    """
+    a str `check_id` accepts. Raises, naming it, TypeError for a non-str (also a
+    ValueError, as for the other ids) and ValueError for a str no store can hold."""
     if not isinstance(value, str):
         raise _NotText(f"key must be a str, got {type(value).__name__} {value!r}")
     return check_id("key", value)
 
 
 class Wake(Protocol):
-    """What the shell waits on, and the machine sets when the wait is over (a
-    `trio.Event`)."""
+    """What the shell waits on and the machine sets (a `trio.Event`)."""
 
     def set(self) -> None: ...
 
@@ -210,19 +201,15 @@ _ROLES = ("holds", "deferred", "retrying", "reserved")
 
 @final
 class KeyState:
-    """One key's counts and lines (kept while the key has tasks or a bucket that
-    is not full).
-
-    ``roles``: its started tasks, each with its one role (`HOLDS`, `DEFERRED`,
-    `RETRYING`, `RESERVED`), and ``count``: how many have each;
-    ``earmarked``: tasks of a limited key the queue has let through to start
-    (they count against the key's room until they start or are cancelled);
-    ``queue``: its held-back pending tasks, best first (a heap of
-    ``(rank, seq, job)``); ``resumers`` and ``retriers``: its started tasks
+    """One key's counts and lines, kept while the key has tasks or a bucket that
+    is not full. ``roles``: its started tasks, each with its one role (`HOLDS`,
+    `DEFERRED`, `RETRYING`, `RESERVED`), and ``count``: how many have each;
+    ``earmarked``: tasks the queue has let through to start (they count against
+    the key's room until they start or are cancelled); ``queue``: its held-back
+    pending tasks, best first; ``resumers`` and ``retriers``: its started tasks
     waiting to hold the key again after a deferral (concurrency only) or for a
-    retry's attempt (and a token), each line first come first served, resumers
-    first, both ahead of every pending task.
-    """
+    retry's attempt (and a token), first come first served, resumers first, both
+    ahead of every pending task."""
 
     __slots__ = (
         "cap",
@@ -379,9 +366,8 @@ class KeyState:
         return max(at, math.nextafter(self.stamp, math.inf))  # (later, however little)
 
     def spent(self, now: float) -> bool:
-        """Its bucket is as good as new: full, or (shared) no tokens of the
-        store's left here to give back, nor a debt to pay it. (A forgotten key
-        starts again from it.)"""
+        """Its bucket is as good as new (a forgotten key starts again from it):
+        full, or (shared) no tokens of the store's left here, nor a debt to it."""
         if self.shared:
             return self.tokens <= 0.0 and self.late <= 0.0
         self.refill(now)

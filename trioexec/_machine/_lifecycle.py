@@ -123,8 +123,7 @@ class Lifecycle:
         self.idle_wanted = 0  # how many wait for idle (the shell counts them)
         self.backing_off: set[Job] = set()  # (the workers keep it) between attempts
         self.cancelled_by: dict[str, str] = {}  # task id -> who sent the cancel command
-        #: why tasks the shutdown cancels end (their store error): set when the
-        #: executor's block ends by an exception (Ctrl-C says "interrupted")
+        # the store error of the tasks a shutdown cancels because the block raised
         self.cancel_reason: str | None = None
         self.observer: Observer | None = None  # (`add_observer`)
         self.unread = UnreadFailures()  # failed tasks whose completion nobody read
@@ -137,7 +136,6 @@ class Lifecycle:
         self.observer = combine(self.observer, observer)
 
     def remove_observer(self, observer: Observer) -> None:
-        """Tell ``observer`` nothing more."""
         self.observer = without(self.observer, observer)
 
     def is_live(self, task_id: str) -> bool:
@@ -155,10 +153,9 @@ class Lifecycle:
 
     def accept(self, job: Job, *, recovered: bool = False, displace: bool = False) -> None:
         """Queue ``job`` (``displace``: dropping the oldest pending task for its
-        place, `DROP_OLDEST`). What may raise comes first (its row for the
-        store, the arguments as JSON; its key's state, in `Pending.append`):
-        a submission that raises leaves no trace, nothing counted, queued,
-        journaled or dropped. (The caller wakes a worker for it.)"""
+        place, `DROP_OLDEST`). What may raise comes first (its row, its key's
+        state), so a submission that raises leaves no trace: nothing counted,
+        queued, journaled or dropped. (The caller wakes a worker for it.)"""
         journal = self.journal
         row = None if journal is None or recovered else journal.new_row(job, self._owner_id)
         if displace:
@@ -537,10 +534,9 @@ class Lifecycle:
 
 def journal_waiting(lifecycle: Lifecycle, job: Job) -> None:
     """What ``job`` waits on changed without a transition of its own (its key let
-    it through or held it back, its deferral's condition held, its backoff is
-    over): journal `Lifecycle.waiting_on` as a "wait" change. Never on the hot
-    path of an unkeyed task; nothing before its submission is journaled (that
-    carries the value) or after it ended."""
+    it through or held it back, its condition held, its backoff is over): journal
+    it as a "wait" change, once its submission is journaled (which carries the
+    value) and until it ends. Never on the hot path of an unkeyed task."""
     journal = lifecycle.journal
     if journal is not None and job.task_id in lifecycle.live and not job.ended:
         journal.fold(job, Wait((job.task_id, job.version, lifecycle.waiting_on(job))))

@@ -39,7 +39,6 @@ class Pauses:
         self.retries: dict[Job, Wake] = {}
 
     def holds(self, job: Job) -> bool:
-        """A pause matches ``job`` now."""
         return paused_by(self.now, job)
 
     def park(self, entry: Any) -> None:
@@ -79,7 +78,6 @@ class Pauses:
         return True
 
     def wake_lifted(self) -> None:
-        """Wake the retries no pause holds any more."""
         for job, wake in self.retries.items():
             if not self.holds(job):
                 wake.set()
