@@ -129,8 +129,7 @@ class RunCreated(RunChange):
 
 
 class StepRecorded(RunChange):
-    """(run id, owner, step id, state, output JSON, task id): a step's state,
-    a `StepState` value."""
+    """(run id, owner, step id, state: a `StepState` value, output JSON, task id)."""
 
     __slots__ = ()
     kind = "step"

@@ -188,8 +188,7 @@ class Control:
             await journal.call(self._record, command, kind, value, at)
 
     def _record(self, command: str, kind: str, value: str, at: float) -> None:
-        """Record one of this executor's commands, issued at ``at`` (in the
-        store's thread)."""
+        """Record one of this executor's commands (in the store's thread)."""
         assert self._journal is not None
         name, key = (value, None) if kind == "name" else (None, value)
         self._journal.store.command(command, name=name, key=key, who=self._who, at=at)

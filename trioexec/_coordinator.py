@@ -192,8 +192,7 @@ class WorkflowRun:
     # ------------------------------------------------------------------ coordinator
 
     def _begin(self, resumed: bool) -> None:
-        """Record the run (a new one) and make its first steps ready; the
-        coordinator task submits them."""
+        """Record the run (if new) and make its first steps ready for the coordinator."""
         if not resumed:
             steps = self.workflow.steps
             graph = {sid: list(steps[sid].dependencies) for sid in self.workflow.order}
@@ -313,8 +312,7 @@ class WorkflowRun:
         self._advance()
 
     def _record_completed_step(self, job: Job) -> None:
-        """Journal a step's completion with its output (in the same batch as the
-        step execution's own completion)."""
+        """Journal a step's completion with its output (in its execution's batch)."""
         _, output = job.result  # (`wrap_step`'s function returned it)
         self._runs.log_step(self.run_id, job.name, StepState.COMPLETED, output, job.task_id)
 
@@ -346,8 +344,7 @@ class WorkflowRun:
                 runs.log_step(self.run_id, dependent, StepState.SKIPPED, None, None)
 
     def _lost(self) -> None:
-        """Another executor has taken this run over: stop coordinating it here,
-        and write nothing more of it."""
+        """Another executor has taken this run over: stop here, writing nothing more."""
         self._is_lost = True
         for job in self._jobs.values():
             job.owner.cancel(job)

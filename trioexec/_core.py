@@ -482,8 +482,7 @@ class ExecutorCore:
         self.lifecycle.maybe_idle()
 
     async def admit_step(self, job: Job) -> None:
-        """Admit a step `new_step` could not accept at once: waits for space
-        (``BLOCK``), or raises the refusal."""
+        """Admit a step `new_step` could not accept at once (waits, or raises)."""
         await self.submit(job, internal=True)
 
     def statistics(self) -> ExecutorMetrics:
@@ -527,8 +526,7 @@ class ExecutorCore:
             self.store_failed(exc)
 
     def store_failed(self, exc: Exception) -> None:
-        """The store failed: stop everything and wake every waiter, who learns
-        of it as one `StoreError` naming the store."""
+        """The store failed: stop everything and wake every waiter (each gets a `StoreError`)."""
         journal = self.journal
         assert journal is not None
         if journal.fail(exc) is None:

@@ -351,8 +351,7 @@ class Executor(Facade):
 
     @property
     def workflow_runs(self) -> Mapping[str, WorkflowRun]:
-        """The runs in progress in this executor (started here or resumed by
-        recovery), by run id."""
+        """The runs in progress here (started here or resumed by recovery), by run id."""
         return self._runs.active
 
     async def run_workflow(
@@ -440,8 +439,7 @@ class Executor(Facade):
         self._core.control.resume(name, key)
 
     def paused(self) -> tuple[frozenset[str], frozenset[str]]:
-        """What is paused now (here, or in the store for every executor on it):
-        ``(names, keys)``."""
+        """What is paused now, here or in the store for every executor on it: ``(names, keys)``."""
         control = self._core.control
         return frozenset(control.names), frozenset(control.keys)
 

@@ -208,8 +208,7 @@ class Journal:
         self._batch_written(notify, fenced)
 
     def write_inline(self) -> None:
-        """`write` for callers that run everything in one task (the
-        DeterministicExecutor, with an inline store)."""
+        """`write` in the caller's task (`DeterministicExecutor`, an inline store)."""
         assert self.store.inline
         batch, self.changes = self.changes, []
         notify, self.notify = self.notify, []

@@ -184,8 +184,7 @@ class KeyBroker:
         )
 
     def _apply(self, requests: list[KeyRequest], grants: list[KeyGrant], asked: float) -> None:
-        """Hand each key what the store granted (in a round sent at ``asked``),
-        and plan the keys to ask again."""
+        """Hand each key what the store granted (asked at ``asked``); plan the next asks."""
         now = trio.current_time()
         pending = self._pending
         self._settling = True

@@ -95,8 +95,7 @@ class Shutdown(Closing):
         trio.lowlevel.current_trio_token().run_sync_soon(self._lifecycle.cancel, job)
 
     async def wait_closed(self) -> None:
-        """Wait until a shutdown has begun (whoever began it) and nothing is
-        outstanding any more. A checkpoint."""
+        """Wait until a shutdown has begun (by anyone) and nothing is outstanding. A checkpoint."""
         await self._begun.wait()
         await self._waits.wait_for_idle()
 

@@ -205,8 +205,7 @@ _PRIORITY_BOUND = 2**62
 
 
 def check_priority(priority: object) -> int:
-    """A task's priority: an int (not a bool) of magnitude below 2**62.
-    Raises TypeError or ValueError naming it."""
+    """A priority: an int (not a bool) below 2**62 in magnitude; else TypeError or ValueError."""
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise TypeError(f"priority must be an int, got {priority!r}")
     if not -_PRIORITY_BOUND < priority < _PRIORITY_BOUND:

@@ -35,8 +35,7 @@ from ._waits import KeyTimer, rejoin, wait_unpaused
 
 @final
 class Workers:
-    """The worker tasks of one executor (none without a nursery: then the
-    caller runs jobs with `run_next`)."""
+    """The worker tasks of one executor (none without a nursery: see `run_next`)."""
 
     def __init__(
         self,
@@ -400,8 +399,7 @@ class Workers:
         self._stays_without_slot()
 
     async def reclaim(self, job: Job, slot: SlotToken) -> None:
-        """A deferred task takes its key (if it has one) back, then a slot. If
-        cancelled meanwhile, it holds neither."""
+        """A deferred task takes its key back (if any), then a slot; cancelled, it holds neither."""
         journal_waiting(self._lifecycle, job)  # (its condition held: a slot next)
         if job.key is None:
             await slot.reclaim()

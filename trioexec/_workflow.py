@@ -142,8 +142,7 @@ class Workflow:
 
     @property
     def order(self) -> tuple[str, ...]:
-        """The step ids in a topological order (dependencies first, ties by the
-        order given)."""
+        """The step ids in a topological order (dependencies first, ties as given)."""
         return self._order
 
     def children(self, step_id: str) -> tuple[str, ...]:

@@ -318,8 +318,7 @@ class KeyGate:
             self.grant(state)  # the next in line may fit now
 
     def attempt_starts(self, job: Job) -> None:
-        """A retry let through by its key holds its slot now: it holds the key,
-        and takes its token."""
+        """A retry let through by its key holds its slot now: it holds the key and a token."""
         state = self._state_of(job)
         state.move(job, HOLDS)
         limit = state.limit
@@ -329,8 +328,7 @@ class KeyGate:
                 self.listener.want(state)
 
     def waiting_on(self, job: Job) -> str | None:
-        """Why a queued or rejoining task of a limited key waits, if it waits for
-        its key (None otherwise)."""
+        """Why a queued or rejoining task of a limited key waits for its key, else None."""
         key = job.key
         state = None if key is None else self.states.get(key)
         if state is None or state.limit is None or job in state.earmarked:
@@ -399,8 +397,7 @@ class KeyGate:
             self.listener.waiting(worst[2])
 
     def send_back(self, state: KeyState, entry: Entry) -> None:
-        """A task its key let through (``entry``, not started) goes back to the key's
-        line, at its place in it."""
+        """A task its key let through (``entry``, not started) goes back to its line."""
         job = entry[2]
         del state.earmarked[job]  # (its entry in ``ready`` is now stale)
         self._queue.startable -= 1

@@ -375,8 +375,7 @@ class KeyState:
         return limit is None or limit.rate is None or self.tokens >= limit.burst - _EPSILON
 
     def full_at(self) -> float:
-        """When the bucket is full again (``stamp`` if it is, has no rate, or is
-        the store's)."""
+        """When the bucket is full again (``stamp``: it is, has no rate, or is the store's)."""
         limit = self.limit
         if limit is None or limit.rate is None or self.shared:
             return self.stamp

@@ -435,8 +435,7 @@ class Lifecycle:
         scope.cancel()
 
     def cancel_pending(self, into: list[Job] | None = None) -> int:
-        """End every task that has not started as ``CANCELLED``; return how many
-        (and append them to ``into``, if given)."""
+        """End every task not started as ``CANCELLED`` (appended to ``into``); return how many."""
         count = 0
         for job in self.pending.take_all():
             self.tally.cancellation_requested_count += 1

@@ -290,8 +290,7 @@ class Pending:
     # ------------------------------------------------------------ keys
 
     def waiting_on(self, job: Job) -> str | None:
-        """Why a queued or rejoining task waits, if it waits for a pause
-        (``"paused"``) or its key (None otherwise)."""
+        """Why a queued or rejoining task waits, if for a pause (``"paused"``) or its key."""
         if job.paused:
             return "paused"
         return None if job.key is None else self.keys.waiting_on(job)
