@@ -408,10 +408,9 @@ class ExecutorCore:
         return False
 
     async def submit(self, job: Job, *, internal: bool = False, held: bool = False) -> None:
-        """Admit ``job``: a checkpoint; under ``BLOCK`` waits for space.
-        ``held``: the caller holds a place (`Gate.hold`), which is ``job``'s:
-        it goes in ahead of the blocked submitters, who came after the place
-        was held (and the place is given back if ``job`` does not take it)."""
+        """Admit ``job``: a checkpoint; under ``BLOCK`` waits for space. ``held``:
+        the caller holds a place (`Gate.hold`) for ``job``, which goes in ahead of
+        the submitters who blocked since (the place is given back if unused)."""
         # (`new_job` checked that the executor is open.)
         if held:
             self.gate.reserved -= 1
@@ -462,10 +461,9 @@ class ExecutorCore:
         run_id: str,
         on_done: Callable[[Job], None],
     ) -> tuple[Job, bool]:
-        """A workflow run's step as a `Job` that calls ``on_done`` once it has
-        ended (allowed while a DRAIN lets started runs finish), accepted at once
-        if it fits: True. Not a checkpoint (the coordinator checkpoints as it
-        waits for its steps); if False, the step goes through `admit_step`."""
+        """A workflow run's step as a `Job` that calls ``on_done`` once ended
+        (allowed while a DRAIN lets started runs finish), and True if accepted at
+        once; else it goes through `admit_step`. Not a checkpoint."""
         # (every argument positional: a keyword costs a search of the parameters)
         job = self.new_job(
             spec, args, spec.id, None, None, None, run_id, run_id, None, None, on_done

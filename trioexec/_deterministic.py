@@ -5,9 +5,8 @@ awaited, and then tasks run strictly in FIFO order. Admission, overflow
 policies, key limits, retries, timeouts, budgets, metrics and events behave as in
 `open_executor`; a task's `TaskHandle.defer_until` waits inline (a task that
 defers or waits to retry keeps its key: the key's next tasks, which could only
-run in the same task, run after it ends, in order). The background
-tasks `open_executor` runs beside its workers (a key's refill timer) run during
-`run_ready`, started from the same place (`Workers.start`).
+run in the same task, run after it ends, in order). A key's refill timer runs
+during `run_ready`, started as in `open_executor` (`Workers.start`).
 """
 
 from __future__ import annotations

@@ -225,10 +225,7 @@ class Journal:
 
     async def flush(self) -> None:
         """Wait until every change appended so far is durable. A checkpoint.
-
-        Raises:
-          StoreError: the store failed before they were.
-        """
+        Raises `StoreError` if the store failed before they were."""
         target = self._appended
         while self._durable < target:
             if self.failure is not None:

@@ -82,8 +82,7 @@ def safe_repr(obj: object) -> str:
 
 def storable_text(text: str) -> str:
     """``text`` (an error message, say) as every store can hold it: lone
-    surrogates and NUL escaped (``\\udc80``, ``\\x00``), cut to ``MAX_TEXT``
-    characters."""
+    surrogates and NUL escaped, cut to ``MAX_TEXT`` characters."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -112,8 +111,7 @@ def _number(value: object) -> str:
 def stored_int(what: str, value: object, *, minimum: int = INT64_MIN) -> int:
     """``value`` if it is an int (not a bool) from ``minimum`` to 2**63 - 1, as a
     64-bit column holds it: the one check of every int that reaches a store
-    (``after=``, ``limit=``, a version). Raises ValueError naming ``what`` and
-    the value."""
+    (``after=``, ``limit=``, a version); else ValueError naming ``what``."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{what} must be an int, got {_number(value)}")
     if not minimum <= value <= INT64_MAX:
@@ -296,9 +294,8 @@ class ExecutionRecord:
 
     def owner_gone_for(self, now: float) -> float | None:
         """Seconds since this live execution's owner stopped holding it: its lease
-        expired (the process died or was killed, so nothing heartbeats it) or it
-        has no owner at all (requeued: 0.0). None once it ended, or while a live
-        owner holds it. ``now`` is the store's wall clock."""
+        expired (nothing heartbeats it) or it has no owner (requeued: 0.0). None
+        once it ended, or while a live owner holds it; ``now`` on the store's clock."""
         if self.status is not TaskStatus.PENDING and self.status is not TaskStatus.RUNNING:
             return None
         if self.owner is None:

@@ -84,11 +84,8 @@ def _cron(cron: str, start: datetime.datetime, *, reverse: bool = False) -> Cron
 def occurrence_after(cron: str, zone: zoneinfo.ZoneInfo, t: float) -> float:
     """The first occurrence of ``cron`` in ``zone`` after the second ``t`` falls in
     (wall-clock seconds in, seconds out; always a whole second, always later than ``t``).
-
-    Raises:
-      ValueError: a cron expression cronsim refuses, or one with no occurrence
-        in the next 50 years.
-    """
+    Raises ValueError for a cron expression cronsim refuses, or one with no
+    occurrence in the next 50 years."""
     occurrences = _cron(cron, _at(t, zone))
     try:
         found = next(occurrences).timestamp()

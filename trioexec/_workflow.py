@@ -279,11 +279,8 @@ class Context(MutableMapping[str, Any]):
 
 
 def context_json(context: Context) -> str:
-    """``context`` as JSON text (what a run passes along and stores).
-
-    Raises:
-      TypeError: as `Context.to_dict`.
-    """
+    """``context`` as JSON text (what a run passes along and stores); raises
+    TypeError as `Context.to_dict` does."""
     data = context._data
     try:
         return json.dumps(data)
@@ -391,11 +388,8 @@ def status(
     states: Mapping[str, StepState],
     deferred: int = 0,
 ) -> WorkflowStatus:
-    """Derive a run's `WorkflowStatus` from its step states (pure).
-
-    ``execution_status`` takes the first that applies: ready steps, steps in
-    progress, blocked by failures, complete, awaiting dependencies.
-    """
+    """Derive a run's `WorkflowStatus` from its step states (pure); its
+    ``execution_status`` is the first that applies, in `RunProgress`'s order."""
     counts = count_states(states)
     ready_now = counts[StepState.READY]
     if counts[StepState.PENDING]:

@@ -2,9 +2,7 @@
 `KeyState` (one key's counts, token bucket and lines).
 
 A key's limit bounds its tasks that hold a slot (``concurrency``) and its starts
-(``rate`` per ``per`` seconds, a token bucket holding at most ``rate`` tokens). The
-queue that decides who starts (`Pending`) keeps each key's held-back tasks in a
-line of their own, so a key at its limit never delays another key's tasks.
+(``rate`` per ``per`` seconds: a token bucket).
 
 The arithmetic is pure (`KeyState.room`, `KeyState.refill`, `KeyState.ready_at`):
 it takes ``now`` on the executor's clock and returns numbers; `KeyTimers` only
@@ -410,9 +408,8 @@ class KeyState:
 
 @final
 class KeyTimers:
-    """When limited keys' buckets have their next token: a heap of the keys
-    due, earliest first (the shell sleeps until `next`, then the queue takes
-    the keys `due` then)."""
+    """When limited keys' buckets have their next token: a heap of the keys due,
+    earliest first (the shell sleeps until `next`, then ticks the `due` ones)."""
 
     __slots__ = ("_heap", "_seq")
 

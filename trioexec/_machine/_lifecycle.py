@@ -320,10 +320,8 @@ class Lifecycle:
 
     def finish(self, job: Job, status: TaskStatus, *, freed: bool = True) -> None:
         """Record the one completion of ``job`` and wake whoever waits on it.
-
         ``freed``: the task counted against capacity until now (False only for a
-        submission dropped on arrival).
-        """
+        submission dropped on arrival)."""
         job.status = status
         job.finished_at = self.wall()
         tally = self.tally

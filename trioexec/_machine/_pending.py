@@ -343,9 +343,7 @@ class Pending:
         pauses.wake_lifted()
 
     def hold_retry(self, job: Job, wake: Wake) -> bool:
-        """Hold a retry's next attempt while its name or key is paused, until
-        ``wake`` is set (its ``waiting_on`` says ``"paused"``): True if it is
-        held. Its shell forgets it (`Pauses.retries`) once woken or cancelled."""
+        """`Pauses.hold_retry`, told to the listener (what it waits on, the shutdown)."""
         if not self.pauses.hold_retry(job, wake):
             return False
         self.listener.waiting(job)
