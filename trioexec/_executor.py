@@ -157,10 +157,7 @@ class Facade:
 
     def cancel_pending(self) -> int:
         """End every task that has not started yet as ``CANCELLED``; return how many.
-
-        Never blocks. Running and deferred tasks, and tasks waiting between
-        attempts, are not touched.
-        """
+        Never blocks; running and deferred tasks, and those between attempts, go on."""
         return self._core.lifecycle.cancel_pending()
 
     def statistics(self) -> ExecutorMetrics:
@@ -176,11 +173,8 @@ class Facade:
     def events(self) -> EventStream:
         """The bounded `HealthEvent` stream, read with ``async for event in
         ex.events`` (or ``get_nowait``, in a test of a `DeterministicExecutor`).
-
         Buffers from the executor's start; when the reader lags, the oldest unread
-        events are dropped and counted (``events_dropped_count``). Iteration ends
-        after the executor has closed and the buffer is empty.
-        """
+        events are dropped and counted (``events_dropped_count``)."""
         return self._core.events
 
 

@@ -81,7 +81,6 @@ class _Waiter:
 
     __slots__ = ("_condition", "_kind", "_poll_interval", "_sync")
 
-    # kinds
     VALUE = 0  # trio-util AsyncValue / AsyncBool: wait_value(bool)
     WAITABLE = 1  # trio.Event or anything with an async wait()
     PREDICATE = 2  # zero-argument callable -> bool | Awaitable[bool]

@@ -264,8 +264,7 @@ class Schedules:
         while True:
             delay = at - wall()
             if delay > 0:
-                # In steps, looking at the wall clock again after each: it may lag
-                # Trio's, or step forward (NTP, a resumed VM) while we sleep.
+                # (in steps of at most MAX_SLEEP: the wall clock may lag Trio's, or jump)
                 await trio.sleep(min(delay, MAX_SLEEP))
                 continue
             # (if a submission waits for room past several occurrences, the first
