@@ -175,8 +175,7 @@ class _Submitted(Protocol):
 
 def _write_submitted() -> _Submitted:
     """`submitted`, written out from `EXECUTIONS` (as attrs writes an ``__init__``):
-    one list display, as cheap as a literal row, whose columns and initial values
-    are the column list's."""
+    one list display, as cheap as a literal row."""
     params = [*_GIVEN, *(f"{name}={value!r}" for name, value in _DEFAULTED.items())]
     names = {*_GIVEN, *_DEFAULTED}
     values = [c.name if c.name in names else f"_initial[{i}]" for i, c in enumerate(EXECUTIONS)]

@@ -88,9 +88,8 @@ class Journal:
             self._writer_lot.unpark()
 
     def new_row(self, job: Job, owner_id: str) -> ExecutionRow:
-        """The store's row of a new execution of ``owner_id``'s (not journaled
-        yet): the part of a submission that may raise (its arguments as JSON),
-        made first."""
+        """The store's row of a new execution of ``owner_id``'s, not journaled yet:
+        the part of a submission that may raise (its arguments as JSON), made first."""
         fn = job.fn
         spec_id = fn.id if isinstance(fn, TaskSpec) else None
         try:
