@@ -3,12 +3,12 @@
 Without a store, `Executor.pause` and `Executor.resume` change this executor's
 pauses at once, and that is all. With one, the store holds what is paused, for
 every executor on it. A pause or resume takes effect here at once and is
-recorded later, by one task; as another executor's command issued after it may
-be recorded first, each carries its issue time (`issue_time`) and the store
-applies them in that order. Each executor reads the commands after the last it
-has seen (`Store.commands`) every `POLL` seconds, or as soon as PostgreSQL
-notifies it: a pause or resume re-reads what is paused, a cancel stops the task
-if it runs here, a retry starts a recovery pass now.
+recorded later, in order, by one task; as another executor's command issued after it may
+be recorded first, each carries its issue time (`issue_time`) and the store applies them
+in that order. Each executor reads the commands after the last it has seen
+(`Store.commands`) every `POLL` seconds, or as soon as PostgreSQL notifies it: a pause
+or resume re-reads what is paused, a cancel stops the task if it runs here, a retry
+starts a recovery pass now.
 """
 
 from __future__ import annotations

@@ -300,7 +300,8 @@ class WorkflowRun:
             # this cycle a finished run is freed at once, not by the cyclic GC.
             job.on_done = None
             if job.status is TaskStatus.COMPLETED:
-                # (`wrap_step`'s function returned (value, output): the completion gets the value)
+                # (`wrap_step`'s function returned (value, output): the completion,
+                # made here first, gets the value)
                 assert job.completion is None
                 job.result, self._outputs[sid] = job.result
                 self._completions[sid] = job.make_completion()

@@ -5,9 +5,9 @@ Both facades (`Executor`, `DeterministicExecutor`) hold one. Each part owns its
 state: `Tally`, `Pending` (the queue), `EventStream`, `Gate` (admission),
 `Lifecycle` (each transition of a task), `Workers` (the one place that runs a
 job), `Shutdown`, and with a store `Journal` (what is written, when) and
-`Recovery` (the lease, orphan recovery). A submission is made into a `Job` here
-(`new_job`), decided on by the gate, and accepted by the lifecycle, which hands
-it to the workers.
+`Recovery` (the lease, orphan recovery). A submission is checked and made into a `Job`
+here (`new_job`), decided on by the gate, and accepted by the lifecycle, which hands it
+to the workers.
 """
 
 from __future__ import annotations
@@ -171,8 +171,9 @@ class ExecutorCore:
         self.events = EventStream(config.event_capacity)
         # With a store, limited keys are shared with every executor on it.
         shared = share_keys and store is not None and bool(config.key_limits)
-        # Each part is made after the parts it calls; what the queue and the journal
-        # decide reaches later parts through this core (its Listener methods).
+        # Each part is made after the parts it calls, and told of them as it is made;
+        # what the queue and the journal decide reaches later parts through this core
+        # (its Listener methods, and `_written`).
         self.pending = pending = Pending(
             trio.current_time,
             config.key_limits,
@@ -463,7 +464,8 @@ class ExecutorCore:
     ) -> tuple[Job, bool]:
         """A workflow run's step as a `Job` that calls ``on_done`` once ended
         (allowed while a DRAIN lets started runs finish), and True if accepted at
-        once; else it goes through `admit_step`. Not a checkpoint."""
+        once; else it goes through `admit_step`. Not a checkpoint (the coordinator
+        checkpoints as it waits for its steps)."""
         # (every argument positional: a keyword costs a search of the parameters)
         job = self.new_job(
             spec, args, spec.id, None, None, None, run_id, run_id, None, None, on_done
@@ -524,7 +526,8 @@ class ExecutorCore:
             self.store_failed(exc)
 
     def store_failed(self, exc: Exception) -> None:
-        """The store failed: stop everything and wake every waiter (each gets a `StoreError`)."""
+        """The store failed: stop everything and wake every waiter (each gets one
+        `StoreError` naming the store)."""
         journal = self.journal
         assert journal is not None
         if journal.fail(exc) is None:

@@ -174,7 +174,8 @@ class Facade:
         """The bounded `HealthEvent` stream, read with ``async for event in
         ex.events`` (or ``get_nowait``, in a test of a `DeterministicExecutor`).
         Buffers from the executor's start; when the reader lags, the oldest unread
-        events are dropped and counted (``events_dropped_count``)."""
+        events are dropped and counted (``events_dropped_count``). Iteration ends
+        after the executor has closed and the buffer is empty."""
         return self._core.events
 
 
@@ -253,9 +254,9 @@ class Executor(Facade):
         """Submit ``fn(*args)`` and return its `TaskRef` once it is accepted.
 
         A checkpoint. Under ``Overflow.BLOCK`` waits for space when the executor is
-        at capacity, or (with a store) while its writer is more than ``JOURNAL_LIMIT``
-        changes behind, which every other policy refuses (reason ``store_backlog``);
-        if cancelled while waiting, nothing was submitted.
+        at capacity; if cancelled while waiting, nothing was submitted. With a store,
+        while its writer is more than ``JOURNAL_LIMIT`` changes behind, ``BLOCK``
+        waits too and every other policy refuses (reason ``store_backlog``).
 
         ``key`` puts the task under that key's `KeyLimit` (``key_limits``);
         ``priority`` (an int, higher first) orders it among the tasks that may
@@ -624,8 +625,9 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
     body_error: list[BaseException] = []  # what the body raised, if anything
     core: ExecutorCore | None = None
     try:
-        # Two nurseries: the workers in the inner one, the writer and the heartbeat
-        # in the outer, so the last completions are written after the last worker ends.
+        # Two nurseries: the workers in the inner one, the writer and the heartbeat in
+        # the outer, so the last completions are written after the last worker ends,
+        # whatever ended the block.
         async with trio.open_nursery() as infra:
             ex = Executor(setup)
             core = ex._core

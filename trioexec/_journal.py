@@ -2,9 +2,9 @@
 
 Transitions are appended on the hot path (a tuple each, see `trioexec._store`)
 and one writer task hands whatever has accumulated to the store in one
-transaction (group commit). A completion is acknowledged (its ``wait()``
-returns) only once the batch holding it is durable. Past `JOURNAL_LIMIT`
-unwritten changes the executor stops admitting work (back-pressure).
+transaction (group commit; what comes in meanwhile goes into the next). A completion is
+acknowledged (its ``wait()`` returns) only once the batch holding it is durable. Past
+`JOURNAL_LIMIT` unwritten changes the executor stops admitting work (back-pressure).
 
 The first failure of the store ends the journal; every later caller learns of
 it as a `StoreError` naming the store. What was journaled before it may still be

@@ -158,7 +158,8 @@ def lifecycle_of(ex: Any) -> Observed:
 
 
 def owner_of(ex: Any) -> str:
-    """``ex``'s owner id (`Executor.owner`), which tells executors apart."""
+    """``ex``'s owner id (`Executor.owner`; a `DeterministicExecutor` has one too),
+    which tells executors apart."""
     owner: str = ex._core.owner_id
     return owner
 

@@ -12,7 +12,8 @@ from ._errors import TaskCancelled, TaskRejected
 
 if TYPE_CHECKING:
     # PEP 696 defaults (typing has them from 3.13), for type checkers only: a bare
-    # `TaskCompletion` is `TaskCompletion[Any]`. At run time, plain TypeVars.
+    # `TaskCompletion` is `TaskCompletion[Any]`. At run time, plain TypeVars (no
+    # dependency, no cost).
     from typing_extensions import TypeVar
 
     T_co = TypeVar("T_co", covariant=True, default=Any)
@@ -60,8 +61,9 @@ def storable(value: str) -> bool:
 
 def matchable(what: str, value: object) -> bool:
     """A text a store's lookup is asked for (`Store.execution`'s task id, a filter
-    of `Store.executions`): False if no store can hold it, so nothing stored
-    matches it. Raises TypeError naming a value that is not a str."""
+    of `Store.executions`): False if no store can hold it (a NUL, a lone surrogate),
+    so nothing stored matches it: the one rule of every store's lookups. Raises
+    TypeError naming a value that is not a str."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__} {value!r}")
     return storable(value)
@@ -81,8 +83,8 @@ def safe_repr(obj: object) -> str:
 
 
 def storable_text(text: str) -> str:
-    """``text`` (an error message, say) as every store can hold it: lone
-    surrogates and NUL escaped, cut to ``MAX_TEXT`` characters."""
+    """``text`` (an error message, say) as every store can hold it: lone surrogates
+    and NUL escaped (``\\udc80``, ``\\x00``), cut to ``MAX_TEXT`` characters."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -109,9 +111,9 @@ def _number(value: object) -> str:
 
 
 def stored_int(what: str, value: object, *, minimum: int = INT64_MIN) -> int:
-    """``value`` if it is an int (not a bool) from ``minimum`` to 2**63 - 1, as a
-    64-bit column holds it: the one check of every int that reaches a store
-    (``after=``, ``limit=``, a version); else ValueError naming ``what``."""
+    """``value`` if it is an int (not a bool) from ``minimum`` to 2**63 - 1, as a 64-bit
+    column holds it: the one check of every int that reaches a store (``after=``,
+    ``limit=``, a version); else ValueError naming ``what`` and the value."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{what} must be an int, got {_number(value)}")
     if not minimum <= value <= INT64_MAX:
@@ -123,9 +125,9 @@ def stored_int(what: str, value: object, *, minimum: int = INT64_MIN) -> int:
 def stored_float(what: str, value: object) -> float:
     """``value`` (an int or a float, not a bool) as the float a store keeps: the
     one conversion of every number of seconds that reaches a store (``since=``,
-    ``timeout``, ``ttl``...). NaN and infinities pass (the caller's range check
-    refuses them). Raises ValueError naming ``what`` and the value for a
-    non-number or an int no float holds (``10**400``)."""
+    ``timeout``, ``ttl``...). NaN and infinities pass (the caller's range refuses
+    them where they mean nothing). Raises ValueError naming ``what`` and the value
+    for a non-number or an int no float holds (``10**400``)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{what} must be a number of seconds, got {_number(value)}")
     try:
@@ -254,15 +256,15 @@ class ExecutionRecord:
     Times are wall-clock Unix seconds from the store's clock. ``sub_status`` is set
     only while ``status`` is RUNNING. ``lease_expires_at`` is the owner's lease
     (one per executor, renewed by its heartbeat). ``key`` and ``priority`` are
-    the submission's admission key (None: no key) and priority. ``waiting_on`` is
-    why a live execution is not running, as its executor last journaled it
-    (`TaskRef.waiting_on`: ``"slot"``, ``"key concurrency <key>"``,
+    the submission's admission key (None: no key) and priority, as submitted (not
+    aged). ``waiting_on`` is why a live execution is not running, as its executor
+    last journaled it (`TaskRef.waiting_on`: ``"slot"``, ``"key concurrency <key>"``,
     ``"rate limit <key>"``, ``"paused"``, ``"retry backoff"``, ``"event"``,
     ``"condition <name>"``, ``"promise <id>"``); None while it runs or once it
     ended. ``traceback`` is the formatted traceback of the error that ended a
-    FAILED or TIMED_OUT execution; a requeued execution keeps its last error and
-    traceback until its next attempt ends. Rows written before the stores
-    recorded them have neither.
+    FAILED or TIMED_OUT execution (None otherwise); both are None in rows written
+    before the stores recorded them. A requeued execution keeps its last error
+    and traceback until its next attempt ends.
     """
 
     task_id: str

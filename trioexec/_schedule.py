@@ -284,9 +284,9 @@ class Schedules:
         task_id = occurrence_task_id(schedule.schedule_id, at)
         held = False
         if journal is not None:
-            # Claim only what this executor can take (claimed, then refused, it
-            # would be lost to an executor that had room). A place is held back
-            # while the claim is made, for the submission right after it (ahead of
+            # Claim only what this executor can take (claimed, then refused or
+            # dropped, it would be lost to an executor that had room). A place is held
+            # back while the claim is made, for the submission right after it (ahead of
             # those who blocked meanwhile: they came after it).
             gate = core.gate
             decision = gate.decide(True)

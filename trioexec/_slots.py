@@ -40,7 +40,8 @@ class SlotPool:
         #: Tokens queued in `SlotToken.reclaim` now (read it, never assign): a
         #: holder that could keep its slot for more work gives it up while anyone
         #: is queued (FIFO). Cheaper than `waiting` (which also counts borrowers of
-        #: the raw `limiter`): the executor's workers read it between every two jobs.
+        #: the raw `limiter`); a plain attribute: the executor's workers read it
+        #: between every two jobs.
         self.reclaiming = 0
         # Told (synchronously) after every resize; the executor starts workers.
         self._listeners: list[Callable[[], None]] = []
@@ -180,7 +181,8 @@ class SlotToken:
     def hold_nowait(self) -> bool:
         """`try_reclaim` for a caller that may hold a slot already (the executor's
         workers, between jobs: one call instead of two): True if this token holds
-        one now. Never blocks and is not a checkpoint."""
+        one now; False if none is free or someone is queued (FIFO). Never blocks
+        and is not a checkpoint."""
         if self._held:
             return True
         try:

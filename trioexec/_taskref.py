@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 #   def f(*args) -> T, def f(*args, h) -> T  -> TaskRef[T] (run in a thread)
 #   a keyword-only ``handle``/``task_handle`` -> TaskRef[Any]: the arguments are
 #     checked, not the value (mypy solves no return type through a TypeVarTuple protocol).
-# The overloads sit under TYPE_CHECKING; the implementations take ``*args: object``
-# (mypy matches no ``*args: Any`` with ``*Ts`` there).
+# A `TaskSpec` is typed like its function. The overloads sit under TYPE_CHECKING (the
+# facade's classes stay small); the implementations take ``*args: object`` (mypy
+# matches no ``*args: Any`` with ``*Ts`` there).
 Ts = TypeVarTuple("Ts")
 R = TypeVar("R")
 

@@ -1,10 +1,10 @@
 """`Workers`: the pool of worker tasks that run the executor's jobs.
 
-One worker task per slot, not one Trio task per submission (for speed; see
-docs/design). A worker takes a slot (FIFO, the line deferred tasks rejoin), then
-the next pending job, and runs it; between jobs it keeps its slot unless someone
-is queued for one. A deferring task keeps its worker and a fresh one starts for
-the freed slot; when it finishes, its worker retires if the pool is over strength.
+One worker task per slot, not one Trio task per submission (for speed; see docs/design).
+A worker takes a slot (FIFO, the line deferred tasks rejoin), then the next pending job,
+and runs it; between jobs it keeps its slot unless someone is queued for one or nothing
+is left to run. A deferring task keeps its worker and a fresh one starts for the freed
+slot; when it finishes, its worker retires if the pool is over strength.
 
 This is the one place that runs a job: attempts, timeouts, budgets and retries
 (`Workers.run_job`; the worker loop inlines the plain async call, and
@@ -76,7 +76,8 @@ class Workers:
         sync predicates; schedules, workflow coordinators and the grace timer take
         ``self.nursery``). ``inline`` (`DeterministicExecutor`, for one
         `run_ready`): jobs run in the caller's task (`run_next`), so no workers and
-        no poller; the rest runs in ``nursery`` as in `open_executor`
+        no poller (a deferred task polls in its own task); the rest runs in
+        ``nursery`` as in `open_executor`. The one place both start them
         (tests/test_deterministic.py lists each task and its stand-in)."""
         self._key_timer.start(nursery)
         if inline:

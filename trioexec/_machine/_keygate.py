@@ -277,12 +277,12 @@ class KeyGate:
         self._maybe_forget_key(state)
 
     def rejoin(self, job: Job, make_wake: Callable[[], W]) -> Waiter[W] | None:
-        """Take ``job``'s key back: after a deferral (it holds it on return), or
-        for a retry's attempt (let through; `attempt_starts` takes the token once
-        it holds a slot), first come first served among the key's started tasks
-        (resumes first: a rate holds back starts only), ahead of its pending ones.
-        None: it has it now; else it waits in the key's line until the waiter's
-        ``wake`` is set, or its wait is cancelled (`leave_line`)."""
+        """Take ``job``'s key back: after a deferral (it holds it on return), or for a
+        retry's attempt (let through; `attempt_starts` takes the token once it holds a
+        slot), first come first served among the key's started tasks (resumes first: a
+        rate holds back starts only), ahead of its pending ones. None: it has it now;
+        else it waits in the key's line until the waiter's ``wake`` (made by
+        ``make_wake``) is set, or its wait is cancelled (`leave_line`)."""
         state = self._state_of(job)
         start = state.roles.get(job) == RETRYING
         if state.limit is not None:
@@ -318,7 +318,8 @@ class KeyGate:
             self.grant(state)  # the next in line may fit now
 
     def attempt_starts(self, job: Job) -> None:
-        """A retry let through by its key holds its slot now: it holds the key and a token."""
+        """A retry let through by its key holds its slot now: it holds the key, and
+        takes (spends) its token."""
         state = self._state_of(job)
         state.move(job, HOLDS)
         limit = state.limit
@@ -397,7 +398,8 @@ class KeyGate:
             self.listener.waiting(worst[2])
 
     def send_back(self, state: KeyState, entry: Entry) -> None:
-        """A task its key let through (``entry``, not started) goes back to its line."""
+        """A task its key let through (``entry``, not started) goes back to its key's
+        line, at its old place (rank) in it."""
         job = entry[2]
         del state.earmarked[job]  # (its entry in ``ready`` is now stale)
         self._queue.startable -= 1
@@ -414,10 +416,10 @@ class KeyGate:
         queue.startable += 1
 
     def _maybe_forget_key(self, state: KeyState) -> None:
-        """Past ``_KEEP_IDLE`` keys, an idle key is forgotten (its counts restart)
-        once its bucket is as good as new: at once if full, by a timer (`tick`)
-        once it fills, a shared one once its tokens went back to the store
-        (`regrant`). O(1) a call."""
+        """Memory follows the keys in use: past ``_KEEP_IDLE`` keys, an idle key whose
+        bucket is full (as good as absent) is forgotten (its counts restart), one whose
+        bucket still fills once it is full (a timer: `tick`), a shared one once its
+        tokens went back to the store (`regrant`). O(1) a call."""
         if not state.idle or len(self.states) <= _KEEP_IDLE:
             return
         if state.spent(self.clock()):

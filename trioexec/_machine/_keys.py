@@ -202,12 +202,12 @@ class KeyState:
     """One key's counts and lines, kept while the key has tasks or a bucket that
     is not full. ``roles``: its started tasks, each with its one role (`HOLDS`,
     `DEFERRED`, `RETRYING`, `RESERVED`), and ``count``: how many have each;
-    ``earmarked``: tasks the queue has let through to start (they count against
-    the key's room until they start or are cancelled); ``queue``: its held-back
-    pending tasks, best first; ``resumers`` and ``retriers``: its started tasks
-    waiting to hold the key again after a deferral (concurrency only) or for a
-    retry's attempt (and a token), first come first served, resumers first, both
-    ahead of every pending task."""
+    ``earmarked``: tasks of a limited key the queue has let through to start (they count
+    against the key's room until they start or are cancelled); ``queue``: its held-back
+    pending tasks, best first (a heap of ``(rank, seq, job)``); ``resumers`` and
+    ``retriers``: its started tasks waiting to hold the key again after a deferral
+    (concurrency only) or for a retry's attempt (and a token), first come first served,
+    resumers first, both ahead of every pending task."""
 
     __slots__ = (
         "cap",

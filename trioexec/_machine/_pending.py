@@ -8,10 +8,10 @@ limit never delays another key's. What a pause holds back is the `Pauses`'.
 
 Rank: higher priority first, then submission order. With ``priority_aging``, a
 waiting task's priority rises by 1 for every ``priority_aging`` seconds it has
-waited, so tasks compare by ``queued_at - priority * priority_aging``: a static
-order, kept in a heap. ``queued_at`` is the executor's clock when the task was
-queued (worked out from ``submitted_at`` for tasks already waiting when the
-queue became ranked), made monotonic, so equal priorities keep submission order.
+waited (continuously), so tasks compare by ``queued_at - priority * priority_aging``: a
+static order, kept in a heap. ``queued_at`` is the executor's clock when the task was
+queued (worked out from ``submitted_at`` for tasks already waiting when the queue became
+ranked), made monotonic, so equal priorities keep submission order.
 
 A task cancelled while pending leaves a tombstone the workers skip (a cancel
 costs O(1)); the heap and the keys' lines are compacted when tombstones
@@ -290,7 +290,8 @@ class Pending:
     # ------------------------------------------------------------ keys
 
     def waiting_on(self, job: Job) -> str | None:
-        """Why a queued or rejoining task waits, if for a pause (``"paused"``) or its key."""
+        """Why a queued or rejoining task waits, if for a pause (``"paused"``) or its
+        key; else None."""
         if job.paused:
             return "paused"
         return None if job.key is None else self.keys.waiting_on(job)
