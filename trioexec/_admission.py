@@ -1,7 +1,5 @@
-"""Admission's shell: `Gate` is the machine's `Admission` (in
-`trioexec._machine._admit`: the capacity, the places held back, the decision,
-the refusals) with the ``BLOCK`` submitters parked in its line, and woken.
-"""
+"""Admission's shell: `Gate`, the machine's `Admission` (`trioexec._machine._admit`)
+with its ``BLOCK`` submitters parked, and woken."""
 
 from __future__ import annotations
 
@@ -58,7 +56,7 @@ class Gate(Admission):
     def hold(self, places: int) -> None:
         """Hold ``places`` back from submitters (recovery's room while it claims,
         a schedule's place while it claims its occurrence): give them back with
-        `release`, or hand one to a submission (`Core.submit`'s ``held``)."""
+        `release`, or hand one to a submission (`ExecutorCore.submit`'s ``held``)."""
         self.reserved += places
 
     def release(self, places: int) -> None:

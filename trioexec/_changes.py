@@ -3,16 +3,15 @@ commit): one small class per kind.
 
 A change is a tuple of its fields, made in one C call on the hot path (a class
 with an ``__init__`` costs a Python frame per change); its class names the kind.
-A transition of an execution starts with the execution's task id and the
-version its writer holds (a store fences out a change of any other version);
-what each kind then does to the execution's row is `TRANSITIONS` (`_base`), its
-fields after the version being the columns the table marks `ARG` or `FIRST`, in
-the table's order. A workflow run's changes start with the run id and the
-owner writing them (applied only while that owner has the run).
+A transition of an execution starts with its task id and the version its writer
+holds (a store fences out any other version); what each kind does to the row is
+`TRANSITIONS` (`_base`), its fields after the version being the columns the
+table marks `ARG` or `FIRST`, in order. A workflow run's changes start with the
+run id and the owner writing them (applied only while that owner has the run).
 
-A new execution is an `ExecutionRow`: its whole row (a list, in `ROW_COLUMNS`' order),
-into which the executor folds the changes that follow while the batch is still
-gathering, so a short task is one change, not three (`Journal.fold`).
+A new execution is an `ExecutionRow`: its whole row, into which the executor
+folds the changes that follow while the batch is still gathering, so a short
+task is one change, not three (`Journal.fold`).
 """
 
 from __future__ import annotations
@@ -130,8 +129,7 @@ class RunCreated(RunChange):
 
 
 class StepRecorded(RunChange):
-    """(run id, owner, step id, state, output JSON, task id): a step's state,
-    a `StepState` value."""
+    """(run id, owner, step id, state: a `StepState` value, output JSON, task id)."""
 
     __slots__ = ()
     kind = "step"
@@ -177,8 +175,7 @@ class _Submitted(Protocol):
 
 def _write_submitted() -> _Submitted:
     """`submitted`, written out from `EXECUTIONS` (as attrs writes an ``__init__``):
-    one list display, as cheap as a literal row, whose columns and initial values
-    are the column list's."""
+    one list display, as cheap as a literal row."""
     params = [*_GIVEN, *(f"{name}={value!r}" for name, value in _DEFAULTED.items())]
     names = {*_GIVEN, *_DEFAULTED}
     values = [c.name if c.name in names else f"_initial[{i}]" for i, c in enumerate(EXECUTIONS)]

@@ -2,15 +2,13 @@
 
 Without a store, `Executor.pause` and `Executor.resume` change this executor's
 pauses at once, and that is all. With one, the store holds what is paused, for
-every executor on it: a pause or resume here takes effect here at once and is
-recorded as a command (in order, by one task), and every executor follows the
-store. The call returns before the command is recorded, so another executor's
-command issued after it may be recorded first: each carries the time it was
-issued (`issue_time`), and the store applies pauses and resumes in that order.
-Each executor reads the commands after the last it has seen (`Store.commands`)
-every `POLL` seconds, or as soon as PostgreSQL notifies it
-(``wait_for_command``): a pause or resume re-reads what is paused, a cancel
-stops the task if it runs here, a retry starts a recovery pass now.
+every executor on it. A pause or resume takes effect here at once and is
+recorded later, in order, by one task; as another executor's command issued after it may
+be recorded first, each carries its issue time (`issue_time`) and the store applies them
+in that order. Each executor reads the commands after the last it has seen
+(`Store.commands`) every `POLL` seconds, or as soon as PostgreSQL notifies it: a pause
+or resume re-reads what is paused, a cancel stops the task if it runs here, a retry
+starts a recovery pass now.
 """
 
 from __future__ import annotations
@@ -43,12 +41,11 @@ _ISSUED: RunVar[dict[object, float]] = RunVar("trioexec_commands_issued")
 
 def issue_time(store: Store) -> float:
     """When a command is issued now: the store's clock, but strictly later than
-    the last command issued on the same database in this Trio run. Two executors
-    of one process on one database then order their callers' commands even when
-    the clock has not moved between the calls (a mock clock, or two calls within
-    its resolution); across processes and hosts, the clocks order them (as the
-    leases already need). A clock set back by `MAX_SKEW` or more starts again
-    from its reading: a store refuses an issue time that far ahead of its clock."""
+    the last command issued on the same database in this Trio run, so two
+    executors of one process order their callers' commands even when the clock
+    has not moved (a mock clock, or its resolution); across processes the clocks
+    order them (as the leases already need). A clock set back by `MAX_SKEW` or
+    more starts again from its reading (a store refuses an issue time that far ahead)."""
     try:
         issued = _ISSUED.get()
     except LookupError:
@@ -191,8 +188,7 @@ class Control:
             await journal.call(self._record, command, kind, value, at)
 
     def _record(self, command: str, kind: str, value: str, at: float) -> None:
-        """Record one of this executor's commands, issued at ``at`` (in the
-        store's thread)."""
+        """Record one of this executor's commands (in the store's thread)."""
         assert self._journal is not None
         name, key = (value, None) if kind == "name" else (None, value)
         self._journal.store.command(command, name=name, key=key, who=self._who, at=at)

@@ -1,12 +1,10 @@
 """The workflow coordinator: submits each step through the executor's slots as
 soon as its dependencies are complete, passes contexts along, and finalizes the run.
 
-One coordinator task per run, a child of the executor's nursery, and no task per
-step: it submits the ready steps itself, and a step's job tells it when it ends
-(the job's ``on_done``).
-`WorkflowRuns` keeps an executor's runs: it starts and resumes them, journals
-their changes, and is what the executor's lifecycle and recovery tell about
-steps and runs (built on the executor's parts, which never import it).
+One coordinator task per run, in the executor's nursery, and no task per step:
+a step's job tells it when it ends (``on_done``). `WorkflowRuns` keeps an
+executor's runs: it starts and resumes them, journals their changes, and is what
+the lifecycle and recovery tell about steps and runs (the parts never import it).
 """
 
 from __future__ import annotations
@@ -130,8 +128,7 @@ class WorkflowRun:
         self._last_published: tuple[int, ...] | None = None
         self._is_lost = False
         self._closed = False  # the executor refused a step with ExecutorClosed
-        # Step jobs that have ended (with a store: durably), told by the job's
-        # `on_done` (`_step_ended`), which also wakes the coordinator if it waits.
+        # Step jobs that have ended (with a store: durably), told by `_step_ended`.
         self._ended: list[Job] = []
         # The coordinator's task while it is parked waiting for a step to end (a
         # trio.Event per wait cost more than the wait itself).
@@ -195,8 +192,7 @@ class WorkflowRun:
     # ------------------------------------------------------------------ coordinator
 
     def _begin(self, resumed: bool) -> None:
-        """Record the run (a new one) and make its first steps ready; the
-        coordinator task submits them."""
+        """Record the run (if new) and make its first steps ready for the coordinator."""
         if not resumed:
             steps = self.workflow.steps
             graph = {sid: list(steps[sid].dependencies) for sid in self.workflow.order}
@@ -207,11 +203,9 @@ class WorkflowRun:
 
     async def _coordinate(self) -> None:
         """Submit ready steps one after another, in the workflow's order, and take
-        each step's end as it comes, until nothing is left to run.
-
-        One task per run: a step in flight is a `Job` whose ``on_done`` wakes
-        this task (no task per step). Cancelled (the executor's nursery, or
-        `_lost`), it stops where it is; the steps' jobs are the executor's.
+        each step's end as it comes (``on_done`` wakes this task), until nothing
+        is left to run. Cancelled (the executor's nursery, or `_lost`), it stops
+        where it is; the steps' jobs are the executor's.
         """
         try:
             with self._scope:
@@ -306,8 +300,8 @@ class WorkflowRun:
             # this cycle a finished run is freed at once, not by the cyclic GC.
             job.on_done = None
             if job.status is TaskStatus.COMPLETED:
-                # `wrap_step`'s function returned the step function's value and the
-                # output; the completion (made here, first) gets the value.
+                # (`wrap_step`'s function returned (value, output): the completion,
+                # made here first, gets the value)
                 assert job.completion is None
                 job.result, self._outputs[sid] = job.result
                 self._completions[sid] = job.make_completion()
@@ -319,8 +313,7 @@ class WorkflowRun:
         self._advance()
 
     def _record_completed_step(self, job: Job) -> None:
-        """Journal a step's completion with its output (in the same batch as the
-        step execution's own completion)."""
+        """Journal a step's completion with its output (in its execution's batch)."""
         _, output = job.result  # (`wrap_step`'s function returned it)
         self._runs.log_step(self.run_id, job.name, StepState.COMPLETED, output, job.task_id)
 
@@ -352,8 +345,7 @@ class WorkflowRun:
                 runs.log_step(self.run_id, dependent, StepState.SKIPPED, None, None)
 
     def _lost(self) -> None:
-        """Another executor has taken this run over: stop coordinating it here,
-        and write nothing more of it."""
+        """Another executor has taken this run over: stop here, writing nothing more."""
         self._is_lost = True
         for job in self._jobs.values():
             job.owner.cancel(job)
@@ -433,9 +425,8 @@ class WorkflowRun:
 def wrap_step(spec: TaskSpec) -> TaskSpec:
     """The spec a run submits for a step (`run_spec` keeps it with the workflow):
     its function wrapped to run each attempt on a fresh copy of the step's input
-    (JSON text) and to return, with the function's value, the context it leaves,
-    as JSON text (the step's output, which the coordinator takes back out of the
-    job's result).
+    (JSON text) and to return, with its value, the context it leaves as JSON text
+    (the step's output, which the coordinator takes back out of the job's result).
 
     So a failed attempt's writes never reach the next attempt, siblings never
     share nested values, and a context that is no longer JSON fails the step
@@ -497,12 +488,9 @@ class StepSubmitter(Protocol):
 
 @final
 class WorkflowRuns:
-    """The workflow runs of one executor: started here or resumed by recovery.
-
-    Built on the executor's parts through what it is handed (a step submitter,
-    the journal, the event stream); the parts know it only as their ``Runs``
-    protocols.
-    """
+    """The workflow runs of one executor, started here or resumed by recovery;
+    built on a `StepSubmitter`, and known to the parts only as their ``Runs``
+    protocols."""
 
     def __init__(self, workflows: dict[str, Workflow], steps: StepSubmitter) -> None:
         self.steps = steps
@@ -527,7 +515,6 @@ class WorkflowRuns:
 
     @property
     def open(self) -> int:
-        """Runs not finished."""
         return len(self.active)
 
     async def start(

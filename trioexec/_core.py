@@ -1,17 +1,13 @@
 """`ExecutorCore`: the parts of one executor, wired together, and the submission path
 that runs through them.
 
-Both facades (`Executor`, `DeterministicExecutor`) hold one. The parts, each
-owning its state:
-
-- `Tally` (counters and gauges), `Pending` (the queue), `EventStream`;
-- `Gate` (admission), `Lifecycle` (each transition of a task), `Workers` (the
-  one place that runs a job), `Shutdown` (the three policies);
-- with a store, `Journal` (what is written and when) and `Recovery` (the lease,
-  orphan recovery).
-
-A submission is checked and made into a `Job` here (`new_job`), decided on by
-the gate, and accepted by the lifecycle, which hands it to the workers.
+Both facades (`Executor`, `DeterministicExecutor`) hold one. Each part owns its
+state: `Tally`, `Pending` (the queue), `EventStream`, `Gate` (admission),
+`Lifecycle` (each transition of a task), `Workers` (the one place that runs a
+job), `Shutdown`, and with a store `Journal` (what is written, when) and
+`Recovery` (the lease, orphan recovery). A submission is checked and made into a `Job`
+here (`new_job`), decided on by the gate, and accepted by the lifecycle, which hands it
+to the workers.
 """
 
 from __future__ import annotations
@@ -125,7 +121,6 @@ class ExecutorConfig:
         factory=dict, converter=key_limits_for, hash=False
     )
     priority_aging: float | None = attrs.field(default=60.0, validator=_seconds)
-    # How long a shutdown drains before it cancels what is left (None: no limit).
     shutdown_grace: float | None = attrs.field(default=None, validator=_grace)
 
     @property
@@ -176,9 +171,9 @@ class ExecutorCore:
         self.events = EventStream(config.event_capacity)
         # With a store, limited keys are shared with every executor on it.
         shared = share_keys and store is not None and bool(config.key_limits)
-        # Each part is made after the parts it calls, and told of them as it is
-        # made. What the queue and the journal decide reaches later parts through
-        # this core (`ready`, `waiting`, `want`, `parked`, `_written`).
+        # Each part is made after the parts it calls, and told of them as it is made;
+        # what the queue and the journal decide reaches later parts through this core
+        # (its Listener methods, and `_written`).
         self.pending = pending = Pending(
             trio.current_time,
             config.key_limits,
@@ -414,10 +409,9 @@ class ExecutorCore:
         return False
 
     async def submit(self, job: Job, *, internal: bool = False, held: bool = False) -> None:
-        """Admit ``job``: a checkpoint; under ``BLOCK`` waits for space.
-        ``held``: the caller holds a place (`Gate.hold`), which is ``job``'s:
-        it goes in ahead of the blocked submitters, who came after the place
-        was held (and the place is given back if ``job`` does not take it)."""
+        """Admit ``job``: a checkpoint; under ``BLOCK`` waits for space. ``held``:
+        the caller holds a place (`Gate.hold`) for ``job``, which goes in ahead of
+        the submitters who blocked since (the place is given back if unused)."""
         # (`new_job` checked that the executor is open.)
         if held:
             self.gate.reserved -= 1
@@ -468,10 +462,10 @@ class ExecutorCore:
         run_id: str,
         on_done: Callable[[Job], None],
     ) -> tuple[Job, bool]:
-        """A workflow run's step as a `Job` that calls ``on_done`` once it has
-        ended (allowed while a DRAIN lets started runs finish), accepted at once
-        if it fits: True. Not a checkpoint (the coordinator checkpoints as it
-        waits for its steps); if False, the step goes through `admit_step`."""
+        """A workflow run's step as a `Job` that calls ``on_done`` once ended
+        (allowed while a DRAIN lets started runs finish), and True if accepted at
+        once; else it goes through `admit_step`. Not a checkpoint (the coordinator
+        checkpoints as it waits for its steps)."""
         # (every argument positional: a keyword costs a search of the parameters)
         job = self.new_job(
             spec, args, spec.id, None, None, None, run_id, run_id, None, None, on_done
@@ -488,47 +482,37 @@ class ExecutorCore:
         self.lifecycle.maybe_idle()
 
     async def admit_step(self, job: Job) -> None:
-        """Admit a step `new_step` could not accept at once: waits for space
-        (``BLOCK``), or raises the refusal."""
+        """Admit a step `new_step` could not accept at once (waits, or raises)."""
         await self.submit(job, internal=True)
 
     def statistics(self) -> ExecutorMetrics:
         return self.tally.snapshot(self.events.dropped)
 
-    # ------------------------------------------------------------ what the queue and journal tell
+    # ------------------------------------------------------------ the parts' Listeners, on_written
 
     def ready(self) -> None:
-        """A task a key or a pause held back may start now (`Listener.ready`)."""
         self.workers.work_arrived()
 
     def waiting(self, job: Job) -> None:
-        """What ``job`` waits on changed (`Listener.waiting`): with a store, journaled."""
         journal_waiting(self.lifecycle, job)
 
     def want(self, state: KeyState) -> None:
-        """A shared key changed (`Listener.want`): the key broker settles it."""
         if self.keyshare is not None:
             self.keyshare.want(state)
 
     def parked(self, job: Job) -> None:
-        """A pause parked ``job`` (`Listener.parked`): a shutdown cancels it."""
         self.shutdown.parked(job)
 
     def timer(self, at: float) -> None:
-        """A key is due sooner (`Listener.timer`): the key timer wakes then."""
         self.key_timer.due_at(at)
 
     def space_freed(self) -> None:
-        """A task ended while recovery waits for room (the lifecycle's `Listener`)."""
         self.waits.space_freed()
 
     def idle(self) -> None:
-        """Nothing is outstanding, and someone waits for that (the lifecycle's
-        `Listener`)."""
         self.waits.idle()
 
     def _written(self, notify: list[Any], fenced: list[str]) -> None:
-        """A batch is durable (the journal's ``on_written``)."""
         self.lifecycle.written(notify, fenced)
 
     # ------------------------------------------------------------ the store's services
@@ -542,8 +526,8 @@ class ExecutorCore:
             self.store_failed(exc)
 
     def store_failed(self, exc: Exception) -> None:
-        """The store failed: stop everything and wake every waiter, who learns
-        of it as one `StoreError` naming the store."""
+        """The store failed: stop everything and wake every waiter (each gets one
+        `StoreError` naming the store)."""
         journal = self.journal
         assert journal is not None
         if journal.fail(exc) is None:

@@ -1,13 +1,12 @@
 """`DeterministicExecutor`: the executor's semantics, one task at a time, in the caller's task.
 
-For tests of code built on the executor: nothing runs until `run_ready` is
-awaited, and then tasks run strictly in FIFO order. Admission, overflow
-policies, key limits, retries, timeouts, budgets, metrics and events behave as in
-`open_executor`; a task's `TaskHandle.defer_until` waits inline (a task that
-defers or waits to retry keeps its key: the key's next tasks, which could only
-run in the same task, run after it ends, in order). The background
-tasks `open_executor` runs beside its workers (a key's refill timer) run during
-`run_ready`, started from the same place (`Workers.start`).
+For tests of code built on the executor: nothing runs until `run_ready` is awaited, and
+then tasks run strictly in FIFO order. Admission, overflow policies, key limits,
+retries, timeouts, budgets, metrics and events behave as in `open_executor`; a task's
+`TaskHandle.defer_until` waits inline (a task that defers or waits to retry keeps its
+key: the key's next tasks, which could only run in the same task, run after it ends, in
+order). A key's refill timer (a retry waits in the caller's task for its next token)
+runs during `run_ready`, started as in `open_executor` (`Workers.start`).
 """
 
 from __future__ import annotations
@@ -76,9 +75,6 @@ class DeterministicExecutor(Facade):
         core = self._core
         completions: list[TaskCompletion[Any]] = []
         body_error: list[BaseException] = []
-        # The background tasks `open_executor` runs beside its workers (a key's
-        # refill timer: a retry waits in the caller's task for its next token) run
-        # in a nursery of this call's, from the same place (`Workers.start`).
         async with one_level(body_error), trio.open_nursery() as nursery:
             core.workers.start(nursery, inline=True)
             try:

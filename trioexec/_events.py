@@ -53,9 +53,8 @@ class EventStream:
         self._capacity = capacity
         self._clock = clock
         # Boxes, so an unread reject/drop event can be replaced by its merged
-        # successor; or a tuple of any other event's fields ((kind, task_id, at)
-        # from `note`, those and policy, reason, attributes from `publish`),
-        # made into a HealthEvent only if it is read (most are not).
+        # successor; any other event is a tuple of its fields (`note`'s three, or
+        # `publish`'s six), made into a HealthEvent only if it is read.
         self._buffer: deque[list[HealthEvent] | tuple[Any, ...]] = deque()
         self._unread: dict[tuple[Any, ...], list[HealthEvent]] = {}
         self._lot = trio.lowlevel.ParkingLot()
@@ -73,8 +72,7 @@ class EventStream:
     ) -> None:
         """Add an event. Never blocks; drops the oldest unread event when full."""
         if kind not in _COALESCING:
-            # Kept as a tuple, made into a HealthEvent only if it is read (most are
-            # not: a workflow step publishes two).
+            # (a tuple: most are never read, and a workflow step publishes two)
             self._push((kind, task_id, self._clock(), policy, reason, attributes))
             return
         key = (kind, policy, reason)

@@ -1,10 +1,9 @@
 """`open_executor`, and `Executor`: the object it yields.
 
 `Executor` is a facade: its public methods check their arguments and delegate
-to the executor's parts, which `ExecutorCore` wires together (see `trioexec._core`);
-workflow runs are kept by `WorkflowRuns` (`trioexec._coordinator`), built on
-those parts. `open_executor` runs the parts' tasks in two nurseries, and takes
-the block's errors down to the one that ended it.
+to the parts `ExecutorCore` wires together (`trioexec._core`); workflow runs are
+kept by `WorkflowRuns` (`trioexec._coordinator`). `open_executor` runs the parts'
+tasks in two nurseries, and takes the block's errors down to the one that ended it.
 """
 
 from __future__ import annotations
@@ -44,9 +43,8 @@ __all__ = ["Executor", "ExecutorConfig", "open_executor", "split_tasks"]
 
 
 class ExecutorOptions(TypedDict, total=False):
-    """The options of `open_executor` and of `DeterministicExecutor` (both take
-    exactly these, keyword-only: this is their one list). `Setup.read` reads them;
-    `ExecutorConfig` holds the defaults of those it checks."""
+    """The options of `open_executor` and `DeterministicExecutor`, keyword-only (their
+    one list), read by `Setup.read`; `ExecutorConfig` checks most and holds their defaults."""
 
     max_concurrent_tasks: int
     queue_capacity: int
@@ -98,8 +96,7 @@ class Setup:
 
 
 class Facade:
-    """What `Executor` and `DeterministicExecutor` both offer, written once: each
-    delegates to the `ExecutorCore` it holds."""
+    """What `Executor` and `DeterministicExecutor` share, delegated to their `ExecutorCore`."""
 
     _core: ExecutorCore
 
@@ -160,10 +157,7 @@ class Facade:
 
     def cancel_pending(self) -> int:
         """End every task that has not started yet as ``CANCELLED``; return how many.
-
-        Never blocks. Running and deferred tasks, and tasks waiting between
-        attempts, are not touched.
-        """
+        Never blocks; running and deferred tasks, and those between attempts, go on."""
         return self._core.lifecycle.cancel_pending()
 
     def statistics(self) -> ExecutorMetrics:
@@ -172,19 +166,16 @@ class Facade:
 
     @property
     def metrics(self) -> ExecutorMetrics:
-        """The same snapshot as `statistics`, as a property (an alias, as API.md §3
-        names both)."""
+        """The snapshot `statistics` returns, as a property (API.md §3 names both)."""
         return self.statistics()
 
     @property
     def events(self) -> EventStream:
         """The bounded `HealthEvent` stream, read with ``async for event in
         ex.events`` (or ``get_nowait``, in a test of a `DeterministicExecutor`).
-
         Buffers from the executor's start; when the reader lags, the oldest unread
         events are dropped and counted (``events_dropped_count``). Iteration ends
-        after the executor has closed and the buffer is empty.
-        """
+        after the executor has closed and the buffer is empty."""
         return self._core.events
 
 
@@ -263,11 +254,9 @@ class Executor(Facade):
         """Submit ``fn(*args)`` and return its `TaskRef` once it is accepted.
 
         A checkpoint. Under ``Overflow.BLOCK`` waits for space when the executor is
-        at capacity; if cancelled while waiting, nothing was submitted.
-
-        With a store, the store's backlog counts too: while the writer is more than
-        ``JOURNAL_LIMIT`` changes behind, ``BLOCK`` waits and every other policy
-        refuses (reason ``store_backlog``).
+        at capacity; if cancelled while waiting, nothing was submitted. With a store,
+        while its writer is more than ``JOURNAL_LIMIT`` changes behind, ``BLOCK``
+        waits too and every other policy refuses (reason ``store_backlog``).
 
         ``key`` puts the task under that key's `KeyLimit` (``key_limits``);
         ``priority`` (an int, higher first) orders it among the tasks that may
@@ -357,8 +346,7 @@ class Executor(Facade):
 
     @property
     def workflow_runs(self) -> Mapping[str, WorkflowRun]:
-        """The runs in progress in this executor (started here or resumed by
-        recovery), by run id."""
+        """The runs in progress here (started here or resumed by recovery), by run id."""
         return self._runs.active
 
     async def run_workflow(
@@ -446,8 +434,7 @@ class Executor(Facade):
         self._core.control.resume(name, key)
 
     def paused(self) -> tuple[frozenset[str], frozenset[str]]:
-        """What is paused now (here, or in the store for every executor on it):
-        ``(names, keys)``."""
+        """What is paused now, here or in the store for every executor on it: ``(names, keys)``."""
         control = self._core.control
         return frozenset(control.names), frozenset(control.keys)
 
@@ -502,9 +489,8 @@ class Executor(Facade):
         (their thread is then abandoned when cancelled) if the grace must bound it.
 
         Called from one of this executor's own tasks, it begins the shutdown and
-        returns at once (a task cannot wait for itself to end); the grace still holds.
-
-        If the caller is cancelled while waiting, the shutdown goes on without it.
+        returns at once (a task cannot wait for itself to end); the grace still
+        holds. If the caller is cancelled while waiting, the shutdown goes on.
 
         Example::
 
@@ -525,7 +511,6 @@ class Executor(Facade):
         if self._schedules is not None:
             self._schedules.close()  # (no occurrence is submitted from now on)
         if core.shutdown.called_by_own_task():
-            # Called by one of our own tasks: it cannot wait for itself to end.
             await trio.lowlevel.checkpoint()
             return
         await core.waits.wait_for_idle()
@@ -577,11 +562,10 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
     and waits for it, for at most ``shutdown_grace`` seconds (None: no limit)
     before what is left is cancelled (see `Executor.shutdown`: the thread of a
     sync task without a ``timeout=`` is waited for even then); if the block
-    raises, outstanding work is cancelled. No task
-    outlives the block (the one exception: the thread of a sync task abandoned at
-    its ``timeout`` runs on until its function returns, without a slot). Errors
-    from the body propagate unwrapped (never inside an ExceptionGroup); a store
-    failure ends the block as one `StoreError` naming the store.
+    raises, outstanding work is cancelled. No task outlives the block, but for the
+    thread of a sync task abandoned at its ``timeout``: it runs on, without a slot,
+    until its function returns. Errors from the body propagate unwrapped (never
+    inside an ExceptionGroup); a store failure ends it as one `StoreError` naming the store.
 
     Failures are captured, not raised: a task's error is in its completion. So
     that none goes unseen, the executor says on stderr as it closes how many
@@ -597,44 +581,35 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
     them from ``tasks``. See `Executor.flush` for what waits for durability.
 
     Args:
-      max_concurrent_tasks: the slots: how many tasks hold one at once (>= 1;
-        default 4).
+      max_concurrent_tasks: how many tasks hold a slot at once (>= 1; default 4).
       queue_capacity: how many accepted tasks may wait beyond the slots (>= 0;
-        default 1024). Admission is bounded by ``max_concurrent_tasks +
-        queue_capacity``, counted over pending, active and deferred tasks.
-      overflow: what a submission does when that bound is reached (`Overflow`;
-        default ``BLOCK``).
-      shutdown_policy: how leaving the block ends the work (`ShutdownPolicy`;
-        default ``DRAIN``).
-      thread_workers: how many plain ``def`` tasks run in threads at once
-        (None, the default: ``max_concurrent_tasks``).
+        default 1024); admission is bounded by ``max_concurrent_tasks +
+        queue_capacity`` over pending, active and deferred tasks.
+      overflow: what a submission does at that bound (`Overflow`; default ``BLOCK``).
+      shutdown_policy: how leaving the block ends the work (`ShutdownPolicy`; default ``DRAIN``).
+      thread_workers: how many plain ``def`` tasks run in threads at once (default
+        None: ``max_concurrent_tasks``).
       store: where every execution is recorded (`SQLiteStore`, `PostgresStore`,
-        `MemoryStore`); None (the default): nothing is recorded. The caller
-        closes it.
+        `MemoryStore`; default None: nowhere). The caller closes it.
       event_capacity: how many unread `HealthEvent` values ``ex.events`` keeps;
         past it the oldest are dropped and counted (default 1024).
       task_budget: the cooperative budget, in seconds of active (slot-holding)
-        time, of a task submitted without a ``budget`` of its own (neither on
-        `Executor.submit` nor on its `TaskSpec`); None (the default): no budget.
-        A task over its budget is not interrupted: its completion says
-        ``budget_exceeded=True`` and ``timeout_budget_exceeded_count`` counts it.
+        time, of a task with no ``budget`` of its own (on `Executor.submit` or its
+        `TaskSpec`; default None: none). A task over it is not interrupted: its
+        completion says ``budget_exceeded=True``; ``timeout_budget_exceeded_count`` counts it.
       tasks: the `TaskSpec` values and `Workflow` objects that recovery and
         ``trioexec retry`` may re-create executions from, by id (default none).
-      recover: with a store, re-run the executions whose owner's lease expired
-        (default False).
-      lease: seconds of the executor's lease on its executions (with a store;
-        default 30).
+      recover: re-run the executions whose owner's lease expired (default False).
+      lease: seconds of the executor's lease on its executions (default 30).
       max_recovery_attempts: how many times one execution may be recovered
         before it is failed as ``abandoned`` (default 3).
       key_limits: one `KeyLimit` for every admission key, or a mapping from key
-        to `KeyLimit` (``"*"``: every key not listed); None (the default): keys
-        are not limited.
+        to `KeyLimit` (``"*"``: every key not listed); default None: no limits.
       priority_aging: a pending task's priority rises by 1 for every that many
-        seconds it has waited (default 60); None: no aging.
+        seconds it has waited (default 60; None: no aging).
       shutdown_grace: how long a shutdown may drain before what is left is
-        cancelled; None (the default): no limit.
-      report_unread_failures: say which failures nobody read, as above (default
-        True).
+        cancelled (default None: no limit).
+      report_unread_failures: say which failures nobody read (default True).
 
     Example::
 
@@ -650,9 +625,9 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
     body_error: list[BaseException] = []  # what the body raised, if anything
     core: ExecutorCore | None = None
     try:
-        # Two nurseries: the workers in the inner one, the store's writer and the
-        # heartbeat in the outer one, so the last completions are written after
-        # the last worker has finished, whatever ended the block.
+        # Two nurseries: the workers in the inner one, the writer and the heartbeat in
+        # the outer, so the last completions are written after the last worker ends,
+        # whatever ended the block.
         async with trio.open_nursery() as infra:
             ex = Executor(setup)
             core = ex._core
@@ -704,8 +679,7 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
 
 
 def _interrupted(exc: BaseException) -> str:
-    """Why the tasks cancelled because the executor's block ended with ``exc``
-    were cancelled, as their store rows say."""
+    """The cancel reason stored for the tasks ended because the block raised ``exc``."""
     if isinstance(exc, KeyboardInterrupt):
         return "interrupted (KeyboardInterrupt: Ctrl-C)"
     if isinstance(exc, trio.Cancelled):

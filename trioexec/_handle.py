@@ -28,9 +28,8 @@ if TYPE_CHECKING:
 
 
 class _Observer(Protocol):
-    """The executor side of a handle: told of every sub-status change,
-    synchronously. ``job`` is what the executor gave the handle to identify
-    its task by."""
+    """The executor side of a handle, told of every sub-status change
+    synchronously; ``job`` is the executor's record of the task."""
 
     def deferred(self, handle: TaskHandle, job: Any) -> None: ...
     def resumed(self, handle: TaskHandle, job: Any) -> None: ...
@@ -57,9 +56,8 @@ def _nth_interval(poll_interval: float | Backoff, n: int) -> float:
 
 
 def _deadline(condition: object) -> float | None:
-    """A number is a deadline on Trio's clock (``trio.current_time() + 30``), as a
-    float (an int past a float's range is ±inf: never, or passed); None for
-    anything else."""
+    """A number as a deadline on Trio's clock, a float (an int past a float's range
+    is ±inf: never, or passed); None for anything else."""
     if isinstance(condition, bool) or not isinstance(condition, int | float):
         return None
     try:
@@ -83,7 +81,6 @@ class _Waiter:
 
     __slots__ = ("_condition", "_kind", "_poll_interval", "_sync")
 
-    # kinds
     VALUE = 0  # trio-util AsyncValue / AsyncBool: wait_value(bool)
     WAITABLE = 1  # trio.Event or anything with an async wait()
     PREDICATE = 2  # zero-argument callable -> bool | Awaitable[bool]
@@ -282,10 +279,9 @@ class TaskHandle:
           (``is_ready``), not a call of it: a coroutine object
           (``is_ready()``) is refused with ``TypeError``.
 
-        If the condition already holds, returns at once without releasing
-        anything. Otherwise the sub-status becomes ``DEFERRED``, the slot is
-        released, the condition awaited, the slot reclaimed and the sub-status
-        set back to ``ACTIVE``.
+        If the condition already holds, returns at once, releasing nothing;
+        otherwise the sub-status is ``DEFERRED`` from the slot's release until a
+        slot is reclaimed.
 
         Always a checkpoint. If the wait is cancelled or the condition raises,
         the slot is reclaimed (shielded) before the exception propagates, so
@@ -375,12 +371,11 @@ class TaskHandle:
         return f"condition {name}"
 
     async def _reclaim_unless_ending(self, slot: SlotToken) -> None:
-        """The wait was cancelled or failed: take a slot back even while being
-        cancelled, so that code after a ``move_on_after`` around the wait runs
-        holding one. Unless the task itself is ending (cancelled by its
-        executor, its timeout expired, its attempt over): then it ends at once,
-        deferred, without waiting for a slot to come free. (Only the exceptional
-        paths pay for this scope.)"""
+        """The wait was cancelled or failed: take a slot back, shielded, so code
+        after a ``move_on_after`` around the wait runs holding one; unless the
+        task itself is ending (cancelled by its executor, timed out, its attempt
+        over): then it ends at once, deferred, waiting for no slot. (Only the
+        exceptional paths pay for this scope.)"""
         observer = self._observer
         deadline = math.inf
         if self._attempt_over:

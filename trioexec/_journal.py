@@ -2,18 +2,16 @@
 
 Transitions are appended on the hot path (a tuple each, see `trioexec._store`)
 and one writer task hands whatever has accumulated to the store in one
-transaction (group commit): whatever comes in while a batch is being written
-goes into the next one. A completion is acknowledged (its ``wait()`` returns)
-only once the batch holding it is durable. The backlog is bounded: past
-`JOURNAL_LIMIT` unwritten changes the executor stops admitting work
-(back-pressure). The first failure of the store is kept, and every later caller
-learns of it as a `StoreError` naming the store.
+transaction (group commit; what comes in meanwhile goes into the next). A completion is
+acknowledged (its ``wait()`` returns) only once the batch holding it is durable. Past
+`JOURNAL_LIMIT` unwritten changes the executor stops admitting work (back-pressure).
 
-A failure ends the journal: what was journaled before it may still be written
-(once, as the executor closes: the failure may have passed), what comes after
-is never written. The tasks the failure itself stops are cancelled here, not in
-the store: their rows stay as they were (pending, running: this executor's, its
-lease left to lapse), and an executor that recovers runs them again.
+The first failure of the store ends the journal; every later caller learns of
+it as a `StoreError` naming the store. What was journaled before it may still be
+written (once, as the executor closes: the failure may have passed); what comes
+after never is. The tasks the failure stops are cancelled here, not in the
+store: their rows stay as they were (this executor's, its lease left to lapse),
+and an executor that recovers runs them again.
 """
 
 from __future__ import annotations
@@ -43,10 +41,9 @@ if TYPE_CHECKING:
 JOURNAL_LIMIT = 50_000
 
 # Group commit: while nobody waits for a completion to be durable, the writer
-# gathers changes for up to this long (or this many) before a transaction.
-# Every batch is a round trip to a worker thread and a few hand-overs of the
-# GIL, which cost the Trio thread far more than the rows themselves; a waiter
-# (`hurry`) or a backlog ends the gathering at once.
+# gathers changes for up to this long (or this many) before a transaction: each
+# batch is a round trip to a worker thread (and the GIL), costing the Trio thread
+# far more than its rows. A waiter (`hurry`) or a backlog ends the gathering.
 GATHER_SECONDS = 0.005
 GATHER_CHANGES = 4096
 _NEVER = 1 << 62
@@ -56,11 +53,8 @@ _NEVER = 1 << 62
 class Journal:
     """The changes not yet in the store, the completions waiting on them, and the
     one lock that orders every call to the store from this executor.
-
-    ``on_written(notify, fenced)``, given when it is made, is called after each
-    batch is durable, with the batch's completions to acknowledge and the task
-    ids the store fenced out.
-    """
+    ``on_written(notify, fenced)`` is called after each batch is durable, with its
+    completions to acknowledge and the task ids the store fenced out."""
 
     def __init__(self, store: Store, on_written: Callable[[list[Any], list[str]], None]) -> None:
         self.store = store
@@ -94,9 +88,8 @@ class Journal:
             self._writer_lot.unpark()
 
     def new_row(self, job: Job, owner_id: str) -> ExecutionRow:
-        """The store's row of a new execution of ``owner_id``'s (not journaled
-        yet): the part of a submission that may raise (its arguments as JSON),
-        made first."""
+        """The store's row of a new execution of ``owner_id``'s, not journaled yet:
+        the part of a submission that may raise (its arguments as JSON), made first."""
         fn = job.fn
         spec_id = fn.id if isinstance(fn, TaskSpec) else None
         try:
@@ -214,8 +207,7 @@ class Journal:
         self._batch_written(notify, fenced)
 
     def write_inline(self) -> None:
-        """`write` for callers that run everything in one task (the
-        DeterministicExecutor, with an inline store)."""
+        """`write` in the caller's task (`DeterministicExecutor`, an inline store)."""
         assert self.store.inline
         batch, self.changes = self.changes, []
         notify, self.notify = self.notify, []
@@ -232,10 +224,7 @@ class Journal:
 
     async def flush(self) -> None:
         """Wait until every change appended so far is durable. A checkpoint.
-
-        Raises:
-          StoreError: the store failed before they were.
-        """
+        Raises `StoreError` if the store failed before they were."""
         target = self._appended
         while self._durable < target:
             if self.failure is not None:

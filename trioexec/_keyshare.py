@@ -4,15 +4,13 @@ With a store, a limited key's concurrency and rate hold across every executor
 that shares it. Each executor holds part of a key's concurrency in the store
 (rows under its lease: a crashed executor's part comes back when its lease
 expires) and takes start tokens from the key's one bucket there
-(`trioexec._store._key_ledger`). The queue (`Pending`) lets a key's tasks
-through only as far as the part held here (``KeyState.cap``) and the tokens
-taken; it tells the broker whenever a key's tasks come, go or wait, and the
-broker settles every key that changed in one store call (a round): it asks for
-what the waiting tasks need and gives back what nobody here uses.
-
-A key the store could not satisfy (other executors hold it, or its bucket is
-empty) is asked again later: when the bucket has a token, or after a short poll
-(`POLL_MIN` doubling to `POLL_MAX`) while others hold its concurrency.
+(`trioexec._store._key_ledger`). The queue lets a key's tasks through only as
+far as the part held here (``KeyState.cap``) and the tokens taken, and tells the
+broker whenever a key's tasks come, go or wait; the broker settles every key
+that changed in one store call (a round), asking for what the waiting tasks
+need and giving back what nobody here uses. A key the store could not satisfy
+is asked again when its bucket has a token, or after a poll (`POLL_MIN`
+doubling to `POLL_MAX`) while others hold its concurrency.
 """
 
 from __future__ import annotations
@@ -61,10 +59,9 @@ class KeyBroker:
         self._lot = trio.lowlevel.ParkingLot()
         self._settling = False
         self.rounds = 0  # store calls made (tests and statistics)
-        # Slots free for tasks not let through yet. A shared rate's tokens are
-        # asked for only for tasks that can start (and one more): tokens that
-        # wait for slots would let starts bunch up when the slots come free.
-        # Keys held to fewer so are `_starved`.
+        # Slots free for tasks not let through yet: a shared rate's tokens are
+        # asked for only for tasks that can start (and one more), else tokens that
+        # wait for slots would let starts bunch up. Keys held to fewer are `_starved`.
         self.free_slots = free_slots
         self._starved: set[str] = set()
         self._budget = 0  # (free slots left in the round being made)
@@ -159,8 +156,7 @@ class KeyBroker:
                     want = max(self._budget, 0 if state.tokens > 1.0 - _EPSILON else 1)
                 tokens = max(0, want - math.floor(spare + _EPSILON))
                 if tokens and state.granted:
-                    # Tokens still held pay for their wait first: else one that
-                    # waited for a slot and a new one could start together.
+                    # (tokens held here pay for their wait first: `owe_for_waiting`)
                     state.owe_for_waiting(trio.current_time())
                 self._budget -= tokens
             elif spare > 0 and not queued and not state.retriers:
@@ -188,8 +184,7 @@ class KeyBroker:
         )
 
     def _apply(self, requests: list[KeyRequest], grants: list[KeyGrant], asked: float) -> None:
-        """Hand each key what the store granted (in a round sent at ``asked``),
-        and plan the keys to ask again."""
+        """Hand each key what the store granted (asked at ``asked``); plan the next asks."""
         now = trio.current_time()
         pending = self._pending
         self._settling = True

@@ -41,11 +41,9 @@ class ExecutorMetrics:
 
 @final
 class Tally:
-    """The executor's counters and gauges as they change: the one place each is
-    kept. `ExecutorMetrics` is a snapshot of it (plus the event stream's drops).
-
-    Plain slotted attributes, bumped in place on the hot path.
-    """
+    """The executor's counters and gauges as they change, the one place each is
+    kept: plain slotted attributes, bumped in place on the hot path.
+    `ExecutorMetrics` is a snapshot of it (plus the event stream's drops)."""
 
     __slots__ = (
         "active_count",

@@ -4,11 +4,10 @@ OpenTelemetry spans) as its tasks move, and the ``trioexec`` logger.
 An observer sees each accepted task (`Observer.submitted`, in the submitter's
 task), each attempt's start (in the worker's task), deferrals and resumptions,
 retries, and the one end (`Observer.finished`); with a store, also an end the
-store then refused (`Observer.overruled`). With none registered the
-executor pays one ``None`` check per step. An observer must be quick: it runs
-on the executor's path, between a task's steps; one that raises is logged and
-told nothing more (`Observers`). Per task, the calls come in order; a task that
-ends (or retries) while deferred gets no ``resumed`` first.
+store then refused (`Observer.overruled`). With none registered the executor
+pays one ``None`` check per step. An observer must be quick (it runs between a
+task's steps); per task the calls come in order, and a task that ends (or
+retries) while deferred gets no ``resumed`` first.
 
 The logger writes one record per failure (ERROR), retry (INFO), abandonment
 (ERROR) and lease loss (WARNING), with ``task_id``, ``task_name`` and ``attempt``
@@ -48,9 +47,8 @@ class Observer(Protocol):
 
 
 class Observed(Protocol):
-    """Where an executor tells its observer (its lifecycle), as `trioexec.contrib`
-    sees it: the observer it tells (an `Observers` once one is added), how to
-    add and remove one, and what a live task waits on."""
+    """An executor's lifecycle as `trioexec.contrib` sees it: the observer it tells
+    (an `Observers` once one is added), and what a live task waits on."""
 
     @property
     def observer(self) -> Observer | None: ...
@@ -160,8 +158,8 @@ def lifecycle_of(ex: Any) -> Observed:
 
 
 def owner_of(ex: Any) -> str:
-    """``ex``'s owner id (`Executor.owner`; a `DeterministicExecutor` has one
-    too): what tells executors apart."""
+    """``ex``'s owner id (`Executor.owner`; a `DeterministicExecutor` has one too),
+    which tells executors apart."""
     owner: str = ex._core.owner_id
     return owner
 

@@ -11,9 +11,9 @@ import attrs
 from ._errors import TaskCancelled, TaskRejected
 
 if TYPE_CHECKING:
-    # PEP 696 defaults (typing has them from 3.13): a bare `TaskCompletion` is
-    # `TaskCompletion[Any]`, as it was before it was generic. Type checkers only:
-    # at run time the parameters are plain TypeVars (no dependency, no cost).
+    # PEP 696 defaults (typing has them from 3.13), for type checkers only: a bare
+    # `TaskCompletion` is `TaskCompletion[Any]`. At run time, plain TypeVars (no
+    # dependency, no cost).
     from typing_extensions import TypeVar
 
     T_co = TypeVar("T_co", covariant=True, default=Any)
@@ -61,9 +61,9 @@ def storable(value: str) -> bool:
 
 def matchable(what: str, value: object) -> bool:
     """A text a store's lookup is asked for (`Store.execution`'s task id, a filter
-    of `Store.executions`): False if no store can hold it (a NUL, a lone
-    surrogate), so nothing stored matches it. The one rule of every store's
-    lookups. Raises TypeError naming a value that is not a str."""
+    of `Store.executions`): False if no store can hold it (a NUL, a lone surrogate),
+    so nothing stored matches it: the one rule of every store's lookups. Raises
+    TypeError naming a value that is not a str."""
     if not isinstance(value, str):
         raise TypeError(f"{what} must be a str, got {type(value).__name__} {value!r}")
     return storable(value)
@@ -83,9 +83,8 @@ def safe_repr(obj: object) -> str:
 
 
 def storable_text(text: str) -> str:
-    """``text`` (an error message, say) as every store can hold it: lone
-    surrogates and NUL escaped (``\\udc80``, ``\\x00``), cut to ``MAX_TEXT``
-    characters."""
+    """``text`` (an error message, say) as every store can hold it: lone surrogates
+    and NUL escaped (``\\udc80``, ``\\x00``), cut to ``MAX_TEXT`` characters."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError:
@@ -112,10 +111,9 @@ def _number(value: object) -> str:
 
 
 def stored_int(what: str, value: object, *, minimum: int = INT64_MIN) -> int:
-    """``value`` if it is an int (not a bool) from ``minimum`` to 2**63 - 1, as a
-    64-bit column holds it: the one check of every int that reaches a store
-    (``after=``, ``limit=``, a version). Raises ValueError naming ``what`` and
-    the value."""
+    """``value`` if it is an int (not a bool) from ``minimum`` to 2**63 - 1, as a 64-bit
+    column holds it: the one check of every int that reaches a store (``after=``,
+    ``limit=``, a version); else ValueError naming ``what`` and the value."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ValueError(f"{what} must be an int, got {_number(value)}")
     if not minimum <= value <= INT64_MAX:
@@ -125,13 +123,11 @@ def stored_int(what: str, value: object, *, minimum: int = INT64_MIN) -> int:
 
 
 def stored_float(what: str, value: object) -> float:
-    """``value`` (an int or a float, not a bool) as the float a store keeps
-    (REAL, double precision): the one conversion of every number of seconds or
-    time that reaches a store (``since=``, ``timeout``, ``ttl``...), before the
-    caller checks its range (NaN and infinities are floats: the caller's range
-    refuses them where they mean nothing). An int no float can hold
-    (``10**400``) raises ValueError naming ``what`` and the value, as a
-    non-number does."""
+    """``value`` (an int or a float, not a bool) as the float a store keeps: the
+    one conversion of every number of seconds that reaches a store (``since=``,
+    ``timeout``, ``ttl``...). NaN and infinities pass (the caller's range refuses
+    them where they mean nothing). Raises ValueError naming ``what`` and the value
+    for a non-number or an int no float holds (``10**400``)."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError(f"{what} must be a number of seconds, got {_number(value)}")
     try:
@@ -204,13 +200,10 @@ class SubStatus(enum.StrEnum):
 class TaskCompletion(Generic[T_co]):
     """How one execution ended. Exactly one exists per accepted submission.
 
-    Generic in the task's value: ``TaskCompletion[T]`` for a task that returns a
-    ``T`` (``ex.submit(fn, ...)`` of ``async def fn(...) -> T`` gives a
-    ``TaskRef[T]``, whose ``wait()`` returns one); `unwrap` returns that value or
-    raises the task's error.
+    Generic in the task's value: a ``TaskRef[T]``'s ``wait()`` returns a
+    ``TaskCompletion[T]``, whose `unwrap` returns that ``T`` or raises the task's error.
 
-    ``error`` is the exception object (or None); ``result`` the return value
-    (None unless ``ok``).
+    ``error`` is the exception object (or None).
     ``submitted_at``/``started_at``/``finished_at`` are wall-clock Unix seconds
     (``started_at`` is None if the task never started); ``deferred_seconds`` is
     measured on Trio's clock.
@@ -262,17 +255,16 @@ class ExecutionRecord:
 
     Times are wall-clock Unix seconds from the store's clock. ``sub_status`` is set
     only while ``status`` is RUNNING. ``lease_expires_at`` is the owner's lease
-    (one lease per executor, renewed by its heartbeat). ``key`` and ``priority``
-    are the submission's admission key (None: no key) and priority, as submitted.
-    ``waiting_on`` is why a live execution is not running, as its executor last
-    journaled it (`TaskRef.waiting_on`: ``"slot"``, ``"key concurrency <key>"``,
+    (one per executor, renewed by its heartbeat). ``key`` and ``priority`` are
+    the submission's admission key (None: no key) and priority, as submitted (not
+    aged). ``waiting_on`` is why a live execution is not running, as its executor
+    last journaled it (`TaskRef.waiting_on`: ``"slot"``, ``"key concurrency <key>"``,
     ``"rate limit <key>"``, ``"paused"``, ``"retry backoff"``, ``"event"``,
-    ``"condition <name>"``, ``"promise <id>"``); None while it runs, once it
-    ended, and for rows written before the stores recorded it. ``traceback`` is
-    the formatted traceback of the exception that ended a FAILED or TIMED_OUT
-    execution (None otherwise, and for rows written before the stores recorded
-    it); a requeued execution keeps its last error and traceback until its next
-    attempt ends.
+    ``"condition <name>"``, ``"promise <id>"``); None while it runs or once it
+    ended. ``traceback`` is the formatted traceback of the error that ended a
+    FAILED or TIMED_OUT execution (None otherwise); both are None in rows written
+    before the stores recorded them. A requeued execution keeps its last error
+    and traceback until its next attempt ends.
     """
 
     task_id: str
@@ -304,9 +296,8 @@ class ExecutionRecord:
 
     def owner_gone_for(self, now: float) -> float | None:
         """Seconds since this live execution's owner stopped holding it: its lease
-        expired (the process died or was killed, so nothing heartbeats it) or it
-        has no owner at all (requeued: 0.0). None once it ended, or while a live
-        owner holds it. ``now`` is the store's wall clock."""
+        expired (nothing heartbeats it) or it has no owner (requeued: 0.0). None
+        once it ended, or while a live owner holds it; ``now`` on the store's clock."""
         if self.status is not TaskStatus.PENDING and self.status is not TaskStatus.RUNNING:
             return None
         if self.owner is None:

@@ -70,9 +70,8 @@ class Recovery:
         self._specs = specs
         self._recovered = recovered
         self._poked = trio.Event()  # (`poke`)
-        # Renewals take turns with giving the lease up (`close`), not with the
-        # journal's calls: a renewal queued behind a long recovery pass or a
-        # slow write let a live executor's lease lapse on a loaded machine.
+        # Renewals take turns with `close` only, not with the journal's calls: one
+        # queued behind a long recovery pass or a slow write could let the lease lapse.
         self._lease_lock = trio.Lock()
         self._released = False
 
@@ -185,13 +184,12 @@ class Recovery:
         return len(result.claimed) >= room
 
     async def _give_back(self, claimed: list[ExecutionRecord]) -> None:
-        """Executions claimed while the executor began to close: ownerless again,
-        so any executor recovers them at once and counts no recovery more (this
-        one ran nothing: counted twice, a few unlucky closings would abandon a
-        task that never ran). Best effort: after a store failure, or while tasks of
-        ours are still live, close does not wait for it and the claims lapse with
-        the lease as before; a store error writing it fails the close as any
-        write's would."""
+        """Executions claimed while the executor began to close go back, ownerless,
+        so any executor recovers them at once and counts no recovery more (counted
+        twice, a few unlucky closings would abandon a task that never ran). Best
+        effort: after a store failure, or while tasks of ours are live, close does
+        not wait for it and the claims lapse with the lease; a store error here
+        fails the close as any write's would."""
         if claimed:
             journal = self._journal
             released = [Release((r.task_id, r.version)) for r in claimed]

@@ -1,26 +1,22 @@
 """Schedules: one task per occurrence of a cron expression (`Executor.schedule`).
 
 Occurrences are wall-clock times (the store's clock, else ``time.time``) that
-cronsim computes in the schedule's time zone (a `zoneinfo` zone; cronsim places
-the occurrences a DST change skips or repeats as Debian cron does). The wait for
-each one is a sleep on Trio's clock, so a mock clock drives schedules in tests
-(with ``trioexec.testing.FakeWallClock`` as the store's clock).
+cronsim computes in the schedule's `zoneinfo` zone (placing what a DST change
+skips or repeats as Debian cron does). The wait for each is a sleep on Trio's
+clock, so a mock clock drives schedules in tests (with
+``trioexec.testing.FakeWallClock`` as the store's clock), of at most `MAX_SLEEP`
+at a time: a wall clock that steps forward (NTP, a resumed VM) delays an
+occurrence by at most that much.
 
 Each occurrence runs as a task with the id ``"<schedule id>@<time, UTC, ISO 8601>"``.
-With a store, an executor claims the occurrence in the store (one insert keyed by
-schedule id and time, `Store.claim_occurrence`) before it submits it, so of the
-executors sharing a store one runs it. The claim, not the execution row, decides:
-a task can start before its submission is durable. An executor claims only an
-occurrence it has room for (or, under ``BLOCK``, will wait for room for): full
-under a refusing policy, it leaves the occurrence unclaimed for another executor
-on the store (a ``schedule_skipped`` event, reason ``no_room``). A claimed
-occurrence that this executor does not submit after all (refused, or it closed or
-was cancelled while waiting for room) is released (`Store.release_occurrence`),
-so another executor on the store may still run it.
-
-The wait for an occurrence sleeps at most `MAX_SLEEP` at a time and reads the
-wall clock again: a wall clock that steps forward (NTP, a resumed VM) delays an
-occurrence by at most that much.
+With a store, an executor claims the occurrence (`Store.claim_occurrence`) before
+it submits it, so one of the executors sharing the store runs it: the claim, not
+the execution row, decides (a task can start before its submission is durable).
+An executor claims only an occurrence it has room for (or, under ``BLOCK``, will
+wait for), else it leaves it unclaimed (a ``schedule_skipped`` event, reason
+``no_room``); a claimed occurrence it does not submit after all (refused, or it
+closed or was cancelled while waiting for room) is released for another executor
+(`Store.release_occurrence`).
 """
 
 from __future__ import annotations
@@ -88,11 +84,8 @@ def _cron(cron: str, start: datetime.datetime, *, reverse: bool = False) -> Cron
 def occurrence_after(cron: str, zone: zoneinfo.ZoneInfo, t: float) -> float:
     """The first occurrence of ``cron`` in ``zone`` after the second ``t`` falls in
     (wall-clock seconds in, seconds out; always a whole second, always later than ``t``).
-
-    Raises:
-      ValueError: a cron expression cronsim refuses, or one with no occurrence
-        in the next 50 years.
-    """
+    Raises ValueError for a cron expression cronsim refuses, or one with no
+    occurrence in the next 50 years."""
     occurrences = _cron(cron, _at(t, zone))
     try:
         found = next(occurrences).timestamp()
@@ -240,9 +233,8 @@ class Schedules:
             with schedule._scope:
                 await self._occurrences(schedule, first)
         finally:
-            # However it ended (cancelled, its executor closed, the executor's
-            # block raised and its nursery was cancelled, a store failure), it
-            # says so: ``cancelled`` is True.
+            # However it ended (cancelled, its executor closed or failed, its
+            # nursery cancelled), ``cancelled`` says so.
             if self.active.get(schedule.schedule_id) is schedule:
                 del self.active[schedule.schedule_id]
             schedule.cancel()
@@ -272,8 +264,7 @@ class Schedules:
         while True:
             delay = at - wall()
             if delay > 0:
-                # In steps, looking at the wall clock again after each: it may lag
-                # Trio's, or step forward (NTP, a resumed VM) while we sleep.
+                # (in steps of at most MAX_SLEEP: the wall clock may lag Trio's, or jump)
                 await trio.sleep(min(delay, MAX_SLEEP))
                 continue
             # (if a submission waits for room past several occurrences, the first
@@ -293,12 +284,10 @@ class Schedules:
         task_id = occurrence_task_id(schedule.schedule_id, at)
         held = False
         if journal is not None:
-            # Claim only what this executor can take: with no room here under a
-            # refusing policy, the occurrence is left unclaimed for another
-            # executor on the store (claimed, then refused or dropped, it was lost
-            # to one that had room). A place is held back while the claim is
-            # made, and the submission right after it takes it (ahead of those
-            # who blocked meanwhile: they came after it).
+            # Claim only what this executor can take (claimed, then refused or
+            # dropped, it would be lost to an executor that had room). A place is held
+            # back while the claim is made, for the submission right after it (ahead of
+            # those who blocked meanwhile: they came after it).
             gate = core.gate
             decision = gate.decide(True)
             if decision not in (Admit.ACCEPT, Admit.WAIT, Admit.DROP_OLDEST):
@@ -343,10 +332,9 @@ class Schedules:
             await self._release(schedule, at)
             return True
         except (TaskRejected, ValueError) as exc:
-            # Refused: a full executor under REJECT, FAIL_FAST, DROP_OLDEST, or a
-            # ValueError (an argument its key is made of, say). Another executor
-            # may have room: the claim goes back. An id in use here or in the
-            # store, though, means the occurrence was submitted already.
+            # Refused (a full executor, or a ValueError: an argument its key is made
+            # of, say): the claim goes back for another executor, unless the id is in
+            # use here or in the store (the occurrence was submitted already).
             in_use = isinstance(exc, ValueError) and self._in_use(task_id)
             if not in_use:
                 await self._release(schedule, at)

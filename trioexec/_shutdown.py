@@ -54,14 +54,11 @@ class Shutdown(Closing):
     def begin(
         self, policy: ShutdownPolicy, grace: float | None = None, *, reason: str | None = None
     ) -> None:
-        """Stop accepting work and apply ``policy``. Never blocks; may be called
-        again with a stricter policy or a shorter grace.
-
-        With a ``grace`` (seconds, checked by the caller), what is still outstanding
-        that long from now is cancelled as under ``CANCEL``. A ``reason`` (the
-        executor's block ended by an exception: "interrupted") is what the tasks
-        it cancels end with in the store.
-        """
+        """Stop accepting work and apply ``policy``; what is still outstanding
+        ``grace`` seconds from now (checked by the caller) is cancelled as under
+        ``CANCEL``. Never blocks; may be called again with a stricter policy or a
+        shorter grace. ``reason`` (the block ended by an exception) is what the
+        tasks it cancels end with in the store."""
         if reason is not None:
             self._lifecycle.cancel_reason = reason
         cancel_pending, cancel_running = self.close(policy)
@@ -98,8 +95,7 @@ class Shutdown(Closing):
         trio.lowlevel.current_trio_token().run_sync_soon(self._lifecycle.cancel, job)
 
     async def wait_closed(self) -> None:
-        """Wait until a shutdown has begun (whoever began it) and nothing is
-        outstanding any more. A checkpoint."""
+        """Wait until a shutdown has begun (by anyone) and nothing is outstanding. A checkpoint."""
         await self._begun.wait()
         await self._waits.wait_for_idle()
 

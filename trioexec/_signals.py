@@ -2,8 +2,7 @@
 
 A service manager (systemd, Kubernetes, a terminal's Ctrl+C) asks a worker to stop
 with a signal, and sends a stronger one, or SIGKILL, when it has waited long
-enough. The first signal drains the executor, bounded by a grace; a second one
-cancels what is left at once.
+enough: the first signal drains, the second cancels.
 """
 
 from __future__ import annotations
@@ -33,12 +32,11 @@ async def serve_until_signal(
     (None: ``ex`` was shut down otherwise, without a signal).
 
     Await it inside the ``async with open_executor(...)`` block, once the work is
-    started: it waits until one of ``signals`` arrives, then drains the executor
-    (``ShutdownPolicy.DRAIN``: nothing new is accepted, what was accepted
-    runs to its end) for at most ``grace`` seconds (default: the executor's
-    ``shutdown_grace``; None there means no limit), after which what is left is
-    cancelled. A second signal during the drain cancels what is left at once
-    (``ShutdownPolicy.CANCEL``). Returns, with the first signal's number, once
+    started. The first signal drains the executor (``ShutdownPolicy.DRAIN``:
+    nothing new is accepted, what was accepted runs to its end) for at most
+    ``grace`` seconds (default: the executor's ``shutdown_grace``; None there
+    means no limit), after which what is left is cancelled; a second signal
+    cancels what is left at once (``ShutdownPolicy.CANCEL``). Returns once
     nothing is outstanding; leaving the block then closes the executor.
 
     If ``ex`` shuts down some other way first (one of its tasks, or another task,

@@ -38,10 +38,10 @@ class SlotPool:
         _check_total(total)
         self._limiter = trio.CapacityLimiter(total)
         #: Tokens queued in `SlotToken.reclaim` now (read it, never assign): a
-        #: holder that could keep its slot for more work gives it up instead
-        #: while anyone is queued (FIFO). Cheaper than `waiting`, which also
-        #: counts borrowers of the raw `limiter`; a plain attribute because the
-        #: executor's workers read it between every two jobs.
+        #: holder that could keep its slot for more work gives it up while anyone
+        #: is queued (FIFO). Cheaper than `waiting` (which also counts borrowers of
+        #: the raw `limiter`); a plain attribute: the executor's workers read it
+        #: between every two jobs.
         self.reclaiming = 0
         # Told (synchronously) after every resize; the executor starts workers.
         self._listeners: list[Callable[[], None]] = []
@@ -179,12 +179,10 @@ class SlotToken:
         return self.hold_nowait()
 
     def hold_nowait(self) -> bool:
-        """Hold a slot without waiting: True if this token holds one now (it
-        did already, or took a free one); False if none is free or someone is
-        queued (FIFO is kept). Never blocks and is not a checkpoint.
-
-        `try_reclaim` for a caller that does not know whether it holds one (the
-        executor's workers, between jobs: one call instead of two)."""
+        """`try_reclaim` for a caller that may hold a slot already (the executor's
+        workers, between jobs: one call instead of two): True if this token holds
+        one now; False if none is free or someone is queued (FIFO). Never blocks
+        and is not a checkpoint."""
         if self._held:
             return True
         try:

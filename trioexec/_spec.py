@@ -54,8 +54,7 @@ def _annotation_is_handle(annotation: Any) -> bool:
     if annotation is inspect.Parameter.empty:
         return False
     if isinstance(annotation, str):
-        # `from __future__ import annotations`: match the name, qualified or not,
-        # optionally wrapped in quotes or Optional-style unions are out of scope.
+        # A string annotation: the name, qualified or not, maybe quoted (no unions).
         name = annotation.strip().strip("'\"")
         return name == "TaskHandle" or name.endswith(".TaskHandle")
     return annotation is TaskHandle
@@ -206,8 +205,7 @@ _PRIORITY_BOUND = 2**62
 
 
 def check_priority(priority: object) -> int:
-    """A task's priority: an int (not a bool) of magnitude below 2**62.
-    Raises TypeError or ValueError naming it."""
+    """A priority: an int (not a bool) below 2**62 in magnitude; else TypeError or ValueError."""
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise TypeError(f"priority must be an int, got {priority!r}")
     if not -_PRIORITY_BOUND < priority < _PRIORITY_BOUND:
@@ -216,13 +214,9 @@ def check_priority(priority: object) -> int:
 
 
 def spec_key(spec: TaskSpec, args: tuple[Any, ...]) -> str:
-    """The key of a task of ``spec`` called with ``args`` (its ``key``, or what
-    its key function returns for them).
-
-    Raises:
-      ValueError: the key function raised, or returned something that is not a
-        usable key (naming the spec and the value).
-    """
+    """The key of a task of ``spec`` called with ``args``: its ``key``, or what its
+    key function returns for them. Raises ValueError naming the spec if the
+    function raised or returned something that is not a str."""
     key = spec.key
     if callable(key):
         try:
@@ -411,12 +405,8 @@ def task(
 
 
 def collect_specs(items: Iterable[object]) -> dict[str, TaskSpec]:
-    """Index the specs a caller hands over (the executor's ``tasks=``) by id.
-
-    Raises:
-      TaskDefinitionError: for a duplicate id (naming it) or an item that is not
-        a `TaskSpec`.
-    """
+    """Index the specs of ``tasks=`` by id. Raises TaskDefinitionError for a
+    duplicate id (naming it) or an item that is not a `TaskSpec`."""
     specs: dict[str, TaskSpec] = {}
     for item in items:
         if not isinstance(item, TaskSpec):

@@ -1,11 +1,9 @@
 """`Job`, the per-task record the executor's parts share, and `TaskRef`, the
 view of it a submitter holds.
 
-A `Job` is what the parts pass around: admission queues it, a worker runs it,
-the lifecycle finishes it, the journal records it. Its fields are the facts of
-one execution (status, attempts, result, the running attempt's scope and
-deadline, whether its completion is durable yet). `TaskRef` is the public face
-of one: read-only status and the completion, ``wait()`` and ``cancel()``.
+Admission queues a `Job`, a worker runs it, the lifecycle finishes it, the
+journal records it; its fields are the facts of one execution. `TaskRef` is its
+public face: read-only status and the completion, ``wait()`` and ``cancel()``.
 """
 
 from __future__ import annotations
@@ -31,12 +29,11 @@ if TYPE_CHECKING:
 #   async def f(*args) -> T                  -> TaskRef[T]
 #   async def f(*args, h: TaskHandle) -> T   -> TaskRef[T] (the handle last, any name)
 #   def f(*args) -> T, def f(*args, h) -> T  -> TaskRef[T] (run in a thread)
-#   a keyword-only handle (named ``handle`` or ``task_handle``) -> TaskRef[Any]: the
-#     arguments are checked, not the value (mypy solves no return type through a
-#     protocol with a TypeVarTuple).
-# A `TaskSpec` is typed like its function. The overloads sit under TYPE_CHECKING
-# (the facade's classes stay small); the implementations take ``*args: object``
-# (mypy matches no ``*args: Any`` with ``*Ts`` there).
+#   a keyword-only ``handle``/``task_handle`` -> TaskRef[Any]: the arguments are
+#     checked, not the value (mypy solves no return type through a TypeVarTuple protocol).
+# A `TaskSpec` is typed like its function. The overloads sit under TYPE_CHECKING (the
+# facade's classes stay small); the implementations take ``*args: object`` (mypy
+# matches no ``*args: Any`` with ``*Ts`` there).
 Ts = TypeVarTuple("Ts")
 R = TypeVar("R")
 
@@ -267,7 +264,6 @@ class TaskRef(Generic[T_co]):
             else:
                 await trio.lowlevel.checkpoint()
             if owner.failure is not None and (not job.ended or job.pending_ack):
-                # The store failed before this completion was durable.
                 raise owner.failure_error()
         else:
             await trio.lowlevel.checkpoint()

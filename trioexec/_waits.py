@@ -65,10 +65,9 @@ class KeyTimer:
 
 @final
 class LifecycleWaits:
-    """Who waits on the lifecycle: for nothing to be outstanding
-    (`wait_for_idle`: the executor's close, a shutdown), and recovery for a
-    task to end (`wait_space_freed`). The lifecycle tells when (its listener,
-    the core, hands it on: `idle`, `space_freed`)."""
+    """Who waits on the lifecycle: for nothing to be outstanding (`wait_for_idle`:
+    the executor's close, a shutdown), and recovery for a task to end
+    (`wait_space_freed`). The lifecycle tells when, through the core."""
 
     __slots__ = ("_idle", "_lifecycle", "_space")
 

@@ -1,16 +1,15 @@
 """`Workers`: the pool of worker tasks that run the executor's jobs.
 
-Shape (chosen for speed; see docs/design): one worker task per slot, not one
-Trio task per submission. A worker takes a slot (FIFO, the same line deferred
-tasks rejoin), then the next pending job, and runs it; between jobs it keeps
-its slot unless someone is queued for one. When a task defers, its coroutine
-keeps its worker and a fresh worker is started for the freed slot; when the
-deferred task finishes, its worker retires if the pool is over strength.
+One worker task per slot, not one Trio task per submission (for speed; see docs/design).
+A worker takes a slot (FIFO, the line deferred tasks rejoin), then the next pending job,
+and runs it; between jobs it keeps its slot unless someone is queued for one or nothing
+is left to run. A deferring task keeps its worker and a fresh one starts for the freed
+slot; when it finishes, its worker retires if the pool is over strength.
 
 This is the one place that runs a job: attempts, timeouts, budgets and retries
-(`Workers.run_job`); the worker loop inlines the plain async call for speed, and
-`DeterministicExecutor` runs jobs through `Workers.run_next` in its caller's task.
-The workers are also the executor side of every `TaskHandle` (its observer).
+(`Workers.run_job`; the worker loop inlines the plain async call, and
+`DeterministicExecutor` runs jobs through `Workers.run_next` in its caller's
+task). The workers are also the executor side of every `TaskHandle`.
 """
 
 from __future__ import annotations
@@ -36,8 +35,7 @@ from ._waits import KeyTimer, rejoin, wait_unpaused
 
 @final
 class Workers:
-    """The worker tasks of one executor (none without a nursery: then the
-    caller runs jobs with `run_next`)."""
+    """The worker tasks of one executor (none without a nursery: see `run_next`)."""
 
     def __init__(
         self,
@@ -61,8 +59,8 @@ class Workers:
         self._pending = lifecycle.pending
         self._idle: list[trio.lowlevel.Task] = []  # parked, waiting for work
         # Workers woken (or started) for queued work that have not looked at the
-        # queue yet: the jobs they will take are no reason for another worker to
-        # stay up for them (each job costs one worker wake-up, as in a channel pool).
+        # queue yet: no other worker need stay up for the jobs they will take (one
+        # wake-up per job, as in a channel pool).
         self._coming = 0
         self._count = 0  # workers not parked in a deferral
         self._total = pool.total
@@ -74,13 +72,11 @@ class Workers:
 
     def start(self, nursery: trio.Nursery, *, inline: bool = False) -> None:
         """The executor's tasks run in ``nursery`` from now on: its workers, and
-        the background tasks its parts start when first needed (the key refill
-        timers, the poller of deferred tasks' sync predicates; schedules, workflow
-        coordinators and the shutdown's grace timer take ``self.nursery``).
-
-        ``inline`` (`DeterministicExecutor`, for one `run_ready`): jobs run in the
-        caller's task (`run_next`), so no workers and no poller (a deferred task
-        polls in its own task); every other background task it can need runs in
+        what its parts start when first needed (key refill timers, the poller of
+        sync predicates; schedules, workflow coordinators and the grace timer take
+        ``self.nursery``). ``inline`` (`DeterministicExecutor`, for one
+        `run_ready`): jobs run in the caller's task (`run_next`), so no workers and
+        no poller (a deferred task polls in its own task); the rest runs in
         ``nursery`` as in `open_executor`. The one place both start them
         (tests/test_deterministic.py lists each task and its stand-in)."""
         self._key_timer.start(nursery)
@@ -138,13 +134,9 @@ class Workers:
             self._wake()
 
     async def _worker(self) -> None:
-        """Run jobs until the worker should stop.
-
-        A worker queues for a slot *before* it takes a job, so a task is pending
-        exactly while it is in the queue, and queued work and resuming tasks
-        stand in the one FIFO line for slots. Between jobs it keeps its slot
-        unless someone is queued for one or the queue is empty.
-        """
+        """Run jobs until the worker should stop. It queues for a slot *before*
+        it takes a job, so a task is pending exactly while it is in the queue,
+        and queued work and resuming tasks stand in the one FIFO line for slots."""
         self._coming -= 1
         # Few locals: a deferred task keeps its worker's frame (bytes per task).
         pool = self.pool
@@ -154,10 +146,9 @@ class Workers:
         leave_idle = functools.partial(self._leave_idle, me)  # (one per worker, not per park)
         try:
             while True:
-                # One cancel scope serves job after job until one of them is
-                # cancelled (ref.cancel() cancels the scope of the worker running
-                # it); then the worker takes a fresh scope. Entering a scope per
-                # job would be the largest cost of running a small task.
+                # One cancel scope serves job after job until one is cancelled
+                # (ref.cancel() cancels its worker's scope), then a fresh one: a
+                # scope per job would be the largest cost of a small task.
                 with trio.CancelScope() as scope:
                     while True:
                         if self._pending.startable <= self._coming:  # (those coming take it)
@@ -372,10 +363,9 @@ class Workers:
     ) -> Any:
         if is_async:
             return await fn(*args)
-        # With a timeout the thread is abandoned when it expires: the attempt ends
-        # then, and the thread keeps its thread token until it really returns.
-        # (Without one, a thread is waited for, and calls back into Trio from it
-        # run in the task itself: causation ids and cancellation follow it.)
+        # With a timeout, the thread is abandoned when it expires (it keeps its
+        # thread token until it returns). Without one, it is waited for, and its
+        # calls back into Trio run in the task: causation ids and cancellation follow.
         return await trio.to_thread.run_sync(
             functools.partial(fn, *args), limiter=self.thread_limiter, abandon_on_cancel=abandon
         )
@@ -410,8 +400,7 @@ class Workers:
         self._stays_without_slot()
 
     async def reclaim(self, job: Job, slot: SlotToken) -> None:
-        """A deferred task takes its key (if it has one) back, then a slot. If
-        cancelled meanwhile, it holds neither."""
+        """A deferred task takes its key back (if any), then a slot; cancelled, it holds neither."""
         journal_waiting(self._lifecycle, job)  # (its condition held: a slot next)
         if job.key is None:
             await slot.reclaim()

@@ -132,8 +132,7 @@ class Workflow:
         self._children = {sid: tuple(c) for sid, c in children.items()}
         self._dependency_counts = {sid: len(steps[sid].dependencies) for sid in self._order}
         self._roots = tuple(sid for sid in self._order if not steps[sid].dependencies)
-        # The specs runs submit (`run_spec`): each step's function wrapped by the
-        # coordinator to take and give JSON text, made once per step.
+        # `run_spec`'s cache: each step's spec as the coordinator wraps it.
         self._run_specs: dict[str, TaskSpec] = {}
 
     @property
@@ -143,8 +142,7 @@ class Workflow:
 
     @property
     def order(self) -> tuple[str, ...]:
-        """The step ids in a topological order (dependencies first, ties by the
-        order given)."""
+        """The step ids in a topological order (dependencies first, ties as given)."""
         return self._order
 
     def children(self, step_id: str) -> tuple[str, ...]:
@@ -186,10 +184,9 @@ class Workflow:
 def _topological_order(name: str, steps: Mapping[str, TaskSpec]) -> tuple[str, ...]:
     """The run order (dependencies first, ties broken by the order the steps were
     given in), or a `WorkflowError` showing the first cycle found."""
-    # graphlib reports a cycle as a path along its edges, found depth-first from
-    # the nodes in the order they were added. With an edge from each step to its
-    # dependencies, the path reads "a needs b needs c needs a", and the walk starts
-    # from the steps in the order given.
+    # graphlib reports a cycle as a path found depth-first from the nodes in the
+    # order they were added: with an edge from each step to its dependencies, it
+    # reads "a needs b needs c needs a", from the steps in the order given.
     needs: graphlib.TopologicalSorter[str] = graphlib.TopologicalSorter()
     for sid in steps:
         needs.add(sid)
@@ -282,11 +279,8 @@ class Context(MutableMapping[str, Any]):
 
 
 def context_json(context: Context) -> str:
-    """``context`` as JSON text (what a run passes along and stores).
-
-    Raises:
-      TypeError: as `Context.to_dict`.
-    """
+    """``context`` as JSON text (what a run passes along and stores); raises
+    TypeError as `Context.to_dict` does."""
     data = context._data
     try:
         return json.dumps(data)
@@ -296,9 +290,9 @@ def context_json(context: Context) -> str:
         raise
 
 
-# The default decoder's scanner: what `json.loads` ends up calling, without the
-# layers around it (which cost twice the scan of a small context).
-# (An attribute every JSONDecoder has since Python 2.6; typeshed leaves it out.)
+# The default decoder's scanner, without the layers of `json.loads` around it
+# (they cost twice the scan of a small context); every JSONDecoder has had it
+# since Python 2.6 (typeshed leaves it out).
 _SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 
 
@@ -395,11 +389,8 @@ def status(
     states: Mapping[str, StepState],
     deferred: int = 0,
 ) -> WorkflowStatus:
-    """Derive a run's `WorkflowStatus` from its step states (pure).
-
-    ``execution_status`` takes the first that applies: ready steps, steps in
-    progress, blocked by failures, complete, awaiting dependencies.
-    """
+    """Derive a run's `WorkflowStatus` from its step states (pure); its
+    ``execution_status`` is the first that applies, in `RunProgress`'s order."""
     counts = count_states(states)
     ready_now = counts[StepState.READY]
     if counts[StepState.PENDING]:

@@ -2,21 +2,18 @@
 
 - `_admit`: whether one more submission gets in (`admit`, `Admission`);
 - `_pending`: who starts next (`Pending`: priority, aging; the ready heap);
-- `_keygate`: the keys' side of the queue (`KeyGate`): each key's lines, what
-  it lets through, who takes it back, when it is due again;
+- `_keygate`: the keys' side of the queue (`KeyGate`);
 - `_keys`: one key's limit, counts and token bucket (`KeyLimit`, `KeyState`,
   `KeyTimers`);
 - `_pauses`: what an operator's pause holds back (`Pauses`);
-- `_lifecycle`: each transition of a task (`Lifecycle`): its counts (the
-  `Tally`), the change it journals, the events and observers it tells.
+- `_lifecycle`: each transition of a task (`Lifecycle`), counted, journaled, told;
 - `_closing`: what a shutdown policy cancels and still admits (`Closing`).
 
-Its methods are synchronous. They read the clock they are given and tell what
-they were given (a `Listener`, the journal, the event stream: typed here by
-what is asked of them) what the shell is to carry out: wake a worker, journal
-a change, tell the store of a shared key, set a timer, wake who waits; and
-they set the wake a waiting task's shell handed them. The shell
-(`trioexec._core` and the parts it makes, `trioexec._waits`) runs the Trio
+Its methods are synchronous. They read the clock they are given, and tell the
+parts they were given (a `Listener`, the journal, the event stream: typed here
+by what is asked of them) what the shell is to carry out: wake a worker,
+journal a change, tell the store of a shared key, set a timer, wake who waits.
+The shell (`trioexec._core` and its parts, `trioexec._waits`) runs the Trio
 tasks that do it. The rules of an execution's row are the transition table
 (`trioexec._store._base.TRANSITIONS`).
 

@@ -1,12 +1,10 @@
 """The admission decision: who gets in, who waits, who is refused.
 
-A pure, await-free function over counts (`admit`), tested exhaustively without
-an event loop, in the manner of httpcore's connection pool: decide
-synchronously, then park or act. `Admission` holds what it decides on: the
-capacity, the places held back, the line of ``BLOCK`` submitters (opaque here),
-and the refusals with their health events. Part of the machine
-(`trioexec._machine`): no Trio here; `trioexec._admission.Gate` is its shell,
-which parks and wakes the submitters in line.
+`admit` is a pure, await-free function over counts, tested without an event
+loop (as httpcore's connection pool: decide synchronously, then park or act).
+`Admission` holds what it decides on: the capacity, the places held back, the
+line of ``BLOCK`` submitters and the refusals with their health events. Its
+shell, `trioexec._admission.Gate`, parks and wakes the submitters in line.
 """
 
 from __future__ import annotations
@@ -101,9 +99,8 @@ def rejection_reason(decision: Admit, policy: Overflow, *, backlogged: bool = Fa
 class Admission:
     """The admission of one executor: the bound (pending + active + deferred <=
     ``capacity``, less the places held back in ``reserved``) and the FIFO line
-    of submitters blocked for space (``waiters``: the shell's, opaque here).
-    The counts it decides on belong to the `Tally`; the store's backlog to the
-    journal."""
+    of submitters blocked for space (``waiters``, the shell's, opaque here). The
+    counts are the `Tally`'s; the store's backlog the journal's."""
 
     __slots__ = (
         "_events",

@@ -1,13 +1,12 @@
 """`Closing`: what a shutdown decides (`Executor.shutdown`, the end of the
 ``async with``), apart from carrying it out.
 
-``DRAIN`` lets everything accepted finish (and started workflow runs, and the
-executor's own running tasks, may still submit until the drain ends);
+``DRAIN`` lets everything accepted finish (started workflow runs and the
+executor's own running tasks may still submit until the drain ends);
 ``CANCEL_PENDING`` also cancels what has not started; ``CANCEL`` also cancels
 what is running. A grace bounds the first two: once it has run out, what is
-left is cancelled as ``CANCEL`` would. Part of the machine
-(`trioexec._machine`): no Trio here; `trioexec._shutdown.Shutdown` is its shell
-(it wakes the blocked submitters, cancels, and keeps the grace's timer).
+left is cancelled as ``CANCEL`` would. Its shell, `trioexec._shutdown.Shutdown`,
+wakes the blocked submitters, cancels, and keeps the grace's timer.
 """
 
 from __future__ import annotations

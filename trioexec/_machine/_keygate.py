@@ -1,17 +1,12 @@
 """`KeyGate`: the keys' side of the queue (`Pending`).
 
-Each key in use has a `KeyState`: its limit, its counts, its token bucket, and
-its lines — the queued tasks it holds back (``queue``, best first), the ones it
-let through to the queue's ready heap (``earmarked``: they count against its
-room until they start), and its started tasks waiting to take it back
-(``resumers``, ``retriers``). The gate lets a queued task through as its key's
-room allows (`place`, `grant`), sends one back when a better one comes
-(`send_back`), and hands the key back to started tasks (`rejoin`), and tells
-when a key is due again (`KeyTimers`, `tick`). The queue owns its heaps and
-counts; the gate pushes what it lets through onto the ready heap (`Ready.push`)
-and keeps ``held``, how many tasks wait in its keys' lines.
-
-Part of the machine (`trioexec._machine`): no Trio here.
+Each key in use has a `KeyState` (its limit, counts, token bucket and lines).
+The gate lets a queued task through as its key's room allows (`place`,
+`grant`), sends one back when a better one comes (`send_back`), hands the key
+back to started tasks (`rejoin`), and says when a key is due again
+(`KeyTimers`, `tick`). The queue owns its heaps and counts; the gate pushes
+what it lets through onto the ready heap and keeps ``held``, how many tasks
+wait in its keys' lines.
 """
 
 from __future__ import annotations
@@ -53,8 +48,7 @@ def queued(job: Job) -> bool:
 
 
 class Listener(Protocol):
-    """What the queue decides that other parts carry out (the executor's core
-    hands each to the part that does it)."""
+    """What the queue decides and other parts carry out (the core hands each on)."""
 
     def ready(self) -> None:
         """A task a key or a pause held back may start now: wake a worker."""
@@ -283,13 +277,12 @@ class KeyGate:
         self._maybe_forget_key(state)
 
     def rejoin(self, job: Job, make_wake: Callable[[], W]) -> Waiter[W] | None:
-        """Take ``job``'s key back: after a deferral (it holds it on return), or
-        for a retry's attempt (it is let through; `attempt_starts` takes the token
-        once it holds a slot). First come, first served among the key's started
-        tasks (resumes first: a rate holds back starts only), ahead of its pending
-        ones. None: it has it now; else it waits in the key's line until the
-        waiter's ``wake`` (made by ``make_wake``) is set, or until its wait is
-        cancelled (`leave_line`)."""
+        """Take ``job``'s key back: after a deferral (it holds it on return), or for a
+        retry's attempt (let through; `attempt_starts` takes the token once it holds a
+        slot), first come first served among the key's started tasks (resumes first: a
+        rate holds back starts only), ahead of its pending ones. None: it has it now;
+        else it waits in the key's line until the waiter's ``wake`` (made by
+        ``make_wake``) is set, or its wait is cancelled (`leave_line`)."""
         state = self._state_of(job)
         start = state.roles.get(job) == RETRYING
         if state.limit is not None:
@@ -325,8 +318,8 @@ class KeyGate:
             self.grant(state)  # the next in line may fit now
 
     def attempt_starts(self, job: Job) -> None:
-        """A retry let through by its key holds its slot now: it holds the key,
-        and takes its token."""
+        """A retry let through by its key holds its slot now: it holds the key, and
+        takes (spends) its token."""
         state = self._state_of(job)
         state.move(job, HOLDS)
         limit = state.limit
@@ -336,8 +329,7 @@ class KeyGate:
                 self.listener.want(state)
 
     def waiting_on(self, job: Job) -> str | None:
-        """Why a queued or rejoining task of a limited key waits, if it waits for
-        its key (None otherwise)."""
+        """Why a queued or rejoining task of a limited key waits for its key, else None."""
         key = job.key
         state = None if key is None else self.states.get(key)
         if state is None or state.limit is None or job in state.earmarked:
@@ -406,8 +398,8 @@ class KeyGate:
             self.listener.waiting(worst[2])
 
     def send_back(self, state: KeyState, entry: Entry) -> None:
-        """A task its key let through (``entry``, not started) goes back to the key's
-        line, at its place in it."""
+        """A task its key let through (``entry``, not started) goes back to its key's
+        line, at its old place (rank) in it."""
         job = entry[2]
         del state.earmarked[job]  # (its entry in ``ready`` is now stale)
         self._queue.startable -= 1
@@ -424,11 +416,10 @@ class KeyGate:
         queue.startable += 1
 
     def _maybe_forget_key(self, state: KeyState) -> None:
-        """Memory follows the keys in use: past ``_KEEP_IDLE`` keys, an idle key
-        whose bucket is full is as good as absent and goes as it goes idle (its
-        counts restart); one whose bucket still fills goes once it is full (a
-        timer: `tick`), a shared one once its tokens went back to the
-        store (`regrant`). O(1) a call."""
+        """Memory follows the keys in use: past ``_KEEP_IDLE`` keys, an idle key whose
+        bucket is full (as good as absent) is forgotten (its counts restart), one whose
+        bucket still fills once it is full (a timer: `tick`), a shared one once its
+        tokens went back to the store (`regrant`). O(1) a call."""
         if not state.idle or len(self.states) <= _KEEP_IDLE:
             return
         if state.spent(self.clock()):

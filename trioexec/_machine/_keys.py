@@ -2,14 +2,11 @@
 `KeyState` (one key's counts, token bucket and lines).
 
 A key's limit bounds its tasks that hold a slot (``concurrency``) and its starts
-(``rate`` per ``per`` seconds, a token bucket holding at most ``rate`` tokens). The
-queue that decides who starts (`Pending`) keeps each key's held-back tasks in a
-line of their own, so a key at its limit never delays another key's tasks.
+(``rate`` per ``per`` seconds: a token bucket).
 
-Part of the machine (`trioexec._machine`): no Trio here. The arithmetic is pure
-(`KeyState.room`, `KeyState.refill`, `KeyState.ready_at`): it takes ``now`` on the
-executor's clock and returns numbers; `KeyTimers` only orders when keys are due
-(the shell's timer task sleeps until then).
+The arithmetic is pure (`KeyState.room`, `KeyState.refill`, `KeyState.ready_at`):
+it takes ``now`` on the executor's clock and returns numbers; `KeyTimers` only
+orders when keys are due (the shell's timer task sleeps until then).
 """
 
 from __future__ import annotations
@@ -130,13 +127,9 @@ class KeyStatistics:
 
 def key_limits_for(value: object) -> dict[str, KeyLimit]:
     """``key_limits=`` as a mapping from key to `KeyLimit` (``"*"``: every key not
-    listed). One `KeyLimit` applies to every key; None limits none. Each
-    `KeyLimit` is checked again (one made with attrs' validators off, say).
-
-    Raises:
-      TypeError: anything else, naming it.
-      ValueError: a `KeyLimit` with a value it refuses, naming it.
-    """
+    listed): one `KeyLimit` applies to every key, None limits none. Each is
+    checked again (one made with attrs' validators off, say). Raises TypeError
+    or ValueError naming what it refuses."""
     if value is None:
         return {}
     if isinstance(value, KeyLimit):
@@ -165,20 +158,15 @@ class _NotText(TypeError, ValueError):
 
 def check_key(value: object) -> str:
     """An admission key (``submit(key=...)``, a spec's, `Executor.key_statistics`'s):
-    a str `check_id` accepts (non-empty, at most 1,000 characters, storable).
-
-    Raises:
-      TypeError: not a str, naming it (also a ValueError, as for the other ids).
-      ValueError: a str no store can hold, naming it.
-    """
+    a str `check_id` accepts. Raises, naming it, TypeError for a non-str (also a
+    ValueError, as for the other ids) and ValueError for a str no store can hold."""
     if not isinstance(value, str):
         raise _NotText(f"key must be a str, got {type(value).__name__} {value!r}")
     return check_id("key", value)
 
 
 class Wake(Protocol):
-    """What the shell waits on, and the machine sets when the wait is over (a
-    `trio.Event`)."""
+    """What the shell waits on and the machine sets (a `trio.Event`)."""
 
     def set(self) -> None: ...
 
@@ -211,19 +199,15 @@ _ROLES = ("holds", "deferred", "retrying", "reserved")
 
 @final
 class KeyState:
-    """One key's counts and lines (kept while the key has tasks or a bucket that
-    is not full).
-
-    ``roles``: its started tasks, each with its one role (`HOLDS`, `DEFERRED`,
-    `RETRYING`, `RESERVED`), and ``count``: how many have each;
-    ``earmarked``: tasks of a limited key the queue has let through to start
-    (they count against the key's room until they start or are cancelled);
-    ``queue``: its held-back pending tasks, best first (a heap of
-    ``(rank, seq, job)``); ``resumers`` and ``retriers``: its started tasks
-    waiting to hold the key again after a deferral (concurrency only) or for a
-    retry's attempt (and a token), each line first come first served, resumers
-    first, both ahead of every pending task.
-    """
+    """One key's counts and lines, kept while the key has tasks or a bucket that
+    is not full. ``roles``: its started tasks, each with its one role (`HOLDS`,
+    `DEFERRED`, `RETRYING`, `RESERVED`), and ``count``: how many have each;
+    ``earmarked``: tasks of a limited key the queue has let through to start (they count
+    against the key's room until they start or are cancelled); ``queue``: its held-back
+    pending tasks, best first (a heap of ``(rank, seq, job)``); ``resumers`` and
+    ``retriers``: its started tasks waiting to hold the key again after a deferral
+    (concurrency only) or for a retry's attempt (and a token), first come first served,
+    resumers first, both ahead of every pending task."""
 
     __slots__ = (
         "cap",
@@ -380,9 +364,8 @@ class KeyState:
         return max(at, math.nextafter(self.stamp, math.inf))  # (later, however little)
 
     def spent(self, now: float) -> bool:
-        """Its bucket is as good as new: full, or (shared) no tokens of the
-        store's left here to give back, nor a debt to pay it. (A forgotten key
-        starts again from it.)"""
+        """Its bucket is as good as new (a forgotten key starts again from it):
+        full, or (shared) no tokens of the store's left here, nor a debt to it."""
         if self.shared:
             return self.tokens <= 0.0 and self.late <= 0.0
         self.refill(now)
@@ -390,8 +373,7 @@ class KeyState:
         return limit is None or limit.rate is None or self.tokens >= limit.burst - _EPSILON
 
     def full_at(self) -> float:
-        """When the bucket is full again (``stamp`` if it is, has no rate, or is
-        the store's)."""
+        """When the bucket is full again (``stamp``: it is, has no rate, or is the store's)."""
         limit = self.limit
         if limit is None or limit.rate is None or self.shared:
             return self.stamp
@@ -426,9 +408,8 @@ class KeyState:
 
 @final
 class KeyTimers:
-    """When limited keys' buckets have their next token: a heap of the keys
-    due, earliest first (the shell sleeps until `next`, then the queue takes
-    the keys `due` then)."""
+    """When limited keys' buckets have their next token: a heap of the keys due,
+    earliest first (the shell sleeps until `next`, then ticks the `due` ones)."""
 
     __slots__ = ("_heap", "_seq")
 

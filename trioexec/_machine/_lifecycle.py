@@ -7,11 +7,9 @@ the `Journal` records it once (with a store) and the waiters of a finished task
 are woken once its completion is durable. Cancelling, and losing a task to
 another owner (a lease lost, a write fenced out), are transitions too.
 
-Part of the machine (`trioexec._machine`): no Trio here, and no store. The
-journal, the gate and the workflow runs it tells are the shell's (typed here by
-what it asks of them); what waits for a task to end, or for the executor to
-be idle, waits in the shell (`trioexec._waits.LifecycleWaits`), which it tells
-through its `Listener`.
+The journal, the gate and the workflow runs it tells are the shell's (typed
+here by what it asks of them); who waits for a task to end or for idle waits in
+the shell (`trioexec._waits.LifecycleWaits`), told through its `Listener`.
 """
 
 from __future__ import annotations
@@ -125,8 +123,7 @@ class Lifecycle:
         self.idle_wanted = 0  # how many wait for idle (the shell counts them)
         self.backing_off: set[Job] = set()  # (the workers keep it) between attempts
         self.cancelled_by: dict[str, str] = {}  # task id -> who sent the cancel command
-        #: why tasks the shutdown cancels end (their store error): set when the
-        #: executor's block ends by an exception (Ctrl-C says "interrupted")
+        # the store error of the tasks a shutdown cancels because the block raised
         self.cancel_reason: str | None = None
         self.observer: Observer | None = None  # (`add_observer`)
         self.unread = UnreadFailures()  # failed tasks whose completion nobody read
@@ -139,7 +136,6 @@ class Lifecycle:
         self.observer = combine(self.observer, observer)
 
     def remove_observer(self, observer: Observer) -> None:
-        """Tell ``observer`` nothing more."""
         self.observer = without(self.observer, observer)
 
     def is_live(self, task_id: str) -> bool:
@@ -157,10 +153,9 @@ class Lifecycle:
 
     def accept(self, job: Job, *, recovered: bool = False, displace: bool = False) -> None:
         """Queue ``job`` (``displace``: dropping the oldest pending task for its
-        place, `DROP_OLDEST`). What may raise comes first (its row for the
-        store, the arguments as JSON; its key's state, in `Pending.append`):
-        a submission that raises leaves no trace, nothing counted, queued,
-        journaled or dropped. (The caller wakes a worker for it.)"""
+        place, `DROP_OLDEST`). What may raise comes first (its row, its key's
+        state), so a submission that raises leaves no trace: nothing counted,
+        queued, journaled or dropped. (The caller wakes a worker for it.)"""
         journal = self.journal
         row = None if journal is None or recovered else journal.new_row(job, self._owner_id)
         if displace:
@@ -216,9 +211,8 @@ class Lifecycle:
         self.finish(oldest, TaskStatus.DROPPED)
 
     def log_submit(self, job: Job, row: ExecutionRow) -> None:
-        """Journal a new execution as an `ExecutionRow` (`Journal.new_row`), into which
-        its next changes are folded while the journal has not taken it
-        (`Journal.fold`)."""
+        """Journal a new execution's `ExecutionRow`; its next changes are folded into
+        it while the journal has not taken it (`Journal.fold`)."""
         journal = self.journal
         assert journal is not None
         if job.key is not None or job.paused:  # (held back by its key or a pause)
@@ -326,10 +320,8 @@ class Lifecycle:
 
     def finish(self, job: Job, status: TaskStatus, *, freed: bool = True) -> None:
         """Record the one completion of ``job`` and wake whoever waits on it.
-
         ``freed``: the task counted against capacity until now (False only for a
-        submission dropped on arrival).
-        """
+        submission dropped on arrival)."""
         job.status = status
         job.finished_at = self.wall()
         tally = self.tally
@@ -441,8 +433,7 @@ class Lifecycle:
         scope.cancel()
 
     def cancel_pending(self, into: list[Job] | None = None) -> int:
-        """End every task that has not started as ``CANCELLED``; return how many
-        (and append them to ``into``, if given)."""
+        """End every task not started as ``CANCELLED`` (appended to ``into``); return how many."""
         count = 0
         for job in self.pending.take_all():
             self.tally.cancellation_requested_count += 1
@@ -540,10 +531,9 @@ class Lifecycle:
 
 def journal_waiting(lifecycle: Lifecycle, job: Job) -> None:
     """What ``job`` waits on changed without a transition of its own (its key let
-    it through or held it back, its deferral's condition held, its backoff is
-    over): journal `Lifecycle.waiting_on` as a "wait" change. Never on the hot
-    path of an unkeyed task; nothing before its submission is journaled (that
-    carries the value) or after it ended."""
+    it through or held it back, its condition held, its backoff is over): journal
+    it as a "wait" change, once its submission is journaled (which carries the
+    value) and until it ends. Never on the hot path of an unkeyed task."""
     journal = lifecycle.journal
     if journal is not None and job.task_id in lifecycle.live and not job.ended:
         journal.fold(job, Wait((job.task_id, job.version, lifecycle.waiting_on(job))))

@@ -1,12 +1,9 @@
 """`Pauses`: what an operator's pause holds back (`Executor.pause`).
 
-A pause names task names and keys. Queued tasks that match leave the queue's
-order for ``parked``, each keeping its place (its entry) for when the pause is
-lifted; a retry that matches waits between its attempts (``retries``, each with
-the wake its shell waits on). Running tasks go on. `Pending` asks and tells
-this part; the queue's heaps and counts stay its own.
-
-Part of the machine (`trioexec._machine`): no Trio here.
+A pause names task names and keys. Queued tasks that match leave the queue for
+``parked``, each keeping its entry (its place) for when the pause is lifted; a
+retry that matches waits between its attempts (``retries``). Running tasks go
+on. `Pending` asks and tells this part; the queue's heaps and counts stay its own.
 """
 
 from __future__ import annotations
@@ -31,9 +28,8 @@ def paused_by(paused: Paused | None, job: Job) -> bool:
 
 @final
 class Pauses:
-    """The names and keys paused now (``now``: None while nothing is), the queued
-    tasks they hold out of the queue (``parked``: each with its entry, its place
-    in it) and the retries they hold (``retries``: each with what wakes it)."""
+    """The names and keys paused now (``now``: None while nothing is), the tasks
+    they hold out of the queue (``parked``) and the retries they hold (``retries``)."""
 
     __slots__ = ("now", "parked", "retries")
 
@@ -43,7 +39,6 @@ class Pauses:
         self.retries: dict[Job, Wake] = {}
 
     def holds(self, job: Job) -> bool:
-        """A pause matches ``job`` now."""
         return paused_by(self.now, job)
 
     def park(self, entry: Any) -> None:
@@ -74,17 +69,15 @@ class Pauses:
 
     def hold_retry(self, job: Job, wake: Wake) -> bool:
         """Hold a retry's next attempt while a pause matches it, until ``wake`` is
-        set: True if it is held. It stays in ``retries`` (a shutdown cancels it,
-        its ``waiting_on`` says ``"paused"``) until its shell, woken or
-        cancelled, takes it out; woken, the shell asks again (a pause may hold
-        it again by then)."""
+        set: True if it is held. It stays in ``retries`` (a shutdown cancels it;
+        ``waiting_on`` says ``"paused"``) until its shell takes it out, woken or
+        cancelled; woken, the shell asks again (a pause may hold it again)."""
         if not self.holds(job):
             return False
         self.retries[job] = wake
         return True
 
     def wake_lifted(self) -> None:
-        """Wake the retries no pause holds any more."""
         for job, wake in self.retries.items():
             if not self.holds(job):
                 wake.set()

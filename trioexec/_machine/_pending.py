@@ -2,27 +2,23 @@
 
 Two shapes. Until a task with a key or a priority arrives, a plain deque in
 submission order (the fast path: most executors never use either). From then
-on, ranked: a heap of the tasks that may start now (``ready``), best first; for
-each limited key, its `KeyGate` keeps a line of its own held-back tasks and
-lets them through to ``ready`` as the key's room allows. A key at its limit
-therefore never delays another key's tasks. What a pause holds back is the
-`Pauses`' (`set_paused` moves tasks between them and the queue).
+on, ranked: a heap of the tasks that may start now (``ready``), best first; each
+limited key keeps a line of its own held-back tasks (`KeyGate`), so a key at its
+limit never delays another key's. What a pause holds back is the `Pauses`'.
 
-Rank: higher priority first, then submission order. With ``priority_aging``,
-a waiting task's priority rises by 1 for every ``priority_aging`` seconds it has
-waited (continuously), so two tasks compare by ``queued_at - priority *
-priority_aging``: a static order, kept in a heap. ``queued_at`` is the
-executor's clock when the task was queued (for the tasks already waiting when the first key or
-priority arrives, worked out from their ``submitted_at``), made monotonic, so
-equal priorities keep submission order.
+Rank: higher priority first, then submission order. With ``priority_aging``, a
+waiting task's priority rises by 1 for every ``priority_aging`` seconds it has
+waited (continuously), so tasks compare by ``queued_at - priority * priority_aging``: a
+static order, kept in a heap. ``queued_at`` is the executor's clock when the task was
+queued (worked out from ``submitted_at`` for tasks already waiting when the queue became
+ranked), made monotonic, so equal priorities keep submission order.
 
-A task cancelled while pending leaves a tombstone the workers skip, so a cancel
-costs O(1); the heap and the keys' lines are compacted when tombstones
+A task cancelled while pending leaves a tombstone the workers skip (a cancel
+costs O(1)); the heap and the keys' lines are compacted when tombstones
 outnumber the entries of queued tasks.
 
-Part of the machine (`trioexec._machine`): no Trio here. It reads the clock it is
-given, tells its `Listener` what to carry out, and sets the `Wake` a waiting
-task's shell gave it (`trioexec._waits` does the waiting).
+Part of the machine (`trioexec._machine`): no Trio here. It tells its `Listener`
+what to carry out and sets the `Wake` a waiting task's shell gave it.
 """
 
 from __future__ import annotations
@@ -72,12 +68,11 @@ _DEAF = _Deaf()
 @final
 class Pending:
     """The pending queue. ``startable`` is how many tasks may start now, tombstones
-    aside (a plain attribute: the workers read it on every turn); its keys
-    (``keys``, a `KeyGate`) count how many more wait in their lines (``held``).
-
-    What it decides that others carry out (wake a worker, journal what a task
-    waits on, tell the store of a shared key, cancel what a pause holds during
-    a shutdown) it tells its `Listener`, given when it is made.
+    aside (a plain attribute: the workers read it on every turn); its `KeyGate`
+    (``keys``) counts how many more wait in their keys' lines (``held``). What it
+    decides that others carry out (wake a worker, journal what a task waits on,
+    tell the store of a shared key, cancel what a pause holds during a shutdown)
+    it tells its `Listener`.
     """
 
     __slots__ = (
@@ -119,7 +114,6 @@ class Pending:
         self._aging = priority_aging
         self._wall = wall  # the clock of ``Job.submitted_at``
         self.tombstones = 0  # stale entries in the ready heap and the keys' lines
-        # The keys' states and lines (`KeyGate`), and what a pause holds back.
         self.keys = KeyGate(self, clock, key_limits, shared, inline, self.listener)
         self.pauses = Pauses()
 
@@ -296,8 +290,8 @@ class Pending:
     # ------------------------------------------------------------ keys
 
     def waiting_on(self, job: Job) -> str | None:
-        """Why a queued or rejoining task waits, if it waits for a pause
-        (``"paused"``) or its key (None otherwise)."""
+        """Why a queued or rejoining task waits, if for a pause (``"paused"``) or its
+        key; else None."""
         if job.paused:
             return "paused"
         return None if job.key is None else self.keys.waiting_on(job)
@@ -350,9 +344,7 @@ class Pending:
         pauses.wake_lifted()
 
     def hold_retry(self, job: Job, wake: Wake) -> bool:
-        """Hold a retry's next attempt while its name or key is paused, until
-        ``wake`` is set (its ``waiting_on`` says ``"paused"``): True if it is
-        held. Its shell forgets it (`Pauses.retries`) once woken or cancelled."""
+        """`Pauses.hold_retry`, told to the listener (what it waits on, the shutdown)."""
         if not self.pauses.hold_retry(job, wake):
             return False
         self.listener.waiting(job)
