@@ -74,6 +74,7 @@ def instrument(
     above their number: then ``other`` staying at 0 says the names are as you thought.
 
     Raises:
+      TypeError: ``ex`` is not an ``Executor`` (a ``DeterministicExecutor`` has no slots).
       ValueError: ``ex`` is instrumented on ``registry`` already, or another
         open executor is, under ``name``; ``buckets`` is empty, not increasing,
         holds a value that is not a finite number > 0, or differs from the

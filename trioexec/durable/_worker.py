@@ -1,13 +1,10 @@
-"""`open_worker`: claim a target's pending durable tasks and run them through an executor.
-
-Each claimed task runs as an executor task (slots, deferral, metrics, events apply; a
-plain ``def`` handler in a worker thread); one heartbeat renews every lease the worker
-holds. What a worker promises (batches, claims ahead, suspensions, drains, lost
-leases) is told once, in `open_worker`, `Worker.drain` and docs/reference/durable.rst.
-The rule under it all: a lease this worker cannot vouch for (the heartbeat finds the
-task not ours at that version, or the lease runs out on our clock: the heartbeat may
-be stuck) is lost at once, its run cancelled, and nothing the run produces is
-written: another worker may be running the task already.
+"""`open_worker`: claim a target's pending durable tasks and run them through an executor
+(slots, deferral, metrics and events apply; a plain ``def`` handler runs in a worker
+thread), one heartbeat renewing every lease held. What a worker promises is told in
+`open_worker`, `Worker.drain` and docs/reference/durable.rst. Under it all: a lease this
+worker cannot vouch for (not ours at that version, or run out on our clock: the
+heartbeat may be stuck) is lost at once, its run cancelled and nothing it produces
+written, as another worker may be running the task already.
 """
 
 from __future__ import annotations
@@ -569,34 +566,30 @@ async def open_worker(
 ) -> AsyncIterator[Worker]:
     """Run the pending durable tasks of ``target`` in this block.
 
-    ``handlers`` is one callable (it receives the promise's data as its param) or
-    a mapping of names to callables (the promise's data is then
-    ``{"handler": name, "param": ...}``). A handler may take a ``handle``
-    (`DurableHandle`). An ``async def`` handler runs in the worker's Trio thread, a
-    plain ``def`` one in a worker thread (it then uses the handle's ``*_sync``
-    methods). Its return value (JSON) fulfils the task's promise; an exception
-    rejects it with ``{"error": repr(exc)}``, and so does a return value that is not
-    JSON (the error names the task and the type).
+    ``handlers`` is one callable (it receives the promise's data as its param) or a
+    mapping of names to callables (the data is then ``{"handler": name, "param": ...}``).
+    A handler may take a ``handle`` (`DurableHandle`). An ``async def`` handler runs in
+    the worker's Trio thread, a plain ``def`` one in a worker thread (using the
+    handle's ``*_sync`` methods). Its return value (JSON) fulfils the task's promise;
+    an exception rejects it with ``{"error": repr(exc)}``, and so does a return value
+    that is not JSON (the error names the task and the type).
 
-    Tasks are claimed in batches, ahead of the free slots: as many more as ran out
-    while the last claim was under way, between ``max_concurrent_tasks`` and 16
-    times that. A task claimed ahead is held like a running one (leased, renewed,
-    released on leaving) until a slot takes it.
+    Tasks are claimed in batches, ahead of the free slots (as many more as ran out
+    during the last claim, between ``max_concurrent_tasks`` and 16 times that), each
+    held like a running one (leased, renewed, released on leaving) till a slot takes it.
 
-    ``lease`` (seconds) is renewed by one heartbeat every ``lease / 3``. A lost lease
-    (the heartbeat finds the task taken over, or no heartbeat renewed it in time)
-    cancels the local run at once; its outcome is never recorded. ``poll_interval``
-    bounds the wait between looks for new pending tasks; on PostgreSQL an idle
-    worker is woken at once by a notification when a task of ``target`` becomes
-    claimable (``LISTEN``), and looks every ``poll_interval`` only as a backstop.
+    One heartbeat every ``lease / 3`` renews the leases (``lease``: seconds). A lost
+    lease (the task taken over, or not renewed in time) cancels the local run at once;
+    its outcome is never recorded. ``poll_interval`` bounds the wait between looks for
+    pending tasks; on PostgreSQL a notification (``LISTEN``) wakes an idle worker as
+    soon as a task of ``target`` is claimable, and the poll is a backstop.
 
-    Leaving the block, by any means (cancellation included), stops claiming,
-    cancels running handlers and releases every task this worker still holds
-    (back to pending, same version) so other workers take them at once; that
-    cleanup is shielded and bounded by ``lease``. A fulfil or a suspension under
-    way is written first (a handler that suspended is not cancelled back to
-    pending). A killed worker's tasks come back when their leases expire. To stop
-    without cancelling the runs, call `Worker.drain` first.
+    Leaving the block, by any means (cancellation included), stops claiming, cancels
+    running handlers and releases every task still held (back to pending, same
+    version) for other workers, shielded and bounded by ``lease``; a fulfil or a
+    suspension under way is written first (a suspended task stays suspended). A
+    killed worker's tasks come back when their leases expire. To stop without
+    cancelling the runs, call `Worker.drain` first.
 
     Raises:
       ValueError: ``lease`` or ``poll_interval`` is not a finite number > 0, or
