@@ -2,9 +2,10 @@
 (slots, deferral, metrics and events apply; a plain ``def`` handler runs in a worker
 thread), one heartbeat renewing every lease held. What a worker promises is told in
 `open_worker`, `Worker.drain` and docs/reference/durable.rst. Under it all: a lease this
-worker cannot vouch for (not ours at that version, or run out on our clock: the
-heartbeat may be stuck) is lost at once, its run cancelled and nothing it produces
-written, as another worker may be running the task already.
+worker cannot vouch for (not ours at that version, or run out on our clock: the heartbeat
+may be stuck) is lost at once, its run cancelled and nothing it produces written, as
+another worker may be running the task already; a fulfil not written in time is given up
+(counted ``lost``), so the task runs again elsewhere, never twice at once.
 """
 
 from __future__ import annotations
@@ -35,9 +36,10 @@ from ._store import DurableStore, Wakeup, claim_work, lost_leases, open_wakeup
 from ._suspend import DurableHandle, leftover
 
 #: A worker holds at most this many times its slots in tasks claimed ahead (held, not
-#: started). It claims ahead as many as ran out during its last claim: slow runs keep
-#: it to its slots (none hoarded while other workers wait), quick ones let it grow
-#: (more claims and fulfils per transaction).
+#: started). It claims ahead as many as ran out during its last claim (what its slots
+#: will take before the next claim is back): slow runs keep it to its slots (none
+#: hoarded while other workers wait), quick ones let it grow (more claims and fulfils
+#: per transaction).
 AHEAD = 16
 
 
@@ -65,9 +67,9 @@ class Worker:
     Counters: ``claimed`` (tasks acquired), ``fulfilled`` (promises settled from a
     handler's outcome), ``rejected`` (of those, with an error), ``suspended`` (runs
     that suspended on a pending promise), ``lost`` (runs cancelled or discarded as
-    their lease was lost: outcome not recorded), ``cancelled`` (runs cancelled by the
-    drain's grace or by leaving the block: outcome not recorded, task released), and
-    ``running`` (handlers running now).
+    their lease was lost: outcome not recorded), ``cancelled`` (runs cancelled, while
+    this worker still held their task, by the drain's grace or by leaving the block:
+    outcome not recorded, task released), and ``running`` (handlers running now).
     """
 
     def __init__(
@@ -586,10 +588,10 @@ async def open_worker(
 
     Leaving the block, by any means (cancellation included), stops claiming, cancels
     running handlers and releases every task still held (back to pending, same
-    version) for other workers, shielded and bounded by ``lease``; a fulfil or a
-    suspension under way is written first (a suspended task stays suspended). A
-    killed worker's tasks come back when their leases expire. To stop without
-    cancelling the runs, call `Worker.drain` first.
+    version) for other workers to take at once, shielded and bounded by ``lease``; a
+    fulfil or a suspension under way is written first (a suspended task stays
+    suspended). A killed worker's tasks come back when their leases expire. To stop
+    without cancelling the runs, call `Worker.drain` first.
 
     Raises:
       ValueError: ``lease`` or ``poll_interval`` is not a finite number > 0, or

@@ -4,8 +4,8 @@ promise, retry or cancel a task, pause or resume by name or key.
 Each passes `Guard.refusal`, then opens a writable store for its one operation (in a
 worker thread), recorded with who sent it (``user@host pid N (dashboard, from
 ADDRESS)``). Nothing from the form becomes SQL or code: ids and names are values to
-the store's operations, the payload is JSON stored as data. Under ``--read-only``
-these routes do not exist.
+the store's operations, the payload is parsed as JSON and stored as data. Under
+``--read-only`` these routes do not exist.
 """
 
 from __future__ import annotations

@@ -2,7 +2,8 @@
 view, and one poller for every open page, which samples the counts every second (the
 overview's chart) and bumps `version` when they or the command log change (what the
 event stream tells pages). Store calls run in worker threads (`Board.read`): a read
-waiting on a busy SQLite file or a slow PostgreSQL server holds a thread, not a page.
+waiting on a busy SQLite file or a slow PostgreSQL server holds a thread, not the event
+loop (every other page).
 """
 
 from __future__ import annotations
