@@ -1,17 +1,12 @@
-"""The ``trioexec`` command: a demo, and views of a trioexec database.
+"""The ``trioexec`` command; docs/reference/cli.rst says what each command promises
+(read-only views, one-line failures, what the database holds printed as plain text).
 
-The only package that imports the CLI libraries (click, rich). Every failure a person
-can cause (bad arguments, a missing or corrupt database) ends in one line on stderr
-and a non-zero exit, never a traceback. The views (``status``, ``watch``, ``runs``,
-``schedules``, ``tasks``, ``promises`` without an action, ``check``, ``commands``) open
-the database read-only: they never create, migrate or lock it. Everything that comes
-from the database is printed as plain text, never parsed as rich markup.
-
-One module per concern: `_common` (consoles, failures, the read-only store), `_demo`,
-`_views` (status, watch, runs), `_schedules`, `_durable` (promises, tasks, check),
-`_worker` (a durable worker), `_control` (pause, resume, cancel, retry, commands: the
-commands that write, through the store, to every executor on it).
-This module holds the group and the console-script entry point, `run`.
+The only package that imports the CLI libraries (click, rich). One module per concern:
+`_common` (consoles, failures, the read-only store), `_demo`, `_views` (status, watch,
+runs), `_schedules`, `_durable` (promises, tasks, check), `_worker` (a durable worker),
+`_control` (pause, resume, cancel, retry, commands: the commands that write, through
+the store, to every executor on it), `_dashboard`. Here: the group and the
+console-script entry point, `run`.
 """
 
 from __future__ import annotations
@@ -26,8 +21,6 @@ import trioexec
 from trioexec import StoreError
 
 from ._common import EXIT_PROBLEM, EXIT_USAGE, MISSING_EXTRA, fail
-
-# click needs no guard: sqlite-utils, which the library imports, depends on it.
 
 __all__ = ["main", "run", "version"]
 

@@ -1,12 +1,11 @@
 """The CLI's tables: what people copy stays whole, only free text folds.
 
 Ids, statuses, counts and times are never cut, folded or wrapped: people paste them
-into the next command. Free text (a name, an error, a reason) folds onto more lines
-when the terminal is narrow. When the terminal is too narrow for that, each row's
-whole columns stand on one line with its free text folded under it. When the output
-is not a terminal (a pipe, a file), the table is plain lines: one row a line, columns
-padded with spaces, nothing cut — ``grep``, ``awk`` and ``cut`` read it as it is, and
-``--json`` is there for scripts.
+into the next command. Free text (a name, an error, a reason) folds when the terminal
+is narrow; narrower still, each row's whole columns stand on one line, its free text
+folded under it. Not a terminal (a pipe, a file): plain lines, one row a line, columns
+padded with spaces, nothing cut, for ``grep``, ``awk`` and ``cut`` (``--json`` is
+there for scripts).
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """``trioexec worker``: a durable worker (`trioexec.durable.open_worker`) run from the
-command line, stopped by a signal the way `trioexec.serve_until_signal` stops an
-executor.
-
-The first SIGTERM or SIGINT drains it (`Worker.drain`): it claims nothing more, the
-tasks it claimed but has not started go back to pending at once, no handler starts
-from then on, and the runs already started go on to their end (bounded by
-``--grace``); then the worker leaves its block. A second signal, or the grace
-running out, cancels the runs still going. Either way nothing is lost: leaving
-`open_worker`'s block cancels what still runs and releases every task the worker
-holds (a cancelled run's) back to pending, same version, for another worker; a
-finished run's fulfil, or a suspension, is written before it leaves.
-
-The grace and the second signal are this command's (not the drain's own grace):
-its lines say how many runs were still going when either came.
+command line, stopped by a signal as `trioexec.serve_until_signal` stops an executor
+(docs/reference/cli.rst). The first signal drains it (`Worker.drain`); a second, or
+``--grace`` running out, cancels the runs still going, and leaving `open_worker`'s
+block releases their tasks. The grace is this command's, not the drain's own, so its
+lines can say how many runs were still going when either came.
 """
 
 from __future__ import annotations

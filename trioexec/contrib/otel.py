@@ -1,11 +1,10 @@
 """OpenTelemetry traces of an executor's tasks (extra ``otel``: opentelemetry-api).
 
-`instrument` makes a span per attempt (``process <task name>``, ``CONSUMER``, a
-child of the submitter's context, the current span while the task runs, a
-retry linked to the first attempt); `instrument_durable` carries the creator's
-context through a durable store's promise tags. docs/howto/opentelemetry.rst
-is their documentation (spans, events, attributes and what has no span): keep
-the two in step.
+`instrument` makes a span per attempt (``process <task name>``, ``CONSUMER``, a child
+of the submitter's context, the current span while the task runs, a retry linked to
+the first attempt); `instrument_durable` carries the creator's context through a
+durable store's promise tags. docs/howto/opentelemetry.rst documents them (spans,
+events, attributes, what has no span): keep it in step.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """Prometheus metrics for an executor (extra ``prometheus``: prometheus-client).
 
-`instrument` counts what an executor's tasks do into a registry: counters and
-histograms by ``executor`` and ``task`` (bounded by ``max_task_names``, the rest
-under ``task="other"``), gauges read when scraped, while the executor runs.
-docs/howto/prometheus.rst is their documentation (each metric, its labels,
-what counts how, the cost per task): keep the two in step.
+docs/howto/prometheus.rst documents each metric, its labels, what counts how and the
+cost per task: keep it in step with this module.
 """
 
 from __future__ import annotations
@@ -36,10 +33,8 @@ BUCKETS: tuple[float, ...] = (
 #: The ``task`` label of the names past ``max_task_names``.
 OTHER = "other"
 
-#: ``max_task_names`` unless told. Each ``task`` label value makes some 50
-#: series (5 statuses, 2 histograms of 17 buckets, 2 gauges...): 100 names, some
-#: 5,000 series an executor, is room for the task functions of most applications
-#: and a ceiling that a name made per task (a mistake) cannot pass.
+#: ``max_task_names`` unless told: at some 50 series a name, 5,000 an executor, room
+#: for most applications' task functions and a ceiling a name made per task cannot pass.
 MAX_TASK_NAMES = 100
 
 #: How tasks end, each a ``status`` series from the start (at 0 until it happens).
@@ -71,17 +66,15 @@ def instrument(
 
     ``max_task_names``: at most this many ``task`` label values for ``ex``
     (`MAX_TASK_NAMES`, 100, unless told); tasks of any further name are counted
-    under ``task="other"`` (`OTHER`). None: no bound. A bound, not a function
-    of the name, because only a bound holds whatever the names turn out to be:
-    one made per user or per order fills the overflow series, not the process's
-    memory and Prometheus' index (the OpenTelemetry metrics SDK's cardinality
-    limit does the same). The names that get series of their own are the first
-    ones seen, and keep them while instrumented: after a restart, a name may
-    fall on the other side. Give tasks stable names (``submit(..., name=...)``)
-    and keep the bound above their number: then ``other`` staying at 0 says the
-    names are what you thought.
+    under ``task="other"`` (`OTHER`). None: no bound. Only a bound holds whatever
+    the names turn out to be: one made per user fills ``other``, not the memory of
+    the process and of Prometheus. The first names seen get series of their own
+    and keep them while instrumented (after a restart, a name may fall on the other
+    side). Give tasks stable names (``submit(..., name=...)``) and keep the bound
+    above their number: then ``other`` staying at 0 says the names are as you thought.
 
     Raises:
+      TypeError: ``ex`` is not an ``Executor`` (a ``DeterministicExecutor`` has no slots).
       ValueError: ``ex`` is instrumented on ``registry`` already, or another
         open executor is, under ``name``; ``buckets`` is empty, not increasing,
         holds a value that is not a finite number > 0, or differs from the

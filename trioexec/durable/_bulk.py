@@ -1,13 +1,8 @@
-"""Runs of like operations in one group commit, each run as one statement where the
-backend can (`BulkTables`: PostgreSQL): a worker's fulfils, a producer's creates.
-
-`Core.run` hands its operations here. Every fulfil of the batch (and every
-create) goes to the backend at once if each of them is plainly valid and would
-succeed; the backend then writes them all, or nothing (and says so). Else, and
-for every other operation, each runs alone, undone alone if it fails: in a
-savepoint (`Tables.attempt`), or, where the backend can tell that it wrote nothing
-before failing (`AloneTables`), without one. The answers are the same either
-way: each operation's own.
+"""A group commit's operations (`Core.run` hands them here). A batch's fulfils (a
+worker's), and its creates (a producer's), go to the backend as one statement each
+where it can (`BulkTables`: PostgreSQL) and all are plainly valid: it writes them all
+or nothing, and says so. Else, like every other operation, each runs alone, undone
+alone if it fails (`run_calls`). The answers are each operation's own either way.
 """
 
 from __future__ import annotations
@@ -38,10 +33,7 @@ class AloneTables(Protocol):
 
 
 class Core(Protocol):
-    """What a group commit needs of the protocol (`trioexec.durable._protocol.Core`)
-    that hands its operations here: its tables, the two operations it bulks (to
-    know them), how a settled promise resumes its waiters, and a new task's
-    retry timeout."""
+    """What `run_calls` needs of the protocol (`trioexec.durable._protocol.Core`)."""
 
     tables: Tables
     retry_timeout: float

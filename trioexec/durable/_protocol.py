@@ -60,23 +60,15 @@ class Core:
         self._now: float | None = None  # the moment of the `run` in progress
 
     def run(self, take: Callable[[], Sequence[Callable[[], Any]]]) -> list[tuple[bool, Any]]:
-        """Several operations (each a call of one of this object's methods) in one
-        transaction: a group commit. ``take()`` returns them once the transaction
-        has begun (holding the write lock: what was queued while waiting for it
-        joins; it is called again, returning those and any more, if the
-        transaction runs again). Time is applied once, at the start, and every
-        operation acts at that moment, seeing the ones that ran before it; the
-        result is what each would have answered alone at that moment. They run in
-        order, except that the fulfils of a batch run together at the place of
-        the first, and so do its creates (`run_calls`).
-
-        Each operation is a unit: one that raises is undone and its exception is
-        returned as ``(False, exc)``, the others' ``(True, value)``. (Where the
-        backend can tell that a failed operation wrote nothing, no savepoint is
-        made; one that fails after writing rolls the transaction back, and it runs
-        again with a savepoint for each.) Alone, an operation's error fails its
-        transaction as it always has. A failure of the storage itself (or the
-        commit) raises: nothing is written.
+        """Several operations (calls of this object's methods) in one transaction: a
+        group commit. ``take()`` returns them once the transaction has begun (with
+        the write lock: what was queued meanwhile joins), and again, with any more,
+        if the transaction runs again. Time is applied once, at the start: each
+        operation acts at that moment, sees those before it, and answers what it
+        would have alone. Order and undo are `run_calls`'s: each operation is a
+        unit, ``(True, value)`` or ``(False, exc)`` (undone). A lone operation's
+        error fails the transaction; a failure of the storage (or the commit)
+        raises: nothing is written.
         """
         careful = False
         while True:

@@ -1,6 +1,5 @@
-"""Durable promise and task records. The states they carry are stored in the
-durable tables, so they are defined with them (`trioexec._store`); the protocol's
-errors live with every other error, in `trioexec._errors`."""
+"""The durable protocol's records: those the store shares (`trioexec._durable_records`),
+its errors (`trioexec._errors`), and its own."""
 
 from __future__ import annotations
 

@@ -1,36 +1,11 @@
-"""`open_worker`: claim a target's pending durable tasks and run them through an executor.
-
-Each claimed task runs as an executor task (slots, deferral, metrics, events all
-apply); a plain ``def`` handler runs in one of the executor's worker threads. One
-heartbeat per worker renews every lease it holds. A handler that awaits a
-still-pending durable promise suspends its task: the handler is unwound, its slot
-and lease are given up, and the task is delivered again, from the top, once the
-promise settles (handlers are written to be re-entrant).
-
-Claims and fulfils go in batches: the worker claims ahead of its free slots, and
-a finished run's fulfil is written by the worker after the run has given its slot
-back, together with every other store call made meanwhile (`DurableStore` writes
-them in one transaction). It holds, beyond the runs going on, as many tasks as
-ran out while its last claim was under way (what the slots will take before the
-next claim is back): its slots' worth at least, `AHEAD` times that at most. Runs
-that take a while keep it to its slots (long tasks are not hoarded while other
-workers wait); runs that end as soon as they start let it grow, so that each
-transaction carries more claims and fulfils. A task held but not started is
-leased like a running one (renewed by the heartbeat, cancelled if lost, released
-when the worker leaves). Until its fulfil is written the task stays held, its
-lease renewed; a fulfil that cannot be written in time is given up (counted
-``lost``): the lease lapses and the task runs again elsewhere, never twice at once.
-
-A lease this worker can no longer vouch for is lost at once: when the heartbeat
-finds the task is not this worker's at that version any more, or when the lease
-runs out on this worker's own clock before a heartbeat renewed it (the heartbeat
-may be stuck). The local attempt is then cancelled and nothing it produces is
-written: another worker may be running the task already.
-
-How a drain ends what is going on: `Worker.drain`. A run's outcome is what its
-handler did (a value or an error settles the promise, an await on a pending
-promise suspends the task); only a run that ends without one (cancelled) has its
-task released, same version, for another worker.
+"""`open_worker`: claim a target's pending durable tasks and run them through an executor
+(slots, deferral, metrics and events apply; a plain ``def`` handler runs in a worker
+thread), one heartbeat renewing every lease held. What a worker promises is told in
+`open_worker`, `Worker.drain` and docs/reference/durable.rst. Under it all: a lease this
+worker cannot vouch for (not ours at that version, or run out on our clock: the heartbeat
+may be stuck) is lost at once, its run cancelled and nothing it produces written, as
+another worker may be running the task already; a fulfil not written in time is given up
+(counted ``lost``), so the task runs again elsewhere, never twice at once.
 """
 
 from __future__ import annotations
@@ -60,8 +35,11 @@ from ._records import Conflict, Suspend, TaskRecord
 from ._store import DurableStore, Wakeup, claim_work, lost_leases, open_wakeup
 from ._suspend import DurableHandle, leftover
 
-#: A worker holds at most this many times its slots in tasks claimed ahead (held,
-#: not started).
+#: A worker holds at most this many times its slots in tasks claimed ahead (held, not
+#: started). It claims ahead as many as ran out during its last claim (what its slots
+#: will take before the next claim is back): slow runs keep it to its slots (none
+#: hoarded while other workers wait), quick ones let it grow (more claims and fulfils
+#: per transaction).
 AHEAD = 16
 
 
@@ -86,13 +64,12 @@ class _Lease:
 class Worker:
     """The object `open_worker` yields.
 
-    Counters: ``claimed`` (tasks acquired), ``fulfilled`` (promises this worker
-    settled from a handler's outcome), ``rejected`` (of those, how many with an
-    error), ``suspended`` (runs that suspended on a pending promise), ``lost`` (runs
-    cancelled or discarded because the lease was lost: their outcome was not
-    recorded), ``cancelled`` (runs that ended with no outcome recorded while this
-    worker held their task: cancelled by the drain's grace or by leaving the
-    block; their tasks are released), and ``running`` (handlers running now).
+    Counters: ``claimed`` (tasks acquired), ``fulfilled`` (promises settled from a
+    handler's outcome), ``rejected`` (of those, with an error), ``suspended`` (runs
+    that suspended on a pending promise), ``lost`` (runs cancelled or discarded as
+    their lease was lost: outcome not recorded), ``cancelled`` (runs cancelled, while
+    this worker still held their task, by the drain's grace or by leaving the block:
+    outcome not recorded, task released), and ``running`` (handlers running now).
     """
 
     def __init__(
@@ -135,18 +112,16 @@ class Worker:
     async def drain(self, grace: float | None = None) -> bool:
         """Stop taking work and wait for the handlers running to end.
 
-        From the call on, the worker claims nothing more and starts no handler: the
-        tasks it claimed but has not started are released at once (back to pending,
-        same version) for other workers. The runs already going on are let finish
-        (their outcomes recorded as usual: a handler that suspends on a pending
-        promise suspends its task; one whose promise settled just before its
-        suspension was written goes on, its handler called again at once); once
-        ``grace`` seconds have passed (None: no limit) those still going are
-        cancelled, and once they ended (a lease at most: a thread that ignores it
-        keeps its task till its lease lapses) their tasks are released too (but for
-        those whose suspension or fulfil was being written: that is written). The
-        worker's block can then be left without cancelling anything. Calling it
-        again drains nothing more: it waits again.
+        From the call on, the worker claims nothing more and starts no handler; the
+        tasks it claimed but has not started go back to pending (same version) at
+        once. The runs going on finish, their outcomes recorded as usual (a
+        suspension too; a handler whose promise settled before its suspension was
+        written is called again at once). After ``grace`` seconds (None: no limit)
+        those still going are cancelled, awaited a lease at most (a thread that
+        ignores it keeps its task till its lease lapses), and their tasks released,
+        but for a suspension or fulfil being written: that is written. The block
+        can then be left without cancelling anything. Calling it again drains
+        nothing more: it waits again.
 
         Blocks until no handler runs; a checkpoint. Returns True if every run
         ended by itself, False if the grace ran out. Cancelling it stops the
@@ -234,9 +209,8 @@ class Worker:
         ended = self._ended  # when the last claim was sent
         while True:
             roomy = self._roomy = trio.Event()
-            # Runs not yet over (a finished run's task only waits for its fulfil to
-            # be written): the slots, and as many more as ran out since the last
-            # claim was sent (what the slots will take before this claim is back).
+            # The slots, plus as many as ran out since the last claim was sent, less
+            # the runs not over (a finished run's task only waits for its fulfil).
             slots = ex.slots.total
             ahead = min(max(slots, self._ended - ended), slots * AHEAD)
             room = slots + ahead - (len(self._held) - self._finished)
@@ -410,8 +384,7 @@ class Worker:
                 else:
                     if not awaited:
                         return await self._complete(record, result)
-                # The handler asked to suspend (even if it swallowed the signal): that
-                # is its outcome, written even if the run is being cancelled meanwhile.
+                # It asked to suspend (even if it swallowed the signal): its outcome.
                 if not await self._suspend(record, awaited):
                     return None
                 # A promise settled before the suspension was written: the handler
@@ -510,8 +483,7 @@ class Worker:
             try:
                 await self._write_fulfil(record, lease, data, rejected)
             except TrioexecError:
-                # Not written (the store failed): give the task up; its lease lapses
-                # and it runs again elsewhere.
+                # The store failed: give the task up (its lease lapses; it runs elsewhere).
                 self._forget(record, lease)
                 self.lost += 1
                 return
@@ -537,12 +509,9 @@ class Worker:
 
     async def _suspend(self, record: TaskRecord, awaited: list[str]) -> bool:
         """Suspend the task on ``awaited``; True if one has settled meanwhile (the
-        handler is to run again at once).
-
-        The suspension is the run's outcome, not a cancellation: it is written even
-        if the run is being cancelled meanwhile (shielded; bounded by the lease,
-        past which the task is not surely ours to suspend: it is then given up,
-        counted ``lost``, and its lease lapses)."""
+        handler runs again at once). The run's outcome: written even if the run is
+        being cancelled (shielded), bounded by the lease, past which the task is not
+        surely ours: then given up (``lost``) to lapse."""
         lease = self._ours(record)
         if lease is None:
             return False
@@ -599,33 +568,29 @@ async def open_worker(
 ) -> AsyncIterator[Worker]:
     """Run the pending durable tasks of ``target`` in this block.
 
-    ``handlers`` is one callable (it receives the promise's data as its param) or
-    a mapping of names to callables (the promise's data is then
-    ``{"handler": name, "param": ...}``). A handler may take a ``handle``
-    (`DurableHandle`). An ``async def`` handler runs in the worker's Trio thread, a
-    plain ``def`` one in a worker thread (it then uses the handle's ``*_sync``
-    methods). Its return value (JSON) fulfils the task's promise; an exception
-    rejects it with ``{"error": repr(exc)}``, and so does a return value that is not
-    JSON (the error names the task and the type).
+    ``handlers`` is one callable (it receives the promise's data as its param) or a
+    mapping of names to callables (the data is then ``{"handler": name, "param": ...}``).
+    A handler may take a ``handle`` (`DurableHandle`). An ``async def`` handler runs in
+    the worker's Trio thread, a plain ``def`` one in a worker thread (using the
+    handle's ``*_sync`` methods). Its return value (JSON) fulfils the task's promise;
+    an exception rejects it with ``{"error": repr(exc)}``, and so does a return value
+    that is not JSON (the error names the task and the type).
 
-    Tasks are claimed in batches, ahead of the free slots: as many more as ran out
-    while the last claim was under way, between ``max_concurrent_tasks`` and 16
-    times that. A task claimed ahead is held like a running one (leased, renewed,
-    released on leaving) until a slot takes it.
+    Tasks are claimed in batches, ahead of the free slots (as many more as ran out
+    during the last claim, between ``max_concurrent_tasks`` and 16 times that), each
+    held like a running one (leased, renewed, released on leaving) till a slot takes it.
 
-    ``lease`` (seconds) is renewed by one heartbeat every ``lease / 3``. A lost lease
-    (the heartbeat finds the task taken over, or no heartbeat renewed it in time)
-    cancels the local run at once; its outcome is never recorded. ``poll_interval``
-    bounds the wait between looks for new pending tasks; on PostgreSQL an idle
-    worker is woken at once by a notification when a task of ``target`` becomes
-    claimable (``LISTEN``), and looks every ``poll_interval`` only as a backstop.
+    One heartbeat every ``lease / 3`` renews the leases (``lease``: seconds). A lost
+    lease (the task taken over, or not renewed in time) cancels the local run at once;
+    its outcome is never recorded. ``poll_interval`` bounds the wait between looks for
+    pending tasks; on PostgreSQL a notification (``LISTEN``) wakes an idle worker as
+    soon as a task of ``target`` is claimable, and the poll is a backstop.
 
-    Leaving the block, by any means (cancellation included), stops claiming,
-    cancels running handlers and releases every task this worker still holds
-    (back to pending, same version) so other workers take them at once; that
-    cleanup is shielded and bounded by ``lease``. A fulfil or a suspension under
-    way is written first (a handler that suspended is not cancelled back to
-    pending). A killed worker's tasks come back when their leases expire. To stop
+    Leaving the block, by any means (cancellation included), stops claiming, cancels
+    running handlers and releases every task still held (back to pending, same
+    version) for other workers to take at once, shielded and bounded by ``lease``; a
+    fulfil or a suspension under way is written first (a suspended task stays
+    suspended). A killed worker's tasks come back when their leases expire. To stop
     without cancelling the runs, call `Worker.drain` first.
 
     Raises:

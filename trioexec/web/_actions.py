@@ -1,12 +1,11 @@
 """The actions (POST, form-encoded, 303 back to the page on success): settle a
 promise, retry or cancel a task, pause or resume by name or key.
 
-Each needs the token's cookie, the CSRF field and this site's Origin
-(`Guard.refusal`), opens a writable store for the one operation (in a worker
-thread) and goes through the store's own operations, recorded with who sent it
-(``user@host pid N (dashboard, from ADDRESS)``). Nothing from the form becomes SQL
-or code: ids and names are values to those operations, the payload is parsed as
-JSON and stored as data. Under ``--read-only`` these routes do not exist.
+Each passes `Guard.refusal`, then opens a writable store for its one operation (in a
+worker thread), recorded with who sent it (``user@host pid N (dashboard, from
+ADDRESS)``). Nothing from the form becomes SQL or code: ids and names are values to
+the store's operations, the payload is parsed as JSON and stored as data. Under
+``--read-only`` these routes do not exist.
 """
 
 from __future__ import annotations

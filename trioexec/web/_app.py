@@ -69,12 +69,11 @@ STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; char
 def static_files() -> Callable[[Request], Awaitable[Response]]:
     """The route of ``/static/NAME``: the package's few static files, read once.
 
-    Sent as plain responses, not Starlette's `StaticFiles`: its file response,
-    under the ASGI 2.1 that Hypercorn speaks, waits for the client's disconnect
-    in a task group it cancels once the file is sent, and Hypercorn closes a
-    ``Connection: close`` connection from inside that send, so the cancellation
-    lands in the close: the connection stayed open (and on ``0.0.0.0`` static
-    files need no token)."""
+    Plain responses, not Starlette's `StaticFiles`: under Hypercorn's ASGI 2.1, its
+    file response waits for the client's disconnect in a task group it cancels once
+    the file is sent, and Hypercorn closes a ``Connection: close`` connection inside
+    that send, so the cancellation lands in the close: the connection stayed open
+    (and on ``0.0.0.0`` static files need no token)."""
     files = {
         path.name: (path.read_bytes(), STATIC_TYPES[path.suffix])
         for path in (HERE / "static").iterdir()

@@ -1,11 +1,9 @@
-"""`Board`: what the dashboard keeps while it serves: the read-only store, the
-durable view of it, and one poller that samples the counts every second.
-
-Every store call runs in a worker thread (`trio.to_thread.run_sync`), never in the
-event loop: a read that waits on a busy SQLite file or a slow PostgreSQL server
-holds a thread, not every page. One poller serves every open page: it samples the
-slots in use (the overview's chart) and bumps `version` when the counts or the
-command log change, which is what the Server-Sent Events stream tells pages.
+"""`Board`: what the dashboard keeps while it serves: the read-only store, its durable
+view, and one poller for every open page, which samples the counts every second (the
+overview's chart) and bumps `version` when they or the command log change (what the
+event stream tells pages). Store calls run in worker threads (`Board.read`): a read
+waiting on a busy SQLite file or a slow PostgreSQL server holds a thread, not the event
+loop (every other page).
 """
 
 from __future__ import annotations

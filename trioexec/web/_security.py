@@ -1,18 +1,14 @@
 """Who may read and who may act: the token, CSRF, the Origin check, and the
 headers every response carries.
 
-The token is random per start (`secrets.token_urlsafe`) and printed in the URL.
-Visiting any page with ``?token=T`` sets an HttpOnly, SameSite=Strict cookie
-named after a hash of it (`cookie_name`: several dashboards on one host each keep
-their own) that holds a value derived from it (`cookie_value`: never the token,
-which a browser would send to every port of the host), and redirects to the same
-page without it (so it leaves the address bar and the history; only ever to a
-path of this site, `is_local_path`). An action (a POST) needs that cookie, a CSRF field derived from
-the token (an HMAC of it: a page from elsewhere cannot read the cookie, so it
-cannot compute the field) and, when the browser sends one, an Origin of this
-server. Reads need the cookie only when the server listens beyond loopback, or
-is asked for by a name that is not a loopback one (a reverse proxy's; or a
-rebound name, the DNS-rebinding attack on local servers).
+The token is random per start and printed in the URL. A page visited with
+``?token=T`` sets an HttpOnly, SameSite=Strict cookie (`cookie_name`, `cookie_value`)
+and redirects to itself without it, so the token leaves the address bar and the
+history. An action (a POST) needs that cookie, a CSRF field (an HMAC of the token: a
+page from elsewhere cannot read the cookie, so it cannot compute the field) and, when
+the browser sends one, an Origin of this server. Reads need the cookie when the server
+listens beyond loopback or is asked for by a name that is not a loopback one (a
+reverse proxy's, or a rebound one: `Guard.may_read`).
 """
 
 from __future__ import annotations
