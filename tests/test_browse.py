@@ -24,7 +24,7 @@ from hypothesis import strategies as st
 from pg_server import schema_at_version
 
 import trioexec
-from trioexec import MemoryStore, PostgresStore, SQLiteStore, TaskStatus, Workflow, task
+from trioexec import PostgresStore, SQLiteStore, TaskStatus, Workflow, task
 from trioexec._changes import RunCreated, RunEnded, StepRecorded
 from trioexec._columns import ROW_COLUMNS
 from trioexec._store import _browse, _pg_schema, _sqlite_schema
