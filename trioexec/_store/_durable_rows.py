@@ -1,6 +1,6 @@
 """What the durable tables hold: their row shape (the states stored in them are
-values, `trioexec._durable_records`), and the table layer the durable protocol
-runs on.
+values, `trioexec._durable_records`), and what a backend may offer beyond the
+table layer the durable protocol runs on (`SQLTables`).
 
 They live with the store, below `trioexec.durable`, so the tables import nothing
 from the protocol built on them; `trioexec.durable` re-exports the state enums.
@@ -8,8 +8,7 @@ from the protocol built on them; `trioexec.durable` re-exports the state enums.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from typing import Any, Protocol, runtime_checkable
 
 from .._durable_records import PromiseState as PromiseState
@@ -26,60 +25,9 @@ class TransactionAborted(StoreError):
     commit (a restart): nothing was written, and running it again may succeed."""
 
 
-class Tables(Protocol):
-    """Row access for the protocol. Rows are plain dicts; ``put_*`` writes back.
-
-    ``promise(id)``/``task(id)`` read a row to change it: a backend several
-    processes share locks it (a concurrent transaction waits for it, then sees
-    what this one wrote). With ``shared``, the row is only looked at: it stays as
-    read until the transaction ends, but other transactions looking at it do not
-    wait (two that look at rows in different orders cannot deadlock).
-
-    ``update_task/update_promise(id, expect, changes)`` change a row only if it
-    exists and its columns hold the (non-None) values of ``expect``; they answer
-    whether it did (the promise: the row as changed, or None). ``transaction()``
-    opened inside an open one is part of it; ``attempt(call)`` runs ``call()``
-    inside the open transaction as a unit that is undone if it raises (returning
-    ``(False, exc)``; ``(True, value)`` otherwise).
-
-    ``claim(target, limit, pid, ttl, now)`` acquires up to ``limit`` pending tasks
-    of ``target``, oldest id first (each: version + 1, leased to ``pid`` until
-    ``now + ttl``, no retry timeout), and returns each row with its promise's data;
-    a backend shared by several processes skips the rows a concurrent transaction
-    holds, so concurrent claims get different tasks."""
-
-    def transaction(self) -> AbstractContextManager[None]: ...
-    def attempt(self, call: Callable[[], Any]) -> tuple[bool, Any]: ...
-    def promise(self, id: str, *, shared: bool = False) -> Row | None: ...
-    def put_promise(self, row: Row) -> None: ...
-    def task(self, id: str, *, shared: bool = False) -> Row | None: ...
-    def put_task(self, row: Row) -> None: ...
-    def update_task(self, id: str, expect: Row, changes: Row) -> bool: ...
-    def update_promise(self, id: str, expect: Row, changes: Row) -> Row | None: ...
-    def claim(
-        self, target: str, limit: int, pid: str, ttl: float, now: float
-    ) -> list[tuple[Row, str | None]]: ...
-    def add_callback(self, promise_id: str, task_id: str) -> None: ...
-    def tasks_awaiting(self, promise_id: str) -> list[str]: ...
-    def awaited_by(self, task_id: str) -> list[str]: ...
-    def drop_callbacks(self, task_id: str) -> None: ...
-    def timed_out_promises(self, now: float) -> list[Row]: ...
-    def expired_leases(self, now: float) -> list[Row]: ...
-    def due_pending_tasks(self, now: float) -> list[Row]: ...
-    def search_promises(
-        self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
-    ) -> list[Row]: ...
-    def search_tasks(
-        self, state: str | None, target: str | None, limit: int, cursor: str | None
-    ) -> list[Row]: ...
-    def all_promises(self) -> Iterator[Row]: ...
-    def all_tasks(self) -> Iterator[Row]: ...
-    def all_callbacks(self) -> Iterator[tuple[str, str]]: ...
-
-
 @runtime_checkable
 class BulkTables(Protocol):
-    """What a backend offers beyond `Tables` to write a run of like operations in one
+    """What a backend offers beyond `SQLTables` to write a run of like operations in one
     statement (each all or nothing: it writes every one, or none and says so).
 
     ``fulfil_many([(id, version, state, data), ...], now)``: each task acquired at

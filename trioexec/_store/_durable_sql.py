@@ -67,7 +67,26 @@ TASKS = Table(
 
 
 class SQLTables:
-    """The durable_* tables on one connection (``conn``, inside a transaction).
+    """The durable_* tables on one connection (``conn``, inside a transaction): the
+    row access the durable protocol runs on. Rows are plain dicts; ``put_*``
+    writes back.
+
+    ``promise(id)``/``task(id)`` read a row to change it: a backend several
+    processes share locks it (a concurrent transaction waits for it, then sees
+    what this one wrote). With ``shared``, the row is only looked at: it stays as
+    read until the transaction ends, but other transactions looking at it do not
+    wait (two that look at rows in different orders cannot deadlock).
+    ``update_task/update_promise(id, expect, changes)`` change a row only if it
+    exists and its columns hold the (non-None) values of ``expect``; they answer
+    whether it did (the promise: the row as changed, or None). ``transaction()``
+    opened inside an open one is part of it; ``attempt(call)`` runs ``call()``
+    inside the open transaction as a unit that is undone if it raises (returning
+    ``(False, exc)``; ``(True, value)`` otherwise). ``claim(target, limit, pid,
+    ttl, now)`` acquires up to ``limit`` pending tasks of ``target``, oldest id
+    first (each: version + 1, leased to ``pid`` until ``now + ttl``, no retry
+    timeout), and returns each row with its promise's data; a backend shared by
+    several processes skips the rows a concurrent transaction holds, so
+    concurrent claims get different tasks.
 
     A backend sets its dialect: ``MARK``, the placeholder; ``INSERT``, the
     statement that stores a row not read in this transaction (one changed row,
@@ -91,6 +110,7 @@ class SQLTables:
     SEQ: str
     #: One transaction begun, ended at the end of the block.
     _begun: Callable[[], contextlib.AbstractContextManager[None]]
+    claim: Callable[[str, int, str, float, float], list[tuple[Row, str | None]]]
 
     def __init__(
         self,

@@ -11,7 +11,8 @@ import functools
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, cast, runtime_checkable
 
-from .._store._durable_rows import BulkTables, Row, Tables
+from .._store._durable_rows import BulkTables, Row
+from .._store._durable_sql import SQLTables
 from ._checks import check_create, check_id, check_seconds, encode, new_rows, promise_record
 from ._records import PromiseRecord, PromiseState
 
@@ -26,7 +27,7 @@ class AloneTables(Protocol):
     nothing to undo.
 
     ``writes`` grows with every change of a row; ``errors`` are the storage's own
-    errors (they fail the whole transaction, as in `Tables.attempt`)."""
+    errors (they fail the whole transaction, as in `SQLTables.attempt`)."""
 
     writes: int
     errors: tuple[type[Exception], ...]
@@ -35,7 +36,7 @@ class AloneTables(Protocol):
 class Core(Protocol):
     """What `run_calls` needs of the protocol (`trioexec.durable._protocol.Core`)."""
 
-    tables: Tables
+    tables: SQLTables
     retry_timeout: float
 
     @property
@@ -57,7 +58,7 @@ def run_calls(
     callers has had an answer yet, so any order is one they could have seen.)
 
     An operation that fails is undone alone: ``careful``, each runs in a savepoint
-    (`Tables.attempt`); else (a backend that can, `AloneTables`) without one, and
+    (`SQLTables.attempt`); else (a backend that can, `AloneTables`) without one, and
     an operation that fails after writing returns None: roll the transaction back
     and run them again, carefully. A batch of one runs as it is: its failure fails
     the transaction."""

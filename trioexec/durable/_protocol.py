@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from .._store._durable_rows import Row, Tables
+from .._store._durable_rows import Row
+from .._store._durable_sql import SQLTables
 from ._bulk import run_calls
 from ._checks import (
     check_create,
@@ -52,7 +53,7 @@ class Core:
     """
 
     def __init__(
-        self, tables: Tables, clock: Callable[[], float], retry_timeout: float = 30.0
+        self, tables: SQLTables, clock: Callable[[], float], retry_timeout: float = 30.0
     ) -> None:
         self.tables = tables
         self.clock = clock
@@ -336,7 +337,7 @@ class Core:
         check_id(pid, "pid")
         with self.tables.transaction():
             now = self._begin()
-            # (Tables.claim: on a database many processes share, one statement that
+            # (SQLTables.claim: on a database many processes share, one statement that
             # skips the rows a concurrent claim holds.)
             claimed = self.tables.claim(target, limit, pid, ttl, now)
             return [(self.task_record(task), data) for task, data in claimed]
@@ -573,7 +574,7 @@ def _page(rows: list[Row], record: Callable[[Row], R], limit: int) -> tuple[list
     return page, (page[-1].id if len(rows) > limit else None)
 
 
-def _held(tables: Tables, id: str, version: int, pid: str) -> Row | None:
+def _held(tables: SQLTables, id: str, version: int, pid: str) -> Row | None:
     """Task ``id``'s row if ``pid`` holds it at ``version`` (acquired), else None:
     what a heartbeat renews; the rest is lost."""
     task = tables.task(id)
@@ -587,7 +588,9 @@ def _held(tables: Tables, id: str, version: int, pid: str) -> Row | None:
     return task
 
 
-def _acquire_row(tables: Tables, task: Row, version: int, pid: str, ttl: float, now: float) -> None:
+def _acquire_row(
+    tables: SQLTables, task: Row, version: int, pid: str, ttl: float, now: float
+) -> None:
     task.update(
         state=TaskState.ACQUIRED.value,
         version=version,
