@@ -18,7 +18,7 @@ from trio_util import AsyncValue
 from ._backoff import Backoff
 from ._errors import TaskCancelled
 from ._poller import Poller
-from ._records import SubStatus
+from ._records import TYPED, SubStatus, check_number
 from ._slots import SlotToken
 
 if TYPE_CHECKING:
@@ -40,13 +40,14 @@ class _Observer(Protocol):
     def thread_lend_ended(self, handle: TaskHandle) -> None: ...
 
 
-def _check_poll_interval(poll_interval: float | Backoff) -> None:
-    if isinstance(poll_interval, Backoff):
-        return
-    if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float):
-        raise TypeError(f"poll_interval must be a number or a Backoff, got {poll_interval!r}")
-    if not (0 < poll_interval < math.inf):
-        raise ValueError(f"poll_interval must be a finite number > 0, got {poll_interval!r}")
+def _check_poll_interval(interval: float | Backoff) -> None:
+    if type(interval) is float and 0 < interval < math.inf:
+        return  # (the common case, without a call: every `defer_until` checks it)
+    if not isinstance(interval, Backoff):
+        must, typed = "a finite number > 0", "a number or a Backoff"
+        check_number(
+            "poll_interval", interval, float, must, typed=typed, gt=0, lt=math.inf, errors=TYPED
+        )
 
 
 def _nth_interval(poll_interval: float | Backoff, n: int) -> float:
