@@ -50,31 +50,12 @@ def _check_poll_interval(interval: float | Backoff) -> None:
         )
 
 
-def _nth_interval(poll_interval: float | Backoff, n: int) -> float:
-    if isinstance(poll_interval, Backoff):
-        return poll_interval.delay(n)
-    return float(poll_interval)
-
-
 def _deadline(condition: object) -> float | None:
     """A number as a deadline on Trio's clock, a float (an int past a float's range
     is ±inf: never, or passed); None for anything else."""
     if isinstance(condition, bool) or not isinstance(condition, int | float):
         return None
-    try:
-        deadline = float(condition)
-    except OverflowError:
-        return math.inf if condition > 0 else -math.inf
-    if math.isnan(deadline):
-        raise ValueError(f"defer_until's deadline must be a number, got {condition!r}")
-    return deadline
-
-
-async def _truthy(predicate: Callable[[], object]) -> bool:
-    result = predicate()
-    if inspect.isawaitable(result):
-        result = await result
-    return bool(result)
+    return check_number("defer_until's deadline", condition, float, "a number", ge=-math.inf)
 
 
 class _Waiter:
@@ -148,11 +129,14 @@ class _Waiter:
         elif self._sync and poller_for is not None and (poller := poller_for()) is not None:
             await poller.wait(cond, self._poll_interval)
         else:
-            n = 0
+            interval, n = self._poll_interval, 0
             while True:
                 n += 1
-                await trio.sleep(_nth_interval(self._poll_interval, n))
-                if await _truthy(cond):
+                await trio.sleep(interval.delay(n) if isinstance(interval, Backoff) else interval)
+                result = cond()
+                if inspect.isawaitable(result):
+                    result = await result
+                if result:
                     return
 
 
