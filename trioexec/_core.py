@@ -130,13 +130,6 @@ def _describe(fn: Callable[..., Any]) -> str:
     return str(getattr(fn, "__qualname__", None) or type(fn).__name__)
 
 
-def _for_args(info: CallInfo, args: tuple[Any, ...]) -> CallInfo:
-    position = info.handle_position
-    if position is not None and len(args) > position:
-        return info.for_args(args)  # the caller passes that argument: no handle
-    return info
-
-
 @final
 class ExecutorCore:
     """One executor's parts, and its submission path."""
@@ -363,7 +356,7 @@ class ExecutorCore:
             self.lifecycle,
             spec,
             args,
-            _for_args(call_info(spec), args),
+            call_info(spec).for_args(args),
             record.task_id,
             record.name,
             spec.timeout,
