@@ -99,7 +99,10 @@ async def test_durable_options_too_large_for_a_float_are_refused() -> None:
 
 
 def test_the_checks() -> None:
-    from trioexec._records import stored_float, stored_int
+    from trioexec._records import check_number, stored_int
+
+    def stored_float(what, value):  # (what a store keeps: any float, NaN and inf too)
+        return check_number(what, value, float, "a number of seconds", stored=True)
 
     assert stored_int("n", -(2**63)) == -(2**63)
     assert stored_int("n", INT64_MAX, minimum=1) == INT64_MAX

@@ -12,6 +12,7 @@ import random
 import attrs
 
 from ._errors import TaskDefinitionError
+from ._records import check_number
 
 
 @attrs.frozen(kw_only=True)
@@ -32,20 +33,14 @@ class Backoff:
     jitter: float = 0.0
 
     def __attrs_post_init__(self) -> None:
+        bad, number = (TaskDefinitionError, TaskDefinitionError), "a number"
         for name in ("initial", "factor", "max", "jitter"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TaskDefinitionError(f"Backoff.{name} must be a number, got {value!r}")
-        if not (0 < self.initial < math.inf):
-            raise TaskDefinitionError(f"Backoff.initial must be > 0, got {self.initial!r}")
-        if not (self.factor >= 1 and self.factor < math.inf):
-            raise TaskDefinitionError(f"Backoff.factor must be >= 1, got {self.factor!r}")
-        if not (self.max >= self.initial):
-            raise TaskDefinitionError(
-                f"Backoff.max must be >= initial ({self.initial!r}), got {self.max!r}"
-            )
-        if not (0 <= self.jitter < 1):
-            raise TaskDefinitionError(f"Backoff.jitter must be in [0, 1), got {self.jitter!r}")
+            check_number(f"Backoff.{name}", getattr(self, name), float, number, errors=bad)
+        check_number("Backoff.initial", self.initial, float, "> 0", gt=0, lt=math.inf, errors=bad)
+        check_number("Backoff.factor", self.factor, float, ">= 1", ge=1, lt=math.inf, errors=bad)
+        must = f">= initial ({self.initial!r})"
+        check_number("Backoff.max", self.max, float, must, ge=self.initial, errors=bad)
+        check_number("Backoff.jitter", self.jitter, float, "in [0, 1)", ge=0, lt=1, errors=bad)
 
     def base_delay(self, n: int) -> float:
         """The n-th delay (n >= 1) before jitter."""

@@ -34,7 +34,7 @@ from ._machine._keys import KeyLimit, KeyState, check_key, key_limits_for
 from ._machine._lifecycle import Lifecycle, journal_waiting
 from ._machine._pending import Pending
 from ._metrics import ExecutorMetrics, Tally
-from ._records import ExecutionRecord, Overflow, ShutdownPolicy, check_id
+from ._records import TYPED, ExecutionRecord, Overflow, ShutdownPolicy, check_id, check_number
 from ._recovery import RecoverableRuns, Recovery
 from ._shutdown import Shutdown
 from ._slots import SlotPool
@@ -45,45 +45,32 @@ from ._waits import KeyTimer, LifecycleWaits
 from ._workers import Workers
 
 
-def check_int(name: str, value: object, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value!r}")
-
-
 def check_seconds(name: str, value: object) -> None:
-    if value is None:
+    """None, or a finite number of seconds > 0. (On the submit path: the common
+    case, an int or a float from 0 to 2**1023, is taken without a call.)"""
+    if value is None or ((type(value) is float or type(value) is int) and 0 < value < 2.0**1023):
         return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
-    try:
-        seconds = float(value)  # an int too large for a float is no duration either
-    except OverflowError:
-        seconds = math.inf
-    if not (0 < seconds < math.inf):
-        raise ValueError(f"{name} must be a finite number of seconds > 0, got {value!r}")
+    must = "a finite number of seconds > 0"
+    check_number(name, value, float, must, typed=_SECONDS, gt=0, lt=math.inf, errors=TYPED)
 
 
 def check_grace(name: str, value: object) -> None:
     """A shutdown's grace: None (no limit) or a finite number of seconds >= 0."""
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds or None, got {value!r}")
-    try:
-        seconds = float(value)
-    except OverflowError:
-        seconds = math.inf
-    if not (0 <= seconds < math.inf):
-        raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
+    if value is not None:
+        must = "a finite number of seconds >= 0"
+        check_number(name, value, float, must, typed=_SECONDS, ge=0, lt=math.inf, errors=TYPED)
+
+
+_SECONDS = "a number of seconds or None"
 
 
 def _int_at_least(minimum: int) -> Callable[[Any, attrs.Attribute[Any], object], None]:
     """An attrs validator: an int (not a bool) >= ``minimum``."""
 
     def validate(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
-        check_int(attribute.name, value, minimum=minimum)
+        check_number(
+            attribute.name, value, int, f">= {minimum}", typed="an int", ge=minimum, errors=TYPED
+        )
 
     return validate
 
@@ -141,13 +128,6 @@ def _describe(fn: Callable[..., Any]) -> str:
     while isinstance(fn, functools.partial):
         fn = fn.func
     return str(getattr(fn, "__qualname__", None) or type(fn).__name__)
-
-
-def _for_args(info: CallInfo, args: tuple[Any, ...]) -> CallInfo:
-    position = info.handle_position
-    if position is not None and len(args) > position:
-        return info.for_args(args)  # the caller passes that argument: no handle
-    return info
 
 
 @final
@@ -376,7 +356,7 @@ class ExecutorCore:
             self.lifecycle,
             spec,
             args,
-            _for_args(call_info(spec), args),
+            call_info(spec).for_args(args),
             record.task_id,
             record.name,
             spec.timeout,

@@ -18,7 +18,7 @@ from trio_util import AsyncValue
 from ._backoff import Backoff
 from ._errors import TaskCancelled
 from ._poller import Poller
-from ._records import SubStatus
+from ._records import TYPED, SubStatus, check_number
 from ._slots import SlotToken
 
 if TYPE_CHECKING:
@@ -40,19 +40,14 @@ class _Observer(Protocol):
     def thread_lend_ended(self, handle: TaskHandle) -> None: ...
 
 
-def _check_poll_interval(poll_interval: float | Backoff) -> None:
-    if isinstance(poll_interval, Backoff):
-        return
-    if isinstance(poll_interval, bool) or not isinstance(poll_interval, int | float):
-        raise TypeError(f"poll_interval must be a number or a Backoff, got {poll_interval!r}")
-    if not (0 < poll_interval < math.inf):
-        raise ValueError(f"poll_interval must be a finite number > 0, got {poll_interval!r}")
-
-
-def _nth_interval(poll_interval: float | Backoff, n: int) -> float:
-    if isinstance(poll_interval, Backoff):
-        return poll_interval.delay(n)
-    return float(poll_interval)
+def _check_poll_interval(interval: float | Backoff) -> None:
+    if type(interval) is float and 0 < interval < math.inf:
+        return  # (the common case, without a call: every `defer_until` checks it)
+    if not isinstance(interval, Backoff):
+        must, typed = "a finite number > 0", "a number or a Backoff"
+        check_number(
+            "poll_interval", interval, float, must, typed=typed, gt=0, lt=math.inf, errors=TYPED
+        )
 
 
 def _deadline(condition: object) -> float | None:
@@ -60,20 +55,7 @@ def _deadline(condition: object) -> float | None:
     is ±inf: never, or passed); None for anything else."""
     if isinstance(condition, bool) or not isinstance(condition, int | float):
         return None
-    try:
-        deadline = float(condition)
-    except OverflowError:
-        return math.inf if condition > 0 else -math.inf
-    if math.isnan(deadline):
-        raise ValueError(f"defer_until's deadline must be a number, got {condition!r}")
-    return deadline
-
-
-async def _truthy(predicate: Callable[[], object]) -> bool:
-    result = predicate()
-    if inspect.isawaitable(result):
-        result = await result
-    return bool(result)
+    return check_number("defer_until's deadline", condition, float, "a number", ge=-math.inf)
 
 
 class _Waiter:
@@ -147,11 +129,14 @@ class _Waiter:
         elif self._sync and poller_for is not None and (poller := poller_for()) is not None:
             await poller.wait(cond, self._poll_interval)
         else:
-            n = 0
+            interval, n = self._poll_interval, 0
             while True:
                 n += 1
-                await trio.sleep(_nth_interval(self._poll_interval, n))
-                if await _truthy(cond):
+                await trio.sleep(interval.delay(n) if isinstance(interval, Backoff) else interval)
+                result = cond()
+                if inspect.isawaitable(result):
+                    result = await result
+                if result:
                     return
 
 

@@ -21,6 +21,7 @@ else:
     from typing import TypeVar
 
     T_co = TypeVar("T_co", covariant=True)
+N = TypeVar("N", int, float)
 
 MAX_ID_LENGTH = 1000
 
@@ -110,32 +111,71 @@ def _number(value: object) -> str:
     return safe_repr(value)
 
 
-def stored_int(what: str, value: object, *, minimum: int = INT64_MIN) -> int:
-    """``value`` if it is an int (not a bool) from ``minimum`` to 2**63 - 1, as a 64-bit
-    column holds it: the one check of every int that reaches a store (``after=``,
-    ``limit=``, a version); else ValueError naming ``what`` and the value."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{what} must be an int, got {_number(value)}")
-    if not minimum <= value <= INT64_MAX:
-        lowest = "-2**63" if minimum == INT64_MIN else str(minimum)
-        raise ValueError(f"{what} must be an int from {lowest} to 2**63 - 1, got {_number(value)}")
-    return value
+def _int64(lowest: float | None) -> str:
+    """What a 64-bit column holds, from ``lowest`` (None: its least)."""
+    return f"an int from {'-2**63' if lowest is None else lowest} to 2**63 - 1"
 
 
-def stored_float(what: str, value: object) -> float:
-    """``value`` (an int or a float, not a bool) as the float a store keeps: the
-    one conversion of every number of seconds that reaches a store (``since=``,
-    ``timeout``, ``ttl``...). NaN and infinities pass (the caller's range refuses
-    them where they mean nothing). Raises ValueError naming ``what`` and the value
-    for a non-number or an int no float holds (``10**400``)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{what} must be a number of seconds, got {_number(value)}")
-    try:
-        return float(value)
-    except OverflowError:
-        raise ValueError(
-            f"{what} is too large for a float (a number of seconds), got {_number(value)}"
-        ) from None
+#: `check_number`'s ``errors`` where a value that is no number is a TypeError.
+TYPED = (TypeError, ValueError)
+
+
+def check_number(
+    what: str,
+    value: object,
+    kind: type[N],
+    must: str,
+    *,
+    typed: str = "",
+    gt: float | None = None,
+    ge: float | None = None,
+    lt: float | None = None,
+    le: float | None = None,
+    errors: tuple[type[Exception], type[Exception]] = (ValueError, ValueError),
+    hint: str = "",
+    stored: bool = False,
+) -> N:
+    """``value``, a number given by the user, checked: the one rule of every such
+    number. It must be of ``kind`` (``int``; ``float``: an int or a float, returned
+    as a float), not a bool, and within the bounds given (NaN is within none); an int
+    no float holds counts as infinite. Else ``errors[0]`` for a value of another
+    type, ``errors[1]`` for one out of bounds: "``what`` must be ``must`` (``typed``,
+    if given, for the type), got <the value>``hint``".
+
+    With ``stored`` (a store keeps the value): an int no float holds is refused
+    (ValueError), an int must fit a 64-bit column (ValueError), and the value is
+    shown as `_number` shows it."""
+    shown = _number if stored else repr
+    if isinstance(value, bool) or not isinstance(value, int if kind is int else (int, float)):
+        raise errors[0](f"{what} must be {typed or must}, got {shown(value)}")
+    exact: float = value  # (compared as given: an int keeps all its digits)
+    number: float = value
+    if kind is float:
+        try:
+            number = float(value)
+        except OverflowError:
+            if stored:
+                raise ValueError(
+                    f"{what} is too large for a float (a number of seconds), got {_number(value)}"
+                ) from None
+            exact = number = math.inf if value > 0 else -math.inf
+    if not (
+        (gt is None or exact > gt)
+        and (ge is None or exact >= ge)
+        and (lt is None or exact < lt)
+        and (le is None or exact <= le)
+    ):
+        raise errors[1](f"{what} must be {must}, got {shown(value)}{hint}")
+    if stored and kind is int and not INT64_MIN <= exact <= INT64_MAX:
+        raise ValueError(f"{what} must be {_int64(ge)}, got {_number(value)}")
+    return number  # type: ignore[return-value]  # (an int for kind int)
+
+
+def stored_int(what: str, value: object, *, minimum: int | None = None) -> int:
+    """``value`` if it is an int (not a bool) from ``minimum`` to 2**63 - 1, as a
+    64-bit column holds it (a version, say); else ValueError naming ``what`` and
+    the value."""
+    return check_number(what, value, int, _int64(minimum), typed="an int", ge=minimum, stored=True)
 
 
 class Overflow(enum.StrEnum):

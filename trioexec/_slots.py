@@ -14,6 +14,8 @@ from typing import final
 
 import trio
 
+from ._records import TYPED, check_number
+
 
 @final
 class SlotPool:
@@ -105,9 +107,8 @@ class SlotPool:
 
 
 def _check_total(total: int) -> None:
-    if isinstance(total, bool) or not isinstance(total, int | float):
-        raise TypeError(f"slot total must be an int, got {total!r}")
-    if not isinstance(total, int) or total < 1:
+    check_number("slot total", total, float, ">= 1", typed="an int", ge=1, errors=TYPED)
+    if not isinstance(total, int):  # (a number, so a ValueError)
         raise ValueError(f"slot total must be >= 1, got {total!r}")
 
 

@@ -18,7 +18,7 @@ import attrs
 from ._backoff import Backoff as Backoff  # re-exported: it was first defined here
 from ._errors import TaskDefinitionError
 from ._handle import TaskHandle
-from ._records import check_id
+from ._records import TYPED, check_id, check_number
 
 HANDLE_PARAM_NAMES = ("handle", "task_handle")
 
@@ -37,17 +37,6 @@ else:
     R_co = TypeVar("R_co", covariant=True)
 P2 = ParamSpec("P2")
 R = TypeVar("R")
-
-
-def _non_negative_finite(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TaskDefinitionError(f"{name} must be a number, got {value!r}")
-    try:
-        as_float = float(value)  # an int too large for a float is no finite number here
-    except OverflowError:
-        as_float = math.inf
-    if not (0 <= as_float < math.inf):
-        raise TaskDefinitionError(f"{name} must be a finite number >= 0, got {value!r}")
 
 
 def _annotation_is_handle(annotation: Any) -> bool:
@@ -206,11 +195,13 @@ _PRIORITY_BOUND = 2**62
 
 def check_priority(priority: object) -> int:
     """A priority: an int (not a bool) below 2**62 in magnitude; else TypeError or ValueError."""
-    if isinstance(priority, bool) or not isinstance(priority, int):
-        raise TypeError(f"priority must be an int, got {priority!r}")
-    if not -_PRIORITY_BOUND < priority < _PRIORITY_BOUND:
-        raise ValueError(f"priority must be between -2**62 and 2**62, got {priority!r}")
-    return priority
+    bound = _PRIORITY_BOUND
+    if type(priority) is int and -bound < priority < bound:
+        return priority  # (the common case, without a call: it is on the submit path)
+    must = "between -2**62 and 2**62"
+    return check_number(
+        "priority", priority, int, must, typed="an int", gt=-bound, lt=bound, errors=TYPED
+    )
 
 
 def spec_key(spec: TaskSpec, args: tuple[Any, ...]) -> str:
@@ -258,9 +249,9 @@ def _make_spec(fn: Callable[P2, R], options: dict[str, Any]) -> TaskSpec[P2, R]:
     if len(set(deps)) != len(deps):
         raise TaskDefinitionError(f"{task_id}: duplicate dependency in {list(deps)!r}")
 
+    bad = (TaskDefinitionError, TaskDefinitionError)
     retries = options["retries"]
-    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
-        raise TaskDefinitionError(f"{task_id}: retries must be an int >= 0, got {retries!r}")
+    check_number(f"{task_id}: retries", retries, int, "an int >= 0", ge=0, errors=bad)
 
     backoff = options["backoff"]
     if backoff is None:
@@ -279,14 +270,11 @@ def _make_spec(fn: Callable[P2, R], options: dict[str, Any]) -> TaskSpec[P2, R]:
         )
 
     for name in ("timeout", "budget"):
-        value = options[name]
-        if value is not None:
-            try:
-                _non_negative_finite(name, value)
-            except TaskDefinitionError as exc:
-                raise TaskDefinitionError(f"{task_id}: {exc}") from None
-            if value == 0:
-                raise TaskDefinitionError(f"{task_id}: {name} must be > 0, got {value!r}")
+        if options[name] is not None:
+            what, must = f"{task_id}: {name}", "a finite number > 0"
+            check_number(
+                what, options[name], float, must, typed="a number", gt=0, lt=math.inf, errors=bad
+            )
 
     key = options["key"]
     if key is not None and not callable(key):

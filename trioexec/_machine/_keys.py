@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar, final
 
 import attrs
 
-from .._records import check_id
+from .._records import TYPED, check_id, check_number
 
 if TYPE_CHECKING:
     from .._taskref import Job
@@ -40,17 +40,10 @@ MIN_RATE, MAX_RATE = 1e-9, 1e12
 
 
 def _concurrency(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
-    if value is None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"KeyLimit {attribute.name} must be an int or None, got {value!r}")
-    if value < 1:
-        raise ValueError(f"KeyLimit {attribute.name} must be >= 1, got {value!r}")
-    if value > MAX_CONCURRENCY:
-        raise ValueError(
-            f"KeyLimit {attribute.name} must be at most 2**31 - 1 (what a store holds),"
-            f" got {value!r}"
-        )
+    if value is not None:
+        what, most = f"KeyLimit {attribute.name}", "at most 2**31 - 1 (what a store holds)"
+        check_number(what, value, int, ">= 1", typed="an int or None", ge=1, errors=TYPED)
+        check_number(what, value, int, most, le=MAX_CONCURRENCY)
 
 
 def _rate(limit: KeyLimit, attribute: attrs.Attribute[Any], value: object) -> None:
@@ -62,17 +55,11 @@ def _rate(limit: KeyLimit, attribute: attrs.Attribute[Any], value: object) -> No
                 "KeyLimit needs a concurrency or a rate (or both): KeyLimit() limits nothing"
             )
         return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"KeyLimit {attribute.name} must be a number, got {value!r}")
-    try:
-        number = float(value)
-    except OverflowError:  # an int no float holds
-        number = math.inf
-    if not (MIN_RATE <= number <= MAX_RATE):
-        raise ValueError(
-            f"KeyLimit {attribute.name} must be a finite number > 0, got {value!r}"
-            f" (from {MIN_RATE:g} to {MAX_RATE:g})"
-        )
+    what, must = f"KeyLimit {attribute.name}", "a finite number > 0"
+    typed, span = "a number", f" (from {MIN_RATE:g} to {MAX_RATE:g})"
+    check_number(
+        what, value, float, must, typed=typed, ge=MIN_RATE, le=MAX_RATE, hint=span, errors=TYPED
+    )
 
 
 @attrs.frozen(kw_only=True)

@@ -14,12 +14,12 @@ import attrs
 from .._changes import Change, ExecutionRow, RunChange, Transition
 from .._columns import ROW_COLUMNS
 from .._records import (
+    TYPED,
     ExecutionRecord,
     SubStatus,
     TaskStatus,
+    check_number,
     matchable,
-    stored_float,
-    stored_int,
 )
 from ._key_ledger import KeyGrant, KeyRequest
 
@@ -611,9 +611,8 @@ def seconds(value: float | datetime.timedelta) -> float:
     """``deferred_longer_than`` as float seconds."""
     if isinstance(value, datetime.timedelta):
         return value.total_seconds()
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"deferred_longer_than must be seconds or a timedelta, got {value!r}")
-    return stored_float("deferred_longer_than", value)
+    must = "seconds or a timedelta"
+    return check_number("deferred_longer_than", value, float, must, errors=TYPED, stored=True)
 
 
 def matches_some(**texts: object) -> bool:
@@ -625,10 +624,8 @@ def matches_some(**texts: object) -> bool:
 
 def check_query(limit: int | None, order: str) -> None:
     """Refuse a ``limit`` or ``order`` that `Store.executions` cannot honour."""
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
     if limit is not None:
-        stored_int("limit", limit, minimum=0)
+        check_number("limit", limit, int, "None or an int >= 0", ge=0, stored=True)
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
 

@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 import attrs
 
-from .._records import ExecutionRecord, SubStatus, TaskStatus
+from .._records import ExecutionRecord, SubStatus, TaskStatus, check_number
 from .._records import storable as storable  # (the dashboard's, from here)
 from ._base import COMMAND_FIELDS, LIVE, Command, RunRecord, graph_of
 from ._control import command_of
@@ -101,9 +101,7 @@ def _text(what: str, value: object) -> str | None:
 
 
 def _limit(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_LIMIT:
-        raise ValueError(f"limit must be an int from 1 to {MAX_LIMIT}, got {value!r}")
-    return value
+    return check_number("limit", value, int, f"an int from 1 to {MAX_LIMIT}", ge=1, le=MAX_LIMIT)
 
 
 def _where(
@@ -325,9 +323,8 @@ def _and(where: list[str]) -> str:
 
 
 def _seconds(what: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ValueError(f"{what} must be a finite number of seconds, got {value!r}")
-    return float(value)
+    must = "a finite number of seconds"
+    return check_number(what, value, float, must, gt=-math.inf, lt=math.inf)
 
 
 def activity(

@@ -38,7 +38,7 @@ from typing import Any
 import attrs
 
 from .._changes import Requeue
-from .._records import ExecutionRecord, check_id, stored_float, stored_int
+from .._records import ExecutionRecord, check_id, check_number
 from ._base import (
     COMMAND_FIELDS,
     LIVE,
@@ -136,12 +136,8 @@ def check_issued(at: object) -> float | None:
     Raises ValueError naming it. See `issued_at` for its bound from above."""
     if at is None:
         return None
-    issued = stored_float("at", at)
-    if not math.isfinite(issued) or issued < 0:
-        raise ValueError(
-            f"at must be a time in seconds >= 0 (the store's clock: Unix seconds), got {at!r}"
-        )
-    return issued
+    must, typed = "a time in seconds >= 0 (the store's clock: Unix seconds)", "a number of seconds"
+    return check_number("at", at, float, must, typed=typed, ge=0, lt=math.inf, stored=True)
 
 
 def issued_at(issued: float | None, now: float) -> float:
@@ -210,11 +206,8 @@ def check_requeue(
     if name is not None:
         check_id("name", name)
     if since is not None:
-        if isinstance(since, bool) or not isinstance(since, int | float):
-            raise ValueError(f"since must be seconds (a float) or None, got {since!r}")
-        since = stored_float("since", since)
-        if math.isnan(since):
-            raise ValueError(f"since must be seconds (a float) or None, got {since!r}")
+        must = "seconds (a float) or None"  # (any but NaN: within no bound)
+        since = check_number("since", since, float, must, le=math.inf, stored=True)
     if task_ids is None:
         return None, name, since  # type: ignore[return-value]
     if isinstance(task_ids, str | bytes) or not isinstance(task_ids, Sequence):
@@ -284,13 +277,9 @@ def retry_fields(
 
 def check_commands_query(after: object, limit: object) -> None:
     """Refuse an ``after`` or ``limit`` that `Store.commands` cannot honour."""
-    if isinstance(after, bool) or not isinstance(after, int) or after < 0:
-        raise ValueError(f"after must be an int >= 0 (a command's seq), got {after!r}")
-    stored_int("after", after, minimum=0)
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
-        raise ValueError(f"limit must be None or an int >= 0, got {limit!r}")
+    check_number("after", after, int, "an int >= 0 (a command's seq)", ge=0, stored=True)
     if limit is not None:
-        stored_int("limit", limit, minimum=0)
+        check_number("limit", limit, int, "None or an int >= 0", ge=0, stored=True)
 
 
 def sorted_pauses(pauses: list[Pause]) -> list[Pause]:

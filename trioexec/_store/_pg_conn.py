@@ -20,6 +20,7 @@ from typing import Any, TypeVar, final
 
 from .._columns import refuse_unmigrated
 from .._errors import StoreError
+from .._records import check_number
 from ._durable_rows import TransactionAborted
 from ._pg_schema import SCHEMA_VERSION, migrate, schema_version
 
@@ -392,10 +393,7 @@ class PGDatabase:
         unheard: while the server cannot be listened to (away, restarting), each
         call waits ``timeout`` and returns True (the caller polls), and the
         connection is tried again, backing off."""
-        if isinstance(timeout, bool) or not (
-            isinstance(timeout, int | float) and 0 <= timeout < math.inf
-        ):
-            raise ValueError(f"timeout must be seconds >= 0, got {timeout!r}")
+        check_number("timeout", timeout, float, "seconds >= 0", ge=0, lt=math.inf)
         deadline = time.monotonic() + timeout
         with self._listening:
             if self._pool is None:

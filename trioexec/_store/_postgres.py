@@ -19,6 +19,7 @@ from typing import final
 
 from .._changes import R_ID, ExecutionRow
 from .._columns import EXECUTIONS, ROW_COLUMNS
+from .._records import check_number
 from ._dialect import POSTGRES
 from ._durable_pg import PostgresTables
 from ._pg_conn import Connection, PGDatabase, redact
@@ -90,10 +91,7 @@ class PostgresStore(SQLStore):
     ) -> None:
         if not isinstance(url, str) or not url:
             raise ValueError(f"url must be a PostgreSQL URL, got {url!r}")
-        if isinstance(max_connections, bool) or not (
-            isinstance(max_connections, int) and max_connections >= 2
-        ):
-            raise ValueError(f"max_connections must be an int >= 2, got {max_connections!r}")
+        check_number("max_connections", max_connections, int, "an int >= 2", ge=2)
         self.clock = clock
         self.inline = inline
         self.read_only = read_only

@@ -20,7 +20,7 @@ from typing import final
 
 from .._changes import ExecutionRow
 from .._columns import ROW_COLUMNS
-from .._records import stored_float
+from .._records import check_number
 from ._dialect import SQLITE
 from ._durable_tables import SQLiteTables
 from ._sql_store import SQLStore
@@ -110,12 +110,10 @@ class SQLiteStore(_OnSQLite):
         self.read_only = read_only
         if busy_timeout is None:
             busy_timeout = READ_ONLY_BUSY_TIMEOUT if read_only else WRITE_BUSY_TIMEOUT
-        if isinstance(busy_timeout, bool) or not (
-            isinstance(busy_timeout, int | float)
-            and 0 <= stored_float("busy_timeout", busy_timeout) < math.inf
-        ):
-            raise ValueError(f"busy_timeout must be seconds >= 0, got {busy_timeout!r}")
-        self._db = SQLiteFile(self.path, read_only=read_only, busy_timeout=float(busy_timeout))
+        busy_timeout = check_number(
+            "busy_timeout", busy_timeout, float, "seconds >= 0", ge=0, lt=math.inf, stored=True
+        )
+        self._db = SQLiteFile(self.path, read_only=read_only, busy_timeout=busy_timeout)
 
     def __repr__(self) -> str:
         return f"<SQLiteStore {self.path!r}>"

@@ -18,7 +18,7 @@ from prometheus_client.registry import Collector
 
 from .. import _observe
 from .._executor import Executor
-from .._records import TaskStatus
+from .._records import TaskStatus, check_number
 
 if TYPE_CHECKING:
     from .._taskref import Job
@@ -89,9 +89,9 @@ def instrument(
     if not isinstance(ex, Executor):  # (a DeterministicExecutor has no slots to scrape)
         raise TypeError(f"instrument() takes an Executor, not {type(ex).__name__}")
     wanted = None if buckets is None else _check_buckets(buckets)
-    bad = isinstance(max_task_names, bool) or not isinstance(max_task_names, int | None)
-    if bad or (max_task_names is not None and max_task_names < 0):
-        raise ValueError(f"max_task_names must be None or an int >= 0, got {max_task_names!r}")
+    if max_task_names is not None:
+        must = "None or an int >= 0"
+        check_number("max_task_names", max_task_names, int, must, ge=0)
     metrics = _Metrics.of(REGISTRY if registry is None else registry, wanted)
     for other in list(metrics.executors.values()):
         if other.executor is ex:
@@ -120,10 +120,8 @@ def _check_buckets(buckets: Iterable[float]) -> tuple[float, ...]:
         raise ValueError(f"buckets must hold at least one finite bound, got {buckets!r}")
     previous = 0.0
     for bound in bounds:
-        if isinstance(bound, bool) or not isinstance(bound, int | float):
-            raise ValueError(f"a bucket must be a number of seconds, got {bound!r}")
-        if not 0 < bound < math.inf:
-            raise ValueError(f"a bucket must be a finite number of seconds > 0, got {bound!r}")
+        must, typed = "a finite number of seconds > 0", "a number of seconds"
+        check_number("a bucket", bound, float, must, typed=typed, gt=0, lt=math.inf)
         if bound <= previous:
             raise ValueError(
                 f"buckets must increase: {bound!r} comes after {previous!r} in {buckets!r}"

@@ -9,7 +9,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from .._records import stored_float, stored_int
+from .._records import check_number
 from .._store._durable_rows import Row
 from ._records import PromiseRecord, PromiseState, TaskState
 
@@ -95,20 +95,12 @@ def check_seconds(value: object, what: str, *, zero: bool = False) -> None:
     Raises:
       ValueError: naming ``what`` and the value.
     """
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int | float)
-        or not 0 <= stored_float(what, value) < math.inf
-        or (value == 0 and not zero)
-    ):
-        bound = ">= 0" if zero else "> 0"
-        raise ValueError(f"{what} must be a finite number of seconds {bound}, got {value!r}")
+    must = f"a finite number of seconds {'>=' if zero else '>'} 0"
+    check_number(what, value, float, must, ge=0, gt=None if zero else 0, lt=math.inf, stored=True)
 
 
 def check_limit(limit: int) -> None:
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be an int >= 1, got {limit!r}")
-    stored_int("limit", limit, minimum=1)
+    check_number("limit", limit, int, "an int >= 1", ge=1, stored=True)
 
 
 def check_tags(tags: object) -> None:

@@ -15,7 +15,7 @@ from typing import Any, Protocol, TypeVar, cast, final
 import trio
 
 from .._errors import NotFound, StoreError
-from .._records import stored_float, stored_int
+from .._records import check_number, stored_int
 from .._store import MemoryStore, PostgresStore, SQLiteStore
 from .._store._durable_pg import Listener, PostgresTables
 from .._store._durable_rows import TransactionAborted
@@ -305,9 +305,9 @@ class Promises:
             record = await ds.promises.get("approval-42")
 
         The wait raises `NotFound` if there is no such promise."""
-        if not (isinstance(poll, int | float) and 0 < stored_float("poll", poll) < math.inf):
-            raise ValueError(f"poll must be a positive number of seconds, got {poll!r}")
-        return PromiseSettled(self, id, float(poll))
+        must = "a positive number of seconds"
+        poll = check_number("poll", poll, float, must, gt=0, lt=math.inf, stored=True)
+        return PromiseSettled(self, id, poll)
 
     async def search(
         self,

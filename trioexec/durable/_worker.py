@@ -26,7 +26,7 @@ import trio
 from .._errors import TrioexecError
 from .._executor import Executor, one_level, open_executor
 from .._handle import TaskHandle
-from .._records import ShutdownPolicy, safe_repr
+from .._records import ShutdownPolicy, check_number, safe_repr
 from .._records import check_id as check_task_id
 from .._spec import CallInfo, call_info
 from .._taskref import TaskRef
@@ -137,11 +137,9 @@ class Worker:
                 await stop_requested.wait()
                 await worker.drain(grace=30)
         """
-        usable = isinstance(grace, int | float) and not isinstance(grace, bool)
-        if grace is not None and not (usable and 0 <= grace < math.inf):
-            raise ValueError(
-                f"grace must be None or a finite number of seconds >= 0, got {grace!r}"
-            )
+        if grace is not None:
+            must = "None or a finite number of seconds >= 0"
+            check_number("grace", grace, float, must, ge=0, lt=math.inf)
         self._stopping = True
         self._claiming.cancel()
         await self._claims_over.wait()  # a claim under way is held once it is back
