@@ -20,6 +20,7 @@ from typing import final
 
 from .._changes import ExecutionRow
 from .._columns import ROW_COLUMNS
+from .._errors import StoreError
 from .._records import check_number
 from ._dialect import SQLITE
 from ._durable_tables import SQLiteTables
@@ -123,15 +124,22 @@ class SQLiteStore(_OnSQLite):
 class MemoryStore(_OnSQLite):
     """An in-memory store: for tests, and for executors that only want the
     recording (sub-status, queries) without a file. It is a `SQLiteStore` on a
-    database in memory, gone when the store is closed: the same answers, nothing
-    on disk.
+    database in memory (SQLite's ``memdb``, SQLite 3.36 or later): the same
+    answers, nothing on disk. The database goes when the store is closed (or
+    dropped) and every `DurableStore` on it too.
 
     Several executors and threads may share one. It writes from the Trio thread:
-    under Trio's autojump clock, threads would stall virtual time.
+    under Trio's autojump clock, threads would stall virtual time. Unlike a file's
+    WAL, a database in memory lets a write and a read take turns (each is short).
+    It holds up to 1 GiB (SQLite's limit there; a few million executions), then
+    refuses writes with `StoreError`.
 
     Args:
       clock: the wall clock for persisted times (``trioexec.testing.FakeWallClock``
         follows Trio's mock clock).
+
+    Raises:
+      StoreError: this Python's SQLite is older than 3.36.
     """
 
     inline = True
@@ -140,6 +148,10 @@ class MemoryStore(_OnSQLite):
     def __init__(self, *, clock: Callable[[], float] = time.time) -> None:
         self.path = "memory store"  # what messages name the store by
         self.clock = clock
+        if sqlite3.sqlite_version_info < (3, 36):  # (a memdb its connections share)
+            raise StoreError(
+                f"MemoryStore needs SQLite 3.36 or later; this Python's is {sqlite3.sqlite_version}"
+            )
         self._db = SQLiteFile(
             self.path, read_only=False, busy_timeout=WRITE_BUSY_TIMEOUT, memory=True
         )

@@ -53,20 +53,33 @@ def _uri(path: str, **params: str) -> str:
 _OPEN_RETRY = 0.02
 
 
-_SCHEMA_LOCK = threading.Lock()
-
-
 @functools.cache
-def _schema() -> sqlite3.Connection:
-    """An empty database of the current schema, made once: a database in memory
-    starts as its copy (a backup: far quicker than the migrations)."""
+def _schema() -> bytes:
+    """An empty database of the current schema, made once (by any thread, maybe
+    twice): a database in memory starts as its copy, far quicker than the
+    migrations."""
     import sqlite_utils
 
     from ._sqlite_schema import migrate
 
-    conn = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-    migrate(sqlite_utils.Database(conn), "memory store")
-    return conn
+    with contextlib.closing(sqlite3.connect(":memory:", isolation_level=None)) as conn:
+        migrate(sqlite_utils.Database(conn), "memory store")
+        return conn.serialize()
+
+
+def _copy_schema(conn: sqlite3.Connection) -> None:
+    with contextlib.closing(sqlite3.connect(":memory:")) as schema:
+        schema.deserialize(_schema())
+        schema.backup(conn)
+
+
+def _close_quietly(conns: set[_Connection], writer: list[_Connection | None]) -> None:
+    """Close a memory store's connections when it is dropped unclosed: closing one
+    is what it holds no file for (a store closed already holds none)."""
+    for conn in [*conns, *writer]:
+        if conn is not None:
+            with contextlib.suppress(sqlite3.Error):
+                conn.close()
 
 
 @final
@@ -75,7 +88,8 @@ class SQLiteFile:
     and migrated unless ``read_only``) on construction.
 
     Writes take the lock, one at a time, on the file opened; each thread reads
-    through a connection of its own, so a read never waits behind a write.
+    through a connection of its own, so a read never waits behind a write (in a
+    file, WAL; a database in memory, ``memory``, has none: they take turns).
 
     Raises:
       StoreError: naming the path, if the file cannot be opened or is not (or not
@@ -113,8 +127,10 @@ class SQLiteFile:
     def _open_writer(self) -> None:
         self._write_conn = conn = self._connect(read_only=False)
         if self.memory:
-            with _SCHEMA_LOCK:  # (one copy at a time from one connection)
-                _schema().backup(conn)
+            _copy_schema(conn)
+            # Dropped unclosed, as a dict store could be: its connections close
+            # then, without the ResourceWarning an unclosed connection gives.
+            weakref.finalize(self, _close_quietly, self._readers, [conn])
         else:
             self._migrate(conn)
         self._identity = self._stat()
