@@ -42,6 +42,15 @@ def test_a_memory_store_dropped_unclosed_frees_its_database_without_a_warning() 
         gc.collect()
 
 
+async def test_a_durable_store_on_a_memory_store_both_dropped_unclosed_warn_nothing() -> None:
+    ds = DurableStore(MemoryStore())  # (as tests, and API.md's example, write it)
+    await ds.promises.create("p", 60)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        del ds
+        gc.collect()
+
+
 def test_after_close_every_call_names_the_closed_store() -> None:
     store = MemoryStore()
     store.close()

@@ -50,7 +50,9 @@ class _OnSQLite(SQLStore):
         """The durable tables of this store's database, for `trioexec.durable`, on a
         connection of their own (read-only if the store is; closed by their
         ``close``). Their transactions take this store's lock."""
-        return SQLiteTables(self._db.open_connection(), self.path)
+        tables = SQLiteTables(conn := self._db.open_connection(), self.path)
+        self._db.closes_with(tables, conn)  # (a DurableStore on a MemoryStore, dropped)
+        return tables
 
 
 @final

@@ -14,7 +14,7 @@ import time
 import urllib.parse
 import uuid
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TypeVar, final
 
 from .._columns import refuse_unmigrated
@@ -73,11 +73,11 @@ def _copy_schema(conn: sqlite3.Connection) -> None:
         schema.backup(conn)
 
 
-def _close_quietly(conns: set[_Connection], writer: list[_Connection | None]) -> None:
-    """Close a memory store's connections when it is dropped unclosed: closing one
-    is what it holds no file for (a store closed already holds none)."""
-    for conn in [*conns, *writer]:
-        if conn is not None:
+def _close_quietly(*groups: Iterable[sqlite3.Connection]) -> None:
+    """Close a memory store's connections when their owner is dropped unclosed, as
+    a dict store could be (closing one closed already does nothing)."""
+    for conns in groups:
+        for conn in list(conns):
             with contextlib.suppress(sqlite3.Error):
                 conn.close()
 
@@ -380,3 +380,8 @@ class SQLiteFile:
             raise StoreError(f"{self.path}: the store is closed")
         with self.using("cannot open"):
             return self._connect(read_only=self.read_only)
+
+    def closes_with(self, owner: object, conn: sqlite3.Connection) -> None:
+        """In memory, ``conn`` closes quietly when ``owner`` is dropped unclosed."""
+        if self.memory:
+            weakref.finalize(owner, _close_quietly, [conn])
