@@ -622,10 +622,15 @@ def matches_some(**texts: object) -> bool:
     return all(value is None or matchable(what, value) for what, value in texts.items())
 
 
-def check_query(limit: int | None, order: str) -> None:
-    """Refuse a ``limit`` or ``order`` that `Store.executions` cannot honour."""
+def check_limit(limit: object) -> None:
+    """Refuse a ``limit`` of rows a store cannot honour (None: no limit)."""
     if limit is not None:
         check_number("limit", limit, int, "None or an int >= 0", ge=0, stored=True)
+
+
+def check_query(limit: int | None, order: str) -> None:
+    """Refuse a ``limit`` or ``order`` that `Store.executions` cannot honour."""
+    check_limit(limit)
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
 

@@ -47,6 +47,7 @@ from ._base import (
     Pause,
     Requeued,
     apply_change,
+    check_limit,
     update_sql,
 )
 from ._sql import SELECT_RECORDS, record_of
@@ -278,8 +279,7 @@ def retry_fields(
 def check_commands_query(after: object, limit: object) -> None:
     """Refuse an ``after`` or ``limit`` that `Store.commands` cannot honour."""
     check_number("after", after, int, "an int >= 0 (a command's seq)", ge=0, stored=True)
-    if limit is not None:
-        check_number("limit", limit, int, "None or an int >= 0", ge=0, stored=True)
+    check_limit(limit)
 
 
 def sorted_pauses(pauses: list[Pause]) -> list[Pause]:

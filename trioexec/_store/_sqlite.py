@@ -133,8 +133,8 @@ class MemoryStore(_OnSQLite):
     Several executors and threads may share one. It writes from the Trio thread:
     under Trio's autojump clock, threads would stall virtual time. Unlike a file's
     WAL, a database in memory lets a write and a read take turns (each is short).
-    It holds up to 1 GiB (SQLite's limit there; a few million executions), then
-    refuses writes with `StoreError`.
+    It holds up to 1 GiB (SQLite's limit for a database in memory), then refuses
+    writes with `StoreError`.
 
     Args:
       clock: the wall clock for persisted times (``trioexec.testing.FakeWallClock``
