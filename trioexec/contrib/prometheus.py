@@ -224,36 +224,15 @@ class _Metrics(Collector):
         registry.register(self)
 
     def describe(self) -> list[Metric]:
-        return [  # (the names it takes, so a registry refuses a clash at once)
-            GaugeMetricFamily("trioexec_tasks_active", "", labels=["executor", "task"]),
-            GaugeMetricFamily("trioexec_tasks_deferred", "", labels=["executor", "task"]),
-            GaugeMetricFamily("trioexec_queue_depth", "", labels=["executor"]),
-            GaugeMetricFamily("trioexec_slots", "", labels=["executor", "state"]),
-        ]
+        # (the names it takes, so a registry refuses a clash at once)
+        return [GaugeMetricFamily(name, "", labels=labels) for name, _, labels in _GAUGES]
 
     def collect(self) -> Iterator[Metric]:
         """The gauges of what is now, of the executors still running: one that has
         closed or whose store failed has none (its series end, as a thing that no
         longer exists does), its counters and histograms stay."""
-        active = GaugeMetricFamily(
-            "trioexec_tasks_active",
-            "Tasks running and holding a slot.",
-            labels=["executor", "task"],
-        )
-        deferred = GaugeMetricFamily(
-            "trioexec_tasks_deferred",
-            "Tasks running and deferred (holding no slot).",
-            labels=["executor", "task"],
-        )
-        depth = GaugeMetricFamily(
-            "trioexec_queue_depth",
-            "Tasks accepted and waiting for a slot (or between attempts).",
-            labels=["executor"],
-        )
-        slots = GaugeMetricFamily(
-            "trioexec_slots",
-            "The executor's slots, in use or available (together: all of them).",
-            labels=["executor", "state"],
+        active, deferred, depth, slots = (
+            GaugeMetricFamily(name, text, labels=labels) for name, text, labels in _GAUGES
         )
         for name, instrumentation in list(self.executors.items()):
             ex = instrumentation.executor
@@ -265,10 +244,28 @@ class _Metrics(Collector):
             depth.add_metric([name], ex.metrics.queue_depth)
             slots.add_metric([name, "in_use"], ex.slots.in_use)
             slots.add_metric([name, "available"], ex.slots.available)
-        yield active
-        yield deferred
-        yield depth
-        yield slots
+        yield from (active, deferred, depth, slots)
+
+
+#: The gauges `_Metrics.collect` reads when scraped: name, help, labels.
+_GAUGES = (
+    ("trioexec_tasks_active", "Tasks running and holding a slot.", ["executor", "task"]),
+    (
+        "trioexec_tasks_deferred",
+        "Tasks running and deferred (holding no slot).",
+        ["executor", "task"],
+    ),
+    (
+        "trioexec_queue_depth",
+        "Tasks accepted and waiting for a slot (or between attempts).",
+        ["executor"],
+    ),
+    (
+        "trioexec_slots",
+        "The executor's slots, in use or available (together: all of them).",
+        ["executor", "state"],
+    ),
+)
 
 
 @final
