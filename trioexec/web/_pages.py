@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from trioexec import ExecutionRecord, StepState, SubStatus, TaskStatus
+from trioexec._records import FAILURES
 from trioexec._store import Command, RunRecord
 from trioexec._store._browse import (
     activity,
@@ -41,18 +42,13 @@ ORDERS = (
     ("oldest", "oldest first"),
     ("longest_waiting", "longest waiting first"),
 )
-COUNTS = (
-    ("active", "active"),
-    ("deferred", "deferred"),
-    ("pending", "pending"),
-    ("completed", "completed"),
-    ("failed", "failed"),
-    ("timed_out", "timed out"),
-    ("cancelled", "cancelled"),
+#: The overview's counts (`Counts.get`), each with its label.
+COUNTS = tuple(
+    (what, what.replace("_", " "))
+    for what in ("active", "deferred", "pending", "completed", "failed", "timed_out", "cancelled")
 )
 PROMISE_STATES = tuple(s.value for s in PromiseState)
 RUN_STATES = ("running", "completed", "failed", "cancelled")
-COMPLETED, FAILED, TIMED_OUT = TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.TIMED_OUT
 T = TypeVar("T")
 
 
@@ -65,10 +61,6 @@ def _choice(query: Mapping[str, str], field: str, allowed: tuple[str, ...]) -> s
     if value is not None and value not in allowed:
         raise BadQuery(f"{field} {value!r} is not one of {', '.join(allowed)}")
     return value
-
-
-def _text(query: Mapping[str, str], field: str) -> str | None:
-    return query.get(field) or None
 
 
 def _url(path: str, params: Mapping[str, str | None]) -> str:
@@ -125,7 +117,7 @@ async def overview(request: Request) -> Response:
     pauses = await board.read(lambda store: store.pauses())
     samples = list(board.samples)
     finished = [
-        (b.start, b.ended[COMPLETED], b.ended[FAILED] + b.ended[TIMED_OUT], b.finished)
+        (b.start, b.ended[TaskStatus.COMPLETED], sum(b.ended[s] for s in FAILURES), b.finished)
         for b in buckets
     ]
     rates = [(start, bad / n if n else 0.0) for start, _, bad, n in finished]
@@ -164,22 +156,19 @@ class TaskFilters:
         return cls(
             status=_choice(query, "status", tuple(s.value for s in TaskStatus)),
             sub_status=_choice(query, "sub_status", tuple(s.value for s in SubStatus)),
-            name=_text(query, "name"),
-            key=_text(query, "key"),
-            waiting_on=_text(query, "waiting_on"),
+            name=query.get("name") or None,
+            key=query.get("key") or None,
+            waiting_on=query.get("waiting_on") or None,
             order=_choice(query, "order", tuple(o for o, _ in ORDERS)) or "newest",
         )
-
-    def params(self) -> dict[str, str | None]:
-        return attrs.asdict(self)
 
 
 async def tasks(request: Request) -> Response:
     board, version = _board(request)
     try:
         f = TaskFilters.of(request.query_params)
-        cursor = _text(request.query_params, "cursor")
-        page = await board.read(browse, limit=PAGE_SIZE, cursor=cursor, **f.params())
+        cursor = request.query_params.get("cursor") or None
+        page = await board.read(browse, limit=PAGE_SIZE, cursor=cursor, **attrs.asdict(f))
     except ValueError as exc:
         return bad_query(request, exc)
     names = await board.read(task_names)
@@ -192,7 +181,7 @@ async def tasks(request: Request) -> Response:
         "statuses": [s.value for s in TaskStatus],
         "sub_statuses": [s.value for s in SubStatus],
         "orders": ORDERS,
-        **_pager("/tasks", f.params(), cursor, page.next_cursor),
+        **_pager("/tasks", attrs.asdict(f), cursor, page.next_cursor),
     }
     return render(request, "tasks.html", context)
 
@@ -282,7 +271,7 @@ async def runs(request: Request) -> Response:
     board, version = _board(request)
     try:
         status = _choice(request.query_params, "status", RUN_STATES)
-        cursor = _text(request.query_params, "cursor")
+        cursor = request.query_params.get("cursor") or None
         page = await board.read(runs_page, status=status, limit=PAGE_SIZE, cursor=cursor)
     except ValueError as exc:
         return bad_query(request, exc)
@@ -334,7 +323,7 @@ async def promises(request: Request, flash: Any = None, status_code: int = 200) 
         state = _choice(query, "state", PROMISE_STATES)
     except ValueError as exc:
         return bad_query(request, exc)
-    cursor = _text(query, "cursor")
+    cursor = query.get("cursor") or None
     if cursor is not None and not storable(cursor):  # (a NUL: no promise's id, no read)
         return bad_query(request, ValueError(f"malformed cursor {cursor!r}"))
     await trio.to_thread.run_sync(board.check_file)
@@ -363,8 +352,8 @@ async def promises(request: Request, flash: Any = None, status_code: int = 200) 
 
 async def failed(request: Request) -> Response:
     board, version = _board(request)
-    name = _text(request.query_params, "name")
-    cursor = _text(request.query_params, "cursor")
+    name = request.query_params.get("name") or None
+    cursor = request.query_params.get("cursor") or None
     try:
         page = await board.read(
             browse, status="failed", name=name, order="newest", limit=PAGE_SIZE, cursor=cursor
