@@ -173,16 +173,14 @@ class _Task:
 
 
 @final
+@attrs.define(eq=False)
 class _Tracing:
     """The observer: each attempt a span (`trioexec._observe.Observer`)."""
 
-    __slots__ = ("client_id", "lifecycle", "tasks", "tracer")
-
-    def __init__(self, tracer: trace.Tracer, lifecycle: Observed, client_id: str) -> None:
-        self.tracer = tracer
-        self.lifecycle = lifecycle
-        self.client_id = client_id
-        self.tasks: dict[str, _Task] = {}  # task id -> accepted, not finished
+    tracer: trace.Tracer
+    lifecycle: Observed
+    client_id: str
+    tasks: dict[str, _Task] = attrs.field(init=False, factory=dict)  # accepted, not finished
 
     def submitted(self, job: Job) -> None:
         self.tasks[job.task_id] = _Task(otel_context.get_current())

@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, ClassVar, final
 
+import attrs
 import trio
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -305,27 +306,17 @@ class _Series:
 
 
 @final
+@attrs.define(eq=False)
 class _Observer:
     """The `trioexec._observe.Observer` that keeps one executor's metrics."""
 
-    __slots__ = (
-        "_deferred_since",
-        "_executor",
-        "_max_names",
-        "_metrics",
-        "_other",
-        "_series",
-        "_started",
-    )
-
-    def __init__(self, metrics: _Metrics, executor: str, max_names: int | None = None) -> None:
-        self._metrics = metrics
-        self._executor = executor
-        self._max_names = max_names  # (None: no bound)
-        self._series: dict[str, _Series] = {}  # each name with series of its own
-        self._other: _Series | None = None  # the names past the bound's (made when needed)
-        self._started: dict[Job, float] = {}  # the running attempts' start times
-        self._deferred_since: dict[Job, float] = {}  # the deferred ones', since when
+    _metrics: _Metrics
+    _executor: str
+    _max_names: int | None = None  # (None: no bound)
+    _series: dict[str, _Series] = attrs.field(init=False, factory=dict)  # names with their own
+    _other: _Series | None = attrs.field(init=False, default=None)  # those past the bound's
+    _started: dict[Job, float] = attrs.field(init=False, factory=dict)  # attempts' start times
+    _deferred_since: dict[Job, float] = attrs.field(init=False, factory=dict)  # deferred ones'
 
     def _of(self, job: Job) -> _Series:
         series = self._series.get(job.name)
