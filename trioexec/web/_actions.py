@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import trio
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
@@ -36,13 +37,6 @@ MAX_FORM = 1 << 20
 FORM_TYPE = "application/x-www-form-urlencoded"
 
 
-class Refused(Exception):
-    def __init__(self, status_code: int, text: str) -> None:
-        super().__init__(text)
-        self.status_code = status_code
-        self.text = text
-
-
 async def _form(request: Request) -> dict[str, str]:
     """The form's fields (the last value of each), read without a multipart
     parser: the dashboard's forms are all url-encoded."""
@@ -51,13 +45,13 @@ async def _form(request: Request) -> dict[str, str]:
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_FORM:
-            raise Refused(413, f"the form is larger than {MAX_FORM} bytes")
+            raise HTTPException(413, f"the form is larger than {MAX_FORM} bytes")
     if kind != FORM_TYPE and body:
-        raise Refused(415, f"an action takes a form ({FORM_TYPE}), not {kind!r}")
+        raise HTTPException(415, f"an action takes a form ({FORM_TYPE}), not {kind!r}")
     try:
         pairs = urllib.parse.parse_qsl(body.decode("utf-8"), keep_blank_values=True)
     except UnicodeDecodeError:
-        raise Refused(400, "the form is not UTF-8") from None
+        raise HTTPException(400, "the form is not UTF-8") from None
     return dict(pairs)
 
 
@@ -70,11 +64,11 @@ def _back(form: dict[str, str], default: str) -> str:
 async def _checked(request: Request) -> dict[str, str]:
     guard = dashboard_of(request).guard
     if not guard.has_token(request):  # (before the body is even read)
-        raise Refused(403, guard.refusal(request, {}) or "")
+        raise HTTPException(403, guard.refusal(request, {}) or "")
     form = await _form(request)
     why = guard.refusal(request, form)
     if why is not None:
-        raise Refused(403, why)
+        raise HTTPException(403, why)
     return form
 
 
@@ -96,8 +90,8 @@ async def _write(request: Request, fn: Callable[[SQLiteStore | PostgresStore], T
     return await trio.to_thread.run_sync(call)
 
 
-def _refused(request: Request, exc: Refused, back: str) -> Response:
-    return message(request, "Not done", exc.text, status_code=exc.status_code, back=back)
+def _refused(request: Request, exc: HTTPException, back: str) -> Response:
+    return message(request, "Not done", exc.detail, status_code=exc.status_code, back=back)
 
 
 # ---------------------------------------------------------------------- promises
@@ -134,7 +128,7 @@ async def _settle(request: Request, how: str) -> Response:
     promise_id = unsegment(request.path_params["promise_id"])
     try:
         form = await _checked(request)
-    except Refused as exc:
+    except HTTPException as exc:
         return _refused(request, exc, "/promises")
     back = _back(form, "/promises")
     try:
@@ -186,7 +180,7 @@ async def retry(request: Request) -> Response:
         back = _back(form, "/failed")
         who = _who(request)
         result = await _write(request, lambda store: store.requeue([task_id], who=who))
-    except Refused as exc:
+    except HTTPException as exc:
         return _refused(request, exc, "/failed")
     except (ValueError, StoreError) as exc:
         return message(request, "Not retried", str(exc), status_code=400, back="/failed")
@@ -205,7 +199,7 @@ async def cancel(request: Request) -> Response:
         command = await _write(
             request, lambda store: store.command("cancel", task_id=task_id, who=who)
         )
-    except Refused as exc:
+    except HTTPException as exc:
         return _refused(request, exc, "/tasks")
     except (ValueError, StoreError) as exc:
         return message(request, "Not cancelled", str(exc), status_code=400, back="/tasks")
@@ -229,9 +223,9 @@ async def _pause_or_resume(request: Request, kind: str) -> Response:
         back = _back(form, "/control")
         what, value = form.get("kind", ""), form.get("value", "").strip()
         if what not in ("name", "key"):
-            raise Refused(400, f"kind {what!r} is neither name nor key")
+            raise HTTPException(400, f"kind {what!r} is neither name nor key")
         if not value:
-            raise Refused(400, f"give the {what} to {kind}")
+            raise HTTPException(400, f"give the {what} to {kind}")
         who = _who(request)
         target = {what: value}
         await _write(
@@ -240,7 +234,7 @@ async def _pause_or_resume(request: Request, kind: str) -> Response:
                 kind, who=who, name=target.get("name"), key=target.get("key")
             ),
         )
-    except Refused as exc:
+    except HTTPException as exc:
         return _refused(request, exc, "/control")
     except (ValueError, StoreError) as exc:
         return message(request, f"Not {kind}d", str(exc), status_code=400, back="/control")
