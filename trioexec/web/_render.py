@@ -62,9 +62,7 @@ class Dashboard:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self.env.filters["segment"] = segment
-        self.env.filters["stamp"] = stamp
-        self.env.filters["ago"] = ago
+        self.env.filters.update(segment=segment, stamp=stamp, ago=ago)
         self.env.globals["waited"] = waited
         # The macros as globals, not imports: a block rendered alone (a fragment)
         # does not run its template's top-level imports.
@@ -88,14 +86,11 @@ _DOTS = re.compile(r"~*\.\.?")
 
 
 def segment(value: str) -> str:
-    """An id (a task's, a run's, a promise's) as one segment of a URL's path, which
-    a browser sends as it is: every character but letters, digits and ``-._~``
-    percent-encoded (``/``, ``%``, ``\\`` and ``?`` too), and an id that is one
-    or two dots after any tildes gets one more tilde in front (a browser drops a
-    ``.`` segment and pops the one before for ``..``, written ``%2e`` or not).
-    `unsegment` reads it back from the path the server decoded. Every link and
-    form action that names an object is built with it: ``a/../b`` is one segment
-    ``a%2F..%2Fb``, never a path to ``b``."""
+    """An id as one segment of a URL's path, for every link and form action that
+    names an object: all but letters, digits and ``-._~`` percent-encoded
+    (``a/../b`` is ``a%2F..%2Fb``, never a path to ``b``), and one or two dots
+    after any tildes get one more tilde in front (a browser drops a ``.``
+    segment and pops the one before for ``..``, written ``%2e`` or not)."""
     text = urllib.parse.quote(value, safe="")
     return "~" + text if _DOTS.fullmatch(value) else text
 
@@ -106,9 +101,8 @@ def unsegment(value: str) -> str:
 
 
 def one_line(text: str) -> str:
-    """``text`` for one line of a log: every character that is not printable
-    (a newline, a carriage return, an escape) written as Python writes it
-    (``\\n``), so nothing a request or a database holds can start a line."""
+    """``text`` for one line of a log: what is not printable written as Python
+    writes it (``\\n``), so nothing a request or a database holds starts a line."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
@@ -155,8 +149,6 @@ def back_of(request: Request) -> str:
     """Where a form on this page returns after its action: the page itself, with its
     filters but never ``fragment=`` (a fragment's forms are put into the full page
     by its script, and must lead back to that page, not to a bare fragment)."""
-    if request.method != "GET":
-        return sent_path(request)
     query = [(k, v) for k, v in request.query_params.multi_items() if k != "fragment"]
     return sent_path(request) + (f"?{urllib.parse.urlencode(query)}" if query else "")
 
@@ -186,14 +178,13 @@ def render(
         "back": back_of(request),
         **context,
     }
-    full.setdefault("title", "trioexec")
     full.setdefault("current", request.url.path)
     full["page_name"] = template.removesuffix(".html")  # (`page` is a page of rows)
     tmpl = dash.env.get_template(template)
     fragment = request.query_params.get("fragment")
     if fragment is not None:
         block = tmpl.blocks.get(fragment)
-        if block is None or fragment in ("content",):
+        if block is None or fragment == "content":
             return PlainTextResponse(f"no fragment {fragment!r} on this page", status_code=400)
         html = "".join(block(tmpl.new_context(full)))
         return HTMLResponse(html, status_code=status_code)
@@ -220,10 +211,9 @@ def redacted(db: str, text: str) -> str:
 
 
 async def store_error(request: Request, exc: Exception) -> Response:
-    """A page whose store read failed (the database down or unreachable, the file
-    deleted, locked or corrupt): 503 with the page frame and one line saying what
-    failed (no password); a live fragment: 503 in plain text (the script keeps
-    the part it has and tries again on the next change)."""
+    """503 for a page whose store read failed (the database down, the file deleted,
+    locked or corrupt), saying what failed without the password; a live fragment
+    gets it in plain text (its script keeps the part it has)."""
     dash = dashboard_of(request)
     text = redacted(dash.db, str(exc)) or type(exc).__name__
     where = sent_path(request)  # (percent-encoded: a %0A in it stays one)
