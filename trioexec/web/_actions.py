@@ -94,9 +94,6 @@ def _refused(request: Request, exc: HTTPException, back: str) -> Response:
     return message(request, "Not done", exc.detail, status_code=exc.status_code, back=back)
 
 
-# ---------------------------------------------------------------------- promises
-
-
 def _no_constant(name: str) -> object:
     raise ValueError(f"{name} is no JSON number")
 
@@ -170,9 +167,6 @@ async def reject(request: Request) -> Response:
     return await _settle(request, "reject")
 
 
-# ---------------------------------------------------------------------- tasks
-
-
 async def retry(request: Request) -> Response:
     task_id = unsegment(request.path_params["task_id"])
     try:
@@ -212,9 +206,6 @@ async def cancel(request: Request) -> Response:
             back=back,
         )
     return RedirectResponse(back, status_code=303)
-
-
-# ---------------------------------------------------------------------- pause, resume
 
 
 async def _pause_or_resume(request: Request, kind: str) -> Response:

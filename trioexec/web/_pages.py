@@ -52,14 +52,10 @@ RUN_STATES = ("running", "completed", "failed", "cancelled")
 T = TypeVar("T")
 
 
-class BadQuery(ValueError):
-    """A filter a page cannot take (shown as a 400 page naming it)."""
-
-
 def _choice(query: Mapping[str, str], field: str, allowed: tuple[str, ...]) -> str | None:
     value = query.get(field) or None
     if value is not None and value not in allowed:
-        raise BadQuery(f"{field} {value!r} is not one of {', '.join(allowed)}")
+        raise ValueError(f"{field} {value!r} is not one of {', '.join(allowed)}")
     return value
 
 
@@ -105,9 +101,6 @@ def bad_query(request: Request, exc: ValueError) -> Response:
     return message(request, "Bad request", str(exc), status_code=400, back=sent_path(request))
 
 
-# ---------------------------------------------------------------------- overview
-
-
 async def overview(request: Request) -> Response:
     board, version = _board(request)
     now = time.time()
@@ -137,9 +130,6 @@ async def overview(request: Request) -> Response:
         "P": PAD,
     }
     return render(request, "overview.html", context)
-
-
-# ---------------------------------------------------------------------- tasks
 
 
 @attrs.frozen
@@ -233,9 +223,6 @@ async def task(request: Request) -> Response:
     return render(request, "task.html", context)
 
 
-# ---------------------------------------------------------------------- runs
-
-
 def step_states(run: RunRecord, tasks: Iterable[ExecutionRecord]) -> dict[str, str]:
     """Each step's state: as the run records it once it ended; before, from its
     live task (a step's task is named after the step): "running" once it has
@@ -313,9 +300,6 @@ async def run(request: Request) -> Response:
     return render(request, "run.html", context)
 
 
-# ---------------------------------------------------------------------- promises
-
-
 async def promises(request: Request, flash: Any = None, status_code: int = 200) -> Response:
     board, version = _board(request)
     query = request.query_params if request.method == "GET" else {}
@@ -345,9 +329,6 @@ async def promises(request: Request, flash: Any = None, status_code: int = 200) 
     if request.method != "GET":  # (an action's refusal, shown on the page)
         context["back"] = "/promises"
     return render(request, "promises.html", context, status_code=status_code, flash=flash)
-
-
-# ---------------------------------------------------------------------- failed, control
 
 
 async def failed(request: Request) -> Response:

@@ -117,8 +117,6 @@ def bars(buckets: Sequence[tuple[float, int, int, int]]) -> Bars:
     )
 
 
-# ------------------------------------------------------------------ the run graph
-
 #: A step's box and the gaps between them.
 STEP_W, STEP_H, GAP_X, GAP_Y, MARGIN = 190, 40, 50, 16, 10
 
