@@ -275,7 +275,6 @@ class _Series:
     once, and the counts the gauges read when scraped (``active``, ``deferred``)."""
 
     __slots__ = (
-        "_labels",
         "active",
         "completed",
         "deferral",
@@ -287,7 +286,6 @@ class _Series:
 
     def __init__(self, metrics: _Metrics, executor: str, task: str) -> None:
         self.task = task  # (the label: the task's name, or `OTHER`)
-        self._labels = metrics.completed.labels, executor, task
         self.submitted = metrics.submitted.labels(executor, task)
         self.active = 0
         self.deferred = 0
@@ -296,13 +294,6 @@ class _Series:
         self.completed = {
             status: metrics.completed.labels(executor, task, status.value) for status in ENDS
         }
-
-    def ended(self, status: TaskStatus) -> None:
-        counter = self.completed.get(status)
-        if counter is None:  # (not one of `ENDS`: never so far)
-            labels, executor, task = self._labels
-            counter = self.completed[status] = labels(executor, task, status.value)
-        counter.inc()
 
 
 @final
@@ -363,7 +354,7 @@ class _Observer:
 
     def finished(self, job: Job, status: TaskStatus) -> None:
         series = self._of(job)
-        series.ended(status)
+        series.completed[status].inc()  # (a task ends with one of `ENDS`)
         self._attempt_ended(job, series)
 
     def overruled(self, job: Job, status: TaskStatus) -> None:
