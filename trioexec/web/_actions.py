@@ -80,11 +80,10 @@ def _who(request: Request) -> str:
 async def _write(request: Request, fn: Callable[[SQLiteStore | PostgresStore], T]) -> T:
     """``fn(store)`` on a writable store opened for it, in a worker thread."""
     dash = dashboard_of(request)
-    db = dash.db
 
     def call() -> T:
         dash.board.check_file()  # (never create a new file where the old one was)
-        with trioexec.open_store(db) as store:
+        with trioexec.open_store(dash.db) as store:
             return fn(store)
 
     return await trio.to_thread.run_sync(call)

@@ -132,33 +132,20 @@ async def overview(request: Request) -> Response:
     return render(request, "overview.html", context)
 
 
-@attrs.frozen
-class TaskFilters:
-    status: str | None
-    sub_status: str | None
-    name: str | None
-    key: str | None
-    waiting_on: str | None
-    order: str
-
-    @classmethod
-    def of(cls, query: Mapping[str, str]) -> TaskFilters:
-        return cls(
-            status=_choice(query, "status", tuple(s.value for s in TaskStatus)),
-            sub_status=_choice(query, "sub_status", tuple(s.value for s in SubStatus)),
-            name=query.get("name") or None,
-            key=query.get("key") or None,
-            waiting_on=query.get("waiting_on") or None,
-            order=_choice(query, "order", tuple(o for o, _ in ORDERS)) or "newest",
-        )
-
-
 async def tasks(request: Request) -> Response:
     board, version = _board(request)
+    query = request.query_params
     try:
-        f = TaskFilters.of(request.query_params)
-        cursor = request.query_params.get("cursor") or None
-        page = await board.read(browse, limit=PAGE_SIZE, cursor=cursor, **attrs.asdict(f))
+        f = {  # (as `browse` takes them)
+            "status": _choice(query, "status", tuple(s.value for s in TaskStatus)),
+            "sub_status": _choice(query, "sub_status", tuple(s.value for s in SubStatus)),
+            "name": query.get("name") or None,
+            "key": query.get("key") or None,
+            "waiting_on": query.get("waiting_on") or None,
+            "order": _choice(query, "order", tuple(o for o, _ in ORDERS)) or "newest",
+        }
+        cursor = query.get("cursor") or None
+        page = await board.read(browse, limit=PAGE_SIZE, cursor=cursor, **f)
     except ValueError as exc:
         return bad_query(request, exc)
     names = await board.read(task_names)
@@ -171,7 +158,7 @@ async def tasks(request: Request) -> Response:
         "statuses": [s.value for s in TaskStatus],
         "sub_statuses": [s.value for s in SubStatus],
         "orders": ORDERS,
-        **_pager("/tasks", attrs.asdict(f), cursor, page.next_cursor),
+        **_pager("/tasks", f, cursor, page.next_cursor),
     }
     return render(request, "tasks.html", context)
 
