@@ -72,19 +72,17 @@ async def _checked(request: Request) -> dict[str, str]:
     return form
 
 
-def _who(request: Request) -> str:
-    client = request.client
-    return who_am_i(f"dashboard, from {client.host}" if client else "dashboard")
-
-
-async def _write(request: Request, fn: Callable[[SQLiteStore | PostgresStore], T]) -> T:
-    """``fn(store)`` on a writable store opened for it, in a worker thread."""
+async def _write(request: Request, fn: Callable[[SQLiteStore | PostgresStore, str], T]) -> T:
+    """``fn(store, who)`` on a writable store opened for it, in a worker thread
+    (``who``: the command's sender, as recorded)."""
     dash = dashboard_of(request)
+    client = request.client
+    who = who_am_i(f"dashboard, from {client.host}" if client else "dashboard")
 
     def call() -> T:
         dash.board.check_file()  # (never create a new file where the old one was)
         with trioexec.open_store(dash.db) as store:
-            return fn(store)
+            return fn(store, who)
 
     return await trio.to_thread.run_sync(call)
 
@@ -153,8 +151,7 @@ async def _settle(request: Request, how: str) -> Response:
         return await promises(request, flash=flash, status_code=400)
     except StoreError as exc:
         text = f"promise {promise_id}: {redacted(dash.db, str(exc))}"
-        title = "Not resolved" if how == "resolve" else "Not rejected"
-        return message(request, title, text, status_code=503, back=back)
+        return message(request, f"Not {how}d", text, status_code=503, back=back)
     return RedirectResponse(back, status_code=303)
 
 
@@ -171,8 +168,7 @@ async def retry(request: Request) -> Response:
     try:
         form = await _checked(request)
         back = _back(form, "/failed")
-        who = _who(request)
-        result = await _write(request, lambda store: store.requeue([task_id], who=who))
+        result = await _write(request, lambda store, who: store.requeue([task_id], who=who))
     except HTTPException as exc:
         return _refused(request, exc, "/failed")
     except (ValueError, StoreError) as exc:
@@ -188,22 +184,16 @@ async def cancel(request: Request) -> Response:
     try:
         form = await _checked(request)
         back = _back(form, f"/tasks/{segment(task_id)}")
-        who = _who(request)
         command = await _write(
-            request, lambda store: store.command("cancel", task_id=task_id, who=who)
+            request, lambda store, who: store.command("cancel", task_id=task_id, who=who)
         )
     except HTTPException as exc:
         return _refused(request, exc, "/tasks")
     except (ValueError, StoreError) as exc:
         return message(request, "Not cancelled", str(exc), status_code=400, back="/tasks")
     if not command.changed:
-        return message(
-            request,
-            "Not cancelled",
-            f"task {task_id}: {command.detail}",
-            status_code=409,
-            back=back,
-        )
+        text = f"task {task_id}: {command.detail}"
+        return message(request, "Not cancelled", text, status_code=409, back=back)
     return RedirectResponse(back, status_code=303)
 
 
@@ -216,11 +206,10 @@ async def _pause_or_resume(request: Request, kind: str) -> Response:
             raise HTTPException(400, f"kind {what!r} is neither name nor key")
         if not value:
             raise HTTPException(400, f"give the {what} to {kind}")
-        who = _who(request)
         target = {what: value}
         await _write(
             request,
-            lambda store: store.command(
+            lambda store, who: store.command(
                 kind, who=who, name=target.get("name"), key=target.get("key")
             ),
         )
