@@ -131,8 +131,7 @@ class Board:
             )
 
     async def read(self, fn: Callable[..., T], /, *args: object, **kwargs: object) -> T:
-        """``fn(self.store, *args, **kwargs)`` in a worker thread (after
-        `check_file`)."""
+        """``fn(self.store, *args, **kwargs)`` in a worker thread (after `check_file`)."""
 
         def call() -> T:
             self.check_file()

@@ -20,7 +20,7 @@ import secrets
 import urllib.parse
 from typing import final
 
-from starlette.datastructures import URL
+from starlette.datastructures import URL, MutableHeaders
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -162,11 +162,8 @@ class Gate:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = [
-                    (k, v) for k, v in message.get("headers", []) if k.decode() not in HEADERS
-                ]
-                headers += [(k.encode(), v.encode()) for k, v in HEADERS.items()]
-                message = {**message, "headers": headers}
+                message = {**message, "headers": list(message.get("headers", []))}
+                MutableHeaders(raw=message["headers"]).update(HEADERS)
             await send(message)
 
         request = Request(scope)
