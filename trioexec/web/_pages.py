@@ -220,12 +220,11 @@ def step_states(run: RunRecord, tasks: Iterable[ExecutionRecord]) -> dict[str, s
     for record in tasks:
         if record.name in states:
             continue
-        if record.status is TaskStatus.RUNNING or (
-            record.status is TaskStatus.PENDING and record.attempt > 0
-        ):
+        if record.status is TaskStatus.RUNNING:
             states[record.name] = StepState.RUNNING.value
         elif record.status is TaskStatus.PENDING:
-            states[record.name] = StepState.READY.value
+            retrying = record.attempt > 0
+            states[record.name] = (StepState.RUNNING if retrying else StepState.READY).value
     for step in run.graph or ():
         states.setdefault(step, StepState.PENDING.value)
     return states

@@ -146,10 +146,9 @@ class Graph:
 
 def depths(graph: Mapping[str, Sequence[str]]) -> dict[str, int]:
     """Each step's depth: 0 without dependencies, else one more than its deepest
-    dependency. A dependency the graph does not list is a step of depth 0; a
-    cycle (a broken record) is cut where it is met, never looped on. Iterative
-    (a depth-first walk with its own stack): a chain of any length is laid out,
-    in whatever order the graph lists its steps."""
+    dependency (one the graph does not list: depth 0). A cycle (a broken record)
+    is cut where it is met; the walk keeps its own stack, so a chain of any
+    length is laid out, in whatever order the graph lists its steps."""
     out: dict[str, int] = {}
     for root in graph:
         if root in out:
