@@ -27,7 +27,7 @@ from trioexec._control import who_am_i
 from trioexec._store._browse import storable
 
 from ._pages import promises
-from ._render import Flash, dashboard_of, message, redacted, segment, unsegment
+from ._render import dashboard_of, message, redacted, segment, unsegment
 from ._security import is_local_path
 
 T = TypeVar("T")
@@ -128,10 +128,10 @@ async def _settle(request: Request, how: str) -> Response:
     try:
         value = _value(form.get("data", "").strip())
     except ValueError as exc:
-        flash = Flash("error", f"promise {promise_id}: {exc}; nothing was done")
+        flash = f"promise {promise_id}: {exc}; nothing was done"
         return await promises(request, flash=flash, status_code=400)
     if not storable(promise_id):  # (a NUL: no store holds such a promise)
-        flash = Flash("error", f"promise {promise_id!r}: no such promise")
+        flash = f"promise {promise_id!r}: no such promise"
         return await promises(request, flash=flash, status_code=404)
     dash = dashboard_of(request)
 
@@ -144,10 +144,10 @@ async def _settle(request: Request, how: str) -> Response:
         with ds:
             await getattr(ds.promises, how)(promise_id, data=value)
     except (Conflict, NotFound) as exc:
-        flash = Flash("error", f"promise {promise_id}: {exc}")
+        flash = f"promise {promise_id}: {exc}"
         return await promises(request, flash=flash, status_code=409)
     except ValueError as exc:  # (the store's own checks, before it writes anything)
-        flash = Flash("error", f"promise {promise_id!r}: {exc}; nothing was done")
+        flash = f"promise {promise_id!r}: {exc}; nothing was done"
         return await promises(request, flash=flash, status_code=400)
     except StoreError as exc:
         text = f"promise {promise_id}: {redacted(dash.db, str(exc))}"

@@ -286,7 +286,7 @@ async def run(request: Request) -> Response:
     return render(request, "run.html", context)
 
 
-async def promises(request: Request, flash: Any = None, status_code: int = 200) -> Response:
+async def promises(request: Request, flash: str | None = None, status_code: int = 200) -> Response:
     board, version = _board(request)
     query = request.query_params if request.method == "GET" else {}
     try:

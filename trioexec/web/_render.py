@@ -13,7 +13,6 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any, cast, final
 
-import attrs
 import jinja2
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -38,12 +37,6 @@ NAV = (
     ("/failed", "Failed"),
     ("/control", "Control"),
 )
-
-
-@attrs.frozen
-class Flash:
-    kind: str  #: "error" or "ok"
-    text: str
 
 
 @final
@@ -159,10 +152,10 @@ def render(
     context: Mapping[str, Any],
     *,
     status_code: int = 200,
-    flash: Flash | None = None,
+    flash: str | None = None,
 ) -> Response:
-    """The page, or with ``?fragment=NAME`` only that block of it (the live parts
-    the page's script re-fetches)."""
+    """The page (``flash``: an error to show above it), or with ``?fragment=NAME``
+    only that block of it (the live parts the page's script re-fetches)."""
     dash = dashboard_of(request)
     full: dict[str, Any] = {
         "read_only": dash.read_only,
@@ -196,11 +189,10 @@ def message(request: Request, title: str, text: str, *, status_code: int, back: 
     for a fragment (the page's script), that thing in plain text."""
     if request.query_params.get("fragment") is not None:
         return PlainTextResponse(text, status_code=status_code)
-    kind = "ok" if status_code < 400 else "error"
     return render(
         request,
         "message.html",
-        {"title": title, "text": text, "kind": kind, "back": back},
+        {"title": title, "text": text, "back": back},
         status_code=status_code,
     )
 
