@@ -1,11 +1,9 @@
-"""The actions (POST, form-encoded, 303 back to the page on success): settle a
-promise, retry or cancel a task, pause or resume by name or key.
+"""The actions (POST, form-encoded, 303 back to the page on success).
 
 Each passes `Guard.refusal`, then opens a writable store for its one operation (in a
 worker thread), recorded with who sent it (``user@host pid N (dashboard, from
 ADDRESS)``). Nothing from the form becomes SQL or code: ids and names are values to
-the store's operations, the payload is parsed as JSON and stored as data. Under
-``--read-only`` these routes do not exist.
+the store's operations, the payload is parsed as JSON and stored as data.
 """
 
 from __future__ import annotations

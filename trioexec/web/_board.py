@@ -100,8 +100,7 @@ class Board:
         try:
             self._durable = DurableStore(self._store)
         except BaseException:
-            self._store.close()
-            self._store = None
+            self.close()
             raise
 
     def close(self) -> None:

@@ -1,8 +1,7 @@
-"""The pages (GET): overview, tasks, one task, runs, one run, promises, failed
-tasks, control. Each reads the store in worker threads (`Board.read`) and renders
+"""The pages (GET). Each reads the store in worker threads (`Board.read`) and renders
 a template; every value from the database reaches the HTML through Jinja's
-autoescaping, and no input becomes SQL: filters go to the store's functions as
-values."""
+autoescaping, and no input becomes SQL: filters go to the store's functions as values.
+"""
 
 from __future__ import annotations
 
