@@ -16,7 +16,7 @@ import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from trioexec import ExecutionRecord, StepState, SubStatus, TaskStatus
+from trioexec import ExecutionRecord, RunStatus, StepState, SubStatus, TaskStatus
 from trioexec._records import FAILURES
 from trioexec._store import Command, RunRecord
 from trioexec._store._browse import (
@@ -47,7 +47,7 @@ COUNTS = tuple(
     for what in ("active", "deferred", "pending", "completed", "failed", "timed_out", "cancelled")
 )
 PROMISE_STATES = tuple(s.value for s in PromiseState)
-RUN_STATES = ("running", "completed", "failed", "cancelled")
+RUN_STATES = tuple(s.value for s in RunStatus)
 T = TypeVar("T")
 
 

@@ -131,14 +131,9 @@ class Step:
 
 
 @attrs.frozen
-class Edge:
-    path: str  #: an SVG path ("M x y C ..."), numbers only
-
-
-@attrs.frozen
 class Graph:
     steps: tuple[Step, ...]
-    edges: tuple[Edge, ...]
+    edges: tuple[str, ...]  #: SVG paths ("M x y C ..."), numbers only
     width: int
     height: int
     layered: bool  #: False: no graph recorded, the steps as one column
@@ -211,7 +206,7 @@ def run_graph(
             x1, y1 = fr.x + STEP_W, fr.y + STEP_H // 2
             x2, y2 = to.x, to.y + STEP_H // 2
             mid = (x1 + x2) / 2
-            edges.append(Edge(f"M{x1} {y1} C{mid:.0f} {y1} {mid:.0f} {y2} {x2} {y2}"))
+            edges.append(f"M{x1} {y1} C{mid:.0f} {y1} {mid:.0f} {y2} {x2} {y2}")
     rows = max((len(layer) for layer in layers), default=0)
     cols = len(layers)
     return Graph(
