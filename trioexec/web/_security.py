@@ -193,9 +193,7 @@ class Gate:
                 path="/",
             )
             return response
-        if request.url.path.startswith("/static/"):
-            return None
-        if not self.guard.may_read(request):
+        if not request.url.path.startswith("/static/") and not self.guard.may_read(request):
             return PlainTextResponse(
                 "this dashboard needs its token: open the URL it printed (with ?token=)", 403
             )
