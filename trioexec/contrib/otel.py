@@ -9,9 +9,11 @@ events, attributes, what has no span): keep it in step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, final
 
+import attrs
 import trio
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -20,7 +22,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
 import trioexec
 from trioexec._observe import Observed, Observers, lifecycle_of, logger, owner_of
-from trioexec._records import TaskStatus, safe_repr
+from trioexec._records import FAILURES, TaskStatus, safe_repr
 from trioexec.durable._store import UNTRACED, trace_with
 
 if TYPE_CHECKING:
@@ -60,7 +62,6 @@ RESUMED_EVENT = "trioexec.resumed"
 TAG_PREFIX = "otel:"
 
 _EMPTY = Context()  # the parent of a task submitted before `instrument`
-_ERRORS = (TaskStatus.FAILED, TaskStatus.TIMED_OUT)
 
 
 def instrument(
@@ -135,13 +136,13 @@ class _Carrier:
         carried = {TAG_PREFIX + name: value for name, value in carrier.items()}
         return carried if tags is None else {**carried, **tags}  # the creator's own win
 
-    def extract(self, tags: Mapping[str, str]) -> _Continued | AbstractContextManager[object]:
+    def extract(self, tags: Mapping[str, str]) -> AbstractContextManager[object]:
         start = len(TAG_PREFIX)
         carrier = {name[start:]: v for name, v in tags.items() if name.startswith(TAG_PREFIX)}
         if not carrier:  # created untraced (or through a store not instrumented)
             return UNTRACED
         try:
-            return _Continued(propagate.extract(carrier, _EMPTY))
+            return _continued(propagate.extract(carrier, _EMPTY))
         except Exception:
             logger.exception("the OpenTelemetry propagator raised")
             return UNTRACED
@@ -150,50 +151,36 @@ class _Carrier:
         return "<trioexec.contrib.otel.instrument_durable>"
 
 
-@final
-class _Continued:
+@contextlib.contextmanager
+def _continued(context: Context) -> Iterator[None]:
     """The context a claimed task's run is submitted in: its creator's."""
-
-    __slots__ = ("context", "token")
-
-    def __init__(self, context: Context) -> None:
-        self.context = context
-        self.token: Token[Context] | None = None
-
-    def __enter__(self) -> None:
-        self.token = otel_context.attach(self.context)
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self.token is not None:
-            otel_context.detach(self.token)
-            self.token = None
+    token = otel_context.attach(context)
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
-@final
+@attrs.define(eq=False)
 class _Task:
     """What the tracing keeps of one task between its submission and its end."""
 
-    __slots__ = ("context", "first", "span", "task", "token")
-
-    def __init__(self, context: Context) -> None:
-        self.context = context  # the submitter's: each attempt's parent
-        self.first: SpanContext | None = None  # the first attempt's span
-        self.span: Span | None = None  # the attempt under way
-        self.token: Token[Context] | None = None  # its context, attached ...
-        self.task: trio.lowlevel.Task | None = None  # ... in this Trio task
+    context: Context  # the submitter's: each attempt's parent
+    first: SpanContext | None = None  # the first attempt's span
+    span: Span | None = None  # the attempt under way
+    token: Token[Context] | None = None  # its context, attached ...
+    task: trio.lowlevel.Task | None = None  # ... in this Trio task
 
 
 @final
+@attrs.define(eq=False)
 class _Tracing:
     """The observer: each attempt a span (`trioexec._observe.Observer`)."""
 
-    __slots__ = ("client_id", "lifecycle", "tasks", "tracer")
-
-    def __init__(self, tracer: trace.Tracer, lifecycle: Observed, client_id: str) -> None:
-        self.tracer = tracer
-        self.lifecycle = lifecycle
-        self.client_id = client_id
-        self.tasks: dict[str, _Task] = {}  # task id -> accepted, not finished
+    tracer: trace.Tracer
+    lifecycle: Observed
+    client_id: str
+    tasks: dict[str, _Task] = attrs.field(init=False, factory=dict)  # accepted, not finished
 
     def submitted(self, job: Job) -> None:
         self.tasks[job.task_id] = _Task(otel_context.get_current())
@@ -268,7 +255,7 @@ class _Tracing:
         state.span = None
         if span.is_recording():
             span.set_attribute(STATUS, status.value)
-            if status in _ERRORS:
+            if status in FAILURES:
                 _record_error(span, job.error)
         span.end()
         token = state.token

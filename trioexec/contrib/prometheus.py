@@ -11,6 +11,7 @@ import weakref
 from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, ClassVar, final
 
+import attrs
 import trio
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -224,36 +225,15 @@ class _Metrics(Collector):
         registry.register(self)
 
     def describe(self) -> list[Metric]:
-        return [  # (the names it takes, so a registry refuses a clash at once)
-            GaugeMetricFamily("trioexec_tasks_active", "", labels=["executor", "task"]),
-            GaugeMetricFamily("trioexec_tasks_deferred", "", labels=["executor", "task"]),
-            GaugeMetricFamily("trioexec_queue_depth", "", labels=["executor"]),
-            GaugeMetricFamily("trioexec_slots", "", labels=["executor", "state"]),
-        ]
+        # (the names it takes, so a registry refuses a clash at once)
+        return [GaugeMetricFamily(name, "", labels=labels) for name, _, labels in _GAUGES]
 
     def collect(self) -> Iterator[Metric]:
         """The gauges of what is now, of the executors still running: one that has
         closed or whose store failed has none (its series end, as a thing that no
         longer exists does), its counters and histograms stay."""
-        active = GaugeMetricFamily(
-            "trioexec_tasks_active",
-            "Tasks running and holding a slot.",
-            labels=["executor", "task"],
-        )
-        deferred = GaugeMetricFamily(
-            "trioexec_tasks_deferred",
-            "Tasks running and deferred (holding no slot).",
-            labels=["executor", "task"],
-        )
-        depth = GaugeMetricFamily(
-            "trioexec_queue_depth",
-            "Tasks accepted and waiting for a slot (or between attempts).",
-            labels=["executor"],
-        )
-        slots = GaugeMetricFamily(
-            "trioexec_slots",
-            "The executor's slots, in use or available (together: all of them).",
-            labels=["executor", "state"],
+        active, deferred, depth, slots = (
+            GaugeMetricFamily(name, text, labels=labels) for name, text, labels in _GAUGES
         )
         for name, instrumentation in list(self.executors.items()):
             ex = instrumentation.executor
@@ -265,10 +245,28 @@ class _Metrics(Collector):
             depth.add_metric([name], ex.metrics.queue_depth)
             slots.add_metric([name, "in_use"], ex.slots.in_use)
             slots.add_metric([name, "available"], ex.slots.available)
-        yield active
-        yield deferred
-        yield depth
-        yield slots
+        yield from (active, deferred, depth, slots)
+
+
+#: The gauges `_Metrics.collect` reads when scraped: name, help, labels.
+_GAUGES = (
+    ("trioexec_tasks_active", "Tasks running and holding a slot.", ["executor", "task"]),
+    (
+        "trioexec_tasks_deferred",
+        "Tasks running and deferred (holding no slot).",
+        ["executor", "task"],
+    ),
+    (
+        "trioexec_queue_depth",
+        "Tasks accepted and waiting for a slot (or between attempts).",
+        ["executor"],
+    ),
+    (
+        "trioexec_slots",
+        "The executor's slots, in use or available (together: all of them).",
+        ["executor", "state"],
+    ),
+)
 
 
 @final
@@ -277,7 +275,6 @@ class _Series:
     once, and the counts the gauges read when scraped (``active``, ``deferred``)."""
 
     __slots__ = (
-        "_labels",
         "active",
         "completed",
         "deferral",
@@ -289,7 +286,6 @@ class _Series:
 
     def __init__(self, metrics: _Metrics, executor: str, task: str) -> None:
         self.task = task  # (the label: the task's name, or `OTHER`)
-        self._labels = metrics.completed.labels, executor, task
         self.submitted = metrics.submitted.labels(executor, task)
         self.active = 0
         self.deferred = 0
@@ -299,36 +295,19 @@ class _Series:
             status: metrics.completed.labels(executor, task, status.value) for status in ENDS
         }
 
-    def ended(self, status: TaskStatus) -> None:
-        counter = self.completed.get(status)
-        if counter is None:  # (not one of `ENDS`: never so far)
-            labels, executor, task = self._labels
-            counter = self.completed[status] = labels(executor, task, status.value)
-        counter.inc()
-
 
 @final
+@attrs.define(eq=False)
 class _Observer:
     """The `trioexec._observe.Observer` that keeps one executor's metrics."""
 
-    __slots__ = (
-        "_deferred_since",
-        "_executor",
-        "_max_names",
-        "_metrics",
-        "_other",
-        "_series",
-        "_started",
-    )
-
-    def __init__(self, metrics: _Metrics, executor: str, max_names: int | None = None) -> None:
-        self._metrics = metrics
-        self._executor = executor
-        self._max_names = max_names  # (None: no bound)
-        self._series: dict[str, _Series] = {}  # each name with series of its own
-        self._other: _Series | None = None  # the names past the bound's (made when needed)
-        self._started: dict[Job, float] = {}  # the running attempts' start times
-        self._deferred_since: dict[Job, float] = {}  # the deferred ones', since when
+    _metrics: _Metrics
+    _executor: str
+    _max_names: int | None = None  # (None: no bound)
+    _series: dict[str, _Series] = attrs.field(init=False, factory=dict)  # names with their own
+    _other: _Series | None = attrs.field(init=False, default=None)  # those past the bound's
+    _started: dict[Job, float] = attrs.field(init=False, factory=dict)  # attempts' start times
+    _deferred_since: dict[Job, float] = attrs.field(init=False, factory=dict)  # deferred ones'
 
     def _of(self, job: Job) -> _Series:
         series = self._series.get(job.name)
@@ -375,7 +354,7 @@ class _Observer:
 
     def finished(self, job: Job, status: TaskStatus) -> None:
         series = self._of(job)
-        series.ended(status)
+        series.completed[status].inc()  # (a task ends with one of `ENDS`)
         self._attempt_ended(job, series)
 
     def overruled(self, job: Job, status: TaskStatus) -> None:

@@ -1,11 +1,9 @@
-"""The actions (POST, form-encoded, 303 back to the page on success): settle a
-promise, retry or cancel a task, pause or resume by name or key.
+"""The actions (POST, form-encoded, 303 back to the page on success).
 
 Each passes `Guard.refusal`, then opens a writable store for its one operation (in a
 worker thread), recorded with who sent it (``user@host pid N (dashboard, from
 ADDRESS)``). Nothing from the form becomes SQL or code: ids and names are values to
-the store's operations, the payload is parsed as JSON and stored as data. Under
-``--read-only`` these routes do not exist.
+the store's operations, the payload is parsed as JSON and stored as data.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import trio
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response
 
@@ -26,7 +25,7 @@ from trioexec._control import who_am_i
 from trioexec._store._browse import storable
 
 from ._pages import promises
-from ._render import Flash, dashboard_of, message, redacted, segment, unsegment
+from ._render import dashboard_of, message, redacted, segment, unsegment
 from ._security import is_local_path
 
 T = TypeVar("T")
@@ -34,13 +33,6 @@ T = TypeVar("T")
 #: The largest form accepted (a promise's JSON payload is most of it).
 MAX_FORM = 1 << 20
 FORM_TYPE = "application/x-www-form-urlencoded"
-
-
-class Refused(Exception):
-    def __init__(self, status_code: int, text: str) -> None:
-        super().__init__(text)
-        self.status_code = status_code
-        self.text = text
 
 
 async def _form(request: Request) -> dict[str, str]:
@@ -51,13 +43,13 @@ async def _form(request: Request) -> dict[str, str]:
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_FORM:
-            raise Refused(413, f"the form is larger than {MAX_FORM} bytes")
+            raise HTTPException(413, f"the form is larger than {MAX_FORM} bytes")
     if kind != FORM_TYPE and body:
-        raise Refused(415, f"an action takes a form ({FORM_TYPE}), not {kind!r}")
+        raise HTTPException(415, f"an action takes a form ({FORM_TYPE}), not {kind!r}")
     try:
         pairs = urllib.parse.parse_qsl(body.decode("utf-8"), keep_blank_values=True)
     except UnicodeDecodeError:
-        raise Refused(400, "the form is not UTF-8") from None
+        raise HTTPException(400, "the form is not UTF-8") from None
     return dict(pairs)
 
 
@@ -70,37 +62,31 @@ def _back(form: dict[str, str], default: str) -> str:
 async def _checked(request: Request) -> dict[str, str]:
     guard = dashboard_of(request).guard
     if not guard.has_token(request):  # (before the body is even read)
-        raise Refused(403, guard.refusal(request, {}) or "")
+        raise HTTPException(403, guard.refusal(request, {}) or "")
     form = await _form(request)
     why = guard.refusal(request, form)
     if why is not None:
-        raise Refused(403, why)
+        raise HTTPException(403, why)
     return form
 
 
-def _who(request: Request) -> str:
-    client = request.client
-    return who_am_i(f"dashboard, from {client.host}" if client else "dashboard")
-
-
-async def _write(request: Request, fn: Callable[[SQLiteStore | PostgresStore], T]) -> T:
-    """``fn(store)`` on a writable store opened for it, in a worker thread."""
+async def _write(request: Request, fn: Callable[[SQLiteStore | PostgresStore, str], T]) -> T:
+    """``fn(store, who)`` on a writable store opened for it, in a worker thread
+    (``who``: the command's sender, as recorded)."""
     dash = dashboard_of(request)
-    db = dash.db
+    client = request.client
+    who = who_am_i(f"dashboard, from {client.host}" if client else "dashboard")
 
     def call() -> T:
         dash.board.check_file()  # (never create a new file where the old one was)
-        with trioexec.open_store(db) as store:
-            return fn(store)
+        with trioexec.open_store(dash.db) as store:
+            return fn(store, who)
 
     return await trio.to_thread.run_sync(call)
 
 
-def _refused(request: Request, exc: Refused, back: str) -> Response:
-    return message(request, "Not done", exc.text, status_code=exc.status_code, back=back)
-
-
-# ---------------------------------------------------------------------- promises
+def _refused(request: Request, exc: HTTPException, back: str) -> Response:
+    return message(request, "Not done", exc.detail, status_code=exc.status_code, back=back)
 
 
 def _no_constant(name: str) -> object:
@@ -134,16 +120,16 @@ async def _settle(request: Request, how: str) -> Response:
     promise_id = unsegment(request.path_params["promise_id"])
     try:
         form = await _checked(request)
-    except Refused as exc:
+    except HTTPException as exc:
         return _refused(request, exc, "/promises")
     back = _back(form, "/promises")
     try:
         value = _value(form.get("data", "").strip())
     except ValueError as exc:
-        flash = Flash("error", f"promise {promise_id}: {exc}; nothing was done")
+        flash = f"promise {promise_id}: {exc}; nothing was done"
         return await promises(request, flash=flash, status_code=400)
     if not storable(promise_id):  # (a NUL: no store holds such a promise)
-        flash = Flash("error", f"promise {promise_id!r}: no such promise")
+        flash = f"promise {promise_id!r}: no such promise"
         return await promises(request, flash=flash, status_code=404)
     dash = dashboard_of(request)
 
@@ -156,15 +142,14 @@ async def _settle(request: Request, how: str) -> Response:
         with ds:
             await getattr(ds.promises, how)(promise_id, data=value)
     except (Conflict, NotFound) as exc:
-        flash = Flash("error", f"promise {promise_id}: {exc}")
+        flash = f"promise {promise_id}: {exc}"
         return await promises(request, flash=flash, status_code=409)
     except ValueError as exc:  # (the store's own checks, before it writes anything)
-        flash = Flash("error", f"promise {promise_id!r}: {exc}; nothing was done")
+        flash = f"promise {promise_id!r}: {exc}; nothing was done"
         return await promises(request, flash=flash, status_code=400)
     except StoreError as exc:
         text = f"promise {promise_id}: {redacted(dash.db, str(exc))}"
-        title = "Not resolved" if how == "resolve" else "Not rejected"
-        return message(request, title, text, status_code=503, back=back)
+        return message(request, f"Not {how}d", text, status_code=503, back=back)
     return RedirectResponse(back, status_code=303)
 
 
@@ -176,17 +161,13 @@ async def reject(request: Request) -> Response:
     return await _settle(request, "reject")
 
 
-# ---------------------------------------------------------------------- tasks
-
-
 async def retry(request: Request) -> Response:
     task_id = unsegment(request.path_params["task_id"])
     try:
         form = await _checked(request)
         back = _back(form, "/failed")
-        who = _who(request)
-        result = await _write(request, lambda store: store.requeue([task_id], who=who))
-    except Refused as exc:
+        result = await _write(request, lambda store, who: store.requeue([task_id], who=who))
+    except HTTPException as exc:
         return _refused(request, exc, "/failed")
     except (ValueError, StoreError) as exc:
         return message(request, "Not retried", str(exc), status_code=400, back="/failed")
@@ -201,26 +182,17 @@ async def cancel(request: Request) -> Response:
     try:
         form = await _checked(request)
         back = _back(form, f"/tasks/{segment(task_id)}")
-        who = _who(request)
         command = await _write(
-            request, lambda store: store.command("cancel", task_id=task_id, who=who)
+            request, lambda store, who: store.command("cancel", task_id=task_id, who=who)
         )
-    except Refused as exc:
+    except HTTPException as exc:
         return _refused(request, exc, "/tasks")
     except (ValueError, StoreError) as exc:
         return message(request, "Not cancelled", str(exc), status_code=400, back="/tasks")
     if not command.changed:
-        return message(
-            request,
-            "Not cancelled",
-            f"task {task_id}: {command.detail}",
-            status_code=409,
-            back=back,
-        )
+        text = f"task {task_id}: {command.detail}"
+        return message(request, "Not cancelled", text, status_code=409, back=back)
     return RedirectResponse(back, status_code=303)
-
-
-# ---------------------------------------------------------------------- pause, resume
 
 
 async def _pause_or_resume(request: Request, kind: str) -> Response:
@@ -229,18 +201,17 @@ async def _pause_or_resume(request: Request, kind: str) -> Response:
         back = _back(form, "/control")
         what, value = form.get("kind", ""), form.get("value", "").strip()
         if what not in ("name", "key"):
-            raise Refused(400, f"kind {what!r} is neither name nor key")
+            raise HTTPException(400, f"kind {what!r} is neither name nor key")
         if not value:
-            raise Refused(400, f"give the {what} to {kind}")
-        who = _who(request)
+            raise HTTPException(400, f"give the {what} to {kind}")
         target = {what: value}
         await _write(
             request,
-            lambda store: store.command(
+            lambda store, who: store.command(
                 kind, who=who, name=target.get("name"), key=target.get("key")
             ),
         )
-    except Refused as exc:
+    except HTTPException as exc:
         return _refused(request, exc, "/control")
     except (ValueError, StoreError) as exc:
         return message(request, f"Not {kind}d", str(exc), status_code=400, back="/control")

@@ -69,11 +69,9 @@ STATIC_TYPES = {".css": "text/css; charset=utf-8", ".js": "text/javascript; char
 def static_files() -> Callable[[Request], Awaitable[Response]]:
     """The route of ``/static/NAME``: the package's few static files, read once.
 
-    Plain responses, not Starlette's `StaticFiles`: under Hypercorn's ASGI 2.1, its
-    file response waits for the client's disconnect in a task group it cancels once
-    the file is sent, and Hypercorn closes a ``Connection: close`` connection inside
-    that send, so the cancellation lands in the close: the connection stayed open
-    (and on ``0.0.0.0`` static files need no token)."""
+    Not Starlette's `StaticFiles`: under Hypercorn's ASGI 2.1 its file response
+    cancels a task group inside the send in which Hypercorn closes a
+    ``Connection: close`` connection, so the connection stayed open."""
     files = {
         path.name: (path.read_bytes(), STATIC_TYPES[path.suffix])
         for path in (HERE / "static").iterdir()

@@ -100,8 +100,7 @@ class Board:
         try:
             self._durable = DurableStore(self._store)
         except BaseException:
-            self._store.close()
-            self._store = None
+            self.close()
             raise
 
     def close(self) -> None:
@@ -131,8 +130,7 @@ class Board:
             )
 
     async def read(self, fn: Callable[..., T], /, *args: object, **kwargs: object) -> T:
-        """``fn(self.store, *args, **kwargs)`` in a worker thread (after
-        `check_file`)."""
+        """``fn(self.store, *args, **kwargs)`` in a worker thread (after `check_file`)."""
 
         def call() -> T:
             self.check_file()

@@ -1,8 +1,7 @@
-"""The pages (GET): overview, tasks, one task, runs, one run, promises, failed
-tasks, control. Each reads the store in worker threads (`Board.read`) and renders
+"""The pages (GET). Each reads the store in worker threads (`Board.read`) and renders
 a template; every value from the database reaches the HTML through Jinja's
-autoescaping, and no input becomes SQL: filters go to the store's functions as
-values."""
+autoescaping, and no input becomes SQL: filters go to the store's functions as values.
+"""
 
 from __future__ import annotations
 
@@ -17,7 +16,8 @@ import trio
 from starlette.requests import Request
 from starlette.responses import Response
 
-from trioexec import ExecutionRecord, StepState, SubStatus, TaskStatus
+from trioexec import ExecutionRecord, RunStatus, StepState, SubStatus, TaskStatus
+from trioexec._records import FAILURES
 from trioexec._store import Command, RunRecord
 from trioexec._store._browse import (
     activity,
@@ -41,34 +41,21 @@ ORDERS = (
     ("oldest", "oldest first"),
     ("longest_waiting", "longest waiting first"),
 )
-COUNTS = (
-    ("active", "active"),
-    ("deferred", "deferred"),
-    ("pending", "pending"),
-    ("completed", "completed"),
-    ("failed", "failed"),
-    ("timed_out", "timed out"),
-    ("cancelled", "cancelled"),
+#: The overview's counts (`Counts.get`), each with its label.
+COUNTS = tuple(
+    (what, what.replace("_", " "))
+    for what in ("active", "deferred", "pending", "completed", "failed", "timed_out", "cancelled")
 )
 PROMISE_STATES = tuple(s.value for s in PromiseState)
-RUN_STATES = ("running", "completed", "failed", "cancelled")
-COMPLETED, FAILED, TIMED_OUT = TaskStatus.COMPLETED, TaskStatus.FAILED, TaskStatus.TIMED_OUT
+RUN_STATES = tuple(s.value for s in RunStatus)
 T = TypeVar("T")
-
-
-class BadQuery(ValueError):
-    """A filter a page cannot take (shown as a 400 page naming it)."""
 
 
 def _choice(query: Mapping[str, str], field: str, allowed: tuple[str, ...]) -> str | None:
     value = query.get(field) or None
     if value is not None and value not in allowed:
-        raise BadQuery(f"{field} {value!r} is not one of {', '.join(allowed)}")
+        raise ValueError(f"{field} {value!r} is not one of {', '.join(allowed)}")
     return value
-
-
-def _text(query: Mapping[str, str], field: str) -> str | None:
-    return query.get(field) or None
 
 
 def _url(path: str, params: Mapping[str, str | None]) -> str:
@@ -113,9 +100,6 @@ def bad_query(request: Request, exc: ValueError) -> Response:
     return message(request, "Bad request", str(exc), status_code=400, back=sent_path(request))
 
 
-# ---------------------------------------------------------------------- overview
-
-
 async def overview(request: Request) -> Response:
     board, version = _board(request)
     now = time.time()
@@ -125,7 +109,7 @@ async def overview(request: Request) -> Response:
     pauses = await board.read(lambda store: store.pauses())
     samples = list(board.samples)
     finished = [
-        (b.start, b.ended[COMPLETED], b.ended[FAILED] + b.ended[TIMED_OUT], b.finished)
+        (b.start, b.ended[TaskStatus.COMPLETED], sum(b.ended[s] for s in FAILURES), b.finished)
         for b in buckets
     ]
     rates = [(start, bad / n if n else 0.0) for start, _, bad, n in finished]
@@ -147,39 +131,20 @@ async def overview(request: Request) -> Response:
     return render(request, "overview.html", context)
 
 
-# ---------------------------------------------------------------------- tasks
-
-
-@attrs.frozen
-class TaskFilters:
-    status: str | None
-    sub_status: str | None
-    name: str | None
-    key: str | None
-    waiting_on: str | None
-    order: str
-
-    @classmethod
-    def of(cls, query: Mapping[str, str]) -> TaskFilters:
-        return cls(
-            status=_choice(query, "status", tuple(s.value for s in TaskStatus)),
-            sub_status=_choice(query, "sub_status", tuple(s.value for s in SubStatus)),
-            name=_text(query, "name"),
-            key=_text(query, "key"),
-            waiting_on=_text(query, "waiting_on"),
-            order=_choice(query, "order", tuple(o for o, _ in ORDERS)) or "newest",
-        )
-
-    def params(self) -> dict[str, str | None]:
-        return attrs.asdict(self)
-
-
 async def tasks(request: Request) -> Response:
     board, version = _board(request)
+    query = request.query_params
     try:
-        f = TaskFilters.of(request.query_params)
-        cursor = _text(request.query_params, "cursor")
-        page = await board.read(browse, limit=PAGE_SIZE, cursor=cursor, **f.params())
+        f = {  # (as `browse` takes them)
+            "status": _choice(query, "status", tuple(s.value for s in TaskStatus)),
+            "sub_status": _choice(query, "sub_status", tuple(s.value for s in SubStatus)),
+            "name": query.get("name") or None,
+            "key": query.get("key") or None,
+            "waiting_on": query.get("waiting_on") or None,
+            "order": _choice(query, "order", tuple(o for o, _ in ORDERS)) or "newest",
+        }
+        cursor = query.get("cursor") or None
+        page = await board.read(browse, limit=PAGE_SIZE, cursor=cursor, **f)
     except ValueError as exc:
         return bad_query(request, exc)
     names = await board.read(task_names)
@@ -192,7 +157,7 @@ async def tasks(request: Request) -> Response:
         "statuses": [s.value for s in TaskStatus],
         "sub_statuses": [s.value for s in SubStatus],
         "orders": ORDERS,
-        **_pager("/tasks", f.params(), cursor, page.next_cursor),
+        **_pager("/tasks", f, cursor, page.next_cursor),
     }
     return render(request, "tasks.html", context)
 
@@ -244,9 +209,6 @@ async def task(request: Request) -> Response:
     return render(request, "task.html", context)
 
 
-# ---------------------------------------------------------------------- runs
-
-
 def step_states(run: RunRecord, tasks: Iterable[ExecutionRecord]) -> dict[str, str]:
     """Each step's state: as the run records it once it ended; before, from its
     live task (a step's task is named after the step): "running" once it has
@@ -257,12 +219,11 @@ def step_states(run: RunRecord, tasks: Iterable[ExecutionRecord]) -> dict[str, s
     for record in tasks:
         if record.name in states:
             continue
-        if record.status is TaskStatus.RUNNING or (
-            record.status is TaskStatus.PENDING and record.attempt > 0
-        ):
+        if record.status is TaskStatus.RUNNING:
             states[record.name] = StepState.RUNNING.value
         elif record.status is TaskStatus.PENDING:
-            states[record.name] = StepState.READY.value
+            retrying = record.attempt > 0
+            states[record.name] = (StepState.RUNNING if retrying else StepState.READY).value
     for step in run.graph or ():
         states.setdefault(step, StepState.PENDING.value)
     return states
@@ -282,7 +243,7 @@ async def runs(request: Request) -> Response:
     board, version = _board(request)
     try:
         status = _choice(request.query_params, "status", RUN_STATES)
-        cursor = _text(request.query_params, "cursor")
+        cursor = request.query_params.get("cursor") or None
         page = await board.read(runs_page, status=status, limit=PAGE_SIZE, cursor=cursor)
     except ValueError as exc:
         return bad_query(request, exc)
@@ -324,17 +285,14 @@ async def run(request: Request) -> Response:
     return render(request, "run.html", context)
 
 
-# ---------------------------------------------------------------------- promises
-
-
-async def promises(request: Request, flash: Any = None, status_code: int = 200) -> Response:
+async def promises(request: Request, flash: str | None = None, status_code: int = 200) -> Response:
     board, version = _board(request)
     query = request.query_params if request.method == "GET" else {}
     try:
         state = _choice(query, "state", PROMISE_STATES)
     except ValueError as exc:
         return bad_query(request, exc)
-    cursor = _text(query, "cursor")
+    cursor = query.get("cursor") or None
     if cursor is not None and not storable(cursor):  # (a NUL: no promise's id, no read)
         return bad_query(request, ValueError(f"malformed cursor {cursor!r}"))
     await trio.to_thread.run_sync(board.check_file)
@@ -358,13 +316,10 @@ async def promises(request: Request, flash: Any = None, status_code: int = 200) 
     return render(request, "promises.html", context, status_code=status_code, flash=flash)
 
 
-# ---------------------------------------------------------------------- failed, control
-
-
 async def failed(request: Request) -> Response:
     board, version = _board(request)
-    name = _text(request.query_params, "name")
-    cursor = _text(request.query_params, "cursor")
+    name = request.query_params.get("name") or None
+    cursor = request.query_params.get("cursor") or None
     try:
         page = await board.read(
             browse, status="failed", name=name, order="newest", limit=PAGE_SIZE, cursor=cursor

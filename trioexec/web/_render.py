@@ -13,7 +13,6 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any, cast, final
 
-import attrs
 import jinja2
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -40,12 +39,6 @@ NAV = (
 )
 
 
-@attrs.frozen
-class Flash:
-    kind: str  #: "error" or "ok"
-    text: str
-
-
 @final
 class Dashboard:
     """One app's parts: the board (store and poller), the guard, the templates."""
@@ -62,9 +55,7 @@ class Dashboard:
             trim_blocks=True,
             lstrip_blocks=True,
         )
-        self.env.filters["segment"] = segment
-        self.env.filters["stamp"] = stamp
-        self.env.filters["ago"] = ago
+        self.env.filters.update(segment=segment, stamp=stamp, ago=ago)
         self.env.globals["waited"] = waited
         # The macros as globals, not imports: a block rendered alone (a fragment)
         # does not run its template's top-level imports.
@@ -88,14 +79,11 @@ _DOTS = re.compile(r"~*\.\.?")
 
 
 def segment(value: str) -> str:
-    """An id (a task's, a run's, a promise's) as one segment of a URL's path, which
-    a browser sends as it is: every character but letters, digits and ``-._~``
-    percent-encoded (``/``, ``%``, ``\\`` and ``?`` too), and an id that is one
-    or two dots after any tildes gets one more tilde in front (a browser drops a
-    ``.`` segment and pops the one before for ``..``, written ``%2e`` or not).
-    `unsegment` reads it back from the path the server decoded. Every link and
-    form action that names an object is built with it: ``a/../b`` is one segment
-    ``a%2F..%2Fb``, never a path to ``b``."""
+    """An id as one segment of a URL's path, for every link and form action that
+    names an object: all but letters, digits and ``-._~`` percent-encoded
+    (``a/../b`` is ``a%2F..%2Fb``, never a path to ``b``), and one or two dots
+    after any tildes get one more tilde in front (a browser drops a ``.``
+    segment and pops the one before for ``..``, written ``%2e`` or not)."""
     text = urllib.parse.quote(value, safe="")
     return "~" + text if _DOTS.fullmatch(value) else text
 
@@ -106,9 +94,8 @@ def unsegment(value: str) -> str:
 
 
 def one_line(text: str) -> str:
-    """``text`` for one line of a log: every character that is not printable
-    (a newline, a carriage return, an escape) written as Python writes it
-    (``\\n``), so nothing a request or a database holds can start a line."""
+    """``text`` for one line of a log: what is not printable written as Python
+    writes it (``\\n``), so nothing a request or a database holds starts a line."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
@@ -155,8 +142,6 @@ def back_of(request: Request) -> str:
     """Where a form on this page returns after its action: the page itself, with its
     filters but never ``fragment=`` (a fragment's forms are put into the full page
     by its script, and must lead back to that page, not to a bare fragment)."""
-    if request.method != "GET":
-        return sent_path(request)
     query = [(k, v) for k, v in request.query_params.multi_items() if k != "fragment"]
     return sent_path(request) + (f"?{urllib.parse.urlencode(query)}" if query else "")
 
@@ -167,10 +152,10 @@ def render(
     context: Mapping[str, Any],
     *,
     status_code: int = 200,
-    flash: Flash | None = None,
+    flash: str | None = None,
 ) -> Response:
-    """The page, or with ``?fragment=NAME`` only that block of it (the live parts
-    the page's script re-fetches)."""
+    """The page (``flash``: an error to show above it), or with ``?fragment=NAME``
+    only that block of it (the live parts the page's script re-fetches)."""
     dash = dashboard_of(request)
     full: dict[str, Any] = {
         "read_only": dash.read_only,
@@ -186,14 +171,13 @@ def render(
         "back": back_of(request),
         **context,
     }
-    full.setdefault("title", "trioexec")
     full.setdefault("current", request.url.path)
     full["page_name"] = template.removesuffix(".html")  # (`page` is a page of rows)
     tmpl = dash.env.get_template(template)
     fragment = request.query_params.get("fragment")
     if fragment is not None:
         block = tmpl.blocks.get(fragment)
-        if block is None or fragment in ("content",):
+        if block is None or fragment == "content":
             return PlainTextResponse(f"no fragment {fragment!r} on this page", status_code=400)
         html = "".join(block(tmpl.new_context(full)))
         return HTMLResponse(html, status_code=status_code)
@@ -205,11 +189,10 @@ def message(request: Request, title: str, text: str, *, status_code: int, back: 
     for a fragment (the page's script), that thing in plain text."""
     if request.query_params.get("fragment") is not None:
         return PlainTextResponse(text, status_code=status_code)
-    kind = "ok" if status_code < 400 else "error"
     return render(
         request,
         "message.html",
-        {"title": title, "text": text, "kind": kind, "back": back},
+        {"title": title, "text": text, "back": back},
         status_code=status_code,
     )
 
@@ -220,10 +203,9 @@ def redacted(db: str, text: str) -> str:
 
 
 async def store_error(request: Request, exc: Exception) -> Response:
-    """A page whose store read failed (the database down or unreachable, the file
-    deleted, locked or corrupt): 503 with the page frame and one line saying what
-    failed (no password); a live fragment: 503 in plain text (the script keeps
-    the part it has and tries again on the next change)."""
+    """503 for a page whose store read failed (the database down, the file deleted,
+    locked or corrupt), saying what failed without the password; a live fragment
+    gets it in plain text (its script keeps the part it has)."""
     dash = dashboard_of(request)
     text = redacted(dash.db, str(exc)) or type(exc).__name__
     where = sent_path(request)  # (percent-encoded: a %0A in it stays one)

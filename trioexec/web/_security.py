@@ -20,7 +20,7 @@ import secrets
 import urllib.parse
 from typing import final
 
-from starlette.datastructures import URL
+from starlette.datastructures import URL, MutableHeaders
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, RedirectResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -49,10 +49,9 @@ def new_token() -> str:
 
 
 def cookie_name(token: str) -> str:
-    """The token cookie's name for this token: its own per dashboard. A browser
-    scopes cookies by host, not port, so two dashboards on one machine with one
-    name would overwrite each other's login. (12 hex digits of a SHA-256 of a
-    192-bit random token tell nothing of it.)"""
+    """The token cookie's name, its own per dashboard: a browser scopes cookies by
+    host, not port, so two dashboards on one machine would overwrite each other's
+    login. (12 hex digits of a SHA-256 of a random token tell nothing of it.)"""
     return COOKIE_PREFIX + hashlib.sha256(token.encode()).hexdigest()[:12]
 
 
@@ -63,9 +62,8 @@ def csrf_of(token: str) -> str:
 
 def cookie_value(token: str) -> str:
     """What the token's cookie holds: an HMAC of the token under another label than
-    `csrf_of`'s (the pages show that one). A browser sends a host's cookies to
-    every port of it: another server on 127.0.0.1 that sees this cookie learns
-    neither the token (for the printed URL) nor a value any other dashboard takes."""
+    `csrf_of`'s (the pages show that one). A browser sends it to every port of the
+    host: a server there learns neither the token nor a value another dashboard takes."""
     return hmac.new(token.encode(), b"trioexec dashboard cookie", hashlib.sha256).hexdigest()
 
 
@@ -82,7 +80,6 @@ def is_local_path(text: str) -> bool:
 
 
 def is_loopback(host: str) -> bool:
-    """True for ``localhost`` and loopback addresses (127.0.0.0/8, ::1)."""
     if host.lower() == "localhost":
         return True
     try:
@@ -128,10 +125,9 @@ class Guard:
 
 
 def sent_path(request: Request) -> str:
-    """The request's path as the client sent it, percent-encoded: what a link or
-    a redirect back to it must say. (The decoded ``request.url.path`` would turn
-    an id's ``%2F`` into a ``/``, and ``a%2F..%2Fb`` into ``a/../b``, which a
-    browser resolves to another page.)"""
+    """The request's path as the client sent it, percent-encoded, for a link or
+    redirect back to it (the decoded path would turn ``a%2F..%2Fb`` into
+    ``a/../b``, which a browser resolves to another page)."""
     raw = request.scope.get("raw_path")
     if not isinstance(raw, bytes):
         return urllib.parse.quote(request.url.path)
@@ -166,11 +162,8 @@ class Gate:
 
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                headers = [
-                    (k, v) for k, v in message.get("headers", []) if k.decode() not in HEADERS
-                ]
-                headers += [(k.encode(), v.encode()) for k, v in HEADERS.items()]
-                message = {**message, "headers": headers}
+                message = {**message, "headers": list(message.get("headers", []))}
+                MutableHeaders(raw=message["headers"]).update(HEADERS)
             await send(message)
 
         request = Request(scope)
@@ -200,9 +193,7 @@ class Gate:
                 path="/",
             )
             return response
-        if request.url.path.startswith("/static/"):
-            return None
-        if not self.guard.may_read(request):
+        if not request.url.path.startswith("/static/") and not self.guard.may_read(request):
             return PlainTextResponse(
                 "this dashboard needs its token: open the URL it printed (with ?token=)", 403
             )

@@ -78,15 +78,14 @@ def line(samples: Sequence[tuple[float, float]]) -> Line:
     return Line(points=points, top=top, span=end - start, last=samples[-1][1])
 
 
-def bars(buckets: Sequence[tuple[float, int, int, int]], *, label: str = "min") -> Bars:
-    """``buckets``: (start, completed, failed or timed out, all that ended),
-    oldest first."""
+def bars(buckets: Sequence[tuple[float, int, int, int]]) -> Bars:
+    """``buckets``: (start, completed, failed or timed out, all that ended), a
+    minute each, oldest first."""
     if not buckets:
         return Bars(bars=(), width=0.0, top=1, total=0, failed=0)
     inner_w, inner_h = WIDTH - 2 * PAD, HEIGHT - 2 * PAD
     top = int(_nice_top(max(n for *_, n in buckets)))
     slot = inner_w / len(buckets)
-    width = max(slot * 0.8, 1.0)
     out = []
     for i, (_start, ok, bad, n) in enumerate(buckets):
         other = n - ok - bad
@@ -105,20 +104,18 @@ def bars(buckets: Sequence[tuple[float, int, int, int]], *, label: str = "min") 
                 other_height=round(h_other, 1),
                 title=(
                     f"{ok} ok, {bad} failed, {other} cancelled, dropped or rejected"
-                    f" ({len(buckets) - i} {label} ago)"
+                    f" ({len(buckets) - i} min ago)"
                 ),
             )
         )
     return Bars(
         bars=tuple(out),
-        width=round(width, 1),
+        width=round(max(slot * 0.8, 1.0), 1),
         top=top,
         total=sum(n for *_, n in buckets),
         failed=sum(bad for _, _, bad, _ in buckets),
     )
 
-
-# ------------------------------------------------------------------ the run graph
 
 #: A step's box and the gaps between them.
 STEP_W, STEP_H, GAP_X, GAP_Y, MARGIN = 190, 40, 50, 16, 10
@@ -134,14 +131,9 @@ class Step:
 
 
 @attrs.frozen
-class Edge:
-    path: str  #: an SVG path ("M x y C ..."), numbers only
-
-
-@attrs.frozen
 class Graph:
     steps: tuple[Step, ...]
-    edges: tuple[Edge, ...]
+    edges: tuple[str, ...]  #: SVG paths ("M x y C ..."), numbers only
     width: int
     height: int
     layered: bool  #: False: no graph recorded, the steps as one column
@@ -149,10 +141,9 @@ class Graph:
 
 def depths(graph: Mapping[str, Sequence[str]]) -> dict[str, int]:
     """Each step's depth: 0 without dependencies, else one more than its deepest
-    dependency. A dependency the graph does not list is a step of depth 0; a
-    cycle (a broken record) is cut where it is met, never looped on. Iterative
-    (a depth-first walk with its own stack): a chain of any length is laid out,
-    in whatever order the graph lists its steps."""
+    dependency (one the graph does not list: depth 0). A cycle (a broken record)
+    is cut where it is met; the walk keeps its own stack, so a chain of any
+    length is laid out, in whatever order the graph lists its steps."""
     out: dict[str, int] = {}
     for root in graph:
         if root in out:
@@ -184,10 +175,9 @@ def run_graph(
     not there yet is ``"pending"``), with its ``details`` (what it waits on).
     Without a graph, the steps as a column."""
     details = details or {}
-    if graph is None:
-        layers = [[step] for step in states]
-        edges_from: Mapping[str, Sequence[str]] = {}
-    else:
+    deps: dict[str, list[str]] = {}
+    layers: list[list[str]] = [list(states)] if states else []
+    if graph is not None:
         deps = {step: list(graph[step]) for step in graph}
         for step in states:
             deps.setdefault(step, [])
@@ -198,40 +188,31 @@ def run_graph(
         layers = [[] for _ in range(max(by_depth.values(), default=-1) + 1)]
         for step in deps:  # (insertion order: the workflow's own)
             layers[by_depth[step]].append(step)
-        edges_from = deps
     where: dict[str, Step] = {}
-    if graph is None:
-        for row, [step] in enumerate(layers):
-            y = MARGIN + row * (STEP_H + GAP_Y)
-            where[step] = Step(step, states[step], MARGIN, y, details.get(step, ""))
-    else:
-        for col, layer in enumerate(layers):
-            for row, step in enumerate(layer):
-                where[step] = Step(
-                    step,
-                    states.get(step, "pending"),
-                    MARGIN + col * (STEP_W + GAP_X),
-                    MARGIN + row * (STEP_H + GAP_Y),
-                    details.get(step, ""),
-                )
+    for col, layer in enumerate(layers):
+        for row, step in enumerate(layer):
+            where[step] = Step(
+                step,
+                states.get(step, "pending"),
+                MARGIN + col * (STEP_W + GAP_X),
+                MARGIN + row * (STEP_H + GAP_Y),
+                details.get(step, ""),
+            )
     edges = []
-    for step, needs in edges_from.items():
+    for step, needs in deps.items():
         to = where[step]
         for dep in needs:
             fr = where[dep]
             x1, y1 = fr.x + STEP_W, fr.y + STEP_H // 2
             x2, y2 = to.x, to.y + STEP_H // 2
             mid = (x1 + x2) / 2
-            edges.append(Edge(f"M{x1} {y1} C{mid:.0f} {y1} {mid:.0f} {y2} {x2} {y2}"))
+            edges.append(f"M{x1} {y1} C{mid:.0f} {y1} {mid:.0f} {y2} {x2} {y2}")
     rows = max((len(layer) for layer in layers), default=0)
-    cols = len(layers) if graph is not None else (1 if layers else 0)
+    cols = len(layers)
     return Graph(
         steps=tuple(where.values()),
         edges=tuple(edges),
         width=max(2 * MARGIN + cols * STEP_W + max(cols - 1, 0) * GAP_X, STEP_W),
-        height=max(
-            2 * MARGIN + (len(layers) if graph is None else rows) * (STEP_H + GAP_Y) - GAP_Y,
-            STEP_H,
-        ),
+        height=max(2 * MARGIN + rows * (STEP_H + GAP_Y) - GAP_Y, STEP_H),
         layered=graph is not None,
     )
