@@ -8,6 +8,7 @@ module and `trioexec.cli.run` says so in one line (no command is loaded then).
 from __future__ import annotations
 
 import datetime
+import enum
 import json
 import math
 import os
@@ -15,8 +16,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-# click is also a dependency of sqlite-utils, so it is there wherever trioexec imports.
-import click
+import attrs
+import click  # (a dependency of sqlite-utils too: there wherever trioexec imports)
 
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError
@@ -51,9 +52,8 @@ def fail(message: str, code: int = EXIT_PROBLEM) -> NoReturn:
     raise SystemExit(code)
 
 
-def shown(db: str) -> str:
-    """DB as output shows it: a URL without its password."""
-    return redact(db)
+#: DB as output shows it: a URL without its password.
+shown = redact
 
 
 def cell(value: object) -> Text:
@@ -107,15 +107,9 @@ def stamp(t: float | None) -> str:
 
 
 def emit_json(rows: Sequence[Any]) -> None:
-    def plain(value: Any) -> Any:
-        if hasattr(value, "__attrs_attrs__"):
-            import attrs
+    def plain(value: Any) -> Any:  # what json cannot write itself
+        if attrs.has(type(value)):
+            return attrs.asdict(value, recurse=False)
+        return value.value if isinstance(value, enum.Enum) else str(value)
 
-            return {k: plain(v) for k, v in attrs.asdict(value, recurse=False).items()}
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [plain(v) for v in value]
-        return getattr(value, "value", value)
-
-    click.echo(json.dumps([plain(r) for r in rows], indent=2, default=str))
+    click.echo(json.dumps(list(rows), indent=2, default=plain))
