@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 import tempfile
+from collections import Counter
 from typing import Any
 
 import click
@@ -15,7 +16,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 import trioexec
@@ -65,9 +66,9 @@ def demo_view(ex: trioexec.Executor, state: dict[str, Any], plan: Plan) -> Group
     now = trio.current_time()
     slots = ex.slots
     total = state["total"]
-    bar = Text()
-    for i in range(slots.total):
-        bar.append("█ " if i < slots.in_use else "· ", style="green" if i < slots.in_use else "dim")
+    bar = Text.assemble(
+        ("█ " * slots.in_use, "green"), ("· " * (slots.total - slots.in_use), "dim")
+    )
     elapsed = now - state["t0"]
     head = Table.grid(padding=(0, 2))
     head.add_row("slots in use", bar, f"{slots.in_use}/{slots.total}")
@@ -108,10 +109,8 @@ def status_line(ex: trioexec.Executor, state: dict[str, Any]) -> str:
     """One line of the view, for a pipe."""
     m = ex.statistics()
     elapsed = trio.current_time() - state["t0"]
-    kinds: dict[str, int] = {}
-    for _, reason, _ in waiting_rows(state, trio.current_time()):
-        kind = reason.split(" ", 1)[0]
-        kinds[kind] = kinds.get(kind, 0) + 1
+    rows = waiting_rows(state, trio.current_time())
+    kinds = Counter(reason.split(" ", 1)[0] for _, reason, _ in rows)
     waits = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "nothing"
     return (
         f"{elapsed:5.1f}s  slots {ex.slots.in_use}/{ex.slots.total}  deferred"
@@ -205,11 +204,7 @@ def demo(db: str | None, slots: int, tasks: int, quick: bool) -> None:
                     last_line = trio.current_time()
                     click.echo(status_line(ex, state))
 
-        live = (
-            Live(console=console, refresh_per_second=10, transient=False)
-            if console.is_terminal
-            else None
-        )
+        live = Live(console=console, refresh_per_second=10) if console.is_terminal else None
         async with trio.open_nursery() as n:
             if live is not None:
                 live.start()
@@ -235,9 +230,7 @@ def demo(db: str | None, slots: int, tasks: int, quick: bool) -> None:
         store.close()
     held = simulate(plan, defer=False)
     ideal = simulate(plan, defer=True)
-    table = Table(title="summary", title_justify="left")
-    table.add_column("run")
-    table.add_column("makespan", justify="right")
+    table = Table("run", Column("makespan", justify="right"), title="summary", title_justify="left")
     table.add_row("with defer_until (this run, real time)", f"{makespan:.1f}s")
     table.add_row("with defer_until (simulated)", f"{ideal:.1f}s")
     table.add_row("holding slots while waiting (simulated)", f"{held:.1f}s")
