@@ -36,9 +36,6 @@ SIGNALS = (signal.SIGTERM, signal.SIGINT)
 PROGRESS_EVERY = 5.0
 
 
-# --------------------------------------------------------------------------- --handlers
-
-
 def load_handlers(spec: str) -> tuple[Handlers, list[str]]:
     """``module:NAME`` -> the handlers `open_worker` takes and their names.
 
@@ -111,21 +108,14 @@ def _where(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{place}"
 
 
-# --------------------------------------------------------------------------- the command
-
-
 def _seconds(value: float | None) -> str:
     return "no limit" if value is None else f"{value:g}s"
 
 
 def _counts(worker: Worker) -> str:
     parts = [f"{worker.fulfilled - worker.rejected} completed", f"{worker.rejected} failed"]
-    if worker.cancelled:
-        parts.append(f"{worker.cancelled} cancelled")
-    if worker.suspended:
-        parts.append(f"{worker.suspended} suspended")
-    if worker.lost:
-        parts.append(f"{worker.lost} lost")
+    rare = {"cancelled": worker.cancelled, "suspended": worker.suspended, "lost": worker.lost}
+    parts += [f"{n} {what}" for what, n in rare.items() if n]
     parts.append(f"{worker.running} running")
     return ", ".join(parts)
 
