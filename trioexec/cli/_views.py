@@ -67,9 +67,9 @@ def execution_table(
         (live, Column("waiting on", fold=True), lambda r: r.owner_note(now) or r.waiting_on),
         (True, Column("error", fold=True), lambda r: _error_line(r.error)),
     ]
-    shown = [(column, value) for on, column, value in fields if on]
-    table = [[value(r) for _, value in shown] for r in rows]
-    return layout([column for column, _ in shown], table, width)
+    picked = [(column, value) for on, column, value in fields if on]
+    table = [[value(r) for _, value in picked] for r in rows]
+    return layout([column for column, _ in picked], table, width)
 
 
 def _deferred(r: trioexec.ExecutionRecord, now: float) -> str:
@@ -136,12 +136,12 @@ def status(
             return
         counts = store.counts()
         paused = store.pauses()
-        if waiting_on is not None:
-            pass  # (counted as matched above)
-        elif status_ is None and sub_status is None and age is None and key is None:
-            matching = sum(counts.values())
-        else:
-            found = store.counts(sub_status=sub_status, deferred_longer_than=age, key=key)
+        if waiting_on is None:  # (else counted as matched above)
+            found = (
+                counts
+                if sub_status is None and age is None and key is None
+                else store.counts(sub_status=sub_status, deferred_longer_than=age, key=key)
+            )
             matching = found[TaskStatus(status_)] if status_ else sum(found.values())
     summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
     console.print(Text.assemble((shown(db), "bold"), f": {summary or 'no executions'}"))
