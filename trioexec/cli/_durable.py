@@ -132,10 +132,7 @@ def tasks(db: str, state: str | None, target: str | None, limit: int, as_json: b
     """Durable tasks in DB (for executor tasks: trioexec status).
 
     Lists, by id, the tasks of durable promises (trioexec.durable): those that
-    open_worker and trioexec worker claim. The tasks an executor runs
-    (Executor.submit, workflows, schedules) are not here: trioexec status DB
-    lists those.
-    """
+    open_worker and trioexec worker claim, not those an executor runs."""
     _listing(
         db,
         lambda ds: ds.tasks.search(state=state, target=target, limit=limit),
@@ -179,11 +176,9 @@ def check(db: str, as_json: bool) -> None:
 
         async def read_all() -> None:  # every row must be one this trioexec can read
             for search in (ds.tasks.search, ds.promises.search):
-                cursor = None
-                while True:
+                _, cursor = await search(limit=500)
+                while cursor is not None:
                     _, cursor = await search(limit=500, cursor=cursor)
-                    if cursor is None:
-                        break
 
         try:
             trio.run(read_all)
