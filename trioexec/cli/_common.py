@@ -101,9 +101,7 @@ def ago(seconds: float | None) -> str:
 
 
 def stamp(t: float | None) -> str:
-    if t is None:
-        return ""
-    return datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S")
+    return "" if t is None else datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S")
 
 
 def emit_json(rows: Sequence[Any]) -> None:
