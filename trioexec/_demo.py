@@ -257,15 +257,13 @@ async def run_workload(
 
 def simulate(plan: Plan, defer: bool) -> float:
     """The same workload under Trio's mock clock: an exact makespan, instantly."""
-    result: list[float] = []
 
-    async def go() -> None:
+    async def go() -> float:
         with MemoryStore(clock=FakeWallClock()) as memory, DurableStore(memory) as ds:
-            result.append(await run_workload(plan, defer=defer, ds=ds))
+            return await run_workload(plan, defer=defer, ds=ds)
 
     # (here, not at the top: trio.testing imports pytest when it is installed,
     # a tenth of a second of every ``trioexec`` command's start)
     from trio.testing import MockClock
 
-    trio.run(go, clock=MockClock(autojump_threshold=0))
-    return result[0]
+    return trio.run(go, clock=MockClock(autojump_threshold=0))
