@@ -1,5 +1,5 @@
 """What every command shares: the consoles, one-line failures, the read-only store,
-and how times, ages and cells are shown.
+and how times and ages are shown.
 
 rich comes only with the `cli` extra: without it, `MISSING_EXTRA` names the missing
 module and `trioexec.cli.run` says so in one line (no command is loaded then).
@@ -54,11 +54,6 @@ def fail(message: str, code: int = EXIT_PROBLEM) -> NoReturn:
 
 #: DB as output shows it: a URL without its password.
 shown = redact
-
-
-def cell(value: object) -> Text:
-    """A table cell showing ``value`` as it is (no markup, no emoji codes)."""
-    return Text("" if value is None else str(value))
 
 
 @contextmanager

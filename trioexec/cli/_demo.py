@@ -35,7 +35,7 @@ from trioexec._demo import (
 from trioexec._store._open import is_postgres_url
 from trioexec.durable import DurableStore
 
-from ._common import cell, console, fail
+from ._common import console, fail
 from ._common import shown as redact
 
 #: The demo writes a few hundred rows: a database another process keeps locked for
@@ -66,9 +66,8 @@ def demo_view(ex: trioexec.Executor, state: dict[str, Any], plan: Plan) -> Group
     now = trio.current_time()
     slots = ex.slots
     total = state["total"]
-    bar = Text.assemble(
-        ("█ " * slots.in_use, "green"), ("· " * (slots.total - slots.in_use), "dim")
-    )
+    free = slots.total - slots.in_use
+    bar = Text.assemble(("█ " * slots.in_use, "green"), ("· " * free, "dim"))
     elapsed = now - state["t0"]
     head = Table.grid(padding=(0, 2))
     head.add_row("slots in use", bar, f"{slots.in_use}/{slots.total}")
@@ -82,8 +81,8 @@ def demo_view(ex: trioexec.Executor, state: dict[str, Any], plan: Plan) -> Group
         status = run.status()
         head.add_row(
             "workflow",
-            cell(f"{run.run_id}: {status.completed_steps}/{status.total_steps} steps"),
-            cell(status.execution_status.value.replace("_", " ")),
+            Text(f"{run.run_id}: {status.completed_steps}/{status.total_steps} steps"),
+            Text(status.execution_status.value.replace("_", " ")),
         )
     progress = ProgressBar(total=total, completed=state["done"], width=40)
     waiting = Table(title="waiting, and on what", title_justify="left", box=None, padding=(0, 2))
@@ -93,14 +92,14 @@ def demo_view(ex: trioexec.Executor, state: dict[str, Any], plan: Plan) -> Group
     rows = waiting_rows(state, now)
     for name, reason, seconds in rows[:12]:
         style = WAIT_STYLES.get(reason.split(" ", 1)[0], "")
-        waiting.add_row(cell(name), Text(reason, style=style), f"{seconds:.1f}s")
+        waiting.add_row(Text(name), Text(reason, style=style), f"{seconds:.1f}s")
     if not rows:
         waiting.add_row(Text("nothing waits now", style="dim"), "", "")
     happened = Table(title="what happened", title_justify="left", box=None, padding=(0, 2))
     happened.add_column("at", justify="right")
     happened.add_column("")
     for at, line in state["log"][-5:]:
-        happened.add_row(f"{at:.1f}s", cell(line))
+        happened.add_row(f"{at:.1f}s", Text(line))
     title = f"trioexec demo — {elapsed:4.1f}s of ~{plan.seconds:.0f}s"
     return Group(Panel(Group(head, progress), title=title), waiting, happened)
 
