@@ -1,21 +1,11 @@
 """The demo's workload (``trioexec demo``): tasks that wait on the outside world, run
 on a few slots, with and without giving their slot back while they wait.
 
-Everything happens on one timeline of ``plan.seconds`` (30 s by default, 5 s with
-``--quick``), scaled from fractions of it:
-
-- twice as many tasks as slots wait on events (a webhook, an upload, an API)
-  set by the outside world between 10 % and 90 % of the timeline;
-- two tasks wait on a polled condition, a file appearing in an inbox, which the
-  demo itself writes at 35 %;
-- a workflow run (``refund``: fetch-order -> approval -> pay -> notify) whose
-  approval step waits on a durable promise, which the demo resolves at 50 %;
-- ``charge-card`` fails its first attempt and is retried after a backoff;
-- the other tasks only compute, sized to keep the slots busy until near its end.
-
-`run_workload` runs it with deferral (``handle.defer_until``) or holding the slots
-while waiting (polling where deferral would poll); `simulate` runs it under
-Trio's mock clock, which gives both makespans exactly and at once.
+Everything happens on one timeline of ``plan.seconds``, placed by fractions of it (the
+story itself: the demo command's help). `run_workload` runs it with deferral
+(``handle.defer_until``) or holding the slots while waiting (polling where deferral
+would poll); `simulate` runs it under Trio's mock clock, which gives both makespans
+exactly and at once.
 """
 
 from __future__ import annotations
@@ -53,13 +43,9 @@ class Plan:
     works: list[float]  # the work of each base task (the event waiters' first)
 
     @property
-    def extra_tasks(self) -> int:
-        """The file waiters, charge-card and the workflow's steps."""
-        return FILE_WAITERS + 1 + WORKFLOW_STEPS
-
-    @property
     def total(self) -> int:
-        return len(self.works) + self.extra_tasks
+        """The base tasks, the file waiters, charge-card and the workflow's steps."""
+        return len(self.works) + FILE_WAITERS + 1 + WORKFLOW_STEPS
 
     @property
     def file_at(self) -> float:
@@ -124,12 +110,11 @@ async def run_workload(
     ``state`` (given to ``on_start``) is what a view shows: ``t0``, ``done`` and
     ``total``, ``watch`` (task id -> (name, a TaskRef or TaskHandle: its
     ``waiting_on``)), ``log`` (time, line) of what happened, ``run`` (the
-    workflow run) and ``promise`` (its approval's id)."""
+    workflow run) and ``since`` (the view's: task id -> (reason, since when))."""
     t0 = trio.current_time()
     waits, works = plan.waits, plan.works
     events = [trio.Event() for _ in waits]
-    suffix = secrets.token_hex(3)
-    run_id = f"refund-{suffix}"
+    run_id = f"refund-{secrets.token_hex(3)}"
     promise = f"approval-{run_id}"
     state: dict[str, Any] = {
         "t0": t0,
@@ -137,7 +122,6 @@ async def run_workload(
         "total": plan.total,
         "watch": {},
         "log": [],
-        "promise": promise,
         "run": None,
         "since": {},
     }
@@ -273,15 +257,13 @@ async def run_workload(
 
 def simulate(plan: Plan, defer: bool) -> float:
     """The same workload under Trio's mock clock: an exact makespan, instantly."""
-    result: list[float] = []
 
-    async def go() -> None:
+    async def go() -> float:
         with MemoryStore(clock=FakeWallClock()) as memory, DurableStore(memory) as ds:
-            result.append(await run_workload(plan, defer=defer, ds=ds))
+            return await run_workload(plan, defer=defer, ds=ds)
 
     # (here, not at the top: trio.testing imports pytest when it is installed,
     # a tenth of a second of every ``trioexec`` command's start)
     from trio.testing import MockClock
 
-    trio.run(go, clock=MockClock(autojump_threshold=0))
-    return result[0]
+    return trio.run(go, clock=MockClock(autojump_threshold=0))

@@ -1,11 +1,7 @@
 """The ``trioexec`` command; docs/reference/cli.rst says what each command promises
 (read-only views, one-line failures, what the database holds printed as plain text).
 
-The only package that imports the CLI libraries (click, rich). One module per concern:
-`_common` (consoles, failures, the read-only store), `_demo`, `_views` (status, watch,
-runs), `_schedules`, `_durable` (promises, tasks, check), `_worker` (a durable worker),
-`_control` (pause, resume, cancel, retry, commands: the commands that write, through
-the store, to every executor on it), `_dashboard`. Here: the group and the
+The only package that imports the CLI libraries (click, rich). Here: the group and the
 console-script entry point, `run`.
 """
 
@@ -76,12 +72,6 @@ if MISSING_EXTRA is None:  # the commands render with rich; without it `run` say
         main.add_command(_command)
 
 
-def _interrupted(exc: BaseException) -> bool:
-    if isinstance(exc, KeyboardInterrupt):
-        return True
-    return isinstance(exc, BaseExceptionGroup) and exc.subgroup(KeyboardInterrupt) is not None
-
-
 def _store_error(exc: BaseException) -> StoreError | None:
     """The StoreError ``exc`` is, or the first of a group made only of StoreErrors
     (the demo's nurseries wrap the executor's)."""
@@ -121,8 +111,10 @@ def run(args: Sequence[str] | None = None) -> None:
     except (StoreError, ValueError, KeyError) as exc:
         # A row this trioexec cannot read, a locked or broken table, ...
         fail(f"cannot read the database: {type(exc).__name__}: {exc}")
-    except BaseException as exc:
-        if _interrupted(exc):
+    except KeyboardInterrupt:
+        fail("interrupted", 130)
+    except BaseExceptionGroup as exc:
+        if exc.subgroup(KeyboardInterrupt) is not None:
             fail("interrupted", 130)
         store_error = _store_error(exc)
         if store_error is not None:

@@ -1,5 +1,5 @@
 """What every command shares: the consoles, one-line failures, the read-only store,
-and how times, ages and cells are shown.
+and how times and ages are shown.
 
 rich comes only with the `cli` extra: without it, `MISSING_EXTRA` names the missing
 module and `trioexec.cli.run` says so in one line (no command is loaded then).
@@ -8,6 +8,7 @@ module and `trioexec.cli.run` says so in one line (no command is loaded then).
 from __future__ import annotations
 
 import datetime
+import enum
 import json
 import math
 import os
@@ -15,8 +16,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any, NoReturn
 
-# click is also a dependency of sqlite-utils, so it is there wherever trioexec imports.
-import click
+import attrs
+import click  # (a dependency of sqlite-utils too: there wherever trioexec imports)
 
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError
@@ -51,14 +52,8 @@ def fail(message: str, code: int = EXIT_PROBLEM) -> NoReturn:
     raise SystemExit(code)
 
 
-def shown(db: str) -> str:
-    """DB as output shows it: a URL without its password."""
-    return redact(db)
-
-
-def cell(value: object) -> Text:
-    """A table cell showing ``value`` as it is (no markup, no emoji codes)."""
-    return Text("" if value is None else str(value))
+#: DB as output shows it: a URL without its password.
+shown = redact
 
 
 @contextmanager
@@ -101,21 +96,13 @@ def ago(seconds: float | None) -> str:
 
 
 def stamp(t: float | None) -> str:
-    if t is None:
-        return ""
-    return datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S")
+    return "" if t is None else datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S")
 
 
 def emit_json(rows: Sequence[Any]) -> None:
-    def plain(value: Any) -> Any:
-        if hasattr(value, "__attrs_attrs__"):
-            import attrs
+    def plain(value: Any) -> Any:  # what json cannot write itself
+        if attrs.has(type(value)):
+            return attrs.asdict(value, recurse=False)
+        return value.value if isinstance(value, enum.Enum) else str(value)
 
-            return {k: plain(v) for k, v in attrs.asdict(value, recurse=False).items()}
-        if isinstance(value, dict):
-            return {k: plain(v) for k, v in value.items()}
-        if isinstance(value, list | tuple):
-            return [plain(v) for v in value]
-        return getattr(value, "value", value)
-
-    click.echo(json.dumps([plain(r) for r in rows], indent=2, default=str))
+    click.echo(json.dumps(list(rows), indent=2, default=plain))

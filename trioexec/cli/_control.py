@@ -18,22 +18,9 @@ from ._common import EXIT_USAGE, ago, console, emit_json, err, fail, open_store,
 from ._table import Column, one_line, print_table
 
 
-def _targets(names: tuple[str, ...], keys: tuple[str, ...]) -> list[dict[str, str]]:
-    """Every target, checked before any is written (one bad value: nothing done)."""
-    targets = [{"name": n} for n in names] + [{"key": k} for k in keys]
-    if not targets:
-        raise click.UsageError("give at least one --name or --key")
-    for target in targets:
-        [(what, value)] = target.items()
-        try:
-            check_id(what, value)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
-    return targets
-
-
 def _check_ids(values: tuple[str, ...], what: str = "task id") -> None:
-    """Usage error for a value no store can hold, before the database is opened."""
+    """Usage error for a value no store can hold, before the database is opened
+    (one bad value: nothing done)."""
     for value in values:
         try:
             check_id(what, value)
@@ -42,18 +29,21 @@ def _check_ids(values: tuple[str, ...], what: str = "task id") -> None:
 
 
 def _pause_or_resume(kind: str, db: str, names: tuple[str, ...], keys: tuple[str, ...]) -> None:
-    targets = _targets(names, keys)
+    if not names and not keys:
+        raise click.UsageError("give at least one --name or --key")
+    _check_ids(names, "name")
+    _check_ids(keys, "key")
     who = who_am_i()
     superseded = []
     with open_store(db, read_only=False) as store:
-        for target in targets:
+        for what, value in [("name", n) for n in names] + [("key", k) for k in keys]:
+            by_name = what == "name"
             try:
                 command = store.command(
-                    kind, who=who, name=target.get("name"), key=target.get("key")
+                    kind, who=who, name=value if by_name else None, key=None if by_name else value
                 )
             except ValueError as exc:
                 fail(str(exc), EXIT_USAGE)
-            [(what, value)] = target.items()
             console.print(Text(f"{what} {value}: {command.detail}"), highlight=False)
             if command.detail.startswith(SUPERSEDED_COMMAND):
                 superseded.append(f"{what} {value}")

@@ -57,16 +57,12 @@ def dashboard(db: str, host: str, port: int, read_only: bool) -> None:
     log_errors_to_stderr()
 
     async def main() -> None:
-        stop = trio.Event()
         with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+
+            async def signalled() -> None:
+                await signals.__anext__()
+
             async with trio.open_nursery() as nursery:
-
-                async def on_signal() -> None:
-                    async for _ in signals:
-                        stop.set()
-                        return
-
-                nursery.start_soon(on_signal)
                 url = await nursery.start(
                     functools.partial(
                         web.serve,
@@ -74,7 +70,7 @@ def dashboard(db: str, host: str, port: int, read_only: bool) -> None:
                         host=host,
                         port=port,
                         read_only=read_only,
-                        shutdown_trigger=stop.wait,
+                        shutdown_trigger=signalled,
                     )
                 )
                 suffix = " (read-only)" if read_only else ""

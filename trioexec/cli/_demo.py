@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shlex
 import tempfile
+from collections import Counter
 from typing import Any
 
 import click
@@ -15,7 +16,7 @@ from rich.console import Group
 from rich.live import Live
 from rich.panel import Panel
 from rich.progress_bar import ProgressBar
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 import trioexec
@@ -34,7 +35,7 @@ from trioexec._demo import (
 from trioexec._store._open import is_postgres_url
 from trioexec.durable import DurableStore
 
-from ._common import cell, console, fail
+from ._common import console, fail
 from ._common import shown as redact
 
 #: The demo writes a few hundred rows: a database another process keeps locked for
@@ -65,9 +66,8 @@ def demo_view(ex: trioexec.Executor, state: dict[str, Any], plan: Plan) -> Group
     now = trio.current_time()
     slots = ex.slots
     total = state["total"]
-    bar = Text()
-    for i in range(slots.total):
-        bar.append("█ " if i < slots.in_use else "· ", style="green" if i < slots.in_use else "dim")
+    free = slots.total - slots.in_use
+    bar = Text.assemble(("█ " * slots.in_use, "green"), ("· " * free, "dim"))
     elapsed = now - state["t0"]
     head = Table.grid(padding=(0, 2))
     head.add_row("slots in use", bar, f"{slots.in_use}/{slots.total}")
@@ -81,8 +81,8 @@ def demo_view(ex: trioexec.Executor, state: dict[str, Any], plan: Plan) -> Group
         status = run.status()
         head.add_row(
             "workflow",
-            cell(f"{run.run_id}: {status.completed_steps}/{status.total_steps} steps"),
-            cell(status.execution_status.value.replace("_", " ")),
+            Text(f"{run.run_id}: {status.completed_steps}/{status.total_steps} steps"),
+            Text(status.execution_status.value.replace("_", " ")),
         )
     progress = ProgressBar(total=total, completed=state["done"], width=40)
     waiting = Table(title="waiting, and on what", title_justify="left", box=None, padding=(0, 2))
@@ -92,14 +92,14 @@ def demo_view(ex: trioexec.Executor, state: dict[str, Any], plan: Plan) -> Group
     rows = waiting_rows(state, now)
     for name, reason, seconds in rows[:12]:
         style = WAIT_STYLES.get(reason.split(" ", 1)[0], "")
-        waiting.add_row(cell(name), Text(reason, style=style), f"{seconds:.1f}s")
+        waiting.add_row(Text(name), Text(reason, style=style), f"{seconds:.1f}s")
     if not rows:
         waiting.add_row(Text("nothing waits now", style="dim"), "", "")
     happened = Table(title="what happened", title_justify="left", box=None, padding=(0, 2))
     happened.add_column("at", justify="right")
     happened.add_column("")
     for at, line in state["log"][-5:]:
-        happened.add_row(f"{at:.1f}s", cell(line))
+        happened.add_row(f"{at:.1f}s", Text(line))
     title = f"trioexec demo — {elapsed:4.1f}s of ~{plan.seconds:.0f}s"
     return Group(Panel(Group(head, progress), title=title), waiting, happened)
 
@@ -108,10 +108,8 @@ def status_line(ex: trioexec.Executor, state: dict[str, Any]) -> str:
     """One line of the view, for a pipe."""
     m = ex.statistics()
     elapsed = trio.current_time() - state["t0"]
-    kinds: dict[str, int] = {}
-    for _, reason, _ in waiting_rows(state, trio.current_time()):
-        kind = reason.split(" ", 1)[0]
-        kinds[kind] = kinds.get(kind, 0) + 1
+    rows = waiting_rows(state, trio.current_time())
+    kinds = Counter(reason.split(" ", 1)[0] for _, reason, _ in rows)
     waits = ", ".join(f"{n} {kind}" for kind, n in sorted(kinds.items())) or "nothing"
     return (
         f"{elapsed:5.1f}s  slots {ex.slots.in_use}/{ex.slots.total}  deferred"
@@ -205,11 +203,7 @@ def demo(db: str | None, slots: int, tasks: int, quick: bool) -> None:
                     last_line = trio.current_time()
                     click.echo(status_line(ex, state))
 
-        live = (
-            Live(console=console, refresh_per_second=10, transient=False)
-            if console.is_terminal
-            else None
-        )
+        live = Live(console=console, refresh_per_second=10) if console.is_terminal else None
         async with trio.open_nursery() as n:
             if live is not None:
                 live.start()
@@ -235,9 +229,7 @@ def demo(db: str | None, slots: int, tasks: int, quick: bool) -> None:
         store.close()
     held = simulate(plan, defer=False)
     ideal = simulate(plan, defer=True)
-    table = Table(title="summary", title_justify="left")
-    table.add_column("run")
-    table.add_column("makespan", justify="right")
+    table = Table("run", Column("makespan", justify="right"), title="summary", title_justify="left")
     table.add_row("with defer_until (this run, real time)", f"{makespan:.1f}s")
     table.add_row("with defer_until (simulated)", f"{ideal:.1f}s")
     table.add_row("holding slots while waiting (simulated)", f"{held:.1f}s")

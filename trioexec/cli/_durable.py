@@ -63,16 +63,16 @@ def _listing(
     db: str,
     search: Callable[[DurableStore], Awaitable[tuple[list[T], str | None]]],
     as_json: bool,
-    columns: list[Column],
-    cells: Callable[[T], list[object]],
+    fields: list[tuple[Column, Callable[[T], object]]],
 ) -> None:
-    """The first page ``search`` finds in DB, as JSON or as a table."""
+    """The first page ``search`` finds in DB, as JSON or as a table of ``fields``."""
     with open_durable(db) as ds:
         rows, _ = trio.run(search, ds)
     if as_json:
         emit_json(rows)
         return
-    print_table(console, columns, [cells(r) for r in rows])
+    table = [[value(r) for _, value in fields] for r in rows]
+    print_table(console, [column for column, _ in fields], table)
 
 
 @promises.command("list")
@@ -87,18 +87,11 @@ def promises_list(db: str, state: str | None, limit: int, as_json: bool) -> None
         lambda ds: ds.promises.search(state=state, limit=limit),
         as_json,
         [
-            Column("id"),
-            Column("state"),
-            Column("data", fold=True),
-            Column("times out"),
-            Column("tags", fold=True),
-        ],
-        lambda p: [
-            p.id,
-            p.state.value,
-            (p.data or "")[:40],
-            stamp(p.timeout_at),
-            json.dumps(p.tags, ensure_ascii=False),
+            (Column("id"), lambda p: p.id),
+            (Column("state"), lambda p: p.state.value),
+            (Column("data", fold=True), lambda p: (p.data or "")[:40]),
+            (Column("times out"), lambda p: stamp(p.timeout_at)),
+            (Column("tags", fold=True), lambda p: json.dumps(p.tags, ensure_ascii=False)),
         ],
     )
 
@@ -139,31 +132,19 @@ def tasks(db: str, state: str | None, target: str | None, limit: int, as_json: b
     """Durable tasks in DB (for executor tasks: trioexec status).
 
     Lists, by id, the tasks of durable promises (trioexec.durable): those that
-    open_worker and trioexec worker claim. The tasks an executor runs
-    (Executor.submit, workflows, schedules) are not here: trioexec status DB
-    lists those.
-    """
+    open_worker and trioexec worker claim, not those an executor runs."""
     _listing(
         db,
         lambda ds: ds.tasks.search(state=state, target=target, limit=limit),
         as_json,
         [
-            Column("id"),
-            Column("state"),
-            Column("version", justify="right"),
-            Column("target"),
-            Column("holder", fold=True),
-            Column("lease until"),
-            Column("awaiting", fold=True),
-        ],
-        lambda t: [
-            t.id,
-            t.state.value,
-            t.version,
-            t.target,
-            t.pid,
-            stamp(t.lease_expires_at),
-            ", ".join(t.awaiting),
+            (Column("id"), lambda t: t.id),
+            (Column("state"), lambda t: t.state.value),
+            (Column("version", justify="right"), lambda t: t.version),
+            (Column("target"), lambda t: t.target),
+            (Column("holder", fold=True), lambda t: t.pid),
+            (Column("lease until"), lambda t: stamp(t.lease_expires_at)),
+            (Column("awaiting", fold=True), lambda t: ", ".join(t.awaiting)),
         ],
     )
 
@@ -195,11 +176,9 @@ def check(db: str, as_json: bool) -> None:
 
         async def read_all() -> None:  # every row must be one this trioexec can read
             for search in (ds.tasks.search, ds.promises.search):
-                cursor = None
-                while True:
+                _, cursor = await search(limit=500)
+                while cursor is not None:
                     _, cursor = await search(limit=500, cursor=cursor)
-                    if cursor is None:
-                        break
 
         try:
             trio.run(read_all)
@@ -207,24 +186,22 @@ def check(db: str, as_json: bool) -> None:
             problems.append(f"durable: unreadable row: {exc}")
     if as_json:
         click.echo(json.dumps({"ok": not problems, "violations": problems, "ownerless": notes}))
-        if problems:
-            raise SystemExit(EXIT_PROBLEM)
-        return
-    for p in problems:
-        err.print(Text.assemble(("violated", "red"), " ", p), highlight=False)
-    if not problems:
-        console.print(Text(f"{shown(db)}: all invariants hold"))
-    if notes:
-        console.print(
-            Text(
-                f"{len(notes)} live execution(s) nobody runs now (their executor stopped"
-                " or was killed):",
-                style="yellow",
+    else:
+        for p in problems:
+            err.print(Text.assemble(("violated", "red"), " ", p), highlight=False)
+        if not problems:
+            console.print(Text(f"{shown(db)}: all invariants hold"))
+        if notes:
+            console.print(
+                Text(
+                    f"{len(notes)} live execution(s) nobody runs now (their executor stopped"
+                    " or was killed):",
+                    style="yellow",
+                )
             )
-        )
-        for line in notes[:50]:
-            console.print(Text(f"  {line}"), highlight=False, soft_wrap=True)
-        if len(notes) > 50:
-            console.print(f"  ... and {len(notes) - 50} more")
+            for line in notes[:50]:
+                console.print(Text(f"  {line}"), highlight=False, soft_wrap=True)
+            if len(notes) > 50:
+                console.print(f"  ... and {len(notes) - 50} more")
     if problems:
         raise SystemExit(EXIT_PROBLEM)

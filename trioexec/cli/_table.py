@@ -46,11 +46,10 @@ def one_line(value: object) -> str:
     text = "" if value is None else str(value)
     if text.isprintable():
         return text
-    return "".join(repr(c)[1:-1] if _unsafe(c) else c for c in text)
-
-
-def _unsafe(c: str) -> bool:
-    return unicodedata.category(c) in ("Cc", "Zl", "Zp") or c in _BIDI
+    return "".join(
+        repr(c)[1:-1] if unicodedata.category(c) in ("Cc", "Zl", "Zp") or c in _BIDI else c
+        for c in text
+    )
 
 
 #: The bidirectional embedding, override and isolate controls ("Trojan Source").
@@ -128,24 +127,15 @@ def _stacked(columns: Sequence[Column], cells: list[list[str]], natural: list[in
     each folding column that has a value, as ``header: value``, folded by rich to the
     terminal's width."""
     whole = [i for i, c in enumerate(columns) if not c.fold]
-    picked = [columns[i] for i in whole]
+
     # (the whole columns' line is never wrapped: wider than the terminal, the
     # terminal wraps it, without rich cutting an id in two)
-    parts: list[RenderableType] = [
-        Text(
-            _line(picked, [c.header for c in picked], natural, whole),
-            no_wrap=True,
-            overflow="ignore",
-        )
-    ]
+    def line(row: list[str]) -> Text:
+        return Text(_line(columns, natural, row, whole), no_wrap=True, overflow="ignore")
+
+    parts: list[RenderableType] = [line([c.header for c in columns])]
     for row in cells:
-        parts.append(
-            Text(
-                _line(picked, [row[i] for i in whole], natural, whole),
-                no_wrap=True,
-                overflow="ignore",
-            )
-        )
+        parts.append(line(row))
         parts.extend(
             Padding(Text(f"{c.header}: {row[i]}", overflow="fold"), (0, 0, 0, 2))
             for i, c in enumerate(columns)
@@ -154,16 +144,15 @@ def _stacked(columns: Sequence[Column], cells: list[list[str]], natural: list[in
     return Group(*parts)
 
 
-def _line(columns: Sequence[Column], row: list[str], widths: list[int], at: list[int]) -> str:
+def _line(columns: Sequence[Column], widths: list[int], row: list[str], at: Sequence[int]) -> str:
+    """The cells of ``row`` at the indices ``at``, padded to ``widths``."""
     parts = []
-    for n, (c, v) in enumerate(zip(columns, row, strict=True)):
-        pad = " " * (widths[at[n]] - cell_len(v))
-        last = n == len(columns) - 1
-        parts.append(pad + v if c.justify == "right" else v if last else v + pad)
+    for i in at:
+        pad = " " * (widths[i] - cell_len(row[i]))
+        parts.append(pad + row[i] if columns[i].justify == "right" else row[i] + pad)
     return (" " * GAP).join(parts).rstrip()
 
 
 def _plain(columns: Sequence[Column], cells: list[list[str]], widths: list[int]) -> Text:
-    at = list(range(len(columns)))
     rows = [[c.header for c in columns], *cells]
-    return Text("\n".join(_line(columns, row, widths, at) for row in rows))
+    return Text("\n".join(_line(columns, widths, row, range(len(columns))) for row in rows))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import time
+from collections.abc import Callable
 
 import click
 from rich.console import Group, RenderableType
@@ -49,40 +50,30 @@ def waiting_matches(
 def execution_table(
     rows: list[trioexec.ExecutionRecord], now: float, width: int | None
 ) -> RenderableType:
-    """The executions' table for a terminal ``width`` wide (None: plain lines); a
-    ``key`` column only if one of them has a key, ``sub-status`` and ``waiting on``
-    only if one of them is live, ``deferred`` only if one of them is deferred. A
-    live row whose owner is gone (killed: its lease expired) says so, and what
-    becomes of it, where the others say what they wait on."""
+    """The executions' table for a terminal ``width`` wide (None: plain lines), with
+    only the columns some row fills: ``key``, the live ones' ``sub-status`` and
+    ``waiting on`` (or, when their owner is gone, what becomes of them), ``deferred``."""
     keyed = any(r.key is not None for r in rows)
     live = any(r.status in _LIVE for r in rows)
     deferred = any(r.deferred_since is not None for r in rows)
-    columns = [
-        Column("task"),
-        Column("name", fold=True),
-        *([Column("key", fold=True)] if keyed else []),
-        Column("status"),
-        *([Column("sub-status")] if live else []),
-        Column("try", justify="right"),
-        *([Column("deferred", justify="right")] if deferred else []),
-        *([Column("waiting on", fold=True)] if live else []),
-        Column("error", fold=True),
+    fields: list[tuple[bool, Column, Callable[[trioexec.ExecutionRecord], object]]] = [
+        (True, Column("task"), lambda r: r.task_id),
+        (True, Column("name", fold=True), lambda r: r.name),
+        (keyed, Column("key", fold=True), lambda r: r.key),
+        (True, Column("status"), lambda r: r.status.value),
+        (live, Column("sub-status"), lambda r: r.sub_status.value if r.sub_status else ""),
+        (True, Column("try", justify="right"), lambda r: r.attempt),
+        (deferred, Column("deferred", justify="right"), lambda r: _deferred(r, now)),
+        (live, Column("waiting on", fold=True), lambda r: r.owner_note(now) or r.waiting_on),
+        (True, Column("error", fold=True), lambda r: _error_line(r.error)),
     ]
-    table = [
-        [
-            r.task_id,
-            r.name,
-            *([r.key] if keyed else []),
-            r.status.value,
-            *([r.sub_status.value if r.sub_status else ""] if live else []),
-            r.attempt,
-            *([ago(now - r.deferred_since) if r.deferred_since else ""] if deferred else []),
-            *([r.owner_note(now) or r.waiting_on] if live else []),
-            _error_line(r.error),
-        ]
-        for r in rows
-    ]
-    return layout(columns, table, width)
+    picked = [(column, value) for on, column, value in fields if on]
+    table = [[value(r) for _, value in picked] for r in rows]
+    return layout([column for column, _ in picked], table, width)
+
+
+def _deferred(r: trioexec.ExecutionRecord, now: float) -> str:
+    return ago(now - r.deferred_since) if r.deferred_since else ""
 
 
 def _error_line(error: str | None) -> str:
@@ -145,12 +136,12 @@ def status(
             return
         counts = store.counts()
         paused = store.pauses()
-        if waiting_on is not None:
-            pass  # (counted as matched above)
-        elif status_ is None and sub_status is None and age is None and key is None:
-            matching = sum(counts.values())
-        else:
-            found = store.counts(sub_status=sub_status, deferred_longer_than=age, key=key)
+        if waiting_on is None:  # (else counted as matched above)
+            found = (
+                counts
+                if sub_status is None and age is None and key is None
+                else store.counts(sub_status=sub_status, deferred_longer_than=age, key=key)
+            )
             matching = found[TaskStatus(status_)] if status_ else sum(found.values())
     summary = ", ".join(f"{n} {s.value}" for s, n in counts.items() if n)
     console.print(Text.assemble((shown(db), "bold"), f": {summary or 'no executions'}"))

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING, Any
 import click
 import trio
 
-from trioexec._store._open import is_postgres_url
 from trioexec.durable._checks import check_id
 
+from ._common import shown
 from ._durable import open_durable
 
 if TYPE_CHECKING:
@@ -34,9 +34,6 @@ Handlers = Handler | Mapping[str, Handler]
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 #: How often a progress line may be printed (only when the counts changed).
 PROGRESS_EVERY = 5.0
-
-
-# --------------------------------------------------------------------------- --handlers
 
 
 def load_handlers(spec: str) -> tuple[Handlers, list[str]]:
@@ -111,21 +108,14 @@ def _where(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}{place}"
 
 
-# --------------------------------------------------------------------------- the command
-
-
 def _seconds(value: float | None) -> str:
     return "no limit" if value is None else f"{value:g}s"
 
 
 def _counts(worker: Worker) -> str:
     parts = [f"{worker.fulfilled - worker.rejected} completed", f"{worker.rejected} failed"]
-    if worker.cancelled:
-        parts.append(f"{worker.cancelled} cancelled")
-    if worker.suspended:
-        parts.append(f"{worker.suspended} suspended")
-    if worker.lost:
-        parts.append(f"{worker.lost} lost")
+    rare = {"cancelled": worker.cancelled, "suspended": worker.suspended, "lost": worker.lost}
+    parts += [f"{n} {what}" for what, n in rare.items() if n]
     parts.append(f"{worker.running} running")
     return ", ".join(parts)
 
@@ -142,65 +132,6 @@ async def _progress(worker: Worker) -> None:
         if now != last:
             _say(now)
             last = now
-
-
-async def _serve(
-    ds: DurableStore,
-    target: str,
-    handlers: Handlers,
-    names: list[str],
-    *,
-    shown: str,
-    spec: str,
-    lease: float,
-    concurrency: int,
-    grace: float | None,
-) -> None:
-    from trioexec.durable import open_worker
-
-    with trio.open_signal_receiver(*SIGNALS) as signals:
-        async with open_worker(
-            ds, target, handlers, lease=lease, max_concurrent_tasks=concurrency
-        ) as worker:
-            _say(
-                f"pid {os.getpid()} serving target {target!r} of {shown} with {spec}"
-                f" ({', '.join(names)}); {concurrency} slots, lease {lease:g}s,"
-                f" grace {_seconds(grace)}; worker id {worker.pid}"
-            )
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(_progress, worker)
-                first = signal.Signals(await signals.__anext__())
-                _say(
-                    f"{first.name}: draining ({worker.running} running; no new task starts;"
-                    f" grace {_seconds(grace)}; another signal cancels)"
-                )
-                second: signal.Signals | None = None
-                with trio.move_on_after(math.inf if grace is None else grace) as drain:
-                    async with trio.open_nursery() as waiting:
-
-                        async def on_second() -> None:
-                            nonlocal second
-                            second = signal.Signals(await signals.__anext__())
-                            waiting.cancel_scope.cancel()
-
-                        waiting.start_soon(on_second)
-                        await worker.drain()
-                        waiting.cancel_scope.cancel()
-                left = worker.running
-                if second is not None:
-                    _say(
-                        f"{second.name}: cancelling {left} running; their tasks go back to pending"
-                    )
-                elif drain.cancelled_caught:
-                    _say(
-                        f"grace of {_seconds(grace)} ran out with {left} running: cancelling"
-                        " them; their tasks go back to pending"
-                    )
-                nursery.cancel_scope.cancel()
-            # Leaving the block cancels what still runs, writes the last fulfils and
-            # releases every task still held (claimed, not finished) to pending.
-        how = "drained" if second is None and not drain.cancelled_caught else "cancelled"
-        _say(f"stopped ({first.name}, {how}): {_counts(worker)}")
 
 
 @click.command()
@@ -251,23 +182,54 @@ def worker(
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="'--target'") from None
     handlers, names = load_handlers(spec)
-    if is_postgres_url(db):
-        from trioexec._store._pg_conn import redact
 
-        shown = redact(db)
-    else:
-        shown = db
+    async def serve(ds: DurableStore) -> None:
+        from trioexec.durable import open_worker
+
+        with trio.open_signal_receiver(*SIGNALS) as signals:
+            async with open_worker(
+                ds, target, handlers, lease=lease, max_concurrent_tasks=concurrency
+            ) as worker:
+                _say(
+                    f"pid {os.getpid()} serving target {target!r} of {shown(db)} with {spec}"
+                    f" ({', '.join(names)}); {concurrency} slots, lease {lease:g}s,"
+                    f" grace {_seconds(grace)}; worker id {worker.pid}"
+                )
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(_progress, worker)
+                    first = signal.Signals(await signals.__anext__())
+                    _say(
+                        f"{first.name}: draining ({worker.running} running; no new task starts;"
+                        f" grace {_seconds(grace)}; another signal cancels)"
+                    )
+                    second: signal.Signals | None = None
+                    with trio.move_on_after(math.inf if grace is None else grace) as drain:
+                        async with trio.open_nursery() as waiting:
+
+                            async def on_second() -> None:
+                                nonlocal second
+                                second = signal.Signals(await signals.__anext__())
+                                waiting.cancel_scope.cancel()
+
+                            waiting.start_soon(on_second)
+                            await worker.drain()
+                            waiting.cancel_scope.cancel()
+                    left = worker.running
+                    if second is not None:
+                        _say(
+                            f"{second.name}: cancelling {left} running; their tasks go back"
+                            " to pending"
+                        )
+                    elif drain.cancelled_caught:
+                        _say(
+                            f"grace of {_seconds(grace)} ran out with {left} running: cancelling"
+                            " them; their tasks go back to pending"
+                        )
+                    nursery.cancel_scope.cancel()
+                # Leaving the block cancels what still runs, writes the last fulfils and
+                # releases every task still held (claimed, not finished) to pending.
+            how = "drained" if second is None and not drain.cancelled_caught else "cancelled"
+            _say(f"stopped ({first.name}, {how}): {_counts(worker)}")
+
     with open_durable(db, read_only=False) as ds:
-        trio.run(
-            lambda: _serve(
-                ds,
-                target,
-                handlers,
-                names,
-                shown=shown,
-                spec=spec,
-                lease=lease,
-                concurrency=concurrency,
-                grace=grace,
-            )
-        )
+        trio.run(serve, ds)
