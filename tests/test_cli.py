@@ -663,7 +663,8 @@ def test_what_a_person_gets_wrong_is_one_clear_line(
         (["watch", "app.db", "--interval", "0"], "--interval"),
         (["demo", "--slots", "0"], "--slots"),
         (["status"], "Missing argument 'DB'"),
-        (["frobnicate"], "No such command 'frobnicate'"),
+        (["frobnicate"], "No such command 'frobnicate'. (see 'trioexec --help')"),
+        (["status", "app.db", "--bogus"], "(see 'trioexec status --help')"),
     ],
     ids=lambda v: "-".join(v) if isinstance(v, list) else None,
 )

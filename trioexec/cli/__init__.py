@@ -100,9 +100,7 @@ def run(args: Sequence[str] | None = None) -> None:
     try:
         code = main.main(args=argv, prog_name="trioexec", standalone_mode=False)
     except click.UsageError as exc:
-        hint = (
-            f" (see 'trioexec {exc.ctx.command_path.split(' ', 1)[-1]} --help')" if exc.ctx else ""
-        )
+        hint = f" (see '{exc.ctx.command_path} --help')" if exc.ctx else ""
         fail(f"{exc.format_message()}{hint}", EXIT_USAGE)
     except click.ClickException as exc:
         fail(exc.format_message(), exc.exit_code)

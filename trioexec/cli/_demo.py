@@ -213,8 +213,9 @@ def demo(db: str | None, slots: int, tasks: int, quick: bool) -> None:
                     plan, defer=True, store=store, ds=ds, on_start=started
                 )
             finally:
-                if live is not None and "ex" in live_box:
-                    live.update(demo_view(live_box["ex"], live_box["state"], plan))
+                if live is not None:  # (stopped even if the workload never started)
+                    if "ex" in live_box:
+                        live.update(demo_view(live_box["ex"], live_box["state"], plan))
                     live.stop()
             n.cancel_scope.cancel()
         if live is None:
