@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
-from ._machine._keys import RESERVED
+from ._machine._keys import EPSILON, RESERVED
 from ._store._key_ledger import KeyGrant, KeyRequest
 
 if TYPE_CHECKING:
@@ -35,8 +35,6 @@ POLL_MIN = 0.05
 POLL_MAX = 1.0
 #: Keys settled in one store call at most (the rest wait for the next round).
 ROUND_KEYS = 512
-# A token count a rounding error short of a whole token counts as one (as KeyState's).
-_EPSILON = 1e-9
 
 
 @final
@@ -115,13 +113,8 @@ class KeyBroker:
         """What each key's tasks here hold and want now. Until the round is
         settled, a key lets tasks through only as far as the store is sure to
         leave it (what they use now)."""
-        requests = []
         self._budget = max(0, self.free_slots())
-        for key, poll in keys:
-            request = self._request(key, poll)
-            if request is not None:
-                requests.append(request)
-        return requests
+        return [r for key, poll in keys if (r := self._request(key, poll)) is not None]
 
     def _request(self, key: str, poll: bool) -> KeyRequest | None:
         state = self._pending.keys.states.get(key)
@@ -153,8 +146,8 @@ class KeyBroker:
                     # One at least, slot or not: its task waits in line with the
                     # rest (by rank), so the key never starves behind other work;
                     # the token pays for its wait when it is used (`use_token`).
-                    want = max(self._budget, 0 if state.tokens > 1.0 - _EPSILON else 1)
-                tokens = max(0, want - math.floor(spare + _EPSILON))
+                    want = max(self._budget, 0 if state.tokens > 1.0 - EPSILON else 1)
+                tokens = max(0, want - math.floor(spare + EPSILON))
                 if tokens and state.granted:
                     # (tokens held here pay for their wait first: `owe_for_waiting`)
                     state.owe_for_waiting(trio.current_time())

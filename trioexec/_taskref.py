@@ -278,8 +278,3 @@ class TaskRef(Generic[T_co]):
     def __repr__(self) -> str:
         job = self._job
         return f"<TaskRef {job.task_id!r} {job.name!r} {job.status.value}>"
-
-
-def unwrap(completion: TaskCompletion[T_co]) -> T_co:
-    """The task's value, or its error raised (`TaskCompletion.unwrap`)."""
-    return completion.unwrap()

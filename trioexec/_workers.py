@@ -4,12 +4,8 @@ One worker task per slot, not one Trio task per submission (for speed; see docs/
 A worker takes a slot (FIFO, the line deferred tasks rejoin), then the next pending job,
 and runs it; between jobs it keeps its slot unless someone is queued for one or nothing
 is left to run. A deferring task keeps its worker and a fresh one starts for the freed
-slot; when it finishes, its worker retires if the pool is over strength.
-
-This is the one place that runs a job: attempts, timeouts, budgets and retries
-(`Workers.run_job`; the worker loop inlines the plain async call, and
-`DeterministicExecutor` runs jobs through `Workers.run_next` in its caller's
-task). The workers are also the executor side of every `TaskHandle`.
+slot; when it finishes, its worker retires if the pool is over strength. This is the one
+place that runs a job, and the executor side of every `TaskHandle`.
 """
 
 from __future__ import annotations
@@ -72,12 +68,9 @@ class Workers:
 
     def start(self, nursery: trio.Nursery, *, inline: bool = False) -> None:
         """The executor's tasks run in ``nursery`` from now on: its workers, and
-        what its parts start when first needed (key refill timers, the poller of
-        sync predicates; schedules, workflow coordinators and the grace timer take
-        ``self.nursery``). ``inline`` (`DeterministicExecutor`, for one
-        `run_ready`): jobs run in the caller's task (`run_next`), so no workers and
-        no poller (a deferred task polls in its own task); the rest runs in
-        ``nursery`` as in `open_executor`. The one place both start them
+        what its parts start when first needed. ``inline`` (`DeterministicExecutor`,
+        for one `run_ready`): jobs run in the caller's task (`run_next`), so no
+        workers and no poller; the rest as in `open_executor`
         (tests/test_deterministic.py lists each task and its stand-in)."""
         self._key_timer.start(nursery)
         if inline:

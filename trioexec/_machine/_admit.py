@@ -2,9 +2,7 @@
 
 `admit` is a pure, await-free function over counts, tested without an event
 loop (as httpcore's connection pool: decide synchronously, then park or act).
-`Admission` holds what it decides on: the capacity, the places held back, the
-line of ``BLOCK`` submitters and the refusals with their health events. Its
-shell, `trioexec._admission.Gate`, parks and wakes the submitters in line.
+Its shell, `trioexec._admission.Gate`, parks and wakes the submitters in line.
 """
 
 from __future__ import annotations
@@ -99,8 +97,7 @@ def rejection_reason(decision: Admit, policy: Overflow, *, backlogged: bool = Fa
 class Admission:
     """The admission of one executor: the bound (pending + active + deferred <=
     ``capacity``, less the places held back in ``reserved``) and the FIFO line
-    of submitters blocked for space (``waiters``, the shell's, opaque here). The
-    counts are the `Tally`'s; the store's backlog the journal's."""
+    of submitters blocked for space (``waiters``, the shell's, opaque here)."""
 
     __slots__ = (
         "_events",
@@ -129,8 +126,8 @@ class Admission:
         self._pending = pending
         self._journal = journal
         self._events = events
-        # BLOCK submitters, FIFO (always this one deque: the lifecycle holds it
-        # to see at no cost whether a finished task's place goes to one of them).
+        # Always this one deque: the lifecycle holds it to see at no cost
+        # whether a finished task's place goes to a BLOCK submitter.
         self.waiters: deque[Any] = deque()
 
     @property

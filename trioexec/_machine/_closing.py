@@ -1,12 +1,9 @@
 """`Closing`: what a shutdown decides (`Executor.shutdown`, the end of the
-``async with``), apart from carrying it out.
+``async with``), apart from carrying it out (`trioexec._shutdown.Shutdown`).
 
-``DRAIN`` lets everything accepted finish (started workflow runs and the
-executor's own running tasks may still submit until the drain ends);
-``CANCEL_PENDING`` also cancels what has not started; ``CANCEL`` also cancels
-what is running. A grace bounds the first two: once it has run out, what is
-left is cancelled as ``CANCEL`` would. Its shell, `trioexec._shutdown.Shutdown`,
-wakes the blocked submitters, cancels, and keeps the grace's timer.
+Under ``DRAIN``, started workflow runs and the executor's own running tasks may
+still submit until the drain ends. A grace bounds ``DRAIN`` and
+``CANCEL_PENDING``: once it has run out, what is left is cancelled as under ``CANCEL``.
 """
 
 from __future__ import annotations

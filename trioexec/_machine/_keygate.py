@@ -1,12 +1,10 @@
 """`KeyGate`: the keys' side of the queue (`Pending`).
 
-Each key in use has a `KeyState` (its limit, counts, token bucket and lines).
-The gate lets a queued task through as its key's room allows (`place`,
-`grant`), sends one back when a better one comes (`send_back`), hands the key
-back to started tasks (`rejoin`), and says when a key is due again
-(`KeyTimers`, `tick`). The queue owns its heaps and counts; the gate pushes
-what it lets through onto the ready heap and keeps ``held``, how many tasks
-wait in its keys' lines.
+The gate lets a queued task through as its key's room allows, sends one back
+when a better one comes, hands the key back to started tasks (`rejoin`), and
+says when a key is due again (`KeyTimers`). The queue owns its heaps and counts;
+the gate pushes what it lets through onto the ready heap and keeps ``held``,
+how many tasks wait in its keys' lines.
 """
 
 from __future__ import annotations
@@ -161,14 +159,11 @@ class KeyGate:
         """``job`` (of a key) leaves the queue without starting: what it took of
         its key's room, or its place in the key's line, is free."""
         state = self._state_of(job)
+        let_through = job in state.earmarked
+        self.unqueue(job)
         state.pending -= 1
-        if state.limit is None or job in state.earmarked:
-            self._queue.startable -= 1
-            if state.limit is not None:
-                del state.earmarked[job]
-                self.grant(state)  # its room is free again
-        else:
-            self.held -= 1
+        if let_through:
+            self.grant(state)  # its room is free again
         if state.shared:
             self.listener.want(state)
         self._maybe_forget_key(state)

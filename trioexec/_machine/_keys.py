@@ -1,12 +1,9 @@
 """Admission by key: `KeyLimit` (the policy), `KeyStatistics` (a snapshot) and
 `KeyState` (one key's counts, token bucket and lines).
 
-A key's limit bounds its tasks that hold a slot (``concurrency``) and its starts
-(``rate`` per ``per`` seconds: a token bucket).
-
-The arithmetic is pure (`KeyState.room`, `KeyState.refill`, `KeyState.ready_at`):
-it takes ``now`` on the executor's clock and returns numbers; `KeyTimers` only
-orders when keys are due (the shell's timer task sleeps until then).
+The bucket's arithmetic is pure (`KeyState.room`, `refill`, `ready_at`): it takes
+``now`` on the executor's clock and returns numbers; `KeyTimers` only orders when
+keys are due (the shell's timer task sleeps until then).
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ DEFAULT_KEY = "*"
 
 # Token counts are floats refilled at arbitrary times: a count a rounding error
 # short of a whole token counts as one.
-_EPSILON = 1e-9
+EPSILON = 1e-9
 
 
 #: ``concurrency`` at most: what the stores' integer columns of held slots hold.
@@ -162,18 +159,16 @@ W = TypeVar("W", bound=Wake)
 
 
 @final
+@attrs.define(eq=False)
 class Waiter(Generic[W]):
     """A started task of a limited key waiting in one of its key's lines (to
     resume from a deferral, or, with ``start``, for a retry's attempt); ``wake``
     is set once it is ``granted`` the key."""
 
-    __slots__ = ("granted", "job", "start", "wake")
-
-    def __init__(self, job: Job, wake: W, start: bool) -> None:
-        self.job = job
-        self.wake = wake
-        self.start = start
-        self.granted = False
+    job: Job
+    wake: W
+    start: bool
+    granted: bool = False
 
 
 #: What a started task is to its key, one role at a time (`KeyState.roles`):
@@ -308,7 +303,7 @@ class KeyState:
     def give_back(self, tokens: float) -> None:
         """``tokens`` held here go back to the store's bucket (the newest)."""
         self.tokens -= tokens
-        for _ in range(min(len(self.granted), math.ceil(tokens - _EPSILON))):
+        for _ in range(min(len(self.granted), math.ceil(tokens - EPSILON))):
             self.granted.pop()
 
     def refill(self, now: float) -> None:
@@ -331,7 +326,7 @@ class KeyState:
         taken = len(self.earmarked) + self.count[RESERVED]
         if self.cap is not None and self.count[HOLDS] + taken >= self.cap:
             return False
-        return not start or limit.rate is None or self.tokens - taken > 1.0 - _EPSILON
+        return not start or limit.rate is None or self.tokens - taken > 1.0 - EPSILON
 
     def by_rate(self) -> bool:
         """The key is held back by its rate (not by its concurrency)."""
@@ -357,7 +352,7 @@ class KeyState:
             return self.tokens <= 0.0 and self.late <= 0.0
         self.refill(now)
         limit = self.limit
-        return limit is None or limit.rate is None or self.tokens >= limit.burst - _EPSILON
+        return limit is None or limit.rate is None or self.tokens >= limit.burst - EPSILON
 
     def full_at(self) -> float:
         """When the bucket is full again (``stamp``: it is, has no rate, or is the store's)."""

@@ -1,15 +1,10 @@
 """`Lifecycle`: each step of a task's life, counted, journaled and published.
 
-Accepted (pending) -> started (running; deferred and resumed while it runs;
-back to pending between retry attempts) -> finished with exactly one
-completion. Every transition goes through here, so the `Tally` counts it once,
-the `Journal` records it once (with a store) and the waiters of a finished task
-are woken once its completion is durable. Cancelling, and losing a task to
-another owner (a lease lost, a write fenced out), are transitions too.
-
-The journal, the gate and the workflow runs it tells are the shell's (typed
-here by what it asks of them); who waits for a task to end or for idle waits in
-the shell (`trioexec._waits.LifecycleWaits`), told through its `Listener`.
+Every transition goes through here (cancelling, and losing a task to another
+owner, too), so the `Tally` counts it once, the `Journal` records it once (with
+a store) and the waiters of a finished task are woken once its completion is
+durable. Who waits for a task to end or for idle waits in the shell
+(`trioexec._waits.LifecycleWaits`), told through its `Listener`.
 """
 
 from __future__ import annotations
@@ -415,13 +410,12 @@ class Lifecycle:
 
     def cancel(self, job: Job) -> None:
         """`TaskRef.cancel`: a pending task ends now; a running one is interrupted."""
-        if job.ended or job.cancel_requested:
-            return
-        self.tally.cancellation_requested_count += 1
-        job.cancel_requested = True
-        self._interrupt(job)
+        if not job.ended and not job.cancel_requested:
+            self._interrupt(job)
 
     def _interrupt(self, job: Job) -> None:
+        self.tally.cancellation_requested_count += 1
+        job.cancel_requested = True
         scope = job.scope
         if scope is None:  # still in the pending queue: end it now
             self.tally.queue_depth -= 1
@@ -454,8 +448,6 @@ class Lifecycle:
         job.error = TaskCancelled(
             f"lease_lost: task {job.name!r} ({task_id}) was taken over by another executor"
         )
-        job.cancel_requested = True
-        self.tally.cancellation_requested_count += 1
         log_lease_lost(job)
         self._interrupt(job)
 
