@@ -239,20 +239,16 @@ class Workers:
         with token, trio.CancelScope() as scope:
             job.scope = scope
             self.taken.add(job)
-            await self.run_job(job, token)
+            handle = None if job.info.handle_param is None else self._new_handle(job, token)
+            status = TaskStatus.CANCELLED  # if cancelled, even between attempts
+            try:
+                if isinstance(job.fn, TaskSpec):
+                    status = await self._retrying(job, token, handle)
+                else:
+                    status = await self._attempt(job, handle)
+            finally:
+                self._ended(job, status)
         return job
-
-    async def run_job(self, job: Job, token: SlotToken) -> None:
-        """Run one taken job to its completion, holding ``token``'s slot."""
-        handle = None if job.info.handle_param is None else self._new_handle(job, token)
-        status = TaskStatus.CANCELLED  # if cancelled, even between attempts
-        try:
-            if isinstance(job.fn, TaskSpec):
-                status = await self._retrying(job, token, handle)
-            else:
-                status = await self._attempt(job, handle)
-        finally:
-            self._ended(job, status)
 
     def _new_handle(self, job: Job, token: SlotToken) -> TaskHandle:
         handle = job.handle = TaskHandle(

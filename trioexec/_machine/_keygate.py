@@ -146,7 +146,6 @@ class KeyGate:
             del state.earmarked[job]
         self._queue.startable -= 1
         state.pending -= 1
-        assert job not in state.roles  # (a queued task has not started)
         state.roles[job] = HOLDS  # (`KeyState.move` inlined here and in `ended`: every task)
         state.count[HOLDS] += 1
         if state.limit is not None and state.limit.rate is not None:

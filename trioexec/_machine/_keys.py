@@ -219,13 +219,8 @@ class KeyState:
         # key's concurrency this executor holds, and tokens come from the store's
         # bucket, not from a refill here (``stamp`` never passes).
         self.shared = shared = shared and limit is not None
-        self.cap = (
-            None
-            if limit is None or limit.concurrency is None
-            else 0
-            if shared
-            else limit.concurrency
-        )
+        concurrency = None if limit is None else limit.concurrency
+        self.cap = 0 if shared and concurrency is not None else concurrency
         self.roles: dict[Job, int] = {}
         self.count = [0, 0, 0, 0]  # (by role)
         self.pending = 0  # its tasks in the queue (paused ones too)

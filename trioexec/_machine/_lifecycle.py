@@ -428,16 +428,15 @@ class Lifecycle:
 
     def cancel_pending(self, into: list[Job] | None = None) -> int:
         """End every task not started as ``CANCELLED`` (appended to ``into``); return how many."""
-        count = 0
-        for job in self.pending.take_all():
+        jobs = self.pending.take_all()
+        for job in jobs:
             self.tally.cancellation_requested_count += 1
             job.cancel_requested = True
             self.tally.queue_depth -= 1
             self.finish(job, TaskStatus.CANCELLED)
-            count += 1
-            if into is not None:
-                into.append(job)
-        return count
+        if into is not None:
+            into.extend(jobs)
+        return len(jobs)
 
     def lose(self, task_id: str) -> None:
         """Another owner has this execution now: stop running it here, no retry."""
