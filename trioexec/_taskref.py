@@ -253,17 +253,20 @@ class TaskRef(Generic[T_co]):
             durable (the executor has stopped; the wait never hangs).
         """
         job = self._job
-        owner = job.owner
-        if (not job.ended or job.pending_ack) and owner.failure is None:
-            if job.done is None:
-                job.done = trio.Event()
-            if job.pending_ack and job.ended:
-                owner.hurry()  # finished, not durable yet: no gathering for it
-            await job.done.wait()
+        if not job.ended or job.pending_ack:
+            owner = job.owner
+            if owner.failure is None:
+                if job.done is None:
+                    job.done = trio.Event()
+                if job.pending_ack and job.ended:
+                    owner.hurry()  # finished, not durable yet: no gathering for it
+                await job.done.wait()
+            else:
+                await trio.lowlevel.checkpoint()
+            if owner.failure is not None and (not job.ended or job.pending_ack):
+                raise owner.failure_error()
         else:
             await trio.lowlevel.checkpoint()
-        if owner.failure is not None and (not job.ended or job.pending_ack):
-            raise owner.failure_error()
         return job.make_completion()
 
     def cancel(self) -> None:
