@@ -16,7 +16,6 @@ and an executor that recovers runs them again.
 
 from __future__ import annotations
 
-import functools
 import json
 import traceback
 from collections.abc import Callable
@@ -239,7 +238,7 @@ class Journal:
         async with self._lock:
             if self.store.inline:
                 return fn(*args)
-            return await trio.to_thread.run_sync(functools.partial(fn, *args))
+            return await trio.to_thread.run_sync(fn, *args)
 
     def fail(self, exc: Exception) -> StoreError | None:
         """Record that the store failed with ``exc``. Returns the `StoreError` the

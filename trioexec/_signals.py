@@ -86,7 +86,7 @@ async def serve_until_signal(
 
 async def _first_signal(ex: Executor, received: AsyncIterator[int]) -> int | None:
     """The first signal, or None once ``ex`` has shut down otherwise."""
-    first: list[int] = []
+    signum: int | None = None
 
     async def closed(cancel_scope: trio.CancelScope) -> None:
         await wait_closed(ex)
@@ -94,9 +94,9 @@ async def _first_signal(ex: Executor, received: AsyncIterator[int]) -> int | Non
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(closed, nursery.cancel_scope)
-        first.append(await anext(received))
+        signum = await anext(received)
         nursery.cancel_scope.cancel()
-    return first[0] if first else None
+    return signum
 
 
 async def _cancel_on_next(ex: Executor, received: AsyncIterator[int]) -> None:

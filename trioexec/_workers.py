@@ -356,7 +356,7 @@ class Workers:
         # thread token until it returns). Without one, it is waited for, and its
         # calls back into Trio run in the task: causation ids and cancellation follow.
         return await trio.to_thread.run_sync(
-            functools.partial(fn, *args), limiter=self.thread_limiter, abandon_on_cancel=abandon
+            fn, *args, limiter=self.thread_limiter, abandon_on_cancel=abandon
         )
 
     def _ended(self, job: Job, status: TaskStatus) -> None:
