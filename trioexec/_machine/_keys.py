@@ -328,8 +328,7 @@ class KeyState:
         limit = self.limit
         if limit is None or limit.rate is None:
             return False
-        taken = len(self.earmarked) + self.count[RESERVED]
-        return self.cap is None or self.count[HOLDS] + taken < self.cap
+        return self.cap is None or self.in_use() < self.cap
 
     def ready_at(self) -> float:
         """When the bucket holds a token more than those already let through."""
