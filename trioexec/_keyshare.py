@@ -1,16 +1,11 @@
-"""`KeyBroker`: an executor's part of key limits shared through its store.
+"""`KeyBroker`: an executor's part of key limits shared through its store (how
+they hold across executors: docs/howto/key_limits.rst, "Across processes").
 
-With a store, a limited key's concurrency and rate hold across every executor
-that shares it. Each executor holds part of a key's concurrency in the store
-(rows under its lease: a crashed executor's part comes back when its lease
-expires) and takes start tokens from the key's one bucket there
-(`trioexec._store._key_ledger`). The queue lets a key's tasks through only as
-far as the part held here (``KeyState.cap``) and the tokens taken, and tells the
-broker whenever a key's tasks come, go or wait; the broker settles every key
-that changed in one store call (a round), asking for what the waiting tasks
-need and giving back what nobody here uses. A key the store could not satisfy
-is asked again when its bucket has a token, or after a poll (`POLL_MIN`
-doubling to `POLL_MAX`) while others hold its concurrency.
+The queue lets a key's tasks through only as far as the part of its concurrency
+held here (``KeyState.cap``) and the tokens taken from the store's bucket
+(`trioexec._store._key_ledger`), and tells the broker whenever a key's tasks
+come, go or wait; the broker settles every key that changed in one store call
+(a round).
 """
 
 from __future__ import annotations

@@ -1,11 +1,7 @@
-"""`Workers`: the pool of worker tasks that run the executor's jobs.
-
-One worker task per slot, not one Trio task per submission (for speed; see docs/design).
-A worker takes a slot (FIFO, the line deferred tasks rejoin), then the next pending job,
-and runs it; between jobs it keeps its slot unless someone is queued for one or nothing
-is left to run. A deferring task keeps its worker and a fresh one starts for the freed
-slot; when it finishes, its worker retires if the pool is over strength. This is the one
-place that runs a job, and the executor side of every `TaskHandle`.
+"""`Workers`: the pool of worker tasks that run the executor's jobs, one per slot
+(docs/design.rst, "The worker pool", says how they take, keep and give back
+slots). This is the one place that runs a job, and the executor side of every
+`TaskHandle`.
 """
 
 from __future__ import annotations

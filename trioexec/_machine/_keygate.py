@@ -1,10 +1,6 @@
-"""`KeyGate`: the keys' side of the queue (`Pending`).
-
-The gate lets a queued task through as its key's room allows, sends one back
-when a better one comes, hands the key back to started tasks (`rejoin`), and
-says when a key is due again (`KeyTimers`). The queue owns its heaps and counts;
-the gate pushes what it lets through onto the ready heap and keeps ``held``,
-how many tasks wait in its keys' lines.
+"""`KeyGate`: the keys' side of the queue (`Pending`), which owns its heaps and
+counts: the gate pushes what a key lets through onto the ready heap and keeps
+``held``, how many tasks wait in its keys' lines.
 """
 
 from __future__ import annotations
