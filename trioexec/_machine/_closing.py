@@ -11,20 +11,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import attrs
+
 from .._records import ShutdownPolicy
 
 
+@attrs.define(eq=False)
 class Closing:
     """Whether one executor is closing, what its policy still admits, and when
     the earliest grace runs out (on the executor's clock)."""
 
-    __slots__ = ("closing", "drain_runs", "expired", "grace_ends")
-
-    def __init__(self) -> None:
-        self.closing = False
-        self.drain_runs = True  # under DRAIN, started runs and own tasks may still submit
-        self.grace_ends = math.inf  # when the earliest grace's timer fires
-        self.expired = False  # a grace ran out: what was left was cancelled
+    closing: bool = False
+    drain_runs: bool = True  # under DRAIN, started runs and own tasks may still submit
+    grace_ends: float = math.inf  # when the earliest grace's timer fires
+    expired: bool = False  # a grace ran out: what was left was cancelled
 
     def admits(self, internal: bool, own_task: Callable[[], bool]) -> bool:
         """A submission may be accepted now: the executor is open, or a drain

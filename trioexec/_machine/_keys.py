@@ -383,15 +383,13 @@ class KeyState:
 
 
 @final
+@attrs.define(eq=False)
 class KeyTimers:
     """When limited keys' buckets have their next token: a heap of the keys due,
     earliest first (the shell sleeps until `next`, then ticks the `due` ones)."""
 
-    __slots__ = ("_heap", "_seq")
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, KeyState]] = []
-        self._seq = 0
+    _heap: list[tuple[float, int, KeyState]] = attrs.Factory(list)
+    _seq: int = 0
 
     def set(self, state: KeyState, at: float) -> bool:
         """Wake ``state``'s key at ``at`` (unless it is to be woken sooner).

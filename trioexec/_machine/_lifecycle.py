@@ -13,6 +13,8 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, final
 
+import attrs
+
 from .._changes import R_WAITING, ExecutionRow, Finish, Retry, Start, Sub, Wait
 from .._errors import StoreError, TaskCancelled
 from .._metrics import Tally
@@ -531,6 +533,7 @@ def journal_waiting(lifecycle: Lifecycle, job: Job) -> None:
 
 
 @final
+@attrs.define(eq=False)
 class UnreadFailures:
     """The failed tasks (FAILED or TIMED_OUT, not a workflow's steps) whose
     completion nobody has read yet: how many, and the first few of them (bounded:
@@ -538,11 +541,8 @@ class UnreadFailures:
 
     KEPT = 16  # (to name the first one still unread)
 
-    __slots__ = ("count", "first")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.first: list[Job] = []
+    count: int = 0
+    first: list[Job] = attrs.Factory(list)
 
     def add(self, job: Job) -> None:
         """``job`` ended failed (the failure path only)."""

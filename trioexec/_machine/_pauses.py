@@ -9,22 +9,22 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, final
 
+import attrs
+
 if TYPE_CHECKING:
     from .._taskref import Job
     from ._keys import Wake
 
 
 @final
+@attrs.define(eq=False)
 class Pauses:
     """The names and keys paused now (``now``: None while nothing is), the tasks
     they hold out of the queue (``parked``) and the retries they hold (``retries``)."""
 
-    __slots__ = ("now", "parked", "retries")
-
-    def __init__(self) -> None:
-        self.now: tuple[frozenset[str], frozenset[str]] | None = None  # (names, keys)
-        self.parked: dict[Job, Any] = {}
-        self.retries: dict[Job, Wake] = {}
+    now: tuple[frozenset[str], frozenset[str]] | None = None  # (names, keys)
+    parked: dict[Job, Any] = attrs.Factory(dict)
+    retries: dict[Job, Wake] = attrs.Factory(dict)
 
     def holds(self, job: Job) -> bool:
         if self.now is None:
