@@ -11,6 +11,8 @@ import enum
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
+import attrs
+
 from .._errors import CapacityExceeded, TaskRejected, TrioexecError
 from .._metrics import Tally
 from .._records import HealthEventKind, Overflow
@@ -94,41 +96,23 @@ def rejection_reason(decision: Admit, policy: Overflow, *, backlogged: bool = Fa
     return "queue_full"
 
 
+@attrs.define(eq=False)
 class Admission:
     """The admission of one executor: the bound (pending + active + deferred <=
     ``capacity``, less the places held back in ``reserved``) and the FIFO line
     of submitters blocked for space (``waiters``, the shell's, opaque here)."""
 
-    __slots__ = (
-        "_events",
-        "_journal",
-        "_pending",
-        "_tally",
-        "capacity",
-        "overflow",
-        "reserved",
-        "waiters",
-    )
-
-    def __init__(
-        self,
-        capacity: int,
-        overflow: Overflow,
-        tally: Tally,
-        pending: Pending,
-        journal: Backlog | None,
-        events: EventStream,
-    ) -> None:
-        self.capacity = capacity
-        self.overflow = overflow
-        self.reserved = 0  # places held back: handed to woken submitters, or recovery's
-        self._tally = tally
-        self._pending = pending
-        self._journal = journal
-        self._events = events
-        # Always this one deque: the lifecycle holds it to see at no cost
-        # whether a finished task's place goes to a BLOCK submitter.
-        self.waiters: deque[Any] = deque()
+    capacity: int
+    overflow: Overflow
+    _tally: Tally
+    _pending: Pending
+    _journal: Backlog | None
+    _events: EventStream
+    # places held back: handed to woken submitters, or recovery's
+    reserved: int = attrs.field(default=0, init=False)
+    # Always this one deque: the lifecycle holds it to see at no cost
+    # whether a finished task's place goes to a BLOCK submitter.
+    waiters: deque[Any] = attrs.field(factory=deque, init=False)
 
     @property
     def room(self) -> int:
