@@ -41,20 +41,10 @@ _COMPACT_AFTER = 64
 class _Deaf:
     """The listener of a queue on its own (tests): nobody to tell."""
 
-    def ready(self) -> None:
+    def _nothing(self, *_: object) -> None:
         pass
 
-    def waiting(self, job: Job) -> None:
-        pass
-
-    def want(self, state: KeyState) -> None:
-        pass
-
-    def parked(self, job: Job) -> None:
-        pass
-
-    def timer(self, at: float) -> None:
-        pass
+    ready = waiting = want = parked = timer = _nothing
 
 
 _DEAF = _Deaf()
