@@ -9,6 +9,8 @@ import heapq
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol, final
 
+import attrs
+
 from .._records import TaskStatus
 from ._keys import (
     DEFAULT_KEY,
@@ -70,43 +72,23 @@ class Ready(Protocol):
 
 
 @final
+@attrs.define(eq=False)
 class KeyGate:
     """The keys of one queue: their states (``states``), how many tasks wait in
     their lines (``held``), and when each is due (``timers``)."""
 
-    __slots__ = (
-        "_limits",
-        "_queue",
-        "_shared",
-        "clock",
-        "held",
-        "inline",
-        "listener",
-        "states",
-        "timers",
-    )
-
-    def __init__(
-        self,
-        queue: Ready,
-        clock: Callable[[], float],
-        key_limits: Mapping[str, KeyLimit] | None,
-        shared: bool,
-        inline: bool,
-        listener: Listener,
-    ) -> None:
-        self._queue = queue
-        self.clock = clock
-        self._limits = dict(key_limits or {})
-        self._shared = shared  # limits shared through a store (the listener's `want`)
-        # Jobs run one at a time in one task (`DeterministicExecutor`): a task
-        # its key let through cannot start before the started one that rejoins
-        # its key has ended, so it gives its room back to it (`rejoin`).
-        self.inline = inline
-        self.listener = listener
-        self.states: dict[str, KeyState] = {}
-        self.timers = KeyTimers()
-        self.held = 0
+    _queue: Ready
+    clock: Callable[[], float]
+    _limits: Mapping[str, KeyLimit]
+    _shared: bool  # limits shared through a store (the listener's `want`)
+    # Jobs run one at a time in one task (`DeterministicExecutor`): a task
+    # its key let through cannot start before the started one that rejoins
+    # its key has ended, so it gives its room back to it (`rejoin`).
+    inline: bool
+    listener: Listener
+    states: dict[str, KeyState] = attrs.field(factory=dict, init=False)
+    timers: KeyTimers = attrs.field(factory=KeyTimers, init=False)
+    held: int = attrs.field(default=0, init=False)
 
     # ------------------------------------------------------------ the queue's tasks
 

@@ -95,7 +95,7 @@ class Pending:
         self._aging = priority_aging
         self._wall = wall  # the clock of ``Job.submitted_at``
         self.tombstones = 0  # stale entries in the ready heap and the keys' lines
-        self.keys = KeyGate(self, clock, key_limits, shared, inline, self.listener)
+        self.keys = KeyGate(self, clock, dict(key_limits or {}), shared, inline, self.listener)
         self.pauses = Pauses()
 
     # ------------------------------------------------------------ in and out
