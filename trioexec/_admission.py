@@ -75,7 +75,5 @@ class Gate(Admission):
     def wake_all(self) -> None:
         """Shutdown began: every blocked submitter decides again (and learns).
         A place handed to one is its own to give back."""
-        waiters = list(self.waiters)
-        self.waiters.clear()
-        for task in waiters:
-            trio.lowlevel.reschedule(task, outcome.Value(False))
+        while self.waiters:
+            trio.lowlevel.reschedule(self.waiters.popleft(), outcome.Value(False))

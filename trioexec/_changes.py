@@ -8,10 +8,6 @@ holds (a store fences out any other version); what each kind does to the row is
 `TRANSITIONS` (`_base`), its fields after the version being the columns the
 table marks `ARG` or `FIRST`, in order. A workflow run's changes start with the
 run id and the owner writing them (applied only while that owner has the run).
-
-A new execution is an `ExecutionRow`: its whole row, into which the executor
-folds the changes that follow while the batch is still gathering, so a short
-task is one change, not three (`Journal.fold`).
 """
 
 from __future__ import annotations
@@ -109,8 +105,9 @@ class Requeue(Transition):
 
 
 #: A new execution: its whole row, in `ROW_COLUMNS`' order (refused if the
-#: execution exists). A plain list: the journal folds the changes that follow
-#: into it in place (a list subclass would cost each of those writes a slow path).
+#: execution exists), into which the journal folds the changes that follow while
+#: the batch gathers, so a short task is one change, not three (`Journal.fold`).
+#: A plain list: a list subclass would cost each of those writes a slow path.
 ExecutionRow: TypeAlias = list[Any]
 
 

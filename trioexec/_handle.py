@@ -362,12 +362,8 @@ class TaskHandle:
         over): then it ends at once, deferred, waiting for no slot. (Only the
         exceptional paths pay for this scope.)"""
         observer = self._observer
-        deadline = math.inf
-        if self._attempt_over:
-            deadline = -math.inf
-        elif observer is not None:
-            deadline = observer.reclaim_deadline(self._job)
-        if deadline == -math.inf:
+        deadline = math.inf if observer is None else observer.reclaim_deadline(self._job)
+        if self._attempt_over or deadline == -math.inf:
             return  # ending: nothing to take back (not even a place in a key's line)
         with trio.CancelScope(shield=True, deadline=deadline) as self._reclaim_scope:
             await self._reclaim(slot)

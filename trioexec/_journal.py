@@ -1,22 +1,14 @@
 """What goes to the store, and when: the executor's journal.
 
-Transitions are appended on the hot path (a tuple each, see `trioexec._store`)
-and one writer task hands whatever has accumulated to the store in one
-transaction (group commit; what comes in meanwhile goes into the next). A completion is
-acknowledged (its ``wait()`` returns) only once the batch holding it is durable. Past
-`JOURNAL_LIMIT` unwritten changes the executor stops admitting work (back-pressure).
-
-The first failure of the store ends the journal; every later caller learns of
-it as a `StoreError` naming the store. What was journaled before it may still be
-written (once, as the executor closes: the failure may have passed); what comes
-after never is. The tasks the failure stops are cancelled here, not in the
-store: their rows stay as they were (this executor's, its lease left to lapse),
-and an executor that recovers runs them again.
+Transitions are appended on the hot path (a tuple each, `trioexec._changes`) and
+one writer task hands whatever has accumulated to the store in one transaction
+(group commit); a completion is acknowledged only once its batch is durable.
+docs/design.rst ("Store consistency") gives the rules: the gathering, the
+back-pressure, what the store's first failure ends and what is still written.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import traceback
 from collections.abc import Callable
@@ -34,16 +26,12 @@ if TYPE_CHECKING:
     from ._store import Change, Store
     from ._taskref import Job
 
-# Back-pressure from the store: changes journaled but not yet written, beyond
-# which submissions wait (BLOCK) or are refused. Tasks already accepted still
-# journal their transitions, so the backlog stays within this plus a few
-# changes per accepted task (~200 bytes each).
+# Back-pressure: changes journaled but not yet written, beyond which submissions
+# wait (BLOCK) or are refused (a change is ~200 bytes).
 JOURNAL_LIMIT = 50_000
 
-# Group commit: while nobody waits for a completion to be durable, the writer
-# gathers changes for up to this long (or this many) before a transaction: each
-# batch is a round trip to a worker thread (and the GIL), costing the Trio thread
-# far more than its rows. A waiter (`hurry`) or a backlog ends the gathering.
+# While nobody waits for durability (`hurry`), the writer gathers this long (or
+# this many) before a transaction: each is a round trip to a worker thread.
 GATHER_SECONDS = 0.005
 GATHER_CHANGES = 4096
 _NEVER = 1 << 62
@@ -239,7 +227,7 @@ class Journal:
         async with self._lock:
             if self.store.inline:
                 return fn(*args)
-            return await trio.to_thread.run_sync(functools.partial(fn, *args))
+            return await trio.to_thread.run_sync(fn, *args)
 
     def fail(self, exc: Exception) -> StoreError | None:
         """Record that the store failed with ``exc``. Returns the `StoreError` the

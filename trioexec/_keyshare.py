@@ -1,16 +1,11 @@
-"""`KeyBroker`: an executor's part of key limits shared through its store.
+"""`KeyBroker`: an executor's part of key limits shared through its store (how
+they hold across executors: docs/howto/key_limits.rst, "Across processes").
 
-With a store, a limited key's concurrency and rate hold across every executor
-that shares it. Each executor holds part of a key's concurrency in the store
-(rows under its lease: a crashed executor's part comes back when its lease
-expires) and takes start tokens from the key's one bucket there
-(`trioexec._store._key_ledger`). The queue lets a key's tasks through only as
-far as the part held here (``KeyState.cap``) and the tokens taken, and tells the
-broker whenever a key's tasks come, go or wait; the broker settles every key
-that changed in one store call (a round), asking for what the waiting tasks
-need and giving back what nobody here uses. A key the store could not satisfy
-is asked again when its bucket has a token, or after a poll (`POLL_MIN`
-doubling to `POLL_MAX`) while others hold its concurrency.
+The queue lets a key's tasks through only as far as the part of its concurrency
+held here (``KeyState.cap``) and the tokens taken from the store's bucket
+(`trioexec._store._key_ledger`), and tells the broker whenever a key's tasks
+come, go or wait; the broker settles every key that changed in one store call
+(a round).
 """
 
 from __future__ import annotations
@@ -22,7 +17,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
-from ._machine._keys import RESERVED
+from ._machine._keys import EPSILON, RESERVED
 from ._store._key_ledger import KeyGrant, KeyRequest
 
 if TYPE_CHECKING:
@@ -35,8 +30,6 @@ POLL_MIN = 0.05
 POLL_MAX = 1.0
 #: Keys settled in one store call at most (the rest wait for the next round).
 ROUND_KEYS = 512
-# A token count a rounding error short of a whole token counts as one (as KeyState's).
-_EPSILON = 1e-9
 
 
 @final
@@ -115,13 +108,8 @@ class KeyBroker:
         """What each key's tasks here hold and want now. Until the round is
         settled, a key lets tasks through only as far as the store is sure to
         leave it (what they use now)."""
-        requests = []
         self._budget = max(0, self.free_slots())
-        for key, poll in keys:
-            request = self._request(key, poll)
-            if request is not None:
-                requests.append(request)
-        return requests
+        return [r for key, poll in keys if (r := self._request(key, poll)) is not None]
 
     def _request(self, key: str, poll: bool) -> KeyRequest | None:
         state = self._pending.keys.states.get(key)
@@ -153,8 +141,8 @@ class KeyBroker:
                     # One at least, slot or not: its task waits in line with the
                     # rest (by rank), so the key never starves behind other work;
                     # the token pays for its wait when it is used (`use_token`).
-                    want = max(self._budget, 0 if state.tokens > 1.0 - _EPSILON else 1)
-                tokens = max(0, want - math.floor(spare + _EPSILON))
+                    want = max(self._budget, 0 if state.tokens > 1.0 - EPSILON else 1)
+                tokens = max(0, want - math.floor(spare + EPSILON))
                 if tokens and state.granted:
                     # (tokens held here pay for their wait first: `owe_for_waiting`)
                     state.owe_for_waiting(trio.current_time())

@@ -107,16 +107,13 @@ class Shutdown(Closing):
 
     async def _expire_at(self, deadline: float, grace: float) -> None:
         """At ``deadline``, cancel what is left (nothing to do if idle by then)."""
-        lifecycle = self._lifecycle
         with trio.move_on_at(deadline) as scope:
             await self._waits.wait_for_idle()
-        if not scope.cancelled_caught or self.expired:
-            return
-        if lifecycle.is_idle() or lifecycle.failure is not None:
+        if not scope.cancelled_caught or self.expired or self.over():
             return
         self.expired = True
-        tally = lifecycle.tally
-        lifecycle.events.publish(
+        tally = self._lifecycle.tally
+        self._lifecycle.events.publish(
             HealthEventKind.SHUTDOWN_GRACE_EXPIRED,
             reason="grace_expired",
             attributes={

@@ -84,13 +84,9 @@ async def serve_until_signal(
     return signal.Signals(first)
 
 
-async def _next(received: AsyncIterator[int]) -> int:
-    return await received.__anext__()
-
-
 async def _first_signal(ex: Executor, received: AsyncIterator[int]) -> int | None:
     """The first signal, or None once ``ex`` has shut down otherwise."""
-    first: list[int] = []
+    signum: int | None = None
 
     async def closed(cancel_scope: trio.CancelScope) -> None:
         await wait_closed(ex)
@@ -98,12 +94,12 @@ async def _first_signal(ex: Executor, received: AsyncIterator[int]) -> int | Non
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(closed, nursery.cancel_scope)
-        first.append(await _next(received))
+        signum = await anext(received)
         nursery.cancel_scope.cancel()
-    return first[0] if first else None
+    return signum
 
 
 async def _cancel_on_next(ex: Executor, received: AsyncIterator[int]) -> None:
     """The second signal: the drain has taken long enough."""
-    await _next(received)
+    await anext(received)
     await ex.shutdown(ShutdownPolicy.CANCEL)

@@ -41,9 +41,8 @@ class SlotPool:
         self._limiter = trio.CapacityLimiter(total)
         #: Tokens queued in `SlotToken.reclaim` now (read it, never assign): a
         #: holder that could keep its slot for more work gives it up while anyone
-        #: is queued (FIFO). Cheaper than `waiting` (which also counts borrowers of
-        #: the raw `limiter`); a plain attribute: the executor's workers read it
-        #: between every two jobs.
+        #: is queued (FIFO). A plain attribute, cheaper than `waiting`: the
+        #: executor's workers read it between every two jobs.
         self.reclaiming = 0
         # Told (synchronously) after every resize; the executor starts workers.
         self._listeners: list[Callable[[], None]] = []

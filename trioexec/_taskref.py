@@ -1,9 +1,5 @@
-"""`Job`, the per-task record the executor's parts share, and `TaskRef`, the
-view of it a submitter holds.
-
-Admission queues a `Job`, a worker runs it, the lifecycle finishes it, the
-journal records it; its fields are the facts of one execution. `TaskRef` is its
-public face: read-only status and the completion, ``wait()`` and ``cancel()``.
+"""`Job`, the per-task record the executor's parts share (docs/design.rst says
+why one record), and `TaskRef`, its public face a submitter holds.
 """
 
 from __future__ import annotations
@@ -278,8 +274,3 @@ class TaskRef(Generic[T_co]):
     def __repr__(self) -> str:
         job = self._job
         return f"<TaskRef {job.task_id!r} {job.name!r} {job.status.value}>"
-
-
-def unwrap(completion: TaskCompletion[T_co]) -> T_co:
-    """The task's value, or its error raised (`TaskCompletion.unwrap`)."""
-    return completion.unwrap()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from typing import final
 
+import attrs
 import trio
 
 from ._machine._lifecycle import Lifecycle
@@ -16,16 +17,14 @@ from ._taskref import Job
 
 
 @final
+@attrs.define(eq=False)
 class KeyTimer:
     """One task (started in ``nursery`` when first needed) sleeps until the
     queue's next key is due, and ticks the queue then (`KeyGate.tick`)."""
 
-    __slots__ = ("_pending", "_scope", "nursery")
-
-    def __init__(self, pending: Pending) -> None:
-        self._pending = pending
-        self.nursery: trio.Nursery | None = None  # (set by `start`: runs the task)
-        self._scope: trio.CancelScope | None = None
+    _pending: Pending
+    nursery: trio.Nursery | None = attrs.field(default=None, init=False)  # (set by `start`)
+    _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
 
     def due_at(self, at: float) -> None:
         """A key is due at ``at`` (`Listener.timer`)."""
@@ -64,17 +63,15 @@ class KeyTimer:
 
 
 @final
+@attrs.define(eq=False)
 class LifecycleWaits:
     """Who waits on the lifecycle: for nothing to be outstanding (`wait_for_idle`:
     the executor's close, a shutdown), and recovery for a task to end
     (`wait_space_freed`). The lifecycle tells when, through the core."""
 
-    __slots__ = ("_idle", "_lifecycle", "_space")
-
-    def __init__(self, lifecycle: Lifecycle) -> None:
-        self._lifecycle = lifecycle
-        self._idle = trio.lowlevel.ParkingLot()
-        self._space = trio.Event()
+    _lifecycle: Lifecycle
+    _idle: trio.lowlevel.ParkingLot = attrs.field(factory=trio.lowlevel.ParkingLot, init=False)
+    _space: trio.Event = attrs.field(factory=trio.Event, init=False)
 
     async def wait_for_idle(self) -> None:
         """Until nothing is pending, active or deferred (or the store failed)."""

@@ -1,15 +1,7 @@
-"""`Workers`: the pool of worker tasks that run the executor's jobs.
-
-One worker task per slot, not one Trio task per submission (for speed; see docs/design).
-A worker takes a slot (FIFO, the line deferred tasks rejoin), then the next pending job,
-and runs it; between jobs it keeps its slot unless someone is queued for one or nothing
-is left to run. A deferring task keeps its worker and a fresh one starts for the freed
-slot; when it finishes, its worker retires if the pool is over strength.
-
-This is the one place that runs a job: attempts, timeouts, budgets and retries
-(`Workers.run_job`; the worker loop inlines the plain async call, and
-`DeterministicExecutor` runs jobs through `Workers.run_next` in its caller's
-task). The workers are also the executor side of every `TaskHandle`.
+"""`Workers`: the pool of worker tasks that run the executor's jobs, one per slot
+(docs/design.rst, "The worker pool", says how they take, keep and give back
+slots). This is the one place that runs a job, and the executor side of every
+`TaskHandle`.
 """
 
 from __future__ import annotations
@@ -72,12 +64,9 @@ class Workers:
 
     def start(self, nursery: trio.Nursery, *, inline: bool = False) -> None:
         """The executor's tasks run in ``nursery`` from now on: its workers, and
-        what its parts start when first needed (key refill timers, the poller of
-        sync predicates; schedules, workflow coordinators and the grace timer take
-        ``self.nursery``). ``inline`` (`DeterministicExecutor`, for one
-        `run_ready`): jobs run in the caller's task (`run_next`), so no workers and
-        no poller (a deferred task polls in its own task); the rest runs in
-        ``nursery`` as in `open_executor`. The one place both start them
+        what its parts start when first needed. ``inline`` (`DeterministicExecutor`,
+        for one `run_ready`): jobs run in the caller's task (`run_next`), so no
+        workers and no poller; the rest as in `open_executor`
         (tests/test_deterministic.py lists each task and its stand-in)."""
         self._key_timer.start(nursery)
         if inline:
@@ -246,20 +235,16 @@ class Workers:
         with token, trio.CancelScope() as scope:
             job.scope = scope
             self.taken.add(job)
-            await self.run_job(job, token)
+            handle = None if job.info.handle_param is None else self._new_handle(job, token)
+            status = TaskStatus.CANCELLED  # if cancelled, even between attempts
+            try:
+                if isinstance(job.fn, TaskSpec):
+                    status = await self._retrying(job, token, handle)
+                else:
+                    status = await self._attempt(job, handle)
+            finally:
+                self._ended(job, status)
         return job
-
-    async def run_job(self, job: Job, token: SlotToken) -> None:
-        """Run one taken job to its completion, holding ``token``'s slot."""
-        handle = None if job.info.handle_param is None else self._new_handle(job, token)
-        status = TaskStatus.CANCELLED  # if cancelled, even between attempts
-        try:
-            if isinstance(job.fn, TaskSpec):
-                status = await self._retrying(job, token, handle)
-            else:
-                status = await self._attempt(job, handle)
-        finally:
-            self._ended(job, status)
 
     def _new_handle(self, job: Job, token: SlotToken) -> TaskHandle:
         handle = job.handle = TaskHandle(
@@ -367,7 +352,7 @@ class Workers:
         # thread token until it returns). Without one, it is waited for, and its
         # calls back into Trio run in the task: causation ids and cancellation follow.
         return await trio.to_thread.run_sync(
-            functools.partial(fn, *args), limiter=self.thread_limiter, abandon_on_cancel=abandon
+            fn, *args, limiter=self.thread_limiter, abandon_on_cancel=abandon
         )
 
     def _ended(self, job: Job, status: TaskStatus) -> None:

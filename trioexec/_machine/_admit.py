@@ -2,9 +2,7 @@
 
 `admit` is a pure, await-free function over counts, tested without an event
 loop (as httpcore's connection pool: decide synchronously, then park or act).
-`Admission` holds what it decides on: the capacity, the places held back, the
-line of ``BLOCK`` submitters and the refusals with their health events. Its
-shell, `trioexec._admission.Gate`, parks and wakes the submitters in line.
+Its shell, `trioexec._admission.Gate`, parks and wakes the submitters in line.
 """
 
 from __future__ import annotations
@@ -12,6 +10,8 @@ from __future__ import annotations
 import enum
 from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
 
 from .._errors import CapacityExceeded, TaskRejected, TrioexecError
 from .._metrics import Tally
@@ -96,42 +96,23 @@ def rejection_reason(decision: Admit, policy: Overflow, *, backlogged: bool = Fa
     return "queue_full"
 
 
+@attrs.define(eq=False)
 class Admission:
     """The admission of one executor: the bound (pending + active + deferred <=
     ``capacity``, less the places held back in ``reserved``) and the FIFO line
-    of submitters blocked for space (``waiters``, the shell's, opaque here). The
-    counts are the `Tally`'s; the store's backlog the journal's."""
+    of submitters blocked for space (``waiters``, the shell's, opaque here)."""
 
-    __slots__ = (
-        "_events",
-        "_journal",
-        "_pending",
-        "_tally",
-        "capacity",
-        "overflow",
-        "reserved",
-        "waiters",
-    )
-
-    def __init__(
-        self,
-        capacity: int,
-        overflow: Overflow,
-        tally: Tally,
-        pending: Pending,
-        journal: Backlog | None,
-        events: EventStream,
-    ) -> None:
-        self.capacity = capacity
-        self.overflow = overflow
-        self.reserved = 0  # places held back: handed to woken submitters, or recovery's
-        self._tally = tally
-        self._pending = pending
-        self._journal = journal
-        self._events = events
-        # BLOCK submitters, FIFO (always this one deque: the lifecycle holds it
-        # to see at no cost whether a finished task's place goes to one of them).
-        self.waiters: deque[Any] = deque()
+    capacity: int
+    overflow: Overflow
+    _tally: Tally
+    _pending: Pending
+    _journal: Backlog | None
+    _events: EventStream
+    # places held back: handed to woken submitters, or recovery's
+    reserved: int = attrs.field(default=0, init=False)
+    # Always this one deque: the lifecycle holds it to see at no cost
+    # whether a finished task's place goes to a BLOCK submitter.
+    waiters: deque[Any] = attrs.field(factory=deque, init=False)
 
     @property
     def room(self) -> int:

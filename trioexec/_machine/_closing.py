@@ -1,12 +1,9 @@
 """`Closing`: what a shutdown decides (`Executor.shutdown`, the end of the
-``async with``), apart from carrying it out.
+``async with``), apart from carrying it out (`trioexec._shutdown.Shutdown`).
 
-``DRAIN`` lets everything accepted finish (started workflow runs and the
-executor's own running tasks may still submit until the drain ends);
-``CANCEL_PENDING`` also cancels what has not started; ``CANCEL`` also cancels
-what is running. A grace bounds the first two: once it has run out, what is
-left is cancelled as ``CANCEL`` would. Its shell, `trioexec._shutdown.Shutdown`,
-wakes the blocked submitters, cancels, and keeps the grace's timer.
+Under ``DRAIN``, started workflow runs and the executor's own running tasks may
+still submit until the drain ends. A grace bounds ``DRAIN`` and
+``CANCEL_PENDING``: once it has run out, what is left is cancelled as under ``CANCEL``.
 """
 
 from __future__ import annotations
@@ -14,20 +11,20 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import attrs
+
 from .._records import ShutdownPolicy
 
 
+@attrs.define(eq=False)
 class Closing:
     """Whether one executor is closing, what its policy still admits, and when
     the earliest grace runs out (on the executor's clock)."""
 
-    __slots__ = ("closing", "drain_runs", "expired", "grace_ends")
-
-    def __init__(self) -> None:
-        self.closing = False
-        self.drain_runs = True  # under DRAIN, started runs and own tasks may still submit
-        self.grace_ends = math.inf  # when the earliest grace's timer fires
-        self.expired = False  # a grace ran out: what was left was cancelled
+    closing: bool = False
+    drain_runs: bool = True  # under DRAIN, started runs and own tasks may still submit
+    grace_ends: float = math.inf  # when the earliest grace's timer fires
+    expired: bool = False  # a grace ran out: what was left was cancelled
 
     def admits(self, internal: bool, own_task: Callable[[], bool]) -> bool:
         """A submission may be accepted now: the executor is open, or a drain

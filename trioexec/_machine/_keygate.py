@@ -1,12 +1,6 @@
-"""`KeyGate`: the keys' side of the queue (`Pending`).
-
-Each key in use has a `KeyState` (its limit, counts, token bucket and lines).
-The gate lets a queued task through as its key's room allows (`place`,
-`grant`), sends one back when a better one comes (`send_back`), hands the key
-back to started tasks (`rejoin`), and says when a key is due again
-(`KeyTimers`, `tick`). The queue owns its heaps and counts; the gate pushes
-what it lets through onto the ready heap and keeps ``held``, how many tasks
-wait in its keys' lines.
+"""`KeyGate`: the keys' side of the queue (`Pending`), which owns its heaps and
+counts: the gate pushes what a key lets through onto the ready heap and keeps
+``held``, how many tasks wait in its keys' lines.
 """
 
 from __future__ import annotations
@@ -14,6 +8,8 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Protocol, final
+
+import attrs
 
 from .._records import TaskStatus
 from ._keys import (
@@ -76,43 +72,23 @@ class Ready(Protocol):
 
 
 @final
+@attrs.define(eq=False)
 class KeyGate:
     """The keys of one queue: their states (``states``), how many tasks wait in
     their lines (``held``), and when each is due (``timers``)."""
 
-    __slots__ = (
-        "_limits",
-        "_queue",
-        "_shared",
-        "clock",
-        "held",
-        "inline",
-        "listener",
-        "states",
-        "timers",
-    )
-
-    def __init__(
-        self,
-        queue: Ready,
-        clock: Callable[[], float],
-        key_limits: Mapping[str, KeyLimit] | None,
-        shared: bool,
-        inline: bool,
-        listener: Listener,
-    ) -> None:
-        self._queue = queue
-        self.clock = clock
-        self._limits = dict(key_limits or {})
-        self._shared = shared  # limits shared through a store (the listener's `want`)
-        # Jobs run one at a time in one task (`DeterministicExecutor`): a task
-        # its key let through cannot start before the started one that rejoins
-        # its key has ended, so it gives its room back to it (`rejoin`).
-        self.inline = inline
-        self.listener = listener
-        self.states: dict[str, KeyState] = {}
-        self.timers = KeyTimers()
-        self.held = 0
+    _queue: Ready
+    clock: Callable[[], float]
+    _limits: Mapping[str, KeyLimit]
+    _shared: bool  # limits shared through a store (the listener's `want`)
+    # Jobs run one at a time in one task (`DeterministicExecutor`): a task
+    # its key let through cannot start before the started one that rejoins
+    # its key has ended, so it gives its room back to it (`rejoin`).
+    inline: bool
+    listener: Listener
+    states: dict[str, KeyState] = attrs.field(factory=dict, init=False)
+    timers: KeyTimers = attrs.field(factory=KeyTimers, init=False)
+    held: int = attrs.field(default=0, init=False)
 
     # ------------------------------------------------------------ the queue's tasks
 
@@ -148,7 +124,6 @@ class KeyGate:
             del state.earmarked[job]
         self._queue.startable -= 1
         state.pending -= 1
-        assert job not in state.roles  # (a queued task has not started)
         state.roles[job] = HOLDS  # (`KeyState.move` inlined here and in `ended`: every task)
         state.count[HOLDS] += 1
         if state.limit is not None and state.limit.rate is not None:
@@ -161,14 +136,11 @@ class KeyGate:
         """``job`` (of a key) leaves the queue without starting: what it took of
         its key's room, or its place in the key's line, is free."""
         state = self._state_of(job)
+        let_through = job in state.earmarked
+        self.unqueue(job)
         state.pending -= 1
-        if state.limit is None or job in state.earmarked:
-            self._queue.startable -= 1
-            if state.limit is not None:
-                del state.earmarked[job]
-                self.grant(state)  # its room is free again
-        else:
-            self.held -= 1
+        if let_through:
+            self.grant(state)  # its room is free again
         if state.shared:
             self.listener.want(state)
         self._maybe_forget_key(state)

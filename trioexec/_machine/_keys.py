@@ -1,12 +1,9 @@
 """Admission by key: `KeyLimit` (the policy), `KeyStatistics` (a snapshot) and
 `KeyState` (one key's counts, token bucket and lines).
 
-A key's limit bounds its tasks that hold a slot (``concurrency``) and its starts
-(``rate`` per ``per`` seconds: a token bucket).
-
-The arithmetic is pure (`KeyState.room`, `KeyState.refill`, `KeyState.ready_at`):
-it takes ``now`` on the executor's clock and returns numbers; `KeyTimers` only
-orders when keys are due (the shell's timer task sleeps until then).
+The bucket's arithmetic is pure (`KeyState.room`, `refill`, `ready_at`): it takes
+``now`` on the executor's clock and returns numbers; `KeyTimers` only orders when
+keys are due (the shell's timer task sleeps until then).
 """
 
 from __future__ import annotations
@@ -29,7 +26,7 @@ DEFAULT_KEY = "*"
 
 # Token counts are floats refilled at arbitrary times: a count a rounding error
 # short of a whole token counts as one.
-_EPSILON = 1e-9
+EPSILON = 1e-9
 
 
 #: ``concurrency`` at most: what the stores' integer columns of held slots hold.
@@ -162,18 +159,16 @@ W = TypeVar("W", bound=Wake)
 
 
 @final
+@attrs.define(eq=False)
 class Waiter(Generic[W]):
     """A started task of a limited key waiting in one of its key's lines (to
     resume from a deferral, or, with ``start``, for a retry's attempt); ``wake``
     is set once it is ``granted`` the key."""
 
-    __slots__ = ("granted", "job", "start", "wake")
-
-    def __init__(self, job: Job, wake: W, start: bool) -> None:
-        self.job = job
-        self.wake = wake
-        self.start = start
-        self.granted = False
+    job: Job
+    wake: W
+    start: bool
+    granted: bool = False
 
 
 #: What a started task is to its key, one role at a time (`KeyState.roles`):
@@ -224,13 +219,8 @@ class KeyState:
         # key's concurrency this executor holds, and tokens come from the store's
         # bucket, not from a refill here (``stamp`` never passes).
         self.shared = shared = shared and limit is not None
-        self.cap = (
-            None
-            if limit is None or limit.concurrency is None
-            else 0
-            if shared
-            else limit.concurrency
-        )
+        concurrency = None if limit is None else limit.concurrency
+        self.cap = 0 if shared and concurrency is not None else concurrency
         self.roles: dict[Job, int] = {}
         self.count = [0, 0, 0, 0]  # (by role)
         self.pending = 0  # its tasks in the queue (paused ones too)
@@ -308,7 +298,7 @@ class KeyState:
     def give_back(self, tokens: float) -> None:
         """``tokens`` held here go back to the store's bucket (the newest)."""
         self.tokens -= tokens
-        for _ in range(min(len(self.granted), math.ceil(tokens - _EPSILON))):
+        for _ in range(min(len(self.granted), math.ceil(tokens - EPSILON))):
             self.granted.pop()
 
     def refill(self, now: float) -> None:
@@ -331,15 +321,14 @@ class KeyState:
         taken = len(self.earmarked) + self.count[RESERVED]
         if self.cap is not None and self.count[HOLDS] + taken >= self.cap:
             return False
-        return not start or limit.rate is None or self.tokens - taken > 1.0 - _EPSILON
+        return not start or limit.rate is None or self.tokens - taken > 1.0 - EPSILON
 
     def by_rate(self) -> bool:
         """The key is held back by its rate (not by its concurrency)."""
         limit = self.limit
         if limit is None or limit.rate is None:
             return False
-        taken = len(self.earmarked) + self.count[RESERVED]
-        return self.cap is None or self.count[HOLDS] + taken < self.cap
+        return self.cap is None or self.in_use() < self.cap
 
     def ready_at(self) -> float:
         """When the bucket holds a token more than those already let through."""
@@ -357,7 +346,7 @@ class KeyState:
             return self.tokens <= 0.0 and self.late <= 0.0
         self.refill(now)
         limit = self.limit
-        return limit is None or limit.rate is None or self.tokens >= limit.burst - _EPSILON
+        return limit is None or limit.rate is None or self.tokens >= limit.burst - EPSILON
 
     def full_at(self) -> float:
         """When the bucket is full again (``stamp``: it is, has no rate, or is the store's)."""
@@ -394,15 +383,13 @@ class KeyState:
 
 
 @final
+@attrs.define(eq=False)
 class KeyTimers:
     """When limited keys' buckets have their next token: a heap of the keys due,
     earliest first (the shell sleeps until `next`, then ticks the `due` ones)."""
 
-    __slots__ = ("_heap", "_seq")
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, int, KeyState]] = []
-        self._seq = 0
+    _heap: list[tuple[float, int, KeyState]] = attrs.Factory(list)
+    _seq: int = 0
 
     def set(self, state: KeyState, at: float) -> bool:
         """Wake ``state``'s key at ``at`` (unless it is to be woken sooner).

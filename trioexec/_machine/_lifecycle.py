@@ -1,15 +1,10 @@
 """`Lifecycle`: each step of a task's life, counted, journaled and published.
 
-Accepted (pending) -> started (running; deferred and resumed while it runs;
-back to pending between retry attempts) -> finished with exactly one
-completion. Every transition goes through here, so the `Tally` counts it once,
-the `Journal` records it once (with a store) and the waiters of a finished task
-are woken once its completion is durable. Cancelling, and losing a task to
-another owner (a lease lost, a write fenced out), are transitions too.
-
-The journal, the gate and the workflow runs it tells are the shell's (typed
-here by what it asks of them); who waits for a task to end or for idle waits in
-the shell (`trioexec._waits.LifecycleWaits`), told through its `Listener`.
+Every transition goes through here (cancelling, and losing a task to another
+owner, too), so the `Tally` counts it once, the `Journal` records it once (with
+a store) and the waiters of a finished task are woken once its completion is
+durable. Who waits for a task to end or for idle waits in the shell
+(`trioexec._waits.LifecycleWaits`), told through its `Listener`.
 """
 
 from __future__ import annotations
@@ -17,6 +12,8 @@ from __future__ import annotations
 import traceback
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, final
+
+import attrs
 
 from .._changes import R_WAITING, ExecutionRow, Finish, Retry, Start, Sub, Wait
 from .._errors import StoreError, TaskCancelled
@@ -415,13 +412,12 @@ class Lifecycle:
 
     def cancel(self, job: Job) -> None:
         """`TaskRef.cancel`: a pending task ends now; a running one is interrupted."""
-        if job.ended or job.cancel_requested:
-            return
-        self.tally.cancellation_requested_count += 1
-        job.cancel_requested = True
-        self._interrupt(job)
+        if not job.ended and not job.cancel_requested:
+            self._interrupt(job)
 
     def _interrupt(self, job: Job) -> None:
+        self.tally.cancellation_requested_count += 1
+        job.cancel_requested = True
         scope = job.scope
         if scope is None:  # still in the pending queue: end it now
             self.tally.queue_depth -= 1
@@ -434,16 +430,15 @@ class Lifecycle:
 
     def cancel_pending(self, into: list[Job] | None = None) -> int:
         """End every task not started as ``CANCELLED`` (appended to ``into``); return how many."""
-        count = 0
-        for job in self.pending.take_all():
+        jobs = self.pending.take_all()
+        for job in jobs:
             self.tally.cancellation_requested_count += 1
             job.cancel_requested = True
             self.tally.queue_depth -= 1
             self.finish(job, TaskStatus.CANCELLED)
-            count += 1
-            if into is not None:
-                into.append(job)
-        return count
+        if into is not None:
+            into.extend(jobs)
+        return len(jobs)
 
     def lose(self, task_id: str) -> None:
         """Another owner has this execution now: stop running it here, no retry."""
@@ -454,8 +449,6 @@ class Lifecycle:
         job.error = TaskCancelled(
             f"lease_lost: task {job.name!r} ({task_id}) was taken over by another executor"
         )
-        job.cancel_requested = True
-        self.tally.cancellation_requested_count += 1
         log_lease_lost(job)
         self._interrupt(job)
 
@@ -540,6 +533,7 @@ def journal_waiting(lifecycle: Lifecycle, job: Job) -> None:
 
 
 @final
+@attrs.define(eq=False)
 class UnreadFailures:
     """The failed tasks (FAILED or TIMED_OUT, not a workflow's steps) whose
     completion nobody has read yet: how many, and the first few of them (bounded:
@@ -547,11 +541,8 @@ class UnreadFailures:
 
     KEPT = 16  # (to name the first one still unread)
 
-    __slots__ = ("count", "first")
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.first: list[Job] = []
+    count: int = 0
+    first: list[Job] = attrs.Factory(list)
 
     def add(self, job: Job) -> None:
         """``job`` ended failed (the failure path only)."""

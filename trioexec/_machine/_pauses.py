@@ -1,45 +1,36 @@
 """`Pauses`: what an operator's pause holds back (`Executor.pause`).
 
-A pause names task names and keys. Queued tasks that match leave the queue for
-``parked``, each keeping its entry (its place) for when the pause is lifted; a
-retry that matches waits between its attempts (``retries``). Running tasks go
-on. `Pending` asks and tells this part; the queue's heaps and counts stay its own.
+Queued tasks that match leave the queue for ``parked``, each keeping its entry
+(its place) for when the pause is lifted; a retry that matches waits between
+its attempts (``retries``). Running tasks go on.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, final
 
+import attrs
+
 if TYPE_CHECKING:
     from .._taskref import Job
     from ._keys import Wake
 
-#: (names, keys) paused now
-Paused = tuple[frozenset[str], frozenset[str]]
-
-
-def paused_by(paused: Paused | None, job: Job) -> bool:
-    """``job`` is of a name or key ``paused``."""
-    if paused is None:
-        return False
-    names, keys = paused
-    return job.name in names or (job.key is not None and job.key in keys)
-
 
 @final
+@attrs.define(eq=False)
 class Pauses:
     """The names and keys paused now (``now``: None while nothing is), the tasks
     they hold out of the queue (``parked``) and the retries they hold (``retries``)."""
 
-    __slots__ = ("now", "parked", "retries")
-
-    def __init__(self) -> None:
-        self.now: Paused | None = None
-        self.parked: dict[Job, Any] = {}
-        self.retries: dict[Job, Wake] = {}
+    now: tuple[frozenset[str], frozenset[str]] | None = None  # (names, keys)
+    parked: dict[Job, Any] = attrs.Factory(dict)
+    retries: dict[Job, Wake] = attrs.Factory(dict)
 
     def holds(self, job: Job) -> bool:
-        return paused_by(self.now, job)
+        if self.now is None:
+            return False
+        names, keys = self.now
+        return job.name in names or (job.key is not None and job.key in keys)
 
     def park(self, entry: Any) -> None:
         """Hold ``entry``'s task (queued, in no heap now) out of the queue."""

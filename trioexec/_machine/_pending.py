@@ -1,24 +1,19 @@
 """`Pending`: accepted tasks that have not started, in the order they start.
 
-Two shapes. Until a task with a key or a priority arrives, a plain deque in
-submission order (the fast path: most executors never use either). From then
-on, ranked: a heap of the tasks that may start now (``ready``), best first; each
-limited key keeps a line of its own held-back tasks (`KeyGate`), so a key at its
-limit never delays another key's. What a pause holds back is the `Pauses`'.
+Until a task with a key or a priority arrives, a plain deque in submission
+order (the fast path: most executors never use either). From then on, ranked:
+a heap of the tasks that may start now (``ready``), best first; each limited
+key keeps a line of its own (`KeyGate`), so a key at its limit never delays
+another key's.
 
 Rank: higher priority first, then submission order. With ``priority_aging``, a
 waiting task's priority rises by 1 for every ``priority_aging`` seconds it has
-waited (continuously), so tasks compare by ``queued_at - priority * priority_aging``: a
-static order, kept in a heap. ``queued_at`` is the executor's clock when the task was
-queued (worked out from ``submitted_at`` for tasks already waiting when the queue became
-ranked), made monotonic, so equal priorities keep submission order.
+waited, so tasks compare by ``queued_at - priority * priority_aging``: a static
+order, kept in a heap (``queued_at`` on the executor's clock, made monotonic so
+equal priorities keep submission order).
 
 A task cancelled while pending leaves a tombstone the workers skip (a cancel
-costs O(1)); the heap and the keys' lines are compacted when tombstones
-outnumber the entries of queued tasks.
-
-Part of the machine (`trioexec._machine`): no Trio here. It tells its `Listener`
-what to carry out and sets the `Wake` a waiting task's shell gave it.
+costs O(1)), compacted away once tombstones outnumber the queued entries.
 """
 
 from __future__ import annotations
@@ -46,20 +41,10 @@ _COMPACT_AFTER = 64
 class _Deaf:
     """The listener of a queue on its own (tests): nobody to tell."""
 
-    def ready(self) -> None:
+    def _nothing(self, *_: object) -> None:
         pass
 
-    def waiting(self, job: Job) -> None:
-        pass
-
-    def want(self, state: KeyState) -> None:
-        pass
-
-    def parked(self, job: Job) -> None:
-        pass
-
-    def timer(self, at: float) -> None:
-        pass
+    ready = waiting = want = parked = timer = _nothing
 
 
 _DEAF = _Deaf()
@@ -68,12 +53,8 @@ _DEAF = _Deaf()
 @final
 class Pending:
     """The pending queue. ``startable`` is how many tasks may start now, tombstones
-    aside (a plain attribute: the workers read it on every turn); its `KeyGate`
-    (``keys``) counts how many more wait in their keys' lines (``held``). What it
-    decides that others carry out (wake a worker, journal what a task waits on,
-    tell the store of a shared key, cancel what a pause holds during a shutdown)
-    it tells its `Listener`.
-    """
+    aside (a plain attribute: the workers read it on every turn); ``keys.held``,
+    how many more wait in their keys' lines."""
 
     __slots__ = (
         "_aging",
@@ -114,7 +95,7 @@ class Pending:
         self._aging = priority_aging
         self._wall = wall  # the clock of ``Job.submitted_at``
         self.tombstones = 0  # stale entries in the ready heap and the keys' lines
-        self.keys = KeyGate(self, clock, key_limits, shared, inline, self.listener)
+        self.keys = KeyGate(self, clock, dict(key_limits or {}), shared, inline, self.listener)
         self.pauses = Pauses()
 
     # ------------------------------------------------------------ in and out
