@@ -91,6 +91,35 @@ async def test_02_wait_after_the_failure_raises_at_once(autojump_clock):
             await ex.flush()
 
 
+async def test_wait_for_idle_is_a_checkpoint_after_the_failure_while_tasks_remain(autojump_clock):
+    # (a thread the failure's cancel cannot stop keeps the executor busy; before
+    # the fix wait_for_idle returned without a schedule point)
+    store = FaultyStore(MemoryStore())
+    gate = threading.Event()
+    idle: list[bool] = []
+
+    async def after_the_failure(ex: trioexec.Executor) -> None:
+        while ex._core.lifecycle.failure is None:
+            await trio.sleep(0.01)
+        idle.append(ex._core.lifecycle.is_idle())
+        try:
+            with trio.testing.assert_checkpoints():
+                await ex.wait_for_idle()
+        finally:
+            gate.set()
+
+    async with trio.open_nursery() as outside:
+        with pytest.raises(StoreError):
+            async with open_executor(store=store) as ex:
+                ex.submit_nowait(gate.wait)
+                await trio.testing.wait_all_tasks_blocked()
+                outside.start_soon(after_the_failure, ex)
+                store.fail_on.add("write")
+                await ex.submit(trio.sleep, 0)
+                await trio.sleep_forever()
+    assert idle == [False]
+
+
 async def test_02_heartbeat_failure_stops_the_executor(autojump_clock):
     store = FaultyStore(MemoryStore())
     with trio.fail_after(100):

@@ -76,7 +76,7 @@ class LifecycleWaits:
     async def wait_for_idle(self) -> None:
         """Until nothing is pending, active or deferred (or the store failed)."""
         lifecycle = self._lifecycle
-        if lifecycle.is_idle():
+        if lifecycle.is_idle() or lifecycle.failure is not None:
             await trio.lowlevel.checkpoint()
             return
         while not lifecycle.is_idle() and lifecycle.failure is None:
