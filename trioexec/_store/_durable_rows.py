@@ -100,6 +100,19 @@ def keep(overlay: Overlay | None, read_only: bool, path: str, call: str) -> Over
     return overlay
 
 
+def acquired(task: Row, version: int, pid: str, ttl: float, now: float) -> Row:
+    """``task`` acquired by ``pid`` at ``version``, leased for ``ttl`` from ``now``."""
+    task.update(
+        state=TaskState.ACQUIRED.value,
+        version=version,
+        pid=pid,
+        ttl=ttl,
+        lease_expires_at=now + ttl,
+        timeout_at=None,
+    )
+    return task
+
+
 def copy_promise(row: Row) -> Row:
     return dict(row, tags=dict(row["tags"]))
 

@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 from .._errors import StoreError
-from ._durable_rows import Row, TaskState, keep
+from ._durable_rows import Row, TaskState, acquired, keep
 from ._durable_sql import SQLTables
 from ._sqlite_file import SQLiteFile
 
@@ -65,13 +65,11 @@ class SQLiteTables(SQLTables):
             try:
                 yield
                 conn.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except BaseException as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                raise StoreError(f"{self.path}: durable store: {exc}") from None
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(f"{self.path}: durable store: {exc}") from None
                 raise
 
     def claim(
@@ -82,15 +80,7 @@ class SQLiteTables(SQLTables):
         keep(self._overlay, self._read_only, self.path, "claim")  # refused if read-only
         claimed = []
         for row in self.search_tasks(TaskState.PENDING.value, target, limit, None):
-            row.update(
-                state=TaskState.ACQUIRED.value,
-                version=row["version"] + 1,
-                pid=pid,
-                ttl=ttl,
-                lease_expires_at=now + ttl,
-                timeout_at=None,
-            )
-            self.put_task(row)
+            self.put_task(acquired(row, row["version"] + 1, pid, ttl, now))
             promise = self.promise(row["id"])
             claimed.append((row, None if promise is None else promise["data"]))
         return claimed
