@@ -67,40 +67,28 @@ TASKS = Table(
 
 
 class SQLTables:
-    """The durable_* tables on one connection (``conn``, inside a transaction): the
-    row access the durable protocol runs on. Rows are plain dicts; ``put_*``
-    writes back.
+    """The durable_* tables on one connection, inside a transaction: the row access
+    the durable protocol runs on. Rows are plain dicts; ``put_*`` writes back.
 
-    ``promise(id)``/``task(id)`` read a row to change it: a backend several
-    processes share locks it (a concurrent transaction waits for it, then sees
-    what this one wrote). With ``shared``, the row is only looked at: it stays as
-    read until the transaction ends, but other transactions looking at it do not
-    wait (two that look at rows in different orders cannot deadlock).
-    ``update_task/update_promise(id, expect, changes)`` change a row only if it
-    exists and its columns hold the (non-None) values of ``expect``; they answer
-    whether it did (the promise: the row as changed, or None). ``transaction()``
-    opened inside an open one is part of it; ``attempt(call)`` runs ``call()``
-    inside the open transaction as a unit that is undone if it raises (returning
-    ``(False, exc)``; ``(True, value)`` otherwise). ``claim(target, limit, pid,
-    ttl, now)`` acquires up to ``limit`` pending tasks of ``target``, oldest id
-    first (each: version + 1, leased to ``pid`` until ``now + ttl``, no retry
-    timeout), and returns each row with its promise's data; a backend shared by
-    several processes skips the rows a concurrent transaction holds, so
-    concurrent claims get different tasks.
+    ``promise(id)``/``task(id)`` read a row to change it: a backend several processes
+    share locks it (a concurrent transaction waits, then sees what this one wrote).
+    With ``shared`` it is only looked at: unchanged until the transaction ends, but
+    lookers do not wait for each other (nor deadlock, reading in different orders).
+    ``update_task/update_promise(id, expect, changes)`` change a row only if its
+    columns hold ``expect``'s (non-None) values, and say whether they did (the
+    promise: its row as changed, or None). ``claim(target, limit, pid, ttl, now)``
+    acquires (`acquired`: version + 1) up to ``limit`` pending tasks of ``target``,
+    oldest id first, each returned with its promise's data; a shared backend skips
+    the rows a concurrent transaction holds, so concurrent claims differ.
 
-    A backend sets its dialect: ``MARK``, the placeholder; ``INSERT``, the
-    statement that stores a row not read in this transaction (one changed row,
-    else another transaction inserted it meanwhile: `TransactionAborted`);
-    ``READ_BACK``, whether a task's update reads back the row it changed, kept as
-    stored (else a later write of it stores the whole row);
-    ``TAGGED``, the condition that a promise has the tag (key, value) given as two
-    parameters; ``SEQ``, the column that orders callbacks as they were added. It
-    also gives `_begun` (a transaction begun and, at the end, committed or rolled
-    back) and ``claim``.
-
-    ``writes`` counts the statements that changed rows; a backend that also names
-    its ``errors`` is an `AloneTables` (PostgreSQL: there a savepoint costs two
-    round trips).
+    A backend sets its dialect: ``MARK``, the placeholder; ``INSERT``, which stores a
+    row not read in this transaction (no row changed: another transaction inserted
+    it meanwhile, `TransactionAborted`); ``READ_BACK``, whether a task's update reads
+    back the row, kept as stored (else a later write stores the whole row);
+    ``TAGGED``, that a promise has the tag given as two parameters; ``SEQ``, the
+    column ordering callbacks as added. It gives `_begun` and ``claim``. ``writes``
+    counts the statements that changed rows; a backend that also names its
+    ``errors`` is an `AloneTables` (no savepoint per operation).
     """
 
     MARK: str
@@ -124,10 +112,8 @@ class SQLTables:
         self._raw = conn
         self.path = path  # what messages name the store by
         self._read_only = read_only
-        # With ``locks``, every row read to change is locked (a concurrent
-        # transaction waits for it, then sees what this one wrote), a row only
-        # looked at is locked shared (lookers do not wait for each other), and
-        # time's queries skip the rows another transaction holds.
+        # With ``locks``: rows read to change, looked at (``shared``), and found
+        # by time's queries (skipping those another transaction holds).
         self._lock = " FOR UPDATE" if locks else ""
         self._share = " FOR SHARE" if locks else ""
         self._skip = " FOR UPDATE SKIP LOCKED" if locks else ""
@@ -381,10 +367,10 @@ class SQLTables:
     def search_promises(
         self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
     ) -> list[Row]:
-        if tag is None:
-            return self._search("search_promises", PROMISES, state, None, limit, cursor)
-        key, value = tag
-        where = (self.TAGGED, tag, lambda r: r["tags"].get(key) == value)
+        where = None
+        if tag is not None:
+            key, value = tag
+            where = (self.TAGGED, tag, lambda r: r["tags"].get(key) == value)
         return self._search("search_promises", PROMISES, state, where, limit, cursor)
 
     def search_tasks(
