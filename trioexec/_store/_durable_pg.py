@@ -247,12 +247,8 @@ class PostgresTables(SQLTables):
         promise of the batch exists (one inserted meanwhile by another transaction
         aborts this one: `TransactionAborted`)."""
         keep(self._overlay, self._read_only, self.path, "create_many")
-        p_values = [tuple(row[c] for c in _P_COLS) for row in promises]
-        t_values = [tuple(row[c] for c in _T_COLS) for row in tasks]
-        tags = _P_COLS.index("tags")
-        p_values = [
-            (*v[:tags], json.dumps(v[tags], sort_keys=True), *v[tags + 1 :]) for v in p_values
-        ]
+        p_values = [PROMISES.values(row) for row in promises]
+        t_values = [TASKS.values(row) for row in tasks]
         try:
             p_batch = _json([dict(zip(_P_COLS, v, strict=True)) for v in p_values])
             t_batch = _json([dict(zip(_T_COLS, v, strict=True)) for v in t_values])

@@ -47,6 +47,12 @@ class Table:
     def _select(self) -> str:
         return f"SELECT {', '.join(self.cols)} FROM {self.name}"
 
+    def values(self, row: Row) -> tuple[Any, ...]:
+        """``row``'s values as stored (a promise's tags as JSON text)."""
+        return tuple(
+            json.dumps(row[c], sort_keys=True) if c == "tags" else row[c] for c in self.cols
+        )
+
 
 PROMISES = Table(
     name="durable_promises",
@@ -163,16 +169,15 @@ class SQLTables:
         conn = self.conn
         conn.execute("SAVEPOINT durable_call")
         try:
-            value = call()
+            done: tuple[bool, Any] = (True, call())
         except self._fatal:
             raise
         except Exception as exc:
             conn.execute("ROLLBACK TO SAVEPOINT durable_call")
-            conn.execute("RELEASE SAVEPOINT durable_call")
             self._stored.clear()  # what it wrote is undone
-            return False, exc
+            done = (False, exc)
         conn.execute("RELEASE SAVEPOINT durable_call")
-        return True, value
+        return done
 
     # ------------------------------------------------------------------ rows
 
@@ -205,14 +210,15 @@ class SQLTables:
         row = self.conn.execute(f"{table.select} WHERE id = {self.MARK}{lock}", (id,)).fetchone()
         return None if row is None else self._row(table, row)
 
-    def _put(self, table: Table, row: Row, values: tuple[Any, ...]) -> None:
-        """Store ``row`` (as ``values``): on a read-only store in its overlay; else
-        only its changed columns if it was read (and so locked) in this
-        transaction, nothing if none changed; else insert it."""
+    def _put(self, table: Table, row: Row) -> None:
+        """Store ``row``: on a read-only store in its overlay; else only its changed
+        columns if it was read (and so locked) in this transaction, nothing if none
+        changed; else insert it."""
         overlay = keep(self._overlay, self._read_only, self.path, f"put_{table.noun}")
         if overlay is not None:
             table.of(overlay)[row["id"]] = table.copy(row)
             return
+        values = table.values(row)
         key = (table.name, values[0])
         before = self._stored.get(key)
         if before is None:
@@ -240,15 +246,13 @@ class SQLTables:
         return self._get(PROMISES, id, shared)
 
     def put_promise(self, row: Row) -> None:
-        values = [row[c] for c in PROMISES.cols]
-        values[PROMISES.cols.index("tags")] = json.dumps(row["tags"], sort_keys=True)
-        self._put(PROMISES, row, tuple(values))
+        self._put(PROMISES, row)
 
     def task(self, id: str, *, shared: bool = False) -> Row | None:
         return self._get(TASKS, id, shared)
 
     def put_task(self, row: Row) -> None:
-        self._put(TASKS, row, tuple(row[c] for c in TASKS.cols))
+        self._put(TASKS, row)
 
     def _update(self, table: Table, id: str, expect: Row, changes: Row, back: bool) -> Row | None:
         """Change row ``id`` if its columns hold ``expect``'s values: the row as
@@ -291,30 +295,20 @@ class SQLTables:
         )
         self.writes += 1
 
+    def _callbacks(self, col: str, where: str, value: str) -> list[str]:
+        sql = f"SELECT {col} FROM durable_callbacks WHERE {where} = {self.MARK} ORDER BY {self.SEQ}"
+        return [r[0] for r in self.conn.execute(sql, (value,)).fetchall()]
+
     def tasks_awaiting(self, promise_id: str) -> list[str]:
         overlay = note(self._overlay, "tasks_awaiting")
-        found = [
-            r[0]
-            for r in self.conn.execute(
-                f"SELECT task_id FROM durable_callbacks WHERE promise_id = {self.MARK}"
-                f" ORDER BY {self.SEQ}",
-                (promise_id,),
-            ).fetchall()
-        ]
+        found = self._callbacks("task_id", "promise_id", promise_id)
         return found if overlay is None else [t for t in found if t not in overlay.dropped]
 
     def awaited_by(self, task_id: str) -> list[str]:
         overlay = note(self._overlay, "awaited_by")
         if overlay is not None and task_id in overlay.dropped:
             return []
-        return [
-            r[0]
-            for r in self.conn.execute(
-                f"SELECT promise_id FROM durable_callbacks WHERE task_id = {self.MARK}"
-                f" ORDER BY {self.SEQ}",
-                (task_id,),
-            ).fetchall()
-        ]
+        return self._callbacks("promise_id", "task_id", task_id)
 
     def drop_callbacks(self, task_id: str) -> None:
         overlay = keep(self._overlay, self._read_only, self.path, "drop_callbacks")
