@@ -1,9 +1,6 @@
-"""What the durable tables hold: their row shape (the states stored in them are
-values, `trioexec._durable_records`), and what a backend may offer beyond the
-table layer the durable protocol runs on (`SQLTables`).
-
-They live with the store, below `trioexec.durable`, so the tables import nothing
-from the protocol built on them; `trioexec.durable` re-exports the state enums.
+"""What the durable tables hold (their rows, the rule of an acquired task) and what
+a backend may offer beyond the table layer the protocol runs on (`SQLTables`): here,
+below `trioexec.durable`, so that the tables import nothing from the protocol.
 """
 
 from __future__ import annotations

@@ -17,18 +17,15 @@ from ._sqlite_file import SQLiteFile
 class SQLiteTables(SQLTables):
     """The durable_* tables of a trioexec database, on one connection.
 
-    Every protocol operation is one ``BEGIN IMMEDIATE`` transaction, so operations
-    from several processes on one file are serialised by SQLite (a read takes no
-    row lock, a claim skips none), and (on a connection from
-    `SQLiteStore.durable_tables`) it holds the store's lock, so they never
-    interleave with the store's own writes in this process, and checks that the file
-    was not deleted or replaced underneath.
+    Every protocol operation is one ``BEGIN IMMEDIATE`` transaction: SQLite
+    serialises operations from several processes on one file (a read takes no row
+    lock, a claim skips none). On a connection from `SQLiteStore.durable_tables` it
+    holds the store's lock (never interleaving with the store's own writes in this
+    process) and checks that the file was not deleted or replaced underneath.
 
     On a read-only store's connection, a transaction only reads (``BEGIN``: one
-    snapshot, no lock). The effects of time that every operation applies first
-    (timed-out promises settle, expired leases lapse) are kept in memory for the rest
-    of the operation, so a search answers what a writer's search would; any other
-    write raises ``StoreError("<path>: opened read-only")``.
+    snapshot, no lock); the effects of time are kept in memory, as `PostgresTables`
+    says; any other write raises ``StoreError("<path>: opened read-only")``.
     """
 
     MARK = "?"
