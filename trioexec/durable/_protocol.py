@@ -288,8 +288,6 @@ class Core:
         check_id(pid, "pid")
         check_id(target, "target")
         with self._at() as now:
-            if self.tables.promise(id) is not None:
-                raise Conflict(f"promise {id!r} already exists")
             self._create(id, timeout, None, data, None, target, now)
             task = self._task(id)
             if task["state"] == TaskState.PENDING.value:
@@ -316,8 +314,6 @@ class Core:
         check_id(target, "target")
         check_id(pid, "pid")
         with self._at() as now:
-            # (SQLTables.claim: on a database many processes share, one statement that
-            # skips the rows a concurrent claim holds.)
             claimed = self.tables.claim(target, limit, pid, ttl, now)
             return [(self.task_record(task), data) for task, data in claimed]
 
