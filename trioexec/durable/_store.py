@@ -109,19 +109,16 @@ class DurableStore:
         except BaseException:
             self.close()
             raise
-        clock = clock or store.clock
-        self.clock = clock
-        self._core = Core(tables, clock, retry_timeout)
+        self.clock = clock or store.clock
+        self._core = Core(tables, self.clock, retry_timeout)
         self.promises = Promises(self)
         self.tasks = Tasks(self)
 
-    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def _call(self, fn: Callable[[], T]) -> T:
         if self.inline:
             await trio.lowlevel.checkpoint()
-            return fn(*args, **kwargs)
-        return await trio.to_thread.run_sync(
-            functools.partial(fn, *args, **kwargs), limiter=self._limiter
-        )
+            return fn()
+        return await trio.to_thread.run_sync(fn, limiter=self._limiter)
 
     async def _op(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` (an operation of the protocol core), in the next
