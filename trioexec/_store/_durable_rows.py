@@ -85,12 +85,8 @@ def note(overlay: Overlay | None, call: str) -> Overlay | None:
 
 def keep(overlay: Overlay | None, read_only: bool, path: str, call: str) -> Overlay | None:
     """Where write ``call`` goes on a read-only store (its overlay, while time is
-    being applied), or None: write it.
-
-    Raises:
-      StoreError: ``"<path>: opened read-only"`` for any other write on a read-only
-        store.
-    """
+    being applied), or None: write it. Any other write on a read-only store raises
+    ``StoreError("<path>: opened read-only")``."""
     overlay = note(overlay, call)
     if read_only and (overlay is None or not overlay.ticking):
         raise StoreError(f"{path}: opened read-only")

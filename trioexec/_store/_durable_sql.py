@@ -182,11 +182,8 @@ class SQLTables:
     # ------------------------------------------------------------------ rows
 
     def _row(self, table: Table, values: tuple[Any, ...]) -> Row:
-        """A row of ``table`` as read (and kept as stored), its tags decoded.
-
-        Raises:
-          StoreError: for a row this trioexec cannot read.
-        """
+        """A row of ``table`` as read (and kept as stored), its tags decoded
+        (StoreError: a row this trioexec cannot read)."""
         self._stored[table.name, values[0]] = values
         out = dict(zip(table.cols, values, strict=True))
         try:

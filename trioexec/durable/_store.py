@@ -475,11 +475,7 @@ def trace_with(ds: DurableStore, tracing: Tracing) -> None:
     """From now on, ``ds`` carries a trace context through the store with
     ``tracing``: tasks created (``promises.create(..., target=...)``) get the
     creator's in their promise's tags, and a worker on ``ds`` submits each task it
-    claims in the context taken from them.
-
-    Raises:
-      ValueError: ``ds`` carries one already.
-    """
+    claims in the context taken from them (ValueError if ``ds`` carries one already)."""
     if ds._tracing is not None:
         raise ValueError(f"this DurableStore carries a trace context already ({ds._tracing!r})")
     ds._tracing = tracing
