@@ -464,11 +464,9 @@ class Tracing(Protocol):
 
     def inject(self, tags: dict[str, str] | None) -> dict[str, str] | None:
         """``tags`` (the creator's own), with the current trace context added."""
-        ...
 
     def extract(self, tags: Mapping[str, str]) -> AbstractContextManager[object]:
         """The context to submit a claimed task's run in: its creator's trace."""
-        ...
 
 
 def trace_with(ds: DurableStore, tracing: Tracing) -> None:

@@ -421,8 +421,7 @@ class Worker:
                             # A thread is not cancelled: it learns of it and raises
                             # something. The run was cancelled: released, not rejected.
                             trio.from_thread.check_cancelled()
-                            raise
-                        if isinstance(exc, Exception):
+                        elif isinstance(exc, Exception):
                             trio.from_thread.run(self._reject, record, exc)
                         raise
                     # In a thread, a Cancelled can only come from this run being cancelled.
