@@ -39,6 +39,7 @@ from ._records import (
 )
 
 R = TypeVar("R", PromiseRecord, TaskRecord)
+_ACQUIRED = TaskState.ACQUIRED.value
 
 
 class _RunAgain(Exception):
@@ -530,11 +531,6 @@ def _held(tables: SQLTables, id: str, version: int, pid: str) -> Row | None:
     """Task ``id``'s row if ``pid`` holds it at ``version`` (acquired), else None:
     what a heartbeat renews; the rest is lost."""
     task = tables.task(id)
-    if (
-        task is None
-        or task["state"] != TaskState.ACQUIRED.value
-        or task["version"] != version
-        or task["pid"] != pid
-    ):
+    if task is None or (task["state"], task["version"], task["pid"]) != (_ACQUIRED, version, pid):
         return None
     return task
