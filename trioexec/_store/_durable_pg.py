@@ -1,22 +1,16 @@
 """The durable tables on PostgreSQL, for many processes on many hosts.
 
 The protocol (`trioexec.durable._protocol.Core`) reads a row, decides, and writes it
-back. Under PostgreSQL's READ COMMITTED that is safe because every row the
-protocol reads to change is read locked (``SELECT ... FOR UPDATE``): a concurrent
-transaction waits for it and then sees what this one wrote. A row it only looks at
-(a get, the promises a suspend awaits) is locked shared (``FOR SHARE``): it cannot
-change until this transaction ends, but lookers do not wait for each other, so
-group commits looking at the same promises in different orders do not deadlock.
-What time does to the rows (timed-out promises, lapsed leases, due retries) and a
-worker's claim take their rows with ``FOR UPDATE SKIP LOCKED``: two transactions
-doing it at once take different rows instead of waiting for each other. A claim is
-one statement (the batch's rows locked, acquired and returned with their
-promises' data).
+back: safe under READ COMMITTED, as it reads every row it changes ``FOR UPDATE`` (a
+concurrent transaction waits, then sees what this one wrote) and those it only looks
+at ``FOR SHARE`` (lookers do not wait for each other, so group commits looking at the
+same promises in different orders do not deadlock). Time's queries and a claim (one
+statement) take ``FOR UPDATE SKIP LOCKED``: two at once take different rows instead
+of waiting for each other.
 
-When a task becomes claimable (created pending, released, resumed, its lease
-lapsed), the transaction sends ``NOTIFY`` on the schema's channel with the task's
-target, delivered at its commit: idle workers listening there (`Listener`) wake at
-once instead of waiting for their next poll.
+A transaction that makes a task claimable (created pending, released, resumed, its
+lease lapsed) sends ``NOTIFY`` on the schema's channel with the task's target,
+delivered at its commit: idle workers listening there (`Listener`) wake at once.
 """
 
 from __future__ import annotations
@@ -253,12 +247,8 @@ class PostgresTables(SQLTables):
         promise of the batch exists (one inserted meanwhile by another transaction
         aborts this one: `TransactionAborted`)."""
         keep(self._overlay, self._read_only, self.path, "create_many")
-        p_values = [tuple(row[c] for c in _P_COLS) for row in promises]
-        t_values = [tuple(row[c] for c in _T_COLS) for row in tasks]
-        tags = _P_COLS.index("tags")
-        p_values = [
-            (*v[:tags], json.dumps(v[tags], sort_keys=True), *v[tags + 1 :]) for v in p_values
-        ]
+        p_values = [PROMISES.values(row) for row in promises]
+        t_values = [TASKS.values(row) for row in tasks]
         try:
             p_batch = _json([dict(zip(_P_COLS, v, strict=True)) for v in p_values])
             t_batch = _json([dict(zip(_T_COLS, v, strict=True)) for v in t_values])

@@ -1,9 +1,6 @@
-"""What the durable tables hold: their row shape (the states stored in them are
-values, `trioexec._durable_records`), and what a backend may offer beyond the
-table layer the durable protocol runs on (`SQLTables`).
-
-They live with the store, below `trioexec.durable`, so the tables import nothing
-from the protocol built on them; `trioexec.durable` re-exports the state enums.
+"""What the durable tables hold (their rows, the rule of an acquired task) and what
+a backend may offer beyond the table layer the protocol runs on (`SQLTables`): here,
+below `trioexec.durable`, so that the tables import nothing from the protocol.
 """
 
 from __future__ import annotations
@@ -88,16 +85,25 @@ def note(overlay: Overlay | None, call: str) -> Overlay | None:
 
 def keep(overlay: Overlay | None, read_only: bool, path: str, call: str) -> Overlay | None:
     """Where write ``call`` goes on a read-only store (its overlay, while time is
-    being applied), or None: write it.
-
-    Raises:
-      StoreError: ``"<path>: opened read-only"`` for any other write on a read-only
-        store.
-    """
+    being applied), or None: write it. Any other write on a read-only store raises
+    ``StoreError("<path>: opened read-only")``."""
     overlay = note(overlay, call)
     if read_only and (overlay is None or not overlay.ticking):
         raise StoreError(f"{path}: opened read-only")
     return overlay
+
+
+def acquired(task: Row, version: int, pid: str, ttl: float, now: float) -> Row:
+    """``task`` acquired by ``pid`` at ``version``, leased for ``ttl`` from ``now``."""
+    task.update(
+        state=TaskState.ACQUIRED.value,
+        version=version,
+        pid=pid,
+        ttl=ttl,
+        lease_expires_at=now + ttl,
+        timeout_at=None,
+    )
+    return task
 
 
 def copy_promise(row: Row) -> Row:

@@ -47,6 +47,12 @@ class Table:
     def _select(self) -> str:
         return f"SELECT {', '.join(self.cols)} FROM {self.name}"
 
+    def values(self, row: Row) -> tuple[Any, ...]:
+        """``row``'s values as stored (a promise's tags as JSON text)."""
+        return tuple(
+            json.dumps(row[c], sort_keys=True) if c == "tags" else row[c] for c in self.cols
+        )
+
 
 PROMISES = Table(
     name="durable_promises",
@@ -67,40 +73,28 @@ TASKS = Table(
 
 
 class SQLTables:
-    """The durable_* tables on one connection (``conn``, inside a transaction): the
-    row access the durable protocol runs on. Rows are plain dicts; ``put_*``
-    writes back.
+    """The durable_* tables on one connection, inside a transaction: the row access
+    the durable protocol runs on. Rows are plain dicts; ``put_*`` writes back.
 
-    ``promise(id)``/``task(id)`` read a row to change it: a backend several
-    processes share locks it (a concurrent transaction waits for it, then sees
-    what this one wrote). With ``shared``, the row is only looked at: it stays as
-    read until the transaction ends, but other transactions looking at it do not
-    wait (two that look at rows in different orders cannot deadlock).
-    ``update_task/update_promise(id, expect, changes)`` change a row only if it
-    exists and its columns hold the (non-None) values of ``expect``; they answer
-    whether it did (the promise: the row as changed, or None). ``transaction()``
-    opened inside an open one is part of it; ``attempt(call)`` runs ``call()``
-    inside the open transaction as a unit that is undone if it raises (returning
-    ``(False, exc)``; ``(True, value)`` otherwise). ``claim(target, limit, pid,
-    ttl, now)`` acquires up to ``limit`` pending tasks of ``target``, oldest id
-    first (each: version + 1, leased to ``pid`` until ``now + ttl``, no retry
-    timeout), and returns each row with its promise's data; a backend shared by
-    several processes skips the rows a concurrent transaction holds, so
-    concurrent claims get different tasks.
+    ``promise(id)``/``task(id)`` read a row to change it: a backend several processes
+    share locks it (a concurrent transaction waits, then sees what this one wrote).
+    With ``shared`` it is only looked at: unchanged until the transaction ends, but
+    lookers do not wait for each other (nor deadlock, reading in different orders).
+    ``update_task/update_promise(id, expect, changes)`` change a row only if its
+    columns hold ``expect``'s (non-None) values, and say whether they did (the
+    promise: its row as changed, or None). ``claim(target, limit, pid, ttl, now)``
+    acquires (`acquired`: version + 1) up to ``limit`` pending tasks of ``target``,
+    oldest id first, each returned with its promise's data; a shared backend skips
+    the rows a concurrent transaction holds, so concurrent claims differ.
 
-    A backend sets its dialect: ``MARK``, the placeholder; ``INSERT``, the
-    statement that stores a row not read in this transaction (one changed row,
-    else another transaction inserted it meanwhile: `TransactionAborted`);
-    ``READ_BACK``, whether a task's update reads back the row it changed, kept as
-    stored (else a later write of it stores the whole row);
-    ``TAGGED``, the condition that a promise has the tag (key, value) given as two
-    parameters; ``SEQ``, the column that orders callbacks as they were added. It
-    also gives `_begun` (a transaction begun and, at the end, committed or rolled
-    back) and ``claim``.
-
-    ``writes`` counts the statements that changed rows; a backend that also names
-    its ``errors`` is an `AloneTables` (PostgreSQL: there a savepoint costs two
-    round trips).
+    A backend sets its dialect: ``MARK``, the placeholder; ``INSERT``, which stores a
+    row not read in this transaction (no row changed: another transaction inserted
+    it meanwhile, `TransactionAborted`); ``READ_BACK``, whether a task's update reads
+    back the row, kept as stored (else a later write stores the whole row);
+    ``TAGGED``, that a promise has the tag given as two parameters; ``SEQ``, the
+    column ordering callbacks as added. It gives `_begun` and ``claim``. ``writes``
+    counts the statements that changed rows; a backend that also names its
+    ``errors`` is an `AloneTables` (no savepoint per operation).
     """
 
     MARK: str
@@ -124,10 +118,8 @@ class SQLTables:
         self._raw = conn
         self.path = path  # what messages name the store by
         self._read_only = read_only
-        # With ``locks``, every row read to change is locked (a concurrent
-        # transaction waits for it, then sees what this one wrote), a row only
-        # looked at is locked shared (lookers do not wait for each other), and
-        # time's queries skip the rows another transaction holds.
+        # With ``locks``: rows read to change, looked at (``shared``), and found
+        # by time's queries (skipping those another transaction holds).
         self._lock = " FOR UPDATE" if locks else ""
         self._share = " FOR SHARE" if locks else ""
         self._skip = " FOR UPDATE SKIP LOCKED" if locks else ""
@@ -177,25 +169,21 @@ class SQLTables:
         conn = self.conn
         conn.execute("SAVEPOINT durable_call")
         try:
-            value = call()
+            done: tuple[bool, Any] = (True, call())
         except self._fatal:
             raise
         except Exception as exc:
             conn.execute("ROLLBACK TO SAVEPOINT durable_call")
-            conn.execute("RELEASE SAVEPOINT durable_call")
             self._stored.clear()  # what it wrote is undone
-            return False, exc
+            done = (False, exc)
         conn.execute("RELEASE SAVEPOINT durable_call")
-        return True, value
+        return done
 
     # ------------------------------------------------------------------ rows
 
     def _row(self, table: Table, values: tuple[Any, ...]) -> Row:
-        """A row of ``table`` as read (and kept as stored), its tags decoded.
-
-        Raises:
-          StoreError: for a row this trioexec cannot read.
-        """
+        """A row of ``table`` as read (and kept as stored), its tags decoded
+        (StoreError: a row this trioexec cannot read)."""
         self._stored[table.name, values[0]] = values
         out = dict(zip(table.cols, values, strict=True))
         try:
@@ -219,14 +207,15 @@ class SQLTables:
         row = self.conn.execute(f"{table.select} WHERE id = {self.MARK}{lock}", (id,)).fetchone()
         return None if row is None else self._row(table, row)
 
-    def _put(self, table: Table, row: Row, values: tuple[Any, ...]) -> None:
-        """Store ``row`` (as ``values``): on a read-only store in its overlay; else
-        only its changed columns if it was read (and so locked) in this
-        transaction, nothing if none changed; else insert it."""
+    def _put(self, table: Table, row: Row) -> None:
+        """Store ``row``: on a read-only store in its overlay; else only its changed
+        columns if it was read (and so locked) in this transaction, nothing if none
+        changed; else insert it."""
         overlay = keep(self._overlay, self._read_only, self.path, f"put_{table.noun}")
         if overlay is not None:
             table.of(overlay)[row["id"]] = table.copy(row)
             return
+        values = table.values(row)
         key = (table.name, values[0])
         before = self._stored.get(key)
         if before is None:
@@ -254,15 +243,13 @@ class SQLTables:
         return self._get(PROMISES, id, shared)
 
     def put_promise(self, row: Row) -> None:
-        values = [row[c] for c in PROMISES.cols]
-        values[PROMISES.cols.index("tags")] = json.dumps(row["tags"], sort_keys=True)
-        self._put(PROMISES, row, tuple(values))
+        self._put(PROMISES, row)
 
     def task(self, id: str, *, shared: bool = False) -> Row | None:
         return self._get(TASKS, id, shared)
 
     def put_task(self, row: Row) -> None:
-        self._put(TASKS, row, tuple(row[c] for c in TASKS.cols))
+        self._put(TASKS, row)
 
     def _update(self, table: Table, id: str, expect: Row, changes: Row, back: bool) -> Row | None:
         """Change row ``id`` if its columns hold ``expect``'s values: the row as
@@ -305,30 +292,20 @@ class SQLTables:
         )
         self.writes += 1
 
+    def _callbacks(self, col: str, where: str, value: str) -> list[str]:
+        sql = f"SELECT {col} FROM durable_callbacks WHERE {where} = {self.MARK} ORDER BY {self.SEQ}"
+        return [r[0] for r in self.conn.execute(sql, (value,)).fetchall()]
+
     def tasks_awaiting(self, promise_id: str) -> list[str]:
         overlay = note(self._overlay, "tasks_awaiting")
-        found = [
-            r[0]
-            for r in self.conn.execute(
-                f"SELECT task_id FROM durable_callbacks WHERE promise_id = {self.MARK}"
-                f" ORDER BY {self.SEQ}",
-                (promise_id,),
-            ).fetchall()
-        ]
+        found = self._callbacks("task_id", "promise_id", promise_id)
         return found if overlay is None else [t for t in found if t not in overlay.dropped]
 
     def awaited_by(self, task_id: str) -> list[str]:
         overlay = note(self._overlay, "awaited_by")
         if overlay is not None and task_id in overlay.dropped:
             return []
-        return [
-            r[0]
-            for r in self.conn.execute(
-                f"SELECT promise_id FROM durable_callbacks WHERE task_id = {self.MARK}"
-                f" ORDER BY {self.SEQ}",
-                (task_id,),
-            ).fetchall()
-        ]
+        return self._callbacks("promise_id", "task_id", task_id)
 
     def drop_callbacks(self, task_id: str) -> None:
         overlay = keep(self._overlay, self._read_only, self.path, "drop_callbacks")
@@ -381,10 +358,10 @@ class SQLTables:
     def search_promises(
         self, state: str | None, tag: tuple[str, str] | None, limit: int, cursor: str | None
     ) -> list[Row]:
-        if tag is None:
-            return self._search("search_promises", PROMISES, state, None, limit, cursor)
-        key, value = tag
-        where = (self.TAGGED, tag, lambda r: r["tags"].get(key) == value)
+        where = None
+        if tag is not None:
+            key, value = tag
+            where = (self.TAGGED, tag, lambda r: r["tags"].get(key) == value)
         return self._search("search_promises", PROMISES, state, where, limit, cursor)
 
     def search_tasks(

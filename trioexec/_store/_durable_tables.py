@@ -9,7 +9,7 @@ import time
 from collections.abc import Iterator
 
 from .._errors import StoreError
-from ._durable_rows import Row, TaskState, keep
+from ._durable_rows import Row, TaskState, acquired, keep
 from ._durable_sql import SQLTables
 from ._sqlite_file import SQLiteFile
 
@@ -17,18 +17,15 @@ from ._sqlite_file import SQLiteFile
 class SQLiteTables(SQLTables):
     """The durable_* tables of a trioexec database, on one connection.
 
-    Every protocol operation is one ``BEGIN IMMEDIATE`` transaction, so operations
-    from several processes on one file are serialised by SQLite (a read takes no
-    row lock, a claim skips none), and (on a connection from
-    `SQLiteStore.durable_tables`) it holds the store's lock, so they never
-    interleave with the store's own writes in this process, and checks that the file
-    was not deleted or replaced underneath.
+    Every protocol operation is one ``BEGIN IMMEDIATE`` transaction: SQLite
+    serialises operations from several processes on one file (a read takes no row
+    lock, a claim skips none). On a connection from `SQLiteStore.durable_tables` it
+    holds the store's lock (never interleaving with the store's own writes in this
+    process) and checks that the file was not deleted or replaced underneath.
 
     On a read-only store's connection, a transaction only reads (``BEGIN``: one
-    snapshot, no lock). The effects of time that every operation applies first
-    (timed-out promises settle, expired leases lapse) are kept in memory for the rest
-    of the operation, so a search answers what a writer's search would; any other
-    write raises ``StoreError("<path>: opened read-only")``.
+    snapshot, no lock); the effects of time are kept in memory, as `PostgresTables`
+    says; any other write raises ``StoreError("<path>: opened read-only")``.
     """
 
     MARK = "?"
@@ -65,13 +62,11 @@ class SQLiteTables(SQLTables):
             try:
                 yield
                 conn.execute("COMMIT")
-            except sqlite3.Error as exc:
+            except BaseException as exc:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
-                raise StoreError(f"{self.path}: durable store: {exc}") from None
-            except BaseException:
-                if conn.in_transaction:
-                    conn.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise StoreError(f"{self.path}: durable store: {exc}") from None
                 raise
 
     def claim(
@@ -82,15 +77,7 @@ class SQLiteTables(SQLTables):
         keep(self._overlay, self._read_only, self.path, "claim")  # refused if read-only
         claimed = []
         for row in self.search_tasks(TaskState.PENDING.value, target, limit, None):
-            row.update(
-                state=TaskState.ACQUIRED.value,
-                version=row["version"] + 1,
-                pid=pid,
-                ttl=ttl,
-                lease_expires_at=now + ttl,
-                timeout_at=None,
-            )
-            self.put_task(row)
+            self.put_task(acquired(row, row["version"] + 1, pid, ttl, now))
             promise = self.promise(row["id"])
             claimed.append((row, None if promise is None else promise["data"]))
         return claimed

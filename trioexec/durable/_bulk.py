@@ -1,8 +1,6 @@
-"""A group commit's operations (`Core.run` hands them here). A batch's fulfils (a
-worker's), and its creates (a producer's), go to the backend as one statement each
-where it can (`BulkTables`: PostgreSQL) and all are plainly valid: it writes them all
-or nothing, and says so. Else, like every other operation, each runs alone, undone
-alone if it fails (`run_calls`). The answers are each operation's own either way.
+"""A group commit's operations (`Core.run` hands them here): a batch's fulfils (a
+worker's) and creates (a producer's) go to the backend as one statement each where
+it can (`BulkTables`: PostgreSQL) and all are plainly valid; else each runs alone.
 """
 
 from __future__ import annotations
@@ -18,6 +16,10 @@ from ._records import PromiseRecord, PromiseState
 
 _FULFIL_KEYWORDS = frozenset({"data", "rejected"})
 _CREATE_KEYWORDS = frozenset({"idempotency_key", "data", "tags", "target"})
+
+
+#: Writes a run of like operations at once (`_fulfils`, `_creates`).
+_Many = Callable[["Core", BulkTables, float, Sequence[Any]], list[PromiseRecord] | None]
 
 
 @runtime_checkable
@@ -50,10 +52,11 @@ def run_calls(
     core: Core, now: float, calls: Sequence[Callable[[], Any]], *, careful: bool
 ) -> list[tuple[bool, Any]] | None:
     """Each of ``calls`` (operations of ``core``, in the transaction open at ``now``):
-    ``(True, value)`` or ``(False, exception)``, in the order of ``calls``.
+    ``(True, value)`` or ``(False, exception)``, in the order of ``calls``, each
+    operation's own answer.
 
     Every fulfil of the batch runs at the place of its first, as one run, and so
-    does every create (one statement each where the backend can); the other
+    does every create (written all or nothing where the backend can); the other
     operations run alone, in order. (They were called concurrently: none of their
     callers has had an answer yet, so any order is one they could have seen.)
 
@@ -66,14 +69,9 @@ def run_calls(
     bulk = tables if isinstance(tables, BulkTables) else None
     alone = None if careful or not isinstance(tables, AloneTables) else tables
     results: list[tuple[bool, Any] | None] = [None] * len(calls)
-    for kind, run in _runs(core, calls, bulk is not None):
-        if kind is not None and bulk is not None:
-            group = [calls[i] for i in run]
-            done = (
-                _fulfils(core, bulk, now, group)
-                if kind == "fulfil"
-                else _creates(core, bulk, now, group)
-            )
+    for many, run in _runs(core, calls, bulk is not None):
+        if many is not None and bulk is not None:
+            done = many(core, bulk, now, [calls[i] for i in run])
             if done is not None:
                 for i, record in zip(run, done, strict=True):
                     results[i] = (True, record)
@@ -106,12 +104,12 @@ def _try_alone(tables: AloneTables, call: Callable[[], Any]) -> tuple[bool, Any]
 
 def _runs(
     core: Core, calls: Sequence[Callable[[], Any]], bulk: bool
-) -> list[tuple[str | None, list[int]]]:
-    """The indices of ``calls`` in the runs they go in, in order: with ``bulk``,
-    every fulfil in one run at the place of the first, likewise every create;
-    every other operation a run of its own."""
-    runs: list[tuple[str | None, list[int]]] = []
-    first: dict[str, int] = {}
+) -> list[tuple[_Many | None, list[int]]]:
+    """The indices of ``calls`` in the runs they go in, in order, each with what
+    writes its run at once (with ``bulk``, every fulfil in one run at the place of
+    the first, likewise every create; every other operation a run of its own)."""
+    runs: list[tuple[_Many | None, list[int]]] = []
+    first: dict[_Many, int] = {}
     for i, call in enumerate(calls):
         kind = _kind(core, call) if bulk else None
         if kind is None:
@@ -124,13 +122,13 @@ def _runs(
     return runs
 
 
-def _kind(core: Core, call: Callable[[], Any]) -> str | None:
+def _kind(core: Core, call: Callable[[], Any]) -> _Many | None:
     if not isinstance(call, functools.partial) or len(call.args) != 2:
         return None
     if call.func == core.fulfill and _FULFIL_KEYWORDS.issuperset(call.keywords):
-        return "fulfil"
+        return _fulfils
     if call.func == core.create_promise and _CREATE_KEYWORDS.issuperset(call.keywords):
-        return "create"
+        return _creates
     return None
 
 

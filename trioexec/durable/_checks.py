@@ -16,11 +16,7 @@ from ._records import PromiseRecord, PromiseState, TaskState
 
 def encode(data: Any, what: str = "data") -> str | None:
     """``data`` as JSON text (None stays None). Strict JSON: NaN and infinities are
-    refused like any other value JSON cannot carry.
-
-    Raises:
-      ValueError: naming ``what`` and the offending type.
-    """
+    refused like any other value JSON cannot carry (ValueError naming ``what``)."""
     if data is None:
         return None
     try:
@@ -33,11 +29,7 @@ def encode(data: Any, what: str = "data") -> str | None:
 
 def check_id(value: object, what: str = "id") -> str:
     """``value`` if it is a usable promise/task id (or pid, target, key): a non-empty
-    str that SQLite can store (no lone surrogates).
-
-    Raises:
-      ValueError: naming the value.
-    """
+    str that SQLite can store (no lone surrogates); else ValueError naming it."""
     if not isinstance(value, str) or not value:
         raise ValueError(f"{what} must be a non-empty str, got {value!r}")
     if not value.isascii():
@@ -56,11 +48,8 @@ def check_optional_id(value: object, what: str) -> None:
 
 
 def check_create(id: object, ikc: object, target: object, tags: object) -> None:
-    """The arguments of a promise's create (but its timeout and data) are usable.
-
-    Raises:
-      ValueError: naming the first that is not.
-    """
+    """The arguments of a promise's create (but its timeout and data) are usable;
+    else ValueError naming the first that is not."""
     check_id(id, "promise id")
     check_optional_id(ikc, "idempotency_key")
     check_optional_id(target, "target")
@@ -90,11 +79,8 @@ def promise_record(row: Row) -> PromiseRecord:
 
 def check_seconds(value: object, what: str, *, zero: bool = False) -> None:
     """``value`` is a finite number of seconds (not a bool) above 0, or 0 too with
-    ``zero``, that a store can hold: a timeout, a lease, an interval.
-
-    Raises:
-      ValueError: naming ``what`` and the value.
-    """
+    ``zero``, that a store can hold (a timeout, a lease, an interval); else
+    ValueError naming it."""
     must = f"a finite number of seconds {'>=' if zero else '>'} 0"
     check_number(what, value, float, must, ge=0, gt=None if zero else 0, lt=math.inf, stored=True)
 
@@ -122,11 +108,8 @@ def new_rows(
     now: float,
     retry_timeout: float,
 ) -> tuple[Row, Row | None]:
-    """A new promise's row, and its task's (pending) if it has a ``target``.
-
-    Raises:
-      ValueError: ``data`` is not JSON.
-    """
+    """A new promise's row, and its task's (pending) if it has a ``target``
+    (ValueError: ``data`` is not JSON)."""
     row: Row = {
         "id": id,
         "state": PromiseState.PENDING.value,

@@ -8,10 +8,11 @@ a promise resumes the tasks suspended on it in the same transaction: no polling.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar
 
-from .._store._durable_rows import Row
+from .._store._durable_rows import Row, acquired
 from .._store._durable_sql import SQLTables
 from ._bulk import run_calls
 from ._checks import (
@@ -38,6 +39,7 @@ from ._records import (
 )
 
 R = TypeVar("R", PromiseRecord, TaskRecord)
+_ACQUIRED = TaskState.ACQUIRED.value
 
 
 class _RunAgain(Exception):
@@ -66,10 +68,8 @@ class Core:
         the write lock: what was queued meanwhile joins), and again, with any more,
         if the transaction runs again. Time is applied once, at the start: each
         operation acts at that moment, sees those before it, and answers what it
-        would have alone. Order and undo are `run_calls`'s: each operation is a
-        unit, ``(True, value)`` or ``(False, exc)`` (undone). A lone operation's
-        error fails the transaction; a failure of the storage (or the commit)
-        raises: nothing is written.
+        would have alone (order and undo: `run_calls`). A failure of the storage
+        (or the commit) raises: nothing is written.
         """
         careful = False
         while True:
@@ -87,6 +87,12 @@ class Core:
                 careful = True  # one failed after writing: nothing was kept
 
     # ------------------------------------------------------------------ time
+
+    @contextlib.contextmanager
+    def _at(self) -> Iterator[float]:
+        """One transaction (inside a `run`, part of its) and the moment it acts at."""
+        with self.tables.transaction():
+            yield self._begin()
 
     def _begin(self) -> float:
         """The moment an operation acts at, with what time has done applied
@@ -106,43 +112,28 @@ class Core:
         return now
 
     def _to_pending(self, task: Row, now: float) -> None:
-        task.update(
-            state=TaskState.PENDING.value,
-            pid=None,
-            lease_expires_at=None,
-            timeout_at=now + self.retry_timeout,
-        )
+        self._put_state(task, TaskState.PENDING, now + self.retry_timeout)
+
+    def _put_state(self, task: Row, state: TaskState, timeout_at: float | None = None) -> None:
+        """Store ``task`` in ``state``, unleased (a pending one's retry timeout at
+        ``timeout_at``)."""
+        task.update(state=state.value, pid=None, lease_expires_at=None, timeout_at=timeout_at)
         self.tables.put_task(task)
 
     def _settle(
-        self,
-        row: Row,
-        state: PromiseState,
-        data: str | None,
-        iku: str | None,
-        now: float,
-        *,
-        written: bool = False,
+        self, row: Row, state: PromiseState, data: str | None, iku: str | None, now: float
     ) -> None:
-        """Settle promise ``row``: resume the tasks suspended on it and fulfil its
-        own. ``written``: the caller has stored the promise settled and its own
-        task fulfilled already (a worker's fulfil): only the waiters are left."""
+        """Settle promise ``row``: resume the tasks suspended on it and fulfil its own."""
         t = self.tables
-        if not written:
-            row.update(state=state.value, data=data, iku=iku, settled_at=now)
-            t.put_promise(row)
+        row.update(state=state.value, data=data, iku=iku, settled_at=now)
+        t.put_promise(row)
         self.resume_waiters(row["id"], now)
-        if written:
-            return
         # Its own task has nothing left to do.
         own = t.task(row["id"])
         if own is not None and own["state"] != TaskState.FULFILLED.value:
             if own["state"] == TaskState.SUSPENDED.value:
                 t.drop_callbacks(own["id"])  # (only a suspended task has callbacks)
-            own.update(
-                state=TaskState.FULFILLED.value, pid=None, lease_expires_at=None, timeout_at=None
-            )
-            t.put_task(own)
+            self._put_state(own, TaskState.FULFILLED)
 
     def resume_waiters(self, promise_id: str, now: float) -> None:
         """Promise ``promise_id`` has settled: every task suspended on it becomes
@@ -167,8 +158,7 @@ class Core:
         target: str | None = None,
     ) -> PromiseRecord:
         check_seconds(timeout, "timeout", zero=True)
-        with self.tables.transaction():
-            now = self._begin()
+        with self._at() as now:
             return promise_record(
                 self._create(id, timeout, idempotency_key, data, tags, target, now)
             )
@@ -206,8 +196,7 @@ class Core:
         idempotency_key: str | None = None,
         data: Any = None,
     ) -> PromiseRecord:
-        with self.tables.transaction():
-            now = self._begin()
+        with self._at() as now:
             return promise_record(self._settle_checked(id, state, idempotency_key, data, now))
 
     def _settle_checked(
@@ -230,8 +219,7 @@ class Core:
 
     def get_promise(self, id: str) -> PromiseRecord | None:
         check_id(id, "promise id")
-        with self.tables.transaction():
-            self._begin()
+        with self._at():
             row = self.tables.promise(id, shared=True)
             return None if row is None else promise_record(row)
 
@@ -245,8 +233,7 @@ class Core:
     ) -> tuple[list[PromiseRecord], str | None]:
         check_limit(limit)
         check_optional_id(cursor, "cursor")
-        with self.tables.transaction():
-            self._begin()
+        with self._at():
             want = None if state is None else PromiseState(state).value
             rows = self.tables.search_promises(want, tag, limit + 1, cursor)
             return _page(rows, promise_record, limit)
@@ -260,12 +247,13 @@ class Core:
             raise NotFound(f"no task {id!r}")
         return row
 
-    def _acquired(self, id: str, version: int) -> Row:
+    def _acquired(self, id: str, version: int, state: TaskState = TaskState.ACQUIRED) -> Row:
+        """Task ``id``'s row, in ``state`` at ``version`` (else NotFound or Conflict)."""
         task = self._task(id)
-        if task["state"] != TaskState.ACQUIRED.value or task["version"] != version:
+        if task["state"] != state.value or task["version"] != version:
             raise Conflict(
                 f"task {id!r} is {task['state']} at version {task['version']}, "
-                f"not acquired at version {version}"
+                f"not {state.value} at version {version}"
             )
         return task
 
@@ -300,28 +288,19 @@ class Core:
         check_seconds(ttl, "ttl")
         check_id(pid, "pid")
         check_id(target, "target")
-        with self.tables.transaction():
-            now = self._begin()
-            if self.tables.promise(id) is not None:
-                raise Conflict(f"promise {id!r} already exists")
+        with self._at() as now:
             self._create(id, timeout, None, data, None, target, now)
             task = self._task(id)
             if task["state"] == TaskState.PENDING.value:
-                _acquire_row(self.tables, task, 1, pid, ttl, now)
+                self.tables.put_task(acquired(task, 1, pid, ttl, now))
             return self.task_record(task)
 
     def acquire(self, id: str, version: int, *, pid: str, ttl: float) -> TaskRecord:
         check_seconds(ttl, "ttl")
         check_id(pid, "pid")
-        with self.tables.transaction():
-            now = self._begin()
-            task = self._task(id)
-            if task["state"] != TaskState.PENDING.value or task["version"] != version:
-                raise Conflict(
-                    f"task {id!r} is {task['state']} at version {task['version']}, "
-                    f"not pending at version {version}"
-                )
-            _acquire_row(self.tables, task, version + 1, pid, ttl, now)
+        with self._at() as now:
+            task = self._acquired(id, version, TaskState.PENDING)
+            self.tables.put_task(acquired(task, version + 1, pid, ttl, now))
             return self.task_record(task)
 
     def claim_work(
@@ -335,10 +314,7 @@ class Core:
         check_limit(limit)
         check_id(target, "target")
         check_id(pid, "pid")
-        with self.tables.transaction():
-            now = self._begin()
-            # (SQLTables.claim: on a database many processes share, one statement that
-            # skips the rows a concurrent claim holds.)
+        with self._at() as now:
             claimed = self.tables.claim(target, limit, pid, ttl, now)
             return [(self.task_record(task), data) for task, data in claimed]
 
@@ -346,8 +322,7 @@ class Core:
         """Renew the lease of each (id, version) this pid holds; skip the rest.
         Returns how many were renewed."""
         check_holds(pid, tasks)
-        with self.tables.transaction():
-            now = self._begin()
+        with self._at() as now:
             renewed = 0
             for id, version in tasks:
                 task = _held(self.tables, id, version, pid)
@@ -361,8 +336,7 @@ class Core:
         """The (id, version) pairs of ``tasks`` that are not acquired by ``pid`` at that
         version (any more: a task never comes back to a version it left)."""
         check_holds(pid, tasks)
-        with self.tables.transaction():
-            self._begin()
+        with self._at():
             return [(id, v) for id, v in tasks if _held(self.tables, id, v, pid) is None]
 
     def suspend(self, id: str, version: int, awaited: Sequence[str]) -> Suspend:
@@ -372,8 +346,7 @@ class Core:
             raise ValueError("suspend needs at least one awaited promise id")
         for promise_id in awaited:
             check_id(promise_id, "awaited promise id")
-        with self.tables.transaction():
-            self._begin()
+        with self._at():
             task = self._acquired(id, version)
             rows = []
             for pid in awaited:
@@ -388,15 +361,11 @@ class Core:
                 return Suspend.ALREADY_SETTLED
             for pid in dict.fromkeys(awaited):
                 self.tables.add_callback(pid, id)
-            task.update(
-                state=TaskState.SUSPENDED.value, pid=None, lease_expires_at=None, timeout_at=None
-            )
-            self.tables.put_task(task)
+            self._put_state(task, TaskState.SUSPENDED)
             return Suspend.SUSPENDED
 
     def resume(self, id: str, version: int) -> TaskRecord:
-        with self.tables.transaction():
-            now = self._begin()
+        with self._at() as now:
             task = self._task(id)
             if task["state"] != TaskState.SUSPENDED.value or task["version"] != version:
                 raise Conflict(f"task {id!r} is {task['state']} at version {task['version']}")
@@ -405,8 +374,7 @@ class Core:
             return self.task_record(task)
 
     def release(self, id: str, version: int) -> TaskRecord:
-        with self.tables.transaction():
-            now = self._begin()
+        with self._at() as now:
             task = self._acquired(id, version)
             self._to_pending(task, now)
             return self.task_record(task)
@@ -417,8 +385,7 @@ class Core:
         check_id(id, "task id")
         state = PromiseState.REJECTED if rejected else PromiseState.RESOLVED
         t = self.tables
-        with t.transaction():
-            now = self._begin()
+        with self._at() as now:
             # Two conditional updates (the version is the fence), not reads and
             # writes: a worker's commonest call, and its store's write lock held.
             done = {
@@ -428,26 +395,23 @@ class Core:
                 "timeout_at": None,
             }
             if not t.update_task(id, {"state": TaskState.ACQUIRED.value, "version": version}, done):
-                self._acquired(id, version)  # raises NotFound or Conflict, naming the state
+                self._acquired(id, version)  # raises, naming the state
                 raise Conflict(f"task {id!r} is not acquired at version {version}")
             settled = {"state": state.value, "data": encode(data), "iku": None, "settled_at": now}
             row = t.update_promise(id, {"state": PromiseState.PENDING.value}, settled)
             if row is None:
                 raise Conflict(f"promise {id!r} is not pending")
-            self._settle(row, state, None, None, now, written=True)
+            self.resume_waiters(id, now)  # (its own task is fulfilled above)
             return promise_record(row)
 
     def fence(self, id: str, version: int, action: PromiseCreate | PromiseSettle) -> PromiseRecord:
         check_id(id, "task id")
-        if isinstance(action, PromiseCreate):
-            check_id(action.id, "promise id")
-            check_seconds(action.timeout, "timeout", zero=True)
-        elif isinstance(action, PromiseSettle):
-            check_id(action.id, "promise id")
-        else:
+        if not isinstance(action, PromiseCreate | PromiseSettle):
             raise ValueError(f"action must be a PromiseCreate or a PromiseSettle, got {action!r}")
-        with self.tables.transaction():
-            now = self._begin()
+        check_id(action.id, "promise id")
+        if isinstance(action, PromiseCreate):
+            check_seconds(action.timeout, "timeout", zero=True)
+        with self._at() as now:
             self._acquired(id, version)
             own = self.tables.promise(id, shared=True)
             if own is None or own["state"] != PromiseState.PENDING.value:
@@ -469,22 +433,17 @@ class Core:
             return promise_record(row)
 
     def halt(self, id: str) -> TaskRecord:
-        with self.tables.transaction():
-            self._begin()
+        with self._at():
             task = self._task(id)
             if task["state"] == TaskState.FULFILLED.value:
                 raise Conflict(f"task {id!r} is fulfilled")
             if task["state"] != TaskState.HALTED.value:
                 self.tables.drop_callbacks(id)
-                task.update(
-                    state=TaskState.HALTED.value, pid=None, lease_expires_at=None, timeout_at=None
-                )
-                self.tables.put_task(task)
+                self._put_state(task, TaskState.HALTED)
             return self.task_record(task)
 
     def continue_(self, id: str) -> TaskRecord:
-        with self.tables.transaction():
-            now = self._begin()
+        with self._at() as now:
             task = self._task(id)
             if task["state"] != TaskState.HALTED.value:
                 raise Conflict(f"task {id!r} is {task['state']}, not halted")
@@ -493,8 +452,7 @@ class Core:
 
     def get_task(self, id: str) -> TaskRecord | None:
         check_id(id, "task id")
-        with self.tables.transaction():
-            self._begin()
+        with self._at():
             row = self.tables.task(id, shared=True)
             return None if row is None else self.task_record(row)
 
@@ -509,8 +467,7 @@ class Core:
         check_limit(limit)
         check_optional_id(target, "target")
         check_optional_id(cursor, "cursor")
-        with self.tables.transaction():
-            self._begin()
+        with self._at():
             want = None if state is None else TaskState(state).value
             rows = self.tables.search_tasks(want, target, limit + 1, cursor)
             return _page(rows, self.task_record, limit)
@@ -521,17 +478,15 @@ class Core:
         """The seed's seven task-store invariants that do not hold (empty: healthy)."""
         t = self.tables
         violated: set[str] = set()
+        pending = PromiseState.PENDING.value
         with t.transaction():
-            promises = {r["id"] for r in t.all_promises()}
-            callbacks = list(t.all_callbacks())
+            promises = {r["id"]: r["state"] for r in t.all_promises()}
             awaited_by: dict[str, list[str]] = {}
-            for promise_id, task_id in callbacks:
+            for promise_id, task_id in t.all_callbacks():
                 awaited_by.setdefault(task_id, []).append(promise_id)
-            settled = {
-                r["id"] for r in t.all_promises() if r["state"] != PromiseState.PENDING.value
-            }
             for task in t.all_tasks():
                 state = task["state"]
+                timed = task["timeout_at"] is not None or task["lease_expires_at"] is not None
                 if task["id"] not in promises:
                     violated.add("orphan_tasks")
                 if state == TaskState.PENDING.value and task["timeout_at"] is None:
@@ -542,13 +497,11 @@ class Core:
                     mine = awaited_by.get(task["id"], [])
                     if not mine:
                         violated.add("suspended_no_callback")
-                    if any(p in settled for p in mine):
+                    if any(promises.get(p, pending) != pending for p in mine):
                         violated.add("suspended_with_consumed_callbacks")
-                    if task["timeout_at"] is not None or task["lease_expires_at"] is not None:
+                    if timed:
                         violated.add("suspended_task_has_ttimeout")
-                if state == TaskState.FULFILLED.value and (
-                    task["timeout_at"] is not None or task["lease_expires_at"] is not None
-                ):
+                if state == TaskState.FULFILLED.value and timed:
                     violated.add("fulfilled_task_has_ttimeout")
         return sorted(violated)
 
@@ -578,25 +531,6 @@ def _held(tables: SQLTables, id: str, version: int, pid: str) -> Row | None:
     """Task ``id``'s row if ``pid`` holds it at ``version`` (acquired), else None:
     what a heartbeat renews; the rest is lost."""
     task = tables.task(id)
-    if (
-        task is None
-        or task["state"] != TaskState.ACQUIRED.value
-        or task["version"] != version
-        or task["pid"] != pid
-    ):
+    if task is None or (task["state"], task["version"], task["pid"]) != (_ACQUIRED, version, pid):
         return None
     return task
-
-
-def _acquire_row(
-    tables: SQLTables, task: Row, version: int, pid: str, ttl: float, now: float
-) -> None:
-    task.update(
-        state=TaskState.ACQUIRED.value,
-        version=version,
-        pid=pid,
-        ttl=ttl,
-        lease_expires_at=now + ttl,
-        timeout_at=None,
-    )
-    tables.put_task(task)

@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, asynccontextmanager
 from typing import Any, Protocol, TypeVar, cast, final
 
+import attrs
 import trio
 
 from .._errors import NotFound, StoreError
@@ -42,16 +43,13 @@ T = TypeVar("T")
 RETRIES = 5
 
 
-@final
+@attrs.define(eq=False)
 class _Call:
     """One queued operation and, once its transaction ended, its result."""
 
-    __slots__ = ("fn", "result", "taken")
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-        self.taken = False  # in a transaction under way: it will complete
-        self.result: tuple[bool, Any] | None = None
+    fn: Callable[[], Any]
+    taken: bool = False  # in a transaction under way: it will complete
+    result: tuple[bool, Any] | None = None
 
 
 @final
@@ -111,19 +109,16 @@ class DurableStore:
         except BaseException:
             self.close()
             raise
-        clock = clock or store.clock
-        self.clock = clock
-        self._core = Core(tables, clock, retry_timeout)
+        self.clock = clock or store.clock
+        self._core = Core(tables, self.clock, retry_timeout)
         self.promises = Promises(self)
         self.tasks = Tasks(self)
 
-    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    async def _call(self, fn: Callable[[], T]) -> T:
         if self.inline:
             await trio.lowlevel.checkpoint()
-            return fn(*args, **kwargs)
-        return await trio.to_thread.run_sync(
-            functools.partial(fn, *args, **kwargs), limiter=self._limiter
-        )
+            return fn()
+        return await trio.to_thread.run_sync(fn, limiter=self._limiter)
 
     async def _op(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """``fn(*args, **kwargs)`` (an operation of the protocol core), in the next
@@ -233,6 +228,7 @@ class Promises:
 
     def __init__(self, ds: DurableStore) -> None:
         self._ds = ds
+        self._core = ds._core
 
     async def create(
         self,
@@ -248,12 +244,11 @@ class Promises:
         from now. With ``target``, its task is created pending for that target.
         Repeating it with the same ``idempotency_key`` returns the same promise;
         otherwise an existing id raises `Conflict`."""
-        core = self._ds._core
         tracing = self._ds._tracing
         if tracing is not None and target is not None:  # (a task: the creator's trace goes)
             tags = tracing.inject(tags)
         return await self._ds._op(
-            core.create_promise,
+            self._core.create_promise,
             id,
             timeout,
             idempotency_key=idempotency_key,
@@ -265,9 +260,8 @@ class Promises:
     async def _settle(
         self, id: str, state: PromiseState, idempotency_key: str | None, data: Any
     ) -> PromiseRecord:
-        core = self._ds._core
         return await self._ds._op(
-            core.settle_promise, id, state, idempotency_key=idempotency_key, data=data
+            self._core.settle_promise, id, state, idempotency_key=idempotency_key, data=data
         )
 
     async def resolve(
@@ -292,7 +286,7 @@ class Promises:
 
     async def get(self, id: str) -> PromiseRecord | None:
         """The promise, or None."""
-        return await self._ds._op(self._ds._core.get_promise, id)
+        return await self._ds._op(self._core.get_promise, id)
 
     def settled(self, id: str, *, poll: float = 1.0) -> PromiseSettled:
         """A condition for `~trioexec.TaskHandle.defer_until`: the promise ``id``
@@ -318,9 +312,8 @@ class Promises:
         cursor: str | None = None,
     ) -> tuple[list[PromiseRecord], str | None]:
         """A page of promises by id, and the cursor for the next page (None: last)."""
-        core = self._ds._core
         return await self._ds._op(
-            core.search_promises, state=state, tag=tag, limit=limit, cursor=cursor
+            self._core.search_promises, state=state, tag=tag, limit=limit, cursor=cursor
         )
 
 
@@ -356,59 +349,57 @@ class Tasks:
 
     def __init__(self, ds: DurableStore) -> None:
         self._ds = ds
+        self._core = ds._core
 
     async def create(
         self, id: str, *, pid: str, ttl: float, timeout: float, data: Any = None, target: str
     ) -> TaskRecord:
         """Create a promise and its task, the task already acquired by ``pid``."""
-        core = self._ds._core
         return await self._ds._op(
-            core.create_task, id, pid=pid, ttl=ttl, timeout=timeout, data=data, target=target
+            self._core.create_task, id, pid=pid, ttl=ttl, timeout=timeout, data=data, target=target
         )
 
     async def acquire(self, id: str, version: int, *, pid: str, ttl: float) -> TaskRecord:
         """Claim a pending task: version + 1, a lease of ``ttl`` seconds."""
         stored_int("version", version)
-        return await self._ds._op(self._ds._core.acquire, id, version, pid=pid, ttl=ttl)
+        return await self._ds._op(self._core.acquire, id, version, pid=pid, ttl=ttl)
 
     async def claim(self, target: str, *, pid: str, ttl: float, limit: int) -> list[TaskRecord]:
         """Acquire up to ``limit`` pending tasks of ``target`` at once (a worker's
         batched `acquire`)."""
-        core = self._ds._core
-        claimed = await self._ds._op(core.claim_work, target, pid=pid, ttl=ttl, limit=limit)
+        claimed = await self._ds._op(self._core.claim_work, target, pid=pid, ttl=ttl, limit=limit)
         return [task for task, _ in claimed]
 
     async def heartbeat(self, pid: str, tasks: Sequence[tuple[str, int]]) -> int:
         """Renew the leases of all the (id, version) this pid holds, in one call."""
         for _, version in tasks:
             stored_int("version", version)
-        return await self._ds._op(self._ds._core.heartbeat, pid, list(tasks))
+        return await self._ds._op(self._core.heartbeat, pid, list(tasks))
 
     async def suspend(self, id: str, version: int, awaited: Sequence[str]) -> Suspend:
         """Wait (without a lease) for any of ``awaited`` to settle; returns
         `Suspend.ALREADY_SETTLED` without suspending if one already has."""
         awaited = awaited if isinstance(awaited, str) else list(awaited)  # a str: ValueError
         stored_int("version", version)
-        return await self._ds._op(self._ds._core.suspend, id, version, awaited)
+        return await self._ds._op(self._core.suspend, id, version, awaited)
 
     async def resume(self, id: str, version: int) -> TaskRecord:
         """Move a suspended task back to pending by hand (settling an awaited
         promise does it by itself)."""
         stored_int("version", version)
-        return await self._ds._op(self._ds._core.resume, id, version)
+        return await self._ds._op(self._core.resume, id, version)
 
     async def release(self, id: str, version: int) -> TaskRecord:
         """Give up the claim: back to pending, same version."""
         stored_int("version", version)
-        return await self._ds._op(self._ds._core.release, id, version)
+        return await self._ds._op(self._core.release, id, version)
 
     async def fulfill(
         self, id: str, version: int, *, data: Any = None, rejected: bool = False
     ) -> PromiseRecord:
         """Settle the task's promise (resolved, or rejected) and finish the task."""
-        core = self._ds._core
         stored_int("version", version)
-        return await self._ds._op(core.fulfill, id, version, data=data, rejected=rejected)
+        return await self._ds._op(self._core.fulfill, id, version, data=data, rejected=rejected)
 
     async def fence(
         self, id: str, version: int, action: PromiseCreate | PromiseSettle
@@ -416,19 +407,19 @@ class Tasks:
         """Create or settle a promise only if this task is still acquired at ``version``
         and its own promise is pending."""
         stored_int("version", version)
-        return await self._ds._op(self._ds._core.fence, id, version, action)
+        return await self._ds._op(self._core.fence, id, version, action)
 
     async def halt(self, id: str) -> TaskRecord:
         """Block the task from being claimed or resumed."""
-        return await self._ds._op(self._ds._core.halt, id)
+        return await self._ds._op(self._core.halt, id)
 
     async def continue_(self, id: str) -> TaskRecord:
         """Undo `halt`: back to pending."""
-        return await self._ds._op(self._ds._core.continue_, id)
+        return await self._ds._op(self._core.continue_, id)
 
     async def get(self, id: str) -> TaskRecord | None:
         """The task, or None."""
-        return await self._ds._op(self._ds._core.get_task, id)
+        return await self._ds._op(self._core.get_task, id)
 
     async def search(
         self,
@@ -439,9 +430,8 @@ class Tasks:
         cursor: str | None = None,
     ) -> tuple[list[TaskRecord], str | None]:
         """A page of tasks by id, and the cursor for the next page (None: last)."""
-        core = self._ds._core
         return await self._ds._op(
-            core.search_tasks, state=state, target=target, limit=limit, cursor=cursor
+            self._core.search_tasks, state=state, target=target, limit=limit, cursor=cursor
         )
 
 
@@ -474,22 +464,16 @@ class Tracing(Protocol):
 
     def inject(self, tags: dict[str, str] | None) -> dict[str, str] | None:
         """``tags`` (the creator's own), with the current trace context added."""
-        ...
 
     def extract(self, tags: Mapping[str, str]) -> AbstractContextManager[object]:
         """The context to submit a claimed task's run in: its creator's trace."""
-        ...
 
 
 def trace_with(ds: DurableStore, tracing: Tracing) -> None:
     """From now on, ``ds`` carries a trace context through the store with
     ``tracing``: tasks created (``promises.create(..., target=...)``) get the
     creator's in their promise's tags, and a worker on ``ds`` submits each task it
-    claims in the context taken from them.
-
-    Raises:
-      ValueError: ``ds`` carries one already.
-    """
+    claims in the context taken from them (ValueError if ``ds`` carries one already)."""
     if ds._tracing is not None:
         raise ValueError(f"this DurableStore carries a trace context already ({ds._tracing!r})")
     ds._tracing = tracing
@@ -574,11 +558,8 @@ class Wakeup:
             listener.close()
 
     def close(self) -> None:
-        self._listen = None
-        listener, self._listener = self._listener, None
-        self.listening = False
-        if listener is not None:
-            listener.close()
+        self._listen = None  # (never listens again)
+        self._lost()
 
 
 @asynccontextmanager

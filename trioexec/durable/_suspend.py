@@ -11,7 +11,7 @@ import trio
 from .._errors import PromiseRejected
 from .._handle import TaskHandle
 from ._checks import check_id
-from ._records import NotFound, PromiseRecord, PromiseState, TaskRecord
+from ._records import NotFound, PromiseState, TaskRecord
 
 if TYPE_CHECKING:
     from ._store import Promises
@@ -20,12 +20,6 @@ if TYPE_CHECKING:
 class _Suspended(BaseException):
     """Unwinds a handler that awaits a pending promise (not an error; the worker
     catches it, at any depth of the handler's task tree, and never lets it out)."""
-
-
-def _value(record: PromiseRecord) -> Any:
-    if record.state is PromiseState.RESOLVED:
-        return None if record.data is None else json.loads(record.data)
-    raise PromiseRejected(record)
 
 
 def leftover(exc: BaseException, *, cancelled_here: bool) -> BaseException | None:
@@ -104,7 +98,9 @@ class DurableHandle:
         if record.pending:
             self._awaited.append(id)  # the worker suspends on it once the handler unwound
             raise _Suspended(id)
-        return _value(record)
+        if record.state is PromiseState.RESOLVED:
+            return None if record.data is None else json.loads(record.data)
+        raise PromiseRejected(record)
 
     def await_promise_sync(self, id: str) -> Any:
         """`await_promise` for a ``def`` handler (in its worker thread): blocks only

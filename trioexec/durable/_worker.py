@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any, NoReturn, final
 
+import attrs
 import trio
 
 from .._errors import TrioexecError
@@ -43,21 +44,18 @@ from ._suspend import DurableHandle, leftover
 AHEAD = 16
 
 
-@final
+@attrs.define(eq=False)
 class _Lease:
     """A task this worker holds: its version, the last moment (on Trio's clock) by
     which its lease is surely still ours, and its executor task."""
 
-    __slots__ = ("deadline", "finished", "over", "ref", "settling", "started", "version")
-
-    def __init__(self, version: int, deadline: float) -> None:
-        self.version = version
-        self.deadline = deadline
-        self.ref: TaskRef | None = None
-        self.started = False  # its handler may have run: released only once it is over
-        self.over = False  # its run ended with no outcome recorded (cancelled): released
-        self.settling = False  # a fulfil or suspend is in flight: that call decides
-        self.finished = False  # the run is over, its fulfil in flight: no room taken
+    version: int
+    deadline: float
+    ref: TaskRef | None = None
+    started: bool = False  # its handler may have run: released only once it is over
+    over: bool = False  # its run ended with no outcome recorded (cancelled): released
+    settling: bool = False  # a fulfil or suspend is in flight: that call decides
+    finished: bool = False  # the run is over, its fulfil in flight: no room taken
 
 
 @final
@@ -312,9 +310,9 @@ class Worker:
         lease = self._held.get(record.id)
         return lease if lease is not None and lease.version == record.version else None
 
-    def _forget(self, record: TaskRecord, lease: _Lease) -> None:
-        if self._held.get(record.id) is lease:
-            self._drop(record.id)
+    def _forget(self, id: str, lease: _Lease) -> None:
+        if self._held.get(id) is lease:
+            self._drop(id)
 
     # ------------------------------------------------------------ one run
 
@@ -423,8 +421,7 @@ class Worker:
                             # A thread is not cancelled: it learns of it and raises
                             # something. The run was cancelled: released, not rejected.
                             trio.from_thread.check_cancelled()
-                            raise
-                        if isinstance(exc, Exception):
+                        elif isinstance(exc, Exception):
                             trio.from_thread.run(self._reject, record, exc)
                         raise
                     # In a thread, a Cancelled can only come from this run being cancelled.
@@ -477,16 +474,14 @@ class Worker:
     ) -> None:
         # Shielded (the worker closing waits for it) and bounded: past the lease,
         # the task is no longer ours to fulfil anyway.
-        with trio.CancelScope(shield=True), trio.move_on_after(self._lease):
-            try:
-                await self._write_fulfil(record, lease, data, rejected)
-            except TrioexecError:
-                # The store failed: give the task up (its lease lapses; it runs elsewhere).
-                self._forget(record, lease)
-                self.lost += 1
-                return
-        if self._held.get(record.id) is lease:  # not written in time: give it up
-            self._forget(record, lease)
+        with (
+            trio.CancelScope(shield=True),
+            trio.move_on_after(self._lease),
+            contextlib.suppress(TrioexecError),  # the store failed
+        ):
+            await self._write_fulfil(record, lease, data, rejected)
+        if self._held.get(record.id) is lease:  # not written (in time): give it up
+            self._forget(record.id, lease)  # (its lease lapses; it runs elsewhere)
             self.lost += 1
 
     async def _write_fulfil(
@@ -495,15 +490,14 @@ class Worker:
         try:
             await self.ds.tasks.fulfill(record.id, record.version, data=data, rejected=rejected)
         except Conflict:
-            self._forget(record, lease)
             self.lost += 1  # lost at the last moment: another worker's result counts
-            return
         except BaseException:
             lease.settling = False  # not done (cancelled, store error): still held
             raise
-        self._forget(record, lease)
-        self.fulfilled += 1
-        self.rejected += rejected
+        else:
+            self.fulfilled += 1
+            self.rejected += rejected
+        self._forget(record.id, lease)
 
     async def _suspend(self, record: TaskRecord, awaited: list[str]) -> bool:
         """Suspend the task on ``awaited``; True if one has settled meanwhile (the
@@ -517,20 +511,17 @@ class Worker:
         answer = None
         with trio.CancelScope(shield=True), trio.move_on_after(self._lease):
             try:
-                answer = await self.ds.tasks.suspend(record.id, record.version, awaited)
-            except Conflict:
-                self._forget(record, lease)
-                self.lost += 1
-                return False
+                with contextlib.suppress(Conflict):  # lost: given up below
+                    answer = await self.ds.tasks.suspend(record.id, record.version, awaited)
             except BaseException:
                 lease.settling = False  # not written (a store error): still held
                 raise
-        if answer is None:  # not written in time: give it up
-            self._forget(record, lease)
+        if answer is None:  # not written (in time): give it up
+            self._forget(record.id, lease)
             self.lost += 1
             return False
         if answer is Suspend.SUSPENDED:
-            self._forget(record, lease)  # the store holds it now, without a lease
+            self._forget(record.id, lease)  # the store holds it now, without a lease
             self.suspended += 1
             return False
         lease.settling = False
@@ -549,8 +540,7 @@ class Worker:
     async def _release(self, id: str, lease: _Lease) -> None:
         with contextlib.suppress(TrioexecError):  # someone else's; else: its lease lapses
             await self.ds.tasks.release(id, lease.version)
-        if self._held.get(id) is lease:
-            self._drop(id)
+        self._forget(id, lease)
 
 
 @asynccontextmanager
@@ -603,7 +593,10 @@ async def open_worker(
     check_seconds(lease, "lease")
     check_seconds(poll_interval, "poll_interval")
     check_id(target, "target")
-    pid = check_id(pid, "pid") if pid is not None else _default_pid()
+    if pid is None:
+        pid = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+    else:
+        check_id(pid, "pid")
     if not callable(handlers) and not isinstance(handlers, Mapping):
         raise ValueError(f"handlers must be a callable or a mapping of them, got {handlers!r}")
     body_error: list[BaseException] = []  # what the body raised, if anything
@@ -656,7 +649,3 @@ def _run_id(record: TaskRecord) -> str | None:
         return check_task_id("task_id", run_id)
     except ValueError:
         return None
-
-
-def _default_pid() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
