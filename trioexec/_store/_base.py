@@ -286,18 +286,22 @@ class RunRecord:
     graph: dict[str, list[str]] | None = None
 
 
-def graph_of(text: object) -> dict[str, list[str]] | None:
-    """`RunRecord.graph` from its JSON column (None stays None). A graph this
-    trioexec cannot read (a hand-edited row) reads as None too: it only draws the
-    run (a run resumes by its workflow's own steps), so it never makes the run
-    itself unreadable."""
-    if text is None:
-        return None
+#: `RunRecord`'s fields but its steps: the workflow_runs table's columns.
+RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
+
+
+def run_of(row: Sequence[object], steps: dict[str, tuple[str, str | None]]) -> RunRecord:
+    """A workflow_runs row (`RUN_COLUMNS`) and its steps as a record. A graph
+    this trioexec cannot read (a hand-edited row) reads as None: it only draws
+    the run (a run resumes by its workflow's own steps), so it never makes the
+    run itself unreadable."""
+    values: dict[str, Any] = dict(zip(RUN_COLUMNS, row, strict=True))
     try:
-        found = json.loads(str(text))
-        return {str(k): [str(d) for d in v] for k, v in found.items()}
+        found = json.loads(str(values["graph"]))
+        values["graph"] = {str(k): [str(d) for d in v] for k, v in found.items()}
     except (ValueError, TypeError, AttributeError):
-        return None
+        values["graph"] = None
+    return RunRecord(**values, steps=steps)
 
 
 SUPERSEDED = "superseded: its workflow run was resumed by another executor"

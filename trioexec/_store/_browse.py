@@ -25,10 +25,10 @@ import attrs
 
 from .._records import ExecutionRecord, SubStatus, TaskStatus, check_number
 from .._records import storable as storable  # (the dashboard's, from here)
-from ._base import COMMAND_FIELDS, LIVE, Command, RunRecord, graph_of
+from ._base import COMMAND_FIELDS, LIVE, RUN_COLUMNS, Command, RunRecord, run_of
 from ._control import command_of
 from ._dialect import Dialect
-from ._sql import RECORD_COLUMNS, RECORD_FIELDS, record_of
+from ._sql import RECORD_COLUMNS, RECORD_FIELDS, SELECT_RECORDS, record_of
 from ._sql_store import SQLStore
 
 #: How `browse` orders executions: ``"newest"`` submission first (the default),
@@ -417,8 +417,7 @@ class RunPage:
     live: dict[str, list[ExecutionRecord]] = attrs.field(factory=dict)
 
 
-_RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
-_RUN_STATUS = _RUN_COLUMNS.index("status")
+_RUN_STATUS = RUN_COLUMNS.index("status")
 _RUN_ORDER = "runs"
 
 
@@ -473,7 +472,7 @@ def runs_page(
             return RunPage(rows=[], next_cursor=None)
         where.append(f"r.{column} = {d.mark}")
         params.append(value)
-    columns = ", ".join(f"r.{c}" for c in _RUN_COLUMNS)
+    columns = ", ".join(f"r.{c}" for c in RUN_COLUMNS)
     timed = [*where, "r.created_at IS NOT NULL"]
     untimed = [*where, "r.created_at IS NULL"]
     timed_params, untimed_params = list(params), list(params)
@@ -515,22 +514,14 @@ def runs_page(
         if running:
             marks = ", ".join([d.mark] * len(running))
             for found in conn.execute(
-                f"SELECT {RECORD_COLUMNS} FROM executions e LEFT JOIN owners o"
-                f" ON o.owner = e.owner WHERE e.run_id IN ({marks}) AND {_LIVE_SQL}"
-                f" ORDER BY e.{d.seq}",
+                f"{SELECT_RECORDS} WHERE e.run_id IN ({marks}) AND {_LIVE_SQL} ORDER BY e.{d.seq}",
                 running,
             ).fetchall():
                 record = record_of(found, sql_store.path)
                 live[str(record.run_id)].append(record)
-    records = []
-    for row in rows:
-        values = dict(zip(_RUN_COLUMNS, row, strict=True))
-        records.append(
-            RunRecord(**{**values, "graph": graph_of(values["graph"])}, steps=steps[row[0]])
-        )
+    records = [run_of(row, steps[row[0]]) for row in rows]
     next_cursor = None
     if more:
         last = records[-1]
-        text = json.dumps([_RUN_ORDER, last.created_at, last.run_id], separators=(",", ":"))
-        next_cursor = base64.urlsafe_b64encode(text.encode()).decode("ascii")
+        next_cursor = _encode(_RUN_ORDER, [last.created_at, last.run_id])
     return RunPage(rows=records, next_cursor=next_cursor, live=live)

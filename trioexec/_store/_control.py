@@ -101,15 +101,8 @@ def check_command(
 ) -> Asked:
     """Refuse a `Store.command` that cannot be carried out (ValueError naming the
     bad value: its arguments may come from anywhere, whatever their types say)."""
-    pause = _check_target(kind, name, key, task_id, who)
-    return Asked(kind, pause, name, key, task_id, who, check_issued(at))
-
-
-def _check_target(
-    kind: object, name: object, key: object, task_id: object, who: object
-) -> tuple[str, str] | None:
-    """The pause's (kind, value) of a pause or resume, None for a cancel."""
     check_id("who", who)
+    pause: tuple[str, str] | None = None
     if kind == "pause" or kind == "resume":
         if task_id is not None:
             raise ValueError(f"a {kind} takes a name or a key, not a task_id ({task_id!r})")
@@ -117,18 +110,17 @@ def _check_target(
             raise ValueError(
                 f"a {kind} takes exactly one of name and key, got name={name!r}, key={key!r}"
             )
-        if name is not None:
-            return ("name", check_id("name", name))
-        return ("key", check_id("key", key))
-    if kind == "cancel":
+        pause = ("name", check_id("name", name)) if key is None else ("key", check_id("key", key))
+    elif kind == "cancel":
         if name is not None or key is not None:
             raise ValueError(f"a cancel takes a task_id only, got name={name!r}, key={key!r}")
         if task_id is None:
             raise ValueError("a cancel needs a task_id")
         check_id("task_id", task_id)
-        return None
-    hint = " (a retry is Store.requeue)" if kind == "retry" else ""
-    raise ValueError(f"kind must be 'pause', 'resume' or 'cancel', got {kind!r}{hint}")
+    else:
+        hint = " (a retry is Store.requeue)" if kind == "retry" else ""
+        raise ValueError(f"kind must be 'pause', 'resume' or 'cancel', got {kind!r}{hint}")
+    return Asked(kind, pause, name, key, task_id, who, check_issued(at))
 
 
 def check_issued(at: object) -> float | None:
@@ -263,19 +255,6 @@ def requeued(record: ExecutionRecord) -> ExecutionRecord:
     return ExecutionRecord(**{**values, "lease_expires_at": None})
 
 
-def retry_fields(
-    asked: list[str] | None, name: str | None, done: int, refused: int
-) -> dict[str, Any]:
-    """The "retry" command's fields for a requeue (but who, when and its seq)."""
-    return {
-        "kind": "retry",
-        "name": name,
-        "task_id": asked[0] if asked is not None and len(asked) == 1 else None,
-        "changed": done > 0,
-        "detail": f"requeued {done}, refused {refused}",
-    }
-
-
 def check_commands_query(after: object, limit: object) -> None:
     """Refuse an ``after`` or ``limit`` that `Store.commands` cannot honour."""
     check_number("after", after, int, "an int >= 0 (a command's seq)", ge=0, stored=True)
@@ -328,58 +307,49 @@ def sql_command(
     (PostgreSQL: ``" FOR UPDATE OF e"``; SQLite's write transaction holds the
     whole file)."""
     m = mark
-    kind, pause, name, key, task_id, who = (
-        asked.kind, asked.pause, asked.name, asked.key, asked.task_id, asked.who
-    )  # fmt: skip
     at = issued_at(asked.issued, now)
-    if pause is not None:
+    if asked.pause is not None:
         found = conn.execute(
-            f"SELECT paused, who, at, latest FROM pauses WHERE kind = {m} AND value = {m}", pause
+            f"SELECT paused, who, at, latest FROM pauses WHERE kind = {m} AND value = {m}",
+            asked.pause,
         ).fetchone()
         row = (
             None
             if found is None
             else PauseRow(paused=bool(found[0]), who=found[1], at=found[2], latest=found[3])
         )
-        new, changed, detail = pause_turn(row, kind, who, at, now)
+        new, changed, detail = pause_turn(row, asked.kind, asked.who, at, now)
         if new is not None:
             conn.execute(
                 "INSERT INTO pauses (kind, value, who, at, paused, latest)"
                 f" VALUES ({m}, {m}, {m}, {m}, {m}, {m}) ON CONFLICT (kind, value) DO UPDATE"
                 " SET who = excluded.who, at = excluded.at, paused = excluded.paused,"
                 " latest = excluded.latest",
-                (*pause, new.who, new.at, new.paused, new.latest),
+                (*asked.pause, new.who, new.at, new.paused, new.latest),
             )
-        return append_command(
-            conn,
-            m,
-            now,
-            who,
-            issued=at,
-            kind=kind,
-            name=name,
-            key=key,
-            changed=changed,
-            detail=detail,
-        )
-    row = conn.execute(f"{SELECT_RECORDS} WHERE e.task_id = {m}{lock}", (task_id,)).fetchone()
-    record = None if row is None else record_of(row, where)
-    changed, in_store, detail = cancel_plan(record, now)
-    if in_store:
-        assert record is not None
-        conn.execute(
-            update_sql("cancel", m), (now, cancelled_by(who), record.task_id, record.version)
-        )
+        target = {"name": asked.name, "key": asked.key}
+    else:
+        found = conn.execute(
+            f"{SELECT_RECORDS} WHERE e.task_id = {m}{lock}", (asked.task_id,)
+        ).fetchone()
+        record = None if found is None else record_of(found, where)
+        changed, in_store, detail = cancel_plan(record, now)
+        if record is not None and in_store:
+            conn.execute(
+                update_sql("cancel", m),
+                (now, cancelled_by(asked.who), record.task_id, record.version),
+            )
+        target = {"task_id": asked.task_id}
     return append_command(
         conn,
         m,
         now,
-        who,
+        asked.who,
         issued=at,
-        kind="cancel",
-        task_id=task_id,
+        kind=asked.kind,
         changed=changed,
         detail=detail,
+        **target,
     )
 
 
@@ -388,7 +358,7 @@ def sql_requeue(
     mark: str,
     where: str,
     now: float,
-    task_ids: Sequence[str] | None,
+    asked: list[str] | None,
     name: str | None,
     since: float | None,
     who: str,
@@ -396,11 +366,10 @@ def sql_requeue(
     oldest: str,
     lock: str = "",
 ) -> Requeued:
-    """`Store.requeue` in a SQL store's transaction (``conn``), at ``now``;
-    ``oldest`` orders executions by submission (``e.rowid``, ``e.seq``); ``lock``
-    as in `sql_command`."""
+    """`Store.requeue` (checked: `check_requeue`) in a SQL store's transaction
+    (``conn``), at ``now``; ``oldest`` orders executions by submission
+    (``e.rowid``, ``e.seq``); ``lock`` as in `sql_command`."""
     m = mark
-    asked, name, since = check_requeue(task_ids, name, since, who)
     done: list[ExecutionRecord] = []
     refused: list[tuple[str, str]] = []
 
@@ -432,6 +401,14 @@ def sql_requeue(
             ).fetchone()
             judge(task_id, None if row is None else record_of(row, where))
     command = append_command(
-        conn, m, now, who, **retry_fields(asked, name, len(done), len(refused))
+        conn,
+        m,
+        now,
+        who,
+        kind="retry",
+        name=name,
+        task_id=asked[0] if asked is not None and len(asked) == 1 else None,
+        changed=bool(done),
+        detail=f"requeued {len(done)}, refused {len(refused)}",
     )
     return Requeued(requeued=done, refused=refused, command=command)

@@ -131,28 +131,25 @@ def settle(
                 "", held=held, wanted=request.wanted, since=since if request.wanted > held else None
             )
 
+    tokens, next_in, full_in, left = 0, 0.0, 0.0, None
     rate = request.rate
-    if rate is None:
-        return (
-            KeyGrant(key=request.key, held=held, usable=usable, tokens=0, next_token_in=0.0),
-            row,
-            None,
-        )
-    burst = _burst(rate)
-    if bucket is None:
-        level, stamp = burst, now
-    else:
-        level, stamp = bucket
-        if now > stamp:
-            level = min(burst, level + (now - stamp) * rate / request.per)
-            stamp = now
-    level = min(burst, level + max(0.0, request.returned)) - max(0.0, request.late)
-    full_in = max(0.0, burst - level) * request.per / rate
-    tokens = max(0, min(request.tokens, math.floor(level + _EPSILON)))
-    level -= tokens
-    next_in = 0.0
-    if level < 1.0 - _EPSILON:
-        next_in = (1.0 - level) * request.per / rate
+    if rate is not None:
+        burst = _burst(rate)
+        if bucket is None:
+            level, stamp = burst, now
+        else:
+            level, stamp = bucket
+            if now > stamp:
+                level = min(burst, level + (now - stamp) * rate / request.per)
+                stamp = now
+        level = min(burst, level + max(0.0, request.returned)) - max(0.0, request.late)
+        full_in = max(0.0, burst - level) * request.per / rate
+        tokens = max(0, min(request.tokens, math.floor(level + _EPSILON)))
+        level -= tokens
+        if level < 1.0 - _EPSILON:
+            next_in = (1.0 - level) * request.per / rate
+        if level < burst - _EPSILON:
+            left = (level, stamp)
     grant = KeyGrant(
         key=request.key,
         held=held,
@@ -161,7 +158,7 @@ def settle(
         next_token_in=next_in,
         full_in=full_in,
     )
-    return grant, row, None if level >= burst - _EPSILON else (level, stamp)
+    return grant, row, left
 
 
 def full_at(request: KeyRequest, bucket: tuple[float, float]) -> float:

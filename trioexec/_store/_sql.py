@@ -10,6 +10,7 @@ from typing import Any
 
 import attrs
 
+from .._errors import StoreError
 from .._records import ExecutionRecord, SubStatus, TaskStatus
 from ._base import Filter
 from ._key_ledger import PRUNE_MORE, Hold, KeyGrant, KeyRequest, full_at, settle
@@ -26,8 +27,6 @@ SELECT_RECORDS = (
 def record_of(row: Sequence[object], where: str) -> ExecutionRecord:
     """A row of `SELECT_RECORDS` as a record; `StoreError` naming ``where`` (the
     store) and the task for a row this trioexec cannot read."""
-    from .._errors import StoreError
-
     values: dict[str, Any] = dict(zip(RECORD_FIELDS, row, strict=True))
     try:
         status = TaskStatus(values["status"])
@@ -46,20 +45,14 @@ def filter_clause(mark: str, found: Filter) -> tuple[str, list[object]]:
     the parameter placeholder (``?`` or ``%s``), and its parameters."""
     where: list[str] = []
     params: list[object] = []
-    if found.status is not None:
-        where.append(f"e.status = {mark}")
-        params.append(found.status.value)
-    if found.sub_status is not None:
-        where.append(f"e.sub_status = {mark}")
-        params.append(found.sub_status.value)
-    if found.deferred_before is not None:
-        where.append(f"e.sub_status = 'deferred' AND e.deferred_since <= {mark}")
-        params.append(found.deferred_before)
-    for column in ("run_id", "key"):
+    for column in ("status", "sub_status", "run_id", "key"):
         value = getattr(found, column)
         if value is not None:
             where.append(f"e.{column} = {mark}")
-            params.append(value)
+            params.append(getattr(value, "value", value))
+    if found.deferred_before is not None:
+        where.append(f"e.sub_status = 'deferred' AND e.deferred_since <= {mark}")
+        params.append(found.deferred_before)
     return (" WHERE " + " AND ".join(where) if where else ""), params
 
 

@@ -20,13 +20,12 @@ import functools
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar
 
-import attrs
-
 from .._changes import Change, ExecutionRow, RunChange, RunCreated, StepRecorded, Transition
 from .._errors import StoreError
 from .._records import ExecutionRecord, SubStatus, TaskStatus
 from ._base import (
     ORPHANED,
+    RUN_COLUMNS,
     RUN_ORPHANED,
     SCHEDULE_FIELDS,
     SUPERSEDED,
@@ -42,8 +41,8 @@ from ._base import (
     abandoned_error,
     check_query,
     fold_batch,
-    graph_of,
     matches_some,
+    run_of,
     schedule_of,
     update_sql,
 )
@@ -67,8 +66,6 @@ S = TypeVar("S", bound="SQLStore")
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: `RunRecord`'s fields but its steps: the workflow_runs table's columns.
-_RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
 _SCHEDULE_COLUMNS = ", ".join(SCHEDULE_FIELDS)
 _LIVE = "('pending', 'running')"
 
@@ -291,12 +288,14 @@ class SQLStore:
                 record = record_of(row, self.path)
                 room = limit is None or len(claim) < limit
                 verdict = recovery_verdict(record, recreatable(record), max_recovery_attempts, room)
-                if verdict is Verdict.ABANDON:
-                    self._end(conn, record, now, abandoned_error(record.recovery_attempts))
-                    abandoned.append(self._one(conn, record.task_id))
-                elif verdict is Verdict.ORPHAN:
-                    self._end(conn, record, now, ORPHANED)
-                    orphaned.append(self._one(conn, record.task_id))
+                if verdict is Verdict.ABANDON or verdict is Verdict.ORPHAN:
+                    abandon = verdict is Verdict.ABANDON
+                    error = abandoned_error(record.recovery_attempts) if abandon else ORPHANED
+                    conn.execute(
+                        update_sql("end", m),
+                        ("failed", now, error, record.task_id, record.version),
+                    )
+                    (abandoned if abandon else orphaned).append(self._one(conn, record.task_id))
                 elif verdict is Verdict.CLAIM:
                     claim[record.task_id] = (record.version, claimed_attempts(record))
             if claim:
@@ -312,13 +311,6 @@ class SQLStore:
                     )
                 ]
         return Recovery(claimed, orphaned, abandoned)
-
-    def _end(self, conn: Any, record: ExecutionRecord, now: float, error: str) -> None:
-        m = self.dialect.mark
-        conn.execute(
-            update_sql("end", m),
-            ("failed", now, error, record.task_id, record.version),
-        )
 
     def _one(self, conn: Any, task_id: str) -> ExecutionRecord:
         row = conn.execute(
@@ -444,38 +436,34 @@ class SQLStore:
                 (owner, now, d.list_param([r[0] for r in locked])),
             ).fetchall()
             for run_id, workflow, attempts in rows:
-                if workflow not in known or attempts >= max_recovery_attempts:
-                    error = RUN_ORPHANED if workflow not in known else abandoned_error(attempts)
+                if workflow in known and attempts < max_recovery_attempts:
                     conn.execute(
-                        f"UPDATE workflow_runs SET status = 'failed', finished_at = {m}"
-                        f" WHERE run_id = {m}",
-                        (now, run_id),
+                        f"UPDATE workflow_runs SET owner = {m},"
+                        f" recovery_attempts = recovery_attempts + 1 WHERE run_id = {m}",
+                        (owner, run_id),
                     )
-                    self._end_steps(conn, run_id, "failed", now, error)
-                    (orphaned if workflow not in known else abandoned).append(
-                        self._run(conn, run_id)
-                    )
+                    self._end_steps(conn, run_id, "cancelled", now, SUPERSEDED)
+                    claimed.append(self._run(conn, run_id))
                     continue
+                orphan = workflow not in known
                 conn.execute(
-                    f"UPDATE workflow_runs SET owner = {m},"
-                    f" recovery_attempts = recovery_attempts + 1 WHERE run_id = {m}",
-                    (owner, run_id),
+                    f"UPDATE workflow_runs SET status = 'failed', finished_at = {m}"
+                    f" WHERE run_id = {m}",
+                    (now, run_id),
                 )
-                self._end_steps(conn, run_id, "cancelled", now, SUPERSEDED)
-                claimed.append(self._run(conn, run_id))
+                error = RUN_ORPHANED if orphan else abandoned_error(attempts)
+                self._end_steps(conn, run_id, "failed", now, error)
+                (orphaned if orphan else abandoned).append(self._run(conn, run_id))
         return RunRecovery(claimed, orphaned, abandoned)
 
     def _end_steps(self, conn: Any, run_id: str, status: str, now: float, error: str) -> None:
-        m = self.dialect.mark
-        conn.execute(
-            update_sql("end", m, "run_id = {m}"),
-            (status, now, error, run_id),
-        )
+        ended = update_sql("end", self.dialect.mark, "run_id = {m}")
+        conn.execute(ended, (status, now, error, run_id))
 
     def _run(self, conn: Any, run_id: str) -> RunRecord:
         m = self.dialect.mark
         row = conn.execute(
-            f"SELECT {', '.join(_RUN_COLUMNS)} FROM workflow_runs WHERE run_id = {m}", (run_id,)
+            f"SELECT {', '.join(RUN_COLUMNS)} FROM workflow_runs WHERE run_id = {m}", (run_id,)
         ).fetchone()
         steps = {
             step_id: (state, output)
@@ -485,8 +473,7 @@ class SQLStore:
                 (run_id,),
             )
         }
-        values = dict(zip(_RUN_COLUMNS, row, strict=True))
-        return RunRecord(**{**values, "graph": graph_of(values["graph"])}, steps=steps)
+        return run_of(row, steps)
 
     @_retried
     def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:

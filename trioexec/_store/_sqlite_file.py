@@ -67,12 +67,6 @@ def _schema() -> bytes:
         return conn.serialize()
 
 
-def _copy_schema(conn: sqlite3.Connection) -> None:
-    with contextlib.closing(sqlite3.connect(":memory:")) as schema:
-        schema.deserialize(_schema())
-        schema.backup(conn)
-
-
 def _close_quietly(*groups: Iterable[sqlite3.Connection]) -> None:
     """Close a memory store's connections when their owner is dropped unclosed, as
     a dict store could be (closing one closed already does nothing)."""
@@ -127,7 +121,9 @@ class SQLiteFile:
     def _open_writer(self) -> None:
         self._write_conn = conn = self._connect(read_only=False)
         if self.memory:
-            _copy_schema(conn)
+            with contextlib.closing(sqlite3.connect(":memory:")) as schema:
+                schema.deserialize(_schema())
+                schema.backup(conn)
             # Dropped unclosed, as a dict store could be: its connections close
             # then, without the ResourceWarning an unclosed connection gives.
             weakref.finalize(self, _close_quietly, self._readers, [conn])
@@ -186,7 +182,14 @@ class SQLiteFile:
         refuse_unmigrated(self.path, found, SCHEMA_VERSION, none)
 
     def _connect(self, *, read_only: bool) -> _Connection:
-        conn = self._new_connection(read_only=read_only)
+        conn = sqlite3.connect(
+            _uri(self._file, mode="ro") if read_only else self._file,
+            uri=read_only or self.memory,
+            factory=_Connection,
+            check_same_thread=False,
+            isolation_level=None,
+            timeout=self.busy_timeout,
+        )
         try:
             if read_only:
                 conn.execute("PRAGMA query_only=ON")
@@ -196,27 +199,6 @@ class SQLiteFile:
             conn.close()  # (a file that is no database fails here)
             raise
         conn._file_ref = weakref.ref(self)
-        return conn
-
-    def _new_connection(self, *, read_only: bool) -> _Connection:
-        if read_only:
-            conn = sqlite3.connect(
-                _uri(self._file, mode="ro"),
-                uri=True,
-                factory=_Connection,
-                check_same_thread=False,
-                isolation_level=None,
-                timeout=self.busy_timeout,
-            )
-        else:
-            conn = sqlite3.connect(
-                self._file,
-                uri=self.memory,
-                factory=_Connection,
-                check_same_thread=False,
-                isolation_level=None,
-                timeout=self.busy_timeout,
-            )
         return conn
 
     def _checkout(self) -> _Connection:

@@ -1,21 +1,13 @@
-"""The recovery verdict: what a recovery pass does with one live execution whose
-owner's lease expired (or that an operator requeued), written once for every
-store (`MemoryStore`, `SQLiteStore`, `PostgresStore` each read the candidates
-and carry the verdict out; none of them decides).
+"""The recovery verdict on one live execution whose owner's lease expired, or that
+is requeued (no owner), written once for every store (each reads the candidates
+and carries the verdict out; none of them decides).
 
-Two kinds of execution reach recovery, and they are not alike:
-
-* **expired**: its owner's lease ran out while it was live. Taking it over is a
-  recovery attempt: it counts (``recovery_attempts`` + 1), and past
-  ``max_recovery_attempts`` the execution is abandoned; one this executor cannot
-  re-create is failed ``orphaned`` (its owner is gone; nobody else will).
-* **requeued** (`Store.requeue`, ``trioexec retry``): pending with no owner. An
-  operator asked for it to run again, or an executor that claimed it gave it
-  back unrun as it closed (``Release``, its recovery counted once already); no
-  lease expired. Claiming it is not a
-  recovery attempt, it is never abandoned for attempts it did not make, and an
-  executor that cannot re-create it leaves it for one that can (its error and
-  traceback stay until its next attempt ends).
+Taking over an expired one is a recovery attempt: it counts, past
+``max_recovery_attempts`` the execution is abandoned, and one this executor cannot
+re-create fails ``orphaned`` (its owner is gone; nobody else will). A requeued one
+(`Store.requeue`, or a claim an executor gave back unrun as it closed) made no
+attempt: claiming it counts none, it is never abandoned, and an executor that
+cannot re-create it leaves it for one that can.
 """
 
 from __future__ import annotations
@@ -23,8 +15,6 @@ from __future__ import annotations
 import enum
 
 from .._records import ExecutionRecord
-
-__all__ = ["Verdict", "claimed_attempts", "is_requeued", "recovery_verdict"]
 
 
 class Verdict(enum.Enum):
