@@ -1,16 +1,12 @@
-"""The dashboard's reads of a SQL store (issue 20): pages of executions under
-filters, paginated by keyset (never ``OFFSET``: page 1,000 costs what page 1
-does), the executions finished per time bucket, the task names stored, and a
-task's commands.
+"""The dashboard's reads of a SQL store: pages of executions under filters, by
+keyset (never ``OFFSET``: page 1,000 costs what page 1 does), the executions
+finished per time bucket, the task names stored, and a task's commands.
 
-Plain synchronous functions over `SQLiteStore` and `PostgresStore` (the web app
-runs them in a worker thread), each in one read snapshot (`SQLStore.snapshot`).
-The SQL is written once, with the store's placeholder and the few functions that
-differ between SQLite and PostgreSQL as parameters (`Dialect`). Every text the
-caller gives is a bound parameter (a status, checked against `TaskStatus`, picks
-one of its constant conditions); a ``waiting_on`` filter is a literal substring
-(``instr`` / ``strpos``, never ``LIKE``), so ``%``, ``_``, ``[`` and quotes in it
-are only themselves.
+Plain synchronous functions (the web app runs them in a worker thread), each in
+one read snapshot (`SQLStore.snapshot`), their SQL written once over the store's
+`Dialect`. Every text the caller gives is a bound parameter; a ``waiting_on``
+filter is a literal substring (``instr`` / ``strpos``, never ``LIKE``), so ``%``,
+``_``, ``[`` and quotes in it are only themselves.
 """
 
 from __future__ import annotations
@@ -19,7 +15,7 @@ import base64
 import binascii
 import json
 import math
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import attrs
 
@@ -52,6 +48,7 @@ _LIVE_SQL = "e.status IN ('pending', 'running')"
 #: can use an index of that status's rows only (the failed ones' by name).
 _STATUS_SQL = {s: f"e.status = '{s.value}'" for s in TaskStatus}
 _MAX_CURSOR = 500  # characters: a cursor this module made is far shorter
+E = TypeVar("E", TaskStatus, SubStatus)
 
 
 @attrs.frozen
@@ -100,6 +97,16 @@ def _text(what: str, value: object) -> str | None:
     return value
 
 
+def _member(what: str, kind: type[E], value: E | str | None) -> E | None:
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        must = ", ".join(m.value for m in kind)
+        raise ValueError(f"{what} must be one of {must}, got {value!r}") from None
+
+
 def _limit(value: object) -> int:
     return check_number("limit", value, int, f"an int from 1 to {MAX_LIMIT}", ge=1, le=MAX_LIMIT)
 
@@ -125,21 +132,8 @@ def _where(
     without reading the table; a name or key index is kept out of its way."""
     where: list[str] = []
     params: list[object] = []
-    if status is not None:
-        try:
-            status = TaskStatus(status)
-        except ValueError:
-            raise ValueError(
-                f"status must be one of {', '.join(s.value for s in TaskStatus)}, got {status!r}"
-            ) from None
-    if sub_status is not None:
-        try:
-            sub_status = SubStatus(sub_status)
-        except ValueError:
-            raise ValueError(
-                f"sub_status must be one of {', '.join(s.value for s in SubStatus)},"
-                f" got {sub_status!r}"
-            ) from None
+    status = _member("status", TaskStatus, status)
+    sub_status = _member("sub_status", SubStatus, sub_status)
     texts = {
         "name": _text("name", name),
         "key": _text("key", key),

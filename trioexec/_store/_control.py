@@ -1,32 +1,26 @@
-"""Operator commands (pause, resume, cancel) and dead letters sent back to pending
-(requeue): the rules every store follows (`check_command`, `pause_turn`,
-`cancel_plan`, `requeue_refusal`, `prune_bounds`), and the SQL of `Store.command` and
-`Store.requeue`, written once with the placeholder (``?`` or ``%s``) as a parameter.
+"""Operator commands (pause, resume, cancel) and requeues of dead letters: the rules
+(`check_command`, `pause_turn`, `cancel_plan`, `requeue_refusal`, `prune_bounds`)
+and the SQL of `Store.command` and `Store.requeue`, written once with the
+placeholder (``?`` or ``%s``) as a parameter.
 
-**Order.** A command is applied in the order it was issued, not the order it was
-recorded: an executor records its pauses and resumes from a task of its own,
-after the call returned, so two executors' commands may reach the store in
-either order. Each carries its issue time (``at``); a pause or resume issued
-before the last one applied to its target changes nothing. So the pauses table
-keeps a row per target also once resumed (``paused`` false), with the issue time
-of the latest pause or resume applied to it (``latest``).
+**Order.** Commands apply in the order they were issued, not recorded: an
+executor records its pauses and resumes from a task of its own, after the call
+returned. Each carries its issue time (``at``); a pause or resume issued before
+the last one applied to its target changes nothing. So the pauses table keeps a
+row per target once resumed too (``paused`` false), with the issue time of the
+latest pause or resume applied to it (``latest``).
 
-**Clocks.** The issue times of commands recorded from several hosts are their
-clocks' readings, so hosts' clocks order their commands, as they decide
-leases. A clock ahead must not pin a target: an issue time more than
-`MAX_SKEW` after the clock of the store recording it is refused (seconds
-mistaken for milliseconds, say), and a target's latest issue time more than
-`MAX_SKEW` after the clock of the store recording a new command is not
-trusted to order it (a host whose clock is that far ahead, or a row older
-than this rule): the new command applies. So a host's clock ahead of
-another's by up to `MAX_SKEW` seconds can hold that one's later command off
-for as long, never more.
+**Clocks.** Hosts' clocks order their commands, as they decide leases. A clock
+ahead must not pin a target: an issue time more than `MAX_SKEW` after the
+recording store's clock is refused (seconds mistaken for milliseconds, say), and
+a target's latest issue time that far after it does not order a new command (a
+host's clock that far ahead, or a row older than this rule). So a host's clock
+ahead by up to `MAX_SKEW` can hold another's later command off for as long, never
+more.
 
-**Retention.** The commands log keeps the newest `KEEP_COMMANDS` commands and
-every command of the last `KEEP_SECONDS` (what ``trioexec commands``, the
-dashboard and an executor polling for new ones read); older ones are deleted as
-new ones are recorded, and so are the rows of targets resumed that long ago.
-An executor reads only the newest seq and the pauses when it starts.
+**Retention.** The log keeps the newest `KEEP_COMMANDS` commands and every one of
+the last `KEEP_SECONDS`; older ones, and targets resumed that long ago, are
+deleted as new commands are recorded.
 """
 
 from __future__ import annotations

@@ -142,7 +142,7 @@ class SQLStore:
                 existing = {
                     row[0]
                     for row in conn.execute(
-                        f"SELECT task_id FROM executions WHERE {self._in('task_id')}",
+                        f"SELECT task_id FROM executions WHERE {self.dialect.in_list('task_id')}",
                         (self.dialect.list_param(submitted),),
                     )
                 }
@@ -157,9 +157,6 @@ class SQLStore:
             if fresh:
                 fenced.extend(self._insert_rows(conn, fresh))
         return fenced
-
-    def _in(self, column: str) -> str:
-        return self.dialect.in_list(column)
 
     @staticmethod
     def _write_run(conn: Any, m: str, change: RunChange) -> bool:
@@ -229,13 +226,13 @@ class SQLStore:
     def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
         if not live:
             return []
-        m = self.dialect.mark
+        d = self.dialect
         with self._db.reading("check ownership") as conn:
             found = dict(
                 conn.execute(
-                    f"SELECT task_id, version FROM executions WHERE {self._in('task_id')}"
-                    f" AND owner = {m} AND status IN {_LIVE}",
-                    (self.dialect.list_param(live), owner),
+                    f"SELECT task_id, version FROM executions WHERE {d.in_list('task_id')}"
+                    f" AND owner = {d.mark} AND status IN {_LIVE}",
+                    (d.list_param(live), owner),
                 ).fetchall()
             )
             lost = [t for t, v in live.items() if found.get(t, v) != v]
@@ -245,8 +242,8 @@ class SQLStore:
                 lost.extend(
                     row[0]
                     for row in conn.execute(
-                        f"SELECT task_id FROM executions WHERE {self._in('task_id')}",
-                        (self.dialect.list_param(missing),),
+                        f"SELECT task_id FROM executions WHERE {d.in_list('task_id')}",
+                        (d.list_param(missing),),
                     )
                 )
         return lost
@@ -280,7 +277,7 @@ class SQLStore:
             if not locked:
                 return Recovery([], [], [])
             rows = conn.execute(
-                f"{SELECT_RECORDS} WHERE {self._in('e.task_id')} AND{expired} ORDER BY e.{d.seq}",
+                f"{SELECT_RECORDS} WHERE {d.in_list('e.task_id')} AND{expired} ORDER BY e.{d.seq}",
                 (d.list_param([r[0] for r in locked]), owner, now),
             ).fetchall()
             claim: dict[str, tuple[int, int]] = {}  # task id -> (version, attempts once claimed)
@@ -306,7 +303,7 @@ class SQLStore:
                 claimed = [
                     record_of(row, self.path)
                     for row in conn.execute(
-                        f"{SELECT_RECORDS} WHERE {self._in('e.task_id')} ORDER BY e.{d.seq}",
+                        f"{SELECT_RECORDS} WHERE {d.in_list('e.task_id')} ORDER BY e.{d.seq}",
                         (d.list_param(claim),),
                     )
                 ]
@@ -432,7 +429,7 @@ class SQLStore:
                 return RunRecovery([], [], [])
             rows = conn.execute(
                 f"SELECT r.run_id, r.workflow, r.recovery_attempts{expired}"
-                f" AND {self._in('r.run_id')} ORDER BY r.{d.seq}",
+                f" AND {self.dialect.in_list('r.run_id')} ORDER BY r.{d.seq}",
                 (owner, now, d.list_param([r[0] for r in locked])),
             ).fetchall()
             for run_id, workflow, attempts in rows:
@@ -481,7 +478,7 @@ class SQLStore:
             return [
                 row[0]
                 for row in conn.execute(
-                    f"SELECT run_id FROM workflow_runs WHERE {self._in('run_id')}"
+                    f"SELECT run_id FROM workflow_runs WHERE {self.dialect.in_list('run_id')}"
                     f" AND owner {self.dialect.is_not} {self.dialect.mark}",
                     (self.dialect.list_param(run_ids), owner),
                 )

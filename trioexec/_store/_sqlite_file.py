@@ -30,11 +30,11 @@ READ_ONLY_BUSY_TIMEOUT = 1.0
 
 
 class _Connection(sqlite3.Connection):
-    """A connection a `SQLiteFile` opened. The durable tables find the file through
-    ``file``: its lock, its file check, and whether it is read-only."""
+    """A connection a `SQLiteFile` opened: the durable tables find the file (its
+    lock, its file check, whether it is read-only) through ``file``."""
 
-    # Weak: the file holds its connections, and a store dropped without close()
-    # should still close them at once, not wait for the cycle collector.
+    # (weak: a store dropped unclosed closes its connections at once, not at a
+    # cycle collection)
     _file_ref: weakref.ref[SQLiteFile] | None = None
 
     @property
@@ -68,8 +68,8 @@ def _schema() -> bytes:
 
 
 def _close_quietly(*groups: Iterable[sqlite3.Connection]) -> None:
-    """Close a memory store's connections when their owner is dropped unclosed, as
-    a dict store could be (closing one closed already does nothing)."""
+    """Close connections whose owner was dropped unclosed, without the
+    ResourceWarning an unclosed connection gives (closing one twice is nothing)."""
     for conns in groups:
         for conn in list(conns):
             with contextlib.suppress(sqlite3.Error):
@@ -79,16 +79,10 @@ def _close_quietly(*groups: Iterable[sqlite3.Connection]) -> None:
 @final
 class SQLiteFile:
     """The connections a `SQLiteStore` holds to its file, opened (created, checked
-    and migrated unless ``read_only``) on construction.
-
-    Writes take the lock, one at a time, on the file opened; each thread reads
-    through a connection of its own, so a read never waits behind a write (in a
-    file, WAL; a database in memory, ``memory``, has none: they take turns).
-
-    Raises:
-      StoreError: naming the path, if the file cannot be opened or is not (or not
-        yet, or no longer) a trioexec database this trioexec can use.
-    """
+    and migrated unless ``read_only``) on construction: `StoreError` naming the
+    path if it is not (or not yet, or no longer) a trioexec database this trioexec
+    can use. Writes take the lock; a reader never waits behind a write (WAL; a
+    database in memory has none: they take turns)."""
 
     def __init__(
         self, path: str, *, read_only: bool, busy_timeout: float, memory: bool = False
@@ -124,8 +118,6 @@ class SQLiteFile:
             with contextlib.closing(sqlite3.connect(":memory:")) as schema:
                 schema.deserialize(_schema())
                 schema.backup(conn)
-            # Dropped unclosed, as a dict store could be: its connections close
-            # then, without the ResourceWarning an unclosed connection gives.
             weakref.finalize(self, _close_quietly, self._readers, [conn])
         else:
             self._migrate(conn)
