@@ -13,6 +13,7 @@ import attrs
 
 from .._changes import Change, ExecutionRow, RunChange, Transition
 from .._columns import ROW_COLUMNS
+from .._errors import StoreError
 from .._records import (
     TYPED,
     ExecutionRecord,
@@ -302,6 +303,31 @@ def run_of(row: Sequence[object], steps: dict[str, tuple[str, str | None]]) -> R
     except (ValueError, TypeError, AttributeError):
         values["graph"] = None
     return RunRecord(**values, steps=steps)
+
+
+#: The SQL stores' query of executions with their owner's lease (``e``, ``o``).
+RECORD_FIELDS = tuple(f.name for f in attrs.fields(ExecutionRecord))
+#: Their columns (``e``: executions, ``o``: owners), in `RECORD_FIELDS`' order.
+RECORD_COLUMNS = ", ".join(f"o.{f}" if f == "lease_expires_at" else f"e.{f}" for f in RECORD_FIELDS)
+SELECT_RECORDS = (
+    f"SELECT {RECORD_COLUMNS} FROM executions e LEFT JOIN owners o ON o.owner = e.owner"
+)
+
+
+def record_of(row: Sequence[object], where: str) -> ExecutionRecord:
+    """A row of `SELECT_RECORDS` as a record; `StoreError` naming ``where`` (the
+    store) and the task for a row this trioexec cannot read."""
+    values: dict[str, Any] = dict(zip(RECORD_FIELDS, row, strict=True))
+    try:
+        status = TaskStatus(values["status"])
+        sub = None if values["sub_status"] is None else SubStatus(values["sub_status"])
+    except ValueError:
+        raise StoreError(
+            f"{where}: execution {values['task_id']!r} has an unreadable row"
+            f" (status {values['status']!r}, sub-status {values['sub_status']!r})"
+        ) from None
+    values.update(status=status, sub_status=sub)
+    return ExecutionRecord(**values)
 
 
 SUPERSEDED = "superseded: its workflow run was resumed by another executor"

@@ -21,10 +21,20 @@ import attrs
 
 from .._records import ExecutionRecord, SubStatus, TaskStatus, check_number
 from .._records import storable as storable  # (the dashboard's, from here)
-from ._base import COMMAND_FIELDS, LIVE, RUN_COLUMNS, Command, RunRecord, run_of
+from ._base import (
+    COMMAND_FIELDS,
+    LIVE,
+    RECORD_COLUMNS,
+    RECORD_FIELDS,
+    RUN_COLUMNS,
+    SELECT_RECORDS,
+    Command,
+    RunRecord,
+    record_of,
+    run_of,
+)
 from ._control import command_of
 from ._dialect import Dialect
-from ._sql import RECORD_COLUMNS, RECORD_FIELDS, SELECT_RECORDS, record_of
 from ._sql_store import SQLStore
 
 #: How `browse` orders executions: ``"newest"`` submission first (the default),

@@ -36,25 +36,20 @@ from .._records import ExecutionRecord, check_id, check_number
 from ._base import (
     COMMAND_FIELDS,
     LIVE,
+    SELECT_RECORDS,
     TRANSITIONS,
     Command,
-    Pause,
     Requeued,
     apply_change,
-    check_limit,
+    record_of,
     update_sql,
 )
-from ._sql import SELECT_RECORDS, record_of
 
 #: What `Store.command` does; a "retry" is recorded by `Store.requeue`.
 KINDS = ("pause", "resume", "cancel")
-#: The finished statuses `Store.requeue` sends back (asked by id).
-REQUEUEABLE = TRANSITIONS["requeue"][0]
-CANCELLED_IN_STORE = "cancelled in the store (no live owner)"
 NOT_RECREATABLE = (
     "not re-creatable: submitted without a registered TaskSpec or with arguments that are not JSON"
 )
-A_STEP = "a workflow step: resume its run"
 #: How the detail of a pause or resume that changed nothing, being issued
 #: before the latest one applied to its target, begins.
 SUPERSEDED_COMMAND = "superseded"
@@ -114,32 +109,11 @@ def check_command(
     else:
         hint = " (a retry is Store.requeue)" if kind == "retry" else ""
         raise ValueError(f"kind must be 'pause', 'resume' or 'cancel', got {kind!r}{hint}")
-    return Asked(kind, pause, name, key, task_id, who, check_issued(at))
-
-
-def check_issued(at: object) -> float | None:
-    """A command's issue time (`Store.command`'s ``at``): None (now), or a finite
-    number of seconds >= 0 on the store's clock (Unix seconds by default).
-    Raises ValueError naming it. See `issued_at` for its bound from above."""
-    if at is None:
-        return None
-    must, typed = "a time in seconds >= 0 (the store's clock: Unix seconds)", "a number of seconds"
-    return check_number("at", at, float, must, typed=typed, ge=0, lt=math.inf, stored=True)
-
-
-def issued_at(issued: float | None, now: float) -> float:
-    """The issue time of a command recorded at ``now``: ``issued`` (`check_issued`),
-    None being ``now``. Raises ValueError for one more than `MAX_SKEW` after
-    ``now``: a time in milliseconds, or a clock too far ahead, would order every
-    later command before it."""
-    if issued is None:
-        return now
-    if issued > now + MAX_SKEW:
-        raise ValueError(
-            f"at={issued!r} is {issued - now:.6g} s after the store's clock ({now!r}):"
-            f" an issue time is seconds on the store's clock, at most {MAX_SKEW:g} s ahead"
-        )
-    return issued
+    if at is not None:
+        must = "a time in seconds >= 0 (the store's clock: Unix seconds)"
+        typed = "a number of seconds"
+        at = check_number("at", at, float, must, typed=typed, ge=0, lt=math.inf, stored=True)
+    return Asked(kind, pause, name, key, task_id, who, at)
 
 
 @attrs.frozen(kw_only=True)
@@ -218,7 +192,7 @@ def cancel_plan(record: ExecutionRecord | None, now: float) -> tuple[bool, bool,
     lease = record.lease_expires_at
     if record.owner is not None and lease is not None and lease >= now:
         return True, False, f"sent to its owner {record.owner}"
-    return True, True, CANCELLED_IN_STORE
+    return True, True, "cancelled in the store (no live owner)"
 
 
 def cancelled_by(who: str) -> str:
@@ -232,10 +206,10 @@ def requeue_refusal(record: ExecutionRecord | None) -> str | None:
         return "no such task"
     if record.status in LIVE:
         return f"still {record.status.value}"
-    if record.status not in REQUEUEABLE:
+    if record.status not in TRANSITIONS["requeue"][0]:
         return record.status.value  # "completed", "dropped", "rejected"
     if record.run_id is not None:
-        return A_STEP
+        return "a workflow step: resume its run"
     if not record.recreatable:
         return NOT_RECREATABLE
     return None
@@ -247,17 +221,6 @@ def requeued(record: ExecutionRecord) -> ExecutionRecord:
     values = attrs.asdict(record, recurse=False)
     apply_change(values, Requeue((record.task_id, record.version)))
     return ExecutionRecord(**{**values, "lease_expires_at": None})
-
-
-def check_commands_query(after: object, limit: object) -> None:
-    """Refuse an ``after`` or ``limit`` that `Store.commands` cannot honour."""
-    check_number("after", after, int, "an int >= 0 (a command's seq)", ge=0, stored=True)
-    check_limit(limit)
-
-
-def sorted_pauses(pauses: list[Pause]) -> list[Pause]:
-    """By (kind, value), as Python orders text (a database's collation may not)."""
-    return sorted(pauses, key=lambda p: (p.kind, p.value))
 
 
 # ---------------------------------------------------------------------- SQL
@@ -301,7 +264,12 @@ def sql_command(
     (PostgreSQL: ``" FOR UPDATE OF e"``; SQLite's write transaction holds the
     whole file)."""
     m = mark
-    at = issued_at(asked.issued, now)
+    at = now if asked.issued is None else asked.issued
+    if at > now + MAX_SKEW:  # (milliseconds, or a clock that far ahead, would order all after it)
+        raise ValueError(
+            f"at={at!r} is {at - now:.6g} s after the store's clock ({now!r}):"
+            f" an issue time is seconds on the store's clock, at most {MAX_SKEW:g} s ahead"
+        )
     if asked.pause is not None:
         found = conn.execute(
             f"SELECT paused, who, at, latest FROM pauses WHERE kind = {m} AND value = {m}",

@@ -22,12 +22,13 @@ from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar
 
 from .._changes import Change, ExecutionRow, RunChange, RunCreated, StepRecorded, Transition
 from .._errors import StoreError
-from .._records import ExecutionRecord, SubStatus, TaskStatus
+from .._records import ExecutionRecord, SubStatus, TaskStatus, check_number
 from ._base import (
     ORPHANED,
     RUN_COLUMNS,
     RUN_ORPHANED,
     SCHEDULE_FIELDS,
+    SELECT_RECORDS,
     SUPERSEDED,
     Command,
     Filter,
@@ -39,9 +40,11 @@ from ._base import (
     RunRecovery,
     ScheduleRecord,
     abandoned_error,
+    check_limit,
     check_query,
     fold_batch,
     matches_some,
+    record_of,
     run_of,
     schedule_of,
     update_sql,
@@ -49,16 +52,13 @@ from ._base import (
 from ._control import (
     COMMAND_COLUMNS,
     check_command,
-    check_commands_query,
     check_requeue,
     command_of,
-    sorted_pauses,
     sql_command,
     sql_requeue,
 )
 from ._dialect import Dialect
-from ._key_ledger import KeyGrant, KeyRequest
-from ._sql import SELECT_RECORDS, filter_clause, prune_buckets, record_of, settle_key, write_lease
+from ._key_ledger import PRUNE_MORE, Hold, KeyGrant, KeyRequest, full_at, settle
 from ._verdict import Verdict, claimed_attempts, recovery_verdict
 
 T = TypeVar("T")
@@ -330,8 +330,19 @@ class SQLStore:
                 self._lock_key(conn, requests[i].key)
                 # (read after the lock, and the clock too: rounds see it in order)
                 grants[i] = settle_key(conn, m, owner, requests[i], self.clock())
+            # Then the buckets full by now (the same as none; a key used once is
+            # never settled again to delete its own), earliest first, at most
+            # PRUNE_MORE beyond one per key settled. PostgreSQL skips a row another
+            # round is writing: this one never waits for it, holding keys that
+            # round may wait for.
             lock = self.dialect.skip_locked.format(alias="key_buckets")
-            prune_buckets(conn, m, self.clock(), len(requests), lock)
+            now = self.clock()
+            conn.execute(
+                "DELETE FROM key_buckets WHERE key IN (SELECT key FROM key_buckets"
+                f" WHERE full_at <= {m} ORDER BY full_at, key LIMIT {m}{lock})"
+                f" AND full_at <= {m}",
+                (now, len(requests) + PRUNE_MORE, now),
+            )
         return [grants[i] for i in range(len(requests))]
 
     # ------------------------------------------------------------------ schedules
@@ -533,7 +544,8 @@ class SQLStore:
     @_retried
     def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
         """See `Store.commands`: a range of the primary key (never waits for a write)."""
-        check_commands_query(after, limit)
+        check_number("after", after, int, "an int >= 0 (a command's seq)", ge=0, stored=True)
+        check_limit(limit)
         m = self.dialect.mark
         sql = f"SELECT {COMMAND_COLUMNS} FROM commands WHERE seq > {m} ORDER BY seq"
         params: list[object] = [after]
@@ -555,7 +567,8 @@ class SQLStore:
         """See `Store.pauses`."""
         with self._db.reading("query pauses") as conn:
             rows = conn.execute("SELECT kind, value, who, at FROM pauses WHERE paused").fetchall()
-        return sorted_pauses([Pause(kind=k, value=v, who=w, at=a) for k, v, w, a in rows])
+        pauses = [Pause(kind=k, value=v, who=w, at=a) for k, v, w, a in rows]
+        return sorted(pauses, key=lambda p: (p.kind, p.value))  # (not a database's collation)
 
     @_retried
     def requeue(
@@ -682,3 +695,72 @@ class SQLStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def filter_clause(mark: str, found: Filter) -> tuple[str, list[object]]:
+    """The SQL stores' ``WHERE`` for checked filters (on ``e``), with ``mark`` as
+    the parameter placeholder (``?`` or ``%s``), and its parameters."""
+    where: list[str] = []
+    params: list[object] = []
+    for column in ("status", "sub_status", "run_id", "key"):
+        value = getattr(found, column)
+        if value is not None:
+            where.append(f"e.{column} = {mark}")
+            params.append(getattr(value, "value", value))
+    if found.deferred_before is not None:
+        where.append(f"e.sub_status = 'deferred' AND e.deferred_since <= {mark}")
+        params.append(found.deferred_before)
+    return (" WHERE " + " AND ".join(where) if where else ""), params
+
+
+def settle_key(conn: Any, mark: str, owner: str, request: KeyRequest, now: float) -> KeyGrant:
+    """One key of a SQL store's `Store.key_round` (``mark``: the placeholder, ``?``
+    or ``%s``): reclaim dead owners' slots, `settle`, write the owner's row and the
+    key's bucket back. ``conn`` is in the round's transaction."""
+    key = request.key
+    conn.execute(
+        f"DELETE FROM key_holds WHERE key = {mark} AND owner <> {mark} AND owner NOT IN"
+        f" (SELECT owner FROM owners WHERE lease_expires_at >= {mark})",
+        (key, owner, now),
+    )
+    rows = [
+        Hold(row[0], held=row[1], wanted=row[2], since=row[3])
+        for row in conn.execute(
+            f"SELECT owner, held, wanted, since FROM key_holds WHERE key = {mark}", (key,)
+        )
+    ]
+    others = [h for h in rows if h.owner != owner]
+    mine = next((h for h in rows if h.owner == owner), None)
+    found = conn.execute(
+        f"SELECT tokens, stamp FROM key_buckets WHERE key = {mark}", (key,)
+    ).fetchone()
+    bucket_row = None if found is None else tuple(found)
+    grant, row, bucket = settle(request, others, bucket_row, now, mine)
+    if row is None:
+        conn.execute(f"DELETE FROM key_holds WHERE key = {mark} AND owner = {mark}", (key, owner))
+    else:
+        conn.execute(
+            f"INSERT INTO key_holds (key, owner, held, wanted, since) VALUES ({mark}, {mark},"
+            f" {mark}, {mark}, {mark}) ON CONFLICT (key, owner) DO UPDATE SET"
+            " held = excluded.held, wanted = excluded.wanted, since = excluded.since",
+            (key, owner, row.held, row.wanted, row.since),
+        )
+    if bucket is None:
+        conn.execute(f"DELETE FROM key_buckets WHERE key = {mark}", (key,))
+    else:
+        conn.execute(
+            f"INSERT INTO key_buckets (key, tokens, stamp, full_at) VALUES ({mark}, {mark},"
+            f" {mark}, {mark}) ON CONFLICT (key) DO UPDATE SET tokens = excluded.tokens,"
+            " stamp = excluded.stamp, full_at = excluded.full_at",
+            (key, *bucket, full_at(request, bucket)),
+        )
+    return grant
+
+
+def write_lease(conn: Any, mark: str, owner: str, lease_expires_at: float) -> None:
+    """Create or renew ``owner``'s lease (``mark``: the placeholder)."""
+    conn.execute(
+        f"INSERT INTO owners (owner, lease_expires_at) VALUES ({mark}, {mark})"
+        " ON CONFLICT (owner) DO UPDATE SET lease_expires_at = excluded.lease_expires_at",
+        (owner, lease_expires_at),
+    )
