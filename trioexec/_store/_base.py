@@ -33,9 +33,6 @@ Order = Literal["oldest", "newest", "longest_deferred"]
 ORDERS: tuple[Order, ...] = ("oldest", "newest", "longest_deferred")
 
 
-RETRY_BACKOFF = "retry backoff"
-
-
 # ---------------------------------------------------------------------- transitions
 
 #: Take the change's value of this column (its fields after kind, task id and
@@ -45,14 +42,14 @@ ARG = "<arg>"
 FIRST = "<first>"
 #: One more than it was (a version: the owner that had it is fenced out).
 BUMP = "<bump>"
+#: What ending an execution clears.
+_ENDED = {"sub_status": None, "deferred_since": None, "waiting_on": None, "traceback": None}
 #: What each kind of change does to a live execution's row: the statuses it
 #: applies in (fenced otherwise, as is a version that is not the row's), and
 #: each column it sets: to a constant, or to the change's value (`ARG`, `FIRST`).
 #: The one statement of these rules: the rows a batch folds before inserting them
 #: (`fold_row`), a record's values (`apply_change`) and the SQL stores' ``UPDATE``
 #: statements (`update_sql`) all derive from it.
-#: What ending an execution clears.
-_ENDED = {"sub_status": None, "deferred_since": None, "waiting_on": None, "traceback": None}
 TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
     "start": (
         LIVE,
@@ -74,7 +71,7 @@ TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
             "sub_status": None,
             "deferred_since": None,
             "error": ARG,
-            "waiting_on": RETRY_BACKOFF,
+            "waiting_on": "retry backoff",
         },
     ),
     "finish": (
@@ -663,45 +660,6 @@ def check_query(limit: int | None, order: str) -> None:
     check_limit(limit)
     if order not in ORDERS:
         raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
-
-
-@attrs.frozen
-class Filter:
-    """`Store.executions`' and `Store.counts`' filters, checked once for every
-    store (None: not filtered)."""
-
-    status: TaskStatus | None
-    sub_status: SubStatus | None
-    #: Deferred since this time or before (the store's clock): ``deferred_longer_than``.
-    deferred_before: float | None
-    run_id: str | None
-    key: str | None
-
-    @classmethod
-    def of(
-        cls,
-        clock: Callable[[], float],
-        status: TaskStatus | str | None,
-        sub_status: SubStatus | str | None,
-        deferred_longer_than: float | datetime.timedelta | None,
-        run_id: str | None,
-        key: str | None,
-    ) -> Filter | None:
-        """The filters, checked (ValueError or TypeError naming a bad one); None if
-        they can match no row (a ``run_id`` or ``key`` no store can hold)."""
-        checked = cls(
-            None if status is None else TaskStatus(status),
-            None if sub_status is None else SubStatus(sub_status),
-            None if deferred_longer_than is None else clock() - seconds(deferred_longer_than),
-            run_id,
-            key,
-        )
-        return checked if matches_some(run_id=run_id, key=key) else None
-
-    @property
-    def deferred_only(self) -> bool:
-        """Only deferred executions match (every one has a ``deferred_since``)."""
-        return self.sub_status is SubStatus.DEFERRED or self.deferred_before is not None
 
 
 def abandoned_error(attempts: int) -> str:

@@ -31,7 +31,6 @@ from ._base import (
     SELECT_RECORDS,
     SUPERSEDED,
     Command,
-    Filter,
     Order,
     Pause,
     Recovery,
@@ -47,6 +46,7 @@ from ._base import (
     record_of,
     run_of,
     schedule_of,
+    seconds,
     update_sql,
 )
 from ._control import (
@@ -620,17 +620,17 @@ class SQLStore:
         """See `Store.executions`: sorted and cut in SQL, on an index where the
         filters allow."""
         check_query(limit, order)
-        found = Filter.of(self.clock, status, sub_status, deferred_longer_than, run_id, key)
+        found = self._where(status, sub_status, deferred_longer_than, run_id, key)
         if found is None:
             return []
+        where, params, deferred_only = found
         d = self.dialect
-        where, params = filter_clause(d.mark, found)
         seq = f"e.{d.seq}"
         if order == "oldest":
             by = seq
         elif order == "newest":
             by = f"{seq} DESC"
-        elif found.deferred_only:
+        elif deferred_only:
             by = f"e.deferred_since, {seq}"  # (no NULLs: the index's order)
         else:
             by = f"{d.deferred_last}, {seq}"
@@ -641,6 +641,35 @@ class SQLStore:
         with self._db.reading("query executions") as conn:
             rows = conn.execute(sql, params).fetchall()
         return [record_of(row, self.path) for row in rows]
+
+    def _where(
+        self,
+        status: TaskStatus | str | None,
+        sub_status: SubStatus | str | None,
+        deferred_longer_than: float | datetime.timedelta | None,
+        run_id: str | None,
+        key: str | None,
+    ) -> tuple[str, list[object], bool] | None:
+        """The ``WHERE`` (on ``e``) of `executions`' and `counts`' filters (None: not
+        filtered; ValueError or TypeError naming a bad one), its parameters, and
+        whether only deferred executions match; None if none can (a ``run_id`` or
+        ``key`` no store can hold)."""
+        equal = {
+            "status": None if status is None else TaskStatus(status).value,
+            "sub_status": None if sub_status is None else SubStatus(sub_status).value,
+        }
+        since = None if deferred_longer_than is None else seconds(deferred_longer_than)
+        if not matches_some(run_id=run_id, key=key):
+            return None
+        equal.update(run_id=run_id, key=key)
+        m = self.dialect.mark
+        where = [f"e.{column} = {m}" for column, value in equal.items() if value is not None]
+        params: list[object] = [value for value in equal.values() if value is not None]
+        if since is not None:  # (deferred since then or before, on the store's clock)
+            where.append(f"e.sub_status = 'deferred' AND e.deferred_since <= {m}")
+            params.append(self.clock() - since)
+        deferred_only = equal["sub_status"] == "deferred" or since is not None
+        return (" WHERE " + " AND ".join(where) if where else ""), params, deferred_only
 
     @_retried
     def counts(
@@ -654,11 +683,11 @@ class SQLStore:
         """How many executions match the filters, per status (every status
         present, zeros included): one ``GROUP BY`` on the status index."""
         counts = dict.fromkeys(TaskStatus, 0)
-        found = Filter.of(self.clock, None, sub_status, deferred_longer_than, run_id, key)
+        found = self._where(None, sub_status, deferred_longer_than, run_id, key)
         if found is None:
             return counts
         m = self.dialect.mark
-        where, params = filter_clause(m, found)
+        where, params, _ = found
         sql = f"SELECT e.status, count(*) FROM executions e{where} GROUP BY e.status"
         with self._db.reading("count executions") as conn:
             for value, n in conn.execute(sql, params).fetchall():
@@ -695,22 +724,6 @@ class SQLStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def filter_clause(mark: str, found: Filter) -> tuple[str, list[object]]:
-    """The SQL stores' ``WHERE`` for checked filters (on ``e``), with ``mark`` as
-    the parameter placeholder (``?`` or ``%s``), and its parameters."""
-    where: list[str] = []
-    params: list[object] = []
-    for column in ("status", "sub_status", "run_id", "key"):
-        value = getattr(found, column)
-        if value is not None:
-            where.append(f"e.{column} = {mark}")
-            params.append(getattr(value, "value", value))
-    if found.deferred_before is not None:
-        where.append(f"e.sub_status = 'deferred' AND e.deferred_since <= {mark}")
-        params.append(found.deferred_before)
-    return (" WHERE " + " AND ".join(where) if where else ""), params
 
 
 def settle_key(conn: Any, mark: str, owner: str, request: KeyRequest, now: float) -> KeyGrant:
