@@ -15,7 +15,6 @@ from .._changes import Change, ExecutionRow, RunChange, Transition
 from .._columns import ROW_COLUMNS
 from .._errors import StoreError
 from .._records import (
-    TYPED,
     ExecutionRecord,
     SubStatus,
     TaskStatus,
@@ -634,14 +633,6 @@ class Store(Protocol):
         ...
 
 
-def seconds(value: float | datetime.timedelta) -> float:
-    """``deferred_longer_than`` as float seconds."""
-    if isinstance(value, datetime.timedelta):
-        return value.total_seconds()
-    must = "seconds or a timedelta"
-    return check_number("deferred_longer_than", value, float, must, errors=TYPED, stored=True)
-
-
 def matches_some(**texts: object) -> bool:
     """The text filters of a lookup (None: not filtered) can match a row: False
     if one is a text no store can hold (`matchable`). Raises TypeError naming
@@ -653,13 +644,6 @@ def check_limit(limit: object) -> None:
     """Refuse a ``limit`` of rows a store cannot honour (None: no limit)."""
     if limit is not None:
         check_number("limit", limit, int, "None or an int >= 0", ge=0, stored=True)
-
-
-def check_query(limit: int | None, order: str) -> None:
-    """Refuse a ``limit`` or ``order`` that `Store.executions` cannot honour."""
-    check_limit(limit)
-    if order not in ORDERS:
-        raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
 
 
 def abandoned_error(attempts: int) -> str:

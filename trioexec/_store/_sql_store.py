@@ -22,8 +22,9 @@ from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar
 
 from .._changes import Change, ExecutionRow, RunChange, RunCreated, StepRecorded, Transition
 from .._errors import StoreError
-from .._records import ExecutionRecord, SubStatus, TaskStatus, check_number
+from .._records import TYPED, ExecutionRecord, SubStatus, TaskStatus, check_number
 from ._base import (
+    ORDERS,
     ORPHANED,
     RUN_COLUMNS,
     RUN_ORPHANED,
@@ -40,13 +41,11 @@ from ._base import (
     ScheduleRecord,
     abandoned_error,
     check_limit,
-    check_query,
     fold_batch,
     matches_some,
     record_of,
     run_of,
     schedule_of,
-    seconds,
     update_sql,
 )
 from ._control import (
@@ -619,7 +618,9 @@ class SQLStore:
     ) -> list[ExecutionRecord]:
         """See `Store.executions`: sorted and cut in SQL, on an index where the
         filters allow."""
-        check_query(limit, order)
+        check_limit(limit)
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
         found = self._where(status, sub_status, deferred_longer_than, run_id, key)
         if found is None:
             return []
@@ -658,7 +659,14 @@ class SQLStore:
             "status": None if status is None else TaskStatus(status).value,
             "sub_status": None if sub_status is None else SubStatus(sub_status).value,
         }
-        since = None if deferred_longer_than is None else seconds(deferred_longer_than)
+        since = deferred_longer_than
+        if isinstance(since, datetime.timedelta):
+            since = since.total_seconds()
+        elif since is not None:
+            must = "seconds or a timedelta"
+            since = check_number(
+                "deferred_longer_than", since, float, must, errors=TYPED, stored=True
+            )
         if not matches_some(run_id=run_id, key=key):
             return None
         equal.update(run_id=run_id, key=key)
