@@ -140,7 +140,6 @@ class _Plan:
     guard: tuple[TaskStatus, ...]
     version: Any
     status: Any
-    size: int  #: the change's length
     constants: tuple[tuple[Any, object], ...]  #: (place, value)
     args: tuple[tuple[Any, int], ...]  #: (place, the change's field)
     firsts: tuple[tuple[Any, int], ...]  #: (place, the change's field), if none yet
@@ -156,7 +155,6 @@ def _plans(place: Callable[[str], object]) -> dict[object, _Plan]:
             guard,
             place("version"),
             place("status"),
-            2 + len(fields),
             tuple((place(c), how) for c, how in sets.items() if c not in field and how is not BUMP),
             tuple((place(c), field[c]) for c, how in sets.items() if how is ARG),
             tuple((place(c), field[c]) for c, how in sets.items() if how is FIRST),
@@ -259,10 +257,10 @@ def fold_batch(
     return list(fresh.values()), fenced
 
 
-def apply_change(row: dict[str, object] | None, change: Transition) -> bool:
+def apply_change(row: dict[str, object], change: Transition) -> bool:
     """Apply ``change`` to ``row`` (values by column name) in place. Returns False
     (and changes nothing) if it is fenced out."""
-    return row is not None and _fold(row, change, _BY_NAME)
+    return _fold(row, change, _BY_NAME)
 
 
 @attrs.frozen(kw_only=True)

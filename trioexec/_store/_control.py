@@ -44,6 +44,7 @@ from ._base import (
     record_of,
     update_sql,
 )
+from ._dialect import Dialect
 
 #: What `Store.command` does; a "retry" is recorded by `Store.requeue`.
 KINDS = ("pause", "resume", "cancel")
@@ -256,14 +257,10 @@ def append_command(
     return Command(seq=seq, **values)
 
 
-def sql_command(
-    conn: Any, mark: str, where: str, now: float, asked: Asked, *, lock: str = ""
-) -> Command:
+def sql_command(conn: Any, d: Dialect, where: str, now: float, asked: Asked) -> Command:
     """`Store.command` (``asked``) in a SQL store's transaction (``conn``), at
-    ``now``; ``where`` names the store in errors; ``lock`` locks the task's row
-    (PostgreSQL: ``" FOR UPDATE OF e"``; SQLite's write transaction holds the
-    whole file)."""
-    m = mark
+    ``now``; ``where`` names the store in errors."""
+    m = d.mark
     at = now if asked.issued is None else asked.issued
     if at > now + MAX_SKEW:  # (milliseconds, or a clock that far ahead, would order all after it)
         raise ValueError(
@@ -292,7 +289,7 @@ def sql_command(
         target = {"name": asked.name, "key": asked.key}
     else:
         found = conn.execute(
-            f"{SELECT_RECORDS} WHERE e.task_id = {m}{lock}", (asked.task_id,)
+            f"{SELECT_RECORDS} WHERE e.task_id = {m}{d.lock_row}", (asked.task_id,)
         ).fetchone()
         record = None if found is None else record_of(found, where)
         changed, in_store, detail = cancel_plan(record, now)
@@ -317,21 +314,17 @@ def sql_command(
 
 def sql_requeue(
     conn: Any,
-    mark: str,
+    d: Dialect,
     where: str,
     now: float,
     asked: list[str] | None,
     name: str | None,
     since: float | None,
     who: str,
-    *,
-    oldest: str,
-    lock: str = "",
 ) -> Requeued:
     """`Store.requeue` (checked: `check_requeue`) in a SQL store's transaction
-    (``conn``), at ``now``; ``oldest`` orders executions by submission
-    (``e.rowid``, ``e.seq``); ``lock`` as in `sql_command`."""
-    m = mark
+    (``conn``), at ``now``; ``where`` names the store in errors."""
+    m = d.mark
     done: list[ExecutionRecord] = []
     refused: list[tuple[str, str]] = []
 
@@ -353,13 +346,13 @@ def sql_requeue(
         if since is not None:
             sql += f" AND e.finished_at >= {m}"
             params.append(since)
-        for row in conn.execute(f"{sql} ORDER BY {oldest}{lock}", params).fetchall():
+        for row in conn.execute(f"{sql} ORDER BY e.{d.seq}{d.lock_row}", params).fetchall():
             record = record_of(row, where)
             judge(record.task_id, record)
     else:
         for task_id in asked:  # (read one by one: an id asked twice is pending the second time)
             row = conn.execute(
-                f"{SELECT_RECORDS} WHERE e.task_id = {m}{lock}", (task_id,)
+                f"{SELECT_RECORDS} WHERE e.task_id = {m}{d.lock_row}", (task_id,)
             ).fetchone()
             judge(task_id, None if row is None else record_of(row, where))
     command = append_command(

@@ -535,10 +535,9 @@ class SQLStore:
         """See `Store.command`: one write transaction (a bad argument is refused
         before its lock is waited for)."""
         asked = check_command(kind, name, key, task_id, who, at)
-        d = self.dialect
         with self._commanding("record a command") as conn:
             now = self.clock()  # (its turn taken: commands see the clock in order)
-            return sql_command(conn, d.mark, self.path, now, asked, lock=d.lock_row)
+            return sql_command(conn, self.dialect, self.path, now, asked)
 
     @_retried
     def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
@@ -580,21 +579,9 @@ class SQLStore:
     ) -> Requeued:
         """See `Store.requeue`: one write transaction."""
         asked, name, since = check_requeue(task_ids, name, since, who)
-        d = self.dialect
         with self._commanding("requeue") as conn:
             now = self.clock()
-            return sql_requeue(
-                conn,
-                d.mark,
-                self.path,
-                now,
-                asked,
-                name,
-                since,
-                who,
-                oldest=f"e.{d.seq}",
-                lock=d.lock_row,
-            )
+            return sql_requeue(conn, self.dialect, self.path, now, asked, name, since, who)
 
     def snapshot(self, doing: str) -> contextlib.AbstractContextManager[Any]:
         """A read connection whose statements see one state of the database (never
