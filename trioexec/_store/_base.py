@@ -459,10 +459,10 @@ class Store(Protocol):
         version + 1, ``recovery_attempts`` + 1), at most ``limit`` of them; the rest
         fail ``orphaned``; past ``max_recovery_attempts`` they fail ``abandoned``.
         One with no owner (requeued by `requeue`, or a claim an executor gave
-        back as it closed) is no expiry: it is claimed
-        without counting an attempt, never abandoned, and left for an executor
-        that can re-create it (`_verdict.recovery_verdict` decides for every store).
-        Never touches finished rows."""
+        back as it closed) is no expiry: it is claimed without counting an
+        attempt, never abandoned, and left for an executor that can re-create it
+        (`_verdict.recovery_verdict` decides for every store). Never touches
+        finished rows."""
         ...
 
     def claim_runs(

@@ -88,12 +88,6 @@ def _share(concurrency: int, waiters: list[int]) -> int:
     return -(-concurrency // owners)
 
 
-def _ahead(other: Hold, held: int, since: float) -> bool:
-    """``other`` (waiting) comes before an owner that holds ``held`` and has
-    waited since ``since``."""
-    return other.held <= held and other.since is not None and other.since < since
-
-
 def settle(
     request: KeyRequest,
     others: list[Hold],
@@ -116,7 +110,8 @@ def settle(
         share = _share(concurrency, [h.held for h in waiters])
         held = max(request.in_use, min(request.wanted, concurrency - taken, share))
         usable = min(held, share)
-        if held > before and any(_ahead(h, before, since) for h in waiters):
+        ahead = any(h.held <= before and h.since is not None and h.since < since for h in waiters)
+        if held > before and ahead:
             # Owners that waited longer with no more come first: wait your turn.
             usable = held = max(request.in_use, before)
         fewer = min((h.held for h in waiters), default=concurrency)

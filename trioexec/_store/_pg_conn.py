@@ -118,9 +118,7 @@ def mask_chain(exc: BaseException, url: str) -> None:
             continue
         seen.add(id(e))
         todo += [e.__cause__, e.__context__]
-        args = tuple(mask(a, url) if isinstance(a, str) else a for a in e.args)
-        if args != e.args:
-            e.args = args
+        e.args = tuple(mask(a, url) if isinstance(a, str) else a for a in e.args)
 
 
 def reconnect_delay(failures: int) -> float:

@@ -246,8 +246,7 @@ def schema_version(conn: psycopg.Connection[tuple[object, ...]], where: str, sch
     if not tables:
         return 0
     row = conn.execute("SELECT value FROM trioexec_meta WHERE key = 'schema_version'").fetchone()
-    found = version_of(where, 0 if row is None else row[0], SCHEMA_VERSION)
-    return found
+    return version_of(where, 0 if row is None else row[0], SCHEMA_VERSION)
 
 
 def migrate(conn: psycopg.Connection[tuple[object, ...]], where: str, schema: str) -> None:

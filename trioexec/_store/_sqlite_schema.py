@@ -272,8 +272,7 @@ def schema_version(db: sqlite_utils.Database, path: str) -> int:
         return 0
     row = db.conn.execute("SELECT value FROM trioexec_meta WHERE key = 'schema_version'").fetchone()
     found = version_of(path, row[0] if row else 0, SCHEMA_VERSION)
-    known = set(KNOWN_MIGRATIONS)
-    unknown = {m.name for m in MIGRATIONS.applied(db)} - known
+    unknown = {m.name for m in MIGRATIONS.applied(db)} - set(KNOWN_MIGRATIONS)
     if unknown:
         raise StoreError(
             f"{path}: written by a newer trioexec (unknown migrations {sorted(unknown)})"

@@ -26,19 +26,13 @@ class Verdict(enum.Enum):
     LEAVE = "leave"  #: leave it as it is (for an executor that can re-create it, or with room)
 
 
-def is_requeued(record: ExecutionRecord) -> bool:
-    """A live execution with no owner: an operator requeued it (`Store.requeue`),
-    or its claimer gave it back as it closed (`trioexec._changes.Release`)."""
-    return record.owner is None
-
-
 def recovery_verdict(
     record: ExecutionRecord, recreatable: bool, max_recovery_attempts: int, room: bool
 ) -> Verdict:
     """The verdict on ``record`` (a live execution of an expired owner, or a
     requeued one), for an executor that ``recreatable``-ly can run it again and
     has ``room`` for one more claim."""
-    if is_requeued(record):
+    if record.owner is None:  # requeued, or given back unrun (`trioexec._changes.Release`)
         return Verdict.CLAIM if recreatable and room else Verdict.LEAVE
     if record.recovery_attempts >= max_recovery_attempts:
         return Verdict.ABANDON
@@ -50,4 +44,4 @@ def recovery_verdict(
 def claimed_attempts(record: ExecutionRecord) -> int:
     """``recovery_attempts`` of ``record`` once claimed: one more after a lease
     expired, the same for a requeued one (an operator's retry is no recovery)."""
-    return record.recovery_attempts + (0 if is_requeued(record) else 1)
+    return record.recovery_attempts + (0 if record.owner is None else 1)
