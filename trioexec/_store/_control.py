@@ -74,8 +74,6 @@ class Asked:
 
     kind: str
     pause: tuple[str, str] | None
-    name: str | None
-    key: str | None
     task_id: str | None
     who: str
     issued: float | None
@@ -114,7 +112,7 @@ def check_command(
         must = "a time in seconds >= 0 (the store's clock: Unix seconds)"
         typed = "a number of seconds"
         at = check_number("at", at, float, must, typed=typed, ge=0, lt=math.inf, stored=True)
-    return Asked(kind, pause, name, key, task_id, who, at)
+    return Asked(kind, pause, task_id, who, at)
 
 
 @attrs.frozen(kw_only=True)
@@ -286,7 +284,7 @@ def sql_command(conn: Any, d: Dialect, where: str, now: float, asked: Asked) -> 
                 " latest = excluded.latest",
                 (*asked.pause, new.who, new.at, new.paused, new.latest),
             )
-        target = {"name": asked.name, "key": asked.key}
+        target: dict[str, str | None] = dict([asked.pause])  # (its name or its key)
     else:
         found = conn.execute(
             f"{SELECT_RECORDS} WHERE e.task_id = {m}{d.lock_row}", (asked.task_id,)
