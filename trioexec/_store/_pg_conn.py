@@ -78,12 +78,8 @@ def _secrets(url: str) -> list[str]:
     """The password ``url`` holds, as typed and as it decodes (longest first)."""
     found = [m.group(1) for m in [_GIVEN_PASSWORD.match(url)] if m is not None]
     found += [m.group(2) for m in _KEY_PASSWORD.finditer(url)]
-    secrets = set()
-    for secret in found:
-        for form in (secret, secret.strip("'"), urllib.parse.unquote(secret)):
-            if form:
-                secrets.add(form)
-    return sorted(secrets, key=len, reverse=True)
+    forms = {f for s in found for f in (s, s.strip("'"), urllib.parse.unquote(s)) if f}
+    return sorted(forms, key=len, reverse=True)
 
 
 def mask(text: str, url: str | None = None) -> str:
