@@ -13,8 +13,8 @@ import attrs
 
 from .._changes import Change, ExecutionRow, RunChange, Transition
 from .._columns import ROW_COLUMNS
+from .._errors import StoreError
 from .._records import (
-    TYPED,
     ExecutionRecord,
     SubStatus,
     TaskStatus,
@@ -32,9 +32,6 @@ Order = Literal["oldest", "newest", "longest_deferred"]
 ORDERS: tuple[Order, ...] = ("oldest", "newest", "longest_deferred")
 
 
-RETRY_BACKOFF = "retry backoff"
-
-
 # ---------------------------------------------------------------------- transitions
 
 #: Take the change's value of this column (its fields after kind, task id and
@@ -44,14 +41,14 @@ ARG = "<arg>"
 FIRST = "<first>"
 #: One more than it was (a version: the owner that had it is fenced out).
 BUMP = "<bump>"
+#: What ending an execution clears.
+_ENDED = {"sub_status": None, "deferred_since": None, "waiting_on": None, "traceback": None}
 #: What each kind of change does to a live execution's row: the statuses it
 #: applies in (fenced otherwise, as is a version that is not the row's), and
 #: each column it sets: to a constant, or to the change's value (`ARG`, `FIRST`).
 #: The one statement of these rules: the rows a batch folds before inserting them
 #: (`fold_row`), a record's values (`apply_change`) and the SQL stores' ``UPDATE``
 #: statements (`update_sql`) all derive from it.
-#: What ending an execution clears.
-_ENDED = {"sub_status": None, "deferred_since": None, "waiting_on": None, "traceback": None}
 TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
     "start": (
         LIVE,
@@ -73,7 +70,7 @@ TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
             "sub_status": None,
             "deferred_since": None,
             "error": ARG,
-            "waiting_on": RETRY_BACKOFF,
+            "waiting_on": "retry backoff",
         },
     ),
     "finish": (
@@ -143,7 +140,6 @@ class _Plan:
     guard: tuple[TaskStatus, ...]
     version: Any
     status: Any
-    size: int  #: the change's length
     constants: tuple[tuple[Any, object], ...]  #: (place, value)
     args: tuple[tuple[Any, int], ...]  #: (place, the change's field)
     firsts: tuple[tuple[Any, int], ...]  #: (place, the change's field), if none yet
@@ -159,7 +155,6 @@ def _plans(place: Callable[[str], object]) -> dict[object, _Plan]:
             guard,
             place("version"),
             place("status"),
-            2 + len(fields),
             tuple((place(c), how) for c, how in sets.items() if c not in field and how is not BUMP),
             tuple((place(c), field[c]) for c, how in sets.items() if how is ARG),
             tuple((place(c), field[c]) for c, how in sets.items() if how is FIRST),
@@ -262,10 +257,10 @@ def fold_batch(
     return list(fresh.values()), fenced
 
 
-def apply_change(row: dict[str, object] | None, change: Transition) -> bool:
+def apply_change(row: dict[str, object], change: Transition) -> bool:
     """Apply ``change`` to ``row`` (values by column name) in place. Returns False
     (and changes nothing) if it is fenced out."""
-    return row is not None and _fold(row, change, _BY_NAME)
+    return _fold(row, change, _BY_NAME)
 
 
 @attrs.frozen(kw_only=True)
@@ -286,18 +281,47 @@ class RunRecord:
     graph: dict[str, list[str]] | None = None
 
 
-def graph_of(text: object) -> dict[str, list[str]] | None:
-    """`RunRecord.graph` from its JSON column (None stays None). A graph this
-    trioexec cannot read (a hand-edited row) reads as None too: it only draws the
-    run (a run resumes by its workflow's own steps), so it never makes the run
-    itself unreadable."""
-    if text is None:
-        return None
+#: `RunRecord`'s fields but its steps: the workflow_runs table's columns.
+RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
+
+
+def run_of(row: Sequence[object], steps: dict[str, tuple[str, str | None]]) -> RunRecord:
+    """A workflow_runs row (`RUN_COLUMNS`) and its steps as a record. A graph
+    this trioexec cannot read (a hand-edited row) reads as None: it only draws
+    the run (a run resumes by its workflow's own steps), so it never makes the
+    run itself unreadable."""
+    values: dict[str, Any] = dict(zip(RUN_COLUMNS, row, strict=True))
     try:
-        found = json.loads(str(text))
-        return {str(k): [str(d) for d in v] for k, v in found.items()}
+        found = json.loads(str(values["graph"]))
+        values["graph"] = {str(k): [str(d) for d in v] for k, v in found.items()}
     except (ValueError, TypeError, AttributeError):
-        return None
+        values["graph"] = None
+    return RunRecord(**values, steps=steps)
+
+
+#: The SQL stores' query of executions with their owner's lease (``e``, ``o``).
+RECORD_FIELDS = tuple(f.name for f in attrs.fields(ExecutionRecord))
+#: Their columns (``e``: executions, ``o``: owners), in `RECORD_FIELDS`' order.
+RECORD_COLUMNS = ", ".join(f"o.{f}" if f == "lease_expires_at" else f"e.{f}" for f in RECORD_FIELDS)
+SELECT_RECORDS = (
+    f"SELECT {RECORD_COLUMNS} FROM executions e LEFT JOIN owners o ON o.owner = e.owner"
+)
+
+
+def record_of(row: Sequence[object], where: str) -> ExecutionRecord:
+    """A row of `SELECT_RECORDS` as a record; `StoreError` naming ``where`` (the
+    store) and the task for a row this trioexec cannot read."""
+    values: dict[str, Any] = dict(zip(RECORD_FIELDS, row, strict=True))
+    try:
+        status = TaskStatus(values["status"])
+        sub = None if values["sub_status"] is None else SubStatus(values["sub_status"])
+    except ValueError:
+        raise StoreError(
+            f"{where}: execution {values['task_id']!r} has an unreadable row"
+            f" (status {values['status']!r}, sub-status {values['sub_status']!r})"
+        ) from None
+    values.update(status=status, sub_status=sub)
+    return ExecutionRecord(**values)
 
 
 SUPERSEDED = "superseded: its workflow run was resumed by another executor"
@@ -435,10 +459,10 @@ class Store(Protocol):
         version + 1, ``recovery_attempts`` + 1), at most ``limit`` of them; the rest
         fail ``orphaned``; past ``max_recovery_attempts`` they fail ``abandoned``.
         One with no owner (requeued by `requeue`, or a claim an executor gave
-        back as it closed) is no expiry: it is claimed
-        without counting an attempt, never abandoned, and left for an executor
-        that can re-create it (`_verdict.recovery_verdict` decides for every store).
-        Never touches finished rows."""
+        back as it closed) is no expiry: it is claimed without counting an
+        attempt, never abandoned, and left for an executor that can re-create it
+        (`_verdict.recovery_verdict` decides for every store). Never touches
+        finished rows."""
         ...
 
     def claim_runs(
@@ -607,14 +631,6 @@ class Store(Protocol):
         ...
 
 
-def seconds(value: float | datetime.timedelta) -> float:
-    """``deferred_longer_than`` as float seconds."""
-    if isinstance(value, datetime.timedelta):
-        return value.total_seconds()
-    must = "seconds or a timedelta"
-    return check_number("deferred_longer_than", value, float, must, errors=TYPED, stored=True)
-
-
 def matches_some(**texts: object) -> bool:
     """The text filters of a lookup (None: not filtered) can match a row: False
     if one is a text no store can hold (`matchable`). Raises TypeError naming
@@ -626,52 +642,6 @@ def check_limit(limit: object) -> None:
     """Refuse a ``limit`` of rows a store cannot honour (None: no limit)."""
     if limit is not None:
         check_number("limit", limit, int, "None or an int >= 0", ge=0, stored=True)
-
-
-def check_query(limit: int | None, order: str) -> None:
-    """Refuse a ``limit`` or ``order`` that `Store.executions` cannot honour."""
-    check_limit(limit)
-    if order not in ORDERS:
-        raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
-
-
-@attrs.frozen
-class Filter:
-    """`Store.executions`' and `Store.counts`' filters, checked once for every
-    store (None: not filtered)."""
-
-    status: TaskStatus | None
-    sub_status: SubStatus | None
-    #: Deferred since this time or before (the store's clock): ``deferred_longer_than``.
-    deferred_before: float | None
-    run_id: str | None
-    key: str | None
-
-    @classmethod
-    def of(
-        cls,
-        clock: Callable[[], float],
-        status: TaskStatus | str | None,
-        sub_status: SubStatus | str | None,
-        deferred_longer_than: float | datetime.timedelta | None,
-        run_id: str | None,
-        key: str | None,
-    ) -> Filter | None:
-        """The filters, checked (ValueError or TypeError naming a bad one); None if
-        they can match no row (a ``run_id`` or ``key`` no store can hold)."""
-        checked = cls(
-            None if status is None else TaskStatus(status),
-            None if sub_status is None else SubStatus(sub_status),
-            None if deferred_longer_than is None else clock() - seconds(deferred_longer_than),
-            run_id,
-            key,
-        )
-        return checked if matches_some(run_id=run_id, key=key) else None
-
-    @property
-    def deferred_only(self) -> bool:
-        """Only deferred executions match (every one has a ``deferred_since``)."""
-        return self.sub_status is SubStatus.DEFERRED or self.deferred_before is not None
 
 
 def abandoned_error(attempts: int) -> str:

@@ -1,16 +1,12 @@
-"""The dashboard's reads of a SQL store (issue 20): pages of executions under
-filters, paginated by keyset (never ``OFFSET``: page 1,000 costs what page 1
-does), the executions finished per time bucket, the task names stored, and a
-task's commands.
+"""The dashboard's reads of a SQL store: pages of executions under filters, by
+keyset (never ``OFFSET``: page 1,000 costs what page 1 does), the executions
+finished per time bucket, the task names stored, and a task's commands.
 
-Plain synchronous functions over `SQLiteStore` and `PostgresStore` (the web app
-runs them in a worker thread), each in one read snapshot (`SQLStore.snapshot`).
-The SQL is written once, with the store's placeholder and the few functions that
-differ between SQLite and PostgreSQL as parameters (`Dialect`). Every text the
-caller gives is a bound parameter (a status, checked against `TaskStatus`, picks
-one of its constant conditions); a ``waiting_on`` filter is a literal substring
-(``instr`` / ``strpos``, never ``LIKE``), so ``%``, ``_``, ``[`` and quotes in it
-are only themselves.
+Plain synchronous functions (the web app runs them in a worker thread), each in
+one read snapshot (`SQLStore.snapshot`), their SQL written once over the store's
+`Dialect`. Every text the caller gives is a bound parameter; a ``waiting_on``
+filter is a literal substring (``instr`` / ``strpos``, never ``LIKE``), so ``%``,
+``_``, ``[`` and quotes in it are only themselves.
 """
 
 from __future__ import annotations
@@ -19,16 +15,26 @@ import base64
 import binascii
 import json
 import math
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import attrs
 
 from .._records import ExecutionRecord, SubStatus, TaskStatus, check_number
 from .._records import storable as storable  # (the dashboard's, from here)
-from ._base import COMMAND_FIELDS, LIVE, Command, RunRecord, graph_of
+from ._base import (
+    COMMAND_FIELDS,
+    LIVE,
+    RECORD_COLUMNS,
+    RECORD_FIELDS,
+    RUN_COLUMNS,
+    SELECT_RECORDS,
+    Command,
+    RunRecord,
+    record_of,
+    run_of,
+)
 from ._control import command_of
 from ._dialect import Dialect
-from ._sql import RECORD_COLUMNS, RECORD_FIELDS, record_of
 from ._sql_store import SQLStore
 
 #: How `browse` orders executions: ``"newest"`` submission first (the default),
@@ -52,6 +58,7 @@ _LIVE_SQL = "e.status IN ('pending', 'running')"
 #: can use an index of that status's rows only (the failed ones' by name).
 _STATUS_SQL = {s: f"e.status = '{s.value}'" for s in TaskStatus}
 _MAX_CURSOR = 500  # characters: a cursor this module made is far shorter
+E = TypeVar("E", TaskStatus, SubStatus)
 
 
 @attrs.frozen
@@ -100,6 +107,16 @@ def _text(what: str, value: object) -> str | None:
     return value
 
 
+def _member(what: str, kind: type[E], value: E | str | None) -> E | None:
+    if value is None:
+        return None
+    try:
+        return kind(value)
+    except ValueError:
+        must = ", ".join(m.value for m in kind)
+        raise ValueError(f"{what} must be one of {must}, got {value!r}") from None
+
+
 def _limit(value: object) -> int:
     return check_number("limit", value, int, f"an int from 1 to {MAX_LIMIT}", ge=1, le=MAX_LIMIT)
 
@@ -125,21 +142,8 @@ def _where(
     without reading the table; a name or key index is kept out of its way."""
     where: list[str] = []
     params: list[object] = []
-    if status is not None:
-        try:
-            status = TaskStatus(status)
-        except ValueError:
-            raise ValueError(
-                f"status must be one of {', '.join(s.value for s in TaskStatus)}, got {status!r}"
-            ) from None
-    if sub_status is not None:
-        try:
-            sub_status = SubStatus(sub_status)
-        except ValueError:
-            raise ValueError(
-                f"sub_status must be one of {', '.join(s.value for s in SubStatus)},"
-                f" got {sub_status!r}"
-            ) from None
+    status = _member("status", TaskStatus, status)
+    sub_status = _member("sub_status", SubStatus, sub_status)
     texts = {
         "name": _text("name", name),
         "key": _text("key", key),
@@ -417,8 +421,7 @@ class RunPage:
     live: dict[str, list[ExecutionRecord]] = attrs.field(factory=dict)
 
 
-_RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
-_RUN_STATUS = _RUN_COLUMNS.index("status")
+_RUN_STATUS = RUN_COLUMNS.index("status")
 _RUN_ORDER = "runs"
 
 
@@ -473,7 +476,7 @@ def runs_page(
             return RunPage(rows=[], next_cursor=None)
         where.append(f"r.{column} = {d.mark}")
         params.append(value)
-    columns = ", ".join(f"r.{c}" for c in _RUN_COLUMNS)
+    columns = ", ".join(f"r.{c}" for c in RUN_COLUMNS)
     timed = [*where, "r.created_at IS NOT NULL"]
     untimed = [*where, "r.created_at IS NULL"]
     timed_params, untimed_params = list(params), list(params)
@@ -515,22 +518,14 @@ def runs_page(
         if running:
             marks = ", ".join([d.mark] * len(running))
             for found in conn.execute(
-                f"SELECT {RECORD_COLUMNS} FROM executions e LEFT JOIN owners o"
-                f" ON o.owner = e.owner WHERE e.run_id IN ({marks}) AND {_LIVE_SQL}"
-                f" ORDER BY e.{d.seq}",
+                f"{SELECT_RECORDS} WHERE e.run_id IN ({marks}) AND {_LIVE_SQL} ORDER BY e.{d.seq}",
                 running,
             ).fetchall():
                 record = record_of(found, sql_store.path)
                 live[str(record.run_id)].append(record)
-    records = []
-    for row in rows:
-        values = dict(zip(_RUN_COLUMNS, row, strict=True))
-        records.append(
-            RunRecord(**{**values, "graph": graph_of(values["graph"])}, steps=steps[row[0]])
-        )
+    records = [run_of(row, steps[row[0]]) for row in rows]
     next_cursor = None
     if more:
         last = records[-1]
-        text = json.dumps([_RUN_ORDER, last.created_at, last.run_id], separators=(",", ":"))
-        next_cursor = base64.urlsafe_b64encode(text.encode()).decode("ascii")
+        next_cursor = _encode(_RUN_ORDER, [last.created_at, last.run_id])
     return RunPage(rows=records, next_cursor=next_cursor, live=live)

@@ -1,32 +1,26 @@
-"""Operator commands (pause, resume, cancel) and dead letters sent back to pending
-(requeue): the rules every store follows (`check_command`, `pause_turn`,
-`cancel_plan`, `requeue_refusal`, `prune_bounds`), and the SQL of `Store.command` and
-`Store.requeue`, written once with the placeholder (``?`` or ``%s``) as a parameter.
+"""Operator commands (pause, resume, cancel) and requeues of dead letters: the rules
+(`check_command`, `pause_turn`, `cancel_plan`, `requeue_refusal`, `prune_bounds`)
+and the SQL of `Store.command` and `Store.requeue`, written once with the
+placeholder (``?`` or ``%s``) as a parameter.
 
-**Order.** A command is applied in the order it was issued, not the order it was
-recorded: an executor records its pauses and resumes from a task of its own,
-after the call returned, so two executors' commands may reach the store in
-either order. Each carries its issue time (``at``); a pause or resume issued
-before the last one applied to its target changes nothing. So the pauses table
-keeps a row per target also once resumed (``paused`` false), with the issue time
-of the latest pause or resume applied to it (``latest``).
+**Order.** Commands apply in the order they were issued, not recorded: an
+executor records its pauses and resumes from a task of its own, after the call
+returned. Each carries its issue time (``at``); a pause or resume issued before
+the last one applied to its target changes nothing. So the pauses table keeps a
+row per target once resumed too (``paused`` false), with the issue time of the
+latest pause or resume applied to it (``latest``).
 
-**Clocks.** The issue times of commands recorded from several hosts are their
-clocks' readings, so hosts' clocks order their commands, as they decide
-leases. A clock ahead must not pin a target: an issue time more than
-`MAX_SKEW` after the clock of the store recording it is refused (seconds
-mistaken for milliseconds, say), and a target's latest issue time more than
-`MAX_SKEW` after the clock of the store recording a new command is not
-trusted to order it (a host whose clock is that far ahead, or a row older
-than this rule): the new command applies. So a host's clock ahead of
-another's by up to `MAX_SKEW` seconds can hold that one's later command off
-for as long, never more.
+**Clocks.** Hosts' clocks order their commands, as they decide leases. A clock
+ahead must not pin a target: an issue time more than `MAX_SKEW` after the
+recording store's clock is refused (seconds mistaken for milliseconds, say), and
+a target's latest issue time that far after it does not order a new command (a
+host's clock that far ahead, or a row older than this rule). So a host's clock
+ahead by up to `MAX_SKEW` can hold another's later command off for as long, never
+more.
 
-**Retention.** The commands log keeps the newest `KEEP_COMMANDS` commands and
-every command of the last `KEEP_SECONDS` (what ``trioexec commands``, the
-dashboard and an executor polling for new ones read); older ones are deleted as
-new ones are recorded, and so are the rows of targets resumed that long ago.
-An executor reads only the newest seq and the pauses when it starts.
+**Retention.** The log keeps the newest `KEEP_COMMANDS` commands and every one of
+the last `KEEP_SECONDS`; older ones, and targets resumed that long ago, are
+deleted as new commands are recorded.
 """
 
 from __future__ import annotations
@@ -42,25 +36,21 @@ from .._records import ExecutionRecord, check_id, check_number
 from ._base import (
     COMMAND_FIELDS,
     LIVE,
+    SELECT_RECORDS,
     TRANSITIONS,
     Command,
-    Pause,
     Requeued,
     apply_change,
-    check_limit,
+    record_of,
     update_sql,
 )
-from ._sql import SELECT_RECORDS, record_of
+from ._dialect import Dialect
 
 #: What `Store.command` does; a "retry" is recorded by `Store.requeue`.
 KINDS = ("pause", "resume", "cancel")
-#: The finished statuses `Store.requeue` sends back (asked by id).
-REQUEUEABLE = TRANSITIONS["requeue"][0]
-CANCELLED_IN_STORE = "cancelled in the store (no live owner)"
 NOT_RECREATABLE = (
     "not re-creatable: submitted without a registered TaskSpec or with arguments that are not JSON"
 )
-A_STEP = "a workflow step: resume its run"
 #: How the detail of a pause or resume that changed nothing, being issued
 #: before the latest one applied to its target, begins.
 SUPERSEDED_COMMAND = "superseded"
@@ -84,8 +74,6 @@ class Asked:
 
     kind: str
     pause: tuple[str, str] | None
-    name: str | None
-    key: str | None
     task_id: str | None
     who: str
     issued: float | None
@@ -101,15 +89,8 @@ def check_command(
 ) -> Asked:
     """Refuse a `Store.command` that cannot be carried out (ValueError naming the
     bad value: its arguments may come from anywhere, whatever their types say)."""
-    pause = _check_target(kind, name, key, task_id, who)
-    return Asked(kind, pause, name, key, task_id, who, check_issued(at))
-
-
-def _check_target(
-    kind: object, name: object, key: object, task_id: object, who: object
-) -> tuple[str, str] | None:
-    """The pause's (kind, value) of a pause or resume, None for a cancel."""
     check_id("who", who)
+    pause: tuple[str, str] | None = None
     if kind == "pause" or kind == "resume":
         if task_id is not None:
             raise ValueError(f"a {kind} takes a name or a key, not a task_id ({task_id!r})")
@@ -117,43 +98,21 @@ def _check_target(
             raise ValueError(
                 f"a {kind} takes exactly one of name and key, got name={name!r}, key={key!r}"
             )
-        if name is not None:
-            return ("name", check_id("name", name))
-        return ("key", check_id("key", key))
-    if kind == "cancel":
+        pause = ("name", check_id("name", name)) if key is None else ("key", check_id("key", key))
+    elif kind == "cancel":
         if name is not None or key is not None:
             raise ValueError(f"a cancel takes a task_id only, got name={name!r}, key={key!r}")
         if task_id is None:
             raise ValueError("a cancel needs a task_id")
         check_id("task_id", task_id)
-        return None
-    hint = " (a retry is Store.requeue)" if kind == "retry" else ""
-    raise ValueError(f"kind must be 'pause', 'resume' or 'cancel', got {kind!r}{hint}")
-
-
-def check_issued(at: object) -> float | None:
-    """A command's issue time (`Store.command`'s ``at``): None (now), or a finite
-    number of seconds >= 0 on the store's clock (Unix seconds by default).
-    Raises ValueError naming it. See `issued_at` for its bound from above."""
-    if at is None:
-        return None
-    must, typed = "a time in seconds >= 0 (the store's clock: Unix seconds)", "a number of seconds"
-    return check_number("at", at, float, must, typed=typed, ge=0, lt=math.inf, stored=True)
-
-
-def issued_at(issued: float | None, now: float) -> float:
-    """The issue time of a command recorded at ``now``: ``issued`` (`check_issued`),
-    None being ``now``. Raises ValueError for one more than `MAX_SKEW` after
-    ``now``: a time in milliseconds, or a clock too far ahead, would order every
-    later command before it."""
-    if issued is None:
-        return now
-    if issued > now + MAX_SKEW:
-        raise ValueError(
-            f"at={issued!r} is {issued - now:.6g} s after the store's clock ({now!r}):"
-            f" an issue time is seconds on the store's clock, at most {MAX_SKEW:g} s ahead"
-        )
-    return issued
+    else:
+        hint = " (a retry is Store.requeue)" if kind == "retry" else ""
+        raise ValueError(f"kind must be 'pause', 'resume' or 'cancel', got {kind!r}{hint}")
+    if at is not None:
+        must = "a time in seconds >= 0 (the store's clock: Unix seconds)"
+        typed = "a number of seconds"
+        at = check_number("at", at, float, must, typed=typed, ge=0, lt=math.inf, stored=True)
+    return Asked(kind, pause, task_id, who, at)
 
 
 @attrs.frozen(kw_only=True)
@@ -232,7 +191,7 @@ def cancel_plan(record: ExecutionRecord | None, now: float) -> tuple[bool, bool,
     lease = record.lease_expires_at
     if record.owner is not None and lease is not None and lease >= now:
         return True, False, f"sent to its owner {record.owner}"
-    return True, True, CANCELLED_IN_STORE
+    return True, True, "cancelled in the store (no live owner)"
 
 
 def cancelled_by(who: str) -> str:
@@ -246,10 +205,10 @@ def requeue_refusal(record: ExecutionRecord | None) -> str | None:
         return "no such task"
     if record.status in LIVE:
         return f"still {record.status.value}"
-    if record.status not in REQUEUEABLE:
+    if record.status not in TRANSITIONS["requeue"][0]:
         return record.status.value  # "completed", "dropped", "rejected"
     if record.run_id is not None:
-        return A_STEP
+        return "a workflow step: resume its run"
     if not record.recreatable:
         return NOT_RECREATABLE
     return None
@@ -261,30 +220,6 @@ def requeued(record: ExecutionRecord) -> ExecutionRecord:
     values = attrs.asdict(record, recurse=False)
     apply_change(values, Requeue((record.task_id, record.version)))
     return ExecutionRecord(**{**values, "lease_expires_at": None})
-
-
-def retry_fields(
-    asked: list[str] | None, name: str | None, done: int, refused: int
-) -> dict[str, Any]:
-    """The "retry" command's fields for a requeue (but who, when and its seq)."""
-    return {
-        "kind": "retry",
-        "name": name,
-        "task_id": asked[0] if asked is not None and len(asked) == 1 else None,
-        "changed": done > 0,
-        "detail": f"requeued {done}, refused {refused}",
-    }
-
-
-def check_commands_query(after: object, limit: object) -> None:
-    """Refuse an ``after`` or ``limit`` that `Store.commands` cannot honour."""
-    check_number("after", after, int, "an int >= 0 (a command's seq)", ge=0, stored=True)
-    check_limit(limit)
-
-
-def sorted_pauses(pauses: list[Pause]) -> list[Pause]:
-    """By (kind, value), as Python orders text (a database's collation may not)."""
-    return sorted(pauses, key=lambda p: (p.kind, p.value))
 
 
 # ---------------------------------------------------------------------- SQL
@@ -320,87 +255,74 @@ def append_command(
     return Command(seq=seq, **values)
 
 
-def sql_command(
-    conn: Any, mark: str, where: str, now: float, asked: Asked, *, lock: str = ""
-) -> Command:
+def sql_command(conn: Any, d: Dialect, where: str, now: float, asked: Asked) -> Command:
     """`Store.command` (``asked``) in a SQL store's transaction (``conn``), at
-    ``now``; ``where`` names the store in errors; ``lock`` locks the task's row
-    (PostgreSQL: ``" FOR UPDATE OF e"``; SQLite's write transaction holds the
-    whole file)."""
-    m = mark
-    kind, pause, name, key, task_id, who = (
-        asked.kind, asked.pause, asked.name, asked.key, asked.task_id, asked.who
-    )  # fmt: skip
-    at = issued_at(asked.issued, now)
-    if pause is not None:
+    ``now``; ``where`` names the store in errors."""
+    m = d.mark
+    at = now if asked.issued is None else asked.issued
+    if at > now + MAX_SKEW:  # (milliseconds, or a clock that far ahead, would order all after it)
+        raise ValueError(
+            f"at={at!r} is {at - now:.6g} s after the store's clock ({now!r}):"
+            f" an issue time is seconds on the store's clock, at most {MAX_SKEW:g} s ahead"
+        )
+    if asked.pause is not None:
         found = conn.execute(
-            f"SELECT paused, who, at, latest FROM pauses WHERE kind = {m} AND value = {m}", pause
+            f"SELECT paused, who, at, latest FROM pauses WHERE kind = {m} AND value = {m}",
+            asked.pause,
         ).fetchone()
         row = (
             None
             if found is None
             else PauseRow(paused=bool(found[0]), who=found[1], at=found[2], latest=found[3])
         )
-        new, changed, detail = pause_turn(row, kind, who, at, now)
+        new, changed, detail = pause_turn(row, asked.kind, asked.who, at, now)
         if new is not None:
             conn.execute(
                 "INSERT INTO pauses (kind, value, who, at, paused, latest)"
                 f" VALUES ({m}, {m}, {m}, {m}, {m}, {m}) ON CONFLICT (kind, value) DO UPDATE"
                 " SET who = excluded.who, at = excluded.at, paused = excluded.paused,"
                 " latest = excluded.latest",
-                (*pause, new.who, new.at, new.paused, new.latest),
+                (*asked.pause, new.who, new.at, new.paused, new.latest),
             )
-        return append_command(
-            conn,
-            m,
-            now,
-            who,
-            issued=at,
-            kind=kind,
-            name=name,
-            key=key,
-            changed=changed,
-            detail=detail,
-        )
-    row = conn.execute(f"{SELECT_RECORDS} WHERE e.task_id = {m}{lock}", (task_id,)).fetchone()
-    record = None if row is None else record_of(row, where)
-    changed, in_store, detail = cancel_plan(record, now)
-    if in_store:
-        assert record is not None
-        conn.execute(
-            update_sql("cancel", m), (now, cancelled_by(who), record.task_id, record.version)
-        )
+        target: dict[str, str | None] = dict([asked.pause])  # (its name or its key)
+    else:
+        found = conn.execute(
+            f"{SELECT_RECORDS} WHERE e.task_id = {m}{d.lock_row}", (asked.task_id,)
+        ).fetchone()
+        record = None if found is None else record_of(found, where)
+        changed, in_store, detail = cancel_plan(record, now)
+        if record is not None and in_store:
+            conn.execute(
+                update_sql("cancel", m),
+                (now, cancelled_by(asked.who), record.task_id, record.version),
+            )
+        target = {"task_id": asked.task_id}
     return append_command(
         conn,
         m,
         now,
-        who,
+        asked.who,
         issued=at,
-        kind="cancel",
-        task_id=task_id,
+        kind=asked.kind,
         changed=changed,
         detail=detail,
+        **target,
     )
 
 
 def sql_requeue(
     conn: Any,
-    mark: str,
+    d: Dialect,
     where: str,
     now: float,
-    task_ids: Sequence[str] | None,
+    asked: list[str] | None,
     name: str | None,
     since: float | None,
     who: str,
-    *,
-    oldest: str,
-    lock: str = "",
 ) -> Requeued:
-    """`Store.requeue` in a SQL store's transaction (``conn``), at ``now``;
-    ``oldest`` orders executions by submission (``e.rowid``, ``e.seq``); ``lock``
-    as in `sql_command`."""
-    m = mark
-    asked, name, since = check_requeue(task_ids, name, since, who)
+    """`Store.requeue` (checked: `check_requeue`) in a SQL store's transaction
+    (``conn``), at ``now``; ``where`` names the store in errors."""
+    m = d.mark
     done: list[ExecutionRecord] = []
     refused: list[tuple[str, str]] = []
 
@@ -422,16 +344,24 @@ def sql_requeue(
         if since is not None:
             sql += f" AND e.finished_at >= {m}"
             params.append(since)
-        for row in conn.execute(f"{sql} ORDER BY {oldest}{lock}", params).fetchall():
+        for row in conn.execute(f"{sql} ORDER BY e.{d.seq}{d.lock_row}", params).fetchall():
             record = record_of(row, where)
             judge(record.task_id, record)
     else:
         for task_id in asked:  # (read one by one: an id asked twice is pending the second time)
             row = conn.execute(
-                f"{SELECT_RECORDS} WHERE e.task_id = {m}{lock}", (task_id,)
+                f"{SELECT_RECORDS} WHERE e.task_id = {m}{d.lock_row}", (task_id,)
             ).fetchone()
             judge(task_id, None if row is None else record_of(row, where))
     command = append_command(
-        conn, m, now, who, **retry_fields(asked, name, len(done), len(refused))
+        conn,
+        m,
+        now,
+        who,
+        kind="retry",
+        name=name,
+        task_id=asked[0] if asked is not None and len(asked) == 1 else None,
+        changed=bool(done),
+        detail=f"requeued {len(done)}, refused {len(refused)}",
     )
     return Requeued(requeued=done, refused=refused, command=command)

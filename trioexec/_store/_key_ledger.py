@@ -88,12 +88,6 @@ def _share(concurrency: int, waiters: list[int]) -> int:
     return -(-concurrency // owners)
 
 
-def _ahead(other: Hold, held: int, since: float) -> bool:
-    """``other`` (waiting) comes before an owner that holds ``held`` and has
-    waited since ``since``."""
-    return other.held <= held and other.since is not None and other.since < since
-
-
 def settle(
     request: KeyRequest,
     others: list[Hold],
@@ -116,7 +110,8 @@ def settle(
         share = _share(concurrency, [h.held for h in waiters])
         held = max(request.in_use, min(request.wanted, concurrency - taken, share))
         usable = min(held, share)
-        if held > before and any(_ahead(h, before, since) for h in waiters):
+        ahead = any(h.held <= before and h.since is not None and h.since < since for h in waiters)
+        if held > before and ahead:
             # Owners that waited longer with no more come first: wait your turn.
             usable = held = max(request.in_use, before)
         fewer = min((h.held for h in waiters), default=concurrency)
@@ -131,28 +126,25 @@ def settle(
                 "", held=held, wanted=request.wanted, since=since if request.wanted > held else None
             )
 
+    tokens, next_in, full_in, left = 0, 0.0, 0.0, None
     rate = request.rate
-    if rate is None:
-        return (
-            KeyGrant(key=request.key, held=held, usable=usable, tokens=0, next_token_in=0.0),
-            row,
-            None,
-        )
-    burst = _burst(rate)
-    if bucket is None:
-        level, stamp = burst, now
-    else:
-        level, stamp = bucket
-        if now > stamp:
-            level = min(burst, level + (now - stamp) * rate / request.per)
-            stamp = now
-    level = min(burst, level + max(0.0, request.returned)) - max(0.0, request.late)
-    full_in = max(0.0, burst - level) * request.per / rate
-    tokens = max(0, min(request.tokens, math.floor(level + _EPSILON)))
-    level -= tokens
-    next_in = 0.0
-    if level < 1.0 - _EPSILON:
-        next_in = (1.0 - level) * request.per / rate
+    if rate is not None:
+        burst = _burst(rate)
+        if bucket is None:
+            level, stamp = burst, now
+        else:
+            level, stamp = bucket
+            if now > stamp:
+                level = min(burst, level + (now - stamp) * rate / request.per)
+                stamp = now
+        level = min(burst, level + max(0.0, request.returned)) - max(0.0, request.late)
+        full_in = max(0.0, burst - level) * request.per / rate
+        tokens = max(0, min(request.tokens, math.floor(level + _EPSILON)))
+        level -= tokens
+        if level < 1.0 - _EPSILON:
+            next_in = (1.0 - level) * request.per / rate
+        if level < burst - _EPSILON:
+            left = (level, stamp)
     grant = KeyGrant(
         key=request.key,
         held=held,
@@ -161,7 +153,7 @@ def settle(
         next_token_in=next_in,
         full_in=full_in,
     )
-    return grant, row, None if level >= burst - _EPSILON else (level, stamp)
+    return grant, row, left
 
 
 def full_at(request: KeyRequest, bucket: tuple[float, float]) -> float:

@@ -78,12 +78,8 @@ def _secrets(url: str) -> list[str]:
     """The password ``url`` holds, as typed and as it decodes (longest first)."""
     found = [m.group(1) for m in [_GIVEN_PASSWORD.match(url)] if m is not None]
     found += [m.group(2) for m in _KEY_PASSWORD.finditer(url)]
-    secrets = set()
-    for secret in found:
-        for form in (secret, secret.strip("'"), urllib.parse.unquote(secret)):
-            if form:
-                secrets.add(form)
-    return sorted(secrets, key=len, reverse=True)
+    forms = {f for s in found for f in (s, s.strip("'"), urllib.parse.unquote(s)) if f}
+    return sorted(forms, key=len, reverse=True)
 
 
 def mask(text: str, url: str | None = None) -> str:
@@ -118,9 +114,7 @@ def mask_chain(exc: BaseException, url: str) -> None:
             continue
         seen.add(id(e))
         todo += [e.__cause__, e.__context__]
-        args = tuple(mask(a, url) if isinstance(a, str) else a for a in e.args)
-        if args != e.args:
-            e.args = args
+        e.args = tuple(mask(a, url) if isinstance(a, str) else a for a in e.args)
 
 
 def reconnect_delay(failures: int) -> float:
@@ -221,12 +215,10 @@ class PGDatabase:
         return StoreError(f"{self.where}: {what}: {detail}")
 
     def aborted(self, what: str, exc: BaseException, conn: Connection) -> TransactionAborted | None:
-        """The rule for a transaction that may be run again: psycopg's ``exc``, met
-        on ``conn`` before the transaction's COMMIT was sent, left nothing written
-        if the server rolled the transaction back (`rolled_back`) or ended the
-        connection (a restart, `pg_terminate_backend`): the `TransactionAborted`
-        to raise, naming the server and ``what``; None if the error is the call's
-        own."""
+        """The `TransactionAborted` to raise for psycopg's ``exc``, met on ``conn``
+        before a COMMIT was sent, if it left nothing written: the server rolled the
+        transaction back (`rolled_back`) or ended the connection (a restart). None
+        if the error is the call's own."""
         if rolled_back(exc) or conn.broken:
             return TransactionAborted(str(self.error(what, exc)))
         return None
@@ -325,13 +317,7 @@ class PGDatabase:
     @contextlib.contextmanager
     def reading(self, what: str, *, snapshot: bool = False) -> Iterator[Connection]:
         """A connection for reads: each statement sees the latest commits, or, with
-        ``snapshot``, the block sees one snapshot.
-
-        Raises:
-          TransactionAborted: the server ended the connection (a restart): the
-            block may be run again (`retry`).
-          StoreError: any other failure, naming the server and ``what``.
-        """
+        ``snapshot``, the block sees one snapshot. Raises as `transaction` does."""
         with self.errors(what), self._connection() as conn:
             try:
                 if not snapshot:
@@ -365,7 +351,14 @@ class PGDatabase:
         failures = 0
         while True:
             try:
-                return self._connect()
+                with self.errors("cannot connect"):
+                    conn = self._psycopg.connect(self.url, **self._connect_args)
+                    try:
+                        self._configure(conn)
+                    except BaseException:
+                        conn.close()
+                        raise
+                    return conn
             except StoreError:
                 failures += 1
                 pause = reconnect_delay(failures)
@@ -373,26 +366,12 @@ class PGDatabase:
                     raise
                 self._woken.wait(pause)
 
-    def _connect(self) -> Connection:
-        with self.errors("cannot connect"):
-            conn = self._psycopg.connect(self.url, **self._connect_args)
-            try:
-                self._configure(conn)
-            except BaseException:
-                conn.close()
-                raise
-            return conn
-
     def notify(self, conn: Connection) -> None:
         """Notify the listeners on this schema when ``conn``'s transaction commits."""
         conn.execute("SELECT pg_notify(%s, %s)", (COMMANDS_CHANNEL, self.schema))
 
     def wait_notify(self, timeout: float) -> bool:
-        """Wait up to ``timeout`` seconds for a notification on this schema (see
-        `PostgresStore.wait_for_command`). True if one came, or may have come
-        unheard: while the server cannot be listened to (away, restarting), each
-        call waits ``timeout`` and returns True (the caller polls), and the
-        connection is tried again, backing off."""
+        """`PostgresStore.wait_for_command`."""
         check_number("timeout", timeout, float, "seconds >= 0", ge=0, lt=math.inf)
         deadline = time.monotonic() + timeout
         with self._listening:

@@ -181,16 +181,14 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX executions_failed ON executions (seq) WHERE status = 'failed';
     """,
-    # 8: the dashboard's reads (`trioexec._store._browse`): pages of executions
-    # under a status or name filter in submission order, from an index in that
-    # order; the live executions with every column the live filters and the
-    # longest-waiting order read (a page of them from the index alone; finished
-    # rows are left out of it); the failed ones of a name (the dead letters'
-    # page); the executions finished since a time (its
-    # activity chart), counted from the index (rows not finished are left out
-    # of it); a task's commands. Each run records its steps' graph (JSON; NULL
-    # before); the runs page walks the runs newest first by (created_at,
-    # run_id). The failed rows' index of 7 is the status index's range now.
+    # 8: the dashboard's reads (`trioexec._store._browse`): pages under a status
+    # or name filter in submission order; the live executions with every column
+    # their filters and order read (a page from the index alone; finished rows
+    # are left out of it); the failed ones of a name (dead letters); the
+    # executions finished since a time, counted from the index; a task's
+    # commands. Each run records its steps' graph (JSON; NULL before); the runs
+    # page walks them newest first. The failed rows' index of 7 is the status
+    # index's range now.
     """
     DROP INDEX executions_failed;
     CREATE INDEX executions_by_status ON executions (status, seq);
@@ -248,8 +246,7 @@ def schema_version(conn: psycopg.Connection[tuple[object, ...]], where: str, sch
     if not tables:
         return 0
     row = conn.execute("SELECT value FROM trioexec_meta WHERE key = 'schema_version'").fetchone()
-    found = version_of(where, 0 if row is None else row[0], SCHEMA_VERSION)
-    return found
+    return version_of(where, 0 if row is None else row[0], SCHEMA_VERSION)
 
 
 def migrate(conn: psycopg.Connection[tuple[object, ...]], where: str, schema: str) -> None:

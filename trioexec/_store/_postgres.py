@@ -1,12 +1,8 @@
 """`PostgresStore`: the executor records of many hosts in one PostgreSQL database.
-
-The same queries as the SQLite store (`SQLStore`); what differs is how they are
-kept across hosts: a recovery or a run takeover locks the rows it claims
-(``FOR UPDATE SKIP LOCKED``: two hosts recovering at once claim different rows),
-a key round or a command takes an advisory lock, and a batch's new rows go in
-with one ``INSERT ... SELECT FROM unnest(...)``; after a race, ``ON CONFLICT DO
-NOTHING``, so an execution another host inserted meanwhile is refused, not
-overwritten.
+`SQLStore`'s queries; what differs: key rounds and commands take advisory locks,
+and a batch's new rows go in with one ``INSERT ... SELECT FROM unnest(...)``
+(after a race, ``ON CONFLICT DO NOTHING``: an execution another host inserted
+meanwhile is refused, not overwritten).
 """
 
 from __future__ import annotations
@@ -33,10 +29,6 @@ _INSERT_ROWS = (
 )
 #: (ON CONFLICT's speculative insertion costs the server more per row: only after a race)
 _INSERT_NEW_ROWS = _INSERT_ROWS + " ON CONFLICT (task_id) DO NOTHING RETURNING task_id"
-# Key rounds read each key's rows after taking its lock: every statement must see
-# the rounds committed before (a REPEATABLE READ default would read a snapshot
-# from before the lock, and grant past the limit).
-_READ_COMMITTED = "SET TRANSACTION ISOLATION LEVEL READ COMMITTED"
 
 
 @final
@@ -113,10 +105,20 @@ class PostgresStore(SQLStore):
         return []
 
     def _begin(self, conn: Connection) -> None:
-        conn.execute(_READ_COMMITTED)  # (whatever the database's default)
+        # (whatever the database's default: under REPEATABLE READ a key round would
+        # read the key's rows as they were before its lock, and grant past the limit)
+        conn.execute("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
 
-    def _lock_key(self, conn: Connection, key: str) -> None:
-        _lock_key(conn, self.schema, key)
+    def _lock_key(self, conn: Connection, key: str, person: bytes = b"") -> None:
+        """Take the transaction's advisory lock of ``key`` in this schema (a 64-bit
+        hash of both: rounds on other schemas of the database never wait for it).
+        ``person`` picks another space of locks: the commands' turn is
+        ``("", b"commands")``, never a key's."""
+        data = f"{self.schema}\0{key}".encode()
+        digest = hashlib.blake2b(data, digest_size=8, person=person).digest()
+        conn.execute(
+            "SELECT pg_advisory_xact_lock(%s)", (int.from_bytes(digest, "big", signed=True),)
+        )
 
     @contextlib.contextmanager
     def _commanding(self, what: str) -> Iterator[Connection]:
@@ -125,8 +127,8 @@ class PostgresStore(SQLStore):
         their commit order and a poller never skips one; the listeners
         (`wait_for_command`) are notified when it commits."""
         with self._db.transaction(what) as conn:
-            conn.execute(_READ_COMMITTED)  # (its reads see the commands before it)
-            _lock_key(conn, self.schema, "", b"commands")
+            self._begin(conn)  # (its reads see the commands before it)
+            self._lock_key(conn, "", b"commands")
             yield conn
             self._db.notify(conn)
 
@@ -159,12 +161,3 @@ class PostgresStore(SQLStore):
         connection of their own (read-only if the store is; closed by their
         ``close``)."""
         return PostgresTables(self._db)
-
-
-def _lock_key(conn: Connection, schema: str, key: str, person: bytes = b"") -> None:
-    """Take the transaction's advisory lock of ``key`` in ``schema`` (a 64-bit
-    hash of both: rounds on other schemas of the database never wait for it).
-    ``person`` picks another space of locks: the commands' turn is
-    ``("", b"commands")``, never a key's."""
-    digest = hashlib.blake2b(f"{schema}\0{key}".encode(), digest_size=8, person=person).digest()
-    conn.execute("SELECT pg_advisory_xact_lock(%s)", (int.from_bytes(digest, "big", signed=True),))

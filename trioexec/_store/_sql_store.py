@@ -20,18 +20,18 @@ import functools
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar
 
-import attrs
-
 from .._changes import Change, ExecutionRow, RunChange, RunCreated, StepRecorded, Transition
 from .._errors import StoreError
-from .._records import ExecutionRecord, SubStatus, TaskStatus
+from .._records import TYPED, ExecutionRecord, SubStatus, TaskStatus, check_number
 from ._base import (
+    ORDERS,
     ORPHANED,
+    RUN_COLUMNS,
     RUN_ORPHANED,
     SCHEDULE_FIELDS,
+    SELECT_RECORDS,
     SUPERSEDED,
     Command,
-    Filter,
     Order,
     Pause,
     Recovery,
@@ -40,26 +40,24 @@ from ._base import (
     RunRecovery,
     ScheduleRecord,
     abandoned_error,
-    check_query,
+    check_limit,
     fold_batch,
-    graph_of,
     matches_some,
+    record_of,
+    run_of,
     schedule_of,
     update_sql,
 )
 from ._control import (
     COMMAND_COLUMNS,
     check_command,
-    check_commands_query,
     check_requeue,
     command_of,
-    sorted_pauses,
     sql_command,
     sql_requeue,
 )
 from ._dialect import Dialect
-from ._key_ledger import KeyGrant, KeyRequest
-from ._sql import SELECT_RECORDS, filter_clause, prune_buckets, record_of, settle_key, write_lease
+from ._key_ledger import PRUNE_MORE, Hold, KeyGrant, KeyRequest, full_at, settle
 from ._verdict import Verdict, claimed_attempts, recovery_verdict
 
 T = TypeVar("T")
@@ -67,8 +65,6 @@ S = TypeVar("S", bound="SQLStore")
 P = ParamSpec("P")
 R = TypeVar("R")
 
-#: `RunRecord`'s fields but its steps: the workflow_runs table's columns.
-_RUN_COLUMNS = tuple(f.name for f in attrs.fields(RunRecord) if f.name != "steps")
 _SCHEDULE_COLUMNS = ", ".join(SCHEDULE_FIELDS)
 _LIVE = "('pending', 'running')"
 
@@ -145,7 +141,7 @@ class SQLStore:
                 existing = {
                     row[0]
                     for row in conn.execute(
-                        f"SELECT task_id FROM executions WHERE {self._in('task_id')}",
+                        f"SELECT task_id FROM executions WHERE {self.dialect.in_list('task_id')}",
                         (self.dialect.list_param(submitted),),
                     )
                 }
@@ -160,9 +156,6 @@ class SQLStore:
             if fresh:
                 fenced.extend(self._insert_rows(conn, fresh))
         return fenced
-
-    def _in(self, column: str) -> str:
-        return self.dialect.in_list(column)
 
     @staticmethod
     def _write_run(conn: Any, m: str, change: RunChange) -> bool:
@@ -232,13 +225,13 @@ class SQLStore:
     def taken_over(self, owner: str, live: dict[str, int]) -> list[str]:
         if not live:
             return []
-        m = self.dialect.mark
+        d = self.dialect
         with self._db.reading("check ownership") as conn:
             found = dict(
                 conn.execute(
-                    f"SELECT task_id, version FROM executions WHERE {self._in('task_id')}"
-                    f" AND owner = {m} AND status IN {_LIVE}",
-                    (self.dialect.list_param(live), owner),
+                    f"SELECT task_id, version FROM executions WHERE {d.in_list('task_id')}"
+                    f" AND owner = {d.mark} AND status IN {_LIVE}",
+                    (d.list_param(live), owner),
                 ).fetchall()
             )
             lost = [t for t, v in live.items() if found.get(t, v) != v]
@@ -248,8 +241,8 @@ class SQLStore:
                 lost.extend(
                     row[0]
                     for row in conn.execute(
-                        f"SELECT task_id FROM executions WHERE {self._in('task_id')}",
-                        (self.dialect.list_param(missing),),
+                        f"SELECT task_id FROM executions WHERE {d.in_list('task_id')}",
+                        (d.list_param(missing),),
                     )
                 )
         return lost
@@ -283,7 +276,7 @@ class SQLStore:
             if not locked:
                 return Recovery([], [], [])
             rows = conn.execute(
-                f"{SELECT_RECORDS} WHERE {self._in('e.task_id')} AND{expired} ORDER BY e.{d.seq}",
+                f"{SELECT_RECORDS} WHERE {d.in_list('e.task_id')} AND{expired} ORDER BY e.{d.seq}",
                 (d.list_param([r[0] for r in locked]), owner, now),
             ).fetchall()
             claim: dict[str, tuple[int, int]] = {}  # task id -> (version, attempts once claimed)
@@ -291,12 +284,14 @@ class SQLStore:
                 record = record_of(row, self.path)
                 room = limit is None or len(claim) < limit
                 verdict = recovery_verdict(record, recreatable(record), max_recovery_attempts, room)
-                if verdict is Verdict.ABANDON:
-                    self._end(conn, record, now, abandoned_error(record.recovery_attempts))
-                    abandoned.append(self._one(conn, record.task_id))
-                elif verdict is Verdict.ORPHAN:
-                    self._end(conn, record, now, ORPHANED)
-                    orphaned.append(self._one(conn, record.task_id))
+                if verdict is Verdict.ABANDON or verdict is Verdict.ORPHAN:
+                    abandon = verdict is Verdict.ABANDON
+                    error = abandoned_error(record.recovery_attempts) if abandon else ORPHANED
+                    conn.execute(
+                        update_sql("end", m),
+                        ("failed", now, error, record.task_id, record.version),
+                    )
+                    (abandoned if abandon else orphaned).append(self._one(conn, record.task_id))
                 elif verdict is Verdict.CLAIM:
                     claim[record.task_id] = (record.version, claimed_attempts(record))
             if claim:
@@ -307,18 +302,11 @@ class SQLStore:
                 claimed = [
                     record_of(row, self.path)
                     for row in conn.execute(
-                        f"{SELECT_RECORDS} WHERE {self._in('e.task_id')} ORDER BY e.{d.seq}",
+                        f"{SELECT_RECORDS} WHERE {d.in_list('e.task_id')} ORDER BY e.{d.seq}",
                         (d.list_param(claim),),
                     )
                 ]
         return Recovery(claimed, orphaned, abandoned)
-
-    def _end(self, conn: Any, record: ExecutionRecord, now: float, error: str) -> None:
-        m = self.dialect.mark
-        conn.execute(
-            update_sql("end", m),
-            ("failed", now, error, record.task_id, record.version),
-        )
 
     def _one(self, conn: Any, task_id: str) -> ExecutionRecord:
         row = conn.execute(
@@ -341,8 +329,19 @@ class SQLStore:
                 self._lock_key(conn, requests[i].key)
                 # (read after the lock, and the clock too: rounds see it in order)
                 grants[i] = settle_key(conn, m, owner, requests[i], self.clock())
+            # Then the buckets full by now (the same as none; a key used once is
+            # never settled again to delete its own), earliest first, at most
+            # PRUNE_MORE beyond one per key settled. PostgreSQL skips a row another
+            # round is writing: this one never waits for it, holding keys that
+            # round may wait for.
             lock = self.dialect.skip_locked.format(alias="key_buckets")
-            prune_buckets(conn, m, self.clock(), len(requests), lock)
+            now = self.clock()
+            conn.execute(
+                "DELETE FROM key_buckets WHERE key IN (SELECT key FROM key_buckets"
+                f" WHERE full_at <= {m} ORDER BY full_at, key LIMIT {m}{lock})"
+                f" AND full_at <= {m}",
+                (now, len(requests) + PRUNE_MORE, now),
+            )
         return [grants[i] for i in range(len(requests))]
 
     # ------------------------------------------------------------------ schedules
@@ -440,42 +439,38 @@ class SQLStore:
                 return RunRecovery([], [], [])
             rows = conn.execute(
                 f"SELECT r.run_id, r.workflow, r.recovery_attempts{expired}"
-                f" AND {self._in('r.run_id')} ORDER BY r.{d.seq}",
+                f" AND {self.dialect.in_list('r.run_id')} ORDER BY r.{d.seq}",
                 (owner, now, d.list_param([r[0] for r in locked])),
             ).fetchall()
             for run_id, workflow, attempts in rows:
-                if workflow not in known or attempts >= max_recovery_attempts:
-                    error = RUN_ORPHANED if workflow not in known else abandoned_error(attempts)
+                if workflow in known and attempts < max_recovery_attempts:
                     conn.execute(
-                        f"UPDATE workflow_runs SET status = 'failed', finished_at = {m}"
-                        f" WHERE run_id = {m}",
-                        (now, run_id),
+                        f"UPDATE workflow_runs SET owner = {m},"
+                        f" recovery_attempts = recovery_attempts + 1 WHERE run_id = {m}",
+                        (owner, run_id),
                     )
-                    self._end_steps(conn, run_id, "failed", now, error)
-                    (orphaned if workflow not in known else abandoned).append(
-                        self._run(conn, run_id)
-                    )
+                    self._end_steps(conn, run_id, "cancelled", now, SUPERSEDED)
+                    claimed.append(self._run(conn, run_id))
                     continue
+                orphan = workflow not in known
                 conn.execute(
-                    f"UPDATE workflow_runs SET owner = {m},"
-                    f" recovery_attempts = recovery_attempts + 1 WHERE run_id = {m}",
-                    (owner, run_id),
+                    f"UPDATE workflow_runs SET status = 'failed', finished_at = {m}"
+                    f" WHERE run_id = {m}",
+                    (now, run_id),
                 )
-                self._end_steps(conn, run_id, "cancelled", now, SUPERSEDED)
-                claimed.append(self._run(conn, run_id))
+                error = RUN_ORPHANED if orphan else abandoned_error(attempts)
+                self._end_steps(conn, run_id, "failed", now, error)
+                (orphaned if orphan else abandoned).append(self._run(conn, run_id))
         return RunRecovery(claimed, orphaned, abandoned)
 
     def _end_steps(self, conn: Any, run_id: str, status: str, now: float, error: str) -> None:
-        m = self.dialect.mark
-        conn.execute(
-            update_sql("end", m, "run_id = {m}"),
-            (status, now, error, run_id),
-        )
+        ended = update_sql("end", self.dialect.mark, "run_id = {m}")
+        conn.execute(ended, (status, now, error, run_id))
 
     def _run(self, conn: Any, run_id: str) -> RunRecord:
         m = self.dialect.mark
         row = conn.execute(
-            f"SELECT {', '.join(_RUN_COLUMNS)} FROM workflow_runs WHERE run_id = {m}", (run_id,)
+            f"SELECT {', '.join(RUN_COLUMNS)} FROM workflow_runs WHERE run_id = {m}", (run_id,)
         ).fetchone()
         steps = {
             step_id: (state, output)
@@ -485,8 +480,7 @@ class SQLStore:
                 (run_id,),
             )
         }
-        values = dict(zip(_RUN_COLUMNS, row, strict=True))
-        return RunRecord(**{**values, "graph": graph_of(values["graph"])}, steps=steps)
+        return run_of(row, steps)
 
     @_retried
     def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
@@ -494,7 +488,7 @@ class SQLStore:
             return [
                 row[0]
                 for row in conn.execute(
-                    f"SELECT run_id FROM workflow_runs WHERE {self._in('run_id')}"
+                    f"SELECT run_id FROM workflow_runs WHERE {self.dialect.in_list('run_id')}"
                     f" AND owner {self.dialect.is_not} {self.dialect.mark}",
                     (self.dialect.list_param(run_ids), owner),
                 )
@@ -541,15 +535,15 @@ class SQLStore:
         """See `Store.command`: one write transaction (a bad argument is refused
         before its lock is waited for)."""
         asked = check_command(kind, name, key, task_id, who, at)
-        d = self.dialect
         with self._commanding("record a command") as conn:
             now = self.clock()  # (its turn taken: commands see the clock in order)
-            return sql_command(conn, d.mark, self.path, now, asked, lock=d.lock_row)
+            return sql_command(conn, self.dialect, self.path, now, asked)
 
     @_retried
     def commands(self, after: int = 0, limit: int | None = None) -> list[Command]:
         """See `Store.commands`: a range of the primary key (never waits for a write)."""
-        check_commands_query(after, limit)
+        check_number("after", after, int, "an int >= 0 (a command's seq)", ge=0, stored=True)
+        check_limit(limit)
         m = self.dialect.mark
         sql = f"SELECT {COMMAND_COLUMNS} FROM commands WHERE seq > {m} ORDER BY seq"
         params: list[object] = [after]
@@ -571,7 +565,8 @@ class SQLStore:
         """See `Store.pauses`."""
         with self._db.reading("query pauses") as conn:
             rows = conn.execute("SELECT kind, value, who, at FROM pauses WHERE paused").fetchall()
-        return sorted_pauses([Pause(kind=k, value=v, who=w, at=a) for k, v, w, a in rows])
+        pauses = [Pause(kind=k, value=v, who=w, at=a) for k, v, w, a in rows]
+        return sorted(pauses, key=lambda p: (p.kind, p.value))  # (not a database's collation)
 
     @_retried
     def requeue(
@@ -584,21 +579,9 @@ class SQLStore:
     ) -> Requeued:
         """See `Store.requeue`: one write transaction."""
         asked, name, since = check_requeue(task_ids, name, since, who)
-        d = self.dialect
         with self._commanding("requeue") as conn:
             now = self.clock()
-            return sql_requeue(
-                conn,
-                d.mark,
-                self.path,
-                now,
-                asked,
-                name,
-                since,
-                who,
-                oldest=f"e.{d.seq}",
-                lock=d.lock_row,
-            )
+            return sql_requeue(conn, self.dialect, self.path, now, asked, name, since, who)
 
     def snapshot(self, doing: str) -> contextlib.AbstractContextManager[Any]:
         """A read connection whose statements see one state of the database (never
@@ -622,18 +605,20 @@ class SQLStore:
     ) -> list[ExecutionRecord]:
         """See `Store.executions`: sorted and cut in SQL, on an index where the
         filters allow."""
-        check_query(limit, order)
-        found = Filter.of(self.clock, status, sub_status, deferred_longer_than, run_id, key)
+        check_limit(limit)
+        if order not in ORDERS:
+            raise ValueError(f"order must be one of {', '.join(map(repr, ORDERS))}, got {order!r}")
+        found = self._where(status, sub_status, deferred_longer_than, run_id, key)
         if found is None:
             return []
+        where, params, deferred_only = found
         d = self.dialect
-        where, params = filter_clause(d.mark, found)
         seq = f"e.{d.seq}"
         if order == "oldest":
             by = seq
         elif order == "newest":
             by = f"{seq} DESC"
-        elif found.deferred_only:
+        elif deferred_only:
             by = f"e.deferred_since, {seq}"  # (no NULLs: the index's order)
         else:
             by = f"{d.deferred_last}, {seq}"
@@ -644,6 +629,42 @@ class SQLStore:
         with self._db.reading("query executions") as conn:
             rows = conn.execute(sql, params).fetchall()
         return [record_of(row, self.path) for row in rows]
+
+    def _where(
+        self,
+        status: TaskStatus | str | None,
+        sub_status: SubStatus | str | None,
+        deferred_longer_than: float | datetime.timedelta | None,
+        run_id: str | None,
+        key: str | None,
+    ) -> tuple[str, list[object], bool] | None:
+        """The ``WHERE`` (on ``e``) of `executions`' and `counts`' filters (None: not
+        filtered; ValueError or TypeError naming a bad one), its parameters, and
+        whether only deferred executions match; None if none can (a ``run_id`` or
+        ``key`` no store can hold)."""
+        equal = {
+            "status": None if status is None else TaskStatus(status).value,
+            "sub_status": None if sub_status is None else SubStatus(sub_status).value,
+        }
+        since = deferred_longer_than
+        if isinstance(since, datetime.timedelta):
+            since = since.total_seconds()
+        elif since is not None:
+            must = "seconds or a timedelta"
+            since = check_number(
+                "deferred_longer_than", since, float, must, errors=TYPED, stored=True
+            )
+        if not matches_some(run_id=run_id, key=key):
+            return None
+        equal.update(run_id=run_id, key=key)
+        m = self.dialect.mark
+        where = [f"e.{column} = {m}" for column, value in equal.items() if value is not None]
+        params: list[object] = [value for value in equal.values() if value is not None]
+        if since is not None:  # (deferred since then or before, on the store's clock)
+            where.append(f"e.sub_status = 'deferred' AND e.deferred_since <= {m}")
+            params.append(self.clock() - since)
+        deferred_only = equal["sub_status"] == "deferred" or since is not None
+        return (" WHERE " + " AND ".join(where) if where else ""), params, deferred_only
 
     @_retried
     def counts(
@@ -657,11 +678,11 @@ class SQLStore:
         """How many executions match the filters, per status (every status
         present, zeros included): one ``GROUP BY`` on the status index."""
         counts = dict.fromkeys(TaskStatus, 0)
-        found = Filter.of(self.clock, None, sub_status, deferred_longer_than, run_id, key)
+        found = self._where(None, sub_status, deferred_longer_than, run_id, key)
         if found is None:
             return counts
         m = self.dialect.mark
-        where, params = filter_clause(m, found)
+        where, params, _ = found
         sql = f"SELECT e.status, count(*) FROM executions e{where} GROUP BY e.status"
         with self._db.reading("count executions") as conn:
             for value, n in conn.execute(sql, params).fetchall():
@@ -698,3 +719,56 @@ class SQLStore:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def settle_key(conn: Any, mark: str, owner: str, request: KeyRequest, now: float) -> KeyGrant:
+    """One key of a SQL store's `Store.key_round` (``mark``: the placeholder, ``?``
+    or ``%s``): reclaim dead owners' slots, `settle`, write the owner's row and the
+    key's bucket back. ``conn`` is in the round's transaction."""
+    key = request.key
+    conn.execute(
+        f"DELETE FROM key_holds WHERE key = {mark} AND owner <> {mark} AND owner NOT IN"
+        f" (SELECT owner FROM owners WHERE lease_expires_at >= {mark})",
+        (key, owner, now),
+    )
+    rows = [
+        Hold(row[0], held=row[1], wanted=row[2], since=row[3])
+        for row in conn.execute(
+            f"SELECT owner, held, wanted, since FROM key_holds WHERE key = {mark}", (key,)
+        )
+    ]
+    others = [h for h in rows if h.owner != owner]
+    mine = next((h for h in rows if h.owner == owner), None)
+    found = conn.execute(
+        f"SELECT tokens, stamp FROM key_buckets WHERE key = {mark}", (key,)
+    ).fetchone()
+    bucket_row = None if found is None else tuple(found)
+    grant, row, bucket = settle(request, others, bucket_row, now, mine)
+    if row is None:
+        conn.execute(f"DELETE FROM key_holds WHERE key = {mark} AND owner = {mark}", (key, owner))
+    else:
+        conn.execute(
+            f"INSERT INTO key_holds (key, owner, held, wanted, since) VALUES ({mark}, {mark},"
+            f" {mark}, {mark}, {mark}) ON CONFLICT (key, owner) DO UPDATE SET"
+            " held = excluded.held, wanted = excluded.wanted, since = excluded.since",
+            (key, owner, row.held, row.wanted, row.since),
+        )
+    if bucket is None:
+        conn.execute(f"DELETE FROM key_buckets WHERE key = {mark}", (key,))
+    else:
+        conn.execute(
+            f"INSERT INTO key_buckets (key, tokens, stamp, full_at) VALUES ({mark}, {mark},"
+            f" {mark}, {mark}) ON CONFLICT (key) DO UPDATE SET tokens = excluded.tokens,"
+            " stamp = excluded.stamp, full_at = excluded.full_at",
+            (key, *bucket, full_at(request, bucket)),
+        )
+    return grant
+
+
+def write_lease(conn: Any, mark: str, owner: str, lease_expires_at: float) -> None:
+    """Create or renew ``owner``'s lease (``mark``: the placeholder)."""
+    conn.execute(
+        f"INSERT INTO owners (owner, lease_expires_at) VALUES ({mark}, {mark})"
+        " ON CONFLICT (owner) DO UPDATE SET lease_expires_at = excluded.lease_expires_at",
+        (owner, lease_expires_at),
+    )

@@ -1,11 +1,7 @@
 """`SQLiteStore`: executions in a SQLite file (WAL), schema by sqlite-utils migrations;
-`MemoryStore`: the same store on a database in memory.
-
-Both are `SQLStore` (the queries, shared with PostgreSQL) over this module (how a
-batch of rows goes in), ``_sqlite_file``
-(the connections, and the one place a ``sqlite3.Error`` becomes a `StoreError`
-naming the file) and ``_sqlite_schema`` (the migrations): the only modules that
-import ``sqlite3`` or ``sqlite_utils``, with the durable tables' SQLite backend.
+`MemoryStore`: the same store on a database in memory. Both are `SQLStore` over a
+`SQLiteFile` (``_sqlite_file``: the connections, where a ``sqlite3.Error`` becomes a
+`StoreError`; ``_sqlite_schema``: the migrations).
 """
 
 from __future__ import annotations

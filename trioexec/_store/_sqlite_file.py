@@ -30,11 +30,11 @@ READ_ONLY_BUSY_TIMEOUT = 1.0
 
 
 class _Connection(sqlite3.Connection):
-    """A connection a `SQLiteFile` opened. The durable tables find the file through
-    ``file``: its lock, its file check, and whether it is read-only."""
+    """A connection a `SQLiteFile` opened: the durable tables find the file (its
+    lock, its file check, whether it is read-only) through ``file``."""
 
-    # Weak: the file holds its connections, and a store dropped without close()
-    # should still close them at once, not wait for the cycle collector.
+    # (weak: a store dropped unclosed closes its connections at once, not at a
+    # cycle collection)
     _file_ref: weakref.ref[SQLiteFile] | None = None
 
     @property
@@ -67,15 +67,9 @@ def _schema() -> bytes:
         return conn.serialize()
 
 
-def _copy_schema(conn: sqlite3.Connection) -> None:
-    with contextlib.closing(sqlite3.connect(":memory:")) as schema:
-        schema.deserialize(_schema())
-        schema.backup(conn)
-
-
 def _close_quietly(*groups: Iterable[sqlite3.Connection]) -> None:
-    """Close a memory store's connections when their owner is dropped unclosed, as
-    a dict store could be (closing one closed already does nothing)."""
+    """Close connections whose owner was dropped unclosed, without the
+    ResourceWarning an unclosed connection gives (closing one twice is nothing)."""
     for conns in groups:
         for conn in list(conns):
             with contextlib.suppress(sqlite3.Error):
@@ -85,16 +79,10 @@ def _close_quietly(*groups: Iterable[sqlite3.Connection]) -> None:
 @final
 class SQLiteFile:
     """The connections a `SQLiteStore` holds to its file, opened (created, checked
-    and migrated unless ``read_only``) on construction.
-
-    Writes take the lock, one at a time, on the file opened; each thread reads
-    through a connection of its own, so a read never waits behind a write (in a
-    file, WAL; a database in memory, ``memory``, has none: they take turns).
-
-    Raises:
-      StoreError: naming the path, if the file cannot be opened or is not (or not
-        yet, or no longer) a trioexec database this trioexec can use.
-    """
+    and migrated unless ``read_only``) on construction: `StoreError` naming the
+    path if it is not (or not yet, or no longer) a trioexec database this trioexec
+    can use. Writes take the lock; a reader never waits behind a write (WAL; a
+    database in memory has none: they take turns)."""
 
     def __init__(
         self, path: str, *, read_only: bool, busy_timeout: float, memory: bool = False
@@ -127,9 +115,9 @@ class SQLiteFile:
     def _open_writer(self) -> None:
         self._write_conn = conn = self._connect(read_only=False)
         if self.memory:
-            _copy_schema(conn)
-            # Dropped unclosed, as a dict store could be: its connections close
-            # then, without the ResourceWarning an unclosed connection gives.
+            with contextlib.closing(sqlite3.connect(":memory:")) as schema:
+                schema.deserialize(_schema())
+                schema.backup(conn)
             weakref.finalize(self, _close_quietly, self._readers, [conn])
         else:
             self._migrate(conn)
@@ -186,7 +174,14 @@ class SQLiteFile:
         refuse_unmigrated(self.path, found, SCHEMA_VERSION, none)
 
     def _connect(self, *, read_only: bool) -> _Connection:
-        conn = self._new_connection(read_only=read_only)
+        conn = sqlite3.connect(
+            _uri(self._file, mode="ro") if read_only else self._file,
+            uri=read_only or self.memory,
+            factory=_Connection,
+            check_same_thread=False,
+            isolation_level=None,
+            timeout=self.busy_timeout,
+        )
         try:
             if read_only:
                 conn.execute("PRAGMA query_only=ON")
@@ -196,27 +191,6 @@ class SQLiteFile:
             conn.close()  # (a file that is no database fails here)
             raise
         conn._file_ref = weakref.ref(self)
-        return conn
-
-    def _new_connection(self, *, read_only: bool) -> _Connection:
-        if read_only:
-            conn = sqlite3.connect(
-                _uri(self._file, mode="ro"),
-                uri=True,
-                factory=_Connection,
-                check_same_thread=False,
-                isolation_level=None,
-                timeout=self.busy_timeout,
-            )
-        else:
-            conn = sqlite3.connect(
-                self._file,
-                uri=self.memory,
-                factory=_Connection,
-                check_same_thread=False,
-                isolation_level=None,
-                timeout=self.busy_timeout,
-            )
         return conn
 
     def _checkout(self) -> _Connection:

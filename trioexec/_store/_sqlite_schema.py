@@ -206,15 +206,12 @@ def _control(db: sqlite_utils.Database) -> None:
 
 @_migration("0011_dashboard")
 def _dashboard(db: sqlite_utils.Database) -> None:
-    # The dashboard's reads (`trioexec._store._browse`): its pages of executions
-    # in submission order under a status or name filter walk an index in rowid
-    # order (SQLite appends the rowid to every index: (status) is (status,
-    # rowid)); the live executions (a few among millions), with every column
-    # its filters and its longest-waiting order read, so that a page of them
-    # is found in this index alone (finished rows are left out of it: most are
-    # inserted finished, and write nothing to it); its activity chart counts the
-    # executions finished since a time, from the index alone (rows not
-    # finished are left out of it); a task's commands. Each run records its
+    # The dashboard's reads (`trioexec._store._browse`): pages under a status or
+    # name filter in submission order (SQLite appends the rowid to every index);
+    # the live executions, a few among millions, with every column their filters
+    # and order read (a page from the index alone; finished rows, most inserted
+    # finished, write nothing to it); the executions finished since a time,
+    # counted from the index alone; a task's commands. Each run records its
     # steps' graph (JSON; NULL before).
     db.execute("CREATE INDEX executions_by_status ON executions (status)")
     db.execute("CREATE INDEX executions_name ON executions (name)")
@@ -275,8 +272,7 @@ def schema_version(db: sqlite_utils.Database, path: str) -> int:
         return 0
     row = db.conn.execute("SELECT value FROM trioexec_meta WHERE key = 'schema_version'").fetchone()
     found = version_of(path, row[0] if row else 0, SCHEMA_VERSION)
-    known = set(KNOWN_MIGRATIONS)
-    unknown = {m.name for m in MIGRATIONS.applied(db)} - known
+    unknown = {m.name for m in MIGRATIONS.applied(db)} - set(KNOWN_MIGRATIONS)
     if unknown:
         raise StoreError(
             f"{path}: written by a newer trioexec (unknown migrations {sorted(unknown)})"
