@@ -132,56 +132,40 @@ TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
 }
 
 
-@attrs.frozen
-class _Plan:
-    """`TRANSITIONS`' entry of one kind, for rows whose columns sit at the places
-    ``place(column)`` gives (a "row" list's index, a dict's key)."""
-
-    guard: tuple[TaskStatus, ...]
-    version: Any
-    status: Any
-    constants: tuple[tuple[Any, object], ...]  #: (place, value)
-    args: tuple[tuple[Any, int], ...]  #: (place, the change's field)
-    firsts: tuple[tuple[Any, int], ...]  #: (place, the change's field), if none yet
-    bumps: tuple[Any, ...]  #: places one more than they were
-
-
-def _plans(place: Callable[[str], object]) -> dict[object, _Plan]:
-    plans: dict[object, _Plan] = {}
+def _folds(place: Callable[[str], object]) -> dict[str, Callable[[Any, Any], bool]]:
+    """For each kind of `TRANSITIONS`, a function that folds a change of that kind
+    into a row whose columns sit at ``place(column)`` (a "row" list's index, a
+    dict's key); False (nothing changed) if fenced. Compiled from the table, as
+    attrs compiles an ``__init__``: every stored task folds two changes on the hot
+    path, and a loop over the table's entries cost twice the bytecodes."""
+    folds: dict[str, Callable[[Any, Any], bool]] = {}
     for kind, (guard, sets) in TRANSITIONS.items():
         fields = [c for c, how in sets.items() if how is ARG or how is FIRST]
         field = {c: 2 + i for i, c in enumerate(fields)}  # (after the task id and version)
-        plans[kind] = _Plan(
-            guard,
-            place("version"),
-            place("status"),
-            tuple((place(c), how) for c, how in sets.items() if c not in field and how is not BUMP),
-            tuple((place(c), field[c]) for c, how in sets.items() if how is ARG),
-            tuple((place(c), field[c]) for c, how in sets.items() if how is FIRST),
-            tuple(place(c) for c, how in sets.items() if how is BUMP),
-        )
-    return plans
+        names: dict[str, Any] = {"guard": guard}
+        body = [
+            f"if row[{place('version')!r}] != change[1] or row[{place('status')!r}] not in guard:",
+            "    return False",
+        ]
+        for column, how in sets.items():
+            at = place(column)
+            if how is ARG:
+                body.append(f"row[{at!r}] = change[{field[column]}]")
+            elif how is FIRST:
+                body += [f"if row[{at!r}] is None:", f"    row[{at!r}] = change[{field[column]}]"]
+            elif how is BUMP:
+                body.append(f"row[{at!r}] += 1")
+            else:  # (a constant: None, a status or a text)
+                names[f"v{len(names)}"] = how
+                body.append(f"row[{at!r}] = v{len(names) - 1}")
+        lines = "".join(f"    {line}\n" for line in [*body, "return True"])
+        exec(compile(f"def fold(row, change):\n{lines}", f"<fold {kind}>", "exec"), names)
+        folds[kind] = names["fold"]
+    return folds
 
 
-_BY_INDEX = _plans(ROW_COLUMNS.index)  # (`ExecutionRow` lists)
-_BY_NAME = _plans(lambda column: column)  # (values by column name)
-
-
-def _fold(row: Any, change: Transition, plans: dict[object, _Plan]) -> bool:
-    """Apply ``change`` to ``row`` by `TRANSITIONS`; False (nothing changed) if fenced."""
-    plan = plans[change.kind]
-    if row[plan.version] != change[1] or row[plan.status] not in plan.guard:
-        return False
-    for place, value in plan.constants:
-        row[place] = value
-    for place, field in plan.args:
-        row[place] = change[field]
-    for place, field in plan.firsts:
-        if row[place] is None:
-            row[place] = change[field]
-    for place in plan.bumps:
-        row[place] += 1
-    return True
+_BY_INDEX = _folds(ROW_COLUMNS.index)  # (`ExecutionRow` lists)
+_BY_NAME = _folds(lambda column: column)  # (values by column name)
 
 
 @functools.cache
@@ -212,7 +196,7 @@ def update_sql(kind: str, mark: str, by: str = "task_id = {m} AND version = {m}"
 def fold_row(row: ExecutionRow, change: Transition) -> bool:
     """`apply_change` for an `ExecutionRow` not written yet: fold ``change`` into it.
     Returns False (and changes nothing) if the change is fenced out."""
-    return _fold(row, change, _BY_INDEX)
+    return _BY_INDEX[change.kind](row, change)
 
 
 def fold_batch(
@@ -260,7 +244,7 @@ def fold_batch(
 def apply_change(row: dict[str, object], change: Transition) -> bool:
     """Apply ``change`` to ``row`` (values by column name) in place. Returns False
     (and changes nothing) if it is fenced out."""
-    return _fold(row, change, _BY_NAME)
+    return _BY_NAME[change.kind](row, change)
 
 
 @attrs.frozen(kw_only=True)
