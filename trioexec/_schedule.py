@@ -34,7 +34,7 @@ from cronsim import CronSim, CronSimError
 from ._errors import ExecutorClosed, TaskRejected
 from ._machine._admit import Admit, rejection_reason
 from ._records import MAX_ID_LENGTH, HealthEventKind, check_id
-from ._spec import TaskSpec
+from ._spec import task_name
 from ._store import ScheduleRecord
 
 if TYPE_CHECKING:
@@ -194,12 +194,11 @@ class Schedules:
         zone = time_zone(tz)
         # The first occurrence is the first at or after now (a whole second).
         first = occurrence_after(cron, zone, math.ceil(core.wall()) - 1)
-        name = spec.id if isinstance(spec, TaskSpec) else _name(spec)
         schedule = Schedule(
             schedule_id=schedule_id,
             cron=cron,
             tz=tz,
-            name=name,
+            name=task_name(spec),
             catch_up=bool(catch_up),
             next_run=first,
             spec=spec,
@@ -396,7 +395,3 @@ def _missed(at: float, before: ScheduleRecord) -> bool:
     if before.last_run is not None:
         return at > before.last_run
     return before.next_run is not None and at >= before.next_run
-
-
-def _name(fn: Callable[..., Any]) -> str:
-    return str(getattr(fn, "__qualname__", None) or type(fn).__name__)
