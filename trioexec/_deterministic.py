@@ -120,14 +120,6 @@ class DeterministicExecutor(Facade):
                 journal.write_inline()
             completions.append(job.make_completion())
 
-    def pause(self, *, name: str | None = None, key: str | None = None) -> None:
-        """`Executor.pause`, here only (never through the store)."""
-        self._core.control.pause(name, key)
-
-    def resume(self, *, name: str | None = None, key: str | None = None) -> None:
-        """`Executor.resume`, here only."""
-        self._core.control.resume(name, key)
-
     @property
     def pending(self) -> int:
         """Tasks queued and not yet run."""
