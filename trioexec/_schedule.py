@@ -306,6 +306,7 @@ class Schedules:
             held = decision is Admit.ACCEPT
             if held:
                 gate.hold(1)
+            won = False
             try:
                 won = await journal.call(
                     journal.store.claim_occurrence,
@@ -314,13 +315,10 @@ class Schedules:
                     core.owner_id,
                     following,
                 )
-            except BaseException:
-                if held:
+            finally:
+                if held and not won:
                     gate.release(1)
-                raise
             if not won:
-                if held:
-                    gate.release(1)
                 return False  # another executor on the store runs it
         try:
             if held:
