@@ -1,22 +1,12 @@
-"""Schedules: one task per occurrence of a cron expression (`Executor.schedule`).
+"""Schedules: one task per occurrence of a cron expression (`Executor.schedule`;
+``docs/howto/schedules.rst`` says what a user sees).
 
-Occurrences are wall-clock times (the store's clock, else ``time.time``) that
-cronsim computes in the schedule's `zoneinfo` zone (placing what a DST change
-skips or repeats as Debian cron does). The wait for each is a sleep on Trio's
-clock, so a mock clock drives schedules in tests (with
-``trioexec.testing.FakeWallClock`` as the store's clock), of at most `MAX_SLEEP`
-at a time: a wall clock that steps forward (NTP, a resumed VM) delays an
-occurrence by at most that much.
-
-Each occurrence runs as a task with the id ``"<schedule id>@<time, UTC, ISO 8601>"``.
-With a store, an executor claims the occurrence (`Store.claim_occurrence`) before
-it submits it, so one of the executors sharing the store runs it: the claim, not
-the execution row, decides (a task can start before its submission is durable).
-An executor claims only an occurrence it has room for (or, under ``BLOCK``, will
-wait for), else it leaves it unclaimed (a ``schedule_skipped`` event, reason
-``no_room``); a claimed occurrence it does not submit after all (refused, or it
-closed or was cancelled while waiting for room) is released for another executor
-(`Store.release_occurrence`).
+Occurrences are wall-clock times (the store's clock) that cronsim computes in the
+schedule's `zoneinfo` zone. The wait for each is a sleep on Trio's clock, so a mock
+clock drives schedules in tests, of at most `MAX_SLEEP` at a time, since the wall
+clock may step. With a store, the claim (`Store.claim_occurrence`), not the
+execution row, decides which executor runs an occurrence: a task can start before
+its submission is durable.
 """
 
 from __future__ import annotations
