@@ -542,10 +542,9 @@ def _same_leaves(a: BaseException, b: BaseException) -> bool:
     """``a`` is ``b``, or a group derived from ``b`` with the same leaves."""
     if a is b:
         return True
-    if not (isinstance(a, BaseExceptionGroup) and isinstance(b, BaseExceptionGroup)):
-        return False
     return (
-        type(a) is type(b)
+        isinstance(a, BaseExceptionGroup)
+        and type(a) is type(b)
         and a.message == b.message
         and len(a.exceptions) == len(b.exceptions)
         and all(_same_leaves(x, y) for x, y in zip(a.exceptions, b.exceptions, strict=True))
