@@ -13,15 +13,14 @@ import itertools
 import json
 import uuid
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, Any, Protocol, final
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, final
 
 import attrs
 import trio
 
 from ._changes import RunCreated, RunEnded, StepRecorded
 from ._errors import ExecutorClosed, TrioexecError
-from ._events import EventStream
 from ._records import HealthEventKind, SubStatus, TaskCompletion, TaskStatus, check_id
 from ._spec import TaskSpec
 from ._store import RunRecord
@@ -42,7 +41,7 @@ from ._workflow import (
 )
 
 if TYPE_CHECKING:
-    from ._journal import Journal
+    from ._core import ExecutorCore
 
 
 @attrs.frozen(kw_only=True)
@@ -266,7 +265,7 @@ class WorkflowRun:
                 self._step_ended,
             )
             if not accepted:
-                await steps.admit_step(job)
+                await steps.submit(job, internal=True)
         except ExecutorClosed:  # shut down before it started: the run is cut short
             self._closed = True
             self._set(sid, StepState.PENDING)
@@ -452,47 +451,12 @@ def wrap_step(spec: TaskSpec) -> TaskSpec:
     return attrs.evolve(spec, fn=run_sync)
 
 
-class StepSubmitter(Protocol):
-    """The executor's core, as its workflow runs see it: how they submit their
-    steps, journal, publish, and where their coordinators run."""
-
-    @property
-    def journal(self) -> Journal | None: ...
-    @property
-    def events(self) -> EventStream: ...
-    @property
-    def owner_id(self) -> str: ...
-    @property
-    def nursery(self) -> trio.Nursery | None:
-        """Where coordinators run (None: the executor runs jobs inline)."""
-
-    def wall(self) -> float: ...
-
-    def new_step(
-        self,
-        spec: TaskSpec,
-        args: tuple[Any, ...],
-        run_id: str,
-        on_done: Callable[[Job], None],
-    ) -> tuple[Job, bool]:
-        """The step's job, and whether it was accepted at once (not a checkpoint)."""
-        ...
-
-    async def admit_step(self, job: Job) -> None:
-        """Admit a step not accepted at once (waits for space, or raises)."""
-        ...
-
-    def run_ended(self) -> None:
-        """A run ended (the executor may be idle now)."""
-
-
 @final
 class WorkflowRuns:
     """The workflow runs of one executor, started here or resumed by recovery;
-    built on a `StepSubmitter`, and known to the parts only as their ``Runs``
-    protocols."""
+    built on its core, and known to the parts only as their ``Runs`` protocols."""
 
-    def __init__(self, workflows: dict[str, Workflow], steps: StepSubmitter) -> None:
+    def __init__(self, workflows: dict[str, Workflow], steps: ExecutorCore) -> None:
         self.steps = steps
         self.events = steps.events
         self.wall = steps.wall
@@ -520,7 +484,7 @@ class WorkflowRuns:
     async def start(
         self, workflow: Workflow, context: Mapping[str, Any] | None, run_id: str | None
     ) -> WorkflowRun:
-        nursery = self.steps.nursery
+        nursery = self.steps.workers.nursery
         if nursery is None:
             raise TypeError("workflows need an executor from open_executor")
         if run_id is not None:
@@ -548,7 +512,7 @@ class WorkflowRuns:
 
     def resume(self, record: RunRecord) -> None:
         """Resume a run recovery claimed."""
-        nursery = self.steps.nursery
+        nursery = self.steps.workers.nursery
         assert nursery is not None
         workflow = self._workflows[record.workflow]
         run = WorkflowRun(self, workflow, json.loads(record.context), record.run_id, record)

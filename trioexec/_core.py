@@ -1,13 +1,6 @@
 """`ExecutorCore`: the parts of one executor, wired together, and the submission path
-that runs through them.
-
-Both facades (`Executor`, `DeterministicExecutor`) hold one. Each part owns its
-state: `Tally`, `Pending` (the queue), `EventStream`, `Gate` (admission),
-`Lifecycle` (each transition of a task), `Workers` (the one place that runs a
-job), `Shutdown`, and with a store `Journal` (what is written, when) and
-`Recovery` (the lease, orphan recovery). A submission is checked and made into a `Job`
-here (`new_job`), decided on by the gate, and accepted by the lifecycle, which hands it
-to the workers.
+that runs through them: `new_job` checks a submission, the `Gate` decides, the
+`Lifecycle` accepts and hands the job to the `Workers`. Both facades hold one.
 """
 
 from __future__ import annotations
@@ -38,7 +31,7 @@ from ._records import TYPED, ExecutionRecord, Overflow, ShutdownPolicy, check_id
 from ._recovery import RecoverableRuns, Recovery
 from ._shutdown import Shutdown
 from ._slots import SlotPool
-from ._spec import CallInfo, TaskSpec, call_info, check_priority, spec_key
+from ._spec import CallInfo, TaskSpec, call_info, check_priority, spec_key, task_name
 from ._store import Store
 from ._taskref import Job
 from ._waits import KeyTimer, LifecycleWaits
@@ -64,25 +57,27 @@ def check_grace(name: str, value: object) -> None:
 _SECONDS = "a number of seconds or None"
 
 
-def _int_at_least(minimum: int) -> Callable[[Any, attrs.Attribute[Any], object], None]:
+Validator = Callable[[Any, "attrs.Attribute[Any]", object], object]
+
+
+def _validator(check: Callable[[str, object], object]) -> Validator:
+    """``check(name, value)`` as an attrs validator."""
+    return lambda _, attribute, value: check(attribute.name, value)
+
+
+def _int_at_least(minimum: int) -> Validator:
     """An attrs validator: an int (not a bool) >= ``minimum``."""
 
-    def validate(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
-        check_number(
-            attribute.name, value, int, f">= {minimum}", typed="an int", ge=minimum, errors=TYPED
+    def check(name: str, value: object) -> int:
+        return check_number(
+            name, value, int, f">= {minimum}", typed="an int", ge=minimum, errors=TYPED
         )
 
-    return validate
+    return _validator(check)
 
 
-def _seconds(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
-    """An attrs validator: None, or a finite number of seconds > 0."""
-    check_seconds(attribute.name, value)
-
-
-def _grace(_: Any, attribute: attrs.Attribute[Any], value: object) -> None:
-    """An attrs validator: None, or a finite number of seconds >= 0."""
-    check_grace(attribute.name, value)
+_seconds = _validator(check_seconds)
+_grace = _validator(check_grace)
 
 
 @attrs.frozen(kw_only=True)
@@ -120,14 +115,6 @@ def check_store(store: object) -> None:
     """``store=``: None or something with the `Store` operations."""
     if store is not None and not callable(getattr(store, "write", None)):
         raise TypeError(f"store must be a trioexec Store (e.g. SQLiteStore), got {store!r}")
-
-
-def _describe(fn: Callable[..., Any]) -> str:
-    if isinstance(fn, TaskSpec):
-        return fn.id
-    while isinstance(fn, functools.partial):
-        fn = fn.func
-    return str(getattr(fn, "__qualname__", None) or type(fn).__name__)
 
 
 @final
@@ -254,7 +241,7 @@ class ExecutorCore:
             if not callable(fn):
                 raise TypeError(f"submit needs a callable, got {fn!r}")
             self._last_info = call_info(fn)
-            self._last_name = _describe(fn)
+            self._last_name = task_name(fn)
             self._last_spec = fn if isinstance(fn, TaskSpec) else None
             self._last_fn = fn
         info = self._last_info
@@ -335,16 +322,13 @@ class ExecutorCore:
         if correlation_id is not None:
             check_id("correlation_id", correlation_id)
         if task_id is not None:
-            self._check_new_task_id(task_id)
-
-    def _check_new_task_id(self, task_id: str) -> None:
-        """A caller-chosen task id must be new: not live here, not in the store
-        (else the same execution would run twice under one record)."""
-        check_id("task_id", task_id)
-        if self.lifecycle.is_live(task_id):
-            raise ValueError(f"task id {task_id!r} is already live in this executor")
-        if self.store is not None and self.store.execution(task_id) is not None:
-            raise ValueError(f"task id {task_id!r} is already recorded in the store")
+            # New: not live here, not in the store (else the same execution
+            # would run twice under one record).
+            check_id("task_id", task_id)
+            if self.lifecycle.is_live(task_id):
+                raise ValueError(f"task id {task_id!r} is already live in this executor")
+            if self.store is not None and self.store.execution(task_id) is not None:
+                raise ValueError(f"task id {task_id!r} is already recorded in the store")
 
     def _recovered(self, spec: TaskSpec, args: tuple[Any, ...], record: ExecutionRecord) -> None:
         """Queue an execution recovery claimed: a `Job` with its record's id,
@@ -444,7 +428,7 @@ class ExecutorCore:
     ) -> tuple[Job, bool]:
         """A workflow run's step as a `Job` that calls ``on_done`` once ended
         (allowed while a DRAIN lets started runs finish), and True if accepted at
-        once; else it goes through `admit_step`. Not a checkpoint (the coordinator
+        once; else it goes through `submit`. Not a checkpoint (the coordinator
         checkpoints as it waits for its steps)."""
         # (every argument positional: a keyword costs a search of the parameters)
         job = self.new_job(
@@ -452,18 +436,9 @@ class ExecutorCore:
         )
         return job, self.accept_if_fits(job)
 
-    @property
-    def nursery(self) -> trio.Nursery | None:
-        """Where the workflow runs' coordinators run (`Workers.start`)."""
-        return self.workers.nursery
-
     def run_ended(self) -> None:
         """A workflow run ended: the executor may be idle now."""
         self.lifecycle.maybe_idle()
-
-    async def admit_step(self, job: Job) -> None:
-        """Admit a step `new_step` could not accept at once (waits, or raises)."""
-        await self.submit(job, internal=True)
 
     def statistics(self) -> ExecutorMetrics:
         return self.tally.snapshot(self.events.dropped)

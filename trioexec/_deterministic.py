@@ -1,12 +1,12 @@
-"""`DeterministicExecutor`: the executor's semantics, one task at a time, in the caller's task.
+"""`DeterministicExecutor`: the executor's parts with no workers' nursery: jobs run
+one at a time, in the caller's task, during `run_ready`. Admission, overflow
+policies, key limits, retries, timeouts, budgets, metrics and events behave as in
+`open_executor`.
 
-For tests of code built on the executor: nothing runs until `run_ready` is awaited, and
-then tasks run strictly in FIFO order. Admission, overflow policies, key limits,
-retries, timeouts, budgets, metrics and events behave as in `open_executor`; a task's
-`TaskHandle.defer_until` waits inline (a task that defers or waits to retry keeps its
-key: the key's next tasks, which could only run in the same task, run after it ends, in
-order). A key's refill timer (a retry waits in the caller's task for its next token)
-runs during `run_ready`, started as in `open_executor` (`Workers.start`).
+A task's `TaskHandle.defer_until` waits inline, so a task that defers or waits to
+retry keeps its key: the key's next tasks, which could only run in the same task,
+run after it ends, in order. A key's refill timer runs during `run_ready`, started
+as in `open_executor` (`Workers.start`).
 """
 
 from __future__ import annotations
@@ -119,14 +119,6 @@ class DeterministicExecutor(Facade):
             if journal is not None:
                 journal.write_inline()
             completions.append(job.make_completion())
-
-    def pause(self, *, name: str | None = None, key: str | None = None) -> None:
-        """`Executor.pause`, here only (never through the store)."""
-        self._core.control.pause(name, key)
-
-    def resume(self, *, name: str | None = None, key: str | None = None) -> None:
-        """`Executor.resume`, here only."""
-        self._core.control.resume(name, key)
 
     @property
     def pending(self) -> int:

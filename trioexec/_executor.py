@@ -155,6 +155,32 @@ class Facade:
         core.submit_nowait(job)
         return TaskRef(job)
 
+    def pause(self, *, name: str | None = None, key: str | None = None) -> None:
+        """Pause the tasks named ``name`` and those of admission key ``key``:
+        those that have not started wait (`TaskRef.waiting_on` ``"paused"``) until
+        they are resumed; running and deferred ones go on. Takes effect at once.
+        Never blocks; pausing twice is pausing once.
+
+        With a store, what is paused is the store's: every executor on it
+        pauses within a second (as for ``trioexec pause DB --name N``), and the
+        command is recorded with who sent it and when (a `DeterministicExecutor`'s
+        pauses are its own, never the store's).
+
+        A shutdown cancels paused tasks (they would never start); with a store
+        and a registered spec, ``trioexec retry`` can requeue them.
+
+        Raises:
+          ValueError: neither ``name`` nor ``key`` given, or one that is not a
+            valid name (an empty or over-long str).
+          ExecutorClosed: the executor has closed (its ``async with`` block ended).
+        """
+        self._core.control.pause(name, key)
+
+    def resume(self, *, name: str | None = None, key: str | None = None) -> None:
+        """Undo `pause` for ``name`` and ``key``: their waiting tasks go back to
+        their place in the queue. Resuming what is not paused does nothing."""
+        self._core.control.resume(name, key)
+
     def cancel_pending(self) -> int:
         """End every task that has not started yet as ``CANCELLED``; return how many.
         Never blocks; running and deferred tasks, and those between attempts, go on."""
@@ -406,33 +432,6 @@ class Executor(Facade):
         not running in this executor. Never blocks."""
         return self._schedules is not None and self._schedules.remove(schedule_id)
 
-    # ---------------------------------------------------------------- pauses
-
-    def pause(self, *, name: str | None = None, key: str | None = None) -> None:
-        """Pause the tasks named ``name`` and those of admission key ``key``:
-        those that have not started wait (`TaskRef.waiting_on` ``"paused"``) until
-        they are resumed; running and deferred ones go on. Takes effect at once.
-        Never blocks; pausing twice is pausing once.
-
-        With a store, what is paused is the store's: every executor on it
-        pauses within a second (as for ``trioexec pause DB --name N``), and the
-        command is recorded with who sent it and when.
-
-        A shutdown cancels paused tasks (they would never start); with a store
-        and a registered spec, ``trioexec retry`` can requeue them.
-
-        Raises:
-          ValueError: neither ``name`` nor ``key`` given, or one that is not a
-            valid name (an empty or over-long str).
-          ExecutorClosed: the executor has closed (its ``async with`` block ended).
-        """
-        self._core.control.pause(name, key)
-
-    def resume(self, *, name: str | None = None, key: str | None = None) -> None:
-        """Undo `pause` for ``name`` and ``key``: their waiting tasks go back to
-        their place in the queue. Resuming what is not paused does nothing."""
-        self._core.control.resume(name, key)
-
     def paused(self) -> tuple[frozenset[str], frozenset[str]]:
         """What is paused now, here or in the store for every executor on it: ``(names, keys)``."""
         control = self._core.control
@@ -543,10 +542,9 @@ def _same_leaves(a: BaseException, b: BaseException) -> bool:
     """``a`` is ``b``, or a group derived from ``b`` with the same leaves."""
     if a is b:
         return True
-    if not (isinstance(a, BaseExceptionGroup) and isinstance(b, BaseExceptionGroup)):
-        return False
     return (
-        type(a) is type(b)
+        isinstance(a, BaseExceptionGroup)
+        and type(a) is type(b)
         and a.message == b.message
         and len(a.exceptions) == len(b.exceptions)
         and all(_same_leaves(x, y) for x, y in zip(a.exceptions, b.exceptions, strict=True))

@@ -40,53 +40,31 @@ class ExecutorMetrics:
 
 
 @final
+@attrs.define(eq=False)
 class Tally:
     """The executor's counters and gauges as they change, the one place each is
     kept: plain slotted attributes, bumped in place on the hot path.
     `ExecutorMetrics` is a snapshot of it (plus the event stream's drops)."""
 
-    __slots__ = (
-        "active_count",
-        "cancellation_observed_count",
-        "cancellation_requested_count",
-        "cancelled_count",
-        "completed_count",
-        "deferral_count",
-        "deferred_count",
-        "dropped_count",
-        "failed_count",
-        "max_deferred_count",
-        "max_inflight_count",
-        "max_outstanding_count",
-        "queue_depth",
-        "queued_count",
-        "rejected_count",
-        "resumed_count",
-        "submitted_count",
-        "timed_out_count",
-        "timeout_budget_exceeded_count",
-    )
-
-    def __init__(self) -> None:
-        self.submitted_count = 0
-        self.queued_count = 0
-        self.queue_depth = 0  # accepted and waiting: pending, or between attempts
-        self.active_count = 0
-        self.deferred_count = 0
-        self.completed_count = 0
-        self.failed_count = 0
-        self.cancelled_count = 0
-        self.rejected_count = 0
-        self.dropped_count = 0
-        self.timed_out_count = 0
-        self.deferral_count = 0
-        self.resumed_count = 0
-        self.cancellation_requested_count = 0
-        self.cancellation_observed_count = 0
-        self.timeout_budget_exceeded_count = 0
-        self.max_inflight_count = 0
-        self.max_outstanding_count = 0
-        self.max_deferred_count = 0
+    submitted_count: int = 0
+    queued_count: int = 0
+    queue_depth: int = 0  # accepted and waiting: pending, or between attempts
+    active_count: int = 0
+    deferred_count: int = 0
+    completed_count: int = 0
+    failed_count: int = 0
+    cancelled_count: int = 0
+    rejected_count: int = 0
+    dropped_count: int = 0
+    timed_out_count: int = 0
+    deferral_count: int = 0
+    resumed_count: int = 0
+    cancellation_requested_count: int = 0
+    cancellation_observed_count: int = 0
+    timeout_budget_exceeded_count: int = 0
+    max_inflight_count: int = 0
+    max_outstanding_count: int = 0
+    max_deferred_count: int = 0
 
     @property
     def outstanding(self) -> int:
@@ -103,7 +81,4 @@ class Tally:
 
     def snapshot(self, events_dropped: int) -> ExecutorMetrics:
         """An `ExecutorMetrics` of the values now."""
-        return ExecutorMetrics(
-            events_dropped_count=events_dropped,
-            **{name: getattr(self, name) for name in Tally.__slots__},
-        )
+        return ExecutorMetrics(events_dropped_count=events_dropped, **attrs.asdict(self))

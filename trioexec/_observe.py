@@ -70,53 +70,35 @@ class Observers:
         self.all = list(observers)
 
     def submitted(self, job: Job) -> None:
-        for observer in self.all:
-            try:
-                observer.submitted(job)
-            except Exception:
-                self._drop(observer, "submitted")
+        self._tell("submitted", job)
 
     def started(self, job: Job) -> None:
-        for observer in self.all:
-            try:
-                observer.started(job)
-            except Exception:
-                self._drop(observer, "started")
+        self._tell("started", job)
 
     def deferred(self, job: Job) -> None:
-        for observer in self.all:
-            try:
-                observer.deferred(job)
-            except Exception:
-                self._drop(observer, "deferred")
+        self._tell("deferred", job)
 
     def resumed(self, job: Job) -> None:
-        for observer in self.all:
-            try:
-                observer.resumed(job)
-            except Exception:
-                self._drop(observer, "resumed")
+        self._tell("resumed", job)
 
     def retrying(self, job: Job, status: TaskStatus, delay: float) -> None:
-        for observer in self.all:
-            try:
-                observer.retrying(job, status, delay)
-            except Exception:
-                self._drop(observer, "retrying")
+        self._tell("retrying", job, status, delay)
 
     def finished(self, job: Job, status: TaskStatus) -> None:
-        for observer in self.all:
-            try:
-                observer.finished(job, status)
-            except Exception:
-                self._drop(observer, "finished")
+        self._tell("finished", job, status)
 
     def overruled(self, job: Job, status: TaskStatus) -> None:
+        self._tell("overruled", job, status)
+
+    def _tell(self, step: str, *args: Any) -> None:
         for observer in self.all:
             try:
-                observer.overruled(job, status)
+                getattr(observer, step)(*args)
             except Exception:
-                self._drop(observer, "overruled")
+                logger.exception(
+                    "observer %r raised in %s: it is told nothing more", observer, step
+                )
+                self.remove(observer)
 
     def add(self, observer: Observer) -> None:
         # A new list: a loop telling the others goes on over the old one.
@@ -124,10 +106,6 @@ class Observers:
 
     def remove(self, observer: Observer) -> None:
         self.all = [o for o in self.all if o is not observer]
-
-    def _drop(self, observer: Observer, step: str) -> None:
-        logger.exception("observer %r raised in %s: it is told nothing more", observer, step)
-        self.remove(observer)
 
 
 def combine(current: Observer | None, new: Observer) -> Observers:

@@ -1,22 +1,12 @@
-"""Schedules: one task per occurrence of a cron expression (`Executor.schedule`).
+"""Schedules: one task per occurrence of a cron expression (`Executor.schedule`;
+``docs/howto/schedules.rst`` says what a user sees).
 
-Occurrences are wall-clock times (the store's clock, else ``time.time``) that
-cronsim computes in the schedule's `zoneinfo` zone (placing what a DST change
-skips or repeats as Debian cron does). The wait for each is a sleep on Trio's
-clock, so a mock clock drives schedules in tests (with
-``trioexec.testing.FakeWallClock`` as the store's clock), of at most `MAX_SLEEP`
-at a time: a wall clock that steps forward (NTP, a resumed VM) delays an
-occurrence by at most that much.
-
-Each occurrence runs as a task with the id ``"<schedule id>@<time, UTC, ISO 8601>"``.
-With a store, an executor claims the occurrence (`Store.claim_occurrence`) before
-it submits it, so one of the executors sharing the store runs it: the claim, not
-the execution row, decides (a task can start before its submission is durable).
-An executor claims only an occurrence it has room for (or, under ``BLOCK``, will
-wait for), else it leaves it unclaimed (a ``schedule_skipped`` event, reason
-``no_room``); a claimed occurrence it does not submit after all (refused, or it
-closed or was cancelled while waiting for room) is released for another executor
-(`Store.release_occurrence`).
+Occurrences are wall-clock times (the store's clock) that cronsim computes in the
+schedule's `zoneinfo` zone. The wait for each is a sleep on Trio's clock, so a mock
+clock drives schedules in tests, of at most `MAX_SLEEP` at a time, since the wall
+clock may step. With a store, the claim (`Store.claim_occurrence`), not the
+execution row, decides which executor runs an occurrence: a task can start before
+its submission is durable.
 """
 
 from __future__ import annotations
@@ -34,7 +24,7 @@ from cronsim import CronSim, CronSimError
 from ._errors import ExecutorClosed, TaskRejected
 from ._machine._admit import Admit, rejection_reason
 from ._records import MAX_ID_LENGTH, HealthEventKind, check_id
-from ._spec import TaskSpec
+from ._spec import task_name
 from ._store import ScheduleRecord
 
 if TYPE_CHECKING:
@@ -194,12 +184,11 @@ class Schedules:
         zone = time_zone(tz)
         # The first occurrence is the first at or after now (a whole second).
         first = occurrence_after(cron, zone, math.ceil(core.wall()) - 1)
-        name = spec.id if isinstance(spec, TaskSpec) else _name(spec)
         schedule = Schedule(
             schedule_id=schedule_id,
             cron=cron,
             tz=tz,
-            name=name,
+            name=task_name(spec),
             catch_up=bool(catch_up),
             next_run=first,
             spec=spec,
@@ -307,6 +296,7 @@ class Schedules:
             held = decision is Admit.ACCEPT
             if held:
                 gate.hold(1)
+            won = False
             try:
                 won = await journal.call(
                     journal.store.claim_occurrence,
@@ -315,13 +305,10 @@ class Schedules:
                     core.owner_id,
                     following,
                 )
-            except BaseException:
-                if held:
+            finally:
+                if held and not won:
                     gate.release(1)
-                raise
             if not won:
-                if held:
-                    gate.release(1)
                 return False  # another executor on the store runs it
         try:
             if held:
@@ -396,7 +383,3 @@ def _missed(at: float, before: ScheduleRecord) -> bool:
     if before.last_run is not None:
         return at > before.last_run
     return before.next_run is not None and at >= before.next_run
-
-
-def _name(fn: Callable[..., Any]) -> str:
-    return str(getattr(fn, "__qualname__", None) or type(fn).__name__)

@@ -91,6 +91,16 @@ def _describe(fn: object) -> str:
     return str(getattr(fn, "__qualname__", None) or repr(fn))
 
 
+def task_name(fn: Callable[..., Any]) -> str:
+    """The name a task of ``fn`` runs under by default: a spec's id, else the
+    function's ``__qualname__`` (through partials), else its type's name."""
+    if isinstance(fn, TaskSpec):
+        return fn.id
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return str(getattr(fn, "__qualname__", None) or type(fn).__name__)
+
+
 @attrs.frozen
 class CallInfo:
     """What the executor needs to know to call a function: is it async, and
@@ -176,18 +186,6 @@ class TaskSpec(Generic[P, R_co]):
     def __repr__(self) -> str:
         return f"<TaskSpec {self.id!r}>"
 
-
-_OPTION_NAMES = (
-    "id",
-    "dependencies",
-    "retries",
-    "backoff",
-    "retry_on",
-    "timeout",
-    "budget",
-    "key",
-    "priority",
-)
 
 #: priorities are stored as 64-bit integers
 _PRIORITY_BOUND = 2**62
@@ -367,11 +365,6 @@ def task(
       TaskDefinitionError: at decoration time, for a non-callable, a bad option
         value or an unknown option.
     """
-    if unknown:
-        names = ", ".join(sorted(unknown))
-        raise TaskDefinitionError(
-            f"unknown @task option(s): {names} (known: {', '.join(_OPTION_NAMES)})"
-        )
     options: dict[str, Any] = {
         "id": id,
         "dependencies": dependencies,
@@ -383,6 +376,9 @@ def task(
         "key": key,
         "priority": priority,
     }
+    if unknown:
+        names = ", ".join(sorted(unknown))
+        raise TaskDefinitionError(f"unknown @task option(s): {names} (known: {', '.join(options)})")
     if fn is not None:
         return _make_spec(fn, options)
 

@@ -237,8 +237,7 @@ class Context(MutableMapping[str, Any]):
     def __init__(self, data: Mapping[str, Any] | None = None) -> None:
         self._data: dict[str, Any] = {}
         if data:
-            for key, value in data.items():
-                self[key] = value
+            self.update(data)  # (each value checked by `__setitem__`)
 
     @classmethod
     def _trusted(cls, data: dict[str, Any]) -> Context:
