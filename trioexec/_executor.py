@@ -365,6 +365,9 @@ class Executor(Facade):
 
         Raises:
           ExecutorClosed: if shutdown has begun.
+          ValueError: a ``run_id`` that is not a non-empty str of at most 1,000
+            characters a store can hold, or one running in this executor or
+            recorded in its store.
         """
         if self.closed:
             raise ExecutorClosed("the executor is shutting down; no new workflow runs")
