@@ -113,10 +113,7 @@ def test_an_execution_another_host_inserted_first_is_refused(
         PostgresStore(postgres_url, schema=pg_schema) as b,
     ):
         assert a.write([submit("same", owner="a")]) == []
-        assert b.write([submit("same", owner="b"), Start(("same", 1, 1, 2.0))]) == [
-            "same",
-            "same",
-        ]
+        assert set(b.write([submit("same", owner="b"), Start(("same", 1, 1, 2.0))])) == {"same"}
         record = a.execution("same")
         assert record is not None
         assert (record.owner, record.status) == ("a", TaskStatus.PENDING)

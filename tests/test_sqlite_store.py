@@ -403,6 +403,39 @@ def test_folded_batch_insert_both_ways(tmp_path, monkeypatch, json_insert):
     assert isinstance(a.finished_at, float)
 
 
+@pytest.mark.parametrize("json_insert", [True, False])
+def test_a_batch_with_a_stored_id_writes_the_rest(tmp_path, monkeypatch, json_insert):
+    """A batch's rows go in without a lookup first; one whose id is stored already
+    (another executor's) fails the insert, which is done again without it: that
+    id is fenced (its later changes in the batch with it), the stored row is
+    left as it was, and the batch's other rows and changes are written."""
+    from trioexec._store import _sqlite
+
+    if json_insert and not _sqlite._JSON_ARROW:
+        pytest.skip("this SQLite has no ->> operator")
+    monkeypatch.setattr(_sqlite, "_JSON_ARROW", json_insert)
+    with SQLiteStore(str(tmp_path / "x.db")) as store:
+        assert store.write([submitted("taken", 1, "theirs", None, None, None, "other", 1.0)]) == []
+        assert store.write([submitted("old", 1, "old", None, None, None, "me", 1.0)]) == []
+        fenced = store.write(
+            [
+                submitted("new-1", 1, "mine", None, None, None, "me", 10.0),
+                submitted("taken", 1, "mine", None, None, None, "me", 10.0),
+                Start(("taken", 1, 1, 11.0)),
+                Start(("old", 1, 1, 11.0)),
+                submitted("new-2", 1, "mine", None, None, None, "me", 10.0),
+                Start(("new-2", 1, 1, 11.0)),
+            ]
+        )
+        assert set(fenced) == {"taken"}
+        taken, old = store.execution("taken"), store.execution("old")
+        new_1, new_2 = store.execution("new-1"), store.execution("new-2")
+    assert (taken.owner, taken.name, taken.status) == ("other", "theirs", TaskStatus.PENDING)
+    assert old.status is TaskStatus.RUNNING
+    assert (new_1.owner, new_1.status) == ("me", TaskStatus.PENDING)
+    assert (new_2.owner, new_2.status) == ("me", TaskStatus.RUNNING)
+
+
 # ------------------------------------------------------------ issue 13: files that change
 
 

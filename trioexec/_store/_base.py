@@ -201,18 +201,17 @@ def fold_row(row: ExecutionRow, change: Transition) -> bool:
 
 def fold_batch(
     changes: Sequence[Change],
-    existing: Collection[object],
     update: Callable[[Transition | RunChange], bool],
 ) -> tuple[list[ExecutionRow], list[str]]:
     """How a SQL store writes a batch: an execution first submitted in it is folded
     in memory (by the same `TRANSITIONS`) and inserted once, final
     state and all; under load most batches hold submit, start and finish of the
-    same short tasks. ``existing``: the ids of the batch's new executions already
-    stored (refused); ``update(change)`` writes any other change (a run change, a
+    same short tasks. ``update(change)`` writes any other change (a run change, a
     transition of a stored execution), False if fenced.
 
     Returns the new rows to insert (in submission order; never the executor's
-    own lists if they change) and the fenced task ids."""
+    own lists if they change; the store refuses those whose id it holds
+    already) and the fenced task ids."""
     fenced: list[str] = []
     fresh: dict[object, ExecutionRow] = {}
     copied: set[object] = set()  # ids in fresh whose row is our own copy
@@ -220,7 +219,7 @@ def fold_batch(
     for change in changes:
         task_id = change[0]
         if isinstance(change, list):
-            if task_id in existing or task_id in fresh:
+            if task_id in fresh:
                 fenced.append(str(task_id))
                 refused.add(task_id)
             else:
@@ -419,7 +418,9 @@ class Store(Protocol):
 
     def write(self, changes: Sequence[Change]) -> list[str]:
         """Apply ``changes`` in order, in one transaction. Returns the task ids whose
-        change was fenced out (their version moved on: another owner has them)."""
+        change was fenced out (their version moved on: another owner has them; or
+        their submission was refused, the id being stored already), in no set
+        order, an id perhaps more than once."""
         ...
 
     def heartbeat(self, owner: str, lease_expires_at: float) -> None:

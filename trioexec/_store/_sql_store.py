@@ -113,8 +113,10 @@ class SQLStore:
     # ------------------------------------------------------------------ what differs
 
     def _insert_rows(self, conn: Any, rows: list[ExecutionRow]) -> list[str]:
-        """Insert a batch's new rows; the ids of those refused (an
-        execution another host inserted meanwhile)."""
+        """Insert a batch's new rows; the ids of those refused: an execution of
+        that id is stored already (another executor's, or a batch written again
+        after a failure that may have passed). Those rows, the changes folded
+        into them and only they go unwritten."""
         raise NotImplementedError
 
     def _begin(self, conn: Any) -> None:
@@ -135,16 +137,6 @@ class SQLStore:
     def write(self, changes: Sequence[Change]) -> list[str]:
         m = self.dialect.mark
         with self._db.transaction("write") as conn:
-            submitted = [str(c[0]) for c in changes if isinstance(c, list)]
-            existing: set[object] = set()
-            if submitted:
-                existing = {
-                    row[0]
-                    for row in conn.execute(
-                        f"SELECT task_id FROM executions WHERE {self.dialect.in_list('task_id')}",
-                        (self.dialect.list_param(submitted),),
-                    )
-                }
 
             def update(change: Transition | RunChange) -> bool:
                 if isinstance(change, RunChange):
@@ -152,7 +144,7 @@ class SQLStore:
                 args = (*(_value(v) for v in change[2:]), change[0], change[1])
                 return int(conn.execute(update_sql(change.kind, m), args).rowcount) == 1
 
-            fresh, fenced = fold_batch(changes, existing, update)
+            fresh, fenced = fold_batch(changes, update)
             if fresh:
                 fenced.extend(self._insert_rows(conn, fresh))
         return fenced

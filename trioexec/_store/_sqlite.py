@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import final
 
-from .._changes import ExecutionRow
+from .._changes import R_ID, ExecutionRow
 from .._columns import ROW_COLUMNS
 from .._errors import StoreError
 from .._records import check_number
@@ -32,15 +32,27 @@ class _OnSQLite(SQLStore):
     _db: SQLiteFile
 
     def _insert_rows(self, conn: sqlite3.Connection, rows: list[ExecutionRow]) -> list[str]:
-        # One statement for all the rows: sqlite3's executemany would let go of the
-        # GIL and wait to get it back for every row, while the Trio thread wants it
-        # (statuses are StrEnums: JSON text). The batch's lock holds the file: no
-        # other writer inserted one of these ids since they were looked up.
-        if _JSON_ARROW:
-            conn.execute(_INSERT_ROWS, (json.dumps(rows),))
-        else:
-            conn.executemany(_INSERT_EACH, rows)
-        return []
+        # Inserted as if none were stored (the common case: no lookup first), in a
+        # savepoint; if one was, the insert is undone and done again without it.
+        conn.execute("SAVEPOINT new_rows")
+        try:
+            try:
+                _insert(conn, rows)
+                return []
+            except sqlite3.IntegrityError:
+                conn.execute("ROLLBACK TO new_rows")
+            ids = [row[R_ID] for row in rows]
+            stored = {
+                found
+                for (found,) in conn.execute(
+                    f"SELECT task_id FROM executions WHERE {SQLITE.in_list('task_id')}",
+                    (SQLITE.list_param(ids),),
+                )
+            }
+            _insert(conn, [row for row in rows if row[R_ID] not in stored])
+            return [str(i) for i in ids if i in stored]
+        finally:
+            conn.execute("RELEASE new_rows")
 
     def durable_tables(self) -> SQLiteTables:
         """The durable tables of this store's database, for `trioexec.durable`, on a
@@ -168,3 +180,15 @@ _INSERT_EACH = (
     f" VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
 )
 _JSON_ARROW = sqlite3.sqlite_version_info >= (3, 38)  # the ->> operator
+
+
+def _insert(conn: sqlite3.Connection, rows: list[ExecutionRow]) -> None:
+    # One statement for all the rows: sqlite3's executemany would let go of the
+    # GIL and wait to get it back for every row, while the Trio thread wants it
+    # (statuses are StrEnums: JSON text).
+    if not rows:
+        return
+    if _JSON_ARROW:
+        conn.execute(_INSERT_ROWS, (json.dumps(rows),))
+    else:
+        conn.executemany(_INSERT_EACH, rows)
