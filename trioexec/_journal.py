@@ -61,7 +61,7 @@ class Journal:
         self._flushers = trio.lowlevel.ParkingLot()
         self._lock = trio.Lock()  # one call at a time: writer, heartbeat, recovery, close
         # Batches taken so far: a "row" change journaled in the current one may
-        # still have the execution's next changes folded into it (`open_row`).
+        # still have the execution's next changes folded into it (`fold`).
         self.batch = 0
         self._appended = 0  # changes appended so far
         self._durable = 0  # changes committed so far
@@ -116,21 +116,18 @@ class Journal:
             args = None  # (shown to people only: not worth a huge row)
         return storable_text(text), args
 
-    def open_row(self, job: Job) -> ExecutionRow | None:
-        """``job``'s "row" change if its next change may be folded into it: this
-        journal has not taken it and it is still the row of this version."""
+    def fold(self, job: Job, change: Transition) -> None:
+        """Journal ``change``, folded into ``job``'s row if this journal has not
+        taken it yet and it is still the row of this version."""
         row = job.row
         if row is not None:
             if job.row_batch == self.batch and row[R_VERSION] == job.version:
-                return row
-            job.row = None  # (taken: written, or being written)
-        return None
-
-    def fold(self, job: Job, change: Transition) -> None:
-        """Journal ``change``, folded into ``job``'s open row if it has one."""
-        row = self.open_row(job)
-        if row is None or not fold_row(row, change):
-            self.append(change)  # (a change the row refuses: the store fences it too)
+                if fold_row(row, change):
+                    return
+                # (else a change the row refuses: the store fences it too)
+            else:
+                job.row = None  # (taken: written, or being written)
+        self.append(change)
 
     def hurry(self) -> None:
         """Someone waits for what is journaled to be durable: write it now."""

@@ -369,7 +369,7 @@ class Lifecycle:
                 # execution's, so a crash cannot leave one without the other.
                 self.runs.step_completed(job)
             journal.notify.append(job)
-            if job.waited_on:
+            if job.done is not None or job.on_done is not None:  # (`Job.waited_on`)
                 journal.hurry()  # someone waits for it
             if self.space_wanted:  # (recovery only happens with a store)
                 self.space_wanted = False
