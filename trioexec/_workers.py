@@ -166,9 +166,11 @@ class Workers:
                         handle = None
                         job_token = token
                         if job.info.handle_param is not None:
-                            # The held token goes with the handle; this worker takes a new one.
+                            # The held token goes with the handle; this worker takes a
+                            # new one after. A deferred task keeps this frame: it
+                            # holds nothing meanwhile that it need not (bytes per task).
                             handle = self._new_handle(job, job_token)
-                            token = SlotToken(pool)
+                            del leave_idle
                         status = TaskStatus.CANCELLED  # if cancelled, even between attempts
                         try:
                             if job.simple:
@@ -202,6 +204,8 @@ class Workers:
                             else:
                                 self._ended(job, status)
                                 job_token.release()
+                                token = SlotToken(pool)
+                                leave_idle = functools.partial(self._leave_idle, me)
                         if job.cancel_requested:
                             break  # the scope may be cancelled: take a fresh one
                         if self._count > self._total:
