@@ -77,6 +77,14 @@ def _int_at_least(minimum: int) -> Validator:
 
 
 _seconds = _validator(check_seconds)
+
+
+def _check_fairness(name: str, value: object) -> None:
+    """``fairness=``: None (submission order) or ``"keys"`` (round-robin over keys)."""
+    if value is not None and value != "keys":
+        raise ValueError(f"{name} must be None or 'keys', got {value!r}")
+
+
 _grace = _validator(check_grace)
 
 
@@ -104,6 +112,7 @@ class ExecutorConfig:
     )
     priority_aging: float | None = attrs.field(default=60.0, validator=_seconds)
     shutdown_grace: float | None = attrs.field(default=None, validator=_grace)
+    fairness: str | None = attrs.field(default=None, validator=_validator(_check_fairness))
 
     @property
     def capacity(self) -> int:
@@ -149,6 +158,7 @@ class ExecutorCore:
             shared,
             inline,
             self,
+            config.fairness,
         )
         self.key_timer = KeyTimer(pending)
         self.slots = slots = SlotPool(config.max_concurrent_tasks)

@@ -61,6 +61,7 @@ class ExecutorOptions(TypedDict, total=False):
     key_limits: KeyLimit | Mapping[str, KeyLimit] | None
     priority_aging: float | None
     shutdown_grace: float | None
+    fairness: str | None
     report_unread_failures: bool
 
 
@@ -610,6 +611,10 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
         seconds it has waited (default 60; None: no aging).
       shutdown_grace: how long a shutdown may drain before what is left is
         cancelled (default None: no limit).
+      fairness: ``"keys"``: among startable tasks of equal priority (after aging),
+        pending tasks start round-robin over their admission keys (tasks without a
+        key are one group), each key's own in submission order: submitting A1 A2
+        A3 B1 B2 starts A1 B1 A2 B2 A3. Default None: submission order.
       report_unread_failures: say which failures nobody read (default True).
 
     Example::

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Protocol, final
+from typing import TYPE_CHECKING, Any, Protocol, final
 
 import attrs
 
@@ -32,8 +32,9 @@ if TYPE_CHECKING:
 # Keep this many keys' states (their counts) before dropping idle ones.
 _KEEP_IDLE = 1024
 
-#: A queued task's place: (rank, sequence, job), smallest first.
-Entry = tuple[float, int, "Job"]
+#: A queued task's place: (rank, sequence, job), smallest first. The rank is a
+#: float, or in fair order a (priority group, round) pair (`Pending`).
+Entry = tuple[Any, int, "Job"]
 
 _IN_ROOM = (HOLDS, RESERVED)  # (roles that count against a key's room)
 

@@ -12,6 +12,13 @@ waited, so tasks compare by ``queued_at - priority * priority_aging``: a static
 order, kept in a heap (``queued_at`` on the executor's clock, made monotonic so
 equal priorities keep submission order).
 
+With ``fairness="keys"``, tasks of one priority group (the same priority, and
+with aging, queued in the same ``priority_aging`` window) start round-robin over
+their keys (keyless tasks are one group): each task is given a round, one past
+its key's last (and never before the round that started last), and ranks by
+(group, round, submission order). Submitting A1 A2 A3 B1 B2 gives rounds 1 2 3
+1 2: they start A1 B1 A2 B2 A3.
+
 A task cancelled while pending leaves a tombstone the workers skip (a cancel
 costs O(1)), compacted away once tombstones outnumber the queued entries.
 """
@@ -58,10 +65,13 @@ class Pending:
 
     __slots__ = (
         "_aging",
+        "_fair",
         "_jobs",
         "_last",
         "_order",
         "_ranked",
+        "_round",
+        "_rounds",
         "_seq",
         "_wall",
         "clock",
@@ -82,6 +92,7 @@ class Pending:
         shared: bool = False,
         inline: bool = False,
         listener: Listener | None = None,
+        fairness: str | None = None,
     ) -> None:
         self.clock = clock  # the executor's (Trio's, in the shell)
         self.listener = _DEAF if listener is None else listener
@@ -93,6 +104,9 @@ class Pending:
         self._seq = 0
         self._last = -math.inf  # the latest submission time ranked (monotonic)
         self._aging = priority_aging
+        self._fair = fairness is not None
+        self._round = 0  # (fair order) the round of the task that started last
+        self._rounds: dict[str | None, int] = {}  # (fair order) each key's last round
         self._wall = wall  # the clock of ``Job.submitted_at``
         self.tombstones = 0  # stale entries in the ready heap and the keys' lines
         self.keys = KeyGate(self, clock, dict(key_limits or {}), shared, inline, self.listener)
@@ -102,7 +116,7 @@ class Pending:
 
     def append(self, job: Job) -> None:
         if not self._ranked:
-            if job.key is None and job.priority == 0:
+            if job.key is None and job.priority == 0:  # (fair order: keyless are one group)
                 self._jobs.append(job)
                 self.startable += 1
                 return
@@ -132,6 +146,8 @@ class Pending:
             elif not self.keys.take(job, entry):
                 self.tombstones -= 1
                 continue  # sent back to its key's line by a better task
+            if self._fair:
+                self._round = entry[0][1]
             return job
         return None
 
@@ -210,7 +226,12 @@ class Pending:
         else:
             self._last = t
         aging = self._aging
-        rank = -float(job.priority) if aging is None else t - job.priority * aging
+        if self._fair:
+            group = -job.priority if aging is None else math.floor(t / aging) - job.priority
+            turn = self._rounds[job.key] = max(self._round, self._rounds.get(job.key, 0) + 1)
+            rank: object = (group, turn)
+        else:
+            rank = -float(job.priority) if aging is None else t - job.priority * aging
         entry = (rank, seq, job)
         order = self._order
         order.append(job)

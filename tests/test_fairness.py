@@ -1,0 +1,115 @@
+"""Fair order over admission keys (API.md section 13, ``fairness="keys"``)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+import trio.testing
+
+import trioexec
+from trioexec import DeterministicExecutor, KeyLimit, open_executor
+
+
+async def _started_order(submissions: list[tuple[str, str | None]], **options: object) -> list[str]:
+    """Submit ``(name, key)`` pairs to a one-slot executor held busy, then let
+    them run: the order they started in."""
+    started: list[str] = []
+    gate = trio.Event()
+
+    async def blocker() -> None:
+        await gate.wait()
+
+    async def task(name: str) -> None:
+        started.append(name)
+
+    async with open_executor(max_concurrent_tasks=1, **options) as ex:  # type: ignore[arg-type]
+        await ex.submit(blocker)
+        await trio.testing.wait_all_tasks_blocked()
+        for name, key in submissions:
+            await ex.submit(task, name, key=key, name=name)
+        gate.set()
+    return started
+
+
+async def test_the_contracts_example(autojump_clock: trio.testing.MockClock) -> None:
+    subs = [("A1", "a"), ("A2", "a"), ("A3", "a"), ("B1", "b"), ("B2", "b")]
+    assert await _started_order(subs, fairness="keys") == ["A1", "B1", "A2", "B2", "A3"]
+    # The default: submission order.
+    assert await _started_order(subs) == ["A1", "A2", "A3", "B1", "B2"]
+
+
+async def test_keyless_tasks_are_one_group(autojump_clock: trio.testing.MockClock) -> None:
+    subs = [("N1", None), ("N2", None), ("A1", "a"), ("A2", "a"), ("N3", None)]
+    assert await _started_order(subs, fairness="keys") == ["N1", "A1", "N2", "A2", "N3"]
+
+
+async def test_priority_comes_first(autojump_clock: trio.testing.MockClock) -> None:
+    started: list[str] = []
+    gate = trio.Event()
+
+    async def blocker() -> None:
+        await gate.wait()
+
+    async def task(name: str) -> None:
+        started.append(name)
+
+    async with open_executor(max_concurrent_tasks=1, fairness="keys") as ex:
+        await ex.submit(blocker)
+        await trio.testing.wait_all_tasks_blocked()
+        for name, key, priority in [("A1", "a", 0), ("A2", "a", 0), ("B1", "b", 5), ("B2", "b", 5)]:
+            await ex.submit(task, name, key=key, priority=priority)
+        gate.set()
+    assert started == ["B1", "B2", "A1", "A2"]
+
+
+async def test_a_new_key_joins_after_the_key_that_started_last(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    started: list[str] = []
+    gates = {name: trio.Event() for name in ("A1", "B1")}
+
+    async def task(name: str) -> None:
+        started.append(name)
+        if name in gates:
+            await gates[name].wait()
+
+    async with open_executor(max_concurrent_tasks=1, fairness="keys") as ex:
+        for name, key in [("A1", "a"), ("A2", "a"), ("A3", "a"), ("B1", "b"), ("B2", "b")]:
+            await ex.submit(task, name, key=key)
+        await trio.testing.wait_all_tasks_blocked()
+        gates["A1"].set()
+        await trio.testing.wait_all_tasks_blocked()
+        assert started == ["A1", "B1"]
+        await ex.submit(task, "C1", key="c")  # B started last: C comes next, then A
+        gates["B1"].set()
+    assert started == ["A1", "B1", "C1", "A2", "B2", "A3"]
+
+
+async def test_fair_order_under_key_limits(autojump_clock: trio.testing.MockClock) -> None:
+    subs = [("A1", "a"), ("A2", "a"), ("A3", "a"), ("B1", "b"), ("B2", "b")]
+    order = await _started_order(subs, fairness="keys", key_limits=KeyLimit(concurrency=1))
+    assert order == ["A1", "B1", "A2", "B2", "A3"]
+
+
+@pytest.mark.parametrize("bad", ["key", "KEYS", 1, True, ""])
+async def test_any_other_value_is_a_value_error_naming_it(bad: object) -> None:
+    with pytest.raises(ValueError, match=r"fairness must be None or 'keys', got"):
+        async with open_executor(fairness=bad):  # type: ignore[arg-type]
+            pass
+
+
+async def test_the_deterministic_executor_takes_it_too() -> None:
+    ex = DeterministicExecutor(max_concurrent_tasks=1, fairness="keys")
+    started: list[str] = []
+
+    async def task(name: str) -> None:
+        started.append(name)
+
+    for name, key in [("A1", "a"), ("A2", "a"), ("A3", "a"), ("B1", "b"), ("B2", "b")]:
+        ex.submit_nowait(task, name, key=key)
+    await ex.run_ready()
+    assert started == ["A1", "B1", "A2", "B2", "A3"]
+
+
+def test_it_is_an_option_of_open_executor() -> None:
+    assert "fairness" in trioexec._executor.ExecutorOptions.__annotations__
