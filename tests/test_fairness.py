@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import trio
 import trio.testing
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import trioexec
 from trioexec import DeterministicExecutor, KeyLimit, open_executor
@@ -113,3 +115,33 @@ async def test_the_deterministic_executor_takes_it_too() -> None:
 
 def test_it_is_an_option_of_open_executor() -> None:
     assert "fairness" in trioexec._executor.ExecutorOptions.__annotations__
+
+
+@given(
+    keys=st.lists(st.sampled_from(["a", "b", "c", None]), min_size=1, max_size=40),
+)
+@settings(max_examples=200, deadline=None)
+def test_a_batch_starts_in_turns(keys: list[str | None]) -> None:
+    """Tasks of one priority submitted at once start in turns: at every point of
+    the start order, no key (keyless tasks being one) has started two more than
+    another that still had a task waiting then."""
+    started: list[str | None] = []
+
+    async def main() -> None:
+        ex = DeterministicExecutor(max_concurrent_tasks=1, fairness="keys")
+
+        async def task(key: str | None) -> None:
+            started.append(key)
+
+        for key in keys:
+            ex.submit_nowait(task, key, key=key)
+        await ex.run_ready()
+
+    trio.run(main)
+    assert sorted(started, key=str) == sorted(keys, key=str)
+    total = {k: keys.count(k) for k in set(keys)}
+    done = dict.fromkeys(total, 0)
+    for key in started:
+        waiting = [k for k in total if done[k] < total[k] and k != key]
+        assert all(done[key] <= done[k] for k in waiting), (keys, started)
+        done[key] += 1

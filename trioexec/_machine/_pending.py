@@ -12,12 +12,12 @@ waited, so tasks compare by ``queued_at - priority * priority_aging``: a static
 order, kept in a heap (``queued_at`` on the executor's clock, made monotonic so
 equal priorities keep submission order).
 
-With ``fairness="keys"``, tasks of one priority group (the same priority, and
-with aging, queued in the same ``priority_aging`` window) start round-robin over
-their keys (keyless tasks are one group): each task is given a round, one past
-its key's last (and never before the round that started last), and ranks by
-(group, round, submission order). Submitting A1 A2 A3 B1 B2 gives rounds 1 2 3
-1 2: they start A1 B1 A2 B2 A3.
+With ``fairness="keys"``, tasks of equal priority start round-robin over their
+keys (keyless tasks are one group): each task is given a round, one past its
+key's last (and never before the round that started last), and the tasks of a
+round rank as if queued when its first was (so they tie, and with aging age
+from then), then by round, then in submission order. Submitting A1 A2 A3 B1 B2
+gives rounds 1 2 3 1 2: they start A1 B1 A2 B2 A3.
 
 A task cancelled while pending leaves a tombstone the workers skip (a cancel
 costs O(1)), compacted away once tombstones outnumber the queued entries.
@@ -65,6 +65,7 @@ class Pending:
 
     __slots__ = (
         "_aging",
+        "_began",
         "_fair",
         "_jobs",
         "_last",
@@ -107,6 +108,7 @@ class Pending:
         self._fair = fairness is not None
         self._round = 0  # (fair order) the round of the task that started last
         self._rounds: dict[str | None, int] = {}  # (fair order) each key's last round
+        self._began: dict[int, float] = {}  # (fair order) when each round's first was queued
         self._wall = wall  # the clock of ``Job.submitted_at``
         self.tombstones = 0  # stale entries in the ready heap and the keys' lines
         self.keys = KeyGate(self, clock, dict(key_limits or {}), shared, inline, self.listener)
@@ -146,7 +148,9 @@ class Pending:
             elif not self.keys.take(job, entry):
                 self.tombstones -= 1
                 continue  # sent back to its key's line by a better task
-            if self._fair:
+            if self._fair and entry[0][1] > self._round:
+                for passed in range(self._round, entry[0][1]):
+                    self._began.pop(passed, None)  # (no task is given it again)
                 self._round = entry[0][1]
             return job
         return None
@@ -227,9 +231,11 @@ class Pending:
             self._last = t
         aging = self._aging
         if self._fair:
-            group = -job.priority if aging is None else math.floor(t / aging) - job.priority
             turn = self._rounds[job.key] = max(self._round, self._rounds.get(job.key, 0) + 1)
-            rank: object = (group, turn)
+            # A round's tasks rank as queued when its first was (they tie; then
+            # by round, then submission): aging counts from there.
+            began = self._began.setdefault(turn, t)
+            rank: object = (-job.priority if aging is None else began - job.priority * aging, turn)
         else:
             rank = -float(job.priority) if aging is None else t - job.priority * aging
         entry = (rank, seq, job)
