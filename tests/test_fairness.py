@@ -145,3 +145,15 @@ def test_a_batch_starts_in_turns(keys: list[str | None]) -> None:
         waiting = [k for k in total if done[k] < total[k] and k != key]
         assert all(done[key] <= done[k] for k in waiting), (keys, started)
         done[key] += 1
+
+
+async def test_many_keys_used_once_are_forgotten(autojump_clock: trio.testing.MockClock) -> None:
+    async def task() -> None:
+        pass
+
+    async with open_executor(max_concurrent_tasks=4, fairness="keys") as ex:
+        for n in range(5000):
+            await ex.submit(task, key=f"customer-{n}")
+        await ex.wait_for_idle()
+        kept = len(ex._core.pending._rounds)
+    assert kept <= 2048, kept

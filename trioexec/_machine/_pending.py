@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 # Compact only past this many tombstones (and when they are the majority).
 _COMPACT_AFTER = 64
+# (fair order) Keep this many keys' last rounds before forgetting those of keys
+# with nothing queued (`Pending._forget_rounds`).
+_KEEP_ROUNDS = 1024
 
 
 @final
@@ -68,6 +71,7 @@ class Pending:
         "_began",
         "_fair",
         "_jobs",
+        "_keep_rounds",
         "_last",
         "_order",
         "_ranked",
@@ -109,6 +113,7 @@ class Pending:
         self._round = 0  # (fair order) the round of the task that started last
         self._rounds: dict[str | None, int] = {}  # (fair order) each key's last round
         self._began: dict[int, float] = {}  # (fair order) when each round's first was queued
+        self._keep_rounds = _KEEP_ROUNDS
         self._wall = wall  # the clock of ``Job.submitted_at``
         self.tombstones = 0  # stale entries in the ready heap and the keys' lines
         self.keys = KeyGate(self, clock, dict(key_limits or {}), shared, inline, self.listener)
@@ -231,7 +236,10 @@ class Pending:
             self._last = t
         aging = self._aging
         if self._fair:
-            turn = self._rounds[job.key] = max(self._round, self._rounds.get(job.key, 0) + 1)
+            rounds = self._rounds
+            turn = rounds[job.key] = max(self._round, rounds.get(job.key, 0) + 1)
+            if len(rounds) > self._keep_rounds:  # (many keys used once: forget them)
+                self._forget_rounds()
             # A round's tasks rank as queued when its first was (they tie; then
             # by round, then submission): aging counts from there.
             began = self._began.setdefault(turn, t)
@@ -254,6 +262,19 @@ class Pending:
             self._park(entry)
             return
         self._place(entry)
+
+    def _forget_rounds(self) -> None:
+        """(fair order) Forget the last round of each key with nothing queued: it
+        joins the current round again when it comes back (amortized O(1) a task)."""
+        states = self.keys.states
+        current = self._round
+
+        def queued_or_ahead(key: str | None, turn: int) -> bool:
+            state = None if key is None else states.get(key)
+            return turn > current or key is None or (state is not None and state.pending > 0)
+
+        self._rounds = {k: r for k, r in self._rounds.items() if queued_or_ahead(k, r)}
+        self._keep_rounds = max(_KEEP_ROUNDS, 2 * len(self._rounds))
 
     def _place(self, entry: Entry) -> None:
         """Queue ``entry``'s task (counted in its key's ``pending`` already):
