@@ -12,9 +12,13 @@ import trioexec
 from trioexec import DeterministicExecutor, KeyLimit, open_executor
 
 
-async def _started_order(submissions: list[tuple[str, str | None]], **options: object) -> list[str]:
-    """Submit ``(name, key)`` pairs to a one-slot executor held busy, then let
-    them run: the order they started in."""
+async def _started_order(
+    submissions: list[tuple[str, str | None]],
+    priorities: dict[str, int] | None = None,
+    **options: object,
+) -> list[str]:
+    """Submit ``(name, key)`` pairs (with ``priorities`` by name, else 0) to a
+    one-slot executor held busy, then let them run: the order they started in."""
     started: list[str] = []
     gate = trio.Event()
 
@@ -28,7 +32,8 @@ async def _started_order(submissions: list[tuple[str, str | None]], **options: o
         await ex.submit(blocker)
         await trio.testing.wait_all_tasks_blocked()
         for name, key in submissions:
-            await ex.submit(task, name, key=key, name=name)
+            priority = (priorities or {}).get(name, 0)
+            await ex.submit(task, name, key=key, name=name, priority=priority)
         gate.set()
     return started
 
@@ -46,22 +51,9 @@ async def test_keyless_tasks_are_one_group(autojump_clock: trio.testing.MockCloc
 
 
 async def test_priority_comes_first(autojump_clock: trio.testing.MockClock) -> None:
-    started: list[str] = []
-    gate = trio.Event()
-
-    async def blocker() -> None:
-        await gate.wait()
-
-    async def task(name: str) -> None:
-        started.append(name)
-
-    async with open_executor(max_concurrent_tasks=1, fairness="keys") as ex:
-        await ex.submit(blocker)
-        await trio.testing.wait_all_tasks_blocked()
-        for name, key, priority in [("A1", "a", 0), ("A2", "a", 0), ("B1", "b", 5), ("B2", "b", 5)]:
-            await ex.submit(task, name, key=key, priority=priority)
-        gate.set()
-    assert started == ["B1", "B2", "A1", "A2"]
+    subs = [("A1", "a"), ("A2", "a"), ("B1", "b"), ("B2", "b")]
+    order = await _started_order(subs, {"B1": 5, "B2": 5}, fairness="keys")
+    assert order == ["B1", "B2", "A1", "A2"]
 
 
 async def test_a_new_key_joins_after_the_key_that_started_last(
