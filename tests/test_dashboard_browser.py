@@ -640,7 +640,16 @@ def test_a_click_on_a_row_whose_id_holds_dot_segments_acts_on_that_row(
                 for change in (
                     submitted(task_id, 1, "charge-card", None, "charge-card", "[1]", "w", now),
                     Finish(
-                        (task_id, 1, trioexec.TaskStatus.FAILED, now, "ConnectionError", None, None)
+                        (
+                            task_id,
+                            1,
+                            trioexec.TaskStatus.FAILED,
+                            now,
+                            "ConnectionError",
+                            None,
+                            None,
+                            None,
+                        )
                     ),
                 )
             ]

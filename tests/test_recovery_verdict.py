@@ -87,7 +87,9 @@ def _dead_letter(store: Any) -> None:
         [
             submitted("dead", 1, "job", None, "spec.x", "[1]", "A", 1.0),
             Start(("dead", 1, 1, 2.0)),
-            Finish(("dead", 1, TaskStatus.FAILED, 5.0, "ValueError('real')", "Traceback", None)),
+            Finish(
+                ("dead", 1, TaskStatus.FAILED, 5.0, "ValueError('real')", "Traceback", None, None)
+            ),
         ]
     )
     [requeued] = store.requeue(["dead"], who=WHO).requeued
@@ -175,7 +177,7 @@ async def test_a_retried_task_waits_for_an_executor_that_can_run_it(
             [
                 submitted("dead", 1, "job", None, "job", "[21]", "A", 1.0),
                 Start(("dead", 1, 1, 2.0)),
-                Finish(("dead", 1, TaskStatus.FAILED, 5.0, "ValueError('real')", "tb", None)),
+                Finish(("dead", 1, TaskStatus.FAILED, 5.0, "ValueError('real')", "tb", None, None)),
             ]
         )
         store.requeue(["dead"], who=WHO)

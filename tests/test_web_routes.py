@@ -1183,7 +1183,16 @@ async def test_the_overview_counts_every_execution_that_ended_as_finished(db: Db
                     for change in (
                         submitted(f"end-{i}", 1, "ender", None, None, None, "w2", now - 9),
                         Finish(
-                            (f"end-{i}", 1, status, now - 5, f"{status.value} here", None, None)
+                            (
+                                f"end-{i}",
+                                1,
+                                status,
+                                now - 5,
+                                f"{status.value} here",
+                                None,
+                                None,
+                                None,
+                            )
                         ),
                     )
                 ]

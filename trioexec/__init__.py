@@ -10,6 +10,7 @@ from ._errors import PermanentError as PermanentError
 from ._errors import StoreError as StoreError
 from ._errors import TaskCancelled as TaskCancelled
 from ._errors import TaskDefinitionError as TaskDefinitionError
+from ._errors import TaskFailed as TaskFailed
 from ._errors import TaskRejected as TaskRejected
 from ._errors import TaskTimeout as TaskTimeout
 from ._errors import TrioexecError as TrioexecError
@@ -28,6 +29,7 @@ from ._records import ShutdownPolicy as ShutdownPolicy
 from ._records import SubStatus as SubStatus
 from ._records import TaskCompletion as TaskCompletion
 from ._records import TaskStatus as TaskStatus
+from ._results import wait_result as wait_result
 from ._schedule import Schedule as Schedule
 from ._signals import serve_until_signal as serve_until_signal
 from ._slots import SlotPool as SlotPool
@@ -94,6 +96,7 @@ __all__ = [
     "SQLiteStore",
     "PostgresStore",
     "open_store",
+    "wait_result",
     # workflows
     "Workflow",
     "Context",
@@ -113,6 +116,7 @@ __all__ = [
     "ExecutorClosed",
     "TaskTimeout",
     "TaskCancelled",
+    "TaskFailed",
     "PermanentError",
     "StoreError",
 ]

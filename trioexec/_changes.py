@@ -55,9 +55,10 @@ class Retry(Transition):
 
 
 class Finish(Transition):
-    """(task id, version, status, finished_at, error, traceback, args): it ended.
-    ``traceback``: of the exception that ended it, or None; ``args``: the
-    arguments' JSON, kept only if the row has none (a dead letter shows them)."""
+    """(task id, version, status, finished_at, error, traceback, args, result):
+    it ended. ``traceback``: of the exception that ended it, or None; ``args``:
+    the arguments' JSON, kept only if the row has none (a dead letter shows
+    them); ``result``: its value's JSON if kept, else None."""
 
     __slots__ = ()
     kind = "finish"

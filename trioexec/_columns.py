@@ -85,6 +85,8 @@ EXECUTIONS = (
     Column("priority", "bigint", since=(6, 3), not_null=True, default=0, initial=0),
     Column("waiting_on", "text", since=(9, 6), initial="slot"),
     Column("traceback", "text", since=(10, 7)),
+    # (a kept result, JSON; NULL: none kept)
+    Column("result", "text", since=(14, 11)),
 )
 #: A "row" change's fields after its kind, in order.
 ROW_COLUMNS = tuple(c.name for c in EXECUTIONS)

@@ -88,6 +88,13 @@ def _check_fairness(name: str, value: object) -> None:
 _grace = _validator(check_grace)
 
 
+def check_keep(name: str, value: object) -> None:
+    """``keep_results=`` / ``keep_result=``: a bool (None, where it may be, is
+    checked by the caller)."""
+    if type(value) is not bool:
+        raise TypeError(f"{name} must be a bool, got {value!r}")
+
+
 @attrs.frozen(kw_only=True)
 class ExecutorConfig:
     """The options of `open_executor`, validated once (a bad one raises
@@ -113,6 +120,7 @@ class ExecutorConfig:
     priority_aging: float | None = attrs.field(default=60.0, validator=_seconds)
     shutdown_grace: float | None = attrs.field(default=None, validator=_grace)
     fairness: str | None = attrs.field(default=None, validator=_validator(_check_fairness))
+    keep_results: bool = attrs.field(default=False, validator=_validator(check_keep))
 
     @property
     def capacity(self) -> int:
@@ -183,6 +191,7 @@ class ExecutorCore:
             self.owner_id,
             self,
             self.runs,
+            config.keep_results,
         )
         self.waits = LifecycleWaits(lifecycle)
         self.workers = Workers(
@@ -242,6 +251,7 @@ class ExecutorCore:
         key: str | None = None,
         priority: int | None = None,
         on_done: Callable[[Job], None] | None = None,
+        keep_result: bool | None = None,
     ) -> Job:
         """Check one submission and make its `Job` (not accepted yet)."""
         self.tally.submitted_count += 1
@@ -266,6 +276,8 @@ class ExecutorCore:
                 key = spec_key(spec, args)
             if priority is None:
                 priority = spec.priority
+            if keep_result is None:
+                keep_result = spec.keep_result
         if not (
             timeout is None
             and budget is None
@@ -281,6 +293,8 @@ class ExecutorCore:
             self._good_keys.add(key)
         if priority is not None:
             check_priority(priority)
+        if keep_result is not None:
+            check_keep("keep_result", keep_result)
         causation_id = None
         # Nothing running in this Trio run (the usual producer): no caller to look up.
         registry = self.workers.registry
@@ -310,6 +324,7 @@ class ExecutorCore:
             key,
             priority or 0,
             on_done,  # (positional: a keyword costs the hot path a name search)
+            keep_result,
         )
         if task_id is not None:
             self.lifecycle.track_named(job)
@@ -363,6 +378,7 @@ class ExecutorCore:
             False,
             key=record.key,
             priority=record.priority,
+            keep_result=spec.keep_result,
             version=record.version,
             attempts=record.attempt,
         )
@@ -442,7 +458,19 @@ class ExecutorCore:
         checkpoints as it waits for its steps)."""
         # (every argument positional: a keyword costs a search of the parameters)
         job = self.new_job(
-            spec, args, spec.id, None, None, None, run_id, run_id, None, None, on_done
+            # (a step's value is its run's: never kept as the step's result)
+            spec,
+            args,
+            spec.id,
+            None,
+            None,
+            None,
+            run_id,
+            run_id,
+            None,
+            None,
+            on_done,
+            False,
         )
         return job, self.accept_if_fits(job)
 

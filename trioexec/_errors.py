@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._durable_records import PromiseRecord
+    from ._records import TaskStatus
 
 
 class TrioexecError(Exception):
@@ -39,6 +40,22 @@ class TaskTimeout(TrioexecError):
 class TaskCancelled(TrioexecError):
     """A task was cancelled: `Executor.run` was asked for its value, or the
     thread of a sync task learns that its attempt is over."""
+
+
+class TaskFailed(TrioexecError):
+    """`trioexec.wait_result`: the execution ended other than ``COMPLETED``.
+    ``task_id`` names it, ``status`` is how it ended (a `TaskStatus`) and
+    ``error`` the error text its store recorded (None if none was)."""
+
+    def __init__(self, task_id: str, status: TaskStatus, error: str | None) -> None:
+        said = "" if error is None else f": {error}"
+        super().__init__(f"task {task_id!r} ended {status.value}{said}")
+        self.task_id = task_id
+        self.status = status
+        self.error = error
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.task_id, self.status, self.error))
 
 
 class PermanentError(TrioexecError):

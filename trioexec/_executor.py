@@ -31,6 +31,7 @@ from ._spec import TaskSpec, collect_specs
 from ._store import Store
 from ._taskref import (
     R,
+    RunOptions,
     SubmitOptions,
     TakesHandleKeyword,
     TakesTaskHandleKeyword,
@@ -62,6 +63,7 @@ class ExecutorOptions(TypedDict, total=False):
     priority_aging: float | None
     shutdown_grace: float | None
     fairness: str | None
+    keep_results: bool
     report_unread_failures: bool
 
 
@@ -145,13 +147,25 @@ class Facade:
         correlation_id: str | None = None,
         key: str | None = None,
         priority: int | None = None,
+        keep_result: bool | None = None,
     ) -> TaskRef[Any]:
         """Submit ``fn(*args)`` and return its `TaskRef` at once: like `Executor.submit`
         (the same options and errors), but never blocks, so under ``Overflow.BLOCK``
         a full executor raises `TaskRejected` (as under ``REJECT``)."""
         core = self._core
         job = core.new_job(
-            fn, args, name, task_id, timeout, budget, correlation_id, None, key, priority
+            fn,
+            args,
+            name,
+            task_id,
+            timeout,
+            budget,
+            correlation_id,
+            None,
+            key,
+            priority,
+            None,
+            keep_result,
         )
         core.submit_nowait(job)
         return TaskRef(job)
@@ -277,6 +291,7 @@ class Executor(Facade):
         correlation_id: str | None = None,
         key: str | None = None,
         priority: int | None = None,
+        keep_result: bool | None = None,
     ) -> TaskRef[Any]:
         """Submit ``fn(*args)`` and return its `TaskRef` once it is accepted.
 
@@ -290,6 +305,12 @@ class Executor(Facade):
         start. Both default to the `TaskSpec`'s (its ``key`` may be a function of
         the arguments), else no key and priority 0.
 
+        ``keep_result``: store the task's value as JSON with its completion
+        (`ExecutionRecord.result`, `trioexec.wait_result`); None: the `TaskSpec`'s
+        ``keep_result``, else the executor's ``keep_results``. A value
+        ``json.dumps`` refuses ends the task ``FAILED`` (a `TypeError` naming its
+        type; no retry).
+
         Raises:
           ExecutorClosed: if shutdown has begun (also while waiting for space);
             under ``DRAIN``, the executor's own running tasks may still submit.
@@ -301,14 +322,26 @@ class Executor(Facade):
             ``timeout`` or ``budget`` that is not a finite number > 0; a ``key``
             that is not such a str (or a spec's key function that raised).
           TypeError: ``fn`` is not callable; a ``priority`` that is not an int;
-            a ``key`` that is not a str (the error is a ValueError too).
+            a ``key`` that is not a str (the error is a ValueError too); a
+            ``keep_result`` that is not a bool or None.
         """
         # Exactly one schedule point: parking for space is one; otherwise a
         # cancel-shielded checkpoint after the (then certain) acceptance.
         await trio.lowlevel.checkpoint_if_cancelled()
         core = self._core
         job = core.new_job(
-            fn, args, name, task_id, timeout, budget, correlation_id, None, key, priority
+            fn,
+            args,
+            name,
+            task_id,
+            timeout,
+            budget,
+            correlation_id,
+            None,
+            key,
+            priority,
+            None,
+            keep_result,
         )
         if core.accept_if_fits(job):  # (no coroutine of ours on the common path)
             await trio.lowlevel.cancel_shielded_checkpoint()
@@ -319,25 +352,41 @@ class Executor(Facade):
     if TYPE_CHECKING:  # its overloads (see `trioexec._taskref.Ts`)
 
         @overload
-        async def run(self, fn: Callable[[*Ts], Awaitable[R]], *args: *Ts) -> R: ...
-
-        @overload
-        async def run(self, fn: Callable[[*Ts, TaskHandle], Awaitable[R]], *args: *Ts) -> R: ...
-
-        @overload
-        async def run(self, fn: Callable[[*Ts], R], *args: *Ts) -> R: ...
-
-        @overload
-        async def run(self, fn: Callable[[*Ts, TaskHandle], R], *args: *Ts) -> R: ...
+        async def run(
+            self, fn: Callable[[*Ts], Awaitable[R]], *args: *Ts, **options: Unpack[RunOptions]
+        ) -> R: ...
 
         @overload
         async def run(
-            self, fn: TakesHandleKeyword[*Ts] | TakesTaskHandleKeyword[*Ts], *args: *Ts
+            self,
+            fn: Callable[[*Ts, TaskHandle], Awaitable[R]],
+            *args: *Ts,
+            **options: Unpack[RunOptions],
+        ) -> R: ...
+
+        @overload
+        async def run(
+            self, fn: Callable[[*Ts], R], *args: *Ts, **options: Unpack[RunOptions]
+        ) -> R: ...
+
+        @overload
+        async def run(
+            self, fn: Callable[[*Ts, TaskHandle], R], *args: *Ts, **options: Unpack[RunOptions]
+        ) -> R: ...
+
+        @overload
+        async def run(
+            self,
+            fn: TakesHandleKeyword[*Ts] | TakesTaskHandleKeyword[*Ts],
+            *args: *Ts,
+            **options: Unpack[RunOptions],
         ) -> Any: ...
 
-    async def run(self, fn: Callable[..., Any], *args: object) -> Any:
+    async def run(
+        self, fn: Callable[..., Any], *args: object, keep_result: bool | None = None
+    ) -> Any:
         """Submit ``fn(*args)``, wait for it, and return its value or raise its error
-        (`TaskCompletion.unwrap`).
+        (`TaskCompletion.unwrap`). ``keep_result`` as for `submit`.
 
         Raises:
           Exception: the task's own exception, as it is, if it failed.
@@ -345,7 +394,7 @@ class Executor(Facade):
           TaskCancelled: if it was cancelled.
           TaskRejected: if it was dropped.
         """
-        ref = await self.submit(fn, *args)
+        ref = await self.submit(fn, *args, keep_result=keep_result)
         completion = await ref.wait()
         return completion.unwrap()
 
@@ -615,6 +664,10 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
         pending tasks start round-robin over their admission keys (tasks without a
         key are one group), each key's own in submission order: submitting A1 A2
         A3 B1 B2 starts A1 B1 A2 B2 A3. Default None: submission order.
+      keep_results: keep every task's value in the store as JSON with its
+        completion (`ExecutionRecord.result`, `trioexec.wait_result`); a task's
+        ``@task(keep_result=...)`` and ``submit(keep_result=...)`` override it.
+        Default False.
       report_unread_failures: say which failures nobody read (default True).
 
     Example::

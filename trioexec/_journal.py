@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import traceback
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, final
 
@@ -35,6 +36,8 @@ JOURNAL_LIMIT = 50_000
 GATHER_SECONDS = 0.005
 GATHER_CHANGES = 4096
 _NEVER = 1 << 62
+#: The journals whose writer runs, and its Trio run (`Journal.flush_all`).
+_WRITING: weakref.WeakKeyDictionary[Journal, trio.lowlevel.TrioToken] = weakref.WeakKeyDictionary()
 
 
 @final
@@ -144,14 +147,18 @@ class Journal:
 
     async def run_writer(self) -> None:
         """The writer task: write each accumulated batch, forever."""
-        while True:
-            if not self.changes:
-                await self._park_writer(1)
-                continue
-            if not self._hurry and len(self.changes) < GATHER_CHANGES and not self.backlogged:
-                with trio.move_on_after(GATHER_SECONDS):
-                    await self._park_writer(min(GATHER_CHANGES, max(1, self.limit // 2)))
-            await self.write()
+        _WRITING[self] = trio.lowlevel.current_trio_token()
+        try:
+            while True:
+                if not self.changes:
+                    await self._park_writer(1)
+                    continue
+                if not self._hurry and len(self.changes) < GATHER_CHANGES and not self.backlogged:
+                    with trio.move_on_after(GATHER_SECONDS):
+                        await self._park_writer(min(GATHER_CHANGES, max(1, self.limit // 2)))
+                await self.write()
+        finally:
+            del _WRITING[self]
 
     async def _park_writer(self, wake_at: int) -> None:
         self._wake_at = wake_at
@@ -217,6 +224,16 @@ class Journal:
             self.hurry()
             await self._flushers.park()
         await trio.lowlevel.checkpoint()
+
+    @staticmethod
+    async def flush_all(store: Store) -> bool:
+        """`flush` the journals of this Trio run's executors on ``store`` (what
+        they accepted may not be in it yet); False if there are none."""
+        token = trio.lowlevel.current_trio_token()
+        journals = [j for j, t in _WRITING.items() if j.store is store and t is token]
+        for journal in journals:
+            await journal.flush()
+        return bool(journals)
 
     async def call(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Call one of the store's operations, in order with the writes (in a

@@ -304,7 +304,10 @@ class ExecutionRecord:
     ended. ``traceback`` is the formatted traceback of the error that ended a
     FAILED or TIMED_OUT execution (None otherwise); both are None in rows written
     before the stores recorded them. A requeued execution keeps its last error
-    and traceback until its next attempt ends.
+    and traceback until its next attempt ends. ``result_kept`` is True for a
+    COMPLETED execution whose value was kept (`open_executor`'s
+    ``keep_results``), and ``result`` is that value decoded from its JSON (None
+    when not kept).
     """
 
     task_id: str
@@ -328,6 +331,8 @@ class ExecutionRecord:
     priority: int = 0
     waiting_on: str | None = None
     traceback: str | None = None
+    result_kept: bool = False
+    result: Any = None
 
     @property
     def recreatable(self) -> bool:

@@ -162,6 +162,8 @@ class TaskSpec(Generic[P, R_co]):
     #: the admission key of its tasks: a str, or a callable of the task's arguments
     key: str | Callable[..., str] | None = None
     priority: int = 0
+    #: keep its tasks' values in the store (None: as the executor does)
+    keep_result: bool | None = None
     _info: CallInfo = attrs.field(alias="_info")
 
     @property
@@ -285,6 +287,10 @@ def _make_spec(fn: Callable[P2, R], options: dict[str, Any]) -> TaskSpec[P2, R]:
     except (TypeError, ValueError) as exc:
         raise TaskDefinitionError(f"{task_id}: {exc}") from None
 
+    keep_result = options["keep_result"]
+    if keep_result is not None and type(keep_result) is not bool:
+        raise TaskDefinitionError(f"{task_id}: keep_result must be a bool, got {keep_result!r}")
+
     assert callable(fn)
     return TaskSpec(
         fn=fn,
@@ -297,6 +303,7 @@ def _make_spec(fn: Callable[P2, R], options: dict[str, Any]) -> TaskSpec[P2, R]:
         budget=options["budget"],
         key=key,
         priority=priority,
+        keep_result=keep_result,
         _info=CallInfo(_is_async_callable(fn), *_find_handle_param(fn)),
     )
 
@@ -323,6 +330,7 @@ def task(
     budget: float | None = None,
     key: str | Callable[..., str] | None = None,
     priority: int = 0,
+    keep_result: bool | None = None,
 ) -> TaskDecorator: ...
 
 
@@ -339,6 +347,7 @@ def task(
     budget: float | None = None,
     key: str | Callable[..., str] | None = None,
     priority: int = 0,
+    keep_result: bool | None = None,
     **unknown: object,
 ) -> TaskSpec | TaskDecorator:
     """Declare a task. Use bare (``@task``) or with options (``@task(id=..., retries=3)``).
@@ -357,6 +366,9 @@ def task(
         overrides it).
       priority: its tasks' priority (higher starts first; ``submit(priority=...)``
         overrides it).
+      keep_result: keep its tasks' values in the store as JSON
+        (`ExecutionRecord.result`, `trioexec.wait_result`); None: as the
+        executor's ``keep_results`` says (``submit(keep_result=...)`` overrides it).
 
     Returns a frozen `TaskSpec`, still callable like the function (and typed like
     it). Unknown options are an error at decoration time (and for a type checker).
@@ -375,6 +387,7 @@ def task(
         "budget": budget,
         "key": key,
         "priority": priority,
+        "keep_result": keep_result,
     }
     if unknown:
         names = ", ".join(sorted(unknown))

@@ -44,6 +44,13 @@ class SubmitOptions(TypedDict, total=False):
     correlation_id: str | None
     key: str | None
     priority: int | None
+    keep_result: bool | None
+
+
+class RunOptions(TypedDict, total=False):
+    """`Executor.run`'s keyword options, as its overloads type them."""
+
+    keep_result: bool | None
 
 
 class TakesHandleKeyword(Protocol[*Ts]):
@@ -106,6 +113,8 @@ class Job:
     priority: int = 0
     #: called once it has ended (with a store: once that is durable), or the store failed
     on_done: Callable[[Job], None] | None = None
+    #: keep its value in the store as JSON (None: as its executor does)
+    keep_result: bool | None = None
     status: TaskStatus = TaskStatus.PENDING
     attempts: int = 0
     active_seconds: float = 0.0

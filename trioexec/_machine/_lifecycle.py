@@ -9,6 +9,7 @@ durable. Who waits for a task to end or for idle waits in the shell
 
 from __future__ import annotations
 
+import json
 import traceback
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, final
@@ -103,6 +104,7 @@ class Lifecycle:
         owner_id: str,
         listener: Listener,
         runs: Runs | None = None,
+        keep_results: bool = False,
     ) -> None:
         self.tally = tally
         self.pending = pending
@@ -124,6 +126,7 @@ class Lifecycle:
         self.cancel_reason: str | None = None
         self.observer: Observer | None = None  # (`add_observer`)
         self.unread = UnreadFailures()  # failed tasks whose completion nobody read
+        self.keep_results = keep_results  # a task's value is kept unless it says not
 
     # ------------------------------------------------------------ accepted
 
@@ -319,6 +322,13 @@ class Lifecycle:
         """Record the one completion of ``job`` and wake whoever waits on it.
         ``freed``: the task counted against capacity until now (False only for a
         submission dropped on arrival)."""
+        kept = None
+        if status is TaskStatus.COMPLETED and (
+            self.keep_results if job.keep_result is None else job.keep_result
+        ):
+            kept = kept_result(job)
+            if kept is None:
+                status = TaskStatus.FAILED
         job.status = status
         job.finished_at = self.wall()
         tally = self.tally
@@ -361,7 +371,16 @@ class Lifecycle:
             dead = job.error is not None and status in FAILURES
             # (a dead letter keeps what operators look at: its traceback and arguments)
             traceback, args = journal.dead_letter(job) if dead else (None, None)
-            change = (job.task_id, job.version, status, job.finished_at, error, traceback, args)
+            change = (
+                job.task_id,
+                job.version,
+                status,
+                job.finished_at,
+                error,
+                traceback,
+                args,
+                kept,
+            )
             journal.fold(job, Finish(change))
             job.row = None
             if job.run_id is not None and status is TaskStatus.COMPLETED and self.runs is not None:
@@ -581,3 +600,18 @@ class UnreadFailures:
             if error is not None:
                 lines.append("".join(traceback.format_exception(error)).rstrip("\n"))
         return "\n".join(lines)
+
+
+def kept_result(job: Job) -> str | None:
+    """``job``'s value as the JSON a store keeps; None if ``json.dumps`` refuses
+    it (``job.error`` then says so: the task failed, with no retry)."""
+    try:
+        return json.dumps(job.result)
+    except (TypeError, ValueError) as exc:  # (ValueError: a circular reference)
+        error = TypeError(
+            f"task {job.name!r} ({job.task_id}) returned a value of type"
+            f" {type(job.result).__qualname__!r}, which cannot be kept as JSON: {exc}"
+        )
+        error.__cause__ = exc
+        job.error, job.result = error, None
+        return None

@@ -84,6 +84,7 @@ TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
             "error": ARG,
             "traceback": ARG,
             "args": FIRST,  # (a dead letter's arguments, if the row has none)
+            "result": ARG,  # (its value as JSON, if kept)
         },
     ),
     # What a store does on its own (never journaled by an executor): end a live
@@ -283,7 +284,7 @@ def run_of(row: Sequence[object], steps: dict[str, tuple[str, str | None]]) -> R
 
 
 #: The SQL stores' query of executions with their owner's lease (``e``, ``o``).
-RECORD_FIELDS = tuple(f.name for f in attrs.fields(ExecutionRecord))
+RECORD_FIELDS = tuple(f.name for f in attrs.fields(ExecutionRecord) if f.name != "result_kept")
 #: Their columns (``e``: executions, ``o``: owners), in `RECORD_FIELDS`' order.
 RECORD_COLUMNS = ", ".join(f"o.{f}" if f == "lease_expires_at" else f"e.{f}" for f in RECORD_FIELDS)
 SELECT_RECORDS = (
@@ -303,7 +304,15 @@ def record_of(row: Sequence[object], where: str) -> ExecutionRecord:
             f"{where}: execution {values['task_id']!r} has an unreadable row"
             f" (status {values['status']!r}, sub-status {values['sub_status']!r})"
         ) from None
-    values.update(status=status, sub_status=sub)
+    kept = values["result"]
+    if kept is not None:
+        try:
+            values["result"] = json.loads(kept)
+        except ValueError:
+            raise StoreError(
+                f"{where}: execution {values['task_id']!r} has an unreadable kept result"
+            ) from None
+    values.update(status=status, sub_status=sub, result_kept=kept is not None)
     return ExecutionRecord(**values)
 
 

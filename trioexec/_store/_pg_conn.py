@@ -40,6 +40,8 @@ _SCHEMA = re.compile(r"[A-Za-z_][A-Za-z0-9_$]*")
 #: The channel commands are notified on; the payload is the store's schema (a
 #: channel name of the schema's own could pass PostgreSQL's 63-byte limit).
 COMMANDS_CHANNEL = "trioexec_commands"
+#: The channel a write that ended executions is notified on (`trioexec.wait_result`).
+ENDED_CHANNEL = "trioexec_ended"
 #: SQLSTATEs of a transaction the server rolled back because of a concurrent one:
 #: serialization_failure, deadlock_detected, lock_not_available.
 _ROLLED_BACK = frozenset({"40001", "40P01", "55P03"})
@@ -159,13 +161,12 @@ class PGDatabase:
         #: psycopg's error for a duplicate key (to catch around a savepoint)
         self.unique_violation: type[Exception] = psycopg.errors.UniqueViolation
         self._pool: Any = None  # a psycopg_pool.ConnectionPool until closed
-        self._listener: Connection | None = None  # LISTENs for commands (opened lazily)
-        self._listening = threading.Lock()  # one waiter on the listener at a time
         self._closing = False  # (set by `close` before it wakes a waiter)
         self._woken = threading.Event()  # (set by `close`: a waiter that polls returns)
-        self._listen_failures = 0  # attempts to listen that failed in a row
-        self._listen_at = 0.0  # (time.monotonic) when to try to listen again
-        self._unheard = False  # commands may have been sent while nobody listened
+        #: who waits for commands (`wait_for_command`), and for executions to end
+        #: (`trioexec.wait_result`): each on a connection of its own, opened lazily
+        self.commands = Listener(self, COMMANDS_CHANNEL)
+        self.ended = Listener(self, ENDED_CHANNEL)
         self.timeout, self._connect_args = _timeout_of(psycopg, url)
         with self.errors("cannot open"):
             with psycopg.connect(url, **self._connect_args) as conn:
@@ -366,85 +367,148 @@ class PGDatabase:
                     raise
                 self._woken.wait(pause)
 
-    def notify(self, conn: Connection) -> None:
-        """Notify the listeners on this schema when ``conn``'s transaction commits."""
-        conn.execute("SELECT pg_notify(%s, %s)", (COMMANDS_CHANNEL, self.schema))
-
-    def wait_notify(self, timeout: float) -> bool:
-        """`PostgresStore.wait_for_command`."""
-        check_number("timeout", timeout, float, "seconds >= 0", ge=0, lt=math.inf)
-        deadline = time.monotonic() + timeout
-        with self._listening:
-            if self._pool is None:
-                raise StoreError(f"{self.where}: the store is closed")
-            if self._listener is None and time.monotonic() >= self._listen_at:
-                self._listen()
-            if self._closing:  # (listening since after close's wake-up: it missed it)
-                return False
-            conn = self._listener
-            if conn is None:  # not listening: this call is one poll interval
-                self._woken.wait(max(0.0, deadline - time.monotonic()))
-                return not self._closing
-            if self._unheard:  # listening again: what was sent meanwhile was not heard
-                self._unheard = False
-                return True
-            try:
-                while True:
-                    remaining = max(0.0, deadline - time.monotonic())
-                    for notify in conn.notifies(timeout=remaining, stop_after=1):
-                        if notify.payload == self.schema:
-                            return not self._closing  # (False: `close` woke it)
-                    if remaining == 0.0:
-                        return False
-            except self._psycopg.Error:
-                # The connection is lost (the server ended it): listen again
-                # later; meanwhile the caller polls.
-                self._listener = None
-                conn.close()
-                self._listen_failed()
-                return not self._closing
-
-    def _listen(self) -> None:
-        """Open the listening connection, or set when to try again."""
-        try:
-            conn = self.connect()
-            try:
-                with self.errors("listen for commands"):
-                    conn.execute(f"LISTEN {COMMANDS_CHANNEL}")
-            except BaseException:
-                conn.close()
-                raise
-        except StoreError:
-            self._listen_failed()
-            return
-        self._listener = conn
-        self._listen_failures = 0
-
-    def _listen_failed(self) -> None:
-        self._listen_failures += 1
-        self._listen_at = time.monotonic() + reconnect_delay(self._listen_failures)
-        self._unheard = True
+    def notify(self, conn: Connection, channel: str = COMMANDS_CHANNEL) -> None:
+        """Notify the listeners of ``channel`` on this schema when ``conn``'s
+        transaction commits."""
+        conn.execute("SELECT pg_notify(%s, %s)", (channel, self.schema))
 
     def close(self) -> None:
         self._closing = True
         self._woken.set()
         if self._pool is not None:
-            # Wake a wait in progress (it holds the listener, or is starting to
-            # listen: then it sees ``_closing``): a notification of our own, and
-            # it returns at once instead of at its timeout.
+            # Wake the waits in progress (each holds its listener, or is starting
+            # to listen: then it sees ``_closing``): notifications of our own, and
+            # they return at once instead of at their timeout.
             # (A short wait: a server gone unreachable must not hold a close.)
             with (
                 contextlib.suppress(self._psycopg.Error),
                 self._pool.connection(timeout=CLOSE_TIMEOUT) as conn,
             ):
-                self.notify(conn)
-        with self._listening:
-            pool, self._pool = self._pool, None
-            listener, self._listener = self._listener, None
-        if listener is not None:
+                for listener in (self.commands, self.ended):
+                    self.notify(conn, listener.channel)
+        for listener in (self.commands, self.ended):
             listener.close()
+        pool, self._pool = self._pool, None
         if pool is not None:
             pool.close(timeout=CLOSE_TIMEOUT)
+
+
+@final
+class Listener:
+    """A connection of its own that LISTENs on ``channel`` for its database's
+    schema, shared by every thread that waits on it: one of them reads the
+    connection at a time, and each wait returns once `heard` moves past the
+    count it saw (a notification heard by any of them)."""
+
+    def __init__(self, db: PGDatabase, channel: str) -> None:
+        self._db = db
+        self.channel = channel
+        #: notifications heard (or maybe missed: while nobody listened)
+        self.heard = 0
+        self._conn: Connection | None = None
+        self._turn = threading.Condition()  # (guards everything below)
+        self._reading = False  # a waiter reads the connection now
+        self._closed = False
+        self._failures = 0  # attempts to listen that failed in a row
+        self._listen_at = 0.0  # (time.monotonic) when to try to listen again
+        self._unheard = False  # notifications may have been sent while nobody listened
+
+    def wait(self, seen: int, timeout: float) -> int:
+        """Block the calling thread until `heard` is past ``seen``, at most
+        ``timeout`` seconds; returns `heard`. While the connection is lost (the
+        server ended it, or is restarting), a wait lasts ``timeout`` and counts as
+        heard (the caller polls), and later waits connect again, backing off.
+
+        Raises:
+          StoreError: the store is closed.
+        """
+        check_number("timeout", timeout, float, "seconds >= 0", ge=0, lt=math.inf)
+        deadline = time.monotonic() + timeout
+        with self._turn:
+            while True:
+                if self._closed:
+                    raise StoreError(f"{self._db.where}: the store is closed")
+                if self.heard != seen:
+                    return self.heard
+                if not self._reading:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not self._turn.wait(remaining):
+                    return self.heard
+            self._reading = True
+        heard = False
+        try:
+            heard = self._read(deadline)
+        finally:
+            with self._turn:
+                self._reading = False
+                self.heard += heard
+                self._turn.notify_all()
+        return self.heard
+
+    def _read(self, deadline: float) -> bool:
+        """Read the connection until a notification for the schema, or ``deadline``:
+        True if one came (or may have been missed), False if not or if `close` woke it."""
+        db = self._db
+        if self._conn is None and time.monotonic() >= self._listen_at:
+            self._listen()
+        if db._closing:  # (listening since after close's wake-up: it missed it)
+            return False
+        conn = self._conn
+        if conn is None:  # not listening: this call is one poll interval
+            db._woken.wait(max(0.0, deadline - time.monotonic()))
+            return not db._closing
+        if self._unheard:  # listening again: what was sent meanwhile was not heard
+            self._unheard = False
+            return True
+        try:
+            while True:
+                remaining = max(0.0, deadline - time.monotonic())
+                for notify in conn.notifies(timeout=remaining, stop_after=1):
+                    if notify.payload == db.schema:
+                        return not db._closing  # (False: `close` woke it)
+                if remaining == 0.0:
+                    return False
+        except db._psycopg.Error:
+            # The connection is lost (the server ended it): listen again
+            # later; meanwhile the caller polls.
+            self._conn = None
+            conn.close()
+            self._failed()
+            return not db._closing
+
+    def _listen(self) -> None:
+        """Open the listening connection, or set when to try again."""
+        try:
+            conn = self._db.connect()
+            try:
+                with self._db.errors(f"listen on {self.channel}"):
+                    conn.execute(f"LISTEN {self.channel}")
+            except BaseException:
+                conn.close()
+                raise
+        except StoreError:
+            self._failed()
+            return
+        self._conn = conn
+        self._failures = 0
+
+    def _failed(self) -> None:
+        self._failures += 1
+        self._listen_at = time.monotonic() + reconnect_delay(self._failures)
+        self._unheard = True
+
+    def close(self) -> None:
+        """Close the connection once the waiter reading it has returned (`close`
+        of the database woke it)."""
+        with self._turn:
+            self._closed = True
+            while self._reading:
+                self._turn.wait()
+            conn, self._conn = self._conn, None
+            self._turn.notify_all()
+        if conn is not None:
+            conn.close()
 
 
 def _timeout_of(psycopg: Any, url: str) -> tuple[float, dict[str, Any]]:

@@ -220,6 +220,9 @@ MIGRATIONS: tuple[str, ...] = (
     ALTER TABLE key_buckets ADD COLUMN full_at double precision;
     CREATE INDEX key_buckets_full ON key_buckets (full_at, key) WHERE full_at IS NOT NULL;
     """,
+    # 11: a task's value kept as JSON with its completion (`keep_results`); NULL
+    # when none was kept, as in every row before.
+    _add_columns(11),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

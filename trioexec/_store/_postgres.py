@@ -10,15 +10,15 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import final
 
-from .._changes import R_ID, ExecutionRow
+from .._changes import R_ID, Change, ExecutionRow, Finish
 from .._columns import EXECUTIONS, ROW_COLUMNS
 from .._records import check_number
 from ._dialect import POSTGRES
 from ._durable_pg import PostgresTables
-from ._pg_conn import Connection, PGDatabase, redact
+from ._pg_conn import ENDED_CHANNEL, Connection, PGDatabase, redact
 from ._sql_store import SQLStore
 
 _INSERT_ROWS = (
@@ -131,6 +131,11 @@ class PostgresStore(SQLStore):
             self._lock_key(conn, "", b"commands")
             yield conn
             self._db.notify(conn)
+            self._db.notify(conn, ENDED_CHANNEL)  # (a cancel may end an execution)
+
+    def _wrote(self, conn: Connection, changes: Sequence[Change]) -> None:
+        if any(type(change) is Finish for change in changes):
+            self._db.notify(conn, ENDED_CHANNEL)
 
     def wait_for_command(self, timeout: float) -> bool:
         """Block the calling thread until a command is recorded on this store's
@@ -151,7 +156,28 @@ class PostgresStore(SQLStore):
         Raises:
           StoreError: the store is closed.
         """
-        return self._db.wait_notify(timeout)
+        commands = self._db.commands
+        seen = commands.heard
+        return commands.wait(seen, timeout) != seen
+
+    @property
+    def ends_heard(self) -> int:
+        """How many notifications `wait_for_end` has heard so far (in this process)."""
+        return self._db.ended.heard
+
+    def wait_for_end(self, seen: int, timeout: float) -> int:
+        """Block the calling thread until an execution on this store's schema may
+        have ended (by any process) after `ends_heard` was ``seen``, at most
+        ``timeout`` seconds; returns `ends_heard`. A wake-up is only a hint to
+        read the execution again (`trioexec.wait_result` does). Many threads
+        may wait at once; the first call opens a connection of its own that
+        LISTENs (closed by `close`). Call it from a worker thread, never the Trio
+        thread (it blocks).
+
+        Raises:
+          StoreError: the store is closed.
+        """
+        return self._db.ended.wait(seen, timeout)
 
     def __repr__(self) -> str:
         return f"<PostgresStore {redact(self.url)!r} schema={self.schema!r}>"

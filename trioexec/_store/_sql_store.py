@@ -131,6 +131,10 @@ class SQLStore:
         """The write transaction of a command."""
         return self._db.transaction(what)
 
+    def _wrote(self, conn: Any, changes: Sequence[Change]) -> None:
+        """A write's last statement before it commits (PostgreSQL: wake
+        `trioexec.wait_result`'s listeners if it ended an execution)."""
+
     # ------------------------------------------------------------------ writes
 
     @_retried
@@ -147,6 +151,7 @@ class SQLStore:
             fresh, fenced = fold_batch(changes, update)
             if fresh:
                 fenced.extend(self._insert_rows(conn, fresh))
+            self._wrote(conn, changes)
         return fenced
 
     @staticmethod

@@ -14,7 +14,7 @@ from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
-SCHEMA_VERSION = 13
+SCHEMA_VERSION = 14
 MIGRATIONS = Migrations("trioexec")
 #: Every migration this trioexec defines, by name: a file with any other applied
 #: was written by a newer trioexec.
@@ -256,6 +256,14 @@ def _key_bucket_full(db: sqlite_utils.Database) -> None:
         "CREATE INDEX key_buckets_full ON key_buckets (full_at, key) WHERE full_at IS NOT NULL"
     )
     db.execute("UPDATE trioexec_meta SET value = '13' WHERE key = 'schema_version'")
+
+
+@_migration("0014_results")
+def _results(db: sqlite_utils.Database) -> None:
+    # A task's value kept as JSON with its completion (`keep_results`); NULL
+    # when none was kept, as in every row before.
+    _add_columns(db, 14)
+    db.execute("UPDATE trioexec_meta SET value = '14' WHERE key = 'schema_version'")
 
 
 def schema_version(db: sqlite_utils.Database, path: str) -> int:
