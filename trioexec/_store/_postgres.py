@@ -16,11 +16,13 @@ from typing import final
 from .._changes import R_ID, Change, ExecutionRow, Finish
 from .._columns import EXECUTIONS, ROW_COLUMNS
 from .._records import check_number
+from ._base import LIVE
 from ._dialect import POSTGRES
 from ._durable_pg import PostgresTables
 from ._pg_conn import ENDED_CHANNEL, Connection, PGDatabase, redact
 from ._sql_store import SQLStore
 
+_STATUS = ROW_COLUMNS.index("status")
 _INSERT_ROWS = (
     f"INSERT INTO executions ({', '.join(ROW_COLUMNS)})"
     f" SELECT {', '.join(ROW_COLUMNS)} FROM unnest("
@@ -134,8 +136,11 @@ class PostgresStore(SQLStore):
             self._db.notify(conn, ENDED_CHANNEL)  # (a cancel may end an execution)
 
     def _wrote(self, conn: Connection, changes: Sequence[Change]) -> None:
-        if any(type(change) is Finish for change in changes):
-            self._db.notify(conn, ENDED_CHANNEL)
+        # (an execution that ended in the batch it was submitted in is a row)
+        for change in changes:
+            if type(change) is Finish or (type(change) is list and change[_STATUS] not in LIVE):
+                self._db.notify(conn, ENDED_CHANNEL)
+                return
 
     def wait_for_command(self, timeout: float) -> bool:
         """Block the calling thread until a command is recorded on this store's
