@@ -46,7 +46,14 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
     # on Executor), so it sits above them; the coordinator is built on the parts.
     (
         "executor facade",
-        frozenset({"trioexec._executor", "trioexec._deterministic", "trioexec._signals"}),
+        frozenset(
+            {
+                "trioexec._executor",
+                "trioexec._deterministic",
+                "trioexec._signals",
+                "trioexec._results",
+            }
+        ),
     ),
     ("workflows", frozenset({"trioexec._coordinator", "trioexec._workflow"})),
     (

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ._durable_records import PromiseRecord
-    from ._records import TaskStatus
 
 
 class TrioexecError(Exception):
@@ -47,9 +46,11 @@ class TaskFailed(TrioexecError):
     ``task_id`` names it, ``status`` is how it ended (a `TaskStatus`) and
     ``error`` the error text its store recorded (None if none was)."""
 
-    def __init__(self, task_id: str, status: TaskStatus, error: str | None) -> None:
+    # (``status`` is typed as the str a `TaskStatus` is: the errors sit below the
+    # records in the layers)
+    def __init__(self, task_id: str, status: str, error: str | None) -> None:
         said = "" if error is None else f": {error}"
-        super().__init__(f"task {task_id!r} ended {status.value}{said}")
+        super().__init__(f"task {task_id!r} ended {status}{said}")
         self.task_id = task_id
         self.status = status
         self.error = error
