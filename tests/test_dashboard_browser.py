@@ -712,3 +712,51 @@ def test_the_screenshot_directories_follow_the_environment(
     monkeypatch.delenv(SHOTS_ENV)
     monkeypatch.delenv(UPDATE_DOCS_ENV)
     assert screenshot_dirs() == [ROOT / "build" / "screenshots"]
+
+
+@pytest.mark.usefixtures("browser_available")
+def test_a_kept_result_shows_on_its_page_and_its_link_shows_it_whole(
+    browser: Any, db: Path, tmp_path: Path
+) -> None:
+    """The task page shows the start of a long kept result, escaped; its link
+    shows the whole value as JSON."""
+    value = {"note": "<script>alert(1)</script> 🚀", "rows": [f"row {i}" for i in range(400)]}
+    now = time.time()
+    with trioexec.open_store(str(db)) as store:
+        store.write(
+            [
+                submitted("report-1", 1, "report", None, None, None, "w", now),
+                Finish(
+                    (
+                        "report-1",
+                        1,
+                        trioexec.TaskStatus.COMPLETED,
+                        now,
+                        None,
+                        None,
+                        None,
+                        json.dumps(value),
+                    )
+                ),
+            ]
+        )
+    server, url = start_dashboard(tmp_path, db)
+    try:
+        base = base_of(url)
+        driver = browser
+        driver.get(url)
+        driver.get(f"{base}/tasks/report-1")
+        shown = wait_for(
+            driver, "the result", lambda d: attribute_of(d, "pre#result", "textContent")
+        )
+        assert shown.startswith('{\n  "note": "<script>alert(1)</script> 🚀"')
+        assert not css(driver, "pre#result *")  # (text, never markup)
+        shot(driver, "task-result")
+        click(driver, "the whole result's link", "a#result-whole")
+        wait_for(driver, "the whole result", lambda d: d.current_url.startswith(f"{base}/results/"))
+        whole = wait_for(driver, "its JSON", lambda d: attribute_of(d, "pre", "textContent"))
+        assert json.loads(whole) == value
+        assert whole.startswith(shown)
+        assert server.stop() == 0
+    finally:
+        server.cleanup()

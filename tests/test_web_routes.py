@@ -18,7 +18,7 @@ import re
 import sqlite3
 import time
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from trioexec import SubStatus, TaskStatus, Workflow, task
 from trioexec._changes import Finish, RunCreated, Start, StepRecorded, Sub, submitted
 from trioexec.durable import DurableStore, PromiseState
 from trioexec.web import create_app
+from trioexec.web._render import SHOWN_JSON, Excerpt, excerpt, json_text
 from trioexec.web._security import cookie_name, cookie_value, csrf_of
 
 TOKEN = "test-token-0123456789"
@@ -1319,3 +1320,155 @@ async def test_rows_whose_owner_is_gone_say_so(db: Db) -> None:
     assert '<dd class="owner-gone">owner gone 3m ago' in one
     approve = page.split('data-task-id="approve-9"', 1)[1].split("</tr>", 1)[0]
     assert "an executor with recover=True will resume its run" in approve
+
+
+# ---------------------------------------------------------------------- kept results
+
+SMALL = {"html": SCRIPT, "quote": 'it\'s "q"', "bracket": "batch[/]", "emoji": "rocket 🚀"}
+LONG = {"rows": [f"row {i:03}" for i in range(400)], "end": SCRIPT}
+#: Ids whose result links must reach their own task (as `ODD_IDS`); "b" is where
+#: "a/../b"'s would land if written as it is.
+KEPT_ODD = ("..", "a/../b", "b", "x/result", "line\nbreak", "🚀")
+
+
+@task(id="echo")
+async def echo(value: object) -> object:
+    await trio.lowlevel.checkpoint()
+    return value
+
+
+@pytest.fixture
+async def kept(tmp_path: Path) -> str:
+    """A database whose tasks an executor with ``keep_results=True`` ran: a small
+    result of odd text, a long one, ``None``, a lone surrogate (its argument too),
+    one submitted with ``keep_result=False``, a long one for each `KEPT_ODD`; and
+    a pending task."""
+    target = str(tmp_path / "kept.db")
+    values: list[tuple[str, object, bool | None]] = [
+        ("small", SMALL, None),
+        ("long", LONG, None),
+        ("null", None, None),
+        ("lone", "\udc80 <lone>", None),
+        ("unkept", 1, False),
+        *((t, [t, *LONG["rows"]], None) for t in KEPT_ODD),
+    ]
+    with trioexec.open_store(target) as store:
+        async with trioexec.open_executor(store=store, tasks=[echo], keep_results=True) as ex:
+            for task_id, value, keep in values:
+                ref = await ex.submit(echo, value, task_id=task_id, keep_result=keep)
+                assert (await ref.wait()).ok, task_id
+        store.write([submitted("live-1", 1, "echo", None, None, None, "w9", time.time())])
+    return target
+
+
+def pre(page: str, pre_id: str) -> str:
+    """The text of the page's ``<pre id="PRE_ID">`` (unescaped)."""
+    found = re.search(rf'<pre id="{pre_id}"[^>]*>(.*?)</pre>', page, re.S)
+    assert found, (pre_id, page[:500])
+    return html.unescape(found.group(1))
+
+
+async def test_a_kept_result_is_shown_indented_and_escaped(kept: str) -> None:
+    async with client(kept) as c:
+        page = (await c.get("/tasks/small")).text
+        detail = (await c.get("/tasks/small", params={"fragment": "detail"})).text
+        null = (await c.get("/tasks/null")).text
+    shown = pre(page, "result")
+    assert shown == json.dumps(SMALL, indent=2, ensure_ascii=False)
+    assert SCRIPT not in page
+    assert esc(SCRIPT) in page
+    assert "rocket 🚀" in page
+    assert 'id="result-whole"' not in page  # (whole already)
+    assert "not kept" not in page
+    assert pre(detail, "result") == shown  # (in the live part: it appears when the task ends)
+    assert pre(null, "result") == "null"
+
+
+async def test_a_long_result_is_cut_and_its_link_serves_it_whole(kept: str) -> None:
+    async with client(kept) as c:
+        url = f"{BASE}/tasks/long"
+        page = (await c.get(url)).text
+        whole = await c.get(browser_url(url, attribute(page, 'id="result-whole"', "href")))
+    shown = pre(page, "result")
+    assert len(shown) == SHOWN_JSON
+    assert "The first 2,000 characters" in page
+    assert "end" not in shown
+    assert whole.status_code == 200
+    assert whole.headers["content-type"] == "application/json"
+    assert whole.headers["x-content-type-options"] == "nosniff"
+    assert "default-src 'none'" in whole.headers["content-security-policy"]
+    assert json.loads(whole.text) == LONG
+    assert whole.text.startswith(shown)
+
+
+async def test_a_result_not_kept_is_not_shown(kept: str) -> None:
+    async with client(kept) as c:
+        unkept = (await c.get("/tasks/unkept")).text
+        live = (await c.get("/tasks/live-1")).text
+        refused = [await c.get(f"/results/{t}") for t in ("unkept", "live-1", "nope")]
+    assert 'id="result"' not in unkept
+    assert '<dt>result</dt><dd class="note"' in unkept
+    assert ">not kept</dd>" in unkept
+    assert 'id="result"' not in live
+    assert "not kept" not in live  # (it has not completed)
+    assert [r.status_code for r in refused] == [404, 404, 404]
+    assert "task &#39;unkept&#39; (completed) has no kept result" in refused[0].text
+    assert "task &#39;live-1&#39; (pending) has no kept result" in refused[1].text
+    assert "no task &#39;nope&#39;" in refused[2].text
+
+
+async def test_a_results_link_reaches_its_own_task_whatever_its_id(kept: str) -> None:
+    async with client(kept) as c:
+        url = f"{BASE}/tasks"
+        listing = (await c.get(url)).text
+        for task_id in KEPT_ODD:
+            page_url = browser_url(url, attribute(listing, task_row(task_id), "href"))
+            page = (await c.get(page_url)).text
+            assert heading(page) == task_id, page_url
+            href = attribute(page, 'id="result-whole"', "href")
+            whole = await c.get(browser_url(page_url, href))
+            assert whole.status_code == 200, (task_id, href)
+            assert json.loads(whole.text)[0] == task_id, href
+
+
+async def test_a_lone_surrogate_in_a_result_or_its_arguments_is_shown_as_an_escape(
+    kept: str,
+) -> None:
+    """Decoded, ``"\\udc80"`` is a str no response can encode: it is shown as
+    JSON writes it."""
+    async with client(kept) as c:
+        page = await c.get("/tasks/lone")
+        whole = await c.get("/results/lone")
+    assert page.status_code == 200
+    assert pre(page.text, "result") == '"\\udc80 <lone>"'
+    assert json.loads(pre(page.text, "args")) == ["\udc80 <lone>"]
+    assert "<lone>" not in page.text
+    assert whole.status_code == 200
+    assert whole.text == '"\\udc80 <lone>"'
+
+
+async def test_the_results_route_is_a_read_like_the_pages(kept: str) -> None:
+    async with client(kept, logged_in=False, require_token_for_reads=True) as c:
+        assert (await c.get("/results/small")).status_code == 403
+    async with client(kept, read_only=True) as c:
+        assert json.loads((await c.get("/results/small")).text) == SMALL
+
+
+def test_an_excerpt_encodes_about_what_it_shows() -> None:
+    class Counted(list[int]):
+        seen = 0
+
+        def __iter__(self) -> Iterator[int]:
+            for item in super().__iter__():
+                self.seen += 1
+                yield item
+
+    value = Counted(range(100_000))
+    shown = excerpt(value)
+    assert shown.cut
+    assert len(shown.text) == SHOWN_JSON
+    assert value.seen < 1000
+    assert json_text(value).startswith(shown.text)
+    exact = "x" * (SHOWN_JSON - 2)  # (with its quotes: SHOWN_JSON characters)
+    assert excerpt(exact) == Excerpt(json.dumps(exact), cut=False)
+    assert excerpt(exact + "x").cut

@@ -19,7 +19,18 @@ from starlette.routing import BaseRoute, Route
 from trioexec import StoreError
 
 from ._actions import cancel, pause, reject, resolve, resume, retry
-from ._pages import COUNTS, control, failed, overview, promises, run, runs, task, tasks
+from ._pages import (
+    COUNTS,
+    control,
+    failed,
+    overview,
+    promises,
+    result,
+    run,
+    runs,
+    task,
+    tasks,
+)
 from ._render import HERE, Dashboard, dashboard_of, store_error
 from ._security import Gate, Guard
 
@@ -141,6 +152,8 @@ def create_app(
         Route("/", overview),
         Route("/tasks", tasks),
         id_route("/tasks/{task_id:path}", task),
+        # (not /tasks/ID/result: an id may end in "/result")
+        id_route("/results/{task_id:path}", result),
         Route("/runs", runs),
         id_route("/runs/{run_id:path}", run),
         Route("/promises", promises),

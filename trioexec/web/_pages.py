@@ -1,6 +1,7 @@
 """The pages (GET). Each reads the store in worker threads (`Board.read`) and renders
 a template; every value from the database reaches the HTML through Jinja's
 autoescaping, and no input becomes SQL: filters go to the store's functions as values.
+`result` is no page: a task's kept result, whole, as JSON.
 """
 
 from __future__ import annotations
@@ -30,7 +31,17 @@ from trioexec._store._browse import (
 from trioexec._store._durable_rows import PromiseState
 
 from ._board import Board, read_counts
-from ._render import dashboard_of, message, pretty_json, render, segment, unsegment
+from ._render import (
+    SHOWN_JSON,
+    dashboard_of,
+    excerpt,
+    json_text,
+    message,
+    pretty_json,
+    render,
+    segment,
+    unsegment,
+)
 from ._security import sent_path
 from ._svg import HEIGHT, PAD, STEP_H, STEP_W, WIDTH, bars, line, run_graph
 
@@ -203,10 +214,28 @@ async def task(request: Request) -> Response:
         "task": record,
         "timeline": timeline(record, commands),
         "args_text": pretty_json(record.args),
+        "result": excerpt(record.result) if record.result_kept else None,
+        "shown_json": SHOWN_JSON,
         "current": "/tasks",
         "back": f"/tasks/{segment(task_id)}",
     }
     return render(request, "task.html", context)
+
+
+async def result(request: Request) -> Response:
+    """A task's kept result, whole, as JSON (its page shows the start of it)."""
+    board, _ = _board(request)
+    task_id, record = await _find(board, request, "task_id", lambda store, id: store.execution(id))
+    if record is None:
+        return _missing(request, "task", f"task {task_id!r}")
+    if not record.result_kept:
+        text = f"task {task_id!r} ({record.status.value}) has no kept result"
+        return message(
+            request, "No result", text, status_code=404, back=f"/tasks/{segment(task_id)}"
+        )
+    # (in a thread: indenting is Python's own encoder, and a result may be megabytes)
+    whole = await trio.to_thread.run_sync(json_text, record.result)
+    return Response(whole, media_type="application/json")
 
 
 def step_states(run: RunRecord, tasks: Iterable[ExecutionRecord]) -> dict[str, str]:

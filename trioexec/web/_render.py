@@ -13,6 +13,7 @@ import urllib.parse
 from collections.abc import Mapping
 from typing import Any, cast, final
 
+import attrs
 import jinja2
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -133,9 +134,53 @@ def pretty_json(text: str | None) -> str:
     if text is None:
         return "(not recorded: the arguments were not JSON)"
     try:
-        return json.dumps(json.loads(text), indent=2, ensure_ascii=False)
+        return json_text(json.loads(text))
     except ValueError:
         return text
+
+
+#: The most characters of a JSON value a page shows (a kept result): the rest is
+#: a link away.
+SHOWN_JSON = 2000
+_INDENTED = json.JSONEncoder(indent=2, ensure_ascii=False)
+
+
+def _utf8(text: str) -> str:
+    """``text`` with its lone surrogates (a decoded ``"\\udc80"``, which no
+    response can encode) written back as JSON writes them."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
+
+
+def json_text(value: Any) -> str:
+    """``value`` as JSON for reading: indented, its characters as they are (not
+    ``\\u`` escapes), but a lone surrogate as an escape. The one rule of every
+    JSON value a page or a response shows."""
+    return _utf8(_INDENTED.encode(value))
+
+
+@attrs.frozen
+class Excerpt:
+    """The start of a JSON value as `json_text` writes it."""
+
+    text: str  #: at most `SHOWN_JSON` characters
+    cut: bool  #: whether the value's text goes on past them
+
+
+def excerpt(value: Any, limit: int = SHOWN_JSON) -> Excerpt:
+    """The first ``limit`` characters of ``json_text(value)``, encoding only
+    about that much (a kept result may be megabytes)."""
+    chunks, length = [], 0
+    for chunk in _INDENTED.iterencode(value):
+        chunks.append(chunk)
+        length += len(chunk)
+        if length > limit:
+            break
+    text = _utf8("".join(chunks))
+    return Excerpt(text[:limit], len(text) > limit)
 
 
 def back_of(request: Request) -> str:
