@@ -146,12 +146,14 @@ Change = Transition | ExecutionRow | RunChange
 R_ID = ROW_COLUMNS.index("task_id")
 R_VERSION = ROW_COLUMNS.index("version")
 R_WAITING = ROW_COLUMNS.index("waiting_on")
+R_STATUS = ROW_COLUMNS.index("status")
+R_DEDUPE = ROW_COLUMNS.index("dedupe_key")
 
 
 #: What a submission gives of a new execution's row, in `submitted`'s order (with
-#: defaults for the last three); every other column starts at its `Column.initial`.
+#: defaults for the rest); every other column starts at its `Column.initial`.
 _GIVEN = ("task_id", "version", "name", "run_id", "spec_id", "args", "owner", "submitted_at")
-_DEFAULTED = {"key": None, "priority": 0, "waiting_on": "slot"}
+_DEFAULTED = {"key": None, "priority": 0, "waiting_on": "slot", "dedupe_key": None}
 
 
 class _Submitted(Protocol):
@@ -168,6 +170,7 @@ class _Submitted(Protocol):
         key: str | None = None,
         priority: int = 0,
         waiting_on: str | None = "slot",
+        dedupe_key: str | None = None,
     ) -> ExecutionRow: ...
 
 
@@ -185,5 +188,6 @@ def _write_submitted() -> _Submitted:
 
 
 #: ``submitted(task_id, version, name, run_id, spec_id, args, owner, submitted_at,
-#: key=None, priority=0, waiting_on="slot")``: a new execution's row, pending.
+#: key=None, priority=0, waiting_on="slot", dedupe_key=None)``: a new execution's
+#: row, pending.
 submitted = _write_submitted()

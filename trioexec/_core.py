@@ -19,6 +19,7 @@ import trio
 from ._admission import Gate
 from ._causation import current_job
 from ._control import Control
+from ._dedupe import Dedupes
 from ._events import EventStream
 from ._journal import Journal
 from ._keyshare import KeyBroker
@@ -27,7 +28,15 @@ from ._machine._keys import KeyLimit, KeyState, check_key, key_limits_for
 from ._machine._lifecycle import Lifecycle, journal_waiting
 from ._machine._pending import Pending
 from ._metrics import ExecutorMetrics, Tally
-from ._records import TYPED, ExecutionRecord, Overflow, ShutdownPolicy, check_id, check_number
+from ._records import (
+    TYPED,
+    ExecutionRecord,
+    Overflow,
+    ShutdownPolicy,
+    check_id,
+    check_number,
+    check_seconds,
+)
 from ._recovery import RecoverableRuns, Recovery
 from ._shutdown import Shutdown
 from ._slots import SlotPool
@@ -36,15 +45,6 @@ from ._store import Store
 from ._taskref import Job
 from ._waits import KeyTimer, LifecycleWaits
 from ._workers import Workers
-
-
-def check_seconds(name: str, value: object) -> None:
-    """None, or a finite number of seconds > 0. (On the submit path: the common
-    case, an int or a float from 0 to 2**1023, is taken without a call.)"""
-    if value is None or ((type(value) is float or type(value) is int) and 0 < value < 2.0**1023):
-        return
-    must = "a finite number of seconds > 0"
-    check_number(name, value, float, must, typed=_SECONDS, gt=0, lt=math.inf, errors=TYPED)
 
 
 def check_grace(name: str, value: object) -> None:
@@ -194,6 +194,7 @@ class ExecutorCore:
             config.keep_results,
         )
         self.waits = LifecycleWaits(lifecycle)
+        self.dedupes = Dedupes(lifecycle, journal, self.owner_id)
         self.workers = Workers(
             slots,
             self.lifecycle,

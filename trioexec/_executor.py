@@ -148,6 +148,8 @@ class Facade:
         key: str | None = None,
         priority: int | None = None,
         keep_result: bool | None = None,
+        dedupe_key: str | None = None,
+        dedupe_window: float | None = None,
     ) -> TaskRef[Any]:
         """Submit ``fn(*args)`` and return its `TaskRef` at once: like `Executor.submit`
         (the same options and errors), but never blocks, so under ``Overflow.BLOCK``
@@ -167,6 +169,10 @@ class Facade:
             None,
             keep_result,
         )
+        if dedupe_key is not None or dedupe_window is not None:
+            found = core.dedupes.submit_nowait(job, dedupe_key, dedupe_window)
+            if found is not None:
+                return found
         core.submit_nowait(job)
         return TaskRef(job)
 
@@ -292,6 +298,8 @@ class Executor(Facade):
         key: str | None = None,
         priority: int | None = None,
         keep_result: bool | None = None,
+        dedupe_key: str | None = None,
+        dedupe_window: float | None = None,
     ) -> TaskRef[Any]:
         """Submit ``fn(*args)`` and return its `TaskRef` once it is accepted.
 
@@ -304,6 +312,16 @@ class Executor(Facade):
         ``priority`` (an int, higher first) orders it among the tasks that may
         start. Both default to the `TaskSpec`'s (its ``key`` may be a function of
         the arguments), else no key and priority 0.
+
+        ``dedupe_key``: if an execution submitted with this key is live (pending,
+        running or deferred), or completed less than ``dedupe_window`` seconds
+        ago (None: while its record is kept; without a store, while this
+        executor is open), no new one is made: the `TaskRef` returned is that
+        execution's, with ``deduplicated`` True, and its ``wait()`` returns that
+        execution's completion (from the store, if another executor runs it).
+        Executors sharing a store make one execution per key, even submitting
+        it at the same instant: the store decides (a call to it at submission).
+        A failed, timed-out, cancelled or dropped execution does not hold its key.
 
         ``keep_result``: store the task's value as JSON with its completion
         (`ExecutionRecord.result`, `trioexec.wait_result`); None: the `TaskSpec`'s
@@ -319,11 +337,13 @@ class Executor(Facade):
           ValueError: a ``task_id``, ``name`` or ``correlation_id`` that is not a
             non-empty str of at most 1,000 characters a store can hold; a
             ``task_id`` live in this executor or recorded in its store; a
-            ``timeout`` or ``budget`` that is not a finite number > 0; a ``key``
-            that is not such a str (or a spec's key function that raised).
+            ``timeout``, ``budget`` or ``dedupe_window`` that is not a finite
+            number > 0; a ``key`` or ``dedupe_key`` that is not such a str (or a
+            spec's key function that raised); a ``dedupe_window`` without a
+            ``dedupe_key``.
           TypeError: ``fn`` is not callable; a ``priority`` that is not an int;
-            a ``key`` that is not a str (the error is a ValueError too); a
-            ``keep_result`` that is not a bool or None.
+            a ``key`` or ``dedupe_key`` that is not a str (the error is a
+            ValueError too); a ``keep_result`` that is not a bool or None.
         """
         # Exactly one schedule point: parking for space is one; otherwise a
         # cancel-shielded checkpoint after the (then certain) acceptance.
@@ -343,6 +363,10 @@ class Executor(Facade):
             None,
             keep_result,
         )
+        if dedupe_key is not None or dedupe_window is not None:
+            found = await core.dedupes.submit(job, dedupe_key, dedupe_window)
+            if found is not None:
+                return found
         if core.accept_if_fits(job):  # (no coroutine of ours on the common path)
             await trio.lowlevel.cancel_shielded_checkpoint()
         else:
@@ -383,10 +407,17 @@ class Executor(Facade):
         ) -> Any: ...
 
     async def run(
-        self, fn: Callable[..., Any], *args: object, keep_result: bool | None = None
+        self,
+        fn: Callable[..., Any],
+        *args: object,
+        keep_result: bool | None = None,
+        dedupe_key: str | None = None,
+        dedupe_window: float | None = None,
     ) -> Any:
         """Submit ``fn(*args)``, wait for it, and return its value or raise its error
-        (`TaskCompletion.unwrap`). ``keep_result`` as for `submit`.
+        (`TaskCompletion.unwrap`). ``keep_result``, ``dedupe_key`` and
+        ``dedupe_window`` as for `submit` (a duplicate's value is its execution's:
+        with a store, the kept result of another executor's).
 
         Raises:
           Exception: the task's own exception, as it is, if it failed.
@@ -394,7 +425,9 @@ class Executor(Facade):
           TaskCancelled: if it was cancelled.
           TaskRejected: if it was dropped.
         """
-        ref = await self.submit(fn, *args, keep_result=keep_result)
+        ref = await self.submit(
+            fn, *args, keep_result=keep_result, dedupe_key=dedupe_key, dedupe_window=dedupe_window
+        )
         completion = await ref.wait()
         return completion.unwrap()
 

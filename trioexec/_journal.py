@@ -78,9 +78,12 @@ class Journal:
             self._wake_at = _NEVER
             self._writer_lot.unpark()
 
-    def new_row(self, job: Job, owner_id: str) -> ExecutionRow:
+    def new_row(self, job: Job, owner_id: str) -> ExecutionRow | None:
         """The store's row of a new execution of ``owner_id``'s, not journaled yet:
-        the part of a submission that may raise (its arguments as JSON), made first."""
+        the part of a submission that may raise (its arguments as JSON), made first.
+        None for one that holds a dedupe key: its row was stored as it took it."""
+        if job.dedupe_key is not None:
+            return None
         fn = job.fn
         spec_id = fn.id if isinstance(fn, TaskSpec) else None
         try:

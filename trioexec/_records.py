@@ -171,6 +171,24 @@ def check_number(
     return number  # type: ignore[return-value]  # (an int for kind int)
 
 
+def check_seconds(name: str, value: object) -> None:
+    """None, or a finite number of seconds > 0. (On the submit path: the common
+    case, an int or a float from 0 to 2**1023, is taken without a call.)"""
+    if value is None or ((type(value) is float or type(value) is int) and 0 < value < 2.0**1023):
+        return
+    must = "a finite number of seconds > 0"
+    check_number(
+        name,
+        value,
+        float,
+        must,
+        typed="a number of seconds or None",
+        gt=0,
+        lt=math.inf,
+        errors=TYPED,
+    )
+
+
 def stored_int(what: str, value: object, *, minimum: int | None = None) -> int:
     """``value`` if it is an int (not a bool) from ``minimum`` to 2**63 - 1, as a
     64-bit column holds it (a version, say); else ValueError naming ``what`` and
@@ -305,9 +323,10 @@ class ExecutionRecord:
     FAILED or TIMED_OUT execution (None otherwise); both are None in rows written
     before the stores recorded them. A requeued execution keeps its last error
     and traceback until its next attempt ends. ``result_kept`` is True for a
-    COMPLETED execution whose value was kept (`open_executor`'s
-    ``keep_results``), and ``result`` is that value decoded from its JSON (None
-    when not kept).
+    COMPLETED execution whose value was kept (`open_executor`'s ``keep_results``,
+    or the task's or submission's ``keep_result``), and ``result`` is that value
+    decoded from its JSON (None when not kept). ``dedupe_key`` is the
+    submission's (``submit(dedupe_key=...)``).
     """
 
     task_id: str
@@ -331,6 +350,7 @@ class ExecutionRecord:
     priority: int = 0
     waiting_on: str | None = None
     traceback: str | None = None
+    dedupe_key: str | None = None
     result_kept: bool = False
     result: Any = None
 

@@ -6,7 +6,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Generic, Protocol, TypedDict, TypeVar, TypeVarTuple, final
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    Generic,
+    Protocol,
+    TypedDict,
+    TypeVar,
+    TypeVarTuple,
+    cast,
+    final,
+)
 
 import attrs
 import trio
@@ -45,12 +55,16 @@ class SubmitOptions(TypedDict, total=False):
     key: str | None
     priority: int | None
     keep_result: bool | None
+    dedupe_key: str | None
+    dedupe_window: float | None
 
 
 class RunOptions(TypedDict, total=False):
     """`Executor.run`'s keyword options, as its overloads type them."""
 
     keep_result: bool | None
+    dedupe_key: str | None
+    dedupe_window: float | None
 
 
 class TakesHandleKeyword(Protocol[*Ts]):
@@ -87,6 +101,17 @@ class Owner(Protocol):
 
     def waiting_on(self, job: Job) -> str | None: ...
 
+    #: True for an execution of another executor (a deduplicated submission's):
+    #: `TaskRef.wait` then waits with `RemoteOwner.wait_remote`
+    remote: bool
+
+
+class RemoteOwner(Owner, Protocol):
+    """The owner of an execution another executor runs (`trioexec._remote`)."""
+
+    async def wait_remote(self, job: Job) -> None:
+        """Wait until ``job`` has ended in its store, and fill it in from its record."""
+
 
 @final
 @attrs.define(eq=False, repr=False, weakref_slot=False)
@@ -115,6 +140,8 @@ class Job:
     on_done: Callable[[Job], None] | None = None
     #: keep its value in the store as JSON (None: as its executor does)
     keep_result: bool | None = None
+    #: ``submit(dedupe_key=...)``: with a store, its row is stored at submission
+    dedupe_key: str | None = None
     status: TaskStatus = TaskStatus.PENDING
     attempts: int = 0
     active_seconds: float = 0.0
@@ -192,10 +219,13 @@ class TaskRef(Generic[T_co]):
     ``TaskCompletion[T]``.
     """
 
-    __slots__ = ("_job",)
+    __slots__ = ("_job", "deduplicated")
 
-    def __init__(self, job: Job) -> None:
+    def __init__(self, job: Job, deduplicated: bool = False) -> None:
         self._job = job
+        #: True if this submission made no execution: another with its
+        #: ``dedupe_key`` was live or completed recently, and this is that one
+        self.deduplicated = deduplicated
 
     @property
     def task_id(self) -> str:
@@ -231,6 +261,11 @@ class TaskRef(Generic[T_co]):
         return self._job.priority
 
     @property
+    def dedupe_key(self) -> str | None:
+        """Its submission's ``dedupe_key``, or None."""
+        return self._job.dedupe_key
+
+    @property
     def waiting_on(self) -> str | None:
         """Why it is not running now: ``"slot"``, ``"key concurrency <key>"``,
         ``"rate limit <key>"``, ``"retry backoff"``, ``"event"`` or
@@ -251,7 +286,10 @@ class TaskRef(Generic[T_co]):
     async def wait(self) -> TaskCompletion[T_co]:
         """Wait until the task ends and return its `TaskCompletion`. A checkpoint.
 
-        Cancelling the wait does not cancel the task (use `cancel`).
+        Cancelling the wait does not cancel the task (use `cancel`). A
+        deduplicated ref of an execution another executor runs (or ran) waits
+        for it in the store: its completion's ``result`` is the kept result, and
+        the ``error`` of one that ended otherwise is a `TaskFailed`.
 
         Raises:
           StoreError: the executor's store failed before this completion was
@@ -260,7 +298,9 @@ class TaskRef(Generic[T_co]):
         job = self._job
         if not job.ended or job.pending_ack:
             owner = job.owner
-            if owner.failure is None:
+            if owner.remote:
+                await cast(RemoteOwner, owner).wait_remote(job)
+            elif owner.failure is None:
                 if job.done is None:
                     job.done = trio.Event()
                 if job.pending_ack and job.ended:

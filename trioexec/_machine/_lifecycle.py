@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, final
 import attrs
 
 from .._changes import R_WAITING, ExecutionRow, Finish, Retry, Start, Sub, Wait
-from .._errors import StoreError, TaskCancelled
+from .._errors import StoreError, TaskCancelled, TaskRejected
 from .._metrics import Tally
 from .._observe import (
     Observer,
@@ -57,7 +57,7 @@ class Journal(Protocol):
     @property
     def failure(self) -> StoreError | None: ...
     def failure_error(self) -> StoreError: ...
-    def new_row(self, job: Job, owner_id: str) -> ExecutionRow: ...
+    def new_row(self, job: Job, owner_id: str) -> ExecutionRow | None: ...
     def dead_letter(self, job: Job) -> tuple[str | None, str | None]: ...
     def append(self, change: ExecutionRow) -> None: ...
     def fold(self, job: Job, change: Transition) -> None: ...
@@ -93,6 +93,8 @@ class Runs(Protocol):
 class Lifecycle:
     """The transitions of one executor's tasks, and who is told of each."""
 
+    remote = False  # (`trioexec._taskref.Owner`: its jobs are its own)
+
     def __init__(
         self,
         tally: Tally,
@@ -127,6 +129,8 @@ class Lifecycle:
         self.observer: Observer | None = None  # (`add_observer`)
         self.unread = UnreadFailures()  # failed tasks whose completion nobody read
         self.keep_results = keep_results  # a task's value is kept unless it says not
+        #: dedupe key -> the latest execution submitted with it here (`Dedupes`)
+        self.dedupes: dict[str, Job] = {}
 
     # ------------------------------------------------------------ accepted
 
@@ -150,6 +154,28 @@ class Lifecycle:
         """``job`` was not accepted after all: its chosen id is free again."""
         if self._named.get(job.task_id) is job:
             del self._named[job.task_id]
+        if job.dedupe_key is not None:
+            self._refused_with_key(job)
+
+    def _refused_with_key(self, job: Job) -> None:
+        """A submission with a dedupe key was refused after it took the key (with
+        a store: after its row was stored): it ends ``REJECTED``, for its record
+        and for whoever was handed it as a duplicate meanwhile."""
+        key = job.dedupe_key
+        assert key is not None
+        if self.dedupes.get(key) is job:
+            del self.dedupes[key]
+        job.status = TaskStatus.REJECTED
+        job.finished_at = self.wall()
+        job.error = TaskRejected(f"task {job.name!r} ({job.task_id}) was not admitted")
+        journal = self.journal
+        if journal is None:
+            job.wake_waiters()
+            return
+        error = safe_repr(job.error)
+        finish = (job.task_id, job.version, job.status, job.finished_at, error, None, None, None)
+        journal.fold(job, Finish(finish))
+        journal.notify.append(job)  # (acknowledged once its record says so)
 
     def accept(self, job: Job, *, recovered: bool = False, displace: bool = False) -> None:
         """Queue ``job`` (``displace``: dropping the oldest pending task for its
@@ -606,8 +632,9 @@ def kept_result(job: Job) -> str | None:
     """``job``'s value as the JSON a store keeps; None if ``json.dumps`` refuses
     it (``job.error`` then says so: the task failed, with no retry)."""
     try:
-        return json.dumps(job.result)
-    except (TypeError, ValueError) as exc:  # (ValueError: a circular reference)
+        # (strict JSON: NaN and infinities would be refused by other readers)
+        return json.dumps(job.result, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:  # (a circular reference, NaN)
         error = TypeError(
             f"task {job.name!r} ({job.task_id}) returned a value of type"
             f" {type(job.result).__qualname__!r}, which cannot be kept as JSON: {exc}"

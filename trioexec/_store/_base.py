@@ -613,6 +613,19 @@ class Store(Protocol):
         hold matches none (see `execution`)."""
         ...
 
+    def dedupe(self, row: ExecutionRow, window: float | None) -> ExecutionRecord | None:
+        """Insert ``row``, a new execution with a dedupe key, unless an execution
+        with its key is live, or completed less than ``window`` seconds ago on the
+        store's clock (None: whenever, while its record is kept): then return
+        that execution's record and insert nothing. In one transaction: of two
+        callers with one key at the same instant (any processes, any hosts), one
+        inserts and the other gets its record.
+
+        Raises:
+          ValueError: an execution of ``row``'s id is stored already.
+        """
+        ...
+
     def execution(self, task_id: str) -> ExecutionRecord | None:
         """One execution, or None. The same on every store: an id no store can
         hold (a NUL, a lone surrogate) is None; one that is not a str is a

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._columns import POSTGRES_SCHEMA, added, version_of
+from .._columns import DEDUPE_BY_KEY, DEDUPE_LIVE, POSTGRES_SCHEMA, added, version_of
 from .._errors import StoreError
 
 if TYPE_CHECKING:
@@ -223,6 +223,13 @@ MIGRATIONS: tuple[str, ...] = (
     # 11: a task's value kept as JSON with its completion (`keep_results`); NULL
     # when none was kept, as in every row before.
     _add_columns(11),
+    # 12: `submit(dedupe_key=...)`: one live execution per key (the store refuses
+    # a second), and a key's executions by when they finished (is one recent?).
+    _add_columns(12)
+    + f"""
+    CREATE UNIQUE INDEX executions_dedupe_live ON executions {DEDUPE_LIVE};
+    CREATE INDEX executions_dedupe ON executions {DEDUPE_BY_KEY};
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -20,7 +20,16 @@ import functools
 from collections.abc import Callable, Collection, Sequence
 from typing import Any, ClassVar, Concatenate, ParamSpec, Protocol, TypeVar
 
-from .._changes import Change, ExecutionRow, RunChange, RunCreated, StepRecorded, Transition
+from .._changes import (
+    R_DEDUPE,
+    R_ID,
+    Change,
+    ExecutionRow,
+    RunChange,
+    RunCreated,
+    StepRecorded,
+    Transition,
+)
 from .._errors import StoreError
 from .._records import TYPED, ExecutionRecord, SubStatus, TaskStatus, check_number
 from ._base import (
@@ -123,9 +132,10 @@ class SQLStore:
         """Start a transaction whose later statements must see what committed
         since its first (PostgreSQL: READ COMMITTED whatever the default)."""
 
-    def _lock_key(self, conn: Any, key: str) -> None:
+    def _lock_key(self, conn: Any, key: str, person: bytes = b"") -> None:
         """Take the transaction's lock of ``key`` (PostgreSQL: an advisory lock;
-        SQLite's write transaction holds the whole file already)."""
+        SQLite's write transaction holds the whole file already). ``person``
+        picks another space of locks (a dedupe key's is ``b"dedupe"``)."""
 
     def _commanding(self, what: str) -> contextlib.AbstractContextManager[Any]:
         """The write transaction of a command."""
@@ -304,6 +314,31 @@ class SQLStore:
                     )
                 ]
         return Recovery(claimed, orphaned, abandoned)
+
+    # ------------------------------------------------------------------ dedupe keys
+
+    @_retried
+    def dedupe(self, row: ExecutionRow, window: float | None) -> ExecutionRecord | None:
+        """See `Store.dedupe`: under the key's lock, so that two hosts submitting
+        one key at once take turns (and the unique index of live keys refuses a
+        second live one whatever happens)."""
+        m = self.dialect.mark
+        key = row[R_DEDUPE]
+        recent = "" if window is None else f" AND e.finished_at >= {m}"
+        sql = (
+            f"{SELECT_RECORDS} WHERE e.dedupe_key = {m} AND (e.status IN {_LIVE}"
+            f" OR (e.status = 'completed'{recent})) ORDER BY e.{self.dialect.seq} DESC LIMIT 1"
+        )
+        with self._db.transaction("dedupe") as conn:
+            self._begin(conn)
+            self._lock_key(conn, key, b"dedupe")
+            args = (key,) if window is None else (key, self.clock() - window)
+            found = conn.execute(sql, args).fetchone()
+            if found is not None:
+                return record_of(found, self.path)
+            if self._insert_rows(conn, [row]):
+                raise ValueError(f"task id {row[R_ID]!r} is already recorded in the store")
+        return None
 
     def _one(self, conn: Any, task_id: str) -> ExecutionRecord:
         row = conn.execute(

@@ -9,12 +9,12 @@ from typing import TypeVar
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from .._columns import SQLITE_SCHEMA, added, version_of
+from .._columns import DEDUPE_BY_KEY, DEDUPE_LIVE, SQLITE_SCHEMA, added, version_of
 from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
-SCHEMA_VERSION = 14
+SCHEMA_VERSION = 15
 MIGRATIONS = Migrations("trioexec")
 #: Every migration this trioexec defines, by name: a file with any other applied
 #: was written by a newer trioexec.
@@ -264,6 +264,16 @@ def _results(db: sqlite_utils.Database) -> None:
     # when none was kept, as in every row before.
     _add_columns(db, 14)
     db.execute("UPDATE trioexec_meta SET value = '14' WHERE key = 'schema_version'")
+
+
+@_migration("0015_dedupe")
+def _dedupe(db: sqlite_utils.Database) -> None:
+    # `submit(dedupe_key=...)`: one live execution per key (the store refuses a
+    # second), and a key's executions by when they finished (is one recent?).
+    _add_columns(db, 15)
+    db.execute(f"CREATE UNIQUE INDEX executions_dedupe_live ON executions {DEDUPE_LIVE}")
+    db.execute(f"CREATE INDEX executions_dedupe ON executions {DEDUPE_BY_KEY}")
+    db.execute("UPDATE trioexec_meta SET value = '15' WHERE key = 'schema_version'")
 
 
 def schema_version(db: sqlite_utils.Database, path: str) -> int:
