@@ -78,11 +78,12 @@ if MISSING_EXTRA is None:  # the commands render with rich; without it `run` say
     from ._dashboard import dashboard
     from ._demo import demo
     from ._durable import check, promises, tasks
+    from ._result import result
     from ._schedules import schedules
     from ._views import runs, status, watch
     from ._worker import worker
 
-    for _command in (demo, status, watch, runs, schedules, promises, tasks, check, worker):
+    for _command in (demo, status, watch, runs, result, schedules, promises, tasks, check, worker):
         main.add_command(_command)
     for _command in (pause, resume, cancel, retry, commands, dashboard):
         main.add_command(_command)
