@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.metadata
 import sys
 from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import click
 
@@ -40,7 +41,22 @@ def _show_version(ctx: click.Context, _param: click.Parameter, value: bool) -> N
         ctx.exit()
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _interrupted() -> NoReturn:
+    fail("interrupted", 130)
+
+
+class _Commands(click.Group):
+    """A Ctrl-C in a command ends it as `run` says (left to click, it would print
+    a blank line and "aborted", exit 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            _interrupted()
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option(
     "--version",
     is_flag=True,
@@ -62,11 +78,12 @@ if MISSING_EXTRA is None:  # the commands render with rich; without it `run` say
     from ._dashboard import dashboard
     from ._demo import demo
     from ._durable import check, promises, tasks
+    from ._result import result
     from ._schedules import schedules
     from ._views import runs, status, watch
     from ._worker import worker
 
-    for _command in (demo, status, watch, runs, schedules, promises, tasks, check, worker):
+    for _command in (demo, status, watch, runs, result, schedules, promises, tasks, check, worker):
         main.add_command(_command)
     for _command in (pause, resume, cancel, retry, commands, dashboard):
         main.add_command(_command)
@@ -110,10 +127,10 @@ def run(args: Sequence[str] | None = None) -> None:
         # A row this trioexec cannot read, a locked or broken table, ...
         fail(f"cannot read the database: {type(exc).__name__}: {exc}")
     except KeyboardInterrupt:
-        fail("interrupted", 130)
+        _interrupted()
     except BaseExceptionGroup as exc:
         if exc.subgroup(KeyboardInterrupt) is not None:
-            fail("interrupted", 130)
+            _interrupted()
         store_error = _store_error(exc)
         if store_error is not None:
             fail(str(store_error))

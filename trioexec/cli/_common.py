@@ -21,7 +21,7 @@ import click  # (a dependency of sqlite-utils too: there wherever trioexec impor
 
 import trioexec
 from trioexec import PostgresStore, SQLiteStore, StoreError
-from trioexec._records import age
+from trioexec._records import age, check_id
 from trioexec._store._open import is_postgres_url
 from trioexec._store._pg_conn import mask, redact
 
@@ -50,6 +50,16 @@ def fail(message: str, code: int = EXIT_PROBLEM) -> NoReturn:
         soft_wrap=True,
     )
     raise SystemExit(code)
+
+
+def check_ids(values: Sequence[str], what: str = "task id") -> None:
+    """Usage error for a value no store can hold, before the database is opened
+    (one bad value: nothing done)."""
+    for value in values:
+        try:
+            check_id(what, value)
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
 
 
 #: DB as output shows it: a URL without its password.

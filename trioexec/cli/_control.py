@@ -11,28 +11,27 @@ import click
 from rich.text import Text
 
 from trioexec._control import who_am_i
-from trioexec._records import check_id
 from trioexec._store._control import SUPERSEDED_COMMAND
 
-from ._common import EXIT_USAGE, ago, console, emit_json, err, fail, open_store, parse_age
+from ._common import (
+    EXIT_USAGE,
+    ago,
+    check_ids,
+    console,
+    emit_json,
+    err,
+    fail,
+    open_store,
+    parse_age,
+)
 from ._table import Column, one_line, print_table
-
-
-def _check_ids(values: tuple[str, ...], what: str = "task id") -> None:
-    """Usage error for a value no store can hold, before the database is opened
-    (one bad value: nothing done)."""
-    for value in values:
-        try:
-            check_id(what, value)
-        except ValueError as exc:
-            raise click.UsageError(str(exc)) from None
 
 
 def _pause_or_resume(kind: str, db: str, names: tuple[str, ...], keys: tuple[str, ...]) -> None:
     if not names and not keys:
         raise click.UsageError("give at least one --name or --key")
-    _check_ids(names, "name")
-    _check_ids(keys, "key")
+    check_ids(names, "name")
+    check_ids(keys, "key")
     who = who_am_i()
     superseded = []
     with open_store(db, read_only=False) as store:
@@ -84,7 +83,7 @@ def cancel(db: str, task_ids: tuple[str, ...]) -> None:
     unknown; a task that already ended is left as it is."""
     who = who_am_i()
     unknown = 0
-    _check_ids(task_ids)
+    check_ids(task_ids)
     with open_store(db, read_only=False) as store:
         for task_id in task_ids:
             try:
@@ -133,9 +132,9 @@ def retry(
     if (name is not None or since is not None) and not failed:
         raise click.UsageError("--name and --since go with --failed")
     after = None if since is None else parse_since(since)
-    _check_ids(task_ids)
+    check_ids(task_ids)
     if name is not None:
-        _check_ids((name,), "name")
+        check_ids((name,), "name")
     with open_store(db, read_only=False) as store:
         try:
             result = store.requeue(list(task_ids) or None, name=name, since=after, who=who_am_i())
