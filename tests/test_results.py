@@ -378,3 +378,31 @@ def test_another_process_reads_the_result_by_id(db_target, tmp_path):
             worker.kill()
         worker.communicate()  # (closes its pipes)
         errors.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [
+        (float("nan"), "'float'"),  # (strict JSON: other readers refuse NaN)
+        ({"x": float("inf")}, "'dict'"),
+        (["deep"], "'list'"),  # (nested past the recursion limit below)
+    ],
+)
+async def test_a_value_strict_json_refuses_fails_only_its_task(value, named):
+    if value == ["deep"]:
+        for _ in range(100_000):
+            value = [value]
+
+    async def returns() -> object:
+        return value
+
+    store = trioexec.MemoryStore()
+    async with trioexec.open_executor(
+        store=store, keep_results=True, report_unread_failures=False
+    ) as ex:
+        bad = await ex.submit(returns)
+        good = await ex.submit(order, 1)
+    assert (await bad.wait()).status is TaskStatus.FAILED
+    assert named in str((await bad.wait()).error)
+    assert (await good.wait()).status is TaskStatus.COMPLETED
+    store.close()

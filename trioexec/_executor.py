@@ -338,12 +338,12 @@ class Executor(Facade):
             non-empty str of at most 1,000 characters a store can hold; a
             ``task_id`` live in this executor or recorded in its store; a
             ``timeout``, ``budget`` or ``dedupe_window`` that is not a finite
-            number > 0; a ``key`` or ``dedupe_key`` that is not such a str (or a
-            spec's key function that raised); a ``dedupe_window`` without a
-            ``dedupe_key``.
+            number > 0; a ``key`` that is not such a str (or a spec's key
+            function that raised); a ``dedupe_key`` that is not one (as a
+            ``task_id``); a ``dedupe_window`` without a ``dedupe_key``.
           TypeError: ``fn`` is not callable; a ``priority`` that is not an int;
-            a ``key`` or ``dedupe_key`` that is not a str (the error is a
-            ValueError too); a ``keep_result`` that is not a bool or None.
+            a ``key`` that is not a str (the error is a ValueError too); a
+            ``keep_result`` that is not a bool or None.
         """
         # Exactly one schedule point: parking for space is one; otherwise a
         # cancel-shielded checkpoint after the (then certain) acceptance.
