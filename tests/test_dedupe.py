@@ -262,3 +262,26 @@ async def test_a_duplicate_of_a_pending_chosen_id_keeps_the_original():
         gate.set()
     assert {r.task_id for r in store.executions()} == {"charge-1", "charge-2"}
     store.close()
+
+
+@trioexec.task(id="dedupe.flaky")
+async def flaky(order: int) -> int:
+    raise ValueError(f"order {order}: try again")
+
+
+async def test_a_dead_letter_is_not_requeued_while_its_key_is_held(make_store):
+    store = make_store()
+    async with trioexec.open_executor(store=store, report_unread_failures=False) as ex:
+        dead = await ex.submit(flaky, 1, dedupe_key="order-1")
+        await dead.wait()
+        other = await ex.submit(flaky, 2, dedupe_key="order-2")
+        await other.wait()
+        holder = await ex.submit(charge, 1, dedupe_key="order-1")
+        await holder.wait()
+    done = store.requeue([dead.task_id, other.task_id], who="test")
+    assert done.refused == [
+        (dead.task_id, f"its dedupe key is held by {holder.task_id!r} (completed)")
+    ]
+    assert [r.task_id for r in done.requeued] == [other.task_id]
+    assert store.execution(other.task_id).status is TaskStatus.PENDING
+    assert store.execution(dead.task_id).status is TaskStatus.FAILED

@@ -67,6 +67,8 @@ LAYERS: tuple[tuple[str, frozenset[str]], ...] = (
                 "trioexec._keyshare",
                 "trioexec._workers",
                 "trioexec._journal",
+                "trioexec._dedupe",
+                "trioexec._remote",
                 "trioexec._recovery",
                 "trioexec._shutdown",
                 "trioexec._causation",

@@ -380,6 +380,7 @@ class ExecutorCore:
             key=record.key,
             priority=record.priority,
             keep_result=spec.keep_result,
+            dedupe_key=record.dedupe_key,
             version=record.version,
             attempts=record.attempt,
         )

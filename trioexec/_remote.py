@@ -119,9 +119,7 @@ def remote_job(store: Store, record: ExecutionRecord, who: str) -> Job:
 
 def fill(job: Job, record: ExecutionRecord) -> None:
     """``job`` as ``record`` has its execution (an ended one: with its completion's fields)."""
-    job.status = record.status
-    job.attempts = record.attempt
-    job.started_at = record.started_at
+    job.status, job.attempts, job.started_at = record.status, record.attempt, record.started_at
     if record.status in LIVE:
         return
     job.finished_at = record.finished_at or 0.0

@@ -328,6 +328,15 @@ def sql_requeue(
 
     def judge(task_id: str, record: ExecutionRecord | None) -> None:
         why = requeue_refusal(record)
+        if why is None and record is not None and record.dedupe_key is not None:
+            # (one execution per dedupe key: a second must not run it again)
+            holder = conn.execute(
+                f"SELECT task_id, status FROM executions WHERE dedupe_key = {m}"
+                f" AND status IN ('pending', 'running', 'completed') LIMIT 1",
+                (record.dedupe_key,),
+            ).fetchone()
+            if holder is not None:
+                why = f"its dedupe key is held by {holder[0]!r} ({holder[1]})"
         if why is not None:
             refused.append((task_id, why))
             return
