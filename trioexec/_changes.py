@@ -148,6 +148,7 @@ R_VERSION = ROW_COLUMNS.index("version")
 R_WAITING = ROW_COLUMNS.index("waiting_on")
 R_STATUS = ROW_COLUMNS.index("status")
 R_DEDUPE = ROW_COLUMNS.index("dedupe_key")
+R_PARENT = ROW_COLUMNS.index("parent_id")
 
 
 #: What a submission gives of a new execution's row, in `submitted`'s order (with

@@ -89,11 +89,15 @@ EXECUTIONS = (
     Column("result", "text", since=(14, 11)),
     # (`submit(dedupe_key=...)`: one live or recently completed execution per key)
     Column("dedupe_key", "text", since=(15, 12)),
+    # (the task tree: the task of its executor that submitted it)
+    Column("parent_id", "text", since=(16, 13)),
 )
 #: The dedupe keys' two indexes (both schemas): one live execution per key, and a
 #: key's executions by when they finished.
 DEDUPE_LIVE = "(dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')"
 DEDUPE_BY_KEY = "(dedupe_key, finished_at) WHERE dedupe_key IS NOT NULL"
+#: The task tree's index (both schemas): a task's children.
+CHILDREN = "(parent_id) WHERE parent_id IS NOT NULL"
 #: A "row" change's fields after its kind, in order.
 ROW_COLUMNS = tuple(c.name for c in EXECUTIONS)
 #: Where each schema's version sits in `Column.since`.

@@ -42,7 +42,7 @@ from ._shutdown import Shutdown
 from ._slots import SlotPool
 from ._spec import CallInfo, TaskSpec, call_info, check_priority, spec_key, task_name
 from ._store import Store
-from ._taskref import Job
+from ._taskref import Extras, Job
 from ._waits import KeyTimer, LifecycleWaits
 from ._workers import Workers
 
@@ -126,6 +126,27 @@ class ExecutorConfig:
     def capacity(self) -> int:
         """The admission bound over pending + active + deferred."""
         return self.max_concurrent_tasks + self.queue_capacity
+
+
+def adopt(parent: Job, child: Job) -> None:
+    """``child`` was submitted by ``parent``'s code (the task tree): it is one of
+    its children, and its deadline is never later than its ancestors'."""
+    extras = child.extras
+    assert extras is not None
+    extras.parent, extras.parent_id = parent, parent.task_id
+    if parent.extras is None:
+        parent.extras = Extras()
+    above = parent.extras
+    if above.children is None:
+        above.children = set()
+    above.children.add(child)
+    # (the parent's running attempt's deadline, which its own inherited one may be)
+    deadline, of = parent.deadline, parent.task_id
+    if above.deadline <= deadline and above.deadline_of is not None:
+        deadline, of = above.deadline, above.deadline_of
+    if deadline < math.inf:
+        extras.deadline, extras.deadline_of = deadline, of
+        child.simple = False  # (its attempts run under that deadline)
 
 
 def check_store(store: object) -> None:
@@ -253,8 +274,10 @@ class ExecutorCore:
         priority: int | None = None,
         on_done: Callable[[Job], None] | None = None,
         keep_result: bool | None = None,
+        detached: bool = False,
     ) -> Job:
-        """Check one submission and make its `Job` (not accepted yet)."""
+        """Check one submission and make its `Job` (not accepted yet): the child of
+        the task of this executor submitting it, unless ``detached``."""
         self.tally.submitted_count += 1
         if self.shutdown.closing:
             self.shutdown.check_open(run_id is not None)
@@ -304,6 +327,11 @@ class ExecutorCore:
             causation_id = parent.task_id
             if correlation_id is None:
                 correlation_id = parent.correlation_id
+            if detached is not False:
+                check_keep("detached", detached)
+                parent = None
+            elif parent.owner is not self.lifecycle:
+                parent = None  # (another executor's task: a root here)
         if budget is None:
             budget = self.config.task_budget
         job = Job(
@@ -325,8 +353,12 @@ class ExecutorCore:
             key,
             priority or 0,
             on_done,  # (positional: a keyword costs the hot path a name search)
-            keep_result,
         )
+        if parent is not None or keep_result is not None:
+            job.extras = Extras(keep_result)
+            self.lifecycle.uses_extras = True
+            if parent is not None:
+                adopt(parent, job)
         if task_id is not None:
             self.lifecycle.track_named(job)
         return job
@@ -379,11 +411,12 @@ class ExecutorCore:
             False,
             key=record.key,
             priority=record.priority,
-            keep_result=spec.keep_result,
-            dedupe_key=record.dedupe_key,
             version=record.version,
             attempts=record.attempt,
         )
+        if spec.keep_result is not None or record.dedupe_key or record.parent_id:
+            job.extras = Extras(spec.keep_result, record.dedupe_key, parent_id=record.parent_id)
+            self.lifecycle.uses_extras = True
         self.lifecycle.accept(job, recovered=True)
         self.workers.work_arrived()
 

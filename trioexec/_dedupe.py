@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, final
 from ._changes import R_DEDUPE
 from ._records import TaskStatus, check_id, check_seconds
 from ._remote import remote_job
-from ._taskref import Job, TaskRef
+from ._taskref import DuplicateRef, Extras, Job, TaskRef
 
 if TYPE_CHECKING:
     from ._journal import Journal
@@ -88,7 +88,7 @@ class Dedupes:
             )
         ):
             lifecycle.untrack(job)
-            return TaskRef(found, True)
+            return DuplicateRef(found)
         if self._journal is None:
             self._take(job, key)
         return None
@@ -111,13 +111,16 @@ class Dedupes:
         self._lifecycle.untrack(job)
         mine = self._lifecycle.live.get(record.task_id)
         if mine is not None:
-            return TaskRef(mine, True)
+            return DuplicateRef(mine)
         assert self._journal is not None
         who = f"executor {self._owner_id}"
-        return TaskRef(remote_job(self._journal.store, record, who), True)
+        return DuplicateRef(remote_job(self._journal.store, record, who))
 
     def _take(self, job: Job, key: str) -> None:
-        job.dedupe_key = key
+        if job.extras is None:
+            job.extras = Extras()
+        job.extras.dedupe_key = key
+        self._lifecycle.uses_extras = True
         dedupes = self._lifecycle.dedupes
         dedupes[key] = job
         if len(dedupes) > self._bound and self._journal is not None:

@@ -150,6 +150,7 @@ class Facade:
         keep_result: bool | None = None,
         dedupe_key: str | None = None,
         dedupe_window: float | None = None,
+        detached: bool = False,
     ) -> TaskRef[Any]:
         """Submit ``fn(*args)`` and return its `TaskRef` at once: like `Executor.submit`
         (the same options and errors), but never blocks, so under ``Overflow.BLOCK``
@@ -168,6 +169,7 @@ class Facade:
             priority,
             None,
             keep_result,
+            detached,
         )
         if dedupe_key is not None or dedupe_window is not None:
             found = core.dedupes.submit_nowait(job, dedupe_key, dedupe_window)
@@ -300,6 +302,7 @@ class Executor(Facade):
         keep_result: bool | None = None,
         dedupe_key: str | None = None,
         dedupe_window: float | None = None,
+        detached: bool = False,
     ) -> TaskRef[Any]:
         """Submit ``fn(*args)`` and return its `TaskRef` once it is accepted.
 
@@ -322,6 +325,15 @@ class Executor(Facade):
         Executors sharing a store make one execution per key, even submitting
         it at the same instant: the store decides (a call to it at submission).
         A failed, timed-out, cancelled or dropped execution does not hold its key.
+
+        Submitted from inside a task of this executor, the task is its child
+        (`TaskRef.parent_id`): its deadline is never later than its ancestors'
+        (when an ancestor's deadline passes, it ends ``TIMED_OUT`` too, deferred
+        or not), and cancelling an ancestor (`TaskRef.cancel`, ``trioexec
+        cancel``, a shutdown's cancel, its timeout) ends it ``CANCELLED`` (or
+        ``TIMED_OUT``), pending ones without running, with an error naming the
+        ancestor. A parent that completes or fails leaves its children be.
+        ``detached=True`` makes it a root instead.
 
         ``keep_result``: store the task's value as JSON with its completion
         (`ExecutionRecord.result`, `trioexec.wait_result`); None: the `TaskSpec`'s
@@ -362,6 +374,7 @@ class Executor(Facade):
             priority,
             None,
             keep_result,
+            detached,
         )
         if dedupe_key is not None or dedupe_window is not None:
             found = await core.dedupes.submit(job, dedupe_key, dedupe_window)
@@ -413,11 +426,12 @@ class Executor(Facade):
         keep_result: bool | None = None,
         dedupe_key: str | None = None,
         dedupe_window: float | None = None,
+        detached: bool = False,
     ) -> Any:
         """Submit ``fn(*args)``, wait for it, and return its value or raise its error
-        (`TaskCompletion.unwrap`). ``keep_result``, ``dedupe_key`` and
-        ``dedupe_window`` as for `submit` (a duplicate's value is its execution's:
-        with a store, the kept result of another executor's).
+        (`TaskCompletion.unwrap`). ``keep_result``, ``dedupe_key``,
+        ``dedupe_window`` and ``detached`` as for `submit` (a duplicate's value is
+        its execution's: with a store, the kept result of another executor's).
 
         Raises:
           Exception: the task's own exception, as it is, if it failed.
@@ -426,7 +440,12 @@ class Executor(Facade):
           TaskRejected: if it was dropped.
         """
         ref = await self.submit(
-            fn, *args, keep_result=keep_result, dedupe_key=dedupe_key, dedupe_window=dedupe_window
+            fn,
+            *args,
+            keep_result=keep_result,
+            dedupe_key=dedupe_key,
+            dedupe_window=dedupe_window,
+            detached=detached,
         )
         completion = await ref.wait()
         return completion.unwrap()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import trio
 
-from ._changes import R_VERSION, ExecutionRow, Transition, submitted
+from ._changes import R_PARENT, R_VERSION, ExecutionRow, Transition, submitted
 from ._errors import StoreError
 from ._records import safe_repr, storable_text
 from ._spec import TaskSpec
@@ -82,15 +82,13 @@ class Journal:
         """The store's row of a new execution of ``owner_id``'s, not journaled yet:
         the part of a submission that may raise (its arguments as JSON), made first.
         None for one that holds a dedupe key: its row was stored as it took it."""
-        if job.dedupe_key is not None:
-            return None
         fn = job.fn
         spec_id = fn.id if isinstance(fn, TaskSpec) else None
         try:
             args = json.dumps(job.args) if spec_id is not None else None
         except (TypeError, ValueError):
             args = None  # not JSON: recorded, but recovery cannot re-create it
-        return submitted(
+        row = submitted(
             job.task_id,
             job.version,
             job.name,
@@ -102,6 +100,12 @@ class Journal:
             job.key,
             job.priority,
         )
+        extras = job.extras
+        if extras is not None:
+            if extras.dedupe_key is not None:
+                return None
+            row[R_PARENT] = extras.parent_id
+        return row
 
     def dead_letter(self, job: Job) -> tuple[str | None, str | None]:
         """The traceback text of ``job``'s error and its arguments as JSON (None if

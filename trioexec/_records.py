@@ -326,7 +326,8 @@ class ExecutionRecord:
     COMPLETED execution whose value was kept (`open_executor`'s ``keep_results``,
     or the task's or submission's ``keep_result``), and ``result`` is that value
     decoded from its JSON (None when not kept). ``dedupe_key`` is the
-    submission's (``submit(dedupe_key=...)``).
+    submission's (``submit(dedupe_key=...)``); ``parent_id`` names the task of its
+    executor that submitted it (None for a root).
     """
 
     task_id: str
@@ -351,6 +352,7 @@ class ExecutionRecord:
     waiting_on: str | None = None
     traceback: str | None = None
     dedupe_key: str | None = None
+    parent_id: str | None = None
     result_kept: bool = False
     result: Any = None
 

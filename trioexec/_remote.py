@@ -18,7 +18,7 @@ from ._journal import Journal
 from ._records import ExecutionRecord, TaskStatus
 from ._spec import CallInfo
 from ._store._base import LIVE
-from ._taskref import Job
+from ._taskref import Extras, Job
 
 if TYPE_CHECKING:
     from ._store import Store
@@ -111,7 +111,7 @@ def remote_job(store: Store, record: ExecutionRecord, who: str) -> Job:
         record.run_id,
         record.key,
         record.priority,
-        dedupe_key=record.dedupe_key,
+        extras=Extras(dedupe_key=record.dedupe_key, parent_id=record.parent_id),
     )
     fill(job, record)
     return job

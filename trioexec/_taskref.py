@@ -57,6 +57,7 @@ class SubmitOptions(TypedDict, total=False):
     keep_result: bool | None
     dedupe_key: str | None
     dedupe_window: float | None
+    detached: bool
 
 
 class RunOptions(TypedDict, total=False):
@@ -65,6 +66,7 @@ class RunOptions(TypedDict, total=False):
     keep_result: bool | None
     dedupe_key: str | None
     dedupe_window: float | None
+    detached: bool
 
 
 class TakesHandleKeyword(Protocol[*Ts]):
@@ -114,6 +116,30 @@ class RemoteOwner(Owner, Protocol):
 
 
 @final
+@attrs.define(eq=False, weakref_slot=False)
+class Extras:
+    """What a job uses that most do not: made only for those that do, so that a
+    plain task pays for none of it (`Job.extras`)."""
+
+    #: keep its value in the store as JSON (None: as its executor does)
+    keep_result: bool | None = None
+    #: ``submit(dedupe_key=...)``: with a store, its row was stored as it took the key
+    dedupe_key: str | None = None
+    #: the task of its executor that submitted it (the task tree); None for a
+    #: root, or a recovered child (it knows only ``parent_id``)
+    parent: Job | None = None
+    parent_id: str | None = None
+    #: its unfinished children (cancelled with it)
+    children: set[Job] | None = None
+    #: the earliest of its ancestors' deadlines when it was submitted (Trio's
+    #: clock), and which ancestor's it is
+    deadline: float = math.inf
+    deadline_of: str | None = None
+    #: the ancestor whose cancel or deadline ended it, if one did
+    ended_by: str | None = None
+
+
+@final
 @attrs.define(eq=False, repr=False, weakref_slot=False)
 class Job:
     """One accepted (or refused) submission, as the executor's parts see it."""
@@ -138,10 +164,8 @@ class Job:
     priority: int = 0
     #: called once it has ended (with a store: once that is durable), or the store failed
     on_done: Callable[[Job], None] | None = None
-    #: keep its value in the store as JSON (None: as its executor does)
-    keep_result: bool | None = None
-    #: ``submit(dedupe_key=...)``: with a store, its row is stored at submission
-    dedupe_key: str | None = None
+    #: what it uses that most tasks do not (None: nothing of it)
+    extras: Extras | None = None
     status: TaskStatus = TaskStatus.PENDING
     attempts: int = 0
     active_seconds: float = 0.0
@@ -210,7 +234,6 @@ class Job:
         return f"<Job {self.task_id!r} {self.name!r} {self.status.value}>"
 
 
-@final
 class TaskRef(Generic[T_co]):
     """One accepted (or refused) submission: its status now, and its completion later.
 
@@ -219,13 +242,14 @@ class TaskRef(Generic[T_co]):
     ``TaskCompletion[T]``.
     """
 
-    __slots__ = ("_job", "deduplicated")
+    __slots__ = ("_job",)
 
-    def __init__(self, job: Job, deduplicated: bool = False) -> None:
+    #: True if this submission made no execution: another with its
+    #: ``dedupe_key`` was live or completed recently, and this is that one
+    deduplicated: bool = False
+
+    def __init__(self, job: Job) -> None:
         self._job = job
-        #: True if this submission made no execution: another with its
-        #: ``dedupe_key`` was live or completed recently, and this is that one
-        self.deduplicated = deduplicated
 
     @property
     def task_id(self) -> str:
@@ -263,7 +287,15 @@ class TaskRef(Generic[T_co]):
     @property
     def dedupe_key(self) -> str | None:
         """Its submission's ``dedupe_key``, or None."""
-        return self._job.dedupe_key
+        extras = self._job.extras
+        return None if extras is None else extras.dedupe_key
+
+    @property
+    def parent_id(self) -> str | None:
+        """The task of its executor that submitted it (None for a root: submitted
+        from outside a task, or ``detached=True``)."""
+        extras = self._job.extras
+        return None if extras is None else extras.parent_id
 
     @property
     def waiting_on(self) -> str | None:
@@ -323,3 +355,11 @@ class TaskRef(Generic[T_co]):
     def __repr__(self) -> str:
         job = self._job
         return f"<TaskRef {job.task_id!r} {job.name!r} {job.status.value}>"
+
+
+@final
+class DuplicateRef(TaskRef[T_co]):
+    """The `TaskRef` a deduplicated submission returns: the execution's that holds its key."""
+
+    __slots__ = ()
+    deduplicated = True

@@ -309,18 +309,24 @@ class Workers:
         registry[me] = job
         try:
             timeout = job.timeout
+            extras = job.extras
+            # (a child's deadline is never later than its ancestors')
+            inherited = math.inf if extras is None else extras.deadline
             if handle is not None:
                 fn = functools.partial(fn, **{info.handle_param or "handle": handle})
-            if timeout is None:
+            if timeout is None and inherited == math.inf:
                 job.result = await self._call(fn, job.args, info.is_async)
             else:
-                with trio.move_on_after(timeout) as attempt_scope:
+                now = trio.current_time()
+                own = math.inf if timeout is None else now + timeout
+                if inherited <= now:  # (passed while it waited: it does not run)
+                    job.error = _timed_out(job, timeout, own)
+                    return TaskStatus.TIMED_OUT
+                with trio.move_on_at(min(own, inherited)) as attempt_scope:
                     job.deadline = attempt_scope.deadline
                     job.result = await self._call(fn, job.args, info.is_async, abandon=True)
                 if attempt_scope.cancelled_caught:
-                    job.error = TaskTimeout(
-                        f"task {job.name!r} ({job.task_id}) timed out after {timeout}s"
-                    )
+                    job.error = _timed_out(job, timeout, own)
                     return TaskStatus.TIMED_OUT
             job.error = None
             return TaskStatus.COMPLETED
@@ -453,3 +459,16 @@ def _should_retry(spec: TaskSpec, job: Job, status: TaskStatus) -> bool:
         return False
     error = job.error
     return isinstance(error, spec.retry_on) and not isinstance(error, PermanentError)
+
+
+def _timed_out(job: Job, timeout: float | None, own: float) -> TaskTimeout:
+    """The error of ``job``'s attempt that ran out of time: past its own
+    ``timeout`` (its deadline ``own``), or past an ancestor's deadline."""
+    extras = job.extras
+    if extras is None or own <= extras.deadline:
+        return TaskTimeout(f"task {job.name!r} ({job.task_id}) timed out after {timeout}s")
+    extras.ended_by = extras.deadline_of
+    return TaskTimeout(
+        f"task {job.name!r} ({job.task_id}) timed out: the deadline of its ancestor"
+        f" {extras.deadline_of!r} passed"
+    )

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Protocol, final
 import attrs
 
 from .._changes import R_WAITING, ExecutionRow, Finish, Retry, Start, Sub, Wait
-from .._errors import StoreError, TaskCancelled, TaskRejected
+from .._errors import StoreError, TaskCancelled, TaskRejected, TaskTimeout
 from .._metrics import Tally
 from .._observe import (
     Observer,
@@ -129,6 +129,8 @@ class Lifecycle:
         self.observer: Observer | None = None  # (`add_observer`)
         self.unread = UnreadFailures()  # failed tasks whose completion nobody read
         self.keep_results = keep_results  # a task's value is kept unless it says not
+        #: a job may have `Job.extras` (or every value is kept): `finish` reads them
+        self.uses_extras = keep_results
         #: dedupe key -> the latest execution submitted with it here (`Dedupes`)
         self.dedupes: dict[str, Job] = {}
 
@@ -154,15 +156,17 @@ class Lifecycle:
         """``job`` was not accepted after all: its chosen id is free again."""
         if self._named.get(job.task_id) is job:
             del self._named[job.task_id]
-        if job.dedupe_key is not None:
-            self._refused_with_key(job)
+        extras = job.extras
+        if extras is not None:
+            if extras.parent is not None:
+                extras.parent.extras.children.discard(job)  # type: ignore[union-attr]
+            if extras.dedupe_key is not None:
+                self._refused_with_key(job, extras.dedupe_key)
 
-    def _refused_with_key(self, job: Job) -> None:
+    def _refused_with_key(self, job: Job, key: str) -> None:
         """A submission with a dedupe key was refused after it took the key (with
         a store: after its row was stored): it ends ``REJECTED``, for its record
         and for whoever was handed it as a duplicate meanwhile."""
-        key = job.dedupe_key
-        assert key is not None
         if self.dedupes.get(key) is job:
             del self.dedupes[key]
         job.status = TaskStatus.REJECTED
@@ -349,12 +353,8 @@ class Lifecycle:
         ``freed``: the task counted against capacity until now (False only for a
         submission dropped on arrival)."""
         kept = None
-        if status is TaskStatus.COMPLETED and (
-            self.keep_results if job.keep_result is None else job.keep_result
-        ):
-            kept = kept_result(job)
-            if kept is None:
-                status = TaskStatus.FAILED
+        if self.uses_extras:
+            status, kept = self._ending(job, status)
         job.status = status
         job.finished_at = self.wall()
         tally = self.tally
@@ -435,6 +435,54 @@ class Lifecycle:
             )
             log_failure(job, status)
 
+    def _ending(self, job: Job, status: TaskStatus) -> tuple[TaskStatus, str | None]:
+        """What `finish` does for what ``job`` uses beyond a plain task: keep its
+        value (None if not kept: then its status may be FAILED, if JSON refuses
+        it), leave its parent, and end its descendants if it was cancelled or
+        timed out. Returns its status and its value's JSON."""
+        extras = job.extras
+        kept = None
+        if status is TaskStatus.COMPLETED:
+            keep = None if extras is None else extras.keep_result
+            if self.keep_results if keep is None else keep:
+                kept = kept_result(job)
+                if kept is None:
+                    status = TaskStatus.FAILED
+        if extras is None:
+            return status, kept
+        if status is TaskStatus.CANCELLED and isinstance(job.error, TaskTimeout):
+            status = TaskStatus.TIMED_OUT  # (an ancestor's deadline passed)
+        if extras.parent is not None:
+            extras.parent.extras.children.discard(job)  # type: ignore[union-attr]
+        if extras.children and (status is TaskStatus.CANCELLED or status is TaskStatus.TIMED_OUT):
+            self._end_descendants(job, status, extras.ended_by or job.task_id)
+        return status, kept
+
+    def _end_descendants(self, job: Job, status: TaskStatus, origin: str) -> None:
+        """``job`` was cancelled (or ended ``status``: CANCELLED or TIMED_OUT): so
+        are its unfinished descendants, pending ones without running, each with
+        an error naming ``origin``, the ancestor where it began. (A detached task
+        is nobody's descendant.)"""
+        found: list[Job] = []
+        stack = [job]
+        while stack:
+            extras = stack.pop().extras
+            if extras is not None and extras.children:
+                found.extend(extras.children)
+                stack.extend(extras.children)  # (an ended child's own may run on)
+        for child in found:
+            if child.ended or child.cancel_requested:
+                continue
+            where = f"task {child.name!r} ({child.task_id})"
+            if status is TaskStatus.TIMED_OUT:
+                child.error = TaskTimeout(f"{where} timed out: its ancestor {origin!r} timed out")
+            else:
+                child.error = TaskCancelled(
+                    f"{where} was cancelled: its ancestor {origin!r} was cancelled"
+                )
+            child.extras.ended_by = origin  # type: ignore[union-attr]
+            self._interrupt(child, descendants=False)
+
     def written(self, notify: list[Job], fenced: list[str]) -> None:
         """A batch is durable (the journal's callback): acknowledge its
         completions; deal with what the store fenced out (another owner has it)."""
@@ -460,9 +508,11 @@ class Lifecycle:
         if not job.ended and not job.cancel_requested:
             self._interrupt(job)
 
-    def _interrupt(self, job: Job) -> None:
+    def _interrupt(self, job: Job, *, descendants: bool = True) -> None:
         self.tally.cancellation_requested_count += 1
         job.cancel_requested = True
+        if descendants and job.extras is not None and job.extras.children:
+            self._end_descendants(job, TaskStatus.CANCELLED, job.task_id)
         scope = job.scope
         if scope is None:  # still in the pending queue: end it now
             self.tally.queue_depth -= 1

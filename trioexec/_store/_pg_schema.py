@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._columns import DEDUPE_BY_KEY, DEDUPE_LIVE, POSTGRES_SCHEMA, added, version_of
+from .._columns import CHILDREN, DEDUPE_BY_KEY, DEDUPE_LIVE, POSTGRES_SCHEMA, added, version_of
 from .._errors import StoreError
 
 if TYPE_CHECKING:
@@ -230,6 +230,8 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE UNIQUE INDEX executions_dedupe_live ON executions {DEDUPE_LIVE};
     CREATE INDEX executions_dedupe ON executions {DEDUPE_BY_KEY};
     """,
+    # 13: the task tree: the task that submitted an execution, and its children by it.
+    _add_columns(13) + f"CREATE INDEX executions_children ON executions {CHILDREN};",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

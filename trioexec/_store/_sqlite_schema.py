@@ -9,12 +9,12 @@ from typing import TypeVar
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from .._columns import DEDUPE_BY_KEY, DEDUPE_LIVE, SQLITE_SCHEMA, added, version_of
+from .._columns import CHILDREN, DEDUPE_BY_KEY, DEDUPE_LIVE, SQLITE_SCHEMA, added, version_of
 from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
 
-SCHEMA_VERSION = 15
+SCHEMA_VERSION = 16
 MIGRATIONS = Migrations("trioexec")
 #: Every migration this trioexec defines, by name: a file with any other applied
 #: was written by a newer trioexec.
@@ -274,6 +274,14 @@ def _dedupe(db: sqlite_utils.Database) -> None:
     db.execute(f"CREATE UNIQUE INDEX executions_dedupe_live ON executions {DEDUPE_LIVE}")
     db.execute(f"CREATE INDEX executions_dedupe ON executions {DEDUPE_BY_KEY}")
     db.execute("UPDATE trioexec_meta SET value = '15' WHERE key = 'schema_version'")
+
+
+@_migration("0016_task_tree")
+def _task_tree(db: sqlite_utils.Database) -> None:
+    # The task tree: the task that submitted an execution, and its children by it.
+    _add_columns(db, 16)
+    db.execute(f"CREATE INDEX executions_children ON executions {CHILDREN}")
+    db.execute("UPDATE trioexec_meta SET value = '16' WHERE key = 'schema_version'")
 
 
 def schema_version(db: sqlite_utils.Database, path: str) -> int:
