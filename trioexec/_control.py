@@ -24,7 +24,7 @@ import trio
 from trio.lowlevel import RunVar
 
 from ._errors import ExecutorClosed
-from ._records import check_id
+from ._records import TaskStatus, check_id
 from ._store._control import MAX_SKEW
 
 if TYPE_CHECKING:
@@ -175,6 +175,19 @@ class Control:
             await self.flush()
             await self.follow(await journal.call(store.commands, self._seq))
 
+    async def _cancel_descendants(self, task_id: str) -> None:
+        """A cancel command of ``task_id``: its unfinished descendants this
+        executor runs end too (wherever it ran: the store knows the tree)."""
+        lifecycle = self._lifecycle
+        if not lifecycle.uses_extras:
+            return  # (nothing here has a parent)
+        journal = self._journal
+        assert journal is not None
+        for record in await journal.call(journal.store.descendants, task_id):
+            job = lifecycle.live.get(record.task_id)
+            if job is not None:
+                lifecycle.end_under(job, TaskStatus.CANCELLED, task_id)
+
     def close(self) -> None:
         """The executor has closed: a pause or resume from now on raises."""
         self._closed = True
@@ -205,6 +218,7 @@ class Control:
                 if job is not None and not job.ended:
                     lifecycle.cancelled_by[job.task_id] = command.who  # (its error says so)
                     lifecycle.cancel(job)
+                await self._cancel_descendants(command.task_id)
             elif command.kind == "retry" and command.changed and self._on_retry is not None:
                 self._on_retry()
         if any(c.kind in ("pause", "resume") for c in commands):

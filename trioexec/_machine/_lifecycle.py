@@ -29,6 +29,7 @@ from .._observe import (
     without,
 )
 from .._records import FAILURES, HealthEventKind, SubStatus, TaskStatus, safe_repr
+from .._taskref import Extras
 
 if TYPE_CHECKING:
     from .._changes import Transition
@@ -471,17 +472,24 @@ class Lifecycle:
                 found.extend(extras.children)
                 stack.extend(extras.children)  # (an ended child's own may run on)
         for child in found:
-            if child.ended or child.cancel_requested:
-                continue
-            where = f"task {child.name!r} ({child.task_id})"
-            if status is TaskStatus.TIMED_OUT:
-                child.error = TaskTimeout(f"{where} timed out: its ancestor {origin!r} timed out")
-            else:
-                child.error = TaskCancelled(
-                    f"{where} was cancelled: its ancestor {origin!r} was cancelled"
-                )
-            child.extras.ended_by = origin  # type: ignore[union-attr]
-            self._interrupt(child, descendants=False)
+            self.end_under(child, status, origin)
+
+    def end_under(self, job: Job, status: TaskStatus, origin: str) -> None:
+        """End ``job`` (CANCELLED or TIMED_OUT) because its ancestor ``origin``
+        did; nothing if it has ended, or is being cancelled, already."""
+        if job.ended or job.cancel_requested:
+            return
+        where = f"task {job.name!r} ({job.task_id})"
+        if status is TaskStatus.TIMED_OUT:
+            job.error = TaskTimeout(f"{where} timed out: its ancestor {origin!r} timed out")
+        else:
+            job.error = TaskCancelled(
+                f"{where} was cancelled: its ancestor {origin!r} was cancelled"
+            )
+        if job.extras is None:
+            job.extras = Extras()
+        job.extras.ended_by = origin
+        self._interrupt(job, descendants=False)
 
     def written(self, notify: list[Job], fenced: list[str]) -> None:
         """A batch is durable (the journal's callback): acknowledge its

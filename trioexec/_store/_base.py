@@ -626,6 +626,11 @@ class Store(Protocol):
         """
         ...
 
+    def descendants(self, task_id: str) -> list[ExecutionRecord]:
+        """The unfinished descendants of execution ``task_id`` (its children,
+        theirs, ..., through ended ones), in submission order."""
+        ...
+
     def execution(self, task_id: str) -> ExecutionRecord | None:
         """One execution, or None. The same on every store: an id no store can
         hold (a NUL, a lone surrogate) is None; one that is not a str is a

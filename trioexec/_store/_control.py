@@ -194,6 +194,20 @@ def cancel_plan(record: ExecutionRecord | None, now: float) -> tuple[bool, bool,
     return True, True, "cancelled in the store (no live owner)"
 
 
+def descendants_sql(d: Dialect, task_id: str | None) -> tuple[str, tuple[object, ...]]:
+    """The query of the unfinished descendants of ``task_id`` (their records, in
+    submission order), through ended ones: a recursive walk down ``parent_id``."""
+    m = d.mark
+    sql = (
+        "WITH RECURSIVE tree (task_id) AS ("
+        f"SELECT task_id FROM executions WHERE parent_id = {m}"
+        " UNION SELECT e.task_id FROM executions e JOIN tree t ON e.parent_id = t.task_id)"
+        f" {SELECT_RECORDS} WHERE e.task_id IN (SELECT task_id FROM tree)"
+        f" AND e.status IN ('pending', 'running') ORDER BY e.{d.seq}"
+    )
+    return sql, (task_id,)
+
+
 def cancelled_by(who: str) -> str:
     """The error of an execution a store cancelled on ``who``'s command."""
     return f"cancelled by {who}"
@@ -296,6 +310,16 @@ def sql_command(conn: Any, d: Dialect, where: str, now: float, asked: Asked) -> 
                 update_sql("cancel", m),
                 (now, cancelled_by(asked.who), record.task_id, record.version),
             )
+        # Its unfinished descendants too: those nobody runs here, the others by
+        # their owners, which see the command (`trioexec._control`).
+        below = [record_of(row, where) for row in conn.execute(*descendants_sql(d, asked.task_id))]
+        gone = f"{cancelled_by(asked.who)}: its ancestor {asked.task_id!r} was cancelled"
+        for child in below:
+            if cancel_plan(child, now)[1]:
+                conn.execute(update_sql("cancel", m), (now, gone, child.task_id, child.version))
+        if below:
+            changed = True
+            detail += f"; {len(below)} unfinished descendant(s) too"
         target = {"task_id": asked.task_id}
     return append_command(
         conn,

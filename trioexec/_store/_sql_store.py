@@ -62,6 +62,7 @@ from ._control import (
     check_command,
     check_requeue,
     command_of,
+    descendants_sql,
     sql_command,
     sql_requeue,
 )
@@ -339,6 +340,13 @@ class SQLStore:
             if self._insert_rows(conn, [row]):
                 raise ValueError(f"task id {row[R_ID]!r} is already recorded in the store")
         return None
+
+    @_retried
+    def descendants(self, task_id: str) -> list[ExecutionRecord]:
+        """See `Store.descendants`."""
+        with self._db.reading("read descendants") as conn:
+            rows = conn.execute(*descendants_sql(self.dialect, task_id)).fetchall()
+        return [record_of(row, self.path) for row in rows]
 
     def _one(self, conn: Any, task_id: str) -> ExecutionRecord:
         row = conn.execute(
