@@ -1,0 +1,181 @@
+"""The task tree (API.md §13): a task submitted from a task of the same executor
+is its child; its deadline is never later than its ancestors'; cancelling or
+timing out a task ends its unfinished descendants (pending ones without
+running) with an error naming the ancestor; ``detached=True`` makes a root."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import trio
+import trio.testing
+
+import trioexec
+from trioexec import TaskHandle, TaskStatus
+
+Refs = dict[str, trioexec.TaskRef[Any]]
+
+
+async def deferred(handle: TaskHandle) -> None:
+    await handle.defer_until(trio.Event())  # (gives its slot back, forever)
+
+
+async def forever() -> None:
+    await trio.sleep_forever()
+
+
+ran: list[str] = []
+
+
+async def noted(name: str) -> str:
+    ran.append(name)
+    return name
+
+
+async def family(ex: trioexec.Executor, refs: Refs, depth: int, name: str, then: str) -> str:
+    """Submit a child (``name``.c, itself a family while ``depth``), a deferred
+    one (.d), a pending one (.p: it never gets a slot while the families hold
+    both) and a detached one (.x); then ``then``: "forever" or "return"."""
+    if depth:
+        refs[f"{name}.c"] = await ex.submit(family, ex, refs, depth - 1, f"{name}.c", "forever")
+    refs[f"{name}.d"] = await ex.submit(deferred)
+    refs[f"{name}.x"] = await ex.submit(deferred, detached=True)
+    refs[f"{name}.p"] = await ex.submit(noted, f"{name}.p", priority=-1)
+    if then == "forever":
+        await trio.sleep_forever()
+    return name
+
+
+async def test_children_know_their_parent(autojump_clock):
+    refs: Refs = {}
+    store = trioexec.MemoryStore()
+    async with trioexec.open_executor(store=store, max_concurrent_tasks=2) as ex:
+        refs["r"] = root = await ex.submit(family, ex, refs, 1, "r", "forever")
+        await trio.testing.wait_all_tasks_blocked()
+        assert root.parent_id is None
+        assert refs["r.c"].parent_id == root.task_id
+        assert refs["r.c.d"].parent_id == refs["r.c"].task_id
+        assert refs["r.x"].parent_id is None  # detached: a root
+        root.cancel()
+        refs["r.x"].cancel()
+        refs["r.c.x"].cancel()
+    records = {r.task_id: r for r in store.executions()}
+    assert records[refs["r.c"].task_id].parent_id == root.task_id
+    assert records[refs["r.x"].task_id].parent_id is None
+    assert records[root.task_id].parent_id is None
+    store.close()
+
+
+async def test_cancelling_a_task_ends_its_descendants_not_detached_ones(autojump_clock):
+    ran.clear()
+    refs: Refs = {}
+    async with trioexec.open_executor(max_concurrent_tasks=2) as ex:
+        refs["r"] = root = await ex.submit(family, ex, refs, 2, "r", "forever")
+        await trio.testing.wait_all_tasks_blocked()
+        assert refs["r.p"].status is TaskStatus.PENDING
+        root.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        for name, ref in refs.items():
+            if name.endswith(".x"):
+                assert ref.status is TaskStatus.RUNNING, name  # (deferred, untouched)
+                continue
+            assert ref.status is TaskStatus.CANCELLED, name
+            if name != "r":
+                error = (await ref.wait()).error
+                assert isinstance(error, trioexec.TaskCancelled)
+                assert f"its ancestor {root.task_id!r} was" in str(error), name
+        assert not [n for n in ran if n.startswith("r.")]  # pending ones never ran
+        for name, ref in refs.items():
+            if name.endswith(".x"):
+                ref.cancel()
+
+
+async def test_a_parent_that_completes_or_fails_leaves_its_children(autojump_clock):
+    refs: Refs = {}
+
+    async def fails(ex: trioexec.Executor) -> None:
+        refs["f.d"] = await ex.submit(deferred)
+        raise ValueError("parent failed")
+
+    async with trioexec.open_executor(max_concurrent_tasks=4, report_unread_failures=False) as ex:
+        done = await ex.submit(family, ex, refs, 0, "r", "return")
+        failed = await ex.submit(fails, ex)
+        assert (await done.wait()).status is TaskStatus.COMPLETED
+        assert (await failed.wait()).status is TaskStatus.FAILED
+        await trio.testing.wait_all_tasks_blocked()
+        assert refs["r.d"].status is TaskStatus.RUNNING
+        assert refs["f.d"].status is TaskStatus.RUNNING
+        # ...and cancelling the ended parent later still reaches them (with a
+        # store: `trioexec cancel`; here: its ref)
+        done.cancel()  # (ended: nothing)
+        assert refs["r.d"].status is TaskStatus.RUNNING
+        ex.cancel_pending()
+        for ref in refs.values():
+            ref.cancel()
+
+
+async def test_a_childs_deadline_is_its_parents(autojump_clock):
+    ran.clear()
+    refs: Refs = {}
+    async with trioexec.open_executor(max_concurrent_tasks=2) as ex:
+        start = trio.current_time()
+        refs["r"] = root = await ex.submit(family, ex, refs, 1, "r", "forever", timeout=10)
+        completion = await root.wait()
+        assert completion.status is TaskStatus.TIMED_OUT
+        assert trio.current_time() - start == pytest.approx(10)
+        await trio.testing.wait_all_tasks_blocked()
+        for name, ref in refs.items():
+            if name.endswith(".x"):
+                assert ref.status is TaskStatus.RUNNING
+                ref.cancel()
+                continue
+            assert ref.status is TaskStatus.TIMED_OUT, name
+            if name != "r":
+                error = (await ref.wait()).error
+                assert isinstance(error, trioexec.TaskTimeout)
+                assert repr(root.task_id) in str(error), (name, error)
+        assert ran == []  # (the pending ones ended without running)
+
+
+async def test_a_child_keeps_the_deadline_it_inherited_after_its_parent_ended(autojump_clock):
+    refs: Refs = {}
+
+    async def parent(ex: trioexec.Executor) -> str:
+        refs["d"] = await ex.submit(deferred)
+        refs["own"] = await ex.submit(deferred, timeout=3)  # (its own is earlier)
+        return "done"
+
+    async with trioexec.open_executor() as ex:
+        start = trio.current_time()
+        ref = await ex.submit(parent, ex, timeout=10)
+        assert (await ref.wait()).status is TaskStatus.COMPLETED
+        own = await refs["own"].wait()
+        assert own.status is TaskStatus.TIMED_OUT
+        assert "after 3s" in str(own.error)
+        assert trio.current_time() - start == pytest.approx(3)
+        child = await refs["d"].wait()
+        assert child.status is TaskStatus.TIMED_OUT
+        assert trio.current_time() - start == pytest.approx(10)
+        assert f"the deadline of its ancestor {ref.task_id!r} passed" in str(child.error)
+
+
+async def test_a_task_of_another_executor_is_not_a_parent(autojump_clock):
+    async with trioexec.open_executor() as other, trioexec.open_executor() as ex:
+
+        async def submits_elsewhere() -> trioexec.TaskRef[Any]:
+            return await ex.submit(deferred)
+
+        inner = await (await other.submit(submits_elsewhere)).wait()
+        child = inner.result
+        assert child.parent_id is None
+        child.cancel()
+
+
+async def test_detached_is_checked():
+    async def submits() -> None:
+        with pytest.raises(TypeError, match="detached must be a bool, got 'yes'"):
+            await ex.submit(forever, detached="yes")  # type: ignore[call-overload]
+
+    async with trioexec.open_executor() as ex:
+        await ex.run(submits)
