@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import trio
+import trio.lowlevel
 import trio.testing
 
 import trioexec
@@ -285,3 +286,43 @@ async def test_a_dead_letter_is_not_requeued_while_its_key_is_held(make_store):
     assert [r.task_id for r in done.requeued] == [other.task_id]
     assert store.execution(other.task_id).status is TaskStatus.PENDING
     assert store.execution(dead.task_id).status is TaskStatus.FAILED
+
+
+async def test_a_key_wins_over_a_chosen_id(make_store):
+    store = make_store()
+    async with trioexec.open_executor(store=store, keep_results=True) as ex:
+        first = await ex.submit(charge, 1, task_id="charge-1", dedupe_key="charge-1")
+        again = await ex.submit(charge, 2, task_id="charge-1", dedupe_key="charge-1")
+        assert again.deduplicated
+        assert again.task_id == "charge-1"
+        assert (await first.wait()).result == (await again.wait()).result == {"order": 1}
+        later = ex.submit_nowait(charge, 3, task_id="charge-1", dedupe_key="charge-1")
+        assert later.deduplicated
+        # a chosen id that another key holds is refused, as without a key
+        with pytest.raises(ValueError, match="'charge-1' is already recorded in the store"):
+            await ex.submit(charge, 4, task_id="charge-1", dedupe_key="other")
+
+
+async def test_an_execution_that_just_failed_frees_its_key_at_once(make_store):
+    """Its end is known here before it is in the store: a submission right after
+    (its end not written yet) makes a new execution, as the contract says."""
+    store = make_store()
+    async with trioexec.open_executor(store=store, report_unread_failures=False) as ex:
+        failed = await ex.submit(declined, 1, dedupe_key="y")
+        while not failed.done:
+            await trio.lowlevel.checkpoint()
+        retry = await ex.submit(charge, 1, dedupe_key="y")
+        assert not retry.deduplicated
+        assert (await retry.wait()).result == {"order": 1}
+    assert (await failed.wait()).status is TaskStatus.FAILED
+
+
+async def test_the_window_is_less_than_its_seconds(autojump_clock):
+    store = trioexec.MemoryStore(clock=FakeWallClock(start=1_000.0))
+    async with trioexec.open_executor(store=store) as ex:
+        first = await ex.submit(charge, 1, dedupe_key="w")
+        await first.wait()
+        ended = store.execution(first.task_id).finished_at
+        await trio.sleep(5 - (store.clock() - ended))  # (exactly 5 s after it ended)
+        assert not (await ex.submit(charge, 2, dedupe_key="w", dedupe_window=5)).deduplicated
+    store.close()

@@ -215,7 +215,7 @@ class ExecutorCore:
             config.keep_results,
         )
         self.waits = LifecycleWaits(lifecycle)
-        self.dedupes = Dedupes(lifecycle, journal, self.owner_id)
+        self.dedupes = Dedupes(lifecycle, journal, self.owner_id, self.check_new_id)
         self.workers = Workers(
             slots,
             self.lifecycle,
@@ -275,9 +275,12 @@ class ExecutorCore:
         on_done: Callable[[Job], None] | None = None,
         keep_result: bool | None = None,
         detached: bool = False,
+        deduping: bool = False,
     ) -> Job:
         """Check one submission and make its `Job` (not accepted yet): the child of
-        the task of this executor submitting it, unless ``detached``."""
+        the task of this executor submitting it, unless ``detached``. ``deduping``:
+        a chosen ``task_id`` is not claimed yet (`Dedupes.submit` does, if the
+        submission's key does not find its execution first)."""
         self.tally.submitted_count += 1
         if self.shutdown.closing:
             self.shutdown.check_open(run_id is not None)
@@ -309,7 +312,7 @@ class ExecutorCore:
             and correlation_id is None
             and task_id is None
         ):
-            self._check_options(timeout, budget, name, correlation_id, task_id)
+            self._check_options(timeout, budget, name, correlation_id, task_id, deduping)
         if key is not None and (type(key) is not str or key not in self._good_keys):
             check_key(key)
             if len(self._good_keys) >= 4096:  # (a cache of keys checked lately)
@@ -359,7 +362,7 @@ class ExecutorCore:
             self.lifecycle.uses_extras = True
             if parent is not None:
                 adopt(parent, job)
-        if task_id is not None:
+        if task_id is not None and not deduping:
             self.lifecycle.track_named(job)
         return job
 
@@ -370,6 +373,7 @@ class ExecutorCore:
         name: str | None,
         correlation_id: str | None,
         task_id: str | None,
+        deduping: bool = False,
     ) -> None:
         if timeout is not None:
             check_seconds("timeout", timeout)
@@ -383,10 +387,15 @@ class ExecutorCore:
             # New: not live here, not in the store (else the same execution
             # would run twice under one record).
             check_id("task_id", task_id)
-            if self.lifecycle.is_live(task_id):
-                raise ValueError(f"task id {task_id!r} is already live in this executor")
-            if self.store is not None and self.store.execution(task_id) is not None:
-                raise ValueError(f"task id {task_id!r} is already recorded in the store")
+            if not deduping:
+                self.check_new_id(task_id, self.store is not None)
+
+    def check_new_id(self, task_id: str, in_store: bool) -> None:
+        """Refuse a chosen ``task_id`` live here, or (``in_store``) in the store."""
+        if self.lifecycle.is_live(task_id):
+            raise ValueError(f"task id {task_id!r} is already live in this executor")
+        if in_store and self.store is not None and self.store.execution(task_id) is not None:
+            raise ValueError(f"task id {task_id!r} is already recorded in the store")
 
     def _recovered(self, spec: TaskSpec, args: tuple[Any, ...], record: ExecutionRecord) -> None:
         """Queue an execution recovery claimed: a `Job` with its record's id,

@@ -5,11 +5,12 @@ Without a store, this executor's own executions decide (`Lifecycle.dedupes`,
 remembered while it is open). With one, the store decides, in one transaction
 at submission (`Store.dedupe`: the new row goes in then, or the execution that
 holds the key comes back), so executors sharing it make one execution per key
-even when they submit it at the same instant. A submission that uses no key
-pays for none of this."""
+even when they submit it at the same instant. A submission without a key goes
+nowhere near this module."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, final
 
 from ._changes import R_DEDUPE
@@ -18,9 +19,14 @@ from ._remote import remote_job
 from ._taskref import DuplicateRef, Extras, Job, TaskRef
 
 if TYPE_CHECKING:
+    from ._changes import ExecutionRow
     from ._journal import Journal
     from ._machine._lifecycle import Lifecycle
     from ._records import ExecutionRecord
+
+#: ``make(deduping=True)``: the submission's `Job` (`ExecutorCore.new_job`, its
+#: chosen id not claimed yet)
+Make = Callable[..., Job]
 
 #: Past this many keys remembered, those of ended executions are forgotten (with
 #: a store, which remembers them; the bound doubles while the live ones fill it).
@@ -31,33 +37,50 @@ _REMEMBERED = 4096
 class Dedupes:
     """One executor's side of deduplication: its submissions' keys, and the store's word."""
 
-    def __init__(self, lifecycle: Lifecycle, journal: Journal | None, owner_id: str) -> None:
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        journal: Journal | None,
+        owner_id: str,
+        check_new_id: Callable[[str, bool], None],
+    ) -> None:
         self._lifecycle = lifecycle
         self._journal = journal
         self._owner_id = owner_id
+        self._check_new_id = check_new_id
         self._bound = _REMEMBERED
 
-    async def submit(self, job: Job, key: object, window: object) -> TaskRef[Any] | None:
-        """``job``'s submission with ``key``: the `TaskRef` of the execution that
-        holds the key (``job`` is then dropped), or None: ``job`` holds it now
-        (with a store, its row is stored) and goes on to admission."""
-        found = self._mine(job, key, window)
+    async def submit(
+        self, make: Make, key: object, window: object, chosen: bool
+    ) -> Job | TaskRef[Any]:
+        """A submission with ``key`` (``chosen``: with a ``task_id``): the
+        `TaskRef` of the execution that holds the key, or the new `Job`, which
+        holds it now (with a store, its row is stored) and goes on to admission."""
+        job, found = self._mine(make, key, window, chosen)
         journal = self._journal
         if found is not None or journal is None:
-            return found
+            return found or job
+        row = self._row(job, key)
         try:
-            record = await journal.call(journal.store.dedupe, self._row(job, key), window)
+            record = await journal.call(journal.store.dedupe, row, window)
+            if self._ended_here(record):  # (its end is not written yet)
+                await journal.flush()
+                record = await journal.call(journal.store.dedupe, row, window)
         except BaseException:
             self._lifecycle.untrack(job)
             raise
         return self._decided(job, key, record)
 
-    def submit_nowait(self, job: Job, key: object, window: object) -> TaskRef[Any] | None:
-        """`submit` without a checkpoint: the store is called from this thread."""
-        found = self._mine(job, key, window)
+    def submit_nowait(
+        self, make: Make, key: object, window: object, chosen: bool
+    ) -> Job | TaskRef[Any]:
+        """`submit` without a checkpoint: the store is called from this thread
+        (and an execution of this executor that ended moments ago, its end not
+        written yet, still holds its key)."""
+        job, found = self._mine(make, key, window, chosen)
         journal = self._journal
         if found is not None or journal is None:
-            return found
+            return found or job
         try:
             record = journal.store.dedupe(self._row(job, key), window)  # type: ignore[arg-type]
         except BaseException:
@@ -65,18 +88,18 @@ class Dedupes:
             raise
         return self._decided(job, key, record)
 
-    def _mine(self, job: Job, key: object, window: object) -> TaskRef[Any] | None:
-        """Check the options; this executor's own execution that holds ``key``,
-        if any (without a store, else ``job`` takes the key)."""
-        try:
-            if key is None:
-                raise ValueError("dedupe_window needs a dedupe_key")
-            check_id("dedupe_key", key)
-            if window is not None:
-                check_seconds("dedupe_window", window)
-        except BaseException:
-            self._lifecycle.untrack(job)
-            raise
+    def _mine(
+        self, make: Make, key: object, window: object, chosen: bool
+    ) -> tuple[Job, TaskRef[Any] | None]:
+        """Check the options and make the job; this executor's own execution
+        that holds ``key``, if any. Else the job's id, if ``chosen`` by its
+        submitter, is claimed (and without a store, the job takes the key)."""
+        job = make(deduping=True)
+        if key is None:
+            raise ValueError("dedupe_window needs a dedupe_key")
+        check_id("dedupe_key", key)
+        if window is not None:
+            check_seconds("dedupe_window", window)
         assert isinstance(key, str)
         lifecycle = self._lifecycle
         found = lifecycle.dedupes.get(key)
@@ -84,16 +107,18 @@ class Dedupes:
             not found.ended
             or (
                 found.status is TaskStatus.COMPLETED
-                and (window is None or lifecycle.wall() - found.finished_at < float(window))  # type: ignore[arg-type]
+                and (window is None or lifecycle.wall() - found.finished_at < window)  # type: ignore[operator]
             )
         ):
-            lifecycle.untrack(job)
-            return DuplicateRef(found)
+            return job, DuplicateRef(found)
+        if chosen:  # (the store refuses one it has as it inserts the row)
+            self._check_new_id(job.task_id, False)
+            lifecycle.track_named(job)
         if self._journal is None:
             self._take(job, key)
-        return None
+        return job, None
 
-    def _row(self, job: Job, key: object) -> Any:
+    def _row(self, job: Job, key: object) -> ExecutionRow:
         """``job``'s row for `Store.dedupe`, made before ``job`` holds its key (a
         job that holds one has its row stored: the journal makes none)."""
         assert self._journal is not None
@@ -102,14 +127,29 @@ class Dedupes:
         row[R_DEDUPE] = key
         return row
 
-    def _decided(self, job: Job, key: Any, record: ExecutionRecord | None) -> TaskRef[Any] | None:
+    def _ended_here(self, record: ExecutionRecord | None) -> bool:
+        """``record`` is live in the store, but its execution ended here already,
+        other than completed (it does not hold its key any more)."""
+        if record is None:
+            return False
+        mine = self._lifecycle.dedupes.get(record.dedupe_key)  # type: ignore[arg-type]
+        return (
+            mine is not None
+            and mine.task_id == record.task_id
+            and mine.ended
+            and mine.status is not TaskStatus.COMPLETED
+        )
+
+    def _decided(self, job: Job, key: Any, record: ExecutionRecord | None) -> Job | TaskRef[Any]:
         """The store stored ``job``'s row (``record`` None), or holds ``record``'s
         execution for the key."""
         if record is None:
             self._take(job, key)
-            return None
+            return job
         self._lifecycle.untrack(job)
-        mine = self._lifecycle.live.get(record.task_id)
+        mine = self._lifecycle.dedupes.get(key)
+        if mine is None or mine.task_id != record.task_id:
+            mine = self._lifecycle.live.get(record.task_id)
         if mine is not None:
             return DuplicateRef(mine)
         assert self._journal is not None

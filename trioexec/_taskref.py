@@ -244,8 +244,8 @@ class TaskRef(Generic[T_co]):
 
     __slots__ = ("_job",)
 
-    #: True if this submission made no execution: another with its
-    #: ``dedupe_key`` was live or completed recently, and this is that one
+    #: Whether this submission made no execution of its own (it found another
+    #: with its ``dedupe_key`` live or completed recently, and this is that one's).
     deduplicated: bool = False
 
     def __init__(self, job: Job) -> None:

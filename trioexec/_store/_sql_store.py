@@ -325,7 +325,7 @@ class SQLStore:
         second live one whatever happens)."""
         m = self.dialect.mark
         key = row[R_DEDUPE]
-        recent = "" if window is None else f" AND e.finished_at >= {m}"
+        recent = "" if window is None else f" AND e.finished_at > {m}"  # (less than ago)
         sql = (
             f"{SELECT_RECORDS} WHERE e.dedupe_key = {m} AND (e.status IN {_LIVE}"
             f" OR (e.status = 'completed'{recent})) ORDER BY e.{self.dialect.seq} DESC LIMIT 1"
