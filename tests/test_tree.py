@@ -5,6 +5,9 @@ running) with an error naming the ancestor; ``detached=True`` makes a root."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -13,6 +16,9 @@ import trio.testing
 
 import trioexec
 from trioexec import TaskHandle, TaskStatus
+from trioexec._remote import await_end
+
+HERE = Path(__file__).parent
 
 Refs = dict[str, trioexec.TaskRef[Any]]
 
@@ -179,3 +185,56 @@ async def test_detached_is_checked():
 
     async with trioexec.open_executor() as ex:
         await ex.run(submits)
+
+
+@pytest.mark.parametrize("mode", ["waits", "returns"])
+def test_trioexec_cancel_reaches_descendants_in_another_process(db_target, tmp_path, mode):
+    """A worker process runs a parent and its tree; ``trioexec cancel DB PARENT``
+    from this one ends the parent's unfinished descendants there (the parent
+    too, if it still runs), not its detached task: through the store's command,
+    whether the parent still runs ("waits") or has completed ("returns")."""
+    errors = (tmp_path / "worker.err").open("wb")
+    worker = subprocess.Popen(
+        [sys.executable, str(HERE / "tree_worker.py"), db_target, mode],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=errors,
+        text=True,
+    )
+    try:
+        assert worker.stdout is not None
+        assert worker.stdin is not None
+        line = worker.stdout.readline()
+        assert line.startswith("READY"), (line, (tmp_path / "worker.err").read_text())
+        parent, child, grandchild, pending, detached = line.split()[1:]
+        cli = subprocess.run(
+            [sys.executable, "-m", "trioexec", "cancel", db_target, parent],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert cli.returncode == 0, cli.stderr
+        store = trioexec.open_store(db_target)
+
+        async def ends() -> dict[str, Any]:
+            with trio.fail_after(60):  # (bounds a hang; the worker follows within a second)
+                return {t: await await_end(store, t) for t in (child, grandchild, pending)}
+
+        ended = trio.run(ends)
+        for task_id, record in ended.items():
+            assert record.status is TaskStatus.CANCELLED, (task_id, record)
+            assert f"its ancestor {parent!r} was" in (record.error or ""), record.error
+        assert store.execution(detached).status is TaskStatus.RUNNING
+        expected = TaskStatus.CANCELLED if mode == "waits" else TaskStatus.COMPLETED
+        assert trio.run(await_end, store, parent).status is expected
+        store.close()
+        worker.stdin.write("stop\n")
+        worker.stdin.flush()
+        out, _ = worker.communicate(timeout=60)
+        assert "PENDING RAN" not in out
+        assert out.strip().endswith("DONE")
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.communicate()
+        errors.close()
