@@ -160,7 +160,7 @@ class Lifecycle:
         extras = job.extras
         if extras is not None:
             if extras.parent is not None:
-                extras.parent.extras.children.discard(job)  # type: ignore[union-attr]
+                leave_parent(job, extras)
             if extras.dedupe_key is not None:
                 self._refused_with_key(job, extras.dedupe_key)
 
@@ -454,7 +454,7 @@ class Lifecycle:
         if status is TaskStatus.CANCELLED and isinstance(job.error, TaskTimeout):
             status = TaskStatus.TIMED_OUT  # (an ancestor's deadline passed)
         if extras.parent is not None:
-            extras.parent.extras.children.discard(job)  # type: ignore[union-attr]
+            leave_parent(job, extras)
         if extras.children and (status is TaskStatus.CANCELLED or status is TaskStatus.TIMED_OUT):
             self._end_descendants(job, status, extras.ended_by or job.task_id)
         return status, kept
@@ -684,6 +684,22 @@ class UnreadFailures:
             if error is not None:
                 lines.append("".join(traceback.format_exception(error)).rstrip("\n"))
         return "\n".join(lines)
+
+
+def leave_parent(job: Job, extras: Extras) -> None:
+    """``job`` ended (or was not accepted): its parent's unfinished children no
+    longer hold it, and its own go up a level (their ``parent_id`` stays), so
+    that cancelling an ancestor of its still reaches them."""
+    parent = extras.parent
+    assert parent is not None and parent.extras is not None
+    siblings = parent.extras.children
+    assert siblings is not None
+    siblings.discard(job)
+    if extras.children:
+        for child in extras.children:
+            assert child.extras is not None
+            child.extras.parent = parent
+        siblings |= extras.children
 
 
 def kept_result(job: Job) -> str | None:
