@@ -691,7 +691,8 @@ def leave_parent(job: Job, extras: Extras) -> None:
     longer hold it, and its own go up a level (their ``parent_id`` stays), so
     that cancelling an ancestor of its still reaches them."""
     parent = extras.parent
-    assert parent is not None and parent.extras is not None
+    assert parent is not None
+    assert parent.extras is not None
     siblings = parent.extras.children
     assert siblings is not None
     siblings.discard(job)
