@@ -29,12 +29,11 @@ from .._observe import (
     without,
 )
 from .._records import FAILURES, HealthEventKind, SubStatus, TaskStatus, safe_repr
-from .._taskref import Extras
 
 if TYPE_CHECKING:
     from .._changes import Transition
     from .._events import EventStream
-    from .._taskref import Job
+    from .._taskref import Extras, Job
     from ._pending import Pending
 
 
@@ -486,8 +485,7 @@ class Lifecycle:
             job.error = TaskCancelled(
                 f"{where} was cancelled: its ancestor {origin!r} was cancelled"
             )
-        if job.extras is None:
-            job.extras = Extras()
+        assert job.extras is not None  # (a descendant: it has a parent)
         job.extras.ended_by = origin
         self._interrupt(job, descendants=False)
 
