@@ -35,6 +35,9 @@ class Column:
     default: int | None = None
     #: What a new execution's row holds if its submission does not say.
     initial: object = None
+    #: NULL in nearly every row (what a few tasks use): a batch's insert names
+    #: it only if one of its rows has a value for it
+    sparse: bool = False
 
     @property
     def python_type(self) -> type:
@@ -86,11 +89,11 @@ EXECUTIONS = (
     Column("waiting_on", "text", since=(9, 6), initial="slot"),
     Column("traceback", "text", since=(10, 7)),
     # (a kept result, JSON; NULL: none kept)
-    Column("result", "text", since=(14, 11)),
+    Column("result", "text", since=(14, 11), sparse=True),
     # (`submit(dedupe_key=...)`: one live or recently completed execution per key)
-    Column("dedupe_key", "text", since=(15, 12)),
+    Column("dedupe_key", "text", since=(15, 12), sparse=True),
     # (the task tree: the task of its executor that submitted it)
-    Column("parent_id", "text", since=(16, 13)),
+    Column("parent_id", "text", since=(16, 13), sparse=True),
 )
 #: The dedupe keys' two indexes (both schemas): one live execution per key, and a
 #: key's executions by when they finished.
@@ -100,6 +103,8 @@ DEDUPE_BY_KEY = "(dedupe_key, finished_at) WHERE dedupe_key IS NOT NULL"
 CHILDREN = "(parent_id) WHERE parent_id IS NOT NULL"
 #: A "row" change's fields after its kind, in order.
 ROW_COLUMNS = tuple(c.name for c in EXECUTIONS)
+#: Where the `Column.sparse` ones sit in a "row" change.
+SPARSE = tuple(i for i, c in enumerate(EXECUTIONS) if c.sparse)
 #: Where each schema's version sits in `Column.since`.
 SQLITE_SCHEMA, POSTGRES_SCHEMA = 0, 1
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import sqlite3
 import time
@@ -15,7 +16,7 @@ from collections.abc import Callable
 from typing import final
 
 from .._changes import R_ID, ExecutionRow
-from .._columns import ROW_COLUMNS
+from .._columns import ROW_COLUMNS, SPARSE
 from .._errors import StoreError
 from .._records import check_number
 from ._dialect import SQLITE
@@ -170,11 +171,21 @@ class MemoryStore(_OnSQLite):
         return "<MemoryStore>"
 
 
-_INSERT_ROWS = (
-    f"INSERT INTO executions ({', '.join(ROW_COLUMNS)}) SELECT "
-    + ", ".join(f"value ->> {i}" for i in range(len(ROW_COLUMNS)))
-    + " FROM json_each(?)"
-)
+def _insert_json(columns: list[int]) -> str:
+    """The insert of a batch's rows (JSON arrays) naming these columns (indexes)."""
+    return (
+        f"INSERT INTO executions ({', '.join(ROW_COLUMNS[i] for i in columns)}) SELECT "
+        + ", ".join(f"value ->> {i}" for i in columns)
+        + " FROM json_each(?)"
+    )
+
+
+# (SQLite before 3.42 parses a row's JSON again for every value it reads: a
+# batch whose rows have no sparse value reads none of those columns)
+_INSERT_ROWS = _insert_json(list(range(len(ROW_COLUMNS))))
+_INSERT_DENSE = _insert_json([i for i in range(len(ROW_COLUMNS)) if i not in SPARSE])
+assert len(SPARSE) > 1  # (so that itemgetter gives a tuple)
+_sparse_values = operator.itemgetter(*SPARSE)
 _INSERT_EACH = (
     f"INSERT INTO executions ({', '.join(ROW_COLUMNS)})"
     f" VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
@@ -189,6 +200,7 @@ def _insert(conn: sqlite3.Connection, rows: list[ExecutionRow]) -> None:
     if not rows:
         return
     if _JSON_ARROW:
-        conn.execute(_INSERT_ROWS, (json.dumps(rows),))
+        sparse = any(map(any, map(_sparse_values, rows)))
+        conn.execute(_INSERT_ROWS if sparse else _INSERT_DENSE, (json.dumps(rows),))
     else:
         conn.executemany(_INSERT_EACH, rows)
