@@ -283,7 +283,7 @@ def build_keyed_db(path: Path | str) -> None:
                 submitted("fetch-b1", 1, "fetch", None, None, None, "w", now, "b.example", 0),
                 submitted("plain-1", 1, "plain", None, None, None, "w", now),
                 submitted("fetch-a2", 1, "fetch", None, None, None, "w", now, "api.example", 1),
-                Finish(("fetch-a1", 1, TaskStatus.COMPLETED, now, None, None, None, None)),
+                Finish(("fetch-a1", 1, TaskStatus.COMPLETED, now, None, None, None)),
             ]
         )
 
@@ -409,8 +409,8 @@ def test_watch_live_under_a_terminal_follows_another_process(app: AppDb) -> None
                 [
                     submitted("late-1", 1, "late", None, None, None, "w3", now),
                     Start(("late-1", 1, 1, now)),
-                    Finish(("late-1", 1, TaskStatus.COMPLETED, now, None, None, None, None)),
-                    Finish(("crunch-1", 1, TaskStatus.FAILED, now, "OSError()", None, None, None)),
+                    Finish(("late-1", 1, TaskStatus.COMPLETED, now, None, None, None)),
+                    Finish(("crunch-1", 1, TaskStatus.FAILED, now, "OSError()", None, None)),
                 ]
             )
         child.expect(r"completed\s+5\s")

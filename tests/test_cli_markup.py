@@ -47,7 +47,7 @@ def odd(tmp_path_factory: pytest.TempPathFactory) -> Path:
             changes.append(Sub((task_id, 1, SubStatus.DEFERRED, now - 50 + i, None)))
         else:
             changes.append(
-                Finish((task_id, 1, TaskStatus.FAILED, now, f"Error({name!r})", None, None, None))
+                Finish((task_id, 1, TaskStatus.FAILED, now, f"Error({name!r})", None, None))
             )
     changes.append(StepRecorded(("[run]/1", "w", "[step]", "failed", None, f"{NAMES[0]}#0")))
     with SQLiteStore(path) as store:

@@ -38,7 +38,7 @@ from typing import Any
 import pytest
 
 import trioexec
-from trioexec._changes import Finish, submitted
+from trioexec._changes import Finish, Kept, submitted
 
 ROOT = Path(__file__).resolve().parent.parent
 EXECUTOR = Path(__file__).resolve().parent / "dashboard_executor.py"
@@ -648,7 +648,6 @@ def test_a_click_on_a_row_whose_id_holds_dot_segments_acts_on_that_row(
                             "ConnectionError",
                             None,
                             None,
-                            None,
                         )
                     ),
                 )
@@ -726,18 +725,8 @@ def test_a_kept_result_shows_on_its_page_and_its_link_shows_it_whole(
         store.write(
             [
                 submitted("report-1", 1, "report", None, None, None, "w", now),
-                Finish(
-                    (
-                        "report-1",
-                        1,
-                        trioexec.TaskStatus.COMPLETED,
-                        now,
-                        None,
-                        None,
-                        None,
-                        json.dumps(value),
-                    )
-                ),
+                Finish(("report-1", 1, trioexec.TaskStatus.COMPLETED, now, None, None, None)),
+                Kept(("report-1", 1, json.dumps(value))),
             ]
         )
     server, url = start_dashboard(tmp_path, db)

@@ -87,9 +87,7 @@ def _dead_letter(store: Any) -> None:
         [
             submitted("dead", 1, "job", None, "spec.x", "[1]", "A", 1.0),
             Start(("dead", 1, 1, 2.0)),
-            Finish(
-                ("dead", 1, TaskStatus.FAILED, 5.0, "ValueError('real')", "Traceback", None, None)
-            ),
+            Finish(("dead", 1, TaskStatus.FAILED, 5.0, "ValueError('real')", "Traceback", None)),
         ]
     )
     [requeued] = store.requeue(["dead"], who=WHO).requeued
@@ -177,7 +175,7 @@ async def test_a_retried_task_waits_for_an_executor_that_can_run_it(
             [
                 submitted("dead", 1, "job", None, "job", "[21]", "A", 1.0),
                 Start(("dead", 1, 1, 2.0)),
-                Finish(("dead", 1, TaskStatus.FAILED, 5.0, "ValueError('real')", "tb", None, None)),
+                Finish(("dead", 1, TaskStatus.FAILED, 5.0, "ValueError('real')", "tb", None)),
             ]
         )
         store.requeue(["dead"], who=WHO)

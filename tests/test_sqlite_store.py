@@ -179,9 +179,7 @@ def test_reopening_keeps_the_data(tmp_path):
         store.heartbeat("A", 80.0)
         store.write([submit("t1", run_id="r"), submit("t2")])
         store.write([Start(("t1", 1, 1, 10.0)), Sub(("t1", 1, SubStatus.DEFERRED, 20.0, None))])
-        store.write(
-            [Finish(("t2", 1, TaskStatus.FAILED, 30.0, "ValueError('x')", None, None, None))]
-        )
+        store.write([Finish(("t2", 1, TaskStatus.FAILED, 30.0, "ValueError('x')", None, None))])
         before = store.executions()
     schema = sql(path, "SELECT * FROM trioexec_meta ORDER BY key")
     migrations = sql(path, "SELECT * FROM _sqlite_migrations ORDER BY id")
@@ -223,7 +221,6 @@ def test_two_stores_on_one_file_see_each_others_commits(tmp_path):
                         1,
                         TaskStatus.COMPLETED,
                         101.0,
-                        None,
                         None,
                         None,
                         None,
@@ -385,13 +382,11 @@ def test_folded_batch_insert_both_ways(tmp_path, monkeypatch, json_insert):
         submitted("a", 1, "task a", None, "spec", '[1, "x"]', "owner", 10.0),
         Start(("a", 1, 1, 11.0)),
         Sub(("a", 1, SubStatus.DEFERRED, 12.0, None)),
-        Finish(("a", 1, TaskStatus.FAILED, 13.0, "ValueError('boom')", None, None, None)),
+        Finish(("a", 1, TaskStatus.FAILED, 13.0, "ValueError('boom')", None, None)),
         submitted("b", 1, "task b", "run-1", None, None, "owner", 10.5),
         Start(("b", 1, 1, 11.5)),
         Sub(("b", 1, SubStatus.DEFERRED, 12.5, None)),
-        Finish(
-            ("b", 2, TaskStatus.COMPLETED, 13.0, None, None, None, None)
-        ),  # stale version: fenced
+        Finish(("b", 2, TaskStatus.COMPLETED, 13.0, None, None, None)),  # stale version: fenced
     ]
     with SQLiteStore(str(tmp_path / "x.db")) as store:
         assert store.write(changes) == ["b"]

@@ -49,9 +49,7 @@ def ended(task_id, status, *, owner="A", at=5.0, **kw):
     return [
         submit(task_id, owner, **kw),
         Start((task_id, 1, 1, 2.0)),
-        Finish(
-            (task_id, 1, status, at, f"{status.value} error", f"Traceback {task_id}", None, None)
-        ),
+        Finish((task_id, 1, status, at, f"{status.value} error", f"Traceback {task_id}", None)),
     ]
 
 
@@ -181,8 +179,7 @@ def test_cancel_of_a_task_whose_owner_lives_is_sent_to_the_owner(make_store):
     assert (got.changed, got.detail) == (True, "sent to its owner A")
     assert store.execution(ODD) == before  # the owner cancels it: the store does not
     assert (
-        store.write([Finish((ODD, 1, TaskStatus.CANCELLED, 6.0, "Cancelled()", None, None, None))])
-        == []
+        store.write([Finish((ODD, 1, TaskStatus.CANCELLED, 6.0, "Cancelled()", None, None))]) == []
     )
 
 
@@ -210,9 +207,7 @@ def test_cancel_of_a_task_nobody_runs_is_done_by_the_store_and_fences_it(make_st
     assert record.traceback is None
     assert record.owner == owner
     # Its owner, back after all, is fenced out: its next write is refused.
-    assert store.write([Finish(("t", 1, TaskStatus.COMPLETED, 9.0, None, None, None, None))]) == [
-        "t"
-    ]
+    assert store.write([Finish(("t", 1, TaskStatus.COMPLETED, 9.0, None, None, None))]) == ["t"]
     if owner is not None:
         assert store.taken_over(owner, {"t": 1}) == ["t"]
     assert store.execution("t") == record
@@ -445,7 +440,7 @@ def test_recovery_claims_a_requeued_execution_and_runs_it_as_its_next_attempt(ma
         store.write(
             [
                 Start(("dead", 3, 2, 7.0)),
-                Finish(("dead", 3, TaskStatus.COMPLETED, 8.0, None, None, None, None)),
+                Finish(("dead", 3, TaskStatus.COMPLETED, 8.0, None, None, None)),
             ]
         )
         == []
@@ -504,7 +499,7 @@ def test_cancel_of_a_requeued_execution_is_done_by_the_store(make_store):
 
 def _finish(task_id, *extra):
     traceback, args = (*extra, None, None)[:2]
-    return Finish((task_id, 1, TaskStatus.FAILED, 5.0, "ValueError('x')", traceback, args, None))
+    return Finish((task_id, 1, TaskStatus.FAILED, 5.0, "ValueError('x')", traceback, args))
 
 
 @pytest.mark.parametrize("batch", ["apart", "one batch", "row"])

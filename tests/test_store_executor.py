@@ -204,7 +204,7 @@ async def test_recovery_reruns_orphans_and_abandons(make_store, autojump_clock):
         [
             submitted("dead3-0", 1, "x", None, "work", None, "dead3", 0.0),
             submitted("done-0", 1, "x", None, "work", "[1]", "dead4", 0.0),
-            Finish(("done-0", 1, TaskStatus.COMPLETED, 1.0, None, None, None, None)),
+            Finish(("done-0", 1, TaskStatus.COMPLETED, 1.0, None, None, None)),
         ]
     )
     async with open_executor(store=store, recover=True, tasks=[work], lease=10) as ex:
@@ -499,7 +499,7 @@ def test_a_row_change_is_the_same_as_the_changes_folded_into_it(make_store):
             Sub((task_id, 1, SubStatus.ACTIVE, None, None)),
             Retry((task_id, 1, "boom")),
             Start((task_id, 1, 2, 4.0)),
-            Finish((task_id, 1, TaskStatus.FAILED, 5.0, "boom again", None, None, None)),
+            Finish((task_id, 1, TaskStatus.FAILED, 5.0, "boom again", None, None)),
         ]
 
     store = make_store()

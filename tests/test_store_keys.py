@@ -107,7 +107,7 @@ def test_executions_and_counts_filter_by_key(make_store):
             keyed("b1", "b", 5, at=2.0),
             keyed("a2", "a", 1, at=3.0),
             submitted("none", 1, "none", None, None, None, "dead", 4.0),
-            Finish(("a1", 1, TaskStatus.COMPLETED, 5.0, None, None, None, None)),
+            Finish(("a1", 1, TaskStatus.COMPLETED, 5.0, None, None, None)),
         ]
     )
     assert [r.task_id for r in store.executions(key="a")] == ["a1", "a2"]

@@ -306,7 +306,7 @@ class StoresAgree(RuleBasedStateMachine):
             elif kind == "retry":
                 change = Retry((task_id, version, spec[3]))
             else:
-                change = Finish((task_id, version, spec[3], self.now, spec[4], None, None, None))
+                change = Finish((task_id, version, spec[3], self.now, spec[4], None, None))
             changes.append(change)
             if task_id in refused or row is None or not row.apply(change):
                 expected.append(task_id)
@@ -413,9 +413,7 @@ class StoresAgree(RuleBasedStateMachine):
                     Start((task_id, version, row.attempt + 1, self.now)),
                     Sub((task_id, version, SubStatus.DEFERRED, self.now, None)),
                     Retry((task_id, version, "stale")),
-                    Finish(
-                        (task_id, version, TaskStatus.COMPLETED, self.now, None, None, None, None)
-                    ),
+                    Finish((task_id, version, TaskStatus.COMPLETED, self.now, None, None, None)),
                 ]
             )
         )
@@ -821,7 +819,7 @@ def test_executions_limit_order_and_counts(make_store):
         changes.append(Start((t, 1, 1, float(i))))
         if since is not None:
             changes.append(Sub((t, 1, SubStatus.DEFERRED, since, None)))
-    changes.append(Finish(("t3", 1, TaskStatus.FAILED, 9.0, "boom", None, None, None)))
+    changes.append(Finish(("t3", 1, TaskStatus.FAILED, 9.0, "boom", None, None)))
     store.write(changes)
 
     def ids(**query):

@@ -83,7 +83,7 @@ def hammer(store, me: int, start: threading.Barrier, errors: list[BaseException]
             store.counts(sub_status=SubStatus.DEFERRED)
             store.recover(owner, 0.0, lambda r: True, 3)  # nobody's lease has expired
             assert store.runs_taken_over(owner, []) == []
-            finish = Finish((t, 1, TaskStatus.COMPLETED, 4.0, None, None, None, None))
+            finish = Finish((t, 1, TaskStatus.COMPLETED, 4.0, None, None, None))
             assert store.write([finish]) == []
         store.release_owner(owner)
     except BaseException as exc:  # reported by the main thread

@@ -269,7 +269,7 @@ def _waiting_db(path: Path) -> None:
                 Wait(("k-1", 1, "key concurrency t'[%]")),
                 submitted("q-1", 1, "queued", None, None, None, "w", 3.0),
                 submitted("done", 1, "fin", None, None, None, "w", 4.0),
-                Finish(("done", 1, TaskStatus.COMPLETED, 5.0, None, None, None, None)),
+                Finish(("done", 1, TaskStatus.COMPLETED, 5.0, None, None, None)),
             ]
         )
 

@@ -1192,7 +1192,6 @@ async def test_the_overview_counts_every_execution_that_ended_as_finished(db: Db
                                 f"{status.value} here",
                                 None,
                                 None,
-                                None,
                             )
                         ),
                     )

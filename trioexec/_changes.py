@@ -55,13 +55,20 @@ class Retry(Transition):
 
 
 class Finish(Transition):
-    """(task id, version, status, finished_at, error, traceback, args, result):
-    it ended. ``traceback``: of the exception that ended it, or None; ``args``:
-    the arguments' JSON, kept only if the row has none (a dead letter shows
-    them); ``result``: its value's JSON if kept, else None."""
+    """(task id, version, status, finished_at, error, traceback, args): it ended.
+    ``traceback``: of the exception that ended it, or None; ``args``: the
+    arguments' JSON, kept only if the row has none (a dead letter shows them)."""
 
     __slots__ = ()
     kind = "finish"
+
+
+class Kept(Transition):
+    """(task id, version, result): its value's JSON, kept with its completion
+    (journaled right after its `Finish`, for the tasks that keep one)."""
+
+    __slots__ = ()
+    kind = "kept"
 
 
 # What a store does on its own (never journaled by an executor).
@@ -180,7 +187,15 @@ def _write_submitted() -> _Submitted:
     one list display, as cheap as a literal row."""
     params = [*_GIVEN, *(f"{name}={value!r}" for name, value in _DEFAULTED.items())]
     names = {*_GIVEN, *_DEFAULTED}
-    values = [c.name if c.name in names else f"_initial[{i}]" for i, c in enumerate(EXECUTIONS)]
+    values = [
+        c.name
+        if c.name in names
+        # (a constant, as a literal: None, a number, a text; a status from the list)
+        else repr(c.initial)
+        if c.initial is None or type(c.initial) in (int, str)
+        else f"_initial[{i}]"
+        for i, c in enumerate(EXECUTIONS)
+    ]
     source = f"def submitted({', '.join(params)}):\n    return [{', '.join(values)}]\n"
     scope: dict[str, Any] = {"_initial": [c.initial for c in EXECUTIONS]}
     exec(source, scope)  # (the source holds only the column list's own names)

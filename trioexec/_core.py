@@ -253,6 +253,8 @@ class ExecutorCore:
         self._id_prefix = uuid.uuid4().hex[:12] + "-"
         self._ids = itertools.count(1)
         self._last_fn: object = None
+        self._task_budget = config.task_budget  # (read by every submission)
+        self._stored = store is not None  # (a job's completion is acknowledged once durable)
         self._last_info = CallInfo(True, None)
         self._last_name = ""
         self._last_spec: TaskSpec | None = None
@@ -272,9 +274,9 @@ class ExecutorCore:
         run_id: str | None = None,
         key: str | None = None,
         priority: int | None = None,
-        on_done: Callable[[Job], None] | None = None,
         keep_result: bool | None = None,
         detached: bool = False,
+        on_done: Callable[[Job], None] | None = None,
         deduping: bool = False,
     ) -> Job:
         """Check one submission and make its `Job` (not accepted yet): the child of
@@ -320,8 +322,6 @@ class ExecutorCore:
             self._good_keys.add(key)
         if priority is not None:
             check_priority(priority)
-        if keep_result is not None:
-            check_keep("keep_result", keep_result)
         causation_id = None
         # Nothing running in this Trio run (the usual producer): no caller to look up.
         registry = self.workers.registry
@@ -336,7 +336,7 @@ class ExecutorCore:
             elif parent.owner is not self.lifecycle:
                 parent = None  # (another executor's task: a root here)
         if budget is None:
-            budget = self.config.task_budget
+            budget = self._task_budget
         job = Job(
             self.lifecycle,
             fn,
@@ -349,7 +349,7 @@ class ExecutorCore:
             correlation_id,
             causation_id,
             self.wall(),
-            self.journal is not None,
+            self._stored,
             # One plain async call (no retries, timeout or budget): the workers' fast path.
             info.is_async and timeout is None and budget is None and spec is None,
             run_id,
@@ -358,8 +358,10 @@ class ExecutorCore:
             on_done,  # (positional: a keyword costs the hot path a name search)
         )
         if parent is not None or keep_result is not None:
+            if keep_result is not None:
+                check_keep("keep_result", keep_result)
             job.extras = Extras(keep_result)
-            self.lifecycle.uses_extras = True
+            self.lifecycle.use_extras()
             if parent is not None:
                 adopt(parent, job)
         if task_id is not None and not deduping:
@@ -425,7 +427,7 @@ class ExecutorCore:
         )
         if spec.keep_result is not None or record.dedupe_key or record.parent_id:
             job.extras = Extras(spec.keep_result, record.dedupe_key, parent_id=record.parent_id)
-            self.lifecycle.uses_extras = True
+            self.lifecycle.use_extras()
         self.lifecycle.accept(job, recovered=True)
         self.workers.work_arrived()
 
@@ -513,8 +515,9 @@ class ExecutorCore:
             run_id,
             None,
             None,
-            on_done,
             False,
+            False,
+            on_done,
         )
         return job, self.accept_if_fits(job)
 

@@ -160,7 +160,7 @@ class Dedupes:
         if job.extras is None:
             job.extras = Extras()
         job.extras.dedupe_key = key
-        self._lifecycle.uses_extras = True
+        self._lifecycle.use_extras()
         dedupes = self._lifecycle.dedupes
         dedupes[key] = job
         if len(dedupes) > self._bound and self._journal is not None:

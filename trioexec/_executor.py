@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, Unpack, final, overload
 
 import attrs
 import trio
+from trio.lowlevel import cancel_shielded_checkpoint, checkpoint_if_cancelled
 
 from ._coordinator import WorkflowResult, WorkflowRun, WorkflowRuns
 from ._core import ExecutorConfig, ExecutorCore, check_grace, check_store
@@ -174,7 +175,6 @@ class Facade:
                 None,
                 key,
                 priority,
-                None,
                 keep_result,
                 detached,
             )
@@ -194,7 +194,6 @@ class Facade:
             None,
             key,
             priority,
-            None,
             keep_result,
             detached,
         )
@@ -382,7 +381,7 @@ class Executor(Facade):
         """
         # Exactly one schedule point: parking for space is one; otherwise a
         # cancel-shielded checkpoint after the (then certain) acceptance.
-        await trio.lowlevel.checkpoint_if_cancelled()
+        await checkpoint_if_cancelled()
         core = self._core
         if dedupe_key is not None or dedupe_window is not None:
             return await self._submit_deduped(
@@ -398,7 +397,6 @@ class Executor(Facade):
                     None,
                     key,
                     priority,
-                    None,
                     keep_result,
                     detached,
                 ),
@@ -417,12 +415,11 @@ class Executor(Facade):
             None,
             key,
             priority,
-            None,
             keep_result,
             detached,
         )
         if core.accept_if_fits(job):  # (no coroutine of ours on the common path)
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            await cancel_shielded_checkpoint()
         else:
             await core.submit(job)
         return TaskRef(job)

@@ -100,11 +100,11 @@ class Journal:
             job.key,
             job.priority,
         )
-        extras = job.extras
-        if extras is not None:
-            if extras.dedupe_key is not None:
-                return None
-            row[R_PARENT] = extras.parent_id
+        if job.extras is None:
+            return row
+        if job.extras.dedupe_key is not None:
+            return None
+        row[R_PARENT] = job.extras.parent_id
         return row
 
     def dead_letter(self, job: Job) -> tuple[str | None, str | None]:

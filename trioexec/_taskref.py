@@ -137,6 +137,10 @@ class Extras:
     deadline_of: str | None = None
     #: the ancestor whose cancel or deadline ended it, if one did
     ended_by: str | None = None
+    #: (with a ``budget``) the seconds its attempts held a slot so far, and
+    #: whether they passed the budget
+    active_seconds: float = 0.0
+    budget_exceeded: bool = False
 
 
 @final
@@ -168,8 +172,6 @@ class Job:
     extras: Extras | None = None
     status: TaskStatus = TaskStatus.PENDING
     attempts: int = 0
-    active_seconds: float = 0.0
-    budget_exceeded: bool = False
     cancel_requested: bool = False
     paused: bool = False  # queued, but held out of the queue by a pause (`Pauses.parked`)
     deadline: float = math.inf  # the running attempt's timeout, on Trio's clock
@@ -220,7 +222,7 @@ class Job:
                 started_at=self.started_at,
                 finished_at=self.finished_at,
                 deferred_seconds=0.0 if handle is None else handle.deferred_seconds,
-                budget_exceeded=self.budget_exceeded,
+                budget_exceeded=self.extras is not None and self.extras.budget_exceeded,
                 correlation_id=self.correlation_id,
                 causation_id=self.causation_id,
             )

@@ -21,7 +21,7 @@ from ._poller import Poller
 from ._records import SubStatus, TaskStatus
 from ._slots import SlotPool, SlotToken
 from ._spec import TaskSpec
-from ._taskref import Job
+from ._taskref import Extras, Job
 from ._waits import KeyTimer, rejoin, wait_unpaused
 
 
@@ -348,9 +348,12 @@ class Workers:
                     self._deferral_abandoned(handle)
             if budget is not None:
                 deferred = (handle.deferred_seconds if handle is not None else 0.0) - deferred0
-                job.active_seconds += trio.current_time() - t0 - deferred
-                if job.active_seconds > budget and not job.budget_exceeded:
-                    job.budget_exceeded = True
+                extras = job.extras
+                if extras is None:
+                    job.extras = extras = Extras()
+                extras.active_seconds += trio.current_time() - t0 - deferred
+                if extras.active_seconds > budget and not extras.budget_exceeded:
+                    extras.budget_exceeded = True
                     self._tally.timeout_budget_exceeded_count += 1
 
     async def _call(

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol, final
 
 import attrs
 
-from .._changes import R_WAITING, ExecutionRow, Finish, Retry, Start, Sub, Wait
+from .._changes import R_WAITING, ExecutionRow, Finish, Kept, Retry, Start, Sub, Wait
 from .._errors import StoreError, TaskCancelled, TaskRejected, TaskTimeout
 from .._metrics import Tally
 from .._observe import (
@@ -129,8 +129,13 @@ class Lifecycle:
         self.observer: Observer | None = None  # (`add_observer`)
         self.unread = UnreadFailures()  # failed tasks whose completion nobody read
         self.keep_results = keep_results  # a task's value is kept unless it says not
-        #: a job may have `Job.extras` (or every value is kept): `finish` reads them
-        self.uses_extras = keep_results
+        #: a job may have `Job.extras` (or every value is kept): see `use_extras`
+        self.uses_extras = False
+        # The JSON of the value `finish` keeps (`_ending`: a cancelled or timed
+        # out task's descendants end within it, and none of them keeps one).
+        self._kept: str | None = None
+        if keep_results:
+            self.use_extras()
         #: dedupe key -> the latest execution submitted with it here (`Dedupes`)
         self.dedupes: dict[str, Job] = {}
 
@@ -177,7 +182,7 @@ class Lifecycle:
             job.wake_waiters()
             return
         error = safe_repr(job.error)
-        finish = (job.task_id, job.version, job.status, job.finished_at, error, None, None, None)
+        finish = (job.task_id, job.version, job.status, job.finished_at, error, None, None)
         journal.fold(job, Finish(finish))
         journal.notify.append(job)  # (acknowledged once its record says so)
 
@@ -352,9 +357,6 @@ class Lifecycle:
         """Record the one completion of ``job`` and wake whoever waits on it.
         ``freed``: the task counted against capacity until now (False only for a
         submission dropped on arrival)."""
-        kept = None
-        if self.uses_extras:
-            status, kept = self._ending(job, status)
         job.status = status
         job.finished_at = self.wall()
         tally = self.tally
@@ -405,7 +407,6 @@ class Lifecycle:
                 error,
                 traceback,
                 args,
-                kept,
             )
             journal.fold(job, Finish(change))
             job.row = None
@@ -435,28 +436,42 @@ class Lifecycle:
             )
             log_failure(job, status)
 
-    def _ending(self, job: Job, status: TaskStatus) -> tuple[TaskStatus, str | None]:
+    def use_extras(self) -> None:
+        """A job has `Job.extras` from now on (or every value is kept): `finish`
+        reads them (`_ending`) from now on. A plain task's path is picked at
+        open, not checked per task: until then, `finish` is the plain one."""
+        if not self.uses_extras:
+            self.uses_extras = True
+            self.finish = self._finish_with_extras  # type: ignore[method-assign]
+
+    def _finish_with_extras(self, job: Job, status: TaskStatus, *, freed: bool = True) -> None:
+        Lifecycle.finish(self, job, self._ending(job, status), freed=freed)
+        kept, self._kept = self._kept, None
+        if kept is not None and self.journal is not None:
+            self.journal.fold(job, Kept((job.task_id, job.version, kept)))
+
+    def _ending(self, job: Job, status: TaskStatus) -> TaskStatus:
         """What `finish` does for what ``job`` uses beyond a plain task: keep its
-        value (None if not kept: then its status may be FAILED, if JSON refuses
-        it), leave its parent, and end its descendants if it was cancelled or
-        timed out. Returns its status and its value's JSON."""
+        value (`_kept`: its JSON, or None if not kept; its status is FAILED if
+        JSON refuses it), leave its parent, and end its descendants if it was
+        cancelled or timed out. Returns its status."""
         extras = job.extras
-        kept = None
+        self._kept = kept = None
         if status is TaskStatus.COMPLETED:
             keep = None if extras is None else extras.keep_result
             if self.keep_results if keep is None else keep:
-                kept = kept_result(job)
+                self._kept = kept = kept_result(job)
                 if kept is None:
                     status = TaskStatus.FAILED
         if extras is None:
-            return status, kept
+            return status
         if status is TaskStatus.CANCELLED and isinstance(job.error, TaskTimeout):
             status = TaskStatus.TIMED_OUT  # (an ancestor's deadline passed)
         if extras.parent is not None:
             leave_parent(job, extras)
         if extras.children and (status is TaskStatus.CANCELLED or status is TaskStatus.TIMED_OUT):
             self._end_descendants(job, status, extras.ended_by or job.task_id)
-        return status, kept
+        return status
 
     def _end_descendants(self, job: Job, status: TaskStatus, origin: str) -> None:
         """``job`` was cancelled (or ended ``status``: CANCELLED or TIMED_OUT): so

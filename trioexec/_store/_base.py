@@ -84,9 +84,9 @@ TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
             "error": ARG,
             "traceback": ARG,
             "args": FIRST,  # (a dead letter's arguments, if the row has none)
-            "result": ARG,  # (its value as JSON, if kept)
         },
     ),
+    "kept": ((TaskStatus.COMPLETED,), {"result": ARG}),
     # What a store does on its own (never journaled by an executor): end a live
     # execution (a recovery verdict, a run's superseded steps), cancel one with no
     # live owner (a command), and claim one an expired owner left.
