@@ -181,11 +181,14 @@ def _insert_json(columns: list[int]) -> str:
 
 
 # (SQLite before 3.42 parses a row's JSON again for every value it reads: a
-# batch whose rows have no sparse value reads none of those columns)
+# batch whose rows have no sparse value leaves those columns out of its JSON,
+# the last ones of a row, and reads none of them)
 _INSERT_ROWS = _insert_json(list(range(len(ROW_COLUMNS))))
-_INSERT_DENSE = _insert_json([i for i in range(len(ROW_COLUMNS)) if i not in SPARSE])
-assert len(SPARSE) > 1  # (so that itemgetter gives a tuple)
-_sparse_values = operator.itemgetter(*SPARSE)
+_DENSE = len(ROW_COLUMNS) - len(SPARSE)
+assert tuple(range(_DENSE, len(ROW_COLUMNS))) == SPARSE  # (the sparse columns come last)
+_INSERT_DENSE = _insert_json(list(range(_DENSE)))
+_sparse_values = operator.itemgetter(slice(_DENSE, None))
+_dense_values = operator.itemgetter(slice(0, _DENSE))
 _INSERT_EACH = (
     f"INSERT INTO executions ({', '.join(ROW_COLUMNS)})"
     f" VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
@@ -200,7 +203,9 @@ def _insert(conn: sqlite3.Connection, rows: list[ExecutionRow]) -> None:
     if not rows:
         return
     if _JSON_ARROW:
-        sparse = any(map(any, map(_sparse_values, rows)))
-        conn.execute(_INSERT_ROWS if sparse else _INSERT_DENSE, (json.dumps(rows),))
+        if any(map(any, map(_sparse_values, rows))):
+            conn.execute(_INSERT_ROWS, (json.dumps(rows),))
+        else:
+            conn.execute(_INSERT_DENSE, (json.dumps(list(map(_dense_values, rows))),))
     else:
         conn.executemany(_INSERT_EACH, rows)
