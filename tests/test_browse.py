@@ -1,8 +1,9 @@
 """The dashboard's reads (`trioexec._store._browse`, issue 20) on SQLite files and
 the real PostgreSQL server: filters alone and combined, the three orders, keyset
 pages that visit every row once, text that SQL would read as wildcards or quotes,
-malformed cursors, finished executions per bucket, a task's commands; and the run
-graph each workflow run records (schema: SQLite 0011, PostgreSQL 8)."""
+malformed cursors, finished executions per bucket, a task's commands and its
+children; and the run graph each workflow run records (schema: SQLite 0011,
+PostgreSQL 8)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import json
 import sqlite3
 import tempfile
 import uuid
-from contextlib import closing
+from collections.abc import Iterator
+from contextlib import closing, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +36,7 @@ from trioexec._store._browse import (
     activity,
     browse,
     runs_page,
+    task_children,
     task_commands,
     task_names,
 )
@@ -509,6 +512,103 @@ def test_task_commands_are_the_commands_naming_the_task(store):
     assert task_commands(store, "a\x00") == []
     assert task_commands(store, "it's'; DROP TABLE commands; --") == []
     assert len(store.commands()) == 5
+
+
+# ---------------------------------------------------------------------- children
+
+
+def test_task_children_are_the_first_submitted_and_counted(store, monkeypatch):
+    """A task's children (the executions whose parent_id it is), in submission
+    order, at most ``limit``, with how many in all: not its grandchildren, not
+    another task's, whatever the ids hold."""
+    odd = "it's'; DROP TABLE executions; --[/]🚀"
+    put(
+        store,
+        [
+            row("root"),
+            *(row(f"c{i}", name=f"n{i}", parent_id="root") for i in range(5)),
+            row("gc", parent_id="c0"),
+            pending("other", parent_id="elsewhere"),
+            row(odd),
+            pending("odd-kid", parent_id=odd),
+            row("rootless"),
+        ],
+    )
+    got = task_children(store, "root", limit=3)
+    assert [(r.task_id, r.name, r.parent_id) for r in got.rows] == [
+        ("c0", "n0", "root"),
+        ("c1", "n1", "root"),
+        ("c2", "n2", "root"),
+    ]
+    assert (got.total, got.more) == (5, 2)
+    whole = task_children(store, "root")
+    assert [r.task_id for r in whole.rows] == [f"c{i}" for i in range(5)]
+    assert (whole.total, whole.more) == (5, 0)
+    assert [r.task_id for r in task_children(store, "c0").rows] == ["gc"]
+    odd_kids = task_children(store, odd)
+    assert [(r.task_id, r.status) for r in odd_kids.rows] == [("odd-kid", TaskStatus.PENDING)]
+    for none in ("rootless", "gc", "nobody", "a\x00", "root%", "roo_", ""):
+        assert task_children(store, none) == _browse.Children(rows=[], total=0), none
+    monkeypatch.setattr(_browse, "COUNT_LIMIT", 4)
+    over = task_children(store, "root", limit=2)
+    assert (len(over.rows), over.total, over.more) == (2, None, 3)  # (at least 3 more)
+    assert task_children(store, "root", limit=5).total == 5  # (none cut: not counted)
+
+
+def test_task_children_refuses_bad_arguments_naming_them(store):
+    with pytest.raises(ValueError, match="task_id"):
+        task_children(store, None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="task_id"):
+        task_children(store, 7)  # type: ignore[arg-type]
+    for bad in (0, _browse.MAX_LIMIT + 1, 1.5):
+        with pytest.raises(ValueError, match="limit"):
+            task_children(store, "x", limit=bad)
+    with pytest.raises(TypeError, match="trioexec store"):
+        task_children(object(), "x")
+
+
+@contextmanager
+def plans(store: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The plan of each statement `_browse` runs on ``store`` meanwhile, as its
+    database explains it on the same snapshot (PostgreSQL without sequential
+    scans: its tables here are too small for an index to be worth it)."""
+    found: list[str] = []
+    real = type(store).snapshot
+    explain = "EXPLAIN QUERY PLAN" if isinstance(store, SQLiteStore) else "EXPLAIN"
+
+    class Spy:
+        def __init__(self, conn: Any) -> None:
+            self.conn = conn
+
+        def execute(self, sql: str, params: Any = ()) -> Any:
+            plan = self.conn.execute(f"{explain} {sql}", params).fetchall()
+            found.append(" ".join(str(r[-1]) for r in plan))
+            return self.conn.execute(sql, params)
+
+    @contextmanager
+    def snapshot(self: Any, doing: str) -> Iterator[Spy]:
+        with real(self, doing) as conn:
+            if not isinstance(store, SQLiteStore):
+                conn.execute("SET LOCAL enable_seqscan = off")
+            yield Spy(conn)
+
+    monkeypatch.setattr(type(store), "snapshot", snapshot)
+    yield found
+    monkeypatch.undo()
+
+
+def test_task_children_read_the_childrens_index(store, monkeypatch):
+    put(store, [row("root"), *(row(f"c{i}", parent_id="root") for i in range(3))])
+    with plans(store, monkeypatch) as found:
+        assert task_children(store, "root", limit=2).total == 3
+    assert len(found) == 2  # (the first children, then how many: they were cut)
+    for plan in found:
+        assert "executions_children" in plan, plan
+    if isinstance(store, SQLiteStore):  # (its index holds the rowid: no sort)
+        assert "TEMP B-TREE" not in found[0]
+    with plans(store, monkeypatch) as found:
+        assert task_children(store, "root").total == 3
+    assert len(found) == 1  # (none cut: one query)
 
 
 # ---------------------------------------------------------------------- run graph

@@ -1,17 +1,19 @@
 """The dashboard's routes, in process: httpx's ASGI client under pytest-trio against
-a SQLite file a real executor wrote (and a PostgreSQL database, for the overview and
-the task list), the app's lifespan run as a server runs it.
+a SQLite file a real executor wrote (and a PostgreSQL database, for the overview,
+the task list and the task tree), the app's lifespan run as a server runs it.
 
 Every route renders; the filters filter; every value from the database is escaped
 (a task named ``<script>alert(1)</script>``, names with ``[``, ``'``, an emoji);
 every action is refused without the token, without the CSRF field, from another
-Origin, and does not exist under ``read_only``; the actions do what they say.
+Origin, and does not exist under ``read_only``; the actions do what they say. A
+task's page links its parent and lists its first children, whatever their ids.
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import itertools
 import json
 import logging
 import re
@@ -35,7 +37,7 @@ from trioexec import SubStatus, TaskStatus, Workflow, task
 from trioexec._changes import Finish, RunCreated, Start, StepRecorded, Sub, submitted
 from trioexec.durable import DurableStore, PromiseState
 from trioexec.web import create_app
-from trioexec.web._render import SHOWN_JSON, Excerpt, excerpt, json_text
+from trioexec.web._render import SHOWN_JSON, Excerpt, excerpt, json_text, segment
 from trioexec.web._security import cookie_name, cookie_value, csrf_of
 
 TOKEN = "test-token-0123456789"
@@ -1471,3 +1473,147 @@ def test_an_excerpt_encodes_about_what_it_shows() -> None:
     exact = "x" * (SHOWN_JSON - 2)  # (with its quotes: SHOWN_JSON characters)
     assert excerpt(exact) == Excerpt(json.dumps(exact), cut=False)
     assert excerpt(exact + "x").cut
+
+
+# ---------------------------------------------------------------------- the task tree
+
+
+async def leaf() -> None:
+    await trio.lowlevel.checkpoint()
+
+
+async def build_tree(target: str) -> None:
+    """A task tree a real executor ran: ``tree-root`` submits ``kid-a`` (with a
+    dedupe key; it submits ``grandkid``), ``kid-b`` (it fails) and a detached
+    ``kid-free`` (a root), then waits for them."""
+    with trioexec.open_store(target) as store:
+        async with trioexec.open_executor(store=store, tasks=[boom]) as ex:
+
+            async def middle() -> None:
+                await (await ex.submit(leaf, task_id="grandkid", name="leaf")).wait()
+
+            async def root() -> None:
+                kids = [
+                    await ex.submit(middle, task_id="kid-a", name="middle", dedupe_key="order-42"),
+                    await ex.submit(boom, 2, task_id="kid-b"),
+                    await ex.submit(leaf, task_id="kid-free", name="free", detached=True),
+                ]
+                for kid in kids:
+                    await kid.wait()
+
+            assert (await (await ex.submit(root, task_id="tree-root", name="root")).wait()).ok
+
+
+def fact(page: str, kind: str) -> str | None:
+    """The text of the page's ``<dd class="KIND">`` (unescaped), None if none."""
+    found = re.search(rf'<dd class="{kind}">(.*?)</dd>', page, re.S)
+    return None if found is None else html.unescape(re.sub(r"<[^>]*>", "", found.group(1)))
+
+
+def children_of(page: str) -> list[tuple[str, str, str]]:
+    """Each row of the page's children: (task id, name, status), unescaped."""
+    if 'id="children"' not in page:
+        return []
+    body = page.split('id="children"', 1)[1].split("</table>", 1)[0]
+    rows = re.findall(
+        r'<tr data-task-id="([^"]*)">.*?<td class="name">([^<]*)</td>'
+        r'\s*<td class="status[^"]*">([^<]*)</td>',
+        body,
+        re.S,
+    )
+    return [(html.unescape(t), html.unescape(n), s) for t, n, s in rows]
+
+
+async def test_a_task_page_links_its_parent_and_lists_its_children(db_target: str) -> None:
+    await build_tree(db_target)
+    async with client(db_target) as c:
+        url = f"{BASE}/tasks/tree-root"
+        root = (await c.get(url)).text
+        kid = (await c.get(f"{BASE}/tasks/kid-a")).text
+        detail = (await c.get(f"{BASE}/tasks/kid-a", params={"fragment": "detail"})).text
+        free = (await c.get(f"{BASE}/tasks/kid-free")).text
+        grandkid_url = f"{BASE}/tasks/grandkid"
+        grandkid = (await c.get(grandkid_url)).text
+        parent_url = browser_url(grandkid_url, attribute(grandkid, 'class="parent"', "href"))
+        parent = (await c.get(parent_url)).text
+    # a root: no parent; its children in submission order, not the detached one
+    # nor a grandchild, each with its name and status
+    assert fact(root, "parent") is None
+    assert children_of(root) == [("kid-a", "middle", "completed"), ("kid-b", "web-boom", "failed")]
+    assert "children-more" not in root
+    assert fact(root, "dedupe-key") is None
+    assert fact(kid, "parent") == "tree-root"
+    assert browser_url(url, attribute(kid, 'class="parent"', "href")) == url
+    assert fact(kid, "dedupe-key") == "order-42"
+    assert children_of(kid) == [("grandkid", "leaf", "completed")]
+    # (the live part holds both: a child appears as it is submitted)
+    assert fact(detail, "parent") == "tree-root"
+    assert children_of(detail) == children_of(kid)
+    assert fact(free, "parent") is None  # (detached: a root)
+    assert children_of(free) == []
+    assert fact(grandkid, "parent") == "kid-a"
+    assert 'id="children"' not in grandkid
+    assert heading(parent) == "kid-a"
+
+
+async def test_a_task_page_lists_its_first_children_and_says_how_many_more(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from trioexec._store import _browse
+    from trioexec.web._pages import CHILDREN_SHOWN
+
+    target = str(tmp_path / "app.db")
+    ids = [f"c-{i:03}" for i in range(CHILDREN_SHOWN + 3)]
+
+    async def many() -> None:
+        kids = [await ex.submit(leaf, task_id=i, name=f"leaf {i}") for i in ids]
+        for kid in kids:
+            await kid.wait()
+
+    with trioexec.open_store(target) as store:
+        async with trioexec.open_executor(store=store) as ex:
+            assert (await (await ex.submit(many, task_id="many", name="many")).wait()).ok
+    async with client(target) as c:
+        page = (await c.get("/tasks/many")).text
+        monkeypatch.setattr(_browse, "COUNT_LIMIT", CHILDREN_SHOWN + 1)
+        uncounted = (await c.get("/tasks/many")).text
+    assert children_of(page) == [(i, f"leaf {i}", "completed") for i in ids[:CHILDREN_SHOWN]]
+    assert '<p class="note children-more">and 3 more</p>' in page
+    assert children_of(uncounted) == children_of(page)
+    assert '<p class="note children-more">and at least 2 more</p>' in uncounted
+
+
+async def chain(ex: trioexec.Executor, ids: tuple[str, ...]) -> None:
+    """Submit ``ids[0]`` (named after it), which submits the rest of the chain."""
+    if ids:
+        ref = await ex.submit(chain, ex, ids[1:], task_id=ids[0], name=f"link {ids[0]}")
+        assert (await ref.wait()).ok, ids[0]
+
+
+async def test_parent_and_child_links_reach_their_own_task_whatever_its_id(
+    tmp_path: Path,
+) -> None:
+    """Each odd id is the child of the one before it in `ODD_IDS` (and the parent
+    of the one after): its row on its parent's page opens its own page, and its
+    parent link opens its parent's, every URL as a browser resolves it; the
+    victims exist, for a link that would land elsewhere to land somewhere."""
+    target = str(tmp_path / "odd.db")
+    with trioexec.open_store(target) as store:
+        async with trioexec.open_executor(store=store, max_concurrent_tasks=50) as ex:
+            for victim in VICTIMS:
+                await (await ex.submit(leaf, task_id=victim, name=SCRIPT)).wait()
+            await chain(ex, ODD_IDS)
+    async with client(target) as c:
+        url = f"{BASE}/tasks/{segment(ODD_IDS[0])}"
+        for parent_id, task_id in itertools.pairwise(ODD_IDS):
+            page = (await c.get(url)).text
+            assert heading(page) == parent_id, url
+            assert children_of(page) == [(task_id, f"link {task_id}", "completed")], url
+            child_url = browser_url(url, attribute(page, task_row(task_id), "href"))
+            child = (await c.get(child_url)).text
+            assert heading(child) == task_id, child_url
+            assert fact(child, "parent") == parent_id
+            back = browser_url(child_url, attribute(child, 'class="parent"', "href"))
+            assert back == url, (task_id, back)
+            url = child_url
+    assert SCRIPT not in page

@@ -1,6 +1,7 @@
 """The dashboard's reads of a SQL store: pages of executions under filters, by
 keyset (never ``OFFSET``: page 1,000 costs what page 1 does), the executions
-finished per time bucket, the task names stored, and a task's commands.
+finished per time bucket, the task names stored, a task's commands, and a task's
+children (the task tree: the first of them, and how many in all).
 
 Plain synchronous functions (the web app runs them in a worker thread), each in
 one read snapshot (`SQLStore.snapshot`), their SQL written once over the store's
@@ -280,10 +281,7 @@ def browse(
         return Page(rows=[], next_cursor=None, total=0)
     where, params, live = found
     keys, descending = _order(d, order, live)
-    count_sql = (
-        f"SELECT count(*) FROM (SELECT 1 FROM executions e{_and(where)} LIMIT {d.mark}) AS m"
-    )
-    count_params = [*params, COUNT_LIMIT + 1]
+    count_where, count_params = list(where), list(params)  # (every page's: no cursor)
     if start is not None:
         marks = ", ".join([d.mark] * len(keys))
         where.append(f"({', '.join(keys)}) {'<' if descending else '>'} ({marks})")
@@ -307,7 +305,7 @@ def browse(
     width = len(RECORD_FIELDS)
     with sql_store.snapshot("browse executions") as conn:
         rows = conn.execute(sql, params).fetchall()
-        counted = int(conn.execute(count_sql, count_params).fetchone()[0])
+        total = _count(conn, d, count_where, count_params)
     more = len(rows) > limit
     rows = rows[:limit]
     records = [record_of(row[:width], sql_store.path) for row in rows]
@@ -317,13 +315,19 @@ def browse(
         if order == "longest_waiting":
             last = [int(last[0]), float(last[1]), int(last[2])]
         next_cursor = _encode(str(order), last)
-    return Page(
-        rows=records, next_cursor=next_cursor, total=None if counted > COUNT_LIMIT else counted
-    )
+    return Page(rows=records, next_cursor=next_cursor, total=total)
 
 
 def _and(where: list[str]) -> str:
     return " WHERE " + " AND ".join(where) if where else ""
+
+
+def _count(conn: Any, d: Dialect, where: list[str], params: list[object]) -> int | None:
+    """How many executions (``e``) hold ``where``: None if over `COUNT_LIMIT` (it
+    counts no further)."""
+    sql = f"SELECT count(*) FROM (SELECT 1 FROM executions e{_and(where)} LIMIT {d.mark}) AS m"
+    counted = int(conn.execute(sql, [*params, COUNT_LIMIT + 1]).fetchone()[0])
+    return None if counted > COUNT_LIMIT else counted
 
 
 def _seconds(what: str, value: object) -> float:
@@ -393,20 +397,64 @@ def task_names(store: object, limit: int = 200) -> list[str]:
     return sorted(str(row[0]) for row in rows)
 
 
+def _task_id(task_id: object) -> str | None:
+    """``task_id``, checked: None if no store can hold it (no row names it)."""
+    checked = _text("task_id", task_id)
+    if checked is None:
+        raise ValueError("task_id must be a str, got None")
+    return checked if storable(checked) else None
+
+
 def task_commands(store: object, task_id: str) -> list[Command]:
     """The commands naming ``task_id`` (a cancel; a retry of it alone), oldest
     first. A retry of several ids at once, or of every failed one, names no task:
     it is not among them."""
     sql_store, d = _sql_store(store)
-    checked = _text("task_id", task_id)
+    checked = _task_id(task_id)
     if checked is None:
-        raise ValueError("task_id must be a str, got None")
-    if not storable(checked):
         return []
     sql = f"SELECT {', '.join(COMMAND_FIELDS)} FROM commands WHERE task_id = {d.mark} ORDER BY seq"
     with sql_store.snapshot("query a task's commands") as conn:
         rows = conn.execute(sql, (checked,)).fetchall()
     return [command_of(row) for row in rows]
+
+
+@attrs.frozen
+class Children:
+    """A task's children (`task_children`)."""
+
+    rows: list[ExecutionRecord]  #: the first submitted, in submission order
+    total: int | None  #: how many it has (None: over `COUNT_LIMIT`)
+
+    @property
+    def more(self) -> int:
+        """How many are not among `rows` (at least this many if `total` is None)."""
+        return (COUNT_LIMIT + 1 if self.total is None else self.total) - len(self.rows)
+
+
+def task_children(store: object, task_id: str, limit: int = 50) -> Children:
+    """The executions ``task_id`` submitted (those whose ``parent_id`` it is: the
+    task tree, API.md §13), the first ``limit`` in submission order, and how many
+    in all. One range of the children's index (``executions_children``); they are
+    counted only if there are more than ``limit``.
+
+    Raises:
+      ValueError: a task id that is not text, a limit out of range.
+      TypeError: not a trioexec store.
+      StoreError: naming the store, if it cannot be read.
+    """
+    sql_store, d = _sql_store(store)
+    limit = _limit(limit)
+    checked = _task_id(task_id)
+    if checked is None:
+        return Children(rows=[], total=0)
+    where = [f"e.parent_id = {d.mark}"]  # (a range of the children's index)
+    sql = f"{SELECT_RECORDS}{_and(where)} ORDER BY e.{d.seq} LIMIT {d.mark}"
+    with sql_store.snapshot("query a task's children") as conn:
+        rows = conn.execute(sql, (checked, limit + 1)).fetchall()
+        total = len(rows) if len(rows) <= limit else _count(conn, d, where, [checked])
+    records = [record_of(row, sql_store.path) for row in rows[:limit]]
+    return Children(rows=records, total=total)
 
 
 @attrs.frozen

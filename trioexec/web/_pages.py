@@ -25,6 +25,7 @@ from trioexec._store._browse import (
     browse,
     runs_page,
     storable,
+    task_children,
     task_commands,
     task_names,
 )
@@ -47,6 +48,7 @@ from ._svg import HEIGHT, PAD, STEP_H, STEP_W, WIDTH, bars, line, run_graph
 
 PAGE_SIZE = 50
 COMMANDS_SHOWN = 50
+CHILDREN_SHOWN = 50  #: the first a task's page lists, in submission order
 ORDERS = (
     ("newest", "newest first"),
     ("oldest", "oldest first"),
@@ -208,10 +210,12 @@ async def task(request: Request) -> Response:
     if record is None:
         return _missing(request, "task", f"task {task_id!r}")
     commands = await board.read(task_commands, task_id)
+    children = await board.read(task_children, task_id, CHILDREN_SHOWN)
     context = {
         "version": version,
         "title": f"Task {task_id}",
         "task": record,
+        "children": children,
         "timeline": timeline(record, commands),
         "args_text": pretty_json(record.args),
         "result": excerpt(record.result) if record.result_kept else None,
