@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Protocol, TypeAlias
 
-from ._columns import EXECUTIONS, ROW_COLUMNS
+from ._columns import EXECUTIONS, ROW_COLUMNS, SPARSE
 
 
 class Transition(tuple[Any, ...]):
@@ -115,6 +115,8 @@ class Requeue(Transition):
 #: A new execution: its whole row, in `ROW_COLUMNS`' order (refused if the
 #: execution exists), into which the journal folds the changes that follow while
 #: the batch gathers, so a short task is one change, not three (`Journal.fold`).
+#: Its sparse columns (the last ones) are there only once it has a value for one
+#: (`widen`).
 #: A plain list: a list subclass would cost each of those writes a slow path.
 ExecutionRow: TypeAlias = list[Any]
 
@@ -156,12 +158,24 @@ R_WAITING = ROW_COLUMNS.index("waiting_on")
 R_STATUS = ROW_COLUMNS.index("status")
 R_DEDUPE = ROW_COLUMNS.index("dedupe_key")
 R_PARENT = ROW_COLUMNS.index("parent_id")
+#: A row is this long until it has a value for a sparse column (`Column.sparse`,
+#: the last ones): a plain task's row carries none of them (`widen`).
+DENSE = len(ROW_COLUMNS) - len(SPARSE)
+assert tuple(range(DENSE, len(ROW_COLUMNS))) == SPARSE  # (the sparse columns come last)
+_PAD = (None,) * len(SPARSE)
+
+
+def widen(row: ExecutionRow) -> ExecutionRow:
+    """``row``, with its sparse columns (None) if it had none yet."""
+    if len(row) == DENSE:
+        row.extend(_PAD)
+    return row
 
 
 #: What a submission gives of a new execution's row, in `submitted`'s order (with
 #: defaults for the rest); every other column starts at its `Column.initial`.
 _GIVEN = ("task_id", "version", "name", "run_id", "spec_id", "args", "owner", "submitted_at")
-_DEFAULTED = {"key": None, "priority": 0, "waiting_on": "slot", "dedupe_key": None}
+_DEFAULTED = {"key": None, "priority": 0, "waiting_on": "slot"}
 
 
 class _Submitted(Protocol):
@@ -178,7 +192,6 @@ class _Submitted(Protocol):
         key: str | None = None,
         priority: int = 0,
         waiting_on: str | None = "slot",
-        dedupe_key: str | None = None,
     ) -> ExecutionRow: ...
 
 
@@ -195,6 +208,7 @@ def _write_submitted() -> _Submitted:
         if c.initial is None or type(c.initial) in (int, str)
         else f"_initial[{i}]"
         for i, c in enumerate(EXECUTIONS)
+        if not c.sparse
     ]
     source = f"def submitted({', '.join(params)}):\n    return [{', '.join(values)}]\n"
     scope: dict[str, Any] = {"_initial": [c.initial for c in EXECUTIONS]}
@@ -204,6 +218,6 @@ def _write_submitted() -> _Submitted:
 
 
 #: ``submitted(task_id, version, name, run_id, spec_id, args, owner, submitted_at,
-#: key=None, priority=0, waiting_on="slot", dedupe_key=None)``: a new execution's
-#: row, pending.
+#: key=None, priority=0, waiting_on="slot")``: a new execution's row, pending
+#: (`DENSE` long: `widen` it to give it a sparse value).
 submitted = _write_submitted()

@@ -99,8 +99,6 @@ EXECUTIONS = (
 #: key's executions by when they finished.
 DEDUPE_LIVE = "(dedupe_key) WHERE dedupe_key IS NOT NULL AND status IN ('pending', 'running')"
 DEDUPE_BY_KEY = "(dedupe_key, finished_at) WHERE dedupe_key IS NOT NULL"
-#: The task tree's index (both schemas): a task's children.
-CHILDREN = "(parent_id) WHERE parent_id IS NOT NULL"
 #: A "row" change's fields after its kind, in order.
 ROW_COLUMNS = tuple(c.name for c in EXECUTIONS)
 #: Where the `Column.sparse` ones sit in a "row" change.

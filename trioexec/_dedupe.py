@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, final
 
-from ._changes import R_DEDUPE
+from ._changes import R_DEDUPE, widen
 from ._records import TaskStatus, check_id, check_seconds
 from ._remote import remote_job
 from ._taskref import DuplicateRef, Extras, Job, TaskRef
@@ -124,7 +124,7 @@ class Dedupes:
         assert self._journal is not None
         row = self._journal.new_row(job, self._owner_id)
         assert row is not None
-        row[R_DEDUPE] = key
+        widen(row)[R_DEDUPE] = key
         return row
 
     def _ended_here(self, record: ExecutionRecord | None) -> bool:

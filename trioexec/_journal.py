@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import trio
 
-from ._changes import R_PARENT, R_VERSION, ExecutionRow, Transition, submitted
+from ._changes import R_PARENT, R_VERSION, ExecutionRow, Transition, submitted, widen
 from ._errors import StoreError
 from ._records import safe_repr, storable_text
 from ._spec import TaskSpec
@@ -104,7 +104,8 @@ class Journal:
             return row
         if job.extras.dedupe_key is not None:
             return None
-        row[R_PARENT] = job.extras.parent_id
+        if job.extras.parent_id is not None:
+            widen(row)[R_PARENT] = job.extras.parent_id
         return row
 
     def dead_letter(self, job: Job) -> tuple[str | None, str | None]:

@@ -11,8 +11,8 @@ from typing import Any, Literal, Protocol
 
 import attrs
 
-from .._changes import Change, ExecutionRow, RunChange, Transition
-from .._columns import ROW_COLUMNS
+from .._changes import Change, ExecutionRow, RunChange, Transition, widen
+from .._columns import ROW_COLUMNS, SPARSE
 from .._errors import StoreError
 from .._records import (
     ExecutionRecord,
@@ -133,7 +133,9 @@ TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
 }
 
 
-def _folds(place: Callable[[str], object]) -> dict[str, Callable[[Any, Any], bool]]:
+def _folds(
+    place: Callable[[str], object], widen: Callable[[Any], object] | None = None
+) -> dict[str, Callable[[Any, Any], bool]]:
     """For each kind of `TRANSITIONS`, a function that folds a change of that kind
     into a row whose columns sit at ``place(column)`` (a "row" list's index, a
     dict's key); False (nothing changed) if fenced. Compiled from the table, as
@@ -143,11 +145,13 @@ def _folds(place: Callable[[str], object]) -> dict[str, Callable[[Any, Any], boo
     for kind, (guard, sets) in TRANSITIONS.items():
         fields = [c for c, how in sets.items() if how is ARG or how is FIRST]
         field = {c: 2 + i for i, c in enumerate(fields)}  # (after the task id and version)
-        names: dict[str, Any] = {"guard": guard}
+        names: dict[str, Any] = {"guard": guard, "widen": widen}
         body = [
             f"if row[{place('version')!r}] != change[1] or row[{place('status')!r}] not in guard:",
             "    return False",
         ]
+        if widen is not None and any(ROW_COLUMNS.index(c) in SPARSE for c in sets):
+            body.append("widen(row)")  # (a list row has its sparse columns once it needs one)
         for column, how in sets.items():
             at = place(column)
             if how is ARG:
@@ -165,7 +169,7 @@ def _folds(place: Callable[[str], object]) -> dict[str, Callable[[Any, Any], boo
     return folds
 
 
-_BY_INDEX = _folds(ROW_COLUMNS.index)  # (`ExecutionRow` lists)
+_BY_INDEX = _folds(ROW_COLUMNS.index, widen)  # (`ExecutionRow` lists)
 _BY_NAME = _folds(lambda column: column)  # (values by column name)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._columns import CHILDREN, DEDUPE_BY_KEY, DEDUPE_LIVE, POSTGRES_SCHEMA, added, version_of
+from .._columns import DEDUPE_BY_KEY, DEDUPE_LIVE, POSTGRES_SCHEMA, added, version_of
 from .._errors import StoreError
 
 if TYPE_CHECKING:
@@ -231,7 +231,9 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX executions_dedupe ON executions {DEDUPE_BY_KEY};
     """,
     # 13: the task tree: the task that submitted an execution, and its children by it.
-    _add_columns(13) + f"CREATE INDEX executions_children ON executions {CHILDREN};",
+    # (in submission order, as SQLite's rowid keeps them: a page of them is a range)
+    _add_columns(13) + "CREATE INDEX executions_children ON executions (parent_id, seq)"
+    " WHERE parent_id IS NOT NULL;",
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import final
 
-from .._changes import R_ID, Change, ExecutionRow, Finish
+from .._changes import DENSE, R_ID, Change, ExecutionRow, Finish, widen
 from .._columns import EXECUTIONS, ROW_COLUMNS
 from .._records import check_number
 from ._base import LIVE
@@ -23,14 +23,22 @@ from ._pg_conn import ENDED_CHANNEL, Connection, PGDatabase, redact
 from ._sql_store import SQLStore
 
 _STATUS = ROW_COLUMNS.index("status")
-_INSERT_ROWS = (
-    f"INSERT INTO executions ({', '.join(ROW_COLUMNS)})"
-    f" SELECT {', '.join(ROW_COLUMNS)} FROM unnest("
-    + ", ".join(f"%b::{c.postgres_type}[]" for c in EXECUTIONS)
-    + f") WITH ORDINALITY AS r({', '.join(ROW_COLUMNS)}, n) ORDER BY n"
-)
+
+
+def _insert(count: int) -> str:
+    """The insert of a batch's rows, one array per column, of the first ``count``
+    columns (`DENSE`: a batch of plain tasks' rows; all of them)."""
+    names = ", ".join(ROW_COLUMNS[:count])
+    return (
+        f"INSERT INTO executions ({names}) SELECT {names} FROM unnest("
+        + ", ".join(f"%b::{c.postgres_type}[]" for c in EXECUTIONS[:count])
+        + f") WITH ORDINALITY AS r({names}, n) ORDER BY n"
+    )
+
+
+_INSERT = {DENSE: _insert(DENSE), len(ROW_COLUMNS): _insert(len(ROW_COLUMNS))}
 #: (ON CONFLICT's speculative insertion costs the server more per row: only after a race)
-_INSERT_NEW_ROWS = _INSERT_ROWS + " ON CONFLICT (task_id) DO NOTHING RETURNING task_id"
+_ONLY_NEW = " ON CONFLICT (task_id) DO NOTHING RETURNING task_id"
 
 
 @final
@@ -95,14 +103,17 @@ class PostgresStore(SQLStore):
         self.path = self._db.where  # what messages and views name the store by
 
     def _insert_rows(self, conn: Connection, rows: list[ExecutionRow]) -> list[str]:
+        if max(map(len, rows)) > DENSE:  # (a row with a sparse value: all have them)
+            rows = [widen(list(row)) for row in rows]
         columns = [[getattr(v, "value", v) for v in col] for col in zip(*rows, strict=True)]
+        insert = _INSERT[len(columns)]
         try:
             with conn.transaction():  # a savepoint: a race undoes only the insert
-                conn.execute(_INSERT_ROWS, columns)
+                conn.execute(insert, columns)
         except self._db.unique_violation:
             # Another host inserted one of these ids since we looked: that one is
             # refused, like a submission whose id is already stored.
-            inserted = {row[0] for row in conn.execute(_INSERT_NEW_ROWS, columns)}
+            inserted = {row[0] for row in conn.execute(insert + _ONLY_NEW, columns)}
             return [str(r[R_ID]) for r in rows if r[R_ID] not in inserted]
         return []
 

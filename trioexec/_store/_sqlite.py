@@ -8,15 +8,14 @@ from __future__ import annotations
 
 import json
 import math
-import operator
 import os
 import sqlite3
 import time
 from collections.abc import Callable
 from typing import final
 
-from .._changes import R_ID, ExecutionRow
-from .._columns import ROW_COLUMNS, SPARSE
+from .._changes import DENSE, R_ID, ExecutionRow, widen
+from .._columns import ROW_COLUMNS
 from .._errors import StoreError
 from .._records import check_number
 from ._dialect import SQLITE
@@ -181,14 +180,9 @@ def _insert_json(columns: list[int]) -> str:
 
 
 # (SQLite before 3.42 parses a row's JSON again for every value it reads: a
-# batch whose rows have no sparse value leaves those columns out of its JSON,
-# the last ones of a row, and reads none of them)
+# batch whose rows have no sparse value, plain tasks' rows, reads none of them)
 _INSERT_ROWS = _insert_json(list(range(len(ROW_COLUMNS))))
-_DENSE = len(ROW_COLUMNS) - len(SPARSE)
-assert tuple(range(_DENSE, len(ROW_COLUMNS))) == SPARSE  # (the sparse columns come last)
-_INSERT_DENSE = _insert_json(list(range(_DENSE)))
-_sparse_values = operator.itemgetter(slice(_DENSE, None))
-_dense_values = operator.itemgetter(slice(0, _DENSE))
+_INSERT_DENSE = _insert_json(list(range(DENSE)))
 _INSERT_EACH = (
     f"INSERT INTO executions ({', '.join(ROW_COLUMNS)})"
     f" VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
@@ -203,9 +197,7 @@ def _insert(conn: sqlite3.Connection, rows: list[ExecutionRow]) -> None:
     if not rows:
         return
     if _JSON_ARROW:
-        if any(map(any, map(_sparse_values, rows))):
-            conn.execute(_INSERT_ROWS, (json.dumps(rows),))
-        else:
-            conn.execute(_INSERT_DENSE, (json.dumps(list(map(_dense_values, rows))),))
+        dense = max(map(len, rows)) == DENSE
+        conn.execute(_INSERT_DENSE if dense else _INSERT_ROWS, (json.dumps(rows),))
     else:
-        conn.executemany(_INSERT_EACH, rows)
+        conn.executemany(_INSERT_EACH, [widen(list(row)) for row in rows])

@@ -9,7 +9,7 @@ from typing import TypeVar
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from .._columns import CHILDREN, DEDUPE_BY_KEY, DEDUPE_LIVE, SQLITE_SCHEMA, added, version_of
+from .._columns import DEDUPE_BY_KEY, DEDUPE_LIVE, SQLITE_SCHEMA, added, version_of
 from .._errors import StoreError
 
 _Migrate = TypeVar("_Migrate", bound=Callable[[sqlite_utils.Database], None])
@@ -280,7 +280,9 @@ def _dedupe(db: sqlite_utils.Database) -> None:
 def _task_tree(db: sqlite_utils.Database) -> None:
     # The task tree: the task that submitted an execution, and its children by it.
     _add_columns(db, 16)
-    db.execute(f"CREATE INDEX executions_children ON executions {CHILDREN}")
+    db.execute(
+        "CREATE INDEX executions_children ON executions (parent_id) WHERE parent_id IS NOT NULL"
+    )
     db.execute("UPDATE trioexec_meta SET value = '16' WHERE key = 'schema_version'")
 
 
