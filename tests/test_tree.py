@@ -112,10 +112,14 @@ async def test_a_parent_that_completes_or_fails_leaves_its_children(autojump_clo
         await trio.testing.wait_all_tasks_blocked()
         assert refs["r.d"].status is TaskStatus.RUNNING
         assert refs["f.d"].status is TaskStatus.RUNNING
-        # ...and cancelling the ended parent later still reaches them (with a
-        # store: `trioexec cancel`; here: its ref)
-        done.cancel()  # (ended: nothing)
-        assert refs["r.d"].status is TaskStatus.RUNNING
+        # ...and cancelling the ended parent later still reaches them (as
+        # `trioexec cancel` does through a store)
+        done.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+        assert refs["r.d"].status is TaskStatus.CANCELLED
+        assert f"its ancestor {done.task_id!r} was" in str((await refs["r.d"].wait()).error)
+        assert refs["r.x"].status is TaskStatus.RUNNING  # (detached)
+        assert refs["f.d"].status is TaskStatus.RUNNING
         ex.cancel_pending()
         for ref in refs.values():
             ref.cancel()

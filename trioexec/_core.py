@@ -428,6 +428,10 @@ class ExecutorCore:
         if spec.keep_result is not None or record.dedupe_key or record.parent_id:
             job.extras = Extras(spec.keep_result, record.dedupe_key, parent_id=record.parent_id)
             self.lifecycle.use_extras()
+            # (its parent, recovered here too, first: cancelling it reaches this one)
+            parent = self.lifecycle.live.get(record.parent_id or "")
+            if parent is not None:
+                adopt(parent, job)
         self.lifecycle.accept(job, recovered=True)
         self.workers.work_arrived()
 

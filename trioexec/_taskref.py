@@ -294,8 +294,8 @@ class TaskRef(Generic[T_co]):
 
     @property
     def parent_id(self) -> str | None:
-        """The task of its executor that submitted it (None for a root: submitted
-        from outside a task, or ``detached=True``)."""
+        """The id of the task of its executor that submitted it, or None for a
+        root (submitted from outside a task, or with ``detached=True``)."""
         extras = self._job.extras
         return None if extras is None else extras.parent_id
 
@@ -351,7 +351,8 @@ class TaskRef(Generic[T_co]):
     def cancel(self) -> None:
         """Ask the task to stop: a pending task ends ``CANCELLED`` at once; a running
         or deferred one has ``handle.cancelled()`` fire and its scope cancelled.
-        Never blocks; does nothing if the task already ended."""
+        Its unfinished descendants end too (see `Executor.submit`), also once it
+        has ended itself. Never blocks; otherwise does nothing if it ended."""
         self._job.owner.cancel(self._job)
 
     def __repr__(self) -> str:

@@ -494,8 +494,10 @@ class Lifecycle:
         if job.ended or job.cancel_requested:
             return
         where = f"task {job.name!r} ({job.task_id})"
-        if status is TaskStatus.TIMED_OUT:
-            job.error = TaskTimeout(f"{where} timed out: its ancestor {origin!r} timed out")
+        if status is TaskStatus.TIMED_OUT:  # (as `trioexec._workers` says it, too)
+            job.error = TaskTimeout(
+                f"{where} timed out: the deadline of its ancestor {origin!r} passed"
+            )
         else:
             job.error = TaskCancelled(
                 f"{where} was cancelled: its ancestor {origin!r} was cancelled"
@@ -525,9 +527,13 @@ class Lifecycle:
     # ------------------------------------------------------------ cancelled, lost
 
     def cancel(self, job: Job) -> None:
-        """`TaskRef.cancel`: a pending task ends now; a running one is interrupted."""
+        """`TaskRef.cancel`: a pending task ends now; a running one is interrupted.
+        Its unfinished descendants end too, also if it has ended itself (as a
+        cancel command through the store does)."""
         if not job.ended and not job.cancel_requested:
             self._interrupt(job)
+        elif job.extras is not None and job.extras.children:
+            self._end_descendants(job, TaskStatus.CANCELLED, job.task_id)
 
     def _interrupt(self, job: Job, *, descendants: bool = True) -> None:
         self.tally.cancellation_requested_count += 1
