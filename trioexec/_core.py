@@ -276,13 +276,13 @@ class ExecutorCore:
         priority: int | None = None,
         keep_result: bool | None = None,
         detached: bool = False,
+        deduping: object = None,
         on_done: Callable[[Job], None] | None = None,
-        deduping: bool = False,
     ) -> Job:
         """Check one submission and make its `Job` (not accepted yet): the child of
-        the task of this executor submitting it, unless ``detached``. ``deduping``:
-        a chosen ``task_id`` is not claimed yet (`Dedupes.submit` does, if the
-        submission's key does not find its execution first)."""
+        the task of this executor submitting it, unless ``detached``. With a
+        ``deduping`` key, a chosen ``task_id`` is not claimed yet (`Dedupes.submit`
+        does, if the key does not find its execution first)."""
         self.tally.submitted_count += 1
         if self.shutdown.closing:
             self.shutdown.check_open(run_id is not None)
@@ -364,7 +364,7 @@ class ExecutorCore:
             self.lifecycle.use_extras()
             if parent is not None:
                 adopt(parent, job)
-        if task_id is not None and not deduping:
+        if task_id is not None and deduping is None:
             self.lifecycle.track_named(job)
         return job
 
@@ -375,7 +375,7 @@ class ExecutorCore:
         name: str | None,
         correlation_id: str | None,
         task_id: str | None,
-        deduping: bool = False,
+        deduping: object = None,
     ) -> None:
         if timeout is not None:
             check_seconds("timeout", timeout)
@@ -389,7 +389,7 @@ class ExecutorCore:
             # New: not live here, not in the store (else the same execution
             # would run twice under one record).
             check_id("task_id", task_id)
-            if not deduping:
+            if deduping is None:
                 self.check_new_id(task_id, self.store is not None)
 
     def check_new_id(self, task_id: str, in_store: bool) -> None:
@@ -521,6 +521,7 @@ class ExecutorCore:
             None,
             False,
             False,
+            None,
             on_done,
         )
         return job, self.accept_if_fits(job)

@@ -24,10 +24,6 @@ if TYPE_CHECKING:
     from ._machine._lifecycle import Lifecycle
     from ._records import ExecutionRecord
 
-#: ``make(deduping=True)``: the submission's `Job` (`ExecutorCore.new_job`, its
-#: chosen id not claimed yet)
-Make = Callable[..., Job]
-
 #: Past this many keys remembered, those of ended executions are forgotten (with
 #: a store, which remembers them; the bound doubles while the live ones fill it).
 _REMEMBERED = 4096
@@ -51,15 +47,16 @@ class Dedupes:
         self._bound = _REMEMBERED
 
     async def submit(
-        self, make: Make, key: object, window: object, chosen: bool
-    ) -> Job | TaskRef[Any]:
-        """A submission with ``key`` (``chosen``: with a ``task_id``): the
-        `TaskRef` of the execution that holds the key, or the new `Job`, which
-        holds it now (with a store, its row is stored) and goes on to admission."""
-        job, found = self._mine(make, key, window, chosen)
+        self, job: Job, key: object, window: object, chosen: bool
+    ) -> TaskRef[Any] | None:
+        """``job``'s submission with ``key`` (made by ``new_job(...,
+        deduping=key)``; ``chosen``: with a ``task_id``, not claimed yet): the
+        `TaskRef` of the execution that holds the key, or None: ``job`` holds it
+        now (with a store, its row is stored) and goes on to admission."""
+        found = self._mine(job, key, window, chosen)
         journal = self._journal
         if found is not None or journal is None:
-            return found or job
+            return found
         row = self._row(job, key)
         try:
             record = await journal.call(journal.store.dedupe, row, window)
@@ -72,15 +69,15 @@ class Dedupes:
         return self._decided(job, key, record)
 
     def submit_nowait(
-        self, make: Make, key: object, window: object, chosen: bool
-    ) -> Job | TaskRef[Any]:
+        self, job: Job, key: object, window: object, chosen: bool
+    ) -> TaskRef[Any] | None:
         """`submit` without a checkpoint: the store is called from this thread
         (and an execution of this executor that ended moments ago, its end not
         written yet, still holds its key)."""
-        job, found = self._mine(make, key, window, chosen)
+        found = self._mine(job, key, window, chosen)
         journal = self._journal
         if found is not None or journal is None:
-            return found or job
+            return found
         try:
             record = journal.store.dedupe(self._row(job, key), window)  # type: ignore[arg-type]
         except BaseException:
@@ -88,14 +85,12 @@ class Dedupes:
             raise
         return self._decided(job, key, record)
 
-    def _mine(
-        self, make: Make, key: object, window: object, chosen: bool
-    ) -> tuple[Job, TaskRef[Any] | None]:
-        """Check the options and make the job; this executor's own execution
-        that holds ``key``, if any. Else the job's id, if ``chosen`` by its
-        submitter, is claimed (and without a store, the job takes the key)."""
-        job = make(deduping=True)
-        if key is None:
+    def _mine(self, job: Job, key: object, window: object, chosen: bool) -> TaskRef[Any] | None:
+        """Check the options; this executor's own execution that holds ``key``,
+        if any. Else the job's id, if ``chosen`` by its submitter, is claimed
+        (and without a store, the job takes the key)."""
+        if key is None:  # (then new_job claimed a chosen id already)
+            self._lifecycle.untrack(job)
             raise ValueError("dedupe_window needs a dedupe_key")
         check_id("dedupe_key", key)
         if window is not None:
@@ -110,13 +105,13 @@ class Dedupes:
                 and (window is None or lifecycle.wall() - found.finished_at < window)  # type: ignore[operator]
             )
         ):
-            return job, DuplicateRef(found)
+            return DuplicateRef(found)
         if chosen:  # (the store refuses one it has as it inserts the row)
             self._check_new_id(job.task_id, False)
             lifecycle.track_named(job)
         if self._journal is None:
             self._take(job, key)
-        return job, None
+        return None
 
     def _row(self, job: Job, key: object) -> ExecutionRow:
         """``job``'s row for `Store.dedupe`, made before ``job`` holds its key (a
@@ -140,12 +135,12 @@ class Dedupes:
             and mine.status is not TaskStatus.COMPLETED
         )
 
-    def _decided(self, job: Job, key: Any, record: ExecutionRecord | None) -> Job | TaskRef[Any]:
+    def _decided(self, job: Job, key: Any, record: ExecutionRecord | None) -> TaskRef[Any] | None:
         """The store stored ``job``'s row (``record`` None), or holds ``record``'s
         execution for the key."""
         if record is None:
             self._take(job, key)
-            return job
+            return None
         self._lifecycle.untrack(job)
         mine = self._lifecycle.dedupes.get(key)
         if mine is None or mine.task_id != record.task_id:

@@ -41,9 +41,6 @@ from ._taskref import (
 )
 from ._workflow import Workflow
 
-if TYPE_CHECKING:
-    from ._dedupe import Make
-
 __all__ = ["Executor", "ExecutorConfig", "open_executor", "split_tasks"]
 
 
@@ -162,27 +159,6 @@ class Facade:
         a ``dedupe_key`` is looked up in it from the calling thread (a short
         transaction)."""
         core = self._core
-        if dedupe_key is not None or dedupe_window is not None:
-            make = functools.partial(
-                core.new_job,
-                fn,
-                args,
-                name,
-                task_id,
-                timeout,
-                budget,
-                correlation_id,
-                None,
-                key,
-                priority,
-                keep_result,
-                detached,
-            )
-            found = core.dedupes.submit_nowait(make, dedupe_key, dedupe_window, task_id is not None)
-            if isinstance(found, TaskRef):
-                return found
-            core.submit_nowait(found)
-            return TaskRef(found)
         job = core.new_job(
             fn,
             args,
@@ -196,7 +172,12 @@ class Facade:
             priority,
             keep_result,
             detached,
+            dedupe_key,
         )
+        if dedupe_key is not None or dedupe_window is not None:
+            found = core.dedupes.submit_nowait(job, dedupe_key, dedupe_window, task_id is not None)
+            if found is not None:
+                return found
         core.submit_nowait(job)
         return TaskRef(job)
 
@@ -383,27 +364,6 @@ class Executor(Facade):
         # cancel-shielded checkpoint after the (then certain) acceptance.
         await checkpoint_if_cancelled()
         core = self._core
-        if dedupe_key is not None or dedupe_window is not None:
-            return await self._submit_deduped(
-                functools.partial(
-                    core.new_job,
-                    fn,
-                    args,
-                    name,
-                    task_id,
-                    timeout,
-                    budget,
-                    correlation_id,
-                    None,
-                    key,
-                    priority,
-                    keep_result,
-                    detached,
-                ),
-                dedupe_key,
-                dedupe_window,
-                task_id is not None,
-            )
         job = core.new_job(
             fn,
             args,
@@ -417,23 +377,17 @@ class Executor(Facade):
             priority,
             keep_result,
             detached,
+            dedupe_key,
         )
+        if dedupe_key is not None or dedupe_window is not None:
+            found = await core.dedupes.submit(job, dedupe_key, dedupe_window, task_id is not None)
+            if found is not None:
+                return found
         if core.accept_if_fits(job):  # (no coroutine of ours on the common path)
             await cancel_shielded_checkpoint()
         else:
             await core.submit(job)
         return TaskRef(job)
-
-    async def _submit_deduped(
-        self, make: Make, key: object, window: object, chosen: bool
-    ) -> TaskRef[Any]:
-        """`submit` with a ``dedupe_key``: the execution that holds it, or a new one."""
-        core = self._core
-        found = await core.dedupes.submit(make, key, window, chosen)
-        if isinstance(found, TaskRef):
-            return found
-        await core.submit(found)
-        return TaskRef(found)
 
     if TYPE_CHECKING:  # its overloads (see `trioexec._taskref.Ts`)
 
