@@ -300,7 +300,7 @@ class _Spawned(trio.abc.Instrument):
 # Every task `open_executor` starts besides running jobs, and what stands in for it
 # in a DeterministicExecutor: "the same" (it runs that task too), or why none is needed.
 _STAND_INS = {
-    "KeyTimer._run": "the same",
+    "Timer._run": "the same",
     "Workers._worker": "run_ready runs each job in the caller's task",
     "Poller.run": "a deferred task polls its sync predicate in its own task",
     "WorkflowRun._coordinate": "no workflows: it has no start_workflow",

@@ -242,3 +242,28 @@ def test_trioexec_cancel_reaches_descendants_in_another_process(db_target, tmp_p
             worker.kill()
             worker.communicate()
         errors.close()
+
+
+async def test_a_pending_child_keeps_its_inherited_deadline_after_its_parent_ended(autojump_clock):
+    """Its parent completed long before; no slot frees for it: at the inherited
+    deadline it ends TIMED_OUT, without running (not when a slot would start it)."""
+    ran.clear()
+    refs: Refs = {}
+
+    async def parent(ex: trioexec.Executor) -> None:
+        refs["p"] = await ex.submit(noted, "p", priority=-1)
+        # (the one slot is this one's once the parent ends)
+        refs["blocker"] = await ex.submit(forever, detached=True)
+
+    async with trioexec.open_executor(max_concurrent_tasks=1) as ex:
+        start = trio.current_time()
+        ref = await ex.submit(parent, ex, timeout=10)
+        assert (await ref.wait()).status is TaskStatus.COMPLETED
+        await trio.testing.wait_all_tasks_blocked()
+        assert refs["p"].status is TaskStatus.PENDING
+        child = await refs["p"].wait()
+        assert trio.current_time() - start == pytest.approx(10)
+        assert child.status is TaskStatus.TIMED_OUT
+        assert f"the deadline of its ancestor {ref.task_id!r} passed" in str(child.error)
+        assert ran == []
+        refs["blocker"].cancel()

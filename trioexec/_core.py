@@ -43,7 +43,7 @@ from ._slots import SlotPool
 from ._spec import CallInfo, TaskSpec, call_info, check_priority, spec_key, task_name
 from ._store import Store
 from ._taskref import Extras, Job
-from ._waits import KeyTimer, LifecycleWaits
+from ._waits import LifecycleWaits, Timer
 from ._workers import Workers
 
 
@@ -189,7 +189,7 @@ class ExecutorCore:
             self,
             config.fairness,
         )
-        self.key_timer = KeyTimer(pending)
+        self.key_timer = Timer(pending.keys.timers.next, pending.keys.tick, "trioexec key timer")
         self.slots = slots = SlotPool(config.max_concurrent_tasks)
         self.journal = journal = None if store is None else Journal(store, self._written)
         self.keyshare = keyshare = (
@@ -215,12 +215,13 @@ class ExecutorCore:
             config.keep_results,
         )
         self.waits = LifecycleWaits(lifecycle)
+        self.deadline_timer = Timer(lifecycle.next_deadline, lifecycle.expire, "trioexec deadlines")
         self.dedupes = Dedupes(lifecycle, journal, self.owner_id, self.check_new_id)
         self.workers = Workers(
             slots,
             self.lifecycle,
             config.thread_workers or config.max_concurrent_tasks,
-            self.key_timer,
+            (self.key_timer, self.deadline_timer),
             None if keyshare is None else keyshare.slot_freed,
         )
         if keyshare is not None:
@@ -550,6 +551,9 @@ class ExecutorCore:
 
     def timer(self, at: float) -> None:
         self.key_timer.due_at(at)
+
+    def deadline_due(self, at: float) -> None:
+        self.deadline_timer.due_at(at)
 
     def space_freed(self) -> None:
         self.waits.space_freed()

@@ -83,7 +83,8 @@ class DeterministicExecutor(Facade):
                 body_error.append(exc)
                 raise
             finally:
-                core.key_timer.close()  # (the timer task ends)
+                core.key_timer.close()  # (the timer tasks end)
+                core.deadline_timer.close()
         return completions
 
     async def _run_ready(

@@ -622,6 +622,7 @@ class Executor(Facade):
             return
         await core.waits.wait_for_idle()
         core.key_timer.close()
+        core.deadline_timer.close()
         core.workers.wake_idle()
         if core.workers.shared_poller is not None:
             core.workers.shared_poller.close()

@@ -1,11 +1,12 @@
 """The machine's waits, carried out in Trio (the machine decides them): the task
-that sleeps until a limited key is due (`KeyTimer`), a started task waiting in
+that sleeps until a limited key or a deadline is due (`Timer`), a started task waiting in
 its key's line (`rejoin`), a retry waiting out a pause (`wait_unpaused`), and
 who waits for the executor to be idle or for a task to end (`LifecycleWaits`)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import final
 
 import attrs
@@ -18,16 +19,20 @@ from ._taskref import Job
 
 @final
 @attrs.define(eq=False)
-class KeyTimer:
-    """One task (started in ``nursery`` when first needed) sleeps until the
-    queue's next key is due, and ticks the queue then (`KeyGate.tick`)."""
+class Timer:
+    """One task (started in ``nursery`` when first needed) sleeps until
+    ``next_due()`` and calls ``tick()`` then, for as long as something is due: the
+    queue's limited keys (`KeyGate.tick`), the deadlines of pending tasks whose
+    ancestors have ended (`Lifecycle.expire`)."""
 
-    _pending: Pending
+    _next_due: Callable[[], float]
+    _tick: Callable[[], None]
+    _name: str
     nursery: trio.Nursery | None = attrs.field(default=None, init=False)  # (set by `start`)
     _scope: trio.CancelScope | None = attrs.field(default=None, init=False)
 
     def due_at(self, at: float) -> None:
-        """A key is due at ``at`` (`Listener.timer`)."""
+        """Something is due at ``at`` (`Listener.timer`, `Listener.deadline_due`)."""
         scope = self._scope
         if scope is not None:
             scope.deadline = min(scope.deadline, at)
@@ -35,15 +40,15 @@ class KeyTimer:
             self._spawn(self.nursery)
 
     def start(self, nursery: trio.Nursery) -> None:
-        """The task runs in ``nursery`` from now on (at once if a key waits already:
-        `DeterministicExecutor` gives each `run_ready` a nursery of its own)."""
+        """The task runs in ``nursery`` from now on (at once if something is due
+        already: `DeterministicExecutor` gives each `run_ready` a nursery of its own)."""
         self.nursery = nursery
-        if self._scope is None and not math.isinf(self._pending.keys.timers.next()):
+        if self._scope is None and not math.isinf(self._next_due()):
             self._spawn(nursery)
 
     def _spawn(self, nursery: trio.Nursery) -> None:
-        self._scope = trio.CancelScope(deadline=self._pending.keys.timers.next())
-        nursery.start_soon(self._run, self._scope, name="trioexec key timer")
+        self._scope = trio.CancelScope(deadline=self._next_due())
+        nursery.start_soon(self._run, self._scope, name=self._name)
 
     async def _run(self, scope: trio.CancelScope) -> None:
         while self._scope is scope:
@@ -51,8 +56,8 @@ class KeyTimer:
                 await trio.sleep_forever()
             if self._scope is not scope:
                 return
-            self._pending.keys.tick()
-            scope = self._scope = trio.CancelScope(deadline=self._pending.keys.timers.next())
+            self._tick()
+            scope = self._scope = trio.CancelScope(deadline=self._next_due())
 
     def close(self) -> None:
         """The task ends, and none starts until `start` is called again."""

@@ -22,7 +22,7 @@ from ._records import SubStatus, TaskStatus
 from ._slots import SlotPool, SlotToken
 from ._spec import TaskSpec
 from ._taskref import Extras, Job
-from ._waits import KeyTimer, rejoin, wait_unpaused
+from ._waits import Timer, rejoin, wait_unpaused
 
 
 @final
@@ -34,11 +34,11 @@ class Workers:
         pool: SlotPool,
         lifecycle: Lifecycle,
         thread_workers: int,
-        key_timer: KeyTimer,
+        timers: tuple[Timer, ...],
         on_idle: Callable[[], None] | None = None,
     ) -> None:
         self.pool = pool
-        self._key_timer = key_timer
+        self._timers = timers  # (they start with the workers)
         self.nursery: trio.Nursery | None = None  # (set by `start`)
         # This Trio run's registry of running executions (set by `start`).
         self.registry: dict[trio.lowlevel.Task, Job] | None = None
@@ -68,7 +68,8 @@ class Workers:
         for one `run_ready`): jobs run in the caller's task (`run_next`), so no
         workers and no poller; the rest as in `open_executor`
         (tests/test_deterministic.py lists each task and its stand-in)."""
-        self._key_timer.start(nursery)
+        for timer in self._timers:
+            timer.start(nursery)
         if inline:
             return
         self.nursery = nursery

@@ -9,7 +9,9 @@ durable. Who waits for a task to end or for idle waits in the shell
 
 from __future__ import annotations
 
+import heapq
 import json
+import math
 import traceback
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Protocol, final
@@ -74,6 +76,9 @@ class Listener(Protocol):
         """Nothing is outstanding any more, and someone waits for that
         (`idle_wanted`), or the store failed: wake them."""
 
+    def deadline_due(self, at: float) -> None:
+        """Call `Lifecycle.expire` at ``at`` (the executor's clock), or soon after."""
+
 
 class Runs(Protocol):
     """What the lifecycle tells the workflow runs of its executor about their
@@ -134,6 +139,9 @@ class Lifecycle:
         # The JSON of the value `finish` keeps (`_ending`: a cancelled or timed
         # out task's descendants end within it, and none of them keeps one).
         self._kept: str | None = None
+        #: (deadline, seq, job): pending tasks whose inherited deadline no
+        #: ancestor's end will carry out any more (`expire`)
+        self._deadlines: list[tuple[float, int, Job]] = []
         if keep_results:
             self.use_extras()
         #: dedupe key -> the latest execution submitted with it here (`Dedupes`)
@@ -469,9 +477,38 @@ class Lifecycle:
             status = TaskStatus.TIMED_OUT  # (an ancestor's deadline passed)
         if extras.parent is not None:
             leave_parent(job, extras)
-        if extras.children and (status is TaskStatus.CANCELLED or status is TaskStatus.TIMED_OUT):
-            self._end_descendants(job, status, extras.ended_by or job.task_id)
+        if extras.children:
+            if status is TaskStatus.CANCELLED or status is TaskStatus.TIMED_OUT:
+                self._end_descendants(job, status, extras.ended_by or job.task_id)
+            else:  # (they keep the deadline they inherited: see that it is kept)
+                self._watch_deadlines(extras.children)
         return status
+
+    def _watch_deadlines(self, children: Iterable[Job]) -> None:
+        """These tasks' parent ended (completed or failed): those still pending
+        with an inherited deadline end ``TIMED_OUT`` when it passes (`expire`)."""
+        earliest = math.inf
+        for child in children:
+            deadline = math.inf if child.extras is None else child.extras.deadline
+            if deadline < math.inf and child.scope is None and not child.ended:
+                heapq.heappush(self._deadlines, (deadline, id(child), child))
+                earliest = min(earliest, deadline)
+        if earliest < math.inf:
+            self._listener.deadline_due(earliest)
+
+    def next_deadline(self) -> float:
+        """When `expire` is due next (inf: never)."""
+        return self._deadlines[0][0] if self._deadlines else math.inf
+
+    def expire(self) -> None:
+        """End the pending tasks whose inherited deadline has passed, without
+        running (those that started carry it out themselves)."""
+        now = self.pending.clock()
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            job = heapq.heappop(deadlines)[2]
+            if job.scope is None and job.extras is not None and job.extras.deadline_of:
+                self.end_under(job, TaskStatus.TIMED_OUT, job.extras.deadline_of)
 
     def _end_descendants(self, job: Job, status: TaskStatus, origin: str) -> None:
         """``job`` was cancelled (or ended ``status``: CANCELLED or TIMED_OUT): so
