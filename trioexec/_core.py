@@ -254,8 +254,6 @@ class ExecutorCore:
         self._id_prefix = uuid.uuid4().hex[:12] + "-"
         self._ids = itertools.count(1)
         self._last_fn: object = None
-        self._task_budget = config.task_budget  # (read by every submission)
-        self._stored = store is not None  # (a job's completion is acknowledged once durable)
         self._last_info = CallInfo(True, None)
         self._last_name = ""
         self._last_spec: TaskSpec | None = None
@@ -337,7 +335,7 @@ class ExecutorCore:
             elif parent.owner is not self.lifecycle:
                 parent = None  # (another executor's task: a root here)
         if budget is None:
-            budget = self._task_budget
+            budget = self.config.task_budget
         job = Job(
             self.lifecycle,
             fn,
@@ -350,7 +348,7 @@ class ExecutorCore:
             correlation_id,
             causation_id,
             self.wall(),
-            self._stored,
+            self.journal is not None,
             # One plain async call (no retries, timeout or budget): the workers' fast path.
             info.is_async and timeout is None and budget is None and spec is None,
             run_id,
