@@ -326,3 +326,41 @@ async def test_the_window_is_less_than_its_seconds(autojump_clock):
         await trio.sleep(5 - (store.clock() - ended))  # (exactly 5 s after it ended)
         assert not (await ex.submit(charge, 2, dedupe_key="w", dedupe_window=5)).deduplicated
     store.close()
+
+
+async def test_a_keyed_submission_in_flight_as_the_executor_closes_is_refused(tmp_path):
+    """Its row was stored while a shutdown began: it is refused (ExecutorClosed),
+    never run, and its row ends REJECTED, so the key is free for the next one."""
+    store = trioexec.SQLiteStore(tmp_path / "runs.db")
+    stored = trio.Event()
+    real = store.dedupe
+
+    def dedupe(row: Any, window: Any) -> Any:
+        found = real(row, window)
+        trio.from_thread.run_sync(stored.set)
+        return found
+
+    store.dedupe = dedupe  # type: ignore[method-assign]
+    ran: list[int] = []
+
+    async def job() -> None:
+        ran.append(1)
+
+    errors: list[BaseException] = []
+    async with trioexec.open_executor(store=store) as ex:
+
+        async def submitter() -> None:
+            try:
+                await ex.submit(job, dedupe_key="k")
+            except trioexec.ExecutorClosed as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(submitter)
+            await stored.wait()  # (its row is in; the thread returns after this)
+            nursery.start_soon(ex.shutdown, trioexec.ShutdownPolicy.CANCEL)
+    assert len(errors) == 1
+    assert ran == []
+    [record] = store.executions()
+    assert (record.status, record.dedupe_key) == (TaskStatus.REJECTED, "k")
+    store.close()

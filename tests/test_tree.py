@@ -267,3 +267,63 @@ async def test_a_pending_child_keeps_its_inherited_deadline_after_its_parent_end
         assert f"the deadline of its ancestor {ref.task_id!r} passed" in str(child.error)
         assert ran == []
         refs["blocker"].cancel()
+
+
+# ---------------------------------------------------------------- found in review
+
+
+async def test_a_child_refused_or_still_waiting_for_room_is_nobodys_to_end(tmp_path):
+    """A child is its parent's once accepted: a refused submission (a bad key) is
+    never ended by it, and one let in after its parent was cancelled ends at
+    once (the counts stay right, the store never keeps a row pending)."""
+    ran.clear()
+    store = trioexec.SQLiteStore(tmp_path / "runs.db")
+    async with trioexec.open_executor(store=store, max_concurrent_tasks=1, queue_capacity=1) as ex:
+
+        async def parent() -> None:
+            with pytest.raises(ValueError, match="dedupe_key"):
+                await ex.submit(noted, "bad", dedupe_key="")
+            await ex.submit(noted, "first")  # (the one place in the queue)
+            await ex.submit(noted, "second")  # (waits for room: the parent holds the slot)
+
+        ref = await ex.submit(parent)
+        await trio.testing.wait_all_tasks_blocked()
+        ref.cancel()
+        await trio.testing.wait_all_tasks_blocked()
+    metrics = ex.statistics()
+    assert metrics.queue_depth == 0
+    assert ran == []
+    assert {r.status for r in store.executions()} <= {TaskStatus.CANCELLED, TaskStatus.COMPLETED}
+    children = [r.status for r in store.executions() if r.parent_id == ref.task_id]
+    assert children
+    assert set(children) == {TaskStatus.CANCELLED}  # (the one let in after its parent too)
+    store.close()
+
+
+async def test_no_retry_after_an_ancestors_deadline(autojump_clock):
+    @trioexec.task(retries=3, backoff=trioexec.Backoff(initial=10))
+    async def slow(handle: TaskHandle) -> None:
+        await handle.defer_until(trio.Event())
+
+    refs: Refs = {}
+
+    async def parent(ex: trioexec.Executor) -> None:
+        refs["c"] = await ex.submit(slow)
+
+    async with trioexec.open_executor() as ex:
+        start = trio.current_time()
+        await (await ex.submit(parent, ex, timeout=1)).wait()
+        child = await refs["c"].wait()
+        assert child.status is TaskStatus.TIMED_OUT
+        assert child.attempts == 1
+        assert trio.current_time() - start == pytest.approx(1)
+
+
+async def test_a_workflow_does_not_switch_plain_tasks_to_the_extras_path():
+    @trioexec.task(id="only")
+    async def only(context: trioexec.Context) -> int:
+        return 1
+
+    async with trioexec.open_executor() as ex:
+        await ex.run_workflow(trioexec.Workflow("wf", [only]))
+        assert not ex._core.lifecycle.uses_extras

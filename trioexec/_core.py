@@ -129,17 +129,16 @@ class ExecutorConfig:
 
 
 def adopt(parent: Job, child: Job) -> None:
-    """``child`` was submitted by ``parent``'s code (the task tree): it is one of
-    its children, and its deadline is never later than its ancestors'."""
+    """``child`` was submitted by ``parent``'s code (the task tree): its deadline is
+    never later than its ancestors', and once accepted it is one of the parent's
+    children (`Lifecycle.use_extras`: a submission refused or still waiting for
+    room is nobody's to end)."""
     extras = child.extras
     assert extras is not None
     extras.parent, extras.parent_id = parent, parent.task_id
     if parent.extras is None:
         parent.extras = Extras()
     above = parent.extras
-    if above.children is None:
-        above.children = set()
-    above.children.add(child)
     # (the parent's running attempt's deadline, which its own inherited one may be)
     deadline, of = parent.deadline, parent.task_id
     if above.deadline <= deadline and above.deadline_of is not None:
@@ -216,7 +215,9 @@ class ExecutorCore:
         )
         self.waits = LifecycleWaits(lifecycle)
         self.deadline_timer = Timer(lifecycle.next_deadline, lifecycle.expire, "trioexec deadlines")
-        self.dedupes = Dedupes(lifecycle, journal, self.owner_id, self.check_new_id)
+        self.dedupes = Dedupes(
+            lifecycle, journal, self.owner_id, self.check_new_id, lambda: self.shutdown.check_open()
+        )
         self.workers = Workers(
             slots,
             self.lifecycle,
@@ -518,7 +519,7 @@ class ExecutorCore:
             run_id,
             None,
             None,
-            False,
+            False if self.config.keep_results else None,  # (a step's value is its run's)
             False,
             None,
             on_done,

@@ -13,8 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, final
 
-from ._changes import R_DEDUPE, widen
-from ._records import TaskStatus, check_id, check_seconds
+from ._changes import R_DEDUPE, Finish, widen
+from ._errors import ExecutorClosed
+from ._records import TaskStatus, check_id, check_seconds, safe_repr
 from ._remote import remote_job
 from ._taskref import DuplicateRef, Extras, Job, TaskRef
 
@@ -39,7 +40,9 @@ class Dedupes:
         journal: Journal | None,
         owner_id: str,
         check_new_id: Callable[[str, bool], None],
+        check_open: Callable[[], None],
     ) -> None:
+        self._check_open = check_open  # (raises ExecutorClosed)
         self._lifecycle = lifecycle
         self._journal = journal
         self._owner_id = owner_id
@@ -66,7 +69,23 @@ class Dedupes:
         except BaseException:
             self._lifecycle.untrack(job)
             raise
-        return self._decided(job, key, record)
+        found = self._decided(job, key, record)
+        if found is None:
+            try:
+                self._check_open()  # (the executor may have begun to close meanwhile)
+            except ExecutorClosed as closed:
+                # Its row is stored, and the journal may write no more: end it here.
+                assert job.extras is not None
+                job.extras.dedupe_key = None  # (it holds the key no more)
+                if self._lifecycle.dedupes.get(str(key)) is job:
+                    del self._lifecycle.dedupes[str(key)]
+                self._lifecycle.untrack(job)
+                job.status, job.finished_at = TaskStatus.REJECTED, self._lifecycle.wall()
+                error = safe_repr(closed)
+                finish = (job.task_id, job.version, job.status, job.finished_at, error, None, None)
+                await journal.call(journal.store.write, [Finish(finish)])
+                raise
+        return found
 
     def submit_nowait(
         self, job: Job, key: object, window: object, chosen: bool

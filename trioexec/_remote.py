@@ -26,6 +26,20 @@ if TYPE_CHECKING:
 #: The longest a waiter goes without reading the record again.
 POLL = 1.0
 _FIRST_POLL = 0.01
+#: Threads that wait for a notification at once, in one Trio run: the others
+#: wait for one of them in Trio (they all wake on the same notification), and
+#: the executors' own store calls never queue behind them.
+_LISTENERS = 4
+_LISTENING: trio.lowlevel.RunVar[trio.CapacityLimiter] = trio.lowlevel.RunVar("trioexec_ends")
+
+
+def _listening() -> trio.CapacityLimiter:
+    try:
+        return _LISTENING.get()
+    except LookupError:
+        limiter = trio.CapacityLimiter(_LISTENERS)
+        _LISTENING.set(limiter)
+        return limiter
 
 
 async def await_end(store: Store, task_id: str) -> ExecutionRecord | None:
@@ -46,7 +60,9 @@ async def await_end(store: Store, task_id: str) -> ExecutionRecord | None:
         if record.status not in LIVE:
             return record
         if listen is not None:
-            await trio.to_thread.run_sync(listen, seen, POLL, abandon_on_cancel=True)
+            await trio.to_thread.run_sync(
+                listen, seen, POLL, abandon_on_cancel=True, limiter=_listening()
+            )
         else:
             await trio.sleep(pause)
             pause = min(pause * 2, POLL)

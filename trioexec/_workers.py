@@ -16,7 +16,7 @@ import trio
 from ._causation import running
 from ._errors import PermanentError, TaskTimeout
 from ._handle import TaskHandle
-from ._machine._lifecycle import Lifecycle, journal_waiting
+from ._machine._lifecycle import Lifecycle, journal_waiting, past_deadline
 from ._poller import Poller
 from ._records import SubStatus, TaskStatus
 from ._slots import SlotPool, SlotToken
@@ -461,6 +461,8 @@ def _should_retry(spec: TaskSpec, job: Job, status: TaskStatus) -> bool:
         return False
     if job.attempts > spec.retries or job.cancel_requested:
         return False
+    if job.extras is not None and job.extras.ended_by is not None:
+        return False  # (an ancestor's deadline passed: every attempt would time out)
     error = job.error
     return isinstance(error, spec.retry_on) and not isinstance(error, PermanentError)
 
@@ -472,7 +474,4 @@ def _timed_out(job: Job, timeout: float | None, own: float) -> TaskTimeout:
     if extras is None or own <= extras.deadline:
         return TaskTimeout(f"task {job.name!r} ({job.task_id}) timed out after {timeout}s")
     extras.ended_by = extras.deadline_of
-    return TaskTimeout(
-        f"task {job.name!r} ({job.task_id}) timed out: the deadline of its ancestor"
-        f" {extras.deadline_of!r} passed"
-    )
+    return past_deadline(job, str(extras.deadline_of))

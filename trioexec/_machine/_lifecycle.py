@@ -94,6 +94,9 @@ class Runs(Protocol):
     def lost(self, run_ids: Iterable[str]) -> None: ...
 
 
+_STOPPED = (TaskStatus.CANCELLED, TaskStatus.TIMED_OUT)  # (what ends a task's descendants)
+
+
 @final
 class Lifecycle:
     """The transitions of one executor's tasks, and who is told of each."""
@@ -451,6 +454,25 @@ class Lifecycle:
         if not self.uses_extras:
             self.uses_extras = True
             self.finish = self._finish_with_extras  # type: ignore[method-assign]
+            self.accept = self._accept_with_extras  # type: ignore[method-assign]
+
+    def _accept_with_extras(
+        self, job: Job, *, recovered: bool = False, displace: bool = False
+    ) -> None:
+        Lifecycle.accept(self, job, recovered=recovered, displace=displace)
+        extras = job.extras
+        if extras is not None and extras.parent is not None:
+            # Accepted: one of its parent's children (cancelled with it).
+            parent = extras.parent
+            above = parent.extras
+            assert above is not None
+            if above.children is None:
+                above.children = set()
+            above.children.add(job)
+            if parent.cancel_requested or parent.status in _STOPPED:
+                # (its parent was cancelled while this waited for room: so is it)
+                stopped = parent.status if parent.status in _STOPPED else TaskStatus.CANCELLED
+                self.end_under(job, stopped, above.ended_by or parent.task_id)
 
     def _finish_with_extras(self, job: Job, status: TaskStatus, *, freed: bool = True) -> None:
         Lifecycle.finish(self, job, self._ending(job, status), freed=freed)
@@ -531,10 +553,8 @@ class Lifecycle:
         if job.ended or job.cancel_requested:
             return
         where = f"task {job.name!r} ({job.task_id})"
-        if status is TaskStatus.TIMED_OUT:  # (as `trioexec._workers` says it, too)
-            job.error = TaskTimeout(
-                f"{where} timed out: the deadline of its ancestor {origin!r} passed"
-            )
+        if status is TaskStatus.TIMED_OUT:
+            job.error = past_deadline(job, origin)
         else:
             job.error = TaskCancelled(
                 f"{where} was cancelled: its ancestor {origin!r} was cancelled"
@@ -740,6 +760,15 @@ class UnreadFailures:
             if error is not None:
                 lines.append("".join(traceback.format_exception(error)).rstrip("\n"))
         return "\n".join(lines)
+
+
+def past_deadline(job: Job, origin: str) -> TaskTimeout:
+    """The error of ``job``, ended because the deadline it inherited from its
+    ancestor ``origin`` passed (whether it noticed first, or the ancestor did)."""
+    return TaskTimeout(
+        f"task {job.name!r} ({job.task_id}) timed out: the deadline of its ancestor"
+        f" {origin!r} passed"
+    )
 
 
 def leave_parent(job: Job, extras: Extras) -> None:

@@ -36,6 +36,7 @@ from .._records import ExecutionRecord, check_id, check_number
 from ._base import (
     COMMAND_FIELDS,
     LIVE,
+    RECORD_COLUMNS,
     SELECT_RECORDS,
     TRANSITIONS,
     Command,
@@ -202,8 +203,10 @@ def descendants_sql(d: Dialect, task_id: str | None) -> tuple[str, tuple[object,
         "WITH RECURSIVE tree (task_id) AS ("
         f"SELECT task_id FROM executions WHERE parent_id = {m}"
         " UNION SELECT e.task_id FROM executions e JOIN tree t ON e.parent_id = t.task_id)"
-        f" {SELECT_RECORDS} WHERE e.task_id IN (SELECT task_id FROM tree)"
-        f" AND e.status IN ('pending', 'running') ORDER BY e.{d.seq}"
+        # (from the tree: its rows by their key, never a scan of the live ones)
+        f" SELECT {RECORD_COLUMNS} FROM tree t JOIN executions e ON e.task_id = t.task_id"
+        " LEFT JOIN owners o ON o.owner = e.owner"
+        f" WHERE e.status IN ('pending', 'running') ORDER BY e.{d.seq}"
     )
     return sql, (task_id,)
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import final
 
-from .._changes import DENSE, R_ID, Change, ExecutionRow, Finish, widen
+from .._changes import DENSE, R_ID, R_STATUS, Change, ExecutionRow, Finish, widen
 from .._columns import EXECUTIONS, ROW_COLUMNS
 from .._records import check_number
 from ._base import LIVE
@@ -21,8 +21,6 @@ from ._dialect import POSTGRES
 from ._durable_pg import PostgresTables
 from ._pg_conn import ENDED_CHANNEL, Connection, PGDatabase, redact
 from ._sql_store import SQLStore
-
-_STATUS = ROW_COLUMNS.index("status")
 
 
 def _insert(count: int) -> str:
@@ -149,7 +147,7 @@ class PostgresStore(SQLStore):
     def _wrote(self, conn: Connection, changes: Sequence[Change]) -> None:
         # (an execution that ended in the batch it was submitted in is a row)
         for change in changes:
-            if type(change) is Finish or (type(change) is list and change[_STATUS] not in LIVE):
+            if type(change) is Finish or (type(change) is list and change[R_STATUS] not in LIVE):
                 self._db.notify(conn, ENDED_CHANNEL)
                 return
 
