@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ import pytest
 import trio
 import trio.lowlevel
 import trio.testing
+from acceptance.lineproc import LineProcess
 
 import trioexec
 from trioexec import TaskStatus
@@ -160,40 +160,34 @@ def test_processes_sharing_a_store_make_one_execution_per_key(db_target, tmp_pat
     execution per key, and each process's ref of it waits for that execution
     (the other process's, from the store) and gets its kept result."""
     keys = [f"order-{n}" for n in range(30)]
-    workers = []
-    for name in ("a", "b"):
-        errors = (tmp_path / f"{name}.err").open("wb")
-        proc = subprocess.Popen(
-            [sys.executable, str(HERE / "dedupe_worker.py"), db_target, name, *keys],
+    workers = {
+        name: LineProcess(
+            HERE / "dedupe_worker.py",
+            [db_target, name, *keys],
+            tmp_path / f"{name}.err",
             stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=errors,
-            text=True,
         )
-        workers.append((name, proc, errors))
+        for name in ("a", "b")
+    }
     try:
-        for name, proc, _ in workers:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            assert line.strip() == "READY", (line, (tmp_path / f"{name}.err").read_text())
-        for _, proc, _ in workers:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
+        for worker in workers.values():
+            worker.expect("READY")
+        for worker in workers.values():
+            worker.send("go")
         seen: dict[str, dict[str, tuple[str, bool, Any]]] = {}
-        for name, proc, _ in workers:
-            out, _ = proc.communicate(timeout=120)
-            assert proc.returncode == 0, (tmp_path / f"{name}.err").read_text()
-            lines = [line.split(" ", 3) for line in out.splitlines()]
-            refs = {f[1]: (f[2], f[3] == "1") for f in lines if f[0] == "REF"}
+        for name, worker in workers.items():
+            worker.expect("DONE", timeout=120)
+            assert worker.proc.wait(timeout=60) == 0
+            refs = {
+                f[1]: (f[2], f[3] == "1") for f in map(str.split, worker.lines) if f[0] == "REF"
+            }
             got = {
                 f[1]: json.loads(f[2])
-                for f in (line.split(" ", 2) for line in out.splitlines())
+                for f in (line.split(" ", 2) for line in worker.lines)
                 if f[0] == "GOT"
             }
             assert set(refs) == set(got) == set(keys)
             seen[name] = {k: (*refs[k], got[k]) for k in keys}
-            assert out.splitlines()[-1] == "DONE"
         for key in keys:
             (a_id, a_dup, a_value), (b_id, b_dup, b_value) = seen["a"][key], seen["b"][key]
             assert a_id == b_id
@@ -201,11 +195,8 @@ def test_processes_sharing_a_store_make_one_execution_per_key(db_target, tmp_pat
             assert a_value == b_value
             assert a_value["charged_by"] == ("b" if a_dup else "a")
     finally:
-        for _, proc, errors in workers:
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
-            errors.close()
+        for worker in workers.values():
+            worker.cleanup()
     store = trioexec.open_store(db_target)
     per_key = Counter(r.dedupe_key for r in store.executions())
     store.close()

@@ -8,7 +8,6 @@ import json
 import pickle
 import sqlite3
 import subprocess
-import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from acceptance.lineproc import LineProcess
 
 import trioexec
 from trioexec import TaskFailed, TaskStatus, wait_result
@@ -332,20 +332,11 @@ def test_postgres_listeners_are_woken_by_another_stores_write(postgres_url, pg_s
 def test_another_process_reads_the_result_by_id(db_target, tmp_path):
     """A worker process runs the tasks; this one waits for their results by id
     (PostgreSQL: woken by the worker's notify; SQLite: polling)."""
-    errors = (tmp_path / "worker.err").open("wb")
-    worker = subprocess.Popen(
-        [sys.executable, str(HERE / "results_worker.py"), db_target],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=errors,
-        text=True,
+    worker = LineProcess(
+        HERE / "results_worker.py", [db_target], tmp_path / "worker.err", stdin=subprocess.PIPE
     )
     try:
-        assert worker.stdout is not None
-        assert worker.stdin is not None
-        line = worker.stdout.readline()
-        assert line.startswith("SUBMITTED"), (line, (tmp_path / "worker.err").read_text())
-        _, charged, refused = line.split()
+        _, charged, refused = worker.expect("SUBMITTED")
         store = trioexec.open_store(db_target)
         got: dict[str, object] = {}
 
@@ -364,20 +355,16 @@ def test_another_process_reads_the_result_by_id(db_target, tmp_path):
                     nursery.start_soon(failure)
                     # Neither can have ended: the worker ends them on "go".
                     assert store.execution(charged).status is TaskStatus.RUNNING
-                    worker.stdin.write("go\n")
-                    worker.stdin.flush()
+                    worker.send("go")
 
         trio.run(main)
         store.close()
         assert got["value"] == {"order": 7, "charged": True, "note": "ünïcode ['x']"}
         assert got["failed"] == (TaskStatus.FAILED, "ValueError('card declined')")
-        assert worker.stdout.readline().strip() == "DONE"
-        assert worker.wait(timeout=60) == 0
+        worker.expect("DONE")
+        assert worker.proc.wait(timeout=60) == 0
     finally:
-        if worker.poll() is None:
-            worker.kill()
-        worker.communicate()  # (closes its pipes)
-        errors.close()
+        worker.cleanup()
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 import trio
 import trio.testing
+from acceptance.lineproc import LineProcess
 
 import trioexec
 from trioexec import TaskHandle, TaskStatus
@@ -197,20 +198,11 @@ def test_trioexec_cancel_reaches_descendants_in_another_process(db_target, tmp_p
     from this one ends the parent's unfinished descendants there (the parent
     too, if it still runs), not its detached task: through the store's command,
     whether the parent still runs ("waits") or has completed ("returns")."""
-    errors = (tmp_path / "worker.err").open("wb")
-    worker = subprocess.Popen(
-        [sys.executable, str(HERE / "tree_worker.py"), db_target, mode],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=errors,
-        text=True,
+    worker = LineProcess(
+        HERE / "tree_worker.py", [db_target, mode], tmp_path / "worker.err", stdin=subprocess.PIPE
     )
     try:
-        assert worker.stdout is not None
-        assert worker.stdin is not None
-        line = worker.stdout.readline()
-        assert line.startswith("READY"), (line, (tmp_path / "worker.err").read_text())
-        parent, child, grandchild, pending, detached = line.split()[1:]
+        parent, child, grandchild, pending, detached = worker.expect("READY")[1:]
         cli = subprocess.run(
             [sys.executable, "-m", "trioexec", "cancel", db_target, parent],
             capture_output=True,
@@ -232,16 +224,11 @@ def test_trioexec_cancel_reaches_descendants_in_another_process(db_target, tmp_p
         expected = TaskStatus.CANCELLED if mode == "waits" else TaskStatus.COMPLETED
         assert trio.run(await_end, store, parent).status is expected
         store.close()
-        worker.stdin.write("stop\n")
-        worker.stdin.flush()
-        out, _ = worker.communicate(timeout=60)
-        assert "PENDING RAN" not in out
-        assert out.strip().endswith("DONE")
+        worker.send("stop")
+        worker.expect("DONE")
+        assert "PENDING RAN" not in worker.lines
     finally:
-        if worker.poll() is None:
-            worker.kill()
-            worker.communicate()
-        errors.close()
+        worker.cleanup()
 
 
 async def test_a_pending_child_keeps_its_inherited_deadline_after_its_parent_ended(autojump_clock):

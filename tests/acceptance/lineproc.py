@@ -68,6 +68,12 @@ class LineProcess:
                 self.fail(f"exited with {self.proc.returncode} before printing {word!r}")
             self._buffer += chunk
 
+    def send(self, line: str) -> None:
+        """Write ``line`` and a newline to its stdin (made with ``stdin=subprocess.PIPE``)."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
     def fail(self, why: str) -> None:
         self._stderr.flush()
         pytest.fail(
