@@ -88,9 +88,9 @@ def _check_fairness(name: str, value: object) -> None:
 _grace = _validator(check_grace)
 
 
-def check_keep(name: str, value: object) -> None:
-    """``keep_results=`` / ``keep_result=``: a bool (None, where it may be, is
-    checked by the caller)."""
+def check_bool(name: str, value: object) -> None:
+    """A bool option (``keep_results``, ``keep_result``, ``detached``; None, where
+    it may be, is checked by the caller)."""
     if type(value) is not bool:
         raise TypeError(f"{name} must be a bool, got {value!r}")
 
@@ -120,7 +120,7 @@ class ExecutorConfig:
     priority_aging: float | None = attrs.field(default=60.0, validator=_seconds)
     shutdown_grace: float | None = attrs.field(default=None, validator=_grace)
     fairness: str | None = attrs.field(default=None, validator=_validator(_check_fairness))
-    keep_results: bool = attrs.field(default=False, validator=_validator(check_keep))
+    keep_results: bool = attrs.field(default=False, validator=_validator(check_bool))
 
     @property
     def capacity(self) -> int:
@@ -331,7 +331,7 @@ class ExecutorCore:
             if correlation_id is None:
                 correlation_id = parent.correlation_id
             if detached is not False:
-                check_keep("detached", detached)
+                check_bool("detached", detached)
                 parent = None
             elif parent.owner is not self.lifecycle:
                 parent = None  # (another executor's task: a root here)
@@ -359,7 +359,7 @@ class ExecutorCore:
         )
         if parent is not None or keep_result is not None:
             if keep_result is not None:
-                check_keep("keep_result", keep_result)
+                check_bool("keep_result", keep_result)
             job.extras = Extras(keep_result)
             self.lifecycle.use_extras()
             if parent is not None:
