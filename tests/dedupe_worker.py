@@ -16,7 +16,8 @@ import trioexec
 
 
 async def charge(key: str, name: str) -> dict[str, str]:
-    await trio.sleep(0.05)  # (long enough for the other process to find it live)
+    await trio.sleep(0.05)  # (a charge takes a moment: the other process finds it live or
+    # completed, and either holds the key: the test's assertions hold both ways)
     return {"key": key, "charged_by": name}
 
 
