@@ -296,22 +296,33 @@ async def test_an_executor_rides_out_restarts_with_calls_in_flight(
 COMMIT_LOCK = 30_005
 
 
-@pytest.fixture
-def held_commits(server: str, schema: str) -> Iterator[psycopg.Connection[Any]]:
+def hold_commits(server: str, schema: str, table: str) -> Iterator[psycopg.Connection[Any]]:
     """A connection holding `COMMIT_LOCK`: until it releases it, the COMMIT of each
-    command recorded on ``schema`` waits on the server."""
+    transaction that inserted into ``table`` of ``schema`` waits on the server."""
     PostgresStore(server, schema=schema).close()  # (the schema, created)
     sql(
         server,
         f"CREATE FUNCTION {schema}.hold_commit() RETURNS trigger LANGUAGE plpgsql AS"
         f" $$ BEGIN PERFORM pg_advisory_xact_lock({COMMIT_LOCK}); RETURN NULL; END $$;"
-        f" CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT ON {schema}.commands"
+        f" CREATE CONSTRAINT TRIGGER hold_commit AFTER INSERT ON {schema}.{table}"
         " DEFERRABLE INITIALLY DEFERRED FOR EACH ROW"
         f" EXECUTE FUNCTION {schema}.hold_commit()",
     )
     with psycopg.connect(server, autocommit=True) as admin:
         admin.execute("SELECT pg_advisory_lock(%s)", (COMMIT_LOCK,))
         yield admin
+
+
+@pytest.fixture
+def held_commits(server: str, schema: str) -> Iterator[psycopg.Connection[Any]]:
+    """`hold_commits` of the commands table: each command's COMMIT waits."""
+    yield from hold_commits(server, schema, "commands")
+
+
+@pytest.fixture
+def held_durable_commits(server: str, schema: str) -> Iterator[psycopg.Connection[Any]]:
+    """`hold_commits` of the durable promises: each creation's COMMIT waits."""
+    yield from hold_commits(server, schema, "durable_promises")
 
 
 async def commit_waiting(admin: psycopg.Connection[Any]) -> tuple[int, int]:
@@ -322,7 +333,7 @@ async def commit_waiting(admin: psycopg.Connection[Any]) -> tuple[int, int]:
     def waiting() -> bool:
         found[:] = admin.execute(
             "SELECT pid, client_port FROM pg_stat_activity"
-            " WHERE query = 'COMMIT' AND wait_event_type = 'Lock'"
+            " WHERE right(query, 6) = 'COMMIT' AND wait_event_type = 'Lock'"
         ).fetchall()
         return len(found) == 1
 
@@ -397,6 +408,36 @@ async def test_a_commit_the_server_ended_is_run_again(
         seq for (seq,) in sql(server, f"SELECT seq FROM {schema}.commands")
     ]
     assert len(recorded) == 1
+
+
+@pytest.mark.parametrize("lost", ["cut", "ended"])
+async def test_a_durable_commit_on_a_lost_connection_is_settled_by_asking_the_server(
+    server: str, schema: str, held_durable_commits: psycopg.Connection[Any], lost: str
+) -> None:
+    """The durable tables' connection is lost while a promise's creation COMMITs
+    (as in a server restart): cut from this side, the server goes on and commits,
+    and the call returns; ended by the server, nothing committed, and the call
+    runs again. Either way the promise is created once and its task once."""
+    with PostgresStore(server, schema=schema) as store, DurableStore(store) as ds:
+        with trio.fail_after(DEADLINE):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(lambda: ds.promises.create("p", 60, target="w", data=1))
+                try:
+                    pid, port = await commit_waiting(held_durable_commits)
+                    if lost == "cut":
+                        cut(port)
+                    else:
+                        ended = held_durable_commits.execute(
+                            "SELECT pg_terminate_backend(%s, 10000)", (pid,)
+                        )
+                        assert ended.fetchall() == [(True,)]
+                finally:  # (the creation's thread cannot be cancelled: it goes on)
+                    held_durable_commits.execute("SELECT pg_advisory_unlock(%s)", (COMMIT_LOCK,))
+        record = await ds.promises.get("p")
+        assert record is not None
+        assert record.id == "p"
+    assert sql(server, f"SELECT id FROM {schema}.durable_promises") == [("p",)]
+    assert len(sql(server, f"SELECT id FROM {schema}.durable_tasks")) == 1
 
 
 async def test_an_executor_under_a_long_outage_raises_one_store_error_and_leaves_its_work(

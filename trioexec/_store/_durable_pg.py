@@ -25,7 +25,7 @@ from typing import Any
 from .._errors import StoreError
 from ._durable_rows import Row, TaskState, TransactionAborted, keep
 from ._durable_sql import PROMISES, TASKS, SQLTables
-from ._pg_conn import Connection, PGDatabase, load_psycopg, rolled_back
+from ._pg_conn import XID, Connection, PGDatabase, load_psycopg, rolled_back
 
 _P_COLS, _T_COLS = PROMISES.cols, TASKS.cols
 _PENDING = TaskState.PENDING.value
@@ -179,7 +179,7 @@ class PostgresTables(SQLTables):
                             raise
                         raise aborted from exc
                     if not self._begin:  # (else nothing was sent: nothing to end)
-                        self._raw.execute(_commit(self._psycopg, self.channel, self._wake))
+                        self._commit()
                 except BaseException:
                     if not self._begin and not self._raw.broken and not self._raw.closed:
                         with contextlib.suppress(self._psycopg.Error):
@@ -188,6 +188,26 @@ class PostgresTables(SQLTables):
         finally:
             self._begin.clear()
             self._wake.clear()
+
+    def _commit(self) -> None:
+        """COMMIT the open transaction, after the NOTIFY of the targets with newly
+        claimable tasks. A connection lost during the COMMIT (a restart) is settled
+        by asking the server, on another connection, whether the transaction took
+        effect: if it did, as if nothing happened; if not, `TransactionAborted`
+        (nothing was written: the operation is run again)."""
+        raw = self._raw
+        if self._read_only:
+            raw.execute("COMMIT")
+            return
+        (xid,) = raw.execute(_before_commit(self._psycopg, self.channel, self._wake)).fetchone()
+        try:
+            raw.execute("COMMIT")
+        except self._psycopg.Error as exc:
+            aborted = self.db.aborted("durable store", exc, raw)
+            if aborted is None or rolled_back(exc):
+                raise
+            if not self.db.committed("durable store", exc, xid):
+                raise aborted from exc
 
     def attempt(self, call: Callable[[], Any]) -> tuple[bool, Any]:
         wake = set(self._wake)
@@ -277,14 +297,14 @@ def _json(rows: list[dict[str, Any]]) -> str:
     return json.dumps(rows, allow_nan=False)
 
 
-def _commit(psycopg: Any, channel: str, wake: set[str]) -> Any:
-    """COMMIT, after the NOTIFY of the targets with newly claimable tasks (one round
-    trip: the values are quoted here)."""
+def _before_commit(psycopg: Any, channel: str, wake: set[str]) -> Any:
+    """The transaction's id (None if it wrote nothing), then the NOTIFY of the
+    targets with newly claimable tasks (one round trip: the values are quoted here)."""
     if not wake:
-        return "COMMIT"
+        return XID
     sql = psycopg.sql
-    notify = sql.SQL("SELECT pg_notify({}, t) FROM unnest({}::text[]) t; COMMIT")
-    return notify.format(sql.Literal(channel), sql.Literal(sorted(wake)))
+    notify = sql.SQL("; SELECT pg_notify({}, t) FROM unnest({}::text[]) t")
+    return sql.SQL(XID) + notify.format(sql.Literal(channel), sql.Literal(sorted(wake)))
 
 
 @contextlib.contextmanager

@@ -47,7 +47,7 @@ ENDED_CHANNEL = "trioexec_ended"
 _ROLLED_BACK = frozenset({"40001", "40P01", "55P03"})
 #: The transaction's id, if it has one (it wrote), asked before its COMMIT: if the
 #: connection is lost during the COMMIT, the server says after whether it took effect.
-_XID = "SELECT txid_current_if_assigned()"
+XID = "SELECT txid_current_if_assigned()"  # (None: the transaction wrote nothing yet)
 
 
 def load_psycopg() -> tuple[Any, Any]:
@@ -247,7 +247,7 @@ class PGDatabase:
             try:
                 with conn.transaction():
                     yield conn
-                    xid = conn.execute(_XID).fetchone()[0]
+                    xid = conn.execute(XID).fetchone()[0]
                     committing = True  # (COMMIT is sent as the block ends)
             except self._psycopg.Error as exc:
                 aborted = self.aborted(what, exc, conn)
@@ -256,10 +256,10 @@ class PGDatabase:
                 if not committing or rolled_back(exc):
                     raise aborted from exc
                 lost = (aborted, exc, xid)  # (asked once this connection is back)
-        if lost is not None and not self._committed(what, lost[1], lost[2]):
+        if lost is not None and not self.committed(what, lost[1], lost[2]):
             raise lost[0] from lost[1]
 
-    def _committed(self, what: str, exc: BaseException, xid: int | None) -> bool:
+    def committed(self, what: str, exc: BaseException, xid: int | None) -> bool:
         """Whether the transaction ``xid`` (None: it wrote nothing), whose
         connection was lost (``exc``) after its COMMIT was sent, took effect: the
         server is asked on another connection (waited for, up to the store's
