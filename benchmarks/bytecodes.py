@@ -103,6 +103,8 @@ CASES: dict[str, tuple[Callable[[int], Any], int]] = {
     "keyed": (lambda n: suite.CASES["keyed"](n=n, limit=8, keys=4), 1),
     "workflow": (lambda n: suite.CASES["chain_steps"](runs=50, rounds=n, mode="workflow"), 200),
     "store": (_stored, 1),
+    "floor": (lambda n: suite.CASES["floor_pool"](n=n, limit=4), 1),
+    "channel": (lambda n: suite.CASES["channel_pool"](n=n, limit=4), 1),
 }
 _tracer: list[Any] = [None]  # (the running count's, for other threads)
 

@@ -1,7 +1,7 @@
 """Instructions per task under valgrind's callgrind, start-up subtracted (issue 32's rows).
 
-    python benchmarks/instructions.py [--n N] [--only noop,defer,store,workflow]
-                                      [--repeat R] [--jobs J] [--json PATH] [--keep DIR]
+    python benchmarks/instructions.py [--n N] [--repeat R] [--jobs J] [--json PATH] [--keep DIR]
+                                      [--only noop,noop-floor,defer,defer-floor,store,workflow]
     nox -s bench -- --instructions [the same arguments]
 
 Wall-clock ratios swing by 30% on a shared 2-core machine; instruction counts do
@@ -17,6 +17,12 @@ Scenarios (baselines and targets from issue 32):
 
 - ``noop``: a no-op task through ``await ex.submit``, limit 4, vs. the channel
   pool (a memory channel read by 4 worker tasks; suite.py's ``channel_pool``).
+- ``noop-floor`` and ``defer-floor``: the same two workloads vs. issue 32's floor,
+  suite.py's ``FloorPool`` (``floor_pool``, ``floor_defer``): `shaped_pool` plus,
+  written by hand, only the work the API contract asks of each task and each
+  deferral (a ref with its id, name, status, times and causation; the admission
+  bound; the counters `statistics()` reads; a handle; a cancel scope per worker
+  kept across jobs). Target: the floor + 10%.
 - ``defer``: a task that parks once in ``handle.defer_until(event)`` and is woken
   (a whole task: submit, start, defer, resume, finish) vs. a nursery task doing the
   hand-written CapacityLimiter acquire, release, ``Event.wait``, acquire, release
@@ -112,11 +118,25 @@ SCENARIOS = {
             1.15,
         ),
         Scenario(
+            "noop-floor",
+            "no-op task, limit 4, vs issue 32's floor",
+            Side("executor", "executor", "n", {"limit": 4}),
+            Side("floor pool (the contract's work by hand)", "floor_pool", "n", {"limit": 4}),
+            1.10,
+        ),
+        Scenario(
             "defer",
             "defer/resume cycle on one Event",
             Side("defer_until(event)", "park_defer", "n"),
             Side("CapacityLimiter acq/rel, wait, acq/rel", "park_hand", "n"),
             1.30,
+        ),
+        Scenario(
+            "defer-floor",
+            "defer/resume cycle on one Event, vs issue 32's floor",
+            Side("defer_until(event)", "park_defer", "n"),
+            Side("floor pool (the contract's work by hand)", "floor_defer", "n"),
+            1.10,
         ),
         Scenario(
             "store",

@@ -309,6 +309,252 @@ def shaped_pool(n: int, limit: int) -> Result:
     return out
 
 
+class FloorRef:
+    """`FloorPool`'s task: what a `TaskRef` and its completion must hold."""
+
+    __slots__ = (
+        "args", "causation_id", "deferred_at", "deferred_s", "error", "finished_at", "fn",
+        "handle", "name", "result", "scope", "started_at", "status", "sub_status",
+        "submitted_at", "task_id", "waiter",
+    )  # fmt: skip
+
+    def __init__(self, task_id: str, name: str, fn: Any, args: Any, causation: Any) -> None:
+        self.task_id, self.name, self.fn, self.args = task_id, name, fn, args
+        self.causation_id, self.status, self.result, self.error = causation, "pending", None, None
+        self.submitted_at = trio.current_time()
+        self.started_at = self.finished_at = self.deferred_s = self.deferred_at = 0.0
+        self.scope = self.waiter = self.handle = self.sub_status = None
+
+
+class FloorHandle:
+    """`FloorPool`'s task handle: ``defer_until(event)`` gives the slot back while
+    the event is unset (sub-status, counters, deferred time), then takes one back
+    in line (FIFO); a freed slot gets a worker at once."""
+
+    __slots__ = ("pool", "ref", "token")
+
+    def __init__(self, pool: FloorPool, ref: FloorRef, token: object) -> None:
+        self.pool, self.ref, self.token = pool, ref, token
+
+    async def defer_until(self, event: trio.Event) -> None:
+        if event.is_set():
+            await trio.lowlevel.checkpoint()
+            return
+        pool, ref = self.pool, self.ref
+        counts = pool.counts
+        ref.sub_status = "deferred"
+        ref.deferred_at = trio.current_time()
+        counts.active -= 1
+        counts.deferred += 1
+        counts.deferrals += 1  # (the task_deferred event, counted: nobody reads events)
+        if counts.deferred > counts.max_deferred:
+            counts.max_deferred = counts.deferred
+        pool.limiter.release_on_behalf_of(self.token)
+        pool.left_slot()
+        try:
+            await event.wait()
+        finally:
+            with trio.CancelScope(shield=True):  # (as defer_until: back with a slot)
+                await pool.limiter.acquire_on_behalf_of(self.token)
+            pool.workers += 1
+            counts.deferred -= 1
+            counts.active += 1
+            counts.resumed += 1
+            ref.sub_status = "active"
+            ref.deferred_s += trio.current_time() - ref.deferred_at
+
+
+class FloorCounts:
+    submitted = queued = active = deferred = completed = failed = outstanding = 0
+    deferrals = resumed = max_inflight = max_outstanding = max_deferred = 0
+
+
+class FloorPool:
+    """Issue 32's floor: `shaped_pool` plus, written by hand, only the work API.md
+    §2-§3 asks of every task ``await ex.submit(fn)`` makes (and of a deferral).
+    Submit: the closed check, the admission bound (BLOCK: wait for room), a ref (a
+    task id from a counter, the function's name, the submitting task's id as
+    causation when a task submits, a status), ``submitted_at``, the counters
+    `statistics()` reads (submitted, queued, outstanding and its maximum). A
+    worker: one cancel scope kept across jobs (``ref.cancel()`` cancels it),
+    ``started_at``, the running task's registry entry (causation), a handle for a
+    function that takes one, the result or error, ``finished_at``, the counters
+    (active and its maximum, completed or failed), a waiter woken only if there
+    is one; a worker more than the slots (one came back from a deferral) retires."""
+
+    def __init__(self, nursery: trio.Nursery, limit: int, queue_capacity: int = 1024) -> None:
+        self.nursery, self.limit = nursery, limit
+        self.capacity = limit + queue_capacity
+        self.queue: deque[FloorRef] = deque()
+        self.idle: list[trio.lowlevel.Task] = []
+        self.counts = FloorCounts()
+        self.room = trio.lowlevel.ParkingLot()
+        self.running: dict[trio.lowlevel.Task, FloorRef] = {}
+        self.ids = iter(range(1, 1 << 62))
+        self.names: dict[Any, str] = {}
+        self.closed = False
+        self.limiter = trio.CapacityLimiter(limit)
+        self.workers = 0  # worker tasks holding or looking for a slot
+
+    async def submit(self, fn: Any, *args: Any) -> FloorRef:
+        await trio.lowlevel.checkpoint_if_cancelled()
+        if self.closed:
+            raise RuntimeError("closed")
+        counts = self.counts
+        while counts.outstanding >= self.capacity:
+            await self.room.park()
+        name = self.names.get(fn)
+        if name is None:
+            name = self.names[fn] = fn.__qualname__
+        running = self.running
+        parent = running.get(trio.lowlevel.current_task()) if running else None
+        causation = None if parent is None else parent.task_id
+        ref = FloorRef("run-" + str(next(self.ids)), name, fn, args, causation)
+        counts.submitted += 1
+        counts.queued += 1
+        counts.outstanding += 1
+        if counts.outstanding > counts.max_outstanding:
+            counts.max_outstanding = counts.outstanding
+        self.queue.append(ref)
+        if self.idle:
+            trio.lowlevel.reschedule(self.idle.pop())
+        elif self.workers < self.limit:
+            self.workers += 1
+            self.nursery.start_soon(self.worker)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return ref
+
+    def left_slot(self) -> None:
+        """A worker's task deferred: its slot needs another worker if work waits."""
+        self.workers -= 1
+        if self.queue and not self.idle:
+            self.workers += 1
+            self.nursery.start_soon(self.worker)
+        elif self.queue:
+            trio.lowlevel.reschedule(self.idle.pop())
+
+    async def worker(self) -> None:
+        me, token, held = trio.lowlevel.current_task(), object(), False
+        queue, counts, running, limiter = self.queue, self.counts, self.running, self.limiter
+        while True:
+            with trio.CancelScope() as scope:
+                while True:
+                    if not queue:
+                        if held:
+                            limiter.release_on_behalf_of(token)
+                            held = False
+                        self.idle.append(me)
+                        await trio.lowlevel.wait_task_rescheduled(
+                            lambda _: trio.lowlevel.Abort.SUCCEEDED
+                        )
+                        continue
+                    if held and limiter._lot:  # type: ignore[attr-defined]
+                        # A resuming task waits in line for a slot: after it.
+                        limiter.release_on_behalf_of(token)
+                        held = False
+                    if not held:
+                        try:
+                            limiter.acquire_on_behalf_of_nowait(token)
+                        except trio.WouldBlock:
+                            await limiter.acquire_on_behalf_of(token)
+                        held = True
+                        if not queue:
+                            continue
+                    ref = queue.popleft()
+                    ref.scope = scope
+                    ref.status = "running"
+                    ref.started_at = trio.current_time()
+                    counts.queued -= 1
+                    counts.active += 1
+                    if counts.active > counts.max_inflight:
+                        counts.max_inflight = counts.active
+                    running[me] = ref
+                    try:
+                        if ref.fn is takes_handle:
+                            ref.handle = FloorHandle(self, ref, token)
+                            ref.result = await ref.args[0](ref.handle, *ref.args[1:])
+                        else:
+                            ref.result = await ref.fn(*ref.args)
+                        ref.status = "completed"
+                        counts.completed += 1
+                    except Exception as exc:
+                        ref.error = exc
+                        ref.status = "failed"
+                        counts.failed += 1
+                    finally:
+                        del running[me]
+                    ref.finished_at = trio.current_time()
+                    counts.active -= 1
+                    counts.outstanding -= 1
+                    if ref.waiter is not None:
+                        ref.waiter.set()
+                    if self.room:  # (a submitter waits for room)
+                        self.room.unpark()
+                    if self.workers > self.limit:  # (back from a deferral: one too many)
+                        self.workers -= 1
+                        limiter.release_on_behalf_of(token)
+                        return
+                    if ref.status == "cancelled":
+                        break
+
+
+def takes_handle(fn: Any, *args: Any) -> Any:
+    """`FloorPool.submit(takes_handle, fn, ...)`: ``fn`` takes a handle first (what
+    trioexec learns once per function by looking at its signature)."""
+    raise AssertionError("a marker, never called")
+
+
+@case
+def floor_pool(n: int, limit: int) -> Result:
+    """`FloorPool` running n no-op tasks (`executor`'s workload)."""
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            pool = FloorPool(nursery, limit)
+            for _ in range(n):
+                await pool.submit(noop)
+            await trio.testing.wait_all_tasks_blocked()  # (every job run: workers idle)
+            pool.closed = True
+            if pool.counts.completed != n:
+                raise RuntimeError(f"{pool.counts.completed} of {n} jobs ran")
+            nursery.cancel_scope.cancel()
+
+    out: Result = {}
+    with stopwatch(out):
+        trio.run(main)
+    return out
+
+
+@case
+def floor_defer(n: int) -> Result:
+    """`FloorPool` running `park_defer`'s workload: n tasks each parked once in
+    ``handle.defer_until(event)``, then woken."""
+    out: Result = {}
+
+    async def one(handle: FloorHandle) -> None:
+        await handle.defer_until(ev)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            pool = FloorPool(nursery, SLOTS, queue_capacity=n)
+            t0 = time.perf_counter()
+            for _ in range(n):
+                await pool.submit(takes_handle, one)
+            while pool.counts.deferred < n:
+                await trio.testing.wait_all_tasks_blocked()
+            out["park_s"] = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            ev.set()
+            while pool.counts.completed < n:
+                await trio.testing.wait_all_tasks_blocked()
+            out["resume_s"] = time.perf_counter() - t0
+            nursery.cancel_scope.cancel()
+
+    ev = trio.Event()
+    trio.run(main)
+    return out
+
+
 @case
 def executor(n: int, limit: int, store: bool = False, url: str = "") -> Result:
     """n no-op tasks through ``await ex.submit`` (default queue_capacity, BLOCK);

@@ -52,3 +52,46 @@ def test_a_bound_keeps_its_worst_round_and_untimed_cases_run_once(
     assert run("store_backlog", n=1)["peak_rss_kb"] == 30
     assert run("sqlite_raw", single=1) == {"rows": 1}
     assert calls == ["store_backlog"] * 3 + ["sqlite_raw"]
+
+
+def test_the_floor_pool_runs_every_task_and_resumes_every_deferral(suite: ModuleType) -> None:
+    """Issue 32's floor (`FloorPool`) is a working pool, not a stand-in: every task
+    runs, a deferral gives its slot to queued work and takes one back, and no more
+    tasks than slots run at any time (its own count of them, checked)."""
+    import trio
+    import trio.testing
+
+    held: list[int] = []
+
+    async def main() -> None:
+        ev = trio.Event()
+
+        async def parked(handle: Any) -> str:
+            held.append(pool.counts.active)
+            await handle.defer_until(ev)
+            held.append(pool.counts.active)
+            return "woken"
+
+        async def plain(i: int) -> int:
+            held.append(pool.counts.active)
+            await trio.lowlevel.checkpoint()
+            return i
+
+        async with trio.open_nursery() as nursery:
+            pool = suite.FloorPool(nursery, 3, queue_capacity=100)
+            deferring = [await pool.submit(suite.takes_handle, parked) for _ in range(10)]
+            plains = [await pool.submit(plain, i) for i in range(10)]
+            await trio.testing.wait_all_tasks_blocked()
+            assert pool.counts.deferred == 10
+            assert pool.limiter.borrowed_tokens == 0  # (each gave its slot back)
+            assert [r.result for r in plains] == list(range(10))
+            ev.set()
+            await trio.testing.wait_all_tasks_blocked()
+            assert [r.result for r in deferring] == ["woken"] * 10
+            assert pool.counts.completed == 20
+            assert pool.counts.deferred == 0
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
+    assert len(held) == 30
+    assert max(held) <= 3

@@ -403,6 +403,41 @@ def test_folded_batch_insert_both_ways(tmp_path, monkeypatch, json_insert):
     assert isinstance(a.finished_at, float)
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+@pytest.mark.parametrize("json_insert", [True, False])
+def test_a_large_batch_goes_in_whole_and_exact(tmp_path, monkeypatch, json_insert, sparse):
+    """300 rows in one write: each is read back as written, floats to the last bit
+    and any text; with ``sparse``, every seventh row has a sparse value and the
+    others none."""
+    from trioexec._changes import widen
+    from trioexec._store import _sqlite
+
+    if json_insert and not _sqlite._JSON_ARROW:
+        pytest.skip("this SQLite has no ->> operator")
+    monkeypatch.setattr(_sqlite, "_JSON_ARROW", json_insert)
+    from trioexec._columns import ROW_COLUMNS
+
+    where = ROW_COLUMNS.index("dedupe_key")
+    rows, keys = [], {}
+    for i in range(300):
+        at = 1764423845.123456 + i / 3  # (no short decimal form)
+        row = submitted(f"t{i}", 1, f"n[{i}]'\N{SNAKE}", None, None, f'["{i}"]', "me", at)
+        if sparse and i % 7 == 0:
+            row = widen(row)
+            row[where] = keys[f"t{i}"] = f"k{i}"
+        rows.append(row)
+    with SQLiteStore(str(tmp_path / "x.db")) as store:
+        assert store.write(rows) == []
+        records = {r.task_id: r for r in store.executions(limit=1000)}
+    assert len(records) == 300
+    for i in range(300):
+        record = records[f"t{i}"]
+        assert record.submitted_at == 1764423845.123456 + i / 3
+        assert (record.name, record.args) == (f"n[{i}]'\N{SNAKE}", f'["{i}"]')
+        assert record.dedupe_key == keys.get(f"t{i}")
+        assert record.status is TaskStatus.PENDING
+
+
 @pytest.mark.parametrize("json_insert", [True, False])
 def test_a_batch_with_a_stored_id_writes_the_rest(tmp_path, monkeypatch, json_insert):
     """A batch's rows go in without a lookup first; one whose id is stored already
