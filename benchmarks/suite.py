@@ -1203,6 +1203,8 @@ BEST_BY = {
     "raw_limiter": "seconds",
     "channel_pool": "seconds",
     "shaped_pool": "seconds",
+    "floor_pool": "seconds",
+    "floor_defer": "resume_s",
     "executor": "seconds",
     "keyed": "seconds",
     "deferral_mix": "compute_s",
@@ -1358,8 +1360,10 @@ def scenario_1(run: Runner, sizes: Sizes) -> Result:
             ("raw_limiter", {"n": n, "limit": limit}),
             ("channel_pool", {"n": n, "limit": limit}),
             ("shaped_pool", {"n": n, "limit": limit}),
+            ("floor_pool", {"n": n, "limit": limit}),
         )
         shaped = run("shaped_pool", n=n, limit=limit)
+        floor = run("floor_pool", n=n, limit=limit)
         ours = run("executor", n=n, limit=limit)
         raw = run("raw_limiter", n=n, limit=limit)
         pool = run("channel_pool", n=n, limit=limit)
@@ -1393,6 +1397,20 @@ def scenario_1(run: Runner, sizes: Sizes) -> Result:
                 "context",
                 None,
                 rounds=per_round(pool, shaped),
+            ),
+            ratio(
+                f"limit {limit}: issue 32's floor (the contract's work by hand) vs channel pool",
+                pool["seconds"] / floor["seconds"],
+                "context",
+                None,
+                rounds=per_round(pool, floor),
+            ),
+            ratio(
+                f"limit {limit}: throughput vs issue 32's floor",
+                floor["seconds"] / ours["seconds"],
+                ">= 0.91x",
+                floor["seconds"] / ours["seconds"] >= 1 / 1.1,
+                rounds=per_round(floor, ours),
             ),
         ]
     base = run("baseline")["peak_rss_kb"]
@@ -1482,6 +1500,13 @@ def scenario_3(run: Runner, sizes: Sizes) -> Result:
                 rounds=per_round(ours, hand),
             )
         )
+    n = sizes.park_ns[0]
+    run.interleave(("park_defer", {"n": n}), ("floor_defer", {"n": n}))
+    ours, floor = run("park_defer", n=n), run("floor_defer", n=n)
+    r = ours["resume_s"] / floor["resume_s"]
+    what = f"N={n}: wake+reclaim per task vs issue 32's floor"
+    ratios.append(ratio(what, r, "<= 1.1x", r <= 1.1, rounds=per_round(ours, floor)))
+    figures[f"n_{n}"]["floor_resume_us_per_task"] = rnd(floor["resume_s"] * 1e6 / n)
     # Context: the garbage collector's share. An application that parks many
     # tasks may freeze what is alive by then (gc.freeze) before waking them.
     n = sizes.park_ns[0]
