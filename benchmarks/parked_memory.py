@@ -3,11 +3,11 @@
     python benchmarks/parked_memory.py [--n N] [--top K]
 
 ``defer``: N executor tasks each parked in ``handle.defer_until(event)`` (limit 4);
-``bare``: N nursery tasks parked in ``event.wait()``; ``floor``: ``defer``'s
-workload on issue 32's floor (suite.py's ``FloorPool``: only the work the API asks). Counted from a snapshot taken
-after 50 such tasks to one after N more, with the garbage collected at both, so
-start-up and the executor's own objects are left out. Exact and repeatable
-(allocations, not RSS): the ratio is issue 32's "memory per parked task" row;
+``bare``: N nursery tasks parked in ``event.wait()``; ``floor``: ``defer``'s workload
+on issue 32's floor (suite.py's ``FloorPool``: only the work the API asks). Counted
+from a snapshot taken after 50 such tasks to one after N more, with the garbage
+collected at both, so start-up and the executor's own objects are left out. Exact
+and repeatable (allocations, not RSS): the ratio is issue 32's "memory per parked task" row;
 suite.py's ``park_defer``/``park_bare`` give the same workloads' RSS.
 """
 
