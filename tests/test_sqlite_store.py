@@ -17,6 +17,8 @@ import time
 import pytest
 import sqlite_utils
 import trio
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from trioexec import SQLiteStore, StoreError, SubStatus, TaskStatus
 from trioexec._changes import Finish, Start, Sub, submitted
@@ -436,6 +438,24 @@ def test_a_large_batch_goes_in_whole_and_exact(tmp_path, monkeypatch, json_inser
         assert (record.name, record.args) == (f"n[{i}]'\N{SNAKE}", f'["{i}"]')
         assert record.dedupe_key == keys.get(f"t{i}")
         assert record.status is TaskStatus.PENDING
+
+
+@settings(max_examples=30, deadline=None)
+@given(times=st.lists(st.floats(-1e15, 1e15, allow_nan=False), min_size=4, max_size=4))
+def test_times_go_in_to_the_last_bit(tmp_path_factory, times):
+    """A row's four times (any float a clock may give, a Unix time or a test's
+    small one) are read back exactly as written, NULL as None."""
+    times = [t if t != 0 else None for t in times]  # (0 stands for "not yet")
+    row = submitted("t", 1, "n", None, None, None, "me", times[0])
+    row[10:13] = times[1:]
+    path = tmp_path_factory.mktemp("times") / "x.db"
+    with SQLiteStore(str(path)) as store:
+        assert store.write([row]) == []
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        (got,) = conn.execute(
+            "SELECT submitted_at, started_at, finished_at, deferred_since FROM executions"
+        ).fetchall()
+    assert list(got) == times
 
 
 @pytest.mark.parametrize("json_insert", [True, False])
