@@ -191,23 +191,26 @@ class PostgresTables(SQLTables):
 
     def _commit(self) -> None:
         """COMMIT the open transaction, after the NOTIFY of the targets with newly
-        claimable tasks. A connection lost during the COMMIT (a restart) is settled
-        by asking the server, on another connection, whether the transaction took
-        effect: if it did, as if nothing happened; if not, `TransactionAborted`
-        (nothing was written: the operation is run again)."""
+        claimable tasks. A connection lost before the COMMIT (a restart) wrote
+        nothing: `TransactionAborted` (the operation is run again). One lost during
+        the COMMIT is settled by asking the server, on another connection, whether
+        the transaction took effect: if it did, as if nothing happened."""
         raw = self._raw
-        if self._read_only:
-            raw.execute("COMMIT")
-            return
-        (xid,) = raw.execute(_before_commit(self._psycopg, self.channel, self._wake)).fetchone()
+        xid, committing = None, False
         try:
+            if not self._read_only:
+                sql = _before_commit(self._psycopg, self.channel, self._wake)
+                (xid,) = raw.execute(sql).fetchone()
+            committing = True
             raw.execute("COMMIT")
         except self._psycopg.Error as exc:
             aborted = self.db.aborted("durable store", exc, raw)
-            if aborted is None or rolled_back(exc):
+            if aborted is None:
                 raise
-            if not self.db.committed("durable store", exc, xid):
-                raise aborted from exc
+            lost_in_commit = committing and not rolled_back(exc)
+            if lost_in_commit and self.db.committed("durable store", exc, xid):
+                return
+            raise aborted from exc
 
     def attempt(self, call: Callable[[], Any]) -> tuple[bool, Any]:
         wake = set(self._wake)
