@@ -256,6 +256,29 @@ async def test_a_pending_child_keeps_its_inherited_deadline_after_its_parent_end
         refs["blocker"].cancel()
 
 
+async def test_children_that_ended_leave_no_deadline_to_watch(autojump_clock):
+    """A parent with a day's deadline completes with 300 children pending: they
+    are watched for the deadline they inherited, and once they have run and
+    ended, the executor holds on to none of them until that day."""
+
+    async def parent(ex: trioexec.Executor) -> list[trioexec.TaskRef[None]]:
+        return [await ex.submit(trio.sleep, 1) for _ in range(300)]
+
+    async with trioexec.open_executor(max_concurrent_tasks=1) as ex:
+        ref = await ex.submit(parent, ex, timeout=86_400)
+        children = (await ref.wait()).result
+        lifecycle = ex._core.lifecycle
+        assert len(lifecycle._deadlines) == 300  # (watched: their parent ended)
+        for child in children[:200]:
+            assert (await child.wait()).status is TaskStatus.COMPLETED
+        # (stale entries are dropped once they are half: at most half remain)
+        assert len(lifecycle._deadlines) <= 200
+        for child in children[200:]:
+            assert (await child.wait()).status is TaskStatus.COMPLETED
+        assert lifecycle._deadlines == []
+        assert trio.current_time() < 1_000
+
+
 # ---------------------------------------------------------------- found in review
 
 

@@ -137,6 +137,9 @@ class Extras:
     deadline_of: str | None = None
     #: the ancestor whose cancel or deadline ended it, if one did
     ended_by: str | None = None
+    #: its parent ended while it was pending: its inherited deadline has an entry
+    #: in `Lifecycle`'s deadlines (cleared as the entry goes stale or is taken)
+    watched: bool = False
     #: (with a ``budget``) the seconds its attempts held a slot so far, and
     #: whether they passed the budget
     active_seconds: float = 0.0

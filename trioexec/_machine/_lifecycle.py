@@ -143,8 +143,10 @@ class Lifecycle:
         # out task's descendants end within it, and none of them keeps one).
         self._kept: str | None = None
         #: (deadline, seq, job): pending tasks whose inherited deadline no
-        #: ancestor's end will carry out any more (`expire`)
+        #: ancestor's end will carry out any more (`expire`); ``_stale``: how
+        #: many of them have ended since (dropped once they are half)
         self._deadlines: list[tuple[float, int, Job]] = []
+        self._stale = 0
         if keep_results:
             self.use_extras()
         #: dedupe key -> the latest execution submitted with it here (`Dedupes`)
@@ -495,6 +497,8 @@ class Lifecycle:
                     status = TaskStatus.FAILED
         if extras is None:
             return status
+        if extras.watched:  # (its entry in the deadlines is stale now)
+            self._unwatch(extras)
         if status is TaskStatus.CANCELLED and isinstance(job.error, TaskTimeout):
             status = TaskStatus.TIMED_OUT  # (an ancestor's deadline passed)
         if extras.parent is not None:
@@ -511,12 +515,27 @@ class Lifecycle:
         with an inherited deadline end ``TIMED_OUT`` when it passes (`expire`)."""
         earliest = math.inf
         for child in children:
-            deadline = math.inf if child.extras is None else child.extras.deadline
+            extras = child.extras
+            if extras is None or extras.watched:
+                continue
+            deadline = extras.deadline
             if deadline < math.inf and child.scope is None and not child.ended:
+                extras.watched = True
                 heapq.heappush(self._deadlines, (deadline, id(child), child))
                 earliest = min(earliest, deadline)
         if earliest < math.inf:
             self._listener.deadline_due(earliest)
+
+    def _unwatch(self, extras: Extras) -> None:
+        """A watched task has ended: its entry is stale. Once half of them are, they
+        are dropped (a day-long parent's many children do not stay for the day)."""
+        extras.watched = False
+        self._stale += 1
+        deadlines = self._deadlines
+        if self._stale * 2 > len(deadlines):
+            deadlines[:] = [e for e in deadlines if e[2].extras is not None and e[2].extras.watched]
+            heapq.heapify(deadlines)
+            self._stale = 0
 
     def next_deadline(self) -> float:
         """When `expire` is due next (inf: never)."""
@@ -529,8 +548,13 @@ class Lifecycle:
         deadlines = self._deadlines
         while deadlines and deadlines[0][0] <= now:
             job = heapq.heappop(deadlines)[2]
-            if job.scope is None and job.extras is not None and job.extras.deadline_of:
-                self.end_under(job, TaskStatus.TIMED_OUT, job.extras.deadline_of)
+            extras = job.extras
+            if extras is None or not extras.watched:
+                self._stale -= 1  # (it ended meanwhile)
+                continue
+            extras.watched = False
+            if job.scope is None and extras.deadline_of:
+                self.end_under(job, TaskStatus.TIMED_OUT, extras.deadline_of)
 
     def _end_descendants(self, job: Job, status: TaskStatus, origin: str) -> None:
         """``job`` was cancelled (or ended ``status``: CANCELLED or TIMED_OUT): so
