@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -324,11 +325,13 @@ async def test_a_keyed_submission_in_flight_as_the_executor_closes_is_refused(tm
     never run, and its row ends REJECTED, so the key is free for the next one."""
     store = trioexec.SQLiteStore(tmp_path / "runs.db")
     stored = trio.Event()
+    shutting_down = threading.Event()
     real = store.dedupe
 
     def dedupe(row: Any, window: Any) -> Any:
         found = real(row, window)
         trio.from_thread.run_sync(stored.set)
+        assert shutting_down.wait(30)  # (returns once the shutdown has begun: bounded)
         return found
 
     store.dedupe = dedupe  # type: ignore[method-assign]
@@ -348,8 +351,10 @@ async def test_a_keyed_submission_in_flight_as_the_executor_closes_is_refused(tm
 
         async with trio.open_nursery() as nursery:
             nursery.start_soon(submitter)
-            await stored.wait()  # (its row is in; the thread returns after this)
+            await stored.wait()  # (its row is in; the thread returns after the shutdown began)
             nursery.start_soon(ex.shutdown, trioexec.ShutdownPolicy.CANCEL)
+            await trio.testing.wait_all_tasks_blocked()  # (the shutdown waits for it now)
+            shutting_down.set()
     assert len(errors) == 1
     assert ran == []
     [record] = store.executions()

@@ -289,7 +289,12 @@ class DurableAgrees(RuleBasedStateMachine):
         before = dict(self.model.promises.get(id) or {})
         if before and before["state"] != "pending" and key is not None:
             event("settle settled: " + ("same key" if before["iku"] == key else "other key"))
-        waiting = [t for t, awaited in self.model.awaiting.items() if id in awaited]
+        # (suspended on it now: a task whose own promise ended meanwhile is not)
+        waiting = [
+            t
+            for t, awaited in self.model.awaiting.items()
+            if id in awaited and self.model.tasks[t]["state"] is TaskState.SUSPENDED
+        ]
         kind, _ = self.call("settle_promise", id, state, idempotency_key=key, data=data)
         if kind == "ok" and waiting and before["state"] == "pending":
             event("settle resumed a suspended task")

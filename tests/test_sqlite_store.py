@@ -458,6 +458,20 @@ def test_times_go_in_to_the_last_bit(tmp_path_factory, times):
     assert list(got) == times
 
 
+@pytest.mark.parametrize("at", [float("inf"), 1e302, -1e302])
+def test_a_time_no_clock_gives_is_refused_with_a_store_error(tmp_path, at):
+    """An infinite time (or one past 2**1000 seconds) is not written: the write
+    fails with a StoreError, and writes nothing."""
+    from trioexec._store import _sqlite
+
+    if not _sqlite._JSON_ARROW:
+        pytest.skip("this SQLite has no ->> operator")
+    with SQLiteStore(str(tmp_path / "x.db")) as store:
+        with pytest.raises(StoreError):
+            store.write([submitted("t", 1, "n", None, None, None, "me", at)])
+        assert store.execution("t") is None
+
+
 @pytest.mark.parametrize("json_insert", [True, False])
 def test_a_batch_with_a_stored_id_writes_the_rest(tmp_path, monkeypatch, json_insert):
     """A batch's rows go in without a lookup first; one whose id is stored already

@@ -200,8 +200,8 @@ def _as_json(rows: list[ExecutionRow]) -> str:
         for i in _TIMES:
             at = row[i]
             if at is not None:
-                at *= _SCALE
-                row[i] = int(at) if at >= _WHOLE else at
+                at *= _SCALE  # (inf past 2**1000: refused as JSON, as inf always was)
+                row[i] = int(at) if _WHOLE <= at < math.inf else at
         sent.append(row)
     return json.dumps(sent)
 
