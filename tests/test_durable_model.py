@@ -289,17 +289,14 @@ class DurableAgrees(RuleBasedStateMachine):
         before = dict(self.model.promises.get(id) or {})
         if before and before["state"] != "pending" and key is not None:
             event("settle settled: " + ("same key" if before["iku"] == key else "other key"))
-        # (suspended on it now: a task whose own promise ended meanwhile is not)
-        waiting = [
-            t
-            for t, awaited in self.model.awaiting.items()
-            if id in awaited and self.model.tasks[t]["state"] is TaskState.SUSPENDED
-        ]
+        waiting = [t for t, awaited in self.model.awaiting.items() if id in awaited]
         kind, _ = self.call("settle_promise", id, state, idempotency_key=key, data=data)
         if kind == "ok" and waiting and before["state"] == "pending":
             event("settle resumed a suspended task")
             for t in waiting:  # no polling: pending the moment the settle returns
-                if t != id:
+                # (unless its own promise timed out as the settle began: then it ended)
+                own = self.model.promises.get(t) or {}
+                if t != id and own.get("state") == "pending":
                     assert self.model.tasks[t]["state"] is TaskState.PENDING
 
     @rule(promise=promise_ids, task=id_for("task"))
