@@ -204,11 +204,8 @@ class PostgresTables(SQLTables):
             committing = True
             raw.execute("COMMIT")
         except self._psycopg.Error as exc:
-            aborted = self.db.aborted("durable store", exc, raw)
-            if aborted is None:
-                raise
-            lost_in_commit = committing and not rolled_back(exc)
-            if lost_in_commit and self.db.committed("durable store", exc, xid):
+            aborted = self.db.in_doubt("durable store", exc, raw, committing)
+            if self.db.committed("durable store", exc, xid):
                 return
             raise aborted from exc
 

@@ -250,14 +250,26 @@ class PGDatabase:
                     xid = conn.execute(XID).fetchone()[0]
                     committing = True  # (COMMIT is sent as the block ends)
             except self._psycopg.Error as exc:
-                aborted = self.aborted(what, exc, conn)
-                if aborted is None:
-                    raise
-                if not committing or rolled_back(exc):
-                    raise aborted from exc
-                lost = (aborted, exc, xid)  # (asked once this connection is back)
+                # (lost during the COMMIT: asked once this connection is back)
+                lost = (self.in_doubt(what, exc, conn, committing), exc, xid)
         if lost is not None and not self.committed(what, lost[1], lost[2]):
             raise lost[0] from lost[1]
+
+    def in_doubt(
+        self, what: str, exc: BaseException, conn: Connection, committing: bool
+    ) -> TransactionAborted:
+        """The verdict on psycopg's ``exc``, met on ``conn`` inside a transaction
+        (``committing``: its COMMIT was sent). Raises ``exc`` if it is the call's
+        own, or the `TransactionAborted` if nothing was written (the server rolled
+        it back or ended the connection before the COMMIT). Returns that
+        `TransactionAborted` if the connection was lost during the COMMIT: to raise
+        unless `committed` says the transaction took effect."""
+        aborted = self.aborted(what, exc, conn)
+        if aborted is None:
+            raise exc
+        if not committing or rolled_back(exc):
+            raise aborted from exc
+        return aborted
 
     def committed(self, what: str, exc: BaseException, xid: int | None) -> bool:
         """Whether the transaction ``xid`` (None: it wrote nothing), whose
