@@ -107,35 +107,39 @@ class Scenario:
     unit: str = "task"
 
 
+_NOOP = Side("executor", "executor", "n", {"limit": 4})
+_DEFER = Side("defer_until(event)", "park_defer", "n")
+_FLOOR = "floor pool (the contract's work by hand)"
+
 SCENARIOS = {
     s.name: s
     for s in [
         Scenario(
             "noop",
             "no-op task, limit 4",
-            Side("executor", "executor", "n", {"limit": 4}),
+            _NOOP,
             Side("channel pool (4 workers)", "channel_pool", "n", {"limit": 4}),
             1.15,
         ),
         Scenario(
             "noop-floor",
             "no-op task, limit 4, vs issue 32's floor",
-            Side("executor", "executor", "n", {"limit": 4}),
-            Side("floor pool (the contract's work by hand)", "floor_pool", "n", {"limit": 4}),
+            _NOOP,
+            Side(_FLOOR, "floor_pool", "n", {"limit": 4}),
             1.10,
         ),
         Scenario(
             "defer",
             "defer/resume cycle on one Event",
-            Side("defer_until(event)", "park_defer", "n"),
+            _DEFER,
             Side("CapacityLimiter acq/rel, wait, acq/rel", "park_hand", "n"),
             1.30,
         ),
         Scenario(
             "defer-floor",
             "defer/resume cycle on one Event, vs issue 32's floor",
-            Side("defer_until(event)", "park_defer", "n"),
-            Side("floor pool (the contract's work by hand)", "floor_defer", "n"),
+            _DEFER,
+            Side(_FLOOR, "floor_defer", "n"),
             1.10,
         ),
         Scenario(
