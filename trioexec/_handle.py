@@ -18,7 +18,7 @@ from trio_util import AsyncValue
 from ._backoff import Backoff
 from ._errors import TaskCancelled
 from ._poller import Poller
-from ._records import TYPED, SubStatus, check_number
+from ._records import ACTIVE, DEFERRED, TYPED, SubStatus, check_number
 from ._slots import SlotToken
 
 if TYPE_CHECKING:
@@ -178,7 +178,7 @@ class TaskHandle:
         self._slot = slot
         self._task_id = task_id
         self._observer = _observer
-        self._sub_status = SubStatus.ACTIVE
+        self._sub_status = ACTIVE
         self._cancel_event: trio.Event | None = None
         self._cancel_requested = False
         self._deferred_at = 0.0
@@ -211,7 +211,7 @@ class TaskHandle:
     def deferred_seconds(self) -> float:
         """Total time spent deferred so far, on Trio's clock."""
         total = self._deferred_seconds
-        if self._sub_status is SubStatus.DEFERRED:
+        if self._sub_status is DEFERRED:
             total += trio.current_time() - self._deferred_at
         return total
 
@@ -298,7 +298,7 @@ class TaskHandle:
                 await trio.lowlevel.checkpoint()
                 return
         self._waiting_for = condition
-        self._enter(SubStatus.DEFERRED)
+        self._enter(DEFERRED)
         slot = self._slot
         slot.release()
         try:
@@ -318,7 +318,7 @@ class TaskHandle:
         except trio.Cancelled:  # cancelled while queueing: no slot was taken
             await self._reclaim_unless_ending(slot)
             raise
-        self._enter(SubStatus.ACTIVE)
+        self._enter(ACTIVE)
 
     async def _reclaim(self, slot: SlotToken) -> None:
         observer = self._observer
@@ -336,7 +336,7 @@ class TaskHandle:
         A condition object may say itself what it is, with a str attribute
         ``__trioexec_waiting_on__`` (``trioexec.durable``'s
         ``Promises.settled(id)`` says ``"promise <id>"``)."""
-        if self._sub_status is not SubStatus.DEFERRED:
+        if self._sub_status is not DEFERRED:
             return None
         condition = self._waiting_for
         if condition is None:
@@ -369,7 +369,7 @@ class TaskHandle:
             await self._reclaim(slot)
         self._reclaim_scope = None
         if slot.is_held:
-            self._enter(SubStatus.ACTIVE)
+            self._enter(ACTIVE)
         # else: still DEFERRED; the executor closes the deferral as the task ends
 
     def defer_until_sync(self, condition: Condition, poll_interval: float | Backoff = 1.0) -> None:
@@ -411,18 +411,18 @@ class TaskHandle:
     def _close_deferral(self) -> None:
         """The task ends while deferred (no slot taken back): stop the clock."""
         self._deferred_seconds += trio.current_time() - self._deferred_at
-        self._sub_status = SubStatus.ACTIVE
+        self._sub_status = ACTIVE
 
     def _enter(self, sub_status: SubStatus) -> None:
         now = trio.current_time()
-        if sub_status is SubStatus.DEFERRED:
+        if sub_status is DEFERRED:
             self._deferred_at = now
         else:
             self._deferred_seconds += now - self._deferred_at
         self._sub_status = sub_status
         observer = self._observer
         if observer is not None:
-            if sub_status is SubStatus.DEFERRED:
+            if sub_status is DEFERRED:
                 observer.deferred(self, self._job)
             else:
                 observer.resumed(self, self._job)

@@ -22,7 +22,16 @@ import attrs
 import trio
 
 from ._errors import StoreError
-from ._records import FAILURES, SubStatus, T_co, TaskCompletion, TaskStatus
+from ._records import (
+    ACTIVE,
+    FAILURES,
+    PENDING,
+    RUNNING,
+    SubStatus,
+    T_co,
+    TaskCompletion,
+    TaskStatus,
+)
 from ._spec import CallInfo
 
 if TYPE_CHECKING:
@@ -173,7 +182,7 @@ class Job:
     on_done: Callable[[Job], None] | None = None
     #: what it uses that most tasks do not (None: nothing of it)
     extras: Extras | None = None
-    status: TaskStatus = TaskStatus.PENDING
+    status: TaskStatus = PENDING
     attempts: int = 0
     cancel_requested: bool = False
     paused: bool = False  # queued, but held out of the queue by a pause (`Pauses.parked`)
@@ -195,7 +204,7 @@ class Job:
     def ended(self) -> bool:
         """True once the execution has its completion."""
         status = self.status
-        return status is not TaskStatus.PENDING and status is not TaskStatus.RUNNING
+        return status is not PENDING and status is not RUNNING
 
     @property
     def waited_on(self) -> bool:
@@ -275,9 +284,9 @@ class TaskRef(Generic[T_co]):
     def sub_status(self) -> SubStatus | None:
         """`SubStatus.ACTIVE` or `SubStatus.DEFERRED` while RUNNING, else None."""
         job = self._job
-        if job.status is not TaskStatus.RUNNING:
+        if job.status is not RUNNING:
             return None
-        return SubStatus.ACTIVE if job.handle is None else job.handle.sub_status
+        return ACTIVE if job.handle is None else job.handle.sub_status
 
     @property
     def key(self) -> str | None:

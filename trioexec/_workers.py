@@ -18,7 +18,7 @@ from ._errors import PermanentError, TaskTimeout
 from ._handle import TaskHandle
 from ._machine._lifecycle import Lifecycle, journal_waiting, past_deadline
 from ._poller import Poller
-from ._records import SubStatus, TaskStatus
+from ._records import CANCELLED, COMPLETED, DEFERRED, FAILED, TIMED_OUT, TaskStatus
 from ._slots import SlotPool, SlotToken
 from ._spec import TaskSpec
 from ._taskref import Extras, Job
@@ -172,7 +172,7 @@ class Workers:
                             # holds nothing meanwhile that it need not (bytes per task).
                             handle = self._new_handle(job, job_token)
                             del leave_idle
-                        status = TaskStatus.CANCELLED  # if cancelled, even between attempts
+                        status = CANCELLED  # if cancelled, even between attempts
                         try:
                             if job.simple:
                                 # `_attempt` inlined for one plain async call: a running
@@ -186,10 +186,10 @@ class Workers:
                                         job.result = await job.fn(
                                             *job.args, **{job.info.handle_param or "handle": handle}
                                         )
-                                    status = TaskStatus.COMPLETED
+                                    status = COMPLETED
                                 except Exception as exc:
                                     job.error = exc
-                                    status = TaskStatus.FAILED
+                                    status = FAILED
                                 except BaseExceptionGroup as group:
                                     _reraise_cancellation(job, group)
                                 finally:
@@ -241,7 +241,7 @@ class Workers:
             job.scope = scope
             self.taken.add(job)
             handle = None if job.info.handle_param is None else self._new_handle(job, token)
-            status = TaskStatus.CANCELLED  # if cancelled, even between attempts
+            status = CANCELLED  # if cancelled, even between attempts
             try:
                 if isinstance(job.fn, TaskSpec):
                     status = await self._retrying(job, token, handle)
@@ -322,18 +322,18 @@ class Workers:
                 own = math.inf if timeout is None else now + timeout
                 if inherited <= now:  # (passed while it waited: it does not run)
                     job.error = _timed_out(job, timeout, own)
-                    return TaskStatus.TIMED_OUT
+                    return TIMED_OUT
                 with trio.move_on_at(min(own, inherited)) as attempt_scope:
                     job.deadline = attempt_scope.deadline
                     job.result = await self._call(fn, job.args, info.is_async, abandon=True)
                 if attempt_scope.cancelled_caught:
                     job.error = _timed_out(job, timeout, own)
-                    return TaskStatus.TIMED_OUT
+                    return TIMED_OUT
             job.error = None
-            return TaskStatus.COMPLETED
+            return COMPLETED
         except Exception as exc:
             job.error = exc
-            return TaskStatus.FAILED
+            return FAILED
         except BaseExceptionGroup as group:
             _reraise_cancellation(job, group)
         finally:
@@ -345,7 +345,7 @@ class Workers:
             if handle is not None:
                 if not info.is_async:
                     handle._end_attempt()  # its thread may live on, abandoned
-                if handle.sub_status is SubStatus.DEFERRED:
+                if handle.sub_status is DEFERRED:
                     self._deferral_abandoned(handle)
             if budget is not None:
                 deferred = (handle.deferred_seconds if handle is not None else 0.0) - deferred0
@@ -373,7 +373,7 @@ class Workers:
         """A worker is done with ``job``: its last attempt ended with ``status``."""
         self.taken.discard(job)
         handle = job.handle
-        if handle is not None and handle.sub_status is SubStatus.DEFERRED:
+        if handle is not None and handle.sub_status is DEFERRED:
             self._deferral_abandoned(handle)  # it ends without taking a slot back
         self._lifecycle.ended(job, status)
 
@@ -457,7 +457,7 @@ def _reraise_cancellation(job: Job, group: BaseExceptionGroup[BaseException]) ->
 
 
 def _should_retry(spec: TaskSpec, job: Job, status: TaskStatus) -> bool:
-    if status is not TaskStatus.FAILED and status is not TaskStatus.TIMED_OUT:
+    if status is not FAILED and status is not TIMED_OUT:
         return False
     if job.attempts > spec.retries or job.cancel_requested:
         return False

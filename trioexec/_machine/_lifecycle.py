@@ -30,7 +30,24 @@ from .._observe import (
     log_retry,
     without,
 )
-from .._records import FAILURES, HealthEventKind, SubStatus, TaskStatus, safe_repr
+from .._records import (
+    ACTIVE,
+    CANCELLED,
+    COMPLETED,
+    DEFERRED,
+    DROPPED,
+    FAILED,
+    FAILURES,
+    PENDING,
+    REJECTED,
+    RUNNING,
+    TASK_DEFERRED,
+    TASK_RESUMED,
+    TIMED_OUT,
+    HealthEventKind,
+    TaskStatus,
+    safe_repr,
+)
 
 if TYPE_CHECKING:
     from .._changes import Transition
@@ -94,7 +111,7 @@ class Runs(Protocol):
     def lost(self, run_ids: Iterable[str]) -> None: ...
 
 
-_STOPPED = (TaskStatus.CANCELLED, TaskStatus.TIMED_OUT)  # (what ends a task's descendants)
+_STOPPED = (CANCELLED, TIMED_OUT)  # (what ends a task's descendants)
 
 
 @final
@@ -187,7 +204,7 @@ class Lifecycle:
         and for whoever was handed it as a duplicate meanwhile."""
         if self.dedupes.get(key) is job:
             del self.dedupes[key]
-        job.status = TaskStatus.REJECTED
+        job.status = REJECTED
         job.finished_at = self.wall()
         job.error = TaskRejected(f"task {job.name!r} ({job.task_id}) was not admitted")
         journal = self.journal
@@ -227,14 +244,14 @@ class Lifecycle:
     def waiting_on(self, job: Job) -> str | None:
         """Why ``job`` is not running now (`TaskRef.waiting_on`)."""
         status = job.status
-        if status is TaskStatus.PENDING:
+        if status is PENDING:
             if job.paused or job in self.pending.pauses.retries:
                 return "paused"
             if job.key is not None and (reason := self.pending.waiting_on(job)) is not None:
                 return reason
             return "retry backoff" if job in self.backing_off else "slot"
         handle = job.handle
-        if status is not TaskStatus.RUNNING or handle is None:
+        if status is not RUNNING or handle is None:
             return None
         waiting = handle.waiting_on
         if waiting == "slot" and job.key is not None:
@@ -248,7 +265,7 @@ class Lifecycle:
         self._gate.publish_refusal(HealthEventKind.TASK_DROP, job, "queue_full")
         if row is not None:
             self.log_submit(job, row)
-        self.finish(job, TaskStatus.DROPPED, freed=False)
+        self.finish(job, DROPPED, freed=False)
 
     def drop_oldest(self) -> None:
         """Make room under ``DROP_OLDEST``: the oldest pending task is dropped."""
@@ -256,7 +273,7 @@ class Lifecycle:
         assert oldest is not None
         self._gate.publish_refusal(HealthEventKind.TASK_DROP, oldest, "queue_full")
         self.tally.queue_depth -= 1
-        self.finish(oldest, TaskStatus.DROPPED)
+        self.finish(oldest, DROPPED)
 
     def log_submit(self, job: Job, row: ExecutionRow) -> None:
         """Journal a new execution's `ExecutionRow`; its next changes are folded into
@@ -276,7 +293,7 @@ class Lifecycle:
         tally = self.tally
         tally.queue_depth -= 1
         tally.active_count += 1
-        job.status = TaskStatus.RUNNING
+        job.status = RUNNING
         job.attempts += 1
         journal = self.journal
         if journal is not None:
@@ -294,7 +311,7 @@ class Lifecycle:
         tally = self.tally
         tally.active_count -= 1
         tally.queue_depth += 1
-        job.status = TaskStatus.PENDING
+        job.status = PENDING
         error = safe_repr(job.error)
         journal = self.journal
         if journal is not None:
@@ -317,13 +334,11 @@ class Lifecycle:
         tally.deferral_count += 1
         if tally.deferred_count > tally.max_deferred_count:
             tally.max_deferred_count = tally.deferred_count
-        self.events.note(HealthEventKind.TASK_DEFERRED, job.task_id)
+        self.events.note(TASK_DEFERRED, job.task_id)
         journal = self.journal
         if journal is not None:
             waiting = self.waiting_on(job)  # (what the handle waits for)
-            journal.fold(
-                job, Sub((job.task_id, job.version, SubStatus.DEFERRED, self.wall(), waiting))
-            )
+            journal.fold(job, Sub((job.task_id, job.version, DEFERRED, self.wall(), waiting)))
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
         if self.observer is not None:
@@ -334,10 +349,10 @@ class Lifecycle:
         tally.deferred_count -= 1
         tally.active_count += 1
         tally.resumed_count += 1
-        self.events.note(HealthEventKind.TASK_RESUMED, job.task_id)
+        self.events.note(TASK_RESUMED, job.task_id)
         journal = self.journal
         if journal is not None:
-            journal.fold(job, Sub((job.task_id, job.version, SubStatus.ACTIVE, None, None)))
+            journal.fold(job, Sub((job.task_id, job.version, ACTIVE, None, None)))
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
         tally.note_high_water()
@@ -355,10 +370,10 @@ class Lifecycle:
         (CANCELLED if cancelled between attempts)."""
         if job.key is not None:
             self.pending.keys.ended(job)
-        if job.status is TaskStatus.RUNNING:
+        if job.status is RUNNING:
             self.tally.active_count -= 1
             self.finish(job, status)
-        elif job.status is TaskStatus.PENDING:  # cancelled between attempts
+        elif job.status is PENDING:  # cancelled between attempts
             self.tally.queue_depth -= 1
             self.finish(job, status)
         else:  # (finished already)
@@ -373,17 +388,17 @@ class Lifecycle:
         job.status = status
         job.finished_at = self.wall()
         tally = self.tally
-        if status is TaskStatus.COMPLETED:
+        if status is COMPLETED:
             tally.completed_count += 1
-        elif status is TaskStatus.FAILED:
+        elif status is FAILED:
             tally.failed_count += 1
             if job.run_id is None:  # (a workflow's step is read by its run)
                 self.unread.add(job)
-        elif status is TaskStatus.CANCELLED:
+        elif status is CANCELLED:
             tally.cancelled_count += 1
             if job.cancel_requested:
                 tally.cancellation_observed_count += 1
-        elif status is TaskStatus.TIMED_OUT:
+        elif status is TIMED_OUT:
             tally.timed_out_count += 1
             if job.run_id is None:
                 self.unread.add(job)
@@ -400,13 +415,9 @@ class Lifecycle:
             self.live.pop(job.task_id, None)
             if self.cancelled_by:
                 who = self.cancelled_by.pop(job.task_id, None)
-                if who is not None and status is TaskStatus.CANCELLED and job.error is None:
+                if who is not None and status is CANCELLED and job.error is None:
                     job.error = TaskCancelled(f"cancelled by {who}")  # (as the store says)
-            if (
-                status is TaskStatus.CANCELLED
-                and job.error is None
-                and self.cancel_reason is not None
-            ):
+            if status is CANCELLED and job.error is None and self.cancel_reason is not None:
                 job.error = TaskCancelled(self.cancel_reason)  # (as the store says)
             error = None if job.error is None else safe_repr(job.error)
             dead = job.error is not None and status in FAILURES
@@ -423,7 +434,7 @@ class Lifecycle:
             )
             journal.fold(job, Finish(change))
             job.row = None
-            if job.run_id is not None and status is TaskStatus.COMPLETED and self.runs is not None:
+            if job.run_id is not None and status is COMPLETED and self.runs is not None:
                 # A completed step's record goes into the same transaction as its
                 # execution's, so a crash cannot leave one without the other.
                 self.runs.step_completed(job)
@@ -440,7 +451,7 @@ class Lifecycle:
             self._listener.idle()
         if self.observer is not None:
             self.observer.finished(job, status)
-        if status is TaskStatus.FAILED or status is TaskStatus.TIMED_OUT:
+        if status is FAILED or status is TIMED_OUT:
             self.events.publish(
                 HealthEventKind.TASK_FAILED,
                 job.task_id,
@@ -473,7 +484,7 @@ class Lifecycle:
             above.children.add(job)
             if parent.cancel_requested or parent.status in _STOPPED:
                 # (its parent was cancelled while this waited for room: so is it)
-                stopped = parent.status if parent.status in _STOPPED else TaskStatus.CANCELLED
+                stopped = parent.status if parent.status in _STOPPED else CANCELLED
                 self.end_under(job, stopped, above.ended_by or parent.task_id)
 
     def _finish_with_extras(self, job: Job, status: TaskStatus, *, freed: bool = True) -> None:
@@ -489,22 +500,22 @@ class Lifecycle:
         cancelled or timed out. Returns its status."""
         extras = job.extras
         self._kept = kept = None
-        if status is TaskStatus.COMPLETED:
+        if status is COMPLETED:
             keep = None if extras is None else extras.keep_result
             if self.keep_results if keep is None else keep:
                 self._kept = kept = kept_result(job)
                 if kept is None:
-                    status = TaskStatus.FAILED
+                    status = FAILED
         if extras is None:
             return status
         if extras.watched:  # (its entry in the deadlines is stale now)
             self._unwatch(extras)
-        if status is TaskStatus.CANCELLED and isinstance(job.error, TaskTimeout):
-            status = TaskStatus.TIMED_OUT  # (an ancestor's deadline passed)
+        if status is CANCELLED and isinstance(job.error, TaskTimeout):
+            status = TIMED_OUT  # (an ancestor's deadline passed)
         if extras.parent is not None:
             leave_parent(job, extras)
         if extras.children:
-            if status is TaskStatus.CANCELLED or status is TaskStatus.TIMED_OUT:
+            if status is CANCELLED or status is TIMED_OUT:
                 self._end_descendants(job, status, extras.ended_by or job.task_id)
             else:  # (they keep the deadline they inherited: see that it is kept)
                 self._watch_deadlines(extras.children)
@@ -554,7 +565,7 @@ class Lifecycle:
                 continue
             extras.watched = False
             if job.scope is None and extras.deadline_of:
-                self.end_under(job, TaskStatus.TIMED_OUT, extras.deadline_of)
+                self.end_under(job, TIMED_OUT, extras.deadline_of)
 
     def _end_descendants(self, job: Job, status: TaskStatus, origin: str) -> None:
         """``job`` was cancelled (or ended ``status``: CANCELLED or TIMED_OUT): so
@@ -577,7 +588,7 @@ class Lifecycle:
         if job.ended or job.cancel_requested:
             return
         where = f"task {job.name!r} ({job.task_id})"
-        if status is TaskStatus.TIMED_OUT:
+        if status is TIMED_OUT:
             job.error = past_deadline(job, origin)
         else:
             job.error = TaskCancelled(
@@ -614,17 +625,17 @@ class Lifecycle:
         if not job.ended and not job.cancel_requested:
             self._interrupt(job)
         elif job.extras is not None and job.extras.children:
-            self._end_descendants(job, TaskStatus.CANCELLED, job.task_id)
+            self._end_descendants(job, CANCELLED, job.task_id)
 
     def _interrupt(self, job: Job, *, descendants: bool = True) -> None:
         self.tally.cancellation_requested_count += 1
         job.cancel_requested = True
         if descendants and job.extras is not None and job.extras.children:
-            self._end_descendants(job, TaskStatus.CANCELLED, job.task_id)
+            self._end_descendants(job, CANCELLED, job.task_id)
         scope = job.scope
         if scope is None:  # still in the pending queue: end it now
             self.tally.queue_depth -= 1
-            self.finish(job, TaskStatus.CANCELLED)
+            self.finish(job, CANCELLED)
             self.pending.discard(job)
             return
         if job.handle is not None:
@@ -638,7 +649,7 @@ class Lifecycle:
             self.tally.cancellation_requested_count += 1
             job.cancel_requested = True
             self.tally.queue_depth -= 1
-            self.finish(job, TaskStatus.CANCELLED)
+            self.finish(job, CANCELLED)
         if into is not None:
             into.extend(jobs)
         return len(jobs)
@@ -661,20 +672,20 @@ class Lifecycle:
         result that was never recorded."""
         tally = self.tally
         told = job.status  # (what the observers were told)
-        if job.status is TaskStatus.COMPLETED:
+        if job.status is COMPLETED:
             tally.completed_count -= 1
-        elif job.status is TaskStatus.FAILED:
+        elif job.status is FAILED:
             tally.failed_count -= 1
             self.unread.forget(job)
-        elif job.status is TaskStatus.TIMED_OUT:
+        elif job.status is TIMED_OUT:
             tally.timed_out_count -= 1
             self.unread.forget(job)
-        elif job.status is TaskStatus.DROPPED:
+        elif job.status is DROPPED:
             tally.dropped_count -= 1
         else:
             return  # already cancelled
         tally.cancelled_count += 1
-        job.status = TaskStatus.CANCELLED
+        job.status = CANCELLED
         job.result = None
         job.completion = None
         job.error = TaskCancelled(

@@ -31,7 +31,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, final
 
-from .._records import TaskStatus
+from .._records import PENDING
 from ._keygate import Entry, KeyGate, Listener
 from ._keygate import queued as _queued
 from ._keys import KeyLimit, KeyState, Wake
@@ -137,7 +137,7 @@ class Pending:
             jobs = self._jobs
             while jobs:
                 job = jobs.popleft()
-                if job.status is TaskStatus.PENDING:
+                if job.status is PENDING:
                     self.startable -= 1
                     return job
             return None
@@ -187,14 +187,14 @@ class Pending:
             jobs = self._jobs
             tombstones = len(jobs) - self.startable
             if tombstones > _COMPACT_AFTER and tombstones * 2 > len(jobs):
-                self._jobs = deque(j for j in jobs if j.status is TaskStatus.PENDING)
+                self._jobs = deque(j for j in jobs if j.status is PENDING)
             return
         self._forget(job)
 
     def take_all(self) -> list[Job]:
         """Empty the queue: every queued task, oldest first."""
         if not self._ranked:
-            jobs = [j for j in self._jobs if j.status is TaskStatus.PENDING]
+            jobs = [j for j in self._jobs if j.status is PENDING]
             self._jobs.clear()
             self.startable = 0
             return jobs
@@ -219,7 +219,7 @@ class Pending:
         self.startable = 0
         now, wall = self.clock(), self._wall
         for job in jobs:
-            if job.status is TaskStatus.PENDING:
+            if job.status is PENDING:
                 # Queued before anything was ranked: its age from its submission time.
                 waited = 0.0 if wall is None else max(0.0, wall() - job.submitted_at)
                 self._add(job, now - waited)
