@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -258,6 +259,7 @@ class ExecutorCore:
         self._last_info = CallInfo(True, None)
         self._last_name = ""
         self._last_spec: TaskSpec | None = None
+        self._last_plain = -1
         self._good_keys: set[str] = set()
 
     # ------------------------------------------------------------ submission
@@ -287,12 +289,7 @@ class ExecutorCore:
         if self.shutdown.closing:
             self.shutdown.check_open(run_id is not None)
         if fn is not self._last_fn:  # producers tend to submit one function many times
-            if not callable(fn):
-                raise TypeError(f"submit needs a callable, got {fn!r}")
-            self._last_info = call_info(fn)
-            self._last_name = task_name(fn)
-            self._last_spec = fn if isinstance(fn, TaskSpec) else None
-            self._last_fn = fn
+            self._learn(fn)
         info = self._last_info
         position = info.handle_position
         if position is not None and len(args) > position:
@@ -367,6 +364,53 @@ class ExecutorCore:
         if task_id is not None and deduping is None:
             self.lifecycle.track_named(job)
         return job
+
+    def plain_job(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Job:
+        """`new_job` for a submission without options, which most are: when
+        neither ``fn`` (a plain async function), the executor (no default
+        budget, open) nor the caller (no task of this Trio run: no causation,
+        no parent) brings anything to check or inherit, only the record is made."""
+        if fn is not self._last_fn:
+            self._learn(fn)
+        registry = self.workers.registry
+        if (
+            len(args) > self._last_plain
+            or registry is None
+            or self.shutdown.closing
+            or (registry and current_job() is not None)  # (a child: adopted)
+        ):
+            return self.new_job(fn, args, None, None, None, None, None)
+        self.tally.submitted_count += 1
+        return Job(
+            self.lifecycle,
+            fn,
+            args,
+            self._last_info,
+            self._id_prefix + str(next(self._ids)),
+            self._last_name,
+            None,
+            None,
+            None,
+            None,
+            self.wall(),
+            self.journal is not None,
+            True,
+        )
+
+    def _learn(self, fn: Callable[..., Any]) -> None:
+        """What `new_job` needs to know of ``fn``, learnt once while it is
+        submitted again and again."""
+        if not callable(fn):
+            raise TypeError(f"submit needs a callable, got {fn!r}")
+        self._last_info = info = call_info(fn)
+        self._last_name = task_name(fn)
+        self._last_spec = spec = fn if isinstance(fn, TaskSpec) else None
+        self._last_fn = fn
+        # `plain_job` takes calls of ``fn`` with up to this many arguments (-1:
+        # none): an async function, and not passed the argument the handle goes in.
+        plain = spec is None and info.is_async and self.config.task_budget is None
+        position = info.handle_position
+        self._last_plain = -1 if not plain else sys.maxsize if position is None else position
 
     def _check_options(
         self,

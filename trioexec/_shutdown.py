@@ -73,7 +73,7 @@ class Shutdown(Closing):
         for job in [*pending.pauses.parked, *pending.pauses.retries]:
             self._lifecycle.cancel(job)
         if cancel_running:
-            for job in list(self._workers.taken):
+            for job in self._workers.started_jobs():
                 self._lifecycle.cancel(job)
         self._workers.close()
         if grace is None:

@@ -43,7 +43,9 @@ class Workers:
         # This Trio run's registry of running executions (set by `start`).
         self.registry: dict[trio.lowlevel.Task, Job] | None = None
         self.thread_limiter = trio.CapacityLimiter(thread_workers)
-        self.taken: set[Job] = set()  # started: running, deferred, or between attempts
+        # Started, running, deferred or between attempts: the jobs of `_attempt`
+        # and `_retrying` (a simple job is in the registry for as long).
+        self.taken: set[Job] = set()
         self.closing = False  # shutdown began: idle workers end
         self.shared_poller: Poller | None = None  # started on first use
         self._lifecycle = lifecycle
@@ -163,7 +165,6 @@ class Workers:
                         if job is None:  # taken by another worker or cancelled meanwhile
                             continue
                         job.scope = scope
-                        self.taken.add(job)
                         handle = None
                         job_token = token
                         if job.info.handle_param is not None:
@@ -194,13 +195,16 @@ class Workers:
                                     _reraise_cancellation(job, group)
                                 finally:
                                     del registry[me]
-                            elif isinstance(job.fn, TaskSpec):
-                                status = await self._retrying(job, job_token, handle)
-                            else:  # (no frame of ours between the worker and the task)
-                                status = await self._attempt(job, handle)
+                            else:
+                                self.taken.add(job)
+                                if isinstance(job.fn, TaskSpec):
+                                    status = await self._retrying(job, job_token, handle)
+                                else:  # (no frame of ours between the worker and the task)
+                                    status = await self._attempt(job, handle)
                         finally:
                             if handle is None:
-                                self.taken.discard(job)
+                                if not job.simple:
+                                    self.taken.discard(job)
                                 self._lifecycle.ended(job, status)
                             else:
                                 self._ended(job, status)
@@ -218,6 +222,18 @@ class Workers:
         finally:
             token.release()
             self._count -= 1
+
+    def started_jobs(self) -> list[Job]:
+        """The jobs started and not ended: running, deferred or between attempts."""
+        registry = self.registry or {}
+        lifecycle = self._lifecycle
+        taken = self.taken
+        simple = [
+            job
+            for job in registry.values()
+            if job.simple and job.owner is lifecycle and job not in taken
+        ]
+        return [*taken, *simple]
 
     def _leave_idle(self, task: trio.lowlevel.Task, _: object) -> trio.lowlevel.Abort:
         """An idle worker is cancelled: it waits for work no more."""
