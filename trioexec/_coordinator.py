@@ -14,18 +14,32 @@ import json
 import uuid
 from collections import deque
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, Final, final
 
 import attrs
 import trio
 
 from ._changes import RunCreated, RunEnded, StepRecorded
 from ._errors import ExecutorClosed, TrioexecError
-from ._records import HealthEventKind, SubStatus, TaskCompletion, TaskStatus, check_id
+from ._records import (
+    CANCELLED,
+    COMPLETED,
+    DEFERRED,
+    RUNNING,
+    HealthEventKind,
+    TaskCompletion,
+    check_id,
+)
 from ._spec import TaskSpec
 from ._store import RunRecord
 from ._taskref import Job
 from ._workflow import (
+    STEP_COMPLETED,
+    STEP_FAILED,
+    STEP_PENDING,
+    STEP_READY,
+    STEP_RUNNING,
+    STEP_SKIPPED,
     Context,
     RunStatus,
     StepState,
@@ -66,10 +80,7 @@ class WorkflowResult:
         return self.status is RunStatus.COMPLETED
 
 
-_RUNNING = TaskStatus.RUNNING
-_READY = StepState.READY
-_COMPLETED = StepState.COMPLETED
-_PROGRESS = HealthEventKind.WORKFLOW_PROGRESS
+_PROGRESS: Final = HealthEventKind.WORKFLOW_PROGRESS  # (as `trioexec._records.RUNNING`)
 
 
 @final
@@ -114,7 +125,7 @@ class WorkflowRun:
         self._runs = runs
         # Checked once; a root step starts from the text as it is.
         self._initial_json = context_json(Context(context)) if context else "{}"
-        self._states = dict.fromkeys(workflow.order, StepState.PENDING)
+        self._states = dict.fromkeys(workflow.order, STEP_PENDING)
         self._jobs: dict[str, Job] = {}  # every step submitted
         # Steps READY with a job whose end the coordinator has not taken yet:
         # queued, running, retrying, or ended a moment ago.
@@ -142,29 +153,29 @@ class WorkflowRun:
                 if sid not in self._states:
                     continue  # the workflow changed since: forget unknown steps
                 step_state = StepState(state)
-                if step_state is StepState.COMPLETED and output is not None:
+                if step_state is STEP_COMPLETED and output is not None:
                     json.loads(output)  # (a record that is not JSON fails here, as before)
                     self._outputs[sid] = output
                     self._states[sid] = step_state
-                elif step_state in (StepState.FAILED, StepState.SKIPPED):
+                elif step_state in (STEP_FAILED, STEP_SKIPPED):
                     self._states[sid] = step_state
         # Kept as states change (`_set`), so neither publishing progress nor
         # finding the next steps scans the workflow.
         self._blocked = workflow.dependency_counts()  # dependencies not completed yet
         if restored is None:
             self._counts = count_states({})
-            self._counts[StepState.PENDING] = len(self._states)
+            self._counts[STEP_PENDING] = len(self._states)
             self._unblocked = set(workflow.roots)
         else:
             self._counts = count_states(self._states)
             for sid, spec in workflow.steps.items():
                 self._blocked[sid] = sum(
-                    self._states[d] is not StepState.COMPLETED for d in spec.dependencies
+                    self._states[d] is not STEP_COMPLETED for d in spec.dependencies
                 )
             self._unblocked = {  # PENDING steps whose dependencies have all completed
                 sid
                 for sid, n in self._blocked.items()
-                if n == 0 and self._states[sid] is StepState.PENDING
+                if n == 0 and self._states[sid] is STEP_PENDING
             }
 
     # ------------------------------------------------------------------ public
@@ -246,7 +257,7 @@ class WorkflowRun:
             else:
                 ready = sorted(unblocked, key=self.workflow.position)
             for sid in ready:
-                self._set(sid, StepState.READY)
+                self._set(sid, STEP_READY)
             self._queue.extend(ready)
         self._publish()
 
@@ -268,9 +279,9 @@ class WorkflowRun:
                 await steps.submit(job, internal=True)
         except ExecutorClosed:  # shut down before it started: the run is cut short
             self._closed = True
-            self._set(sid, StepState.PENDING)
+            self._set(sid, STEP_PENDING)
             while self._queue:
-                self._set(self._queue.popleft(), StepState.PENDING)
+                self._set(self._queue.popleft(), STEP_PENDING)
             return
         except TrioexecError as exc:  # refused (full): the step fails
             self._errors.setdefault(sid, exc)
@@ -298,13 +309,13 @@ class WorkflowRun:
             # The run keeps the job, so the job must not keep the run: without
             # this cycle a finished run is freed at once, not by the cyclic GC.
             job.on_done = None
-            if job.status is TaskStatus.COMPLETED:
+            if job.status is COMPLETED:
                 # (`wrap_step`'s function returned (value, output): the completion,
                 # made here first, gets the value)
                 assert job.completion is None
                 job.result, self._outputs[sid] = job.result
                 self._completions[sid] = job.make_completion()
-                self._set(sid, StepState.COMPLETED)
+                self._set(sid, STEP_COMPLETED)
             else:
                 completion = self._completions[sid] = job.make_completion()
                 self._errors.setdefault(sid, completion.error)
@@ -314,7 +325,7 @@ class WorkflowRun:
     def _record_completed_step(self, job: Job) -> None:
         """Journal a step's completion with its output (in its execution's batch)."""
         _, output = job.result  # (`wrap_step`'s function returned it)
-        self._runs.log_step(self.run_id, job.name, StepState.COMPLETED, output, job.task_id)
+        self._runs.log_step(self.run_id, job.name, STEP_COMPLETED, output, job.task_id)
 
     def _set(self, sid: str, state: StepState) -> None:
         old = self._states[sid]
@@ -322,26 +333,26 @@ class WorkflowRun:
         counts[old] -= 1
         counts[state] += 1
         self._states[sid] = state
-        if old is StepState.PENDING:
+        if old is STEP_PENDING:
             self._unblocked.discard(sid)
-        elif state is StepState.PENDING and not self._blocked[sid]:
+        elif state is STEP_PENDING and not self._blocked[sid]:
             self._unblocked.add(sid)  # (back from READY: shut down before it started)
-        if state is StepState.COMPLETED:
+        if state is STEP_COMPLETED:
             for child in self.workflow.children(sid):
                 self._blocked[child] -= 1
-                if not self._blocked[child] and self._states[child] is StepState.PENDING:
+                if not self._blocked[child] and self._states[child] is STEP_PENDING:
                     self._unblocked.add(child)
 
     def _step_failed(self, sid: str) -> None:
-        self._set(sid, StepState.FAILED)
+        self._set(sid, STEP_FAILED)
         runs = self._runs
         if runs.journaled:
             job = self._jobs.get(sid)
-            runs.log_step(self.run_id, sid, StepState.FAILED, None, job and job.task_id)
+            runs.log_step(self.run_id, sid, STEP_FAILED, None, job and job.task_id)
         for dependent in self.workflow.dependents(sid):
-            if self._states[dependent] is StepState.PENDING:
-                self._set(dependent, StepState.SKIPPED)
-                runs.log_step(self.run_id, dependent, StepState.SKIPPED, None, None)
+            if self._states[dependent] is STEP_PENDING:
+                self._set(dependent, STEP_SKIPPED)
+                runs.log_step(self.run_id, dependent, STEP_SKIPPED, None, None)
 
     def _lost(self) -> None:
         """Another executor has taken this run over: stop here, writing nothing more."""
@@ -355,15 +366,15 @@ class WorkflowRun:
         started = deferred = 0
         for job in self._started.values():
             # Started (running, deferred, or between retry attempts): in progress.
-            if job.status is _RUNNING:
+            if job.status is RUNNING:
                 started += 1
-                if job.handle is not None and job.handle.sub_status is SubStatus.DEFERRED:
+                if job.handle is not None and job.handle.sub_status is DEFERRED:
                     deferred += 1
             elif job.attempts > 0:
                 started += 1
         counts = self._counts
-        ready_now = counts[_READY] - started + len(self._unblocked)
-        return ready_now, counts[StepState.RUNNING] + started, deferred
+        ready_now = counts[STEP_READY] - started + len(self._unblocked)
+        return ready_now, counts[STEP_RUNNING] + started, deferred
 
     def _publish(self) -> None:
         """Publish a ``workflow_progress`` event if the status has changed."""
@@ -371,9 +382,9 @@ class WorkflowRun:
         # (With the run and its workflow, these decide every field of the status.)
         key = (
             *self._progress(),
-            counts[_COMPLETED],
-            counts[StepState.FAILED],
-            counts[StepState.SKIPPED],
+            counts[STEP_COMPLETED],
+            counts[STEP_FAILED],
+            counts[STEP_SKIPPED],
         )
         if key == self._last_published:
             return
@@ -387,9 +398,9 @@ class WorkflowRun:
         completions = self._completions
         counts = self._counts
         order = self.workflow.order
-        failed = counts[StepState.FAILED]
-        finished = counts[_COMPLETED] + failed + counts[StepState.SKIPPED] == len(order)
-        if not finished or any(c.status is TaskStatus.CANCELLED for c in completions.values()):
+        failed = counts[STEP_FAILED]
+        finished = counts[STEP_COMPLETED] + failed + counts[STEP_SKIPPED] == len(order)
+        if not finished or any(c.status is CANCELLED for c in completions.values()):
             run_status = RunStatus.CANCELLED
         elif failed:
             run_status = RunStatus.FAILED

@@ -11,7 +11,7 @@ import graphlib
 import heapq
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
-from typing import Any, final
+from typing import Any, Final, final
 
 import attrs
 
@@ -42,6 +42,19 @@ class RunProgress(enum.StrEnum):
     COMPLETE = "complete"
     AWAITING_DEPENDENCIES = "awaiting_dependencies"
 
+
+# The members as module constants, for the hot path (see `trioexec._records.RUNNING`).
+STEP_PENDING: Final = StepState.PENDING
+STEP_READY: Final = StepState.READY
+STEP_RUNNING: Final = StepState.RUNNING
+STEP_COMPLETED: Final = StepState.COMPLETED
+STEP_FAILED: Final = StepState.FAILED
+STEP_SKIPPED: Final = StepState.SKIPPED
+_READY_STEPS_AVAILABLE: Final = RunProgress.READY_STEPS_AVAILABLE
+_STEPS_IN_PROGRESS: Final = RunProgress.STEPS_IN_PROGRESS
+_BLOCKED_BY_FAILURES: Final = RunProgress.BLOCKED_BY_FAILURES
+_COMPLETE: Final = RunProgress.COMPLETE
+_AWAITING_DEPENDENCIES: Final = RunProgress.AWAITING_DEPENDENCIES
 
 #: The name `RunProgress` had first (API §5, kept: it reads as an execution's status,
 #: which is a `TaskStatus`).
@@ -463,13 +476,13 @@ def _judge(
 ) -> tuple[RunProgress, str]:
     """A run's execution status (the first that applies) and health."""
     if ready_now:
-        execution = RunProgress.READY_STEPS_AVAILABLE
+        execution = _READY_STEPS_AVAILABLE
     elif in_progress:
-        execution = RunProgress.STEPS_IN_PROGRESS
+        execution = _STEPS_IN_PROGRESS
     elif failed:
-        return RunProgress.BLOCKED_BY_FAILURES, "blocked"
+        return _BLOCKED_BY_FAILURES, "blocked"
     elif completed + failed + skipped == total:
-        execution = RunProgress.COMPLETE
+        execution = _COMPLETE
     else:
-        execution = RunProgress.AWAITING_DEPENDENCIES
+        execution = _AWAITING_DEPENDENCIES
     return execution, "degraded" if failed else "healthy"
