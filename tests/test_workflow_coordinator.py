@@ -344,9 +344,10 @@ class CheckedEvents:
 
     def publish(self, kind, task_id=None, **kwargs) -> None:
         if kind is HealthEventKind.WORKFLOW_PROGRESS:
-            run = self.runs[kwargs["attributes"]["run_id"]]
-            assert kwargs["attributes"] == status_from_scratch(run).as_attributes()
-            assert kwargs["reason"] == kwargs["attributes"]["execution_status"]
+            attributes = kwargs["attributes"]()  # (made when the event is read)
+            run = self.runs[attributes["run_id"]]
+            assert attributes == status_from_scratch(run).as_attributes()
+            assert kwargs["reason"] == attributes["execution_status"]
             self.checked += 1
         self.inner.publish(kind, task_id, **kwargs)
 

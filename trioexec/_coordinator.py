@@ -9,6 +9,7 @@ the lifecycle and recovery tell about steps and runs (the parts never import it)
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import uuid
@@ -50,6 +51,7 @@ from ._workflow import (
     load_json,
     merged_input_json,
     progress_attributes,
+    progress_status,
     run_spec,
     summarize,
 )
@@ -389,9 +391,12 @@ class WorkflowRun:
         if key == self._last_published:
             return
         self._last_published = key
-        attributes = progress_attributes(self.run_id, self.workflow, *key)
+        # (its attributes are made only if the event is read: most are not)
         self._runs.events.publish(
-            _PROGRESS, None, reason=attributes["execution_status"], attributes=attributes
+            _PROGRESS,
+            None,
+            reason=progress_status(self.workflow, *key),
+            attributes=functools.partial(progress_attributes, self.run_id, self.workflow, *key),
         )
 
     def _finalize(self) -> None:

@@ -68,13 +68,16 @@ class EventStream:
         *,
         policy: Overflow | None = None,
         reason: str | None = None,
-        attributes: dict[str, Any] | None = None,
+        attributes: dict[str, Any] | Callable[[], dict[str, Any]] | None = None,
     ) -> None:
-        """Add an event. Never blocks; drops the oldest unread event when full."""
+        """Add an event. Never blocks; drops the oldest unread event when full.
+        ``attributes`` may be a function that makes them, called if the event is
+        read (not for a reject or drop event)."""
         if kind not in _COALESCING:
             # (a tuple: most are never read, and a workflow step publishes two)
             self._push((kind, task_id, self._clock(), policy, reason, attributes))
             return
+        assert not callable(attributes)
         key = (kind, policy, reason)
         box = self._unread.get(key)
         if box is not None:
@@ -140,7 +143,7 @@ class EventStream:
                 task_id=task_id,
                 policy=policy,
                 reason=reason,
-                attributes=attributes or {},
+                attributes=attributes() if callable(attributes) else attributes or {},
                 at=at,
             )
         self._forget(box)

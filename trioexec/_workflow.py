@@ -468,6 +468,20 @@ def progress_attributes(
     }
 
 
+def progress_status(
+    workflow: Workflow,
+    ready_now: int,
+    in_progress: int,
+    deferred: int,
+    completed: int,
+    failed: int,
+    skipped: int,
+) -> str:
+    """``progress_attributes(...)["execution_status"]``, alone."""
+    total = len(workflow._order)
+    return _VALUE[_judge(total, ready_now, in_progress, completed, failed, skipped)[0]]
+
+
 _VALUE = {status: status.value for status in RunProgress}
 
 
