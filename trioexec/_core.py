@@ -304,7 +304,7 @@ class ExecutorCore:
                 priority = spec.priority
             if keep_result is None:
                 keep_result = spec.keep_result
-        if not (
+        if run_id is None and not (  # (a step's spec and run id were checked as made)
             timeout is None
             and budget is None
             and name is None

@@ -108,10 +108,13 @@ class EventStream:
         self._push((kind, task_id, self._clock()))
 
     def _push(self, box: list[HealthEvent] | tuple[Any, ...]) -> None:
-        if len(self._buffer) >= self._capacity:
-            self._forget(self._buffer.popleft())
+        buffer = self._buffer
+        if len(buffer) >= self._capacity:
+            old = buffer.popleft()
+            if type(old) is not tuple:  # (a tuple is forgotten as it goes)
+                self._forget(old)
             self.dropped += 1
-        self._buffer.append(box)
+        buffer.append(box)
         if self._lot:
             self._lot.unpark_all()
 
