@@ -110,6 +110,7 @@ class Scenario:
 _NOOP = Side("executor", "executor", "n", {"limit": 4})
 _DEFER = Side("defer_until(event)", "park_defer", "n")
 _FLOOR = "floor pool (the contract's work by hand)"
+_STORED = Side("with SQLiteStore", "executor", "n", {"limit": 4, "store": True}, stopped=True)
 
 SCENARIOS = {
     s.name: s
@@ -145,9 +146,22 @@ SCENARIOS = {
         Scenario(
             "store",
             "SQLiteStore vs none, limit 4, clock stopped",
-            Side("with SQLiteStore", "executor", "n", {"limit": 4, "store": True}, stopped=True),
+            _STORED,
             Side("executor", "executor", "n", {"limit": 4}, stopped=True),
             2.0,
+        ),
+        Scenario(
+            "store-floor",
+            "SQLiteStore, limit 4, clock stopped, vs issue 32's stored floor",
+            _STORED,
+            Side(
+                f"{_FLOOR}, rows by executemany",
+                "floor_pool",
+                "n",
+                {"limit": 4, "store": True},
+                stopped=True,
+            ),
+            1.10,
         ),
         Scenario(
             "workflow",

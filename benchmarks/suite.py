@@ -87,6 +87,7 @@ import sys
 import tempfile
 import time
 import traceback
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
@@ -98,6 +99,7 @@ import trio
 import trio.testing
 
 import trioexec
+from trioexec._columns import ROW_COLUMNS
 
 HERE = Path(__file__).resolve()
 CASE_TIMEOUT = 900.0  # seconds; a case that takes longer counts as crashed
@@ -314,7 +316,7 @@ class FloorRef:
 
     __slots__ = (
         "args", "causation_id", "deferred_at", "deferred_s", "error", "finished_at", "fn",
-        "handle", "name", "result", "scope", "started_at", "status", "sub_status",
+        "handle", "name", "result", "row", "scope", "started_at", "status", "sub_status",
         "submitted_at", "task_id", "waiter",
     )  # fmt: skip
 
@@ -323,7 +325,7 @@ class FloorRef:
         self.causation_id, self.status, self.result, self.error = causation, "pending", None, None
         self.submitted_at = time.time()  # (the completion's times are Unix times)
         self.started_at = self.finished_at = self.deferred_s = self.deferred_at = 0.0
-        self.scope = self.waiter = self.handle = self.sub_status = None
+        self.scope = self.waiter = self.handle = self.sub_status = self.row = None
 
 
 class FloorHandle:
@@ -385,10 +387,20 @@ class FloorPool:
     function that takes one, the result or error, ``finished_at``, the counters
     (active and its maximum, completed or failed), a waiter woken only if there
     is one; a worker more than the slots (one came back from a deferral) retires.
-    A deferral and a resumption each put a health event in a bounded stream."""
+    A deferral and a resumption each put a health event in a bounded stream.
+    ``rows`` (the stored floor, `floor_pool`'s ``store``): each task's execution
+    row from its submission on, its start and end folded in (`write_rows`
+    writes them)."""
 
-    def __init__(self, nursery: trio.Nursery, limit: int, queue_capacity: int = 1024) -> None:
+    def __init__(
+        self,
+        nursery: trio.Nursery,
+        limit: int,
+        queue_capacity: int = 1024,
+        rows: list[list[Any]] | None = None,
+    ) -> None:
         self.nursery, self.limit = nursery, limit
+        self.rows = rows
         self.capacity = limit + queue_capacity
         self.queue: deque[FloorRef] = deque()
         self.idle: list[trio.lowlevel.Task] = []
@@ -424,6 +436,12 @@ class FloorPool:
         parent = running.get(trio.lowlevel.current_task()) if running else None
         causation = None if parent is None else parent.task_id
         ref = FloorRef("run-" + str(next(self.ids)), name, fn, args, causation)
+        if self.rows is not None:  # (its row: trioexec's columns, in their order)
+            ref.row = [
+                ref.task_id, name, None, "pending", None, 0, 0, _OWNER, 1, ref.submitted_at,
+                None, None, None, None, None, None, None, 0, "slot", None, None, None, None,
+            ]  # fmt: skip
+            self.rows.append(ref.row)
         counts.submitted += 1
         counts.queued += 1
         counts.outstanding += 1
@@ -483,6 +501,9 @@ class FloorPool:
                     if counts.active > counts.max_inflight:
                         counts.max_inflight = counts.active
                     running[me] = ref
+                    row = ref.row
+                    if row is not None:
+                        row[3], row[5], row[10], row[18] = "running", 1, ref.started_at, None
                     try:
                         if ref.fn is takes_handle:
                             ref.handle = FloorHandle(self, ref, token)
@@ -498,6 +519,10 @@ class FloorPool:
                     finally:
                         del running[me]
                     ref.finished_at = time.time()
+                    if row is not None:
+                        row[3], row[11] = ref.status, ref.finished_at
+                        if ref.error is not None:
+                            row[13] = repr(ref.error)
                     counts.active -= 1
                     counts.outstanding -= 1
                     if ref.waiter is not None:
@@ -518,13 +543,36 @@ def takes_handle(fn: Any, *args: Any) -> Any:
     raise AssertionError("a marker, never called")
 
 
-@case
-def floor_pool(n: int, limit: int) -> Result:
-    """`FloorPool` running n no-op tasks (`executor`'s workload)."""
+_OWNER = uuid.uuid4().hex  # (the stored floor's executor's id, as trioexec's)
+_INSERT = "INSERT INTO executions ({}) VALUES ({})".format(
+    ", ".join(ROW_COLUMNS), ", ".join("?" * len(ROW_COLUMNS))
+)
 
-    async def main() -> None:
+
+def write_rows(path: str, rows: list[list[Any]]) -> None:
+    """The stored floor's writer: ``rows`` into the executions table of the
+    SQLiteStore at ``path``, in one transaction (as trioexec's journal does with
+    Trio's clock stopped), by the cheapest call sqlite3 has."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA synchronous = NORMAL")
+        conn.execute("BEGIN IMMEDIATE")
+        conn.executemany(_INSERT, rows)
+        conn.execute("COMMIT")
+    finally:
+        conn.close()
+
+
+@case
+def floor_pool(n: int, limit: int, store: bool = False) -> Result:
+    """`FloorPool` running n no-op tasks (`executor`'s workload); with ``store``,
+    the stored floor: each task's row kept from its submission, its start and end
+    folded in, and written to a SQLiteStore's file by `write_rows` at the end."""
+
+    async def main(st: trioexec.SQLiteStore | None) -> None:
+        rows: list[list[Any]] | None = None if st is None else []
         async with trio.open_nursery() as nursery:
-            pool = FloorPool(nursery, limit)
+            pool = FloorPool(nursery, limit, rows=rows)
             for _ in range(n):
                 await pool.submit(noop)
             await trio.testing.wait_all_tasks_blocked()  # (every job run: workers idle)
@@ -532,10 +580,11 @@ def floor_pool(n: int, limit: int) -> Result:
             if pool.counts.completed != n:
                 raise RuntimeError(f"{pool.counts.completed} of {n} jobs ran")
             nursery.cancel_scope.cancel()
+        if st is not None and rows is not None:
+            await trio.to_thread.run_sync(write_rows, st.path, rows)
 
     out: Result = {}
-    with stopwatch(out):
-        trio.run(main)
+    run_timed(main, store, out)
     return out
 
 

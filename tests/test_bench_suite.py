@@ -95,3 +95,42 @@ def test_the_floor_pool_runs_every_task_and_resumes_every_deferral(suite: Module
     trio.run(main)
     assert len(held) == 30
     assert max(held) <= 3
+
+
+def test_the_stored_floor_writes_each_task_s_row_as_trioexec_reads_it(
+    suite: ModuleType, tmp_path: Any
+) -> None:
+    """Issue 32's stored floor (`floor_pool(store=True)`) writes a whole row per
+    task, its end folded in, that trioexec's own store reads as that execution's."""
+    import trio
+    import trio.testing
+
+    import trioexec
+
+    path = str(tmp_path / "floor.db")
+
+    async def boom() -> None:
+        raise KeyError("no")
+
+    async def main() -> None:
+        rows: list[list[Any]] = []
+        async with trio.open_nursery() as nursery:
+            pool = suite.FloorPool(nursery, 2, rows=rows)
+            refs = [await pool.submit(suite.noop) for _ in range(5)]
+            refs.append(await pool.submit(boom))
+            await trio.testing.wait_all_tasks_blocked()
+            nursery.cancel_scope.cancel()
+        await trio.to_thread.run_sync(suite.write_rows, path, rows)
+        with trioexec.SQLiteStore(path) as store:
+            for ref in refs:
+                record = store.execution(ref.task_id)
+                assert record is not None
+                assert record.name == ref.name
+                assert record.status == ref.status
+                assert record.attempt == 1
+                assert record.finished_at == ref.finished_at
+            assert "KeyError" in (store.execution(refs[-1].task_id).error or "")
+
+    with trioexec.SQLiteStore(path):
+        pass  # (the schema)
+    trio.run(main)
