@@ -395,7 +395,7 @@ class WorkflowRun:
         self._runs.events.publish(
             _PROGRESS,
             None,
-            reason=progress_status(self.workflow, *key),
+            reason=progress_status(self.workflow, key),
             attributes=functools.partial(progress_attributes, self.run_id, self.workflow, *key),
         )
 

@@ -249,14 +249,7 @@ class TaskStatus(enum.StrEnum):
 # The members as module constants, for the hot path: on Python 3.11 a member
 # read off its class goes through `enum.EnumType.__getattr__`'s hook (about 800
 # instructions a read; 3.12 dropped the hook), a global is a dict lookup.
-PENDING: Final = TaskStatus.PENDING
-RUNNING: Final = TaskStatus.RUNNING
-COMPLETED: Final = TaskStatus.COMPLETED
-FAILED: Final = TaskStatus.FAILED
-CANCELLED: Final = TaskStatus.CANCELLED
-TIMED_OUT: Final = TaskStatus.TIMED_OUT
-DROPPED: Final = TaskStatus.DROPPED
-REJECTED: Final = TaskStatus.REJECTED
+PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, TIMED_OUT, DROPPED, REJECTED = TaskStatus
 
 #: The ends of a task that failed: its completion is a failure (counted unread
 #: until read), its row a dead letter.
@@ -270,8 +263,7 @@ class SubStatus(enum.StrEnum):
     DEFERRED = "deferred"
 
 
-ACTIVE: Final = SubStatus.ACTIVE  # (as `RUNNING`)
-DEFERRED: Final = SubStatus.DEFERRED
+ACTIVE, DEFERRED = SubStatus  # (as `RUNNING`)
 
 
 @attrs.frozen(kw_only=True)

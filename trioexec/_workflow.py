@@ -11,7 +11,7 @@ import graphlib
 import heapq
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
-from typing import Any, Final, final
+from typing import Any, final
 
 import attrs
 
@@ -44,17 +44,8 @@ class RunProgress(enum.StrEnum):
 
 
 # The members as module constants, for the hot path (see `trioexec._records.RUNNING`).
-STEP_PENDING: Final = StepState.PENDING
-STEP_READY: Final = StepState.READY
-STEP_RUNNING: Final = StepState.RUNNING
-STEP_COMPLETED: Final = StepState.COMPLETED
-STEP_FAILED: Final = StepState.FAILED
-STEP_SKIPPED: Final = StepState.SKIPPED
-_READY_STEPS_AVAILABLE: Final = RunProgress.READY_STEPS_AVAILABLE
-_STEPS_IN_PROGRESS: Final = RunProgress.STEPS_IN_PROGRESS
-_BLOCKED_BY_FAILURES: Final = RunProgress.BLOCKED_BY_FAILURES
-_COMPLETE: Final = RunProgress.COMPLETE
-_AWAITING_DEPENDENCIES: Final = RunProgress.AWAITING_DEPENDENCIES
+STEP_PENDING, STEP_READY, STEP_RUNNING, STEP_COMPLETED, STEP_FAILED, STEP_SKIPPED = StepState
+_READY_STEPS, _IN_PROGRESS, _BLOCKED, _COMPLETE, _AWAITING = RunProgress
 
 #: The name `RunProgress` had first (API §5, kept: it reads as an execution's status,
 #: which is a `TaskStatus`).
@@ -468,16 +459,9 @@ def progress_attributes(
     }
 
 
-def progress_status(
-    workflow: Workflow,
-    ready_now: int,
-    in_progress: int,
-    deferred: int,
-    completed: int,
-    failed: int,
-    skipped: int,
-) -> str:
-    """``progress_attributes(...)["execution_status"]``, alone."""
+def progress_status(workflow: Workflow, counts: tuple[int, int, int, int, int, int]) -> str:
+    """``progress_attributes(run_id, workflow, *counts)["execution_status"]``, alone."""
+    ready_now, in_progress, _, completed, failed, skipped = counts
     total = len(workflow._order)
     return _VALUE[_judge(total, ready_now, in_progress, completed, failed, skipped)[0]]
 
@@ -490,13 +474,13 @@ def _judge(
 ) -> tuple[RunProgress, str]:
     """A run's execution status (the first that applies) and health."""
     if ready_now:
-        execution = _READY_STEPS_AVAILABLE
+        execution = _READY_STEPS
     elif in_progress:
-        execution = _STEPS_IN_PROGRESS
+        execution = _IN_PROGRESS
     elif failed:
-        return _BLOCKED_BY_FAILURES, "blocked"
+        return _BLOCKED, "blocked"
     elif completed + failed + skipped == total:
         execution = _COMPLETE
     else:
-        execution = _AWAITING_DEPENDENCIES
+        execution = _AWAITING
     return execution, "degraded" if failed else "healthy"
