@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, final
 
 from ._changes import R_DEDUPE, Finish, widen
 from ._errors import ExecutorClosed
-from ._records import TaskStatus, check_id, check_seconds, safe_repr
+from ._records import COMPLETED, REJECTED, check_id, check_seconds, safe_repr
 from ._remote import remote_job
 from ._taskref import DuplicateRef, Extras, Job, TaskRef
 
@@ -80,7 +80,7 @@ class Dedupes:
                 if self._lifecycle.dedupes.get(str(key)) is job:
                     del self._lifecycle.dedupes[str(key)]
                 self._lifecycle.untrack(job)
-                job.status, job.finished_at = TaskStatus.REJECTED, self._lifecycle.wall()
+                job.status, job.finished_at = REJECTED, self._lifecycle.wall()
                 error = safe_repr(closed)
                 finish = (job.task_id, job.version, job.status, job.finished_at, error, None, None)
                 await journal.call(journal.store.write, [Finish(finish)])
@@ -120,7 +120,7 @@ class Dedupes:
         if found is not None and (
             not found.ended
             or (
-                found.status is TaskStatus.COMPLETED
+                found.status is COMPLETED
                 and (window is None or lifecycle.wall() - found.finished_at < window)  # type: ignore[operator]
             )
         ):
@@ -151,7 +151,7 @@ class Dedupes:
             mine is not None
             and mine.task_id == record.task_id
             and mine.ended
-            and mine.status is not TaskStatus.COMPLETED
+            and mine.status is not COMPLETED
         )
 
     def _decided(self, job: Job, key: Any, record: ExecutionRecord | None) -> TaskRef[Any] | None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Protocol, final
 
 import attrs
 
-from .._records import TaskStatus
+from .._records import PENDING
 from ._keys import (
     DEFAULT_KEY,
     DEFERRED,
@@ -41,7 +41,7 @@ _IN_ROOM = (HOLDS, RESERVED)  # (roles that count against a key's room)
 
 def queued(job: Job) -> bool:
     """``job`` is still waiting in the queue (not started, not ended)."""
-    return job.status is TaskStatus.PENDING and job.scope is None
+    return job.status is PENDING and job.scope is None
 
 
 class Listener(Protocol):
