@@ -290,50 +290,73 @@ class ExecutorCore:
             self.shutdown.check_open(run_id is not None)
         if fn is not self._last_fn:  # producers tend to submit one function many times
             self._learn(fn)
-        info = self._last_info
-        position = info.handle_position
-        if position is not None and len(args) > position:
-            info = info.for_args(args)  # the caller passes that argument: no handle
-        spec = self._last_spec
-        if spec is not None:
-            timeout = spec.timeout if timeout is None else timeout
-            budget = spec.budget if budget is None else budget
-            if key is None and spec.key is not None:
-                key = spec_key(spec, args)
-            if priority is None:
-                priority = spec.priority
-            if keep_result is None:
-                keep_result = spec.keep_result
-        if run_id is None and not (  # (a step's spec and run id were checked as made)
-            timeout is None
-            and budget is None
-            and name is None
-            and correlation_id is None
-            and task_id is None
-        ):
-            self._check_options(timeout, budget, name, correlation_id, task_id, deduping)
-        if key is not None and (type(key) is not str or key not in self._good_keys):
-            check_key(key)
-            if len(self._good_keys) >= 4096:  # (a cache of keys checked lately)
-                self._good_keys.clear()
-            self._good_keys.add(key)
-        if priority is not None:
-            check_priority(priority)
-        causation_id = None
-        # Nothing running in this Trio run (the usual producer): no caller to look up.
         registry = self.workers.registry
-        parent = None if registry is not None and not registry else current_job()
-        if parent is not None:
-            causation_id = parent.task_id
-            if correlation_id is None:
-                correlation_id = parent.correlation_id
-            if detached is not False:
-                check_bool("detached", detached)
-                parent = None
-            elif parent.owner is not self.lifecycle:
-                parent = None  # (another executor's task: a root here)
-        if budget is None:
-            budget = self.config.task_budget
+        parent = None
+        if (
+            len(args) <= self._last_plain
+            and name is None
+            and task_id is None
+            and timeout is None
+            and budget is None
+            and correlation_id is None
+            and run_id is None
+            and key is None
+            and priority is None
+            and keep_result is None
+            and deduping is None
+            and registry is not None
+            # (no task of this Trio run calls: no causation, no parent)
+            and (not registry or current_job() is None)
+        ):
+            # Most submissions: nothing to check or inherit, only the record to make.
+            info, causation_id, simple = self._last_info, None, True
+        else:
+            info = self._last_info
+            position = info.handle_position
+            if position is not None and len(args) > position:
+                info = info.for_args(args)  # the caller passes that argument: no handle
+            spec = self._last_spec
+            if spec is not None:
+                timeout = spec.timeout if timeout is None else timeout
+                budget = spec.budget if budget is None else budget
+                if key is None and spec.key is not None:
+                    key = spec_key(spec, args)
+                if priority is None:
+                    priority = spec.priority
+                if keep_result is None:
+                    keep_result = spec.keep_result
+            if run_id is None and not (  # (a step's spec and run id were checked as made)
+                timeout is None
+                and budget is None
+                and name is None
+                and correlation_id is None
+                and task_id is None
+            ):
+                self._check_options(timeout, budget, name, correlation_id, task_id, deduping)
+            if key is not None and (type(key) is not str or key not in self._good_keys):
+                check_key(key)
+                if len(self._good_keys) >= 4096:  # (a cache of keys checked lately)
+                    self._good_keys.clear()
+                self._good_keys.add(key)
+            if priority is not None:
+                check_priority(priority)
+            causation_id = None
+            # Nothing running in this Trio run (the usual producer): no caller to look up.
+            if registry is None or registry:
+                parent = current_job()
+            if parent is not None:
+                causation_id = parent.task_id
+                if correlation_id is None:
+                    correlation_id = parent.correlation_id
+                if detached is not False:
+                    check_bool("detached", detached)
+                    parent = None
+                elif parent.owner is not self.lifecycle:
+                    parent = None  # (another executor's task: a root here)
+            if budget is None:
+                budget = self.config.task_budget
+            # One plain async call (no retries, timeout or budget): the workers' fast path.
+            simple = info.is_async and timeout is None and budget is None and spec is None
         job = Job(
             self.lifecycle,
             fn,
@@ -347,8 +370,7 @@ class ExecutorCore:
             causation_id,
             self.wall(),
             self.journal is not None,
-            # One plain async call (no retries, timeout or budget): the workers' fast path.
-            info.is_async and timeout is None and budget is None and spec is None,
+            simple,
             run_id,
             key,
             priority or 0,
@@ -365,38 +387,6 @@ class ExecutorCore:
             self.lifecycle.track_named(job)
         return job
 
-    def plain_job(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> Job:
-        """`new_job` for a submission without options, which most are: when
-        neither ``fn`` (a plain async function), the executor (no default
-        budget, open) nor the caller (no task of this Trio run: no causation,
-        no parent) brings anything to check or inherit, only the record is made."""
-        if fn is not self._last_fn:
-            self._learn(fn)
-        registry = self.workers.registry
-        if (
-            len(args) > self._last_plain
-            or registry is None
-            or self.shutdown.closing
-            or (registry and current_job() is not None)  # (a child: adopted)
-        ):
-            return self.new_job(fn, args, None, None, None, None, None)
-        self.tally.submitted_count += 1
-        return Job(
-            self.lifecycle,
-            fn,
-            args,
-            self._last_info,
-            self._id_prefix + str(next(self._ids)),
-            self._last_name,
-            None,
-            None,
-            None,
-            None,
-            self.wall(),
-            self.journal is not None,
-            True,
-        )
-
     def _learn(self, fn: Callable[..., Any]) -> None:
         """What `new_job` needs to know of ``fn``, learnt once while it is
         submitted again and again."""
@@ -406,8 +396,8 @@ class ExecutorCore:
         self._last_name = task_name(fn)
         self._last_spec = spec = fn if isinstance(fn, TaskSpec) else None
         self._last_fn = fn
-        # `plain_job` takes calls of ``fn`` with up to this many arguments (-1:
-        # none): an async function, and not passed the argument the handle goes in.
+        # `new_job` makes a plain job of a call of ``fn`` with up to this many
+        # arguments (-1: none): an async function, not passed its handle argument.
         plain = spec is None and info.is_async and self.config.task_budget is None
         position = info.handle_position
         self._last_plain = -1 if not plain else sys.maxsize if position is None else position

@@ -364,42 +364,25 @@ class Executor(Facade):
         # cancel-shielded checkpoint after the (then certain) acceptance.
         await checkpoint_if_cancelled()
         core = self._core
-        if (
-            name is None
-            and task_id is None
-            and timeout is None
-            and budget is None
-            and correlation_id is None
-            and key is None
-            and priority is None
-            and keep_result is None
-            and dedupe_key is None
-            and dedupe_window is None
-            and detached is False
-        ):
-            job = core.plain_job(fn, args)  # (most submissions: nothing to check)
-        else:
-            job = core.new_job(
-                fn,
-                args,
-                name,
-                task_id,
-                timeout,
-                budget,
-                correlation_id,
-                None,
-                key,
-                priority,
-                keep_result,
-                detached,
-                dedupe_key,
-            )
-            if dedupe_key is not None or dedupe_window is not None:
-                found = await core.dedupes.submit(
-                    job, dedupe_key, dedupe_window, task_id is not None
-                )
-                if found is not None:
-                    return found
+        job = core.new_job(
+            fn,
+            args,
+            name,
+            task_id,
+            timeout,
+            budget,
+            correlation_id,
+            None,
+            key,
+            priority,
+            keep_result,
+            detached,
+            dedupe_key,
+        )
+        if dedupe_key is not None or dedupe_window is not None:
+            found = await core.dedupes.submit(job, dedupe_key, dedupe_window, task_id is not None)
+            if found is not None:
+                return found
         if core.accept_if_fits(job):  # (no coroutine of ours on the common path)
             await cancel_shielded_checkpoint()
         else:
