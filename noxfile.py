@@ -140,10 +140,14 @@ def soak(session: nox.Session) -> None:
     )
 
     examples = os.environ.get("TRIOEXEC_DURABLE_EXAMPLES") or "2000"
+    # (its examples take about five minutes here: past pytest's 300 s faulthandler
+    # timeout, whose dump of the running threads can crash the process)
+    long_run = ("-o", "faulthandler_timeout=1800")
     session.run(
         "pytest",
         "-p",
         "no:cacheprovider",
+        *long_run,
         "tests/test_durable_model.py",
         *session.posargs,
         env={"TRIOEXEC_DURABLE_EXAMPLES": examples},
@@ -153,6 +157,7 @@ def soak(session: nox.Session) -> None:
         "pytest",
         "-p",
         "no:cacheprovider",
+        *long_run,
         "tests/test_executor_faults.py",
         *session.posargs,
         env={"TRIOEXEC_FAULT_EXAMPLES": faults},
