@@ -14,13 +14,12 @@ from ._errors import StoreError
 from ._records import TaskStatus
 
 Kind = Literal["text", "integer", "bigint", "real"]
-_PYTHON_TYPES = {"text": str, "integer": int, "bigint": int, "real": float}
-_SQLITE_SPELLING = {str: "TEXT", int: "INTEGER", float: "FLOAT"}
-_POSTGRES_TYPES = {
-    "text": "text",
-    "integer": "integer",
-    "bigint": "bigint",
-    "real": "double precision",
+#: Each kind's SQL type: (SQLite's, PostgreSQL's).
+_TYPES = {
+    "text": ("TEXT", "text"),
+    "integer": ("INTEGER", "integer"),
+    "bigint": ("INTEGER", "bigint"),
+    "real": ("REAL", "double precision"),
 }
 
 
@@ -39,26 +38,22 @@ class Column:
     #: it only if one of its rows has a value for it
     sparse: bool = False
 
-    @property
-    def python_type(self) -> type:
-        """Its type as sqlite-utils' ``create`` takes it."""
-        return _PYTHON_TYPES[self.kind]
-
     def sqlite(self) -> str:
-        """As SQLite's ``ALTER TABLE ... ADD COLUMN`` spells it."""
-        return self._spell(_SQLITE_SPELLING[self.python_type])
+        """As SQLite's ``CREATE TABLE`` and ``ADD COLUMN`` spell it."""
+        return self._spell(_TYPES[self.kind][0])
 
     @property
     def postgres_type(self) -> str:
-        return _POSTGRES_TYPES[self.kind]
+        return _TYPES[self.kind][1]
 
     def postgres(self) -> str:
         """As PostgreSQL's ``CREATE TABLE`` and ``ADD COLUMN`` spell it."""
-        key = " PRIMARY KEY" if self.name == "task_id" else ""
-        return self._spell(self.postgres_type) + key
+        return self._spell(self.postgres_type)
 
     def _spell(self, sql_type: str) -> str:
         spelled = f"{self.name} {sql_type}"
+        if self.name == "task_id":
+            spelled += " PRIMARY KEY"
         if self.not_null:
             spelled += " NOT NULL"
         if self.default is not None:
