@@ -14,6 +14,8 @@ from ._errors import StoreError
 from ._records import TaskStatus
 
 Kind = Literal["text", "integer", "bigint", "real"]
+#: Where each schema's version sits in `Column.since`, and its SQL type in `_TYPES`.
+SQLITE_SCHEMA, POSTGRES_SCHEMA = 0, 1
 #: Each kind's SQL type: (SQLite's, PostgreSQL's).
 _TYPES = {
     "text": ("TEXT", "text"),
@@ -38,17 +40,13 @@ class Column:
     #: it only if one of its rows has a value for it
     sparse: bool = False
 
-    def sqlite(self) -> str:
-        """As SQLite's ``CREATE TABLE`` and ``ADD COLUMN`` spell it."""
-        return self._spell(_TYPES[self.kind][0])
-
     @property
     def postgres_type(self) -> str:
-        return _TYPES[self.kind][1]
+        return _TYPES[self.kind][POSTGRES_SCHEMA]
 
-    def postgres(self) -> str:
-        """As PostgreSQL's ``CREATE TABLE`` and ``ADD COLUMN`` spell it."""
-        return self._spell(self.postgres_type)
+    def spelled(self, store: int) -> str:
+        """As ``store``'s schema spells it in ``CREATE TABLE`` and ``ADD COLUMN``."""
+        return self._spell(_TYPES[self.kind][store])
 
     def _spell(self, sql_type: str) -> str:
         spelled = f"{self.name} {sql_type}"
@@ -98,13 +96,17 @@ DEDUPE_BY_KEY = "(dedupe_key, finished_at) WHERE dedupe_key IS NOT NULL"
 ROW_COLUMNS = tuple(c.name for c in EXECUTIONS)
 #: Where the `Column.sparse` ones sit in a "row" change.
 SPARSE = tuple(i for i, c in enumerate(EXECUTIONS) if c.sparse)
-#: Where each schema's version sits in `Column.since`.
-SQLITE_SCHEMA, POSTGRES_SCHEMA = 0, 1
 
 
 def added(store: int, version: int) -> list[Column]:
     """The executions columns ``store``'s schema ``version`` added (1: the table)."""
     return [c for c in EXECUTIONS if c.since[store] == version]
+
+
+def add_columns(store: int, version: int) -> str:
+    """The statements that add them, each migration's first (1: none, the table has them)."""
+    columns = added(store, version) if version > 1 else []
+    return "".join(f"ALTER TABLE executions ADD COLUMN {c.spelled(store)};\n" for c in columns)
 
 
 # ---------------------------------------------------------------- the version

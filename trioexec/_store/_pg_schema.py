@@ -6,29 +6,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._columns import DEDUPE_BY_KEY, DEDUPE_LIVE, POSTGRES_SCHEMA, added, version_of
+from .._columns import DEDUPE_BY_KEY, DEDUPE_LIVE, POSTGRES_SCHEMA, add_columns, added, version_of
 from .._errors import StoreError
 
 if TYPE_CHECKING:
     import psycopg
 
 
-def _add_columns(version: int) -> str:
-    """The executions columns of schema ``version`` (`_columns.EXECUTIONS`)."""
-    columns = ", ".join(f"ADD COLUMN {c.postgres()}" for c in added(POSTGRES_SCHEMA, version))
-    return f"ALTER TABLE executions {columns};"
-
-
-#: Migration n (1-based) brings the schema from version n - 1 to n. Times are
+#: Migration n (1-based) brings the schema from version n - 1 to n: the executions
+#: columns of version n (`_columns.EXECUTIONS`), then these statements. Times are
 #: seconds since the epoch (double precision), as in the SQLite store; ``seq``
 #: keeps submission order (SQLite's rowid).
-MIGRATIONS: tuple[str, ...] = (
+_STEPS = (
     """
     CREATE TABLE trioexec_meta (key text PRIMARY KEY, value text NOT NULL);
     CREATE TABLE executions (
         seq bigint GENERATED ALWAYS AS IDENTITY,
         """
-    + ",\n        ".join(c.postgres() for c in added(POSTGRES_SCHEMA, 1))
+    + ",\n        ".join(c.spelled(POSTGRES_SCHEMA) for c in added(POSTGRES_SCHEMA, 1))
     + """
     );
     CREATE UNIQUE INDEX executions_seq ON executions (seq);
@@ -113,8 +108,7 @@ MIGRATIONS: tuple[str, ...] = (
     # 3: admission by key: each execution's key and priority as submitted (rows
     # from before: NULL key, priority 0; a constant default rewrites no row). The
     # index holds keyed rows only: a keyless insert writes no entry to it.
-    _add_columns(3)
-    + """
+    """
     CREATE INDEX executions_key ON executions (key, seq) WHERE key IS NOT NULL;
     """,
     # 4: key limits shared by the executors on this schema: the slots of a key
@@ -153,14 +147,13 @@ MIGRATIONS: tuple[str, ...] = (
     );
     """,  # 6: why a live execution is not running (`ExecutionRecord.waiting_on`);
     # rows written before it was recorded have it NULL.
-    _add_columns(6),
+    "",
     # 7: operator commands: the traceback of the exception that ended an
     # execution (dead letters show it); the append-only log of every command
     # (executors poll it by seq; commands take turns under an advisory lock, so
     # seq order is commit order); what is paused now; the failed executions
     # (dead letters), for a requeue of them all (the live index skips them).
-    _add_columns(7)
-    + """
+    """
     CREATE TABLE commands (
         seq bigserial PRIMARY KEY,
         kind text NOT NULL,
@@ -222,19 +215,18 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 11: a task's value kept as JSON with its completion (`keep_results`); NULL
     # when none was kept, as in every row before.
-    _add_columns(11),
+    "",
     # 12: `submit(dedupe_key=...)`: one live execution per key (the store refuses
     # a second), and a key's executions by when they finished (is one recent?).
-    _add_columns(12)
-    + f"""
+    f"""
     CREATE UNIQUE INDEX executions_dedupe_live ON executions {DEDUPE_LIVE};
     CREATE INDEX executions_dedupe ON executions {DEDUPE_BY_KEY};
     """,
     # 13: the task tree: the task that submitted an execution, and its children by it.
     # (in submission order, as SQLite's rowid keeps them: a page of them is a range)
-    _add_columns(13) + "CREATE INDEX executions_children ON executions (parent_id, seq)"
-    " WHERE parent_id IS NOT NULL;",
+    "CREATE INDEX executions_children ON executions (parent_id, seq) WHERE parent_id IS NOT NULL;",
 )
+MIGRATIONS = tuple(add_columns(POSTGRES_SCHEMA, v) + sql for v, sql in enumerate(_STEPS, 1))
 SCHEMA_VERSION = len(MIGRATIONS)
 
 #: The advisory lock (one 64-bit key) a migration holds: "trioexec" in ASCII.

@@ -6,9 +6,10 @@ from __future__ import annotations
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from .._columns import DEDUPE_BY_KEY, DEDUPE_LIVE, SQLITE_SCHEMA, added, version_of
+from .._columns import DEDUPE_BY_KEY, DEDUPE_LIVE, SQLITE_SCHEMA, add_columns, added, version_of
 from .._errors import StoreError
 
+_FIRST = added(SQLITE_SCHEMA, 1)
 #: The migrations, by name, in order: the nth brings a file to schema version n. Each
 #: adds the executions columns of its version (`_columns.EXECUTIONS`), runs its
 #: statements (whitespace collapsed: as stored, each on one line), and records its
@@ -16,7 +17,7 @@ from .._errors import StoreError
 _STEPS: dict[str, str] = {
     "0001_initial": f"""
         CREATE TABLE trioexec_meta (key TEXT PRIMARY KEY, value TEXT);
-        CREATE TABLE executions ({", ".join(c.sqlite() for c in added(SQLITE_SCHEMA, 1))});
+        CREATE TABLE executions ({", ".join(c.spelled(SQLITE_SCHEMA) for c in _FIRST)});
         CREATE TABLE owners (owner TEXT PRIMARY KEY, lease_expires_at REAL);
         CREATE INDEX executions_status ON executions (status, owner);
         CREATE INDEX executions_deferred ON executions (sub_status, deferred_since)
@@ -158,8 +159,6 @@ KNOWN_MIGRATIONS = list(_STEPS)
 def _register(version: int, name: str, statements: str) -> None:
     @MIGRATIONS(name=name)
     def apply(db: sqlite_utils.Database) -> None:
-        for column in added(SQLITE_SCHEMA, version) if version > 1 else ():
-            db.execute(f"ALTER TABLE executions ADD COLUMN {column.sqlite()}")
         for statement in filter(str.strip, statements.split(";")):
             db.execute(" ".join(statement.split()))
         db.execute(
@@ -169,7 +168,7 @@ def _register(version: int, name: str, statements: str) -> None:
 
 
 for _version, (_name, _statements) in enumerate(_STEPS.items(), 1):
-    _register(_version, _name, _statements)
+    _register(_version, _name, add_columns(SQLITE_SCHEMA, _version) + _statements)
 
 
 def schema_version(db: sqlite_utils.Database, path: str) -> int:
