@@ -46,17 +46,10 @@ class Column:
 
     def spelled(self, store: int) -> str:
         """As ``store``'s schema spells it in ``CREATE TABLE`` and ``ADD COLUMN``."""
-        return self._spell(_TYPES[self.kind][store])
-
-    def _spell(self, sql_type: str) -> str:
-        spelled = f"{self.name} {sql_type}"
-        if self.name == "task_id":
-            spelled += " PRIMARY KEY"
-        if self.not_null:
-            spelled += " NOT NULL"
-        if self.default is not None:
-            spelled += f" DEFAULT {self.default}"
-        return spelled
+        key = " PRIMARY KEY" if self.name == "task_id" else ""
+        null = " NOT NULL" if self.not_null else ""
+        default = "" if self.default is None else f" DEFAULT {self.default}"
+        return f"{self.name} {_TYPES[self.kind][store]}{key}{null}{default}"
 
 
 EXECUTIONS = (

@@ -20,12 +20,9 @@ if TYPE_CHECKING:
 _STEPS = (
     """
     CREATE TABLE trioexec_meta (key text PRIMARY KEY, value text NOT NULL);
-    CREATE TABLE executions (
-        seq bigint GENERATED ALWAYS AS IDENTITY,
-        """
-    + ",\n        ".join(c.spelled(POSTGRES_SCHEMA) for c in added(POSTGRES_SCHEMA, 1))
-    + """
-    );
+    CREATE TABLE executions (seq bigint GENERATED ALWAYS AS IDENTITY, """
+    + ", ".join(c.spelled(POSTGRES_SCHEMA) for c in added(POSTGRES_SCHEMA, 1))
+    + """);
     CREATE UNIQUE INDEX executions_seq ON executions (seq);
     -- Only the live rows: most rows are inserted finished, and an index they
     -- skip costs their insert nothing (every index is part of every insert).
@@ -35,58 +32,26 @@ _STEPS = (
         WHERE sub_status IS NOT NULL;
     CREATE INDEX executions_run ON executions (run_id) WHERE run_id IS NOT NULL;
     CREATE TABLE owners (owner text PRIMARY KEY, lease_expires_at double precision);
-    CREATE TABLE workflow_runs (
-        seq bigint GENERATED ALWAYS AS IDENTITY,
-        run_id text PRIMARY KEY,
-        workflow text NOT NULL,
-        status text NOT NULL,
-        context text NOT NULL,
-        owner text,
-        created_at double precision,
-        finished_at double precision,
-        recovery_attempts integer NOT NULL DEFAULT 0
-    );
+    CREATE TABLE workflow_runs (seq bigint GENERATED ALWAYS AS IDENTITY,
+        run_id text PRIMARY KEY, workflow text NOT NULL, status text NOT NULL,
+        context text NOT NULL, owner text, created_at double precision,
+        finished_at double precision, recovery_attempts integer NOT NULL DEFAULT 0);
     CREATE INDEX workflow_runs_status ON workflow_runs (status, workflow);
-    CREATE TABLE workflow_steps (
-        seq bigint GENERATED ALWAYS AS IDENTITY,
-        run_id text NOT NULL,
-        step_id text NOT NULL,
-        state text NOT NULL,
-        output text,
-        task_id text,
-        PRIMARY KEY (run_id, step_id)
-    );
-    CREATE TABLE durable_promises (
-        id text PRIMARY KEY,
-        state text NOT NULL,
-        data text,
-        timeout_at double precision NOT NULL,
-        ikc text,
-        iku text,
-        tags text NOT NULL,
-        created_at double precision NOT NULL,
-        settled_at double precision
-    );
+    CREATE TABLE workflow_steps (seq bigint GENERATED ALWAYS AS IDENTITY, run_id text NOT NULL,
+        step_id text NOT NULL, state text NOT NULL, output text, task_id text,
+        PRIMARY KEY (run_id, step_id));
+    CREATE TABLE durable_promises (id text PRIMARY KEY, state text NOT NULL, data text,
+        timeout_at double precision NOT NULL, ikc text, iku text, tags text NOT NULL,
+        created_at double precision NOT NULL, settled_at double precision);
     CREATE INDEX durable_promises_pending ON durable_promises (state, timeout_at);
-    CREATE TABLE durable_tasks (
-        id text PRIMARY KEY,
-        state text NOT NULL,
-        version bigint NOT NULL,
-        target text,
-        pid text,
-        ttl double precision,
-        lease_expires_at double precision,
-        timeout_at double precision
-    );
+    CREATE TABLE durable_tasks (id text PRIMARY KEY, state text NOT NULL,
+        version bigint NOT NULL, target text, pid text, ttl double precision,
+        lease_expires_at double precision, timeout_at double precision);
     CREATE INDEX durable_tasks_claim ON durable_tasks (state, target, id);
     CREATE INDEX durable_tasks_lease ON durable_tasks (state, lease_expires_at);
     CREATE INDEX durable_tasks_retry ON durable_tasks (state, timeout_at);
-    CREATE TABLE durable_callbacks (
-        promise_id text NOT NULL,
-        task_id text NOT NULL,
-        seq bigint GENERATED ALWAYS AS IDENTITY,
-        PRIMARY KEY (promise_id, task_id)
-    );
+    CREATE TABLE durable_callbacks (promise_id text NOT NULL, task_id text NOT NULL,
+        seq bigint GENERATED ALWAYS AS IDENTITY, PRIMARY KEY (promise_id, task_id));
     CREATE INDEX durable_callbacks_task ON durable_callbacks (task_id);
     """,
     # 2: the durable indexes hold only the rows their queries look for (a claim:
@@ -114,37 +79,18 @@ _STEPS = (
     # 4: key limits shared by the executors on this schema: the slots of a key
     # each owner holds (valid while its lease is), and each key's token bucket.
     """
-    CREATE TABLE key_holds (
-        key text NOT NULL,
-        owner text NOT NULL,
-        held integer NOT NULL,
-        wanted integer NOT NULL,
-        since double precision,
-        PRIMARY KEY (key, owner)
-    );
+    CREATE TABLE key_holds (key text NOT NULL, owner text NOT NULL, held integer NOT NULL,
+        wanted integer NOT NULL, since double precision, PRIMARY KEY (key, owner));
     CREATE INDEX key_holds_owner ON key_holds (owner);
-    CREATE TABLE key_buckets (
-        key text PRIMARY KEY,
-        tokens double precision NOT NULL,
-        stamp double precision NOT NULL
-    );
+    CREATE TABLE key_buckets (key text PRIMARY KEY, tokens double precision NOT NULL,
+        stamp double precision NOT NULL);
     """,  # 5: schedules (`Executor.schedule`): each one's definition as last saved, and
     # one row per occurrence claimed: the primary key lets one executor win it.
     """
-    CREATE TABLE schedules (
-        schedule_id text PRIMARY KEY,
-        cron text NOT NULL,
-        tz text NOT NULL,
-        name text NOT NULL,
-        next_run double precision,
-        last_run double precision
-    );
-    CREATE TABLE schedule_runs (
-        schedule_id text NOT NULL,
-        at double precision NOT NULL,
-        owner text NOT NULL,
-        PRIMARY KEY (schedule_id, at)
-    );
+    CREATE TABLE schedules (schedule_id text PRIMARY KEY, cron text NOT NULL, tz text NOT NULL,
+        name text NOT NULL, next_run double precision, last_run double precision);
+    CREATE TABLE schedule_runs (schedule_id text NOT NULL, at double precision NOT NULL,
+        owner text NOT NULL, PRIMARY KEY (schedule_id, at));
     """,  # 6: why a live execution is not running (`ExecutionRecord.waiting_on`);
     # rows written before it was recorded have it NULL.
     "",
@@ -154,24 +100,11 @@ _STEPS = (
     # seq order is commit order); what is paused now; the failed executions
     # (dead letters), for a requeue of them all (the live index skips them).
     """
-    CREATE TABLE commands (
-        seq bigserial PRIMARY KEY,
-        kind text NOT NULL,
-        name text,
-        key text,
-        task_id text,
-        who text NOT NULL,
-        at double precision NOT NULL,
-        changed boolean NOT NULL,
-        detail text NOT NULL
-    );
-    CREATE TABLE pauses (
-        kind text NOT NULL,
-        value text NOT NULL,
-        who text NOT NULL,
-        at double precision NOT NULL,
-        PRIMARY KEY (kind, value)
-    );
+    CREATE TABLE commands (seq bigserial PRIMARY KEY, kind text NOT NULL, name text, key text,
+        task_id text, who text NOT NULL, at double precision NOT NULL, changed boolean NOT NULL,
+        detail text NOT NULL);
+    CREATE TABLE pauses (kind text NOT NULL, value text NOT NULL, who text NOT NULL,
+        at double precision NOT NULL, PRIMARY KEY (kind, value));
     CREATE INDEX executions_failed ON executions (seq) WHERE status = 'failed';
     """,
     # 8: the dashboard's reads (`trioexec._store._browse`): pages under a status
