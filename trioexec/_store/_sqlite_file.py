@@ -67,13 +67,15 @@ def _schema() -> bytes:
         return conn.serialize()
 
 
-def _close_quietly(*groups: Iterable[sqlite3.Connection]) -> None:
-    """Close connections whose owner was dropped unclosed, without the
-    ResourceWarning an unclosed connection gives (closing one twice is nothing)."""
+def _close_quietly(*groups: Iterable[sqlite3.Connection | None]) -> None:
+    """Close connections, their errors ignored (closing one twice is nothing): also
+    those whose owner was dropped unclosed, without the ResourceWarning an unclosed
+    connection gives."""
     for conns in groups:
         for conn in list(conns):
-            with contextlib.suppress(sqlite3.Error):
-                conn.close()
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
 
 
 @final
@@ -216,8 +218,7 @@ class SQLiteFile:
             if not self._closed:
                 self._idle.append(conn)
                 return
-        with contextlib.suppress(sqlite3.Error):
-            conn.close()
+        _close_quietly([conn])
 
     def _stat(self) -> tuple[int, int]:
         if self.memory:  # (nothing on disk to be replaced)
@@ -283,10 +284,7 @@ class SQLiteFile:
             self._readers.clear()
             self._idle.clear()
             self._write_conn = None
-        for conn in conns:
-            if conn is not None:
-                with contextlib.suppress(sqlite3.Error):
-                    conn.close()
+        _close_quietly(conns)
 
     def retry(self, call: Callable[[], T]) -> T:
         """``call()``: a SQLite store call is never run again (its errors are its
