@@ -13,7 +13,8 @@ _FIRST = added(SQLITE_SCHEMA, 1)
 #: The migrations, by name, in order: the nth brings a file to schema version n. Each
 #: adds the executions columns of its version (`_columns.EXECUTIONS`), runs its
 #: statements (whitespace collapsed: as stored, each on one line), and records its
-#: version (0001: the latest, the rest following in the same transaction).
+#: version in trioexec_meta (0001, which makes the row, records the latest: the
+#: rest follow in the same transaction).
 _STEPS: dict[str, str] = {
     "0001_initial": f"""
         CREATE TABLE trioexec_meta (key TEXT PRIMARY KEY, value TEXT);
