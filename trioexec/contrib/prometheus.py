@@ -192,35 +192,28 @@ class _Metrics(Collector):
         labels = ("executor", "task")
         self.buckets = tuple(float(bound) for bound in buckets)
         self.executors: dict[str, Instrumentation] = {}
-        self.submitted = Counter(
-            "trioexec_tasks_submitted", "Tasks accepted.", labels, registry=registry
-        )
-        self.completed = Counter(
-            "trioexec_tasks_completed",
-            "Tasks ended, by status.",
-            (*labels, "status"),
-            registry=registry,
-        )
-        self.fenced_out = Counter(
+
+        def counter(name: str, text: str, *more: str) -> Counter:
+            return Counter(name, text, (*labels, *more), registry=registry)
+
+        def histogram(name: str, text: str) -> Histogram:
+            return Histogram(name, text, labels, registry=registry, buckets=buckets)
+
+        self.submitted = counter("trioexec_tasks_submitted", "Tasks accepted.")
+        self.completed = counter("trioexec_tasks_completed", "Tasks ended, by status.", "status")
+        self.fenced_out = counter(
             "trioexec_tasks_fenced_out",
             "Task ends counted as completed (by status) that the store then refused:"
             " another executor had taken the task over.",
-            (*labels, "status"),
-            registry=registry,
+            "status",
         )
-        self.duration = Histogram(
+        self.duration = histogram(
             "trioexec_task_duration_seconds",
             "Attempts, from start to end (time deferred included).",
-            labels,
-            registry=registry,
-            buckets=buckets,
         )
-        self.deferral = Histogram(
+        self.deferral = histogram(
             "trioexec_task_deferred_seconds",
             "Deferrals, from defer_until to resumption (or the attempt's end).",
-            labels,
-            registry=registry,
-            buckets=buckets,
         )
         registry.register(self)
 
@@ -274,15 +267,7 @@ class _Series:
     """One task name's metrics in one executor: the labelled children, looked up
     once, and the counts the gauges read when scraped (``active``, ``deferred``)."""
 
-    __slots__ = (
-        "active",
-        "completed",
-        "deferral",
-        "deferred",
-        "duration",
-        "submitted",
-        "task",
-    )
+    __slots__ = ("active", "completed", "deferral", "deferred", "duration", "submitted", "task")
 
     def __init__(self, metrics: _Metrics, executor: str, task: str) -> None:
         self.task = task  # (the label: the task's name, or `OTHER`)
