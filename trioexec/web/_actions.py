@@ -8,6 +8,7 @@ the store's operations, the payload is parsed as JSON and stored as data.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import urllib.parse
@@ -153,12 +154,8 @@ async def _settle(request: Request, how: str) -> Response:
     return RedirectResponse(back, status_code=303)
 
 
-async def resolve(request: Request) -> Response:
-    return await _settle(request, "resolve")
-
-
-async def reject(request: Request) -> Response:
-    return await _settle(request, "reject")
+resolve = functools.partial(_settle, how="resolve")
+reject = functools.partial(_settle, how="reject")
 
 
 async def retry(request: Request) -> Response:
@@ -218,9 +215,5 @@ async def _pause_or_resume(request: Request, kind: str) -> Response:
     return RedirectResponse(back, status_code=303)
 
 
-async def pause(request: Request) -> Response:
-    return await _pause_or_resume(request, "pause")
-
-
-async def resume(request: Request) -> Response:
-    return await _pause_or_resume(request, "resume")
+pause = functools.partial(_pause_or_resume, kind="pause")
+resume = functools.partial(_pause_or_resume, kind="resume")
