@@ -111,11 +111,7 @@ def _rich(columns: Sequence[Column], cells: list[list[str]], widths: list[int]) 
         # Fixed widths: rich never shrinks a column of a table that fits, so the
         # whole ones stay whole; the folding ones fold at their share.
         table.add_column(
-            c.header,
-            width=widths[i],
-            no_wrap=not c.fold,
-            overflow="fold",
-            justify=c.justify,
+            c.header, width=widths[i], no_wrap=not c.fold, overflow="fold", justify=c.justify
         )
     for row in cells:
         table.add_row(*(Text(v) for v in row))

@@ -159,10 +159,7 @@ def watch_view(store: SQLiteStore | PostgresStore, db: str) -> Group:
     active = store.counts(sub_status=SubStatus.ACTIVE)[TaskStatus.RUNNING]
     deferred = store.counts(sub_status=SubStatus.DEFERRED)[TaskStatus.RUNNING]
     longest = store.executions(
-        status=TaskStatus.RUNNING,
-        sub_status=SubStatus.DEFERRED,
-        order="longest_deferred",
-        limit=10,
+        status=TaskStatus.RUNNING, sub_status=SubStatus.DEFERRED, order="longest_deferred", limit=10
     )
     head = Table.grid(padding=(0, 2))
     head.add_row("active", str(active))

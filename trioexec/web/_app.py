@@ -19,18 +19,7 @@ from starlette.routing import BaseRoute, Route
 from trioexec import StoreError
 
 from ._actions import cancel, pause, reject, resolve, resume, retry
-from ._pages import (
-    COUNTS,
-    control,
-    failed,
-    overview,
-    promises,
-    result,
-    run,
-    runs,
-    task,
-    tasks,
-)
+from ._pages import COUNTS, control, failed, overview, promises, result, run, runs, task, tasks
 from ._render import HERE, Dashboard, dashboard_of, store_error
 from ._security import Gate, Guard
 
@@ -108,11 +97,7 @@ def id_route(path: str, endpoint: Callable[[Request], Awaitable[Response]], **kw
 
 
 def create_app(
-    db: str,
-    *,
-    token: str,
-    read_only: bool = False,
-    require_token_for_reads: bool = False,
+    db: str, *, token: str, read_only: bool = False, require_token_for_reads: bool = False
 ) -> Starlette:
     """The dashboard of the database ``db`` (a SQLite file or a PostgreSQL URL).
 
