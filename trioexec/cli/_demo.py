@@ -85,19 +85,18 @@ def demo_view(ex: trioexec.Executor, state: dict[str, Any], plan: Plan) -> Group
             Text(status.execution_status.value.replace("_", " ")),
         )
     progress = ProgressBar(total=total, completed=state["done"], width=40)
-    waiting = Table(title="waiting, and on what", title_justify="left", box=None, padding=(0, 2))
-    waiting.add_column("task")
-    waiting.add_column("waiting on")
-    waiting.add_column("for", justify="right")
+
+    def titled(title: str, *columns: str | Column) -> Table:
+        return Table(*columns, title=title, title_justify="left", box=None, padding=(0, 2))
+
+    waiting = titled("waiting, and on what", "task", "waiting on", Column("for", justify="right"))
     rows = waiting_rows(state, now)
     for name, reason, seconds in rows[:12]:
         style = WAIT_STYLES.get(reason.split(" ", 1)[0], "")
         waiting.add_row(Text(name), Text(reason, style=style), f"{seconds:.1f}s")
     if not rows:
         waiting.add_row(Text("nothing waits now", style="dim"), "", "")
-    happened = Table(title="what happened", title_justify="left", box=None, padding=(0, 2))
-    happened.add_column("at", justify="right")
-    happened.add_column("")
+    happened = titled("what happened", Column("at", justify="right"), "")
     for at, line in state["log"][-5:]:
         happened.add_row(f"{at:.1f}s", Text(line))
     title = f"trioexec demo — {elapsed:4.1f}s of ~{plan.seconds:.0f}s"

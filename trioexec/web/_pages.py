@@ -323,13 +323,10 @@ async def promises(request: Request, flash: str | None = None, status_code: int 
     query = request.query_params if request.method == "GET" else {}
     try:
         state = _choice(query, "state", PROMISE_STATES)
-    except ValueError as exc:
-        return bad_query(request, exc)
-    cursor = query.get("cursor") or None
-    if cursor is not None and not storable(cursor):  # (a NUL: no promise's id, no read)
-        return bad_query(request, ValueError(f"malformed cursor {cursor!r}"))
-    await trio.to_thread.run_sync(board.check_file)
-    try:
+        cursor = query.get("cursor") or None
+        if cursor is not None and not storable(cursor):  # (a NUL: no promise's id, no read)
+            raise ValueError(f"malformed cursor {cursor!r}")
+        await trio.to_thread.run_sync(board.check_file)  # (StoreError: the 503 page)
         found, next_cursor = await board.durable.promises.search(
             state=state, limit=PAGE_SIZE, cursor=cursor
         )
