@@ -36,11 +36,9 @@ def _pause_or_resume(kind: str, db: str, names: tuple[str, ...], keys: tuple[str
     superseded = []
     with open_store(db, read_only=False) as store:
         for what, value in [("name", n) for n in names] + [("key", k) for k in keys]:
-            by_name = what == "name"
+            name, key = (value, None) if what == "name" else (None, value)
             try:
-                command = store.command(
-                    kind, who=who, name=value if by_name else None, key=None if by_name else value
-                )
+                command = store.command(kind, who=who, name=name, key=key)
             except ValueError as exc:
                 fail(str(exc), EXIT_USAGE)
             console.print(Text(f"{what} {value}: {command.detail}"), highlight=False)
