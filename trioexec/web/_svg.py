@@ -6,6 +6,7 @@ escape every label, so no text from the database is ever pasted into markup here
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -13,6 +14,7 @@ import attrs
 
 #: Chart canvas, in SVG user units (the CSS scales it to the column's width).
 WIDTH, HEIGHT, PAD = 600, 160, 40
+INNER_W, INNER_H = WIDTH - 2 * PAD, HEIGHT - 2 * PAD  #: inside the axes' padding
 
 
 @attrs.frozen
@@ -70,9 +72,8 @@ def line(samples: Sequence[tuple[float, float]]) -> Line:
     start, end = samples[0][0], samples[-1][0]
     span = max(end - start, 1.0)
     top = _nice_top(max(value for _, value in samples))
-    inner_w, inner_h = WIDTH - 2 * PAD, HEIGHT - 2 * PAD
     points = " ".join(
-        f"{PAD + (t - start) / span * inner_w:.1f},{HEIGHT - PAD - v / top * inner_h:.1f}"
+        f"{PAD + (t - start) / span * INNER_W:.1f},{HEIGHT - PAD - v / top * INNER_H:.1f}"
         for t, v in samples
     )
     return Line(points=points, top=top, span=end - start, last=samples[-1][1])
@@ -83,15 +84,12 @@ def bars(buckets: Sequence[tuple[float, int, int, int]]) -> Bars:
     minute each, oldest first."""
     if not buckets:
         return Bars(bars=(), width=0.0, top=1, total=0, failed=0)
-    inner_w, inner_h = WIDTH - 2 * PAD, HEIGHT - 2 * PAD
     top = int(_nice_top(max(n for *_, n in buckets)))
-    slot = inner_w / len(buckets)
+    slot = INNER_W / len(buckets)
     out = []
     for i, (_start, ok, bad, n) in enumerate(buckets):
         other = n - ok - bad
-        h_ok = ok / top * inner_h
-        h_bad = bad / top * inner_h
-        h_other = other / top * inner_h
+        h_ok, h_bad, h_other = (count / top * INNER_H for count in (ok, bad, other))
         base = HEIGHT - PAD
         out.append(
             Bar(
@@ -179,11 +177,8 @@ def run_graph(
     layers: list[list[str]] = [list(states)] if states else []
     if graph is not None:
         deps = {step: list(graph[step]) for step in graph}
-        for step in states:
-            deps.setdefault(step, [])
-        for step_deps in list(deps.values()):
-            for dep in step_deps:
-                deps.setdefault(dep, [])
+        for step in [*states, *itertools.chain.from_iterable(deps.values())]:
+            deps.setdefault(step, [])  # (a step only in `states` or only named as a dependency)
         by_depth = depths(deps)
         layers = [[] for _ in range(max(by_depth.values(), default=-1) + 1)]
         for step in deps:  # (insertion order: the workflow's own)
