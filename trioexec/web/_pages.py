@@ -151,9 +151,7 @@ async def tasks(request: Request) -> Response:
         f = {  # (as `browse` takes them)
             "status": _choice(query, "status", tuple(s.value for s in TaskStatus)),
             "sub_status": _choice(query, "sub_status", tuple(s.value for s in SubStatus)),
-            "name": query.get("name") or None,
-            "key": query.get("key") or None,
-            "waiting_on": query.get("waiting_on") or None,
+            **{field: query.get(field) or None for field in ("name", "key", "waiting_on")},
             "order": _choice(query, "order", tuple(o for o, _ in ORDERS)) or "newest",
         }
         cursor = query.get("cursor") or None
