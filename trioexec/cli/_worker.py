@@ -52,13 +52,12 @@ def load_handlers(spec: str) -> tuple[Handlers, list[str]]:
         sys.path.insert(0, os.getcwd())
     try:
         module = importlib.import_module(module_name)
-    except ModuleNotFoundError as exc:
-        if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+    except Exception as exc:
+        gone = exc.name if isinstance(exc, ModuleNotFoundError) else None
+        if gone is not None and (module_name + ".").startswith(gone + "."):
             raise _bad(
                 f"no module named {module_name!r} (looked in the current directory and sys.path)"
             ) from None
-        raise _bad(f"importing {module_name!r} failed: {_where(exc)}") from None
-    except Exception as exc:
         raise _bad(f"importing {module_name!r} failed: {_where(exc)}") from None
     value: Any = module
     for part in attr.split("."):
