@@ -69,9 +69,8 @@ class Board:
         self._store: SQLiteStore | PostgresStore | None = None
         self._file: tuple[int, int] | None = None  #: a SQLite file's (device, inode) as opened
         self._durable: DurableStore | None = None
-        self.samples: collections.deque[tuple[float, int, int]] = collections.deque(
-            maxlen=SAMPLES
-        )  #: (time, active, deferred), oldest first
+        #: (time, active, deferred), oldest first
+        self.samples: collections.deque[tuple[float, int, int]] = collections.deque(maxlen=SAMPLES)
         self.counts: Counts | None = None
         self.version = 0  #: bumped when `counts` changes
         self._changed = trio.Event()
