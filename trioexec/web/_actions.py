@@ -201,13 +201,8 @@ async def _pause_or_resume(request: Request, kind: str) -> Response:
             raise HTTPException(400, f"kind {what!r} is neither name nor key")
         if not value:
             raise HTTPException(400, f"give the {what} to {kind}")
-        target = {what: value}
-        await _write(
-            request,
-            lambda store, who: store.command(
-                kind, who=who, name=target.get("name"), key=target.get("key")
-            ),
-        )
+        name, key = (value, None) if what == "name" else (None, value)
+        await _write(request, lambda store, who: store.command(kind, who=who, name=name, key=key))
     except HTTPException as exc:
         return _refused(request, exc, "/control")
     except (ValueError, StoreError) as exc:
