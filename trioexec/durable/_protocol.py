@@ -189,12 +189,7 @@ class Core:
         return row
 
     def settle_promise(
-        self,
-        id: str,
-        state: PromiseState,
-        *,
-        idempotency_key: str | None = None,
-        data: Any = None,
+        self, id: str, state: PromiseState, *, idempotency_key: str | None = None, data: Any = None
     ) -> PromiseRecord:
         with self._at() as now:
             return promise_record(self._settle_checked(id, state, idempotency_key, data, now))
@@ -274,14 +269,7 @@ class Core:
         )
 
     def create_task(
-        self,
-        id: str,
-        *,
-        pid: str,
-        ttl: float,
-        timeout: float,
-        data: Any = None,
-        target: str,
+        self, id: str, *, pid: str, ttl: float, timeout: float, data: Any = None, target: str
     ) -> TaskRecord:
         check_id(id, "task id")
         check_seconds(timeout, "timeout", zero=True)

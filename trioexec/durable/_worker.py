@@ -352,11 +352,7 @@ class Worker:
         }
 
     async def _run_async(
-        self,
-        record: TaskRecord,
-        handler: Callable[..., Any],
-        param: Any,
-        handle: TaskHandle,
+        self, record: TaskRecord, handler: Callable[..., Any], param: Any, handle: TaskHandle
     ) -> Any:
         if not self._start(record):
             return None  # drained, leaving or lost: the task is released or someone else's
@@ -391,11 +387,7 @@ class Worker:
             self._end(record)
 
     def _run_sync(
-        self,
-        record: TaskRecord,
-        handler: Callable[..., Any],
-        param: Any,
-        handle: TaskHandle,
+        self, record: TaskRecord, handler: Callable[..., Any], param: Any, handle: TaskHandle
     ) -> Any:
         # In a worker thread of the executor: the store is reached through
         # trio.from_thread (which raises Cancelled here once the run is cancelled).
