@@ -174,10 +174,7 @@ class PostgresTables(SQLTables):
                     except self._psycopg.Error as exc:
                         # Before the COMMIT was sent: the connection lost (a restart)
                         # wrote nothing, and the next try connects again.
-                        aborted = self.db.aborted("durable store", exc, self._raw)
-                        if aborted is None:
-                            raise
-                        raise aborted from exc
+                        raise self.db.in_doubt("durable store", exc, self._raw) from exc
                     if not self._begin:  # (else nothing was sent: nothing to end)
                         self._commit()
                 except BaseException:
@@ -326,15 +323,8 @@ class Listener:
     def __init__(self, db: PGDatabase, channel: str) -> None:
         psycopg = load_psycopg()[0]
         self._errors = psycopg.Error
-        self.conn: Connection = db.connect()
-        try:
-            with db.errors("cannot listen"):
-                self.conn.execute(
-                    psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel))
-                )
-        except BaseException:
-            self.conn.close()
-            raise
+        listen = psycopg.sql.SQL("LISTEN {}").format(psycopg.sql.Identifier(channel))
+        self.conn: Connection = db.connect(listen=listen)
 
     def fileno(self) -> int:
         return int(self.conn.fileno())

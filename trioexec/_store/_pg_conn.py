@@ -215,15 +215,6 @@ class PGDatabase:
         detail = text.splitlines()[0] if text else type(exc).__name__
         return StoreError(f"{self.where}: {what}: {detail}")
 
-    def aborted(self, what: str, exc: BaseException, conn: Connection) -> TransactionAborted | None:
-        """The `TransactionAborted` to raise for psycopg's ``exc``, met on ``conn``
-        before a COMMIT was sent, if it left nothing written: the server rolled the
-        transaction back (`rolled_back`) or ended the connection (a restart). None
-        if the error is the call's own."""
-        if rolled_back(exc) or conn.broken:
-            return TransactionAborted(str(self.error(what, exc)))
-        return None
-
     @contextlib.contextmanager
     def transaction(self, what: str) -> Iterator[Connection]:
         """A connection inside one transaction, committed at the end of the block
@@ -256,17 +247,18 @@ class PGDatabase:
             raise lost[0] from lost[1]
 
     def in_doubt(
-        self, what: str, exc: BaseException, conn: Connection, committing: bool
+        self, what: str, exc: BaseException, conn: Connection, committing: bool = False
     ) -> TransactionAborted:
         """The verdict on psycopg's ``exc``, met on ``conn`` inside a transaction
         (``committing``: its COMMIT was sent). Raises ``exc`` if it is the call's
-        own, or the `TransactionAborted` if nothing was written (the server rolled
-        it back or ended the connection before the COMMIT). Returns that
-        `TransactionAborted` if the connection was lost during the COMMIT: to raise
-        unless `committed` says the transaction took effect."""
-        aborted = self.aborted(what, exc, conn)
-        if aborted is None:
+        own, or a `TransactionAborted` if nothing was written (the server rolled it
+        back, `rolled_back`, or ended the connection, a restart, before the
+        COMMIT). Returns that `TransactionAborted` if the connection was lost
+        during the COMMIT: to raise unless `committed` says the transaction took
+        effect."""
+        if not (rolled_back(exc) or conn.broken):
             raise exc
+        aborted = TransactionAborted(str(self.error(what, exc)))
         if not committing or rolled_back(exc):
             raise aborted from exc
         return aborted
@@ -340,10 +332,7 @@ class PGDatabase:
                     conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
                     yield conn
             except self._psycopg.Error as exc:
-                aborted = self.aborted(what, exc, conn)
-                if aborted is None:
-                    raise
-                raise aborted from exc
+                raise self.in_doubt(what, exc, conn) from exc  # (it raises)
 
     @contextlib.contextmanager
     def _connection(self, deadline: float | None = None) -> Iterator[Connection]:
@@ -355,11 +344,11 @@ class PGDatabase:
         with self._pool.connection(timeout=timeout) as conn:
             yield conn
 
-    def connect(self, *, wait: bool = False) -> Connection:
+    def connect(self, *, wait: bool = False, listen: Any = None) -> Connection:
         """A connection of its own (not the pool's): the durable tables' one
-        connection, or a LISTEN connection. The caller closes it. ``wait``: a
-        server that refuses it (restarting) is tried again, for up to the
-        store's timeout."""
+        connection, or one that runs ``listen`` (a LISTEN statement). The caller
+        closes it. ``wait``: a server that refuses it (restarting) is tried again, for up
+        to the store's timeout."""
         deadline = time.monotonic() + self.timeout
         failures = 0
         while True:
@@ -368,6 +357,9 @@ class PGDatabase:
                     conn = self._psycopg.connect(self.url, **self._connect_args)
                     try:
                         self._configure(conn)
+                        if listen is not None:
+                            with self.errors("cannot listen"):
+                                conn.execute(listen)
                     except BaseException:
                         conn.close()
                         raise
@@ -492,17 +484,10 @@ class Listener:
     def _listen(self) -> None:
         """Open the listening connection, or set when to try again."""
         try:
-            conn = self._db.connect()
-            try:
-                with self._db.errors(f"listen on {self.channel}"):
-                    conn.execute(f"LISTEN {self.channel}")
-            except BaseException:
-                conn.close()
-                raise
+            self._conn = self._db.connect(listen=f"LISTEN {self.channel}")
         except StoreError:
             self._failed()
             return
-        self._conn = conn
         self._failures = 0
 
     def _failed(self) -> None:
