@@ -256,17 +256,8 @@ class Core:
         awaiting: tuple[str, ...] = ()
         if row["state"] == TaskState.SUSPENDED.value:
             awaiting = tuple(sorted(self.tables.awaited_by(row["id"])))
-        return TaskRecord(
-            id=row["id"],
-            state=TaskState(row["state"]),
-            version=row["version"],
-            target=row["target"],
-            pid=row["pid"],
-            ttl=row["ttl"],
-            lease_expires_at=row["lease_expires_at"],
-            timeout_at=row["timeout_at"],
-            awaiting=awaiting,
-        )
+        # (a task's row holds its record's other fields, by name)
+        return TaskRecord(**{**row, "state": TaskState(row["state"])}, awaiting=awaiting)
 
     def create_task(
         self, id: str, *, pid: str, ttl: float, timeout: float, data: Any = None, target: str
