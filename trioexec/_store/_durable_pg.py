@@ -22,10 +22,9 @@ import math
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .._errors import StoreError
 from ._durable_rows import Row, TaskState, TransactionAborted, keep
 from ._durable_sql import PROMISES, TASKS, SQLTables
-from ._pg_conn import XID, Connection, PGDatabase, load_psycopg, rolled_back
+from ._pg_conn import XID, Connection, PGDatabase, load_psycopg
 
 _P_COLS, _T_COLS = PROMISES.cols, TASKS.cols
 _PENDING = TaskState.PENDING.value
@@ -158,7 +157,8 @@ class PostgresTables(SQLTables):
     @contextlib.contextmanager
     def _begun(self) -> Iterator[None]:
         try:
-            with _errors(self._psycopg.Error, self.db):
+            # (a transaction the server rolled back is a `TransactionAborted` by now)
+            with self.db.errors("durable store"):
                 if self._raw.broken or self._raw.closed:
                     self._raw.close()
                     # (a server restarting is waited for, up to the store's timeout)
@@ -302,17 +302,6 @@ def _before_commit(psycopg: Any, channel: str, wake: set[str]) -> Any:
     sql = psycopg.sql
     notify = sql.SQL("; SELECT pg_notify({}, t) FROM unnest({}::text[]) t")
     return sql.SQL(XID) + notify.format(sql.Literal(channel), sql.Literal(sorted(wake)))
-
-
-@contextlib.contextmanager
-def _errors(error: type[Exception], db: PGDatabase) -> Iterator[None]:
-    """psycopg's errors (``error``) as `StoreError` naming the server; those of a
-    transaction the server aborted for a concurrent one as `TransactionAborted`."""
-    try:
-        yield
-    except error as exc:
-        message = str(db.error("durable store", exc))
-        raise (TransactionAborted if rolled_back(exc) else StoreError)(message) from exc
 
 
 class Listener:
