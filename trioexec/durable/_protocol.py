@@ -395,20 +395,11 @@ class Core:
             own = self.tables.promise(id, shared=True)
             if own is None or own["state"] != PromiseState.PENDING.value:
                 raise Conflict(f"task {id!r}: its promise is not pending")
-            if isinstance(action, PromiseCreate):
-                row = self._create(
-                    action.id,
-                    action.timeout,
-                    action.idempotency_key,
-                    action.data,
-                    action.tags,
-                    None,
-                    now,
-                )
+            a = action
+            if isinstance(a, PromiseCreate):
+                row = self._create(a.id, a.timeout, a.idempotency_key, a.data, a.tags, None, now)
             else:
-                row = self._settle_checked(
-                    action.id, action.state, action.idempotency_key, action.data, now
-                )
+                row = self._settle_checked(a.id, a.state, a.idempotency_key, a.data, now)
             return promise_record(row)
 
     def halt(self, id: str) -> TaskRecord:
