@@ -347,8 +347,8 @@ class PGDatabase:
     def connect(self, *, wait: bool = False, listen: Any = None) -> Connection:
         """A connection of its own (not the pool's): the durable tables' one
         connection, or one that runs ``listen`` (a LISTEN statement). The caller
-        closes it. ``wait``: a server that refuses it (restarting) is tried again, for up
-        to the store's timeout."""
+        closes it. ``wait``: a server that refuses it (restarting) is tried again,
+        for up to the store's timeout."""
         deadline = time.monotonic() + self.timeout
         failures = 0
         while True:
