@@ -176,17 +176,8 @@ def check_seconds(name: str, value: object) -> None:
     case, an int or a float from 0 to 2**1023, is taken without a call.)"""
     if value is None or ((type(value) is float or type(value) is int) and 0 < value < 2.0**1023):
         return
-    must = "a finite number of seconds > 0"
-    check_number(
-        name,
-        value,
-        float,
-        must,
-        typed="a number of seconds or None",
-        gt=0,
-        lt=math.inf,
-        errors=TYPED,
-    )
+    must, typed = "a finite number of seconds > 0", "a number of seconds or None"
+    check_number(name, value, float, must, typed=typed, gt=0, lt=math.inf, errors=TYPED)
 
 
 def stored_int(what: str, value: object, *, minimum: int | None = None) -> int:

@@ -23,10 +23,7 @@ _UNCATCHABLE = frozenset({signal.SIGKILL, signal.SIGSTOP})
 
 
 async def serve_until_signal(
-    ex: Executor,
-    *,
-    signals: Iterable[int] = DEFAULT_SIGNALS,
-    grace: float | None = None,
+    ex: Executor, *, signals: Iterable[int] = DEFAULT_SIGNALS, grace: float | None = None
 ) -> signal.Signals | None:
     """Wait for one of ``signals``, then shut ``ex`` down; return that signal
     (None: ``ex`` was shut down otherwise, without a signal).

@@ -377,18 +377,8 @@ def task(
       TaskDefinitionError: at decoration time, for a non-callable, a bad option
         value or an unknown option.
     """
-    options: dict[str, Any] = {
-        "id": id,
-        "dependencies": dependencies,
-        "retries": retries,
-        "backoff": backoff,
-        "retry_on": retry_on,
-        "timeout": timeout,
-        "budget": budget,
-        "key": key,
-        "priority": priority,
-        "keep_result": keep_result,
-    }
+    options: dict[str, Any] = dict(locals())  # the options, in the signature's order
+    del options["fn"], options["unknown"]
     if unknown:
         names = ", ".join(sorted(unknown))
         raise TaskDefinitionError(f"unknown @task option(s): {names} (known: {', '.join(options)})")
