@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, final
 
+import attrs
+
 from ._changes import R_DEDUPE, Finish, widen
 from ._errors import ExecutorClosed
 from ._records import COMPLETED, REJECTED, check_id, check_seconds, safe_repr
@@ -31,23 +33,16 @@ _REMEMBERED = 4096
 
 
 @final
+@attrs.define(eq=False)
 class Dedupes:
     """One executor's side of deduplication: its submissions' keys, and the store's word."""
 
-    def __init__(
-        self,
-        lifecycle: Lifecycle,
-        journal: Journal | None,
-        owner_id: str,
-        check_new_id: Callable[[str, bool], None],
-        check_open: Callable[[], None],
-    ) -> None:
-        self._check_open = check_open  # (raises ExecutorClosed)
-        self._lifecycle = lifecycle
-        self._journal = journal
-        self._owner_id = owner_id
-        self._check_new_id = check_new_id
-        self._bound = _REMEMBERED
+    _lifecycle: Lifecycle
+    _journal: Journal | None
+    _owner_id: str
+    _check_new_id: Callable[[str, bool], None]
+    _check_open: Callable[[], None]  # (raises ExecutorClosed)
+    _bound: int = attrs.field(default=_REMEMBERED, init=False)
 
     async def submit(
         self, job: Job, key: object, window: object, chosen: bool

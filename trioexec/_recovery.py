@@ -16,6 +16,7 @@ import json
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, final
 
+import attrs
 import trio
 from trio_util import periodic
 
@@ -43,37 +44,25 @@ class RecoverableRuns(Runs, Protocol):
 
 
 @final
+@attrs.define(eq=False)
 class Recovery:
     """The lease of one executor (with a store), and what it recovers."""
 
-    def __init__(
-        self,
-        journal: Journal,
-        lifecycle: Lifecycle,
-        waits: LifecycleWaits,
-        gate: Gate,
-        shutdown: Shutdown,
-        events: EventStream,
-        owner_id: str,
-        specs: dict[str, TaskSpec],
-        recovered: Callable[[TaskSpec, tuple[Any, ...], ExecutionRecord], None],
-        runs: RecoverableRuns | None = None,
-    ) -> None:
-        self.runs = runs
-        self._journal = journal
-        self._lifecycle = lifecycle
-        self._waits = waits
-        self._gate = gate
-        self._shutdown = shutdown
-        self._events = events
-        self._owner_id = owner_id
-        self._specs = specs
-        self._recovered = recovered
-        self._poked = trio.Event()  # (`poke`)
-        # Renewals take turns with `close` only, not with the journal's calls: one
-        # queued behind a long recovery pass or a slow write could let the lease lapse.
-        self._lease_lock = trio.Lock()
-        self._released = False
+    _journal: Journal
+    _lifecycle: Lifecycle
+    _waits: LifecycleWaits
+    _gate: Gate
+    _shutdown: Shutdown
+    _events: EventStream
+    _owner_id: str
+    _specs: dict[str, TaskSpec]
+    _recovered: Callable[[TaskSpec, tuple[Any, ...], ExecutionRecord], None]
+    runs: RecoverableRuns | None = None
+    _poked: trio.Event = attrs.field(factory=trio.Event, init=False)  # (`poke`)
+    # Renewals take turns with `close` only, not with the journal's calls: one
+    # queued behind a long recovery pass or a slow write could let the lease lapse.
+    _lease_lock: trio.Lock = attrs.field(factory=trio.Lock, init=False)
+    _released: bool = attrs.field(default=False, init=False)
 
     async def take_lease(self, lease: float) -> None:
         journal = self._journal
