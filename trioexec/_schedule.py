@@ -282,15 +282,12 @@ class Schedules:
             if decision not in (Admit.ACCEPT, Admit.WAIT, Admit.DROP_OLDEST):
                 tally = core.tally
                 reason = rejection_reason(decision, gate.overflow, backlogged=gate.backlogged())
-                self._skipped(
-                    schedule,
-                    task_id,
-                    at,
-                    "no_room",
+                error = (
                     f"no room (overflow={gate.overflow.value}, {reason}: {tally.queue_depth}"
                     f" pending, {tally.active_count} active, {tally.deferred_count} deferred,"
-                    f" capacity {gate.capacity}): left unclaimed for another executor on the store",
+                    f" capacity {gate.capacity}): left unclaimed for another executor on the store"
                 )
+                self._skipped(schedule, task_id, at, "no_room", error)
                 await trio.lowlevel.checkpoint()
                 return False
             held = decision is Admit.ACCEPT
@@ -322,7 +319,10 @@ class Schedules:
             # Refused (a full executor, or a ValueError: an argument its key is made
             # of, say): the claim goes back for another executor, unless the id is in
             # use here or in the store (the occurrence was submitted already).
-            in_use = isinstance(exc, ValueError) and self._in_use(task_id)
+            in_use = isinstance(exc, ValueError) and (
+                core.lifecycle.is_live(task_id)
+                or (core.store is not None and core.store.execution(task_id) is not None)
+            )
             if not in_use:
                 await self._release(schedule, at)
             reason = "task_id_in_use" if in_use else "refused"
@@ -357,12 +357,6 @@ class Schedules:
             reason=reason,
             attributes={"schedule_id": schedule.schedule_id, "at": at, "error": error},
         )
-
-    def _in_use(self, task_id: str) -> bool:
-        core = self._core
-        if core.lifecycle.is_live(task_id):
-            return True
-        return core.store is not None and core.store.execution(task_id) is not None
 
     async def _release(self, schedule: Schedule, at: float) -> None:
         """Give the claim of the occurrence at ``at`` back (if there is a store)."""
