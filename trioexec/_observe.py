@@ -18,7 +18,7 @@ prints nothing until the application configures logging.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol, final
+from typing import TYPE_CHECKING, Any, Protocol, cast, final
 
 from ._records import safe_repr
 
@@ -131,22 +131,19 @@ def without(current: Observer | None, gone: Observer) -> Observer | None:
 def lifecycle_of(ex: Any) -> Observed:
     """Where ``ex`` (an `Executor` or a `DeterministicExecutor`) tells its
     observer (``.observer``, several through `combine`), for `trioexec.contrib`."""
-    lifecycle: Observed = ex._core.lifecycle
-    return lifecycle
+    return cast("Observed", ex._core.lifecycle)
 
 
 def owner_of(ex: Any) -> str:
     """``ex``'s owner id (`Executor.owner`; a `DeterministicExecutor` has one too),
     which tells executors apart."""
-    owner: str = ex._core.owner_id
-    return owner
+    return cast(str, ex._core.owner_id)
 
 
 def ended(ex: Any) -> bool:
     """``ex`` runs nothing more: closed (its shutdown over) or stopped by its
     store's failure. Reads only (a scrape may ask from another thread)."""
-    over: bool = ex._core.shutdown.over()
-    return over
+    return cast(bool, ex._core.shutdown.over())
 
 
 def fields(task_id: str, name: str, attempt: int) -> dict[str, object]:
