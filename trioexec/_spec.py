@@ -72,10 +72,9 @@ def _find_handle_param(fn: Callable[..., Any]) -> tuple[str | None, int | None]:
             f"{_describe(fn)}: handle parameter {found.name!r} must accept a keyword "
             "(the executor passes the handle as handle=...)"
         )
-    position = None
-    if found.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
-        position = list(sig.parameters).index(found.name)
-    return found.name, position
+    if found.kind is not inspect.Parameter.POSITIONAL_OR_KEYWORD:
+        return found.name, None
+    return found.name, list(sig.parameters).index(found.name)
 
 
 def _is_async_callable(fn: Callable[..., Any]) -> bool:
@@ -225,9 +224,7 @@ def _make_spec(fn: Callable[P2, R], options: dict[str, Any]) -> TaskSpec[P2, R]:
         raise TaskDefinitionError(f"{what.id!r} is already a TaskSpec; decorate the function once")
     if not callable(what):
         raise TaskDefinitionError(f"@task needs a callable, got {what!r}")
-    task_id = options["id"]
-    if task_id is None:
-        task_id = _describe(fn)
+    task_id = _describe(fn) if options["id"] is None else options["id"]
     if not isinstance(task_id, str) or not task_id:
         raise TaskDefinitionError(f"task id must be a non-empty string, got {task_id!r}")
     try:
