@@ -151,43 +151,30 @@ def fields(task_id: str, name: str, attempt: int) -> dict[str, object]:
     return {"task_id": task_id, "task_name": name, "attempt": attempt}
 
 
+def _log(level: int, job: Job, msg: str, *args: object, **kwargs: Any) -> None:
+    """Log ``msg`` of ``job``: its name and id, then ``args``; its extra fields."""
+    extra = fields(job.task_id, job.name, job.attempts)
+    logger.log(level, msg, job.name, job.task_id, *args, extra=extra, stacklevel=2, **kwargs)
+
+
 def log_failure(job: Job, status: TaskStatus) -> None:
     if logger.isEnabledFor(logging.ERROR):
         error = job.error
-        logger.error(
-            "task %s (%s) %s after %d attempt(s): %s",
-            job.name,
-            job.task_id,
-            status.value,
-            job.attempts,
-            safe_repr(error),
-            exc_info=None if error is None else (type(error), error, error.__traceback__),
-            extra=fields(job.task_id, job.name, job.attempts),
-        )
+        exc = None if error is None else (type(error), error, error.__traceback__)
+        msg = "task %s (%s) %s after %d attempt(s): %s"
+        _log(logging.ERROR, job, msg, status.value, job.attempts, safe_repr(error), exc_info=exc)
 
 
 def log_retry(job: Job, status: TaskStatus, delay: float) -> None:
     if logger.isEnabledFor(logging.INFO):
-        logger.info(
-            "task %s (%s) attempt %d %s: %s; retrying in %.3g s",
-            job.name,
-            job.task_id,
-            job.attempts,
-            status.value,
-            safe_repr(job.error),
-            delay,
-            extra=fields(job.task_id, job.name, job.attempts),
-        )
+        msg = "task %s (%s) attempt %d %s: %s; retrying in %.3g s"
+        _log(logging.INFO, job, msg, job.attempts, status.value, safe_repr(job.error), delay)
 
 
 def log_lease_lost(job: Job) -> None:
     if logger.isEnabledFor(logging.WARNING):
-        logger.warning(
-            "task %s (%s): lease lost, another executor has it now; stopped here",
-            job.name,
-            job.task_id,
-            extra=fields(job.task_id, job.name, job.attempts),
-        )
+        msg = "task %s (%s): lease lost, another executor has it now; stopped here"
+        _log(logging.WARNING, job, msg)
 
 
 def log_abandoned(task_id: str, name: str, attempt: int, recovery_attempts: int) -> None:
@@ -203,10 +190,8 @@ def log_abandoned(task_id: str, name: str, attempt: int, recovery_attempts: int)
 
 def log_overruled(job: Job) -> None:
     if logger.isEnabledFor(logging.WARNING):
-        logger.warning(
+        msg = (
             "task %s (%s): its end here was not recorded, another executor has it"
-            " (its lease was lost)",
-            job.name,
-            job.task_id,
-            extra=fields(job.task_id, job.name, job.attempts),
+            " (its lease was lost)"
         )
+        _log(logging.WARNING, job, msg)
