@@ -115,6 +115,7 @@ class Recovery:
         store = journal.store
         specs = self._specs
         lifecycle = self._lifecycle
+        owner = self._owner_id
 
         def recreatable(record: ExecutionRecord) -> bool:
             return record.args is not None and record.spec_id in specs
@@ -126,12 +127,7 @@ class Recovery:
         gate.hold(room)  # submissions meanwhile must not take recovery's room
         try:
             result = await journal.call(
-                store.recover,
-                self._owner_id,
-                lifecycle.wall(),
-                recreatable,
-                max_recovery_attempts,
-                room,
+                store.recover, owner, lifecycle.wall(), recreatable, max_recovery_attempts, room
             )
         finally:
             gate.release(room)  # (what it claims it accepts below, before it yields)
@@ -153,11 +149,7 @@ class Recovery:
         runs = self.runs
         if runs is not None and not self._is_closing():
             claimed = await journal.call(
-                store.claim_runs,
-                self._owner_id,
-                lifecycle.wall(),
-                runs.names(),
-                max_recovery_attempts,
+                store.claim_runs, owner, lifecycle.wall(), runs.names(), max_recovery_attempts
             )
             for run in claimed.abandoned:
                 self._events.publish(

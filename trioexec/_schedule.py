@@ -270,7 +270,8 @@ class Schedules:
         Checkpoints on every path."""
         core = self._core
         journal = core.journal
-        task_id = occurrence_task_id(schedule.schedule_id, at)
+        schedule_id = schedule.schedule_id
+        task_id = occurrence_task_id(schedule_id, at)
         held = False
         if journal is not None:
             # Claim only what this executor can take (claimed, then refused or
@@ -296,11 +297,7 @@ class Schedules:
             won = False
             try:
                 won = await journal.call(
-                    journal.store.claim_occurrence,
-                    schedule.schedule_id,
-                    at,
-                    core.owner_id,
-                    following,
+                    journal.store.claim_occurrence, schedule_id, at, core.owner_id, following
                 )
             finally:
                 if held and not won:
