@@ -179,13 +179,8 @@ def log_lease_lost(job: Job) -> None:
 
 def log_abandoned(task_id: str, name: str, attempt: int, recovery_attempts: int) -> None:
     if logger.isEnabledFor(logging.ERROR):
-        logger.error(
-            "task %s (%s) abandoned after %d recoveries",
-            name,
-            task_id,
-            recovery_attempts,
-            extra=fields(task_id, name, attempt),
-        )
+        msg = "task %s (%s) abandoned after %d recoveries"
+        logger.error(msg, name, task_id, recovery_attempts, extra=fields(task_id, name, attempt))
 
 
 def log_overruled(job: Job) -> None:
