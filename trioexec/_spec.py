@@ -274,12 +274,9 @@ def _make_spec(fn: Callable[P2, R], options: dict[str, Any]) -> TaskSpec[P2, R]:
             )
 
     key = options["key"]
-    if key is not None and not callable(key):
-        try:
-            check_id("key", key)
-        except ValueError as exc:
-            raise TaskDefinitionError(f"{task_id}: {exc}") from None
     try:
+        if key is not None and not callable(key):
+            check_id("key", key)
         priority = check_priority(options["priority"])
     except (TypeError, ValueError) as exc:
         raise TaskDefinitionError(f"{task_id}: {exc}") from None
