@@ -59,28 +59,27 @@ class Shutdown(Closing):
         ``CANCEL``. Never blocks; may be called again with a stricter policy or a
         shorter grace. ``reason`` (the block ended by an exception) is what the
         tasks it cancels end with in the store."""
+        lifecycle = self._lifecycle
         if reason is not None:
-            self._lifecycle.cancel_reason = reason
+            lifecycle.cancel_reason = reason
         cancel_pending, cancel_running = self.close(policy)
         self._begun.set()
         # Blocked submitters decide again: ExecutorClosed (or, fan-out under
         # DRAIN, back in line).
         self._gate.wake_all()
         if cancel_pending:
-            self._lifecycle.cancel_pending()
+            lifecycle.cancel_pending()
         # What a pause holds would never start (nor would a task paused from now on).
-        pending = self._lifecycle.pending
+        pending = lifecycle.pending
         for job in [*pending.pauses.parked, *pending.pauses.retries]:
-            self._lifecycle.cancel(job)
+            lifecycle.cancel(job)
         if cancel_running:
             for job in self._workers.started_jobs():
-                self._lifecycle.cancel(job)
+                lifecycle.cancel(job)
         self._workers.close()
         if grace is None:
             return
-        deadline = self.grace_deadline(
-            policy, grace, trio.current_time(), self._lifecycle.is_idle()
-        )
+        deadline = self.grace_deadline(policy, grace, trio.current_time(), lifecycle.is_idle())
         nursery = self._workers.nursery
         if deadline is not None and nursery is not None:
             self.grace_ends = deadline
