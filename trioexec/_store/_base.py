@@ -320,6 +320,20 @@ def record_of(row: Sequence[object], where: str) -> ExecutionRecord:
     return ExecutionRecord(**values)
 
 
+def records(conn: Any, where: str, sql: str, params: Sequence[object]) -> list[ExecutionRecord]:
+    """The records a query of `RECORD_COLUMNS` (`SELECT_RECORDS` ...) finds, in its
+    order (`record_of`: ``where`` names the store)."""
+    return [record_of(row, where) for row in conn.execute(sql, params).fetchall()]
+
+
+def record_by_id(
+    conn: Any, mark: str, where: str, task_id: str | None, lock: str = ""
+) -> ExecutionRecord | None:
+    """Execution ``task_id``'s record, or None (``lock``: `Dialect.lock_row`)."""
+    found = records(conn, where, f"{SELECT_RECORDS} WHERE e.task_id = {mark}{lock}", (task_id,))
+    return found[0] if found else None
+
+
 SUPERSEDED = "superseded: its workflow run was resumed by another executor"
 RUN_ORPHANED = "orphaned: its owner's lease expired and its workflow is not registered here"
 

@@ -1,5 +1,5 @@
 """Operator commands (pause, resume, cancel) and requeues of dead letters: the rules
-(`check_command`, `pause_turn`, `cancel_plan`, `requeue_refusal`, `prune_bounds`)
+(`check_command`, `pause_turn`, `cancel_plan`, `requeue_refusal`, `append_command`'s pruning)
 and the SQL of `Store.command` and `Store.requeue`, written once with the
 placeholder (``?`` or ``%s``) as a parameter.
 
@@ -42,13 +42,12 @@ from ._base import (
     Command,
     Requeued,
     apply_change,
-    record_of,
+    record_by_id,
+    records,
     update_sql,
 )
 from ._dialect import Dialect
 
-#: What `Store.command` does; a "retry" is recorded by `Store.requeue`.
-KINDS = ("pause", "resume", "cancel")
 NOT_RECREATABLE = (
     "not re-creatable: submitted without a registered TaskSpec or with arguments that are not JSON"
 )
@@ -119,7 +118,7 @@ def check_command(
 @attrs.frozen(kw_only=True)
 class PauseRow:
     """A row of the pauses table: a target paused now, or resumed (kept to order
-    the commands that arrive late, until `prune_bounds` lets it go)."""
+    the commands that arrive late, until `append_command` prunes it)."""
 
     paused: bool
     who: str  #: who paused it (the first pause of this pause), or resumed it
@@ -147,15 +146,6 @@ def pause_turn(
     if row is None:  # never paused: a row all the same, to order a pause issued before it
         return PauseRow(paused=False, who=who, at=at, latest=at), False, "not paused"
     return attrs.evolve(row, latest=at), False, "not paused"
-
-
-def prune_bounds(seq: int, now: float) -> tuple[int, float] | None:
-    """After recording command ``seq`` at ``now``: None, or the commands to delete
-    (seq at most the first, issued before the second) and the resumed targets
-    to forget (their latest command issued before the second)."""
-    if seq % PRUNE_EVERY:
-        return None
-    return seq - KEEP_COMMANDS, now - KEEP_SECONDS
 
 
 def check_requeue(
@@ -211,11 +201,6 @@ def descendants_sql(d: Dialect, task_id: str | None) -> tuple[str, tuple[object,
     return sql, (task_id,)
 
 
-def cancelled_by(who: str) -> str:
-    """The error of an execution a store cancelled on ``who``'s command."""
-    return f"cancelled by {who}"
-
-
 def requeue_refusal(record: ExecutionRecord | None) -> str | None:
     """Why ``record`` (None: unknown) cannot be requeued, or None if it can."""
     if record is None:
@@ -229,14 +214,6 @@ def requeue_refusal(record: ExecutionRecord | None) -> str | None:
     if not record.recreatable:
         return NOT_RECREATABLE
     return None
-
-
-def requeued(record: ExecutionRecord) -> ExecutionRecord:
-    """``record`` as a requeue leaves it (`TRANSITIONS`: its attempt, error and
-    traceback kept), with no owner's lease."""
-    values = attrs.asdict(record, recurse=False)
-    apply_change(values, Requeue((record.task_id, record.version)))
-    return ExecutionRecord(**{**values, "lease_expires_at": None})
 
 
 # ---------------------------------------------------------------------- SQL
@@ -255,7 +232,9 @@ def append_command(
     conn: Any, mark: str, now: float, who: str, *, issued: float | None = None, **fields: Any
 ) -> Command:
     """Append one command (``fields``: kind, name, key, task_id, changed, detail),
-    issued at ``issued`` (None: ``now``), and delete what `prune_bounds` says."""
+    issued at ``issued`` (None: ``now``). Every `PRUNE_EVERY` seqs, delete the
+    commands past the newest `KEEP_COMMANDS` and issued over `KEEP_SECONDS` ago,
+    and the targets resumed (their latest command issued) that long ago."""
     at = now if issued is None else issued
     values = {"name": None, "key": None, "task_id": None, **fields, "who": who, "at": at}
     columns = [c for c in COMMAND_FIELDS if c != "seq"]
@@ -265,10 +244,12 @@ def append_command(
         [values[c] for c in columns],
     ).fetchone()
     seq = int(row[0])
-    bounds = prune_bounds(seq, now)
-    if bounds is not None:  # (a range of the primary key, then a small table)
-        conn.execute(f"DELETE FROM commands WHERE seq <= {mark} AND at < {mark}", bounds)
-        conn.execute(f"DELETE FROM pauses WHERE NOT paused AND latest < {mark}", (bounds[1],))
+    if seq % PRUNE_EVERY == 0:  # (a range of the primary key, then a small table)
+        old = now - KEEP_SECONDS
+        conn.execute(
+            f"DELETE FROM commands WHERE seq <= {mark} AND at < {mark}", (seq - KEEP_COMMANDS, old)
+        )
+        conn.execute(f"DELETE FROM pauses WHERE NOT paused AND latest < {mark}", (old,))
     return Command(seq=seq, **values)
 
 
@@ -303,20 +284,15 @@ def sql_command(conn: Any, d: Dialect, where: str, now: float, asked: Asked) -> 
             )
         target: dict[str, str | None] = dict([asked.pause])  # (its name or its key)
     else:
-        found = conn.execute(
-            f"{SELECT_RECORDS} WHERE e.task_id = {m}{d.lock_row}", (asked.task_id,)
-        ).fetchone()
-        record = None if found is None else record_of(found, where)
+        record = record_by_id(conn, m, where, asked.task_id, d.lock_row)
         changed, in_store, detail = cancel_plan(record, now)
+        error = f"cancelled by {asked.who}"  # (the error of an execution the store cancels)
         if record is not None and in_store:
-            conn.execute(
-                update_sql("cancel", m),
-                (now, cancelled_by(asked.who), record.task_id, record.version),
-            )
+            conn.execute(update_sql("cancel", m), (now, error, record.task_id, record.version))
         # Its unfinished descendants too: those nobody runs here, the others by
         # their owners, which see the command (`trioexec._control`).
-        below = [record_of(row, where) for row in conn.execute(*descendants_sql(d, asked.task_id))]
-        gone = f"{cancelled_by(asked.who)}: its ancestor {asked.task_id!r} was cancelled"
+        below = records(conn, where, *descendants_sql(d, asked.task_id))
+        gone = f"{error}: its ancestor {asked.task_id!r} was cancelled"
         for child in below:
             if cancel_plan(child, now)[1]:
                 conn.execute(update_sql("cancel", m), (now, gone, child.task_id, child.version))
@@ -369,7 +345,11 @@ def sql_requeue(
             return
         assert record is not None
         conn.execute(update_sql("requeue", m), (record.task_id, record.version))
-        done.append(requeued(record))
+        # (as the requeue left it, by `TRANSITIONS`: its attempt, error and
+        # traceback kept; with no owner's lease)
+        values = attrs.asdict(record, recurse=False)
+        apply_change(values, Requeue((record.task_id, record.version)))
+        done.append(ExecutionRecord(**{**values, "lease_expires_at": None}))
 
     if asked is None:
         sql = f"{SELECT_RECORDS} WHERE e.status = 'failed'"
@@ -380,24 +360,14 @@ def sql_requeue(
         if since is not None:
             sql += f" AND e.finished_at >= {m}"
             params.append(since)
-        for row in conn.execute(f"{sql} ORDER BY e.{d.seq}{d.lock_row}", params).fetchall():
-            record = record_of(row, where)
+        for record in records(conn, where, f"{sql} ORDER BY e.{d.seq}{d.lock_row}", params):
             judge(record.task_id, record)
     else:
         for task_id in asked:  # (read one by one: an id asked twice is pending the second time)
-            row = conn.execute(
-                f"{SELECT_RECORDS} WHERE e.task_id = {m}{d.lock_row}", (task_id,)
-            ).fetchone()
-            judge(task_id, None if row is None else record_of(row, where))
+            judge(task_id, record_by_id(conn, m, where, task_id, d.lock_row))
+    one = asked[0] if asked is not None and len(asked) == 1 else None
+    detail = f"requeued {len(done)}, refused {len(refused)}"
     command = append_command(
-        conn,
-        m,
-        now,
-        who,
-        kind="retry",
-        name=name,
-        task_id=asked[0] if asked is not None and len(asked) == 1 else None,
-        changed=bool(done),
-        detail=f"requeued {len(done)}, refused {len(refused)}",
+        conn, m, now, who, kind="retry", name=name, task_id=one, changed=bool(done), detail=detail
     )
     return Requeued(requeued=done, refused=refused, command=command)

@@ -52,7 +52,8 @@ from ._base import (
     check_limit,
     fold_batch,
     matches_some,
-    record_of,
+    record_by_id,
+    records,
     run_of,
     schedule_of,
     update_sql,
@@ -283,23 +284,24 @@ class SQLStore:
             ).fetchall()
             if not locked:
                 return Recovery([], [], [])
-            rows = conn.execute(
+            candidates = records(
+                conn,
+                self.path,
                 f"{SELECT_RECORDS} WHERE {d.in_list('e.task_id')} AND{expired} ORDER BY e.{d.seq}",
                 (d.list_param([r[0] for r in locked]), owner, now),
-            ).fetchall()
+            )
             claim: dict[str, tuple[int, int]] = {}  # task id -> (version, attempts once claimed)
-            for row in rows:
-                record = record_of(row, self.path)
+            for record in candidates:
                 room = limit is None or len(claim) < limit
                 verdict = recovery_verdict(record, recreatable(record), max_recovery_attempts, room)
                 if verdict is Verdict.ABANDON or verdict is Verdict.ORPHAN:
                     abandon = verdict is Verdict.ABANDON
                     error = abandoned_error(record.recovery_attempts) if abandon else ORPHANED
-                    conn.execute(
-                        update_sql("end", m),
-                        ("failed", now, error, record.task_id, record.version),
-                    )
-                    (abandoned if abandon else orphaned).append(self._one(conn, record.task_id))
+                    args = ("failed", now, error, record.task_id, record.version)
+                    conn.execute(update_sql("end", m), args)
+                    ended = record_by_id(conn, m, self.path, record.task_id)
+                    assert ended is not None  # (its row, just written)
+                    (abandoned if abandon else orphaned).append(ended)
                 elif verdict is Verdict.CLAIM:
                     claim[record.task_id] = (record.version, claimed_attempts(record))
             if claim:
@@ -307,13 +309,10 @@ class SQLStore:
                     update_sql("claim", m),
                     [(owner, n, task_id, version) for task_id, (version, n) in claim.items()],
                 )
-                claimed = [
-                    record_of(row, self.path)
-                    for row in conn.execute(
-                        f"{SELECT_RECORDS} WHERE {d.in_list('e.task_id')} ORDER BY e.{d.seq}",
-                        (d.list_param(claim),),
-                    )
-                ]
+                by = f"{d.in_list('e.task_id')} ORDER BY e.{d.seq}"
+                claimed = records(
+                    conn, self.path, f"{SELECT_RECORDS} WHERE {by}", (d.list_param(claim),)
+                )
         return Recovery(claimed, orphaned, abandoned)
 
     # ------------------------------------------------------------------ dedupe keys
@@ -334,9 +333,9 @@ class SQLStore:
             self._begin(conn)
             self._lock_key(conn, key, b"dedupe")
             args = (key,) if window is None else (key, self.clock() - window)
-            found = conn.execute(sql, args).fetchone()
-            if found is not None:
-                return record_of(found, self.path)
+            found = records(conn, self.path, sql, args)
+            if found:
+                return found[0]
             if self._insert_rows(conn, [row]):
                 raise ValueError(f"task id {row[R_ID]!r} is already recorded in the store")
         return None
@@ -345,14 +344,7 @@ class SQLStore:
     def descendants(self, task_id: str) -> list[ExecutionRecord]:
         """See `Store.descendants`."""
         with self._db.reading("read descendants") as conn:
-            rows = conn.execute(*descendants_sql(self.dialect, task_id)).fetchall()
-        return [record_of(row, self.path) for row in rows]
-
-    def _one(self, conn: Any, task_id: str) -> ExecutionRecord:
-        row = conn.execute(
-            f"{SELECT_RECORDS} WHERE e.task_id = {self.dialect.mark}", (task_id,)
-        ).fetchone()
-        return record_of(row, self.path)
+            return records(conn, self.path, *descendants_sql(self.dialect, task_id))
 
     # ------------------------------------------------------------------ keys
 
@@ -667,8 +659,7 @@ class SQLStore:
             sql += f" LIMIT {d.mark}"
             params.append(limit)
         with self._db.reading("query executions") as conn:
-            rows = conn.execute(sql, params).fetchall()
-        return [record_of(row, self.path) for row in rows]
+            return records(conn, self.path, sql, params)
 
     def _where(
         self,
@@ -745,10 +736,7 @@ class SQLStore:
         if not matches_some(task_id=task_id):
             return None
         with self._db.reading("query execution") as conn:
-            row = conn.execute(
-                f"{SELECT_RECORDS} WHERE e.task_id = {self.dialect.mark}", (task_id,)
-            ).fetchone()
-        return None if row is None else record_of(row, self.path)
+            return record_by_id(conn, self.dialect.mark, self.path, task_id)
 
     def close(self) -> None:
         """Close every connection; idempotent."""
