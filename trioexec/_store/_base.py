@@ -198,6 +198,17 @@ def update_sql(kind: str, mark: str, by: str = "task_id = {m} AND version = {m}"
     )
 
 
+@functools.cache
+def upsert_sql(mark: str, table: str, columns: str, keys: str) -> str:
+    """The SQL stores' ``INSERT`` of a row of ``columns`` (``"a, b"``) into
+    ``table`` that updates the others of the row of its ``keys`` if there is one
+    (``mark``: the placeholder)."""
+    names = columns.split(", ")
+    sets = ", ".join(f"{c} = excluded.{c}" for c in names if c not in keys.split(", "))
+    into = f"INSERT INTO {table} ({columns}) VALUES ({', '.join([mark] * len(names))})"
+    return f"{into} ON CONFLICT ({keys}) DO UPDATE SET {sets}"
+
+
 def fold_row(row: ExecutionRow, change: Transition) -> bool:
     """`apply_change` for an `ExecutionRow` not written yet: fold ``change`` into it.
     Returns False (and changes nothing) if the change is fenced out."""
@@ -320,7 +331,7 @@ def record_of(row: Sequence[object], where: str) -> ExecutionRecord:
     return ExecutionRecord(**values)
 
 
-def records(conn: Any, where: str, sql: str, params: Sequence[object]) -> list[ExecutionRecord]:
+def records_of(conn: Any, where: str, sql: str, params: Sequence[object]) -> list[ExecutionRecord]:
     """The records a query of `RECORD_COLUMNS` (`SELECT_RECORDS` ...) finds, in its
     order (`record_of`: ``where`` names the store)."""
     return [record_of(row, where) for row in conn.execute(sql, params).fetchall()]
@@ -330,7 +341,7 @@ def record_by_id(
     conn: Any, mark: str, where: str, task_id: str | None, lock: str = ""
 ) -> ExecutionRecord | None:
     """Execution ``task_id``'s record, or None (``lock``: `Dialect.lock_row`)."""
-    found = records(conn, where, f"{SELECT_RECORDS} WHERE e.task_id = {mark}{lock}", (task_id,))
+    found = records_of(conn, where, f"{SELECT_RECORDS} WHERE e.task_id = {mark}{lock}", (task_id,))
     return found[0] if found else None
 
 

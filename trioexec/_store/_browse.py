@@ -32,6 +32,7 @@ from ._base import (
     Command,
     RunRecord,
     record_of,
+    records_of,
     run_of,
 )
 from ._control import command_of
@@ -451,10 +452,9 @@ def task_children(store: object, task_id: str, limit: int = 50) -> Children:
     where = [f"e.parent_id = {d.mark}"]  # (a range of the children's index)
     sql = f"{SELECT_RECORDS}{_and(where)} ORDER BY e.{d.seq} LIMIT {d.mark}"
     with sql_store.snapshot("query a task's children") as conn:
-        rows = conn.execute(sql, (checked, limit + 1)).fetchall()
+        rows = records_of(conn, sql_store.path, sql, (checked, limit + 1))
         total = len(rows) if len(rows) <= limit else _count(conn, d, where, [checked])
-    records = [record_of(row, sql_store.path) for row in rows[:limit]]
-    return Children(rows=records, total=total)
+    return Children(rows=rows[:limit], total=total)
 
 
 @attrs.frozen
@@ -565,11 +565,8 @@ def runs_page(
         live: dict[str, list[ExecutionRecord]] = {run_id: [] for run_id in running}
         if running:
             marks = ", ".join([d.mark] * len(running))
-            for found in conn.execute(
-                f"{SELECT_RECORDS} WHERE e.run_id IN ({marks}) AND {_LIVE_SQL} ORDER BY e.{d.seq}",
-                running,
-            ).fetchall():
-                record = record_of(found, sql_store.path)
+            sql = f"{SELECT_RECORDS} WHERE e.run_id IN ({marks}) AND {_LIVE_SQL} ORDER BY e.{d.seq}"
+            for record in records_of(conn, sql_store.path, sql, running):
                 live[str(record.run_id)].append(record)
     records = [run_of(row, steps[row[0]]) for row in rows]
     next_cursor = None

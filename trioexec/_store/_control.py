@@ -43,8 +43,9 @@ from ._base import (
     Requeued,
     apply_change,
     record_by_id,
-    records,
+    records_of,
     update_sql,
+    upsert_sql,
 )
 from ._dialect import Dialect
 
@@ -275,13 +276,8 @@ def sql_command(conn: Any, d: Dialect, where: str, now: float, asked: Asked) -> 
         )
         new, changed, detail = pause_turn(row, asked.kind, asked.who, at, now)
         if new is not None:
-            conn.execute(
-                "INSERT INTO pauses (kind, value, who, at, paused, latest)"
-                f" VALUES ({m}, {m}, {m}, {m}, {m}, {m}) ON CONFLICT (kind, value) DO UPDATE"
-                " SET who = excluded.who, at = excluded.at, paused = excluded.paused,"
-                " latest = excluded.latest",
-                (*asked.pause, new.who, new.at, new.paused, new.latest),
-            )
+            sql = upsert_sql(m, "pauses", "kind, value, who, at, paused, latest", "kind, value")
+            conn.execute(sql, (*asked.pause, new.who, new.at, new.paused, new.latest))
         target: dict[str, str | None] = dict([asked.pause])  # (its name or its key)
     else:
         record = record_by_id(conn, m, where, asked.task_id, d.lock_row)
@@ -291,7 +287,7 @@ def sql_command(conn: Any, d: Dialect, where: str, now: float, asked: Asked) -> 
             conn.execute(update_sql("cancel", m), (now, error, record.task_id, record.version))
         # Its unfinished descendants too: those nobody runs here, the others by
         # their owners, which see the command (`trioexec._control`).
-        below = records(conn, where, *descendants_sql(d, asked.task_id))
+        below = records_of(conn, where, *descendants_sql(d, asked.task_id))
         gone = f"{error}: its ancestor {asked.task_id!r} was cancelled"
         for child in below:
             if cancel_plan(child, now)[1]:
@@ -360,7 +356,7 @@ def sql_requeue(
         if since is not None:
             sql += f" AND e.finished_at >= {m}"
             params.append(since)
-        for record in records(conn, where, f"{sql} ORDER BY e.{d.seq}{d.lock_row}", params):
+        for record in records_of(conn, where, f"{sql} ORDER BY e.{d.seq}{d.lock_row}", params):
             judge(record.task_id, record)
     else:
         for task_id in asked:  # (read one by one: an id asked twice is pending the second time)

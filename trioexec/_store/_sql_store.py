@@ -53,10 +53,11 @@ from ._base import (
     fold_batch,
     matches_some,
     record_by_id,
-    records,
+    records_of,
     run_of,
     schedule_of,
     update_sql,
+    upsert_sql,
 )
 from ._control import (
     COMMAND_COLUMNS,
@@ -284,12 +285,10 @@ class SQLStore:
             ).fetchall()
             if not locked:
                 return Recovery([], [], [])
-            candidates = records(
-                conn,
-                self.path,
-                f"{SELECT_RECORDS} WHERE {d.in_list('e.task_id')} AND{expired} ORDER BY e.{d.seq}",
-                (d.list_param([r[0] for r in locked]), owner, now),
-            )
+            of_ids = f"{SELECT_RECORDS} WHERE {d.in_list('e.task_id')}"
+            by_seq = f" ORDER BY e.{d.seq}"
+            params = (d.list_param([r[0] for r in locked]), owner, now)
+            candidates = records_of(conn, self.path, f"{of_ids} AND{expired}{by_seq}", params)
             claim: dict[str, tuple[int, int]] = {}  # task id -> (version, attempts once claimed)
             for record in candidates:
                 room = limit is None or len(claim) < limit
@@ -309,10 +308,7 @@ class SQLStore:
                     update_sql("claim", m),
                     [(owner, n, task_id, version) for task_id, (version, n) in claim.items()],
                 )
-                by = f"{d.in_list('e.task_id')} ORDER BY e.{d.seq}"
-                claimed = records(
-                    conn, self.path, f"{SELECT_RECORDS} WHERE {by}", (d.list_param(claim),)
-                )
+                claimed = records_of(conn, self.path, of_ids + by_seq, (d.list_param(claim),))
         return Recovery(claimed, orphaned, abandoned)
 
     # ------------------------------------------------------------------ dedupe keys
@@ -333,7 +329,7 @@ class SQLStore:
             self._begin(conn)
             self._lock_key(conn, key, b"dedupe")
             args = (key,) if window is None else (key, self.clock() - window)
-            found = records(conn, self.path, sql, args)
+            found = records_of(conn, self.path, sql, args)
             if found:
                 return found[0]
             if self._insert_rows(conn, [row]):
@@ -344,7 +340,7 @@ class SQLStore:
     def descendants(self, task_id: str) -> list[ExecutionRecord]:
         """See `Store.descendants`."""
         with self._db.reading("read descendants") as conn:
-            return records(conn, self.path, *descendants_sql(self.dialect, task_id))
+            return records_of(conn, self.path, *descendants_sql(self.dialect, task_id))
 
     # ------------------------------------------------------------------ keys
 
@@ -387,10 +383,8 @@ class SQLStore:
                 f"SELECT {_SCHEDULE_COLUMNS} FROM schedules WHERE schedule_id = {m}{lock}",
                 (record.schedule_id,),
             ).fetchone()
-            conn.execute(
-                f"INSERT INTO schedules ({_SCHEDULE_COLUMNS}) VALUES ({m}, {m}, {m}, {m}, {m},"
-                " NULL) ON CONFLICT (schedule_id) DO UPDATE SET cron = excluded.cron,"
-                " tz = excluded.tz, name = excluded.name, next_run = excluded.next_run",
+            conn.execute(  # (its last run, if any, is kept)
+                upsert_sql(m, "schedules", "schedule_id, cron, tz, name, next_run", "schedule_id"),
                 (record.schedule_id, record.cron, record.tz, record.name, record.next_run),
             )
         return None if before is None else schedule_of(before)
@@ -516,15 +510,10 @@ class SQLStore:
 
     @_retried
     def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
+        d = self.dialect
+        sql = f"SELECT run_id FROM workflow_runs WHERE {d.in_list('run_id')} AND owner {d.is_not} "
         with self._db.reading("check run ownership") as conn:
-            return [
-                row[0]
-                for row in conn.execute(
-                    f"SELECT run_id FROM workflow_runs WHERE {self.dialect.in_list('run_id')}"
-                    f" AND owner {self.dialect.is_not} {self.dialect.mark}",
-                    (self.dialect.list_param(run_ids), owner),
-                )
-            ]
+            return [row[0] for row in conn.execute(sql + d.mark, (d.list_param(run_ids), owner))]
 
     @_retried
     def run(self, run_id: str) -> RunRecord | None:
@@ -646,20 +635,15 @@ class SQLStore:
         where, params, deferred_only = found
         d = self.dialect
         seq = f"e.{d.seq}"
-        if order == "oldest":
-            by = seq
-        elif order == "newest":
-            by = f"{seq} DESC"
-        elif deferred_only:
-            by = f"e.deferred_since, {seq}"  # (no NULLs: the index's order)
-        else:
-            by = f"{d.deferred_last}, {seq}"
-        sql = f"{SELECT_RECORDS}{where} ORDER BY {by}"
+        # (only deferred ones: no NULLs, the index's order)
+        deferred = "e.deferred_since" if deferred_only else d.deferred_last
+        by = {"oldest": seq, "newest": f"{seq} DESC", "longest_deferred": f"{deferred}, {seq}"}
+        sql = f"{SELECT_RECORDS}{where} ORDER BY {by[order]}"
         if limit is not None:
             sql += f" LIMIT {d.mark}"
             params.append(limit)
         with self._db.reading("query executions") as conn:
-            return records(conn, self.path, sql, params)
+            return records_of(conn, self.path, sql, params)
 
     def _where(
         self,
@@ -775,28 +759,17 @@ def settle_key(conn: Any, mark: str, owner: str, request: KeyRequest, now: float
     if row is None:
         conn.execute(f"DELETE FROM key_holds WHERE key = {mark} AND owner = {mark}", (key, owner))
     else:
-        conn.execute(
-            f"INSERT INTO key_holds (key, owner, held, wanted, since) VALUES ({mark}, {mark},"
-            f" {mark}, {mark}, {mark}) ON CONFLICT (key, owner) DO UPDATE SET"
-            " held = excluded.held, wanted = excluded.wanted, since = excluded.since",
-            (key, owner, row.held, row.wanted, row.since),
-        )
+        holds = upsert_sql(mark, "key_holds", "key, owner, held, wanted, since", "key, owner")
+        conn.execute(holds, (key, owner, row.held, row.wanted, row.since))
     if bucket is None:
         conn.execute(f"DELETE FROM key_buckets WHERE key = {mark}", (key,))
     else:
-        conn.execute(
-            f"INSERT INTO key_buckets (key, tokens, stamp, full_at) VALUES ({mark}, {mark},"
-            f" {mark}, {mark}) ON CONFLICT (key) DO UPDATE SET tokens = excluded.tokens,"
-            " stamp = excluded.stamp, full_at = excluded.full_at",
-            (key, *bucket, full_at(request, bucket)),
-        )
+        buckets = upsert_sql(mark, "key_buckets", "key, tokens, stamp, full_at", "key")
+        conn.execute(buckets, (key, *bucket, full_at(request, bucket)))
     return grant
 
 
 def write_lease(conn: Any, mark: str, owner: str, lease_expires_at: float) -> None:
     """Create or renew ``owner``'s lease (``mark``: the placeholder)."""
-    conn.execute(
-        f"INSERT INTO owners (owner, lease_expires_at) VALUES ({mark}, {mark})"
-        " ON CONFLICT (owner) DO UPDATE SET lease_expires_at = excluded.lease_expires_at",
-        (owner, lease_expires_at),
-    )
+    lease = upsert_sql(mark, "owners", "owner, lease_expires_at", "owner")
+    conn.execute(lease, (owner, lease_expires_at))
