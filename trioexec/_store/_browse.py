@@ -515,15 +515,11 @@ def runs_page(
     limit = _limit(limit)
     filters = {"status": _text("status", status), "workflow": _text("workflow", workflow)}
     start = None if cursor is None else _run_key(cursor)
-    where: list[str] = []
-    params: list[object] = []
-    for column, value in filters.items():
-        if value is None:
-            continue
-        if not storable(value):
-            return RunPage(rows=[], next_cursor=None)
-        where.append(f"r.{column} = {d.mark}")
-        params.append(value)
+    given = {column: value for column, value in filters.items() if value is not None}
+    if not all(map(storable, given.values())):
+        return RunPage(rows=[], next_cursor=None)
+    where = [f"r.{column} = {d.mark}" for column in given]
+    params: list[object] = list(given.values())
     columns = ", ".join(f"r.{c}" for c in RUN_COLUMNS)
     timed = [*where, "r.created_at IS NOT NULL"]
     untimed = [*where, "r.created_at IS NULL"]
@@ -536,7 +532,6 @@ def runs_page(
         untimed.append(f"r.run_id < {d.mark}")
         untimed_params.append(start[1])
     rows: list[Any] = []
-    step_seq = f"s.{d.seq}"
     with sql_store.snapshot("query workflow runs") as conn:
         if timed:
             rows = conn.execute(
@@ -557,7 +552,7 @@ def runs_page(
             marks = ", ".join([d.mark] * len(rows))
             for run_id, step_id, state, output in conn.execute(
                 f"SELECT s.run_id, s.step_id, s.state, s.output FROM workflow_steps s"
-                f" WHERE s.run_id IN ({marks}) ORDER BY {step_seq}",
+                f" WHERE s.run_id IN ({marks}) ORDER BY s.{d.seq}",
                 [r[0] for r in rows],
             ).fetchall():
                 steps[run_id][step_id] = (state, output)
@@ -569,8 +564,6 @@ def runs_page(
             for record in records_of(conn, sql_store.path, sql, running):
                 live[str(record.run_id)].append(record)
     records = [run_of(row, steps[row[0]]) for row in rows]
-    next_cursor = None
-    if more:
-        last = records[-1]
-        next_cursor = _encode(_RUN_ORDER, [last.created_at, last.run_id])
+    last = records[-1] if more else None
+    next_cursor = None if last is None else _encode(_RUN_ORDER, [last.created_at, last.run_id])
     return RunPage(rows=records, next_cursor=next_cursor, live=live)
