@@ -465,9 +465,11 @@ class SQLStore:
                 return RunRecovery([], [], [])
             rows = conn.execute(
                 f"SELECT r.run_id, r.workflow, r.recovery_attempts{expired}"
-                f" AND {self.dialect.in_list('r.run_id')} ORDER BY r.{d.seq}",
+                f" AND {d.in_list('r.run_id')} ORDER BY r.{d.seq}",
                 (owner, now, d.list_param([r[0] for r in locked])),
             ).fetchall()
+            end_steps = update_sql("end", m, "run_id = {m}")  # (a run's live step executions)
+            the_run = f"WHERE run_id = {m}"
             for run_id, workflow, attempts in rows:
                 if workflow in known and attempts < max_recovery_attempts:
                     conn.execute(
@@ -475,8 +477,8 @@ class SQLStore:
                         f" recovery_attempts = recovery_attempts + 1 WHERE run_id = {m}",
                         (owner, run_id),
                     )
-                    self._end_steps(conn, run_id, "cancelled", now, SUPERSEDED)
-                    claimed.append(self._run(conn, run_id))
+                    conn.execute(end_steps, ("cancelled", now, SUPERSEDED, run_id))
+                    claimed += self._runs(conn, the_run, (run_id,))
                     continue
                 orphan = workflow not in known
                 conn.execute(
@@ -485,28 +487,20 @@ class SQLStore:
                     (now, run_id),
                 )
                 error = RUN_ORPHANED if orphan else abandoned_error(attempts)
-                self._end_steps(conn, run_id, "failed", now, error)
-                (orphaned if orphan else abandoned).append(self._run(conn, run_id))
+                conn.execute(end_steps, ("failed", now, error, run_id))
+                (orphaned if orphan else abandoned).extend(self._runs(conn, the_run, (run_id,)))
         return RunRecovery(claimed, orphaned, abandoned)
 
-    def _end_steps(self, conn: Any, run_id: str, status: str, now: float, error: str) -> None:
-        ended = update_sql("end", self.dialect.mark, "run_id = {m}")
-        conn.execute(ended, (status, now, error, run_id))
-
-    def _run(self, conn: Any, run_id: str) -> RunRecord:
-        m = self.dialect.mark
-        row = conn.execute(
-            f"SELECT {', '.join(RUN_COLUMNS)} FROM workflow_runs WHERE run_id = {m}", (run_id,)
-        ).fetchone()
-        steps = {
-            step_id: (state, output)
-            for step_id, state, output in conn.execute(
-                f"SELECT step_id, state, output FROM workflow_steps WHERE run_id = {m}"
-                f" ORDER BY {self.dialect.seq}",
-                (run_id,),
-            )
-        }
-        return run_of(row, steps)
+    def _runs(self, conn: Any, where: str, params: Sequence[object]) -> list[RunRecord]:
+        """The runs ``where`` (its conditions and order) finds, with their steps."""
+        d = self.dialect
+        sql = f"SELECT {', '.join(RUN_COLUMNS)} FROM workflow_runs {where}"
+        steps = f"SELECT step_id, state, output FROM workflow_steps WHERE run_id = {d.mark}"
+        runs = []
+        for row in conn.execute(sql, params).fetchall():
+            found = conn.execute(f"{steps} ORDER BY {d.seq}", (row[0],)).fetchall()
+            runs.append(run_of(row, {step: (state, out) for step, state, out in found}))
+        return runs
 
     @_retried
     def runs_taken_over(self, owner: str, run_ids: Collection[str]) -> list[str]:
@@ -522,23 +516,17 @@ class SQLStore:
         if not matches_some(run_id=run_id):
             return None
         with self._db.reading("query workflow run", snapshot=True) as conn:
-            found = conn.execute(
-                f"SELECT 1 FROM workflow_runs WHERE run_id = {self.dialect.mark}", (run_id,)
-            ).fetchone()
-            return None if found is None else self._run(conn, run_id)
+            found = self._runs(conn, f"WHERE run_id = {self.dialect.mark}", (run_id,))
+        return found[0] if found else None
 
     @_retried
     def runs(self, *, status: str | None = None) -> list[RunRecord]:
         if not matches_some(status=status):
             return []
+        d = self.dialect
+        where, params = ("", ()) if status is None else (f"WHERE status = {d.mark} ", (status,))
         with self._db.reading("query workflow runs", snapshot=True) as conn:
-            sql = "SELECT run_id FROM workflow_runs"
-            params: tuple[object, ...] = ()
-            if status is not None:
-                sql += f" WHERE status = {self.dialect.mark}"
-                params = (status,)
-            ids = [row[0] for row in conn.execute(f"{sql} ORDER BY {self.dialect.seq}", params)]
-            return [self._run(conn, run_id) for run_id in ids]
+            return self._runs(conn, f"{where}ORDER BY {d.seq}", params)
 
     # ------------------------------------------------------------------ commands
 
