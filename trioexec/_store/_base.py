@@ -43,6 +43,8 @@ FIRST = "<first>"
 BUMP = "<bump>"
 #: What ending an execution clears.
 _ENDED = {"sub_status": None, "deferred_since": None, "waiting_on": None, "traceback": None}
+#: What sending one back to pending sets.
+_PENDING = {"status": TaskStatus.PENDING, "sub_status": None, "deferred_since": None}
 #: What each kind of change does to a live execution's row: the statuses it
 #: applies in (fenced otherwise, as is a version that is not the row's), and
 #: each column it sets: to a constant, or to the change's value (`ARG`, `FIRST`).
@@ -63,16 +65,7 @@ TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
     # (a sub-status exists only while running)
     "sub": ((TaskStatus.RUNNING,), {"sub_status": ARG, "deferred_since": ARG, "waiting_on": ARG}),
     "wait": (LIVE, {"waiting_on": ARG}),
-    "retry": (
-        LIVE,
-        {
-            "status": TaskStatus.PENDING,
-            "sub_status": None,
-            "deferred_since": None,
-            "error": ARG,
-            "waiting_on": "retry backoff",
-        },
-    ),
+    "retry": (LIVE, {**_PENDING, "error": ARG, "waiting_on": "retry backoff"}),
     "finish": (
         LIVE,
         {
@@ -105,12 +98,10 @@ TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
     "requeue": (
         (TaskStatus.FAILED, TaskStatus.TIMED_OUT, TaskStatus.CANCELLED),
         {
-            "status": TaskStatus.PENDING,
+            **_PENDING,
             "owner": None,
             "version": BUMP,
             "recovery_attempts": 0,
-            "sub_status": None,
-            "deferred_since": None,
             "finished_at": None,
             "waiting_on": "slot",
         },
@@ -120,15 +111,7 @@ TRANSITIONS: dict[str, tuple[tuple[TaskStatus, ...], dict[str, object]]] = {
     "release": (LIVE, {"owner": None, "version": BUMP}),
     "claim": (
         LIVE,
-        {
-            "owner": ARG,
-            "version": BUMP,
-            "status": TaskStatus.PENDING,
-            "sub_status": None,
-            "deferred_since": None,
-            "waiting_on": "slot",
-            "recovery_attempts": ARG,
-        },
+        {"owner": ARG, "version": BUMP, **_PENDING, "waiting_on": "slot", "recovery_attempts": ARG},
     ),
 }
 

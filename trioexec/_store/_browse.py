@@ -128,14 +128,11 @@ def _where(
     order: object,
     status: TaskStatus | str | None,
     sub_status: SubStatus | str | None,
-    name: str | None,
-    key: str | None,
-    waiting_on: str | None,
-    run_id: str | None,
+    **given: str | None,
 ) -> tuple[list[str], list[object], bool] | None:
-    """The conditions (on ``e``) and their parameters; None if nothing can match
-    (a text no store can hold: a NUL, a lone surrogate); and whether only
-    live executions can match.
+    """The conditions (on ``e``) and their parameters (``given``: the text
+    filters, by column); None if nothing can match (a text no store can hold: a
+    NUL, a lone surrogate); and whether only live executions can match.
 
     A query of live executions only (``longest_waiting``, a live status, a
     sub-status, ``waiting_on``) says so (``status IN ('pending', 'running')``,
@@ -146,12 +143,7 @@ def _where(
     params: list[object] = []
     status = _member("status", TaskStatus, status)
     sub_status = _member("sub_status", SubStatus, sub_status)
-    texts = {
-        "name": _text("name", name),
-        "key": _text("key", key),
-        "run_id": _text("run_id", run_id),
-        "waiting_on": _text("waiting_on", waiting_on),
-    }
+    texts = {column: _text(column, value) for column, value in given.items()}
     live = (
         order == "longest_waiting"
         or status in (TaskStatus.PENDING, TaskStatus.RUNNING)
@@ -276,7 +268,8 @@ def browse(
     sql_store, d = _sql_store(store)
     limit = _limit(limit)
     _order(d, order, False)  # (an unknown order: before anything else)
-    found = _where(d, order, status, sub_status, name, key, waiting_on, run_id)
+    texts = {"name": name, "key": key, "run_id": run_id, "waiting_on": waiting_on}
+    found = _where(d, order, status, sub_status, **texts)
     start = None if cursor is None else _decode(cursor, str(order))
     if found is None:
         return Page(rows=[], next_cursor=None, total=0)
