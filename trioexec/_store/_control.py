@@ -229,15 +229,13 @@ def command_of(row: Sequence[Any]) -> Command:
     return Command(**values)
 
 
-def append_command(
-    conn: Any, mark: str, now: float, who: str, *, issued: float | None = None, **fields: Any
-) -> Command:
-    """Append one command (``fields``: kind, name, key, task_id, changed, detail),
-    issued at ``issued`` (None: ``now``). Every `PRUNE_EVERY` seqs, delete the
-    commands past the newest `KEEP_COMMANDS` and issued over `KEEP_SECONDS` ago,
-    and the targets resumed (their latest command issued) that long ago."""
-    at = now if issued is None else issued
-    values = {"name": None, "key": None, "task_id": None, **fields, "who": who, "at": at}
+def append_command(conn: Any, mark: str, now: float, who: str, **fields: Any) -> Command:
+    """Append one command (``fields``: kind, name, key, task_id, changed, detail,
+    and ``at``, when it was issued: ``now`` if not given). Every `PRUNE_EVERY`
+    seqs, delete the commands past the newest `KEEP_COMMANDS` and issued over
+    `KEEP_SECONDS` ago, and the targets resumed (their latest command issued)
+    that long ago."""
+    values = {"name": None, "key": None, "task_id": None, "at": now, **fields, "who": who}
     columns = [c for c in COMMAND_FIELDS if c != "seq"]
     row = conn.execute(
         f"INSERT INTO commands ({', '.join(columns)})"
@@ -246,11 +244,9 @@ def append_command(
     ).fetchone()
     seq = int(row[0])
     if seq % PRUNE_EVERY == 0:  # (a range of the primary key, then a small table)
-        old = now - KEEP_SECONDS
-        conn.execute(
-            f"DELETE FROM commands WHERE seq <= {mark} AND at < {mark}", (seq - KEEP_COMMANDS, old)
-        )
-        conn.execute(f"DELETE FROM pauses WHERE NOT paused AND latest < {mark}", (old,))
+        bounds = (seq - KEEP_COMMANDS, now - KEEP_SECONDS)
+        conn.execute(f"DELETE FROM commands WHERE seq <= {mark} AND at < {mark}", bounds)
+        conn.execute(f"DELETE FROM pauses WHERE NOT paused AND latest < {mark}", bounds[1:])
     return Command(seq=seq, **values)
 
 
@@ -265,15 +261,11 @@ def sql_command(conn: Any, d: Dialect, where: str, now: float, asked: Asked) -> 
             f" an issue time is seconds on the store's clock, at most {MAX_SKEW:g} s ahead"
         )
     if asked.pause is not None:
-        found = conn.execute(
-            f"SELECT paused, who, at, latest FROM pauses WHERE kind = {m} AND value = {m}",
-            asked.pause,
-        ).fetchone()
-        row = (
-            None
-            if found is None
-            else PauseRow(paused=bool(found[0]), who=found[1], at=found[2], latest=found[3])
-        )
+        sql = f"SELECT paused, who, at, latest FROM pauses WHERE kind = {m} AND value = {m}"
+        found = conn.execute(sql, asked.pause).fetchone()
+        row: PauseRow | None = None
+        if found is not None:  # (SQLite's paused: 0 or 1)
+            row = PauseRow(paused=bool(found[0]), who=found[1], at=found[2], latest=found[3])
         new, changed, detail = pause_turn(row, asked.kind, asked.who, at, now)
         if new is not None:
             sql = upsert_sql(m, "pauses", "kind, value, who, at, paused, latest", "kind, value")
@@ -297,15 +289,7 @@ def sql_command(conn: Any, d: Dialect, where: str, now: float, asked: Asked) -> 
             detail += f"; {len(below)} unfinished descendant(s) too"
         target = {"task_id": asked.task_id}
     return append_command(
-        conn,
-        m,
-        now,
-        asked.who,
-        issued=at,
-        kind=asked.kind,
-        changed=changed,
-        detail=detail,
-        **target,
+        conn, m, now, asked.who, at=at, kind=asked.kind, changed=changed, detail=detail, **target
     )
 
 

@@ -248,13 +248,8 @@ class SQLStore:
             missing = [t for t in live if t not in found]
             if missing:
                 # Either not flushed yet (fine) or taken by someone else (lost).
-                lost.extend(
-                    row[0]
-                    for row in conn.execute(
-                        f"SELECT task_id FROM executions WHERE {d.in_list('task_id')}",
-                        (d.list_param(missing),),
-                    )
-                )
+                sql = f"SELECT task_id FROM executions WHERE {d.in_list('task_id')}"
+                lost += [row[0] for row in conn.execute(sql, (d.list_param(missing),))]
         return lost
 
     @_retried
