@@ -149,11 +149,13 @@ def pause_turn(
     return attrs.evolve(row, latest=at), False, "not paused"
 
 
-def check_requeue(
-    task_ids: object, name: object, since: object, who: object
-) -> tuple[list[str] | None, str | None, float | None]:
-    """`Store.requeue`'s arguments, checked (ValueError naming the bad value):
-    the ids asked (None: every failed one), the name filter and ``since``."""
+#: `Store.requeue`'s arguments, checked: the ids asked (None: every failed
+#: one), the name filter and ``since``.
+Requeuing = tuple[list[str] | None, str | None, float | None]
+
+
+def check_requeue(task_ids: object, name: object, since: object, who: object) -> Requeuing:
+    """`Store.requeue`'s arguments, checked (ValueError naming the bad value)."""
     check_id("who", who)
     if name is not None:
         check_id("name", name)
@@ -294,18 +296,12 @@ def sql_command(conn: Any, d: Dialect, where: str, now: float, asked: Asked) -> 
 
 
 def sql_requeue(
-    conn: Any,
-    d: Dialect,
-    where: str,
-    now: float,
-    asked: list[str] | None,
-    name: str | None,
-    since: float | None,
-    who: str,
+    conn: Any, d: Dialect, where: str, now: float, checked: Requeuing, who: str
 ) -> Requeued:
-    """`Store.requeue` (checked: `check_requeue`) in a SQL store's transaction
+    """`Store.requeue` (``checked``: `check_requeue`) in a SQL store's transaction
     (``conn``), at ``now``; ``where`` names the store in errors."""
     m = d.mark
+    asked, name, since = checked
     done: list[ExecutionRecord] = []
     refused: list[tuple[str, str]] = []
 

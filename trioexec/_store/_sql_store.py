@@ -582,10 +582,10 @@ class SQLStore:
         who: str,
     ) -> Requeued:
         """See `Store.requeue`: one write transaction."""
-        asked, name, since = check_requeue(task_ids, name, since, who)
+        checked = check_requeue(task_ids, name, since, who)
         with self._commanding("requeue") as conn:
             now = self.clock()
-            return sql_requeue(conn, self.dialect, self.path, now, asked, name, since, who)
+            return sql_requeue(conn, self.dialect, self.path, now, checked, who)
 
     def snapshot(self, doing: str) -> contextlib.AbstractContextManager[Any]:
         """A read connection whose statements see one state of the database (never
