@@ -23,7 +23,6 @@ import attrs
 from .._records import ExecutionRecord, SubStatus, TaskStatus, check_number
 from .._records import storable as storable  # (the dashboard's, from here)
 from ._base import (
-    COMMAND_FIELDS,
     LIVE,
     RECORD_COLUMNS,
     RECORD_FIELDS,
@@ -35,7 +34,7 @@ from ._base import (
     records_of,
     run_of,
 )
-from ._control import command_of
+from ._control import COMMAND_COLUMNS, command_of
 from ._dialect import Dialect
 from ._sql_store import SQLStore
 
@@ -407,7 +406,7 @@ def task_commands(store: object, task_id: str) -> list[Command]:
     checked = _task_id(task_id)
     if checked is None:
         return []
-    sql = f"SELECT {', '.join(COMMAND_FIELDS)} FROM commands WHERE task_id = {d.mark} ORDER BY seq"
+    sql = f"SELECT {COMMAND_COLUMNS} FROM commands WHERE task_id = {d.mark} ORDER BY seq"
     with sql_store.snapshot("query a task's commands") as conn:
         rows = conn.execute(sql, (checked,)).fetchall()
     return [command_of(row) for row in rows]

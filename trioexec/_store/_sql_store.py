@@ -629,22 +629,16 @@ class SQLStore:
             return records_of(conn, self.path, sql, params)
 
     def _where(
-        self,
-        status: TaskStatus | str | None,
-        sub_status: SubStatus | str | None,
-        deferred_longer_than: float | datetime.timedelta | None,
-        run_id: str | None,
-        key: str | None,
+        self, status: str | None, sub_status: str | None, since: object, run_id: object, key: object
     ) -> tuple[str, list[object], bool] | None:
         """The ``WHERE`` (on ``e``) of `executions`' and `counts`' filters (None: not
-        filtered; ValueError or TypeError naming a bad one), its parameters, and
-        whether only deferred executions match; None if none can (a ``run_id`` or
-        ``key`` no store can hold)."""
-        equal = {
+        filtered; ValueError or TypeError naming a bad one; ``since``: their
+        ``deferred_longer_than``), its parameters, and whether only deferred
+        executions match; None if none can (a ``run_id`` or ``key`` no store can hold)."""
+        equal: dict[str, object] = {
             "status": None if status is None else TaskStatus(status).value,
             "sub_status": None if sub_status is None else SubStatus(sub_status).value,
         }
-        since = deferred_longer_than
         if isinstance(since, datetime.timedelta):
             since = since.total_seconds()
         elif since is not None:
