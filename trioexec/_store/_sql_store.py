@@ -720,29 +720,23 @@ def settle_key(conn: Any, mark: str, owner: str, request: KeyRequest, now: float
         f" (SELECT owner FROM owners WHERE lease_expires_at >= {mark})",
         (key, owner, now),
     )
-    rows = [
-        Hold(row[0], held=row[1], wanted=row[2], since=row[3])
-        for row in conn.execute(
-            f"SELECT owner, held, wanted, since FROM key_holds WHERE key = {mark}", (key,)
-        )
-    ]
+    sql = f"SELECT owner, held, wanted, since FROM key_holds WHERE key = {mark}"
+    rows = [Hold(o, held=h, wanted=w, since=s) for o, h, w, s in conn.execute(sql, (key,))]
     others = [h for h in rows if h.owner != owner]
     mine = next((h for h in rows if h.owner == owner), None)
-    found = conn.execute(
-        f"SELECT tokens, stamp FROM key_buckets WHERE key = {mark}", (key,)
-    ).fetchone()
-    bucket_row = None if found is None else tuple(found)
-    grant, row, bucket = settle(request, others, bucket_row, now, mine)
+    sql = f"SELECT tokens, stamp FROM key_buckets WHERE key = {mark}"
+    found = conn.execute(sql, (key,)).fetchone()
+    grant, row, bucket = settle(request, others, None if found is None else tuple(found), now, mine)
     if row is None:
         conn.execute(f"DELETE FROM key_holds WHERE key = {mark} AND owner = {mark}", (key, owner))
     else:
-        holds = upsert_sql(mark, "key_holds", "key, owner, held, wanted, since", "key, owner")
-        conn.execute(holds, (key, owner, row.held, row.wanted, row.since))
+        sql = upsert_sql(mark, "key_holds", "key, owner, held, wanted, since", "key, owner")
+        conn.execute(sql, (key, owner, row.held, row.wanted, row.since))
     if bucket is None:
         conn.execute(f"DELETE FROM key_buckets WHERE key = {mark}", (key,))
     else:
-        buckets = upsert_sql(mark, "key_buckets", "key, tokens, stamp, full_at", "key")
-        conn.execute(buckets, (key, *bucket, full_at(request, bucket)))
+        sql = upsert_sql(mark, "key_buckets", "key, tokens, stamp, full_at", "key")
+        conn.execute(sql, (key, *bucket, full_at(request, bucket)))
     return grant
 
 
