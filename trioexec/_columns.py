@@ -1,6 +1,6 @@
 """The store's schema, defined once for SQLite and PostgreSQL. The executions table:
 each column's name, type, constraint and the schema versions that added it. The
-SQLite and PostgreSQL schemas create and add these columns from it (`added`), a
+SQLite and PostgreSQL schemas create and add these columns from it (`migration`), a
 "row" change lists its values in this order (`ROW_COLUMNS`), PostgreSQL's batch
 insert casts by its types, and a new execution's row starts from its
 `Column.initial` values. And the migrations both schemas share (`SHARED_STEPS`),
@@ -97,18 +97,14 @@ ROW_COLUMNS = tuple(c.name for c in EXECUTIONS)
 SPARSE = tuple(i for i, c in enumerate(EXECUTIONS) if c.sparse)
 
 
-def added(store: int, version: int) -> list[Column]:
-    """The executions columns ``store``'s schema ``version`` added (1: the table)."""
-    return [c for c in EXECUTIONS if c.since[store] == version]
-
-
 def migration(store: int, version: int, sql: str) -> str:
     """Migration ``version`` of ``store``'s schema: the statements that add the executions
-    columns of the version (1: none, the table has them), then ``sql``, with each
-    ``{name}`` of `_SPELLED` as the schema spells it."""
-    columns = added(store, version) if version > 1 else []
-    adds = "".join(f"ALTER TABLE executions ADD COLUMN {c.spelled(store)};\n" for c in columns)
-    return adds + sql.format_map({name: both[store] for name, both in _SPELLED.items()})
+    columns of the version (1: none, the table is made with them: ``{columns}`` in
+    ``sql``), then ``sql``, each ``{name}`` of `_SPELLED` as the schema spells it."""
+    columns = [c.spelled(store) for c in EXECUTIONS if c.since[store] == version]
+    adds = [f"ALTER TABLE executions ADD COLUMN {c};\n" for c in columns if version > 1]
+    spelled = {name: both[store] for name, both in _SPELLED.items()}
+    return "".join(adds) + sql.format(columns=", ".join(columns), **spelled)
 
 
 # ---------------------------------------------------------------- the shared migrations
@@ -207,10 +203,8 @@ SHARED_STEPS = {
         """,
     # The task tree: the task that submitted an execution, and its children by it
     # (in submission order: a page of them is a range).
-    "0016_task_tree": """
-        CREATE INDEX executions_children ON executions (parent_id{seq})
-            WHERE parent_id IS NOT NULL
-        """,
+    "0016_task_tree": "CREATE INDEX executions_children ON executions (parent_id{seq})"
+    " WHERE parent_id IS NOT NULL",
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .._columns import POSTGRES_SCHEMA, SHARED_STEPS, added, migration, version_of
+from .._columns import POSTGRES_SCHEMA, SHARED_STEPS, migration, version_of
 from .._errors import StoreError
 
 if TYPE_CHECKING:
@@ -21,9 +21,7 @@ if TYPE_CHECKING:
 _STEPS = (
     """
     CREATE TABLE trioexec_meta (key text PRIMARY KEY, value text NOT NULL);
-    CREATE TABLE executions (seq bigint GENERATED ALWAYS AS IDENTITY, """
-    + ", ".join(c.spelled(POSTGRES_SCHEMA) for c in added(POSTGRES_SCHEMA, 1))
-    + """);
+    CREATE TABLE executions (seq bigint GENERATED ALWAYS AS IDENTITY, {columns});
     CREATE UNIQUE INDEX executions_seq ON executions (seq);
     -- Only the live rows: most rows are inserted finished, and an index they
     -- skip costs their insert nothing (every index is part of every insert).

@@ -6,19 +6,18 @@ from __future__ import annotations
 import sqlite_utils
 from sqlite_utils.migrations import Migrations
 
-from .._columns import SHARED_STEPS, SQLITE_SCHEMA, added, migration, version_of
+from .._columns import SHARED_STEPS, SQLITE_SCHEMA, migration, version_of
 from .._errors import StoreError
 
-_FIRST = added(SQLITE_SCHEMA, 1)
 #: The migrations, by name, in order: the nth brings a file to schema version n. Each
 #: adds the executions columns of its version (`_columns.EXECUTIONS`), runs its
 #: statements (`migration`; whitespace collapsed: as stored, each on one line), and
 #: records its version in trioexec_meta (0001, which makes the row, records the
 #: latest: the rest follow in the same transaction). From 0006 on, both schemas'.
 _STEPS: dict[str, str] = {
-    "0001_initial": f"""
+    "0001_initial": """
         CREATE TABLE trioexec_meta (key TEXT PRIMARY KEY, value TEXT);
-        CREATE TABLE executions ({", ".join(c.spelled(SQLITE_SCHEMA) for c in _FIRST)});
+        CREATE TABLE executions ({columns});
         CREATE TABLE owners (owner TEXT PRIMARY KEY, lease_expires_at REAL);
         CREATE INDEX executions_status ON executions (status, owner);
         CREATE INDEX executions_deferred ON executions (sub_status, deferred_since)
@@ -49,16 +48,12 @@ _STEPS: dict[str, str] = {
         CREATE INDEX durable_tasks_retry ON durable_tasks (state, timeout_at);
         CREATE INDEX durable_callbacks_task ON durable_callbacks (task_id);
         """,
-    "0004_run_recovery_attempts": """
-        ALTER TABLE workflow_runs ADD COLUMN recovery_attempts
-            INTEGER NOT NULL DEFAULT 0
-        """,
+    "0004_run_recovery_attempts": "ALTER TABLE workflow_runs ADD COLUMN recovery_attempts"
+    " INTEGER NOT NULL DEFAULT 0",
     # A claim takes a target's oldest ready tasks (ORDER BY id): without id in the
     # index it sorted the target's whole backlog on every claim.
-    "0005_durable_claim_index": """
-        CREATE INDEX durable_tasks_claim ON durable_tasks
-            (state, target, id)
-        """,
+    "0005_durable_claim_index": "CREATE INDEX durable_tasks_claim ON durable_tasks"
+    " (state, target, id)",
     **SHARED_STEPS,
 }
 SCHEMA_VERSION = len(_STEPS)
