@@ -90,14 +90,8 @@ _MIGRATION_LOCK = 0x7472696F65786563
 def schema_version(conn: psycopg.Connection[tuple[object, ...]], where: str, schema: str) -> int:
     """The schema version found in ``schema`` (0: no trioexec schema yet). Refuses a
     schema holding foreign tables, or written by a newer trioexec."""
-    tables = [
-        row[0]
-        for row in conn.execute(
-            "SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
-            " ORDER BY table_name",
-            (schema,),
-        )
-    ]
+    query = "SELECT table_name FROM information_schema.tables WHERE table_schema = %s"
+    tables = [row[0] for row in conn.execute(f"{query} ORDER BY table_name", (schema,))]
     if tables and "trioexec_meta" not in tables:
         raise StoreError(
             f"{where}: schema {schema!r} is not trioexec's (it has tables "
@@ -118,8 +112,8 @@ def migrate(conn: psycopg.Connection[tuple[object, ...]], where: str, schema: st
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_MIGRATION_LOCK,))
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(schema)))
         found = schema_version(conn, where, schema)  # again, under the lock
-        for version in range(found + 1, SCHEMA_VERSION + 1):
-            conn.execute(MIGRATIONS[version - 1].encode())
+        for step in MIGRATIONS[found:]:
+            conn.execute(step.encode())
         if found < SCHEMA_VERSION:
             conn.execute(
                 "INSERT INTO trioexec_meta (key, value) VALUES ('schema_version', %s)"
