@@ -58,9 +58,6 @@ _STEPS: dict[str, str] = {
 }
 SCHEMA_VERSION = len(_STEPS)
 MIGRATIONS = Migrations("trioexec")
-#: Every migration this trioexec defines, by name: a file with any other applied
-#: was written by a newer trioexec.
-KNOWN_MIGRATIONS = list(_STEPS)
 
 
 def _register(version: int, name: str, statements: str) -> None:
@@ -92,7 +89,8 @@ def schema_version(db: sqlite_utils.Database, path: str) -> int:
         return 0
     row = db.conn.execute("SELECT value FROM trioexec_meta WHERE key = 'schema_version'").fetchone()
     found = version_of(path, row[0] if row else 0, SCHEMA_VERSION)
-    unknown = {m.name for m in MIGRATIONS.applied(db)} - set(KNOWN_MIGRATIONS)
+    # (a file with a migration applied that this trioexec does not define)
+    unknown = {m.name for m in MIGRATIONS.applied(db)} - set(_STEPS)
     if unknown:
         raise StoreError(
             f"{path}: written by a newer trioexec (unknown migrations {sorted(unknown)})"
