@@ -1,10 +1,9 @@
-"""The store's schema, defined once for SQLite and PostgreSQL. The executions table:
-each column's name, type, constraint and the schema versions that added it. The
-SQLite and PostgreSQL schemas create and add these columns from it (`migration`), a
-"row" change lists its values in this order (`ROW_COLUMNS`), PostgreSQL's batch
-insert casts by its types, and a new execution's row starts from its
-`Column.initial` values. And the migrations both schemas share (`SHARED_STEPS`),
-each as each schema spells it (`migration`)."""
+"""The store's schema, defined once for SQLite and PostgreSQL, each spelling it its
+way (`migration`). The executions table: each column's name, type, constraint and
+the schema versions that added it; both schemas create and add these columns from
+it, a "row" change lists its values in this order (`ROW_COLUMNS`), PostgreSQL's
+batch insert casts by its types, and a new execution's row starts from its
+`Column.initial` values. And the migrations both schemas share (`SHARED_STEPS`)."""
 
 from __future__ import annotations
 
