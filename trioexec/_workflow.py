@@ -307,9 +307,7 @@ def load_json(text: str) -> Any:
         value, end = _SCAN(text, 0)
     except StopIteration:
         return json.loads(text)
-    if end != len(text):
-        return json.loads(text)
-    return value
+    return value if end == len(text) else json.loads(text)
 
 
 def run_spec(workflow: Workflow, step_id: str, wrap: Callable[[TaskSpec], TaskSpec]) -> TaskSpec:
@@ -345,8 +343,8 @@ def ready(workflow: Workflow, states: Mapping[str, StepState]) -> list[str]:
     return [
         sid
         for sid in workflow.order
-        if states[sid] is StepState.PENDING
-        and all(states[d] is StepState.COMPLETED for d in workflow.steps[sid].dependencies)
+        if states[sid] is STEP_PENDING
+        and all(states[d] is STEP_COMPLETED for d in workflow.steps[sid].dependencies)
     ]
 
 
@@ -387,18 +385,15 @@ def count_states(states: Mapping[str, StepState]) -> dict[StepState, int]:
 
 
 def status(
-    run_id: str,
-    workflow: Workflow,
-    states: Mapping[str, StepState],
-    deferred: int = 0,
+    run_id: str, workflow: Workflow, states: Mapping[str, StepState], deferred: int = 0
 ) -> WorkflowStatus:
     """Derive a run's `WorkflowStatus` from its step states (pure); its
     ``execution_status`` is the first that applies, in `RunProgress`'s order."""
     counts = count_states(states)
-    ready_now = counts[StepState.READY]
-    if counts[StepState.PENDING]:
+    ready_now = counts[STEP_READY]
+    if counts[STEP_PENDING]:
         ready_now += len(ready(workflow, states))
-    return summarize(run_id, workflow, counts, ready_now, counts[StepState.RUNNING], deferred)
+    return summarize(run_id, workflow, counts, ready_now, counts[STEP_RUNNING], deferred)
 
 
 def summarize(
@@ -413,16 +408,8 @@ def summarize(
     which ``ready_now`` can start (or wait for a slot) and ``in_progress`` have
     started (`status` derives them from the states; a running run keeps them
     as its steps change)."""
-    attributes = progress_attributes(
-        run_id,
-        workflow,
-        ready_now,
-        in_progress,
-        deferred,
-        counts[StepState.COMPLETED],
-        counts[StepState.FAILED],
-        counts[StepState.SKIPPED],
-    )
+    ended = (counts[STEP_COMPLETED], counts[STEP_FAILED], counts[STEP_SKIPPED])
+    attributes = progress_attributes(run_id, workflow, ready_now, in_progress, deferred, *ended)
     attributes["execution_status"] = RunProgress(attributes["execution_status"])
     return WorkflowStatus(**attributes)
 
