@@ -203,14 +203,13 @@ class WorkflowRun:
 
     # ------------------------------------------------------------------ coordinator
 
-    def _begin(self, resumed: bool) -> None:
-        """Record the run (if new) and make its first steps ready for the coordinator."""
+    def _begin(self, nursery: trio.Nursery, resumed: bool) -> None:
+        """Start the run's coordinator in ``nursery``, record the run (if new) and
+        make its first steps ready for the coordinator."""
+        nursery.start_soon(self._coordinate)
+        self._runs.active[self.run_id] = self
         if not resumed:
-            steps = self.workflow.steps
-            graph = {sid: list(steps[sid].dependencies) for sid in self.workflow.order}
-            self._runs.log_created(
-                self.run_id, self.workflow.name, self._initial_json, json.dumps(graph)
-            )
+            self._runs.log_created(self)
         self._advance()
 
     async def _coordinate(self) -> None:
@@ -284,13 +283,12 @@ class WorkflowRun:
             self._set(sid, STEP_PENDING)
             while self._queue:
                 self._set(self._queue.popleft(), STEP_PENDING)
-            return
         except TrioexecError as exc:  # refused (full): the step fails
             self._errors.setdefault(sid, exc)
             self._step_failed(sid)
             self._advance()
-            return
-        self._jobs[sid] = self._started[sid] = job
+        else:
+            self._jobs[sid] = self._started[sid] = job
 
     def _collect(self) -> None:
         """Take the end of every step job that has told it ended (and, with a
@@ -324,11 +322,6 @@ class WorkflowRun:
                 self._step_failed(sid)
         self._advance()
 
-    def _record_completed_step(self, job: Job) -> None:
-        """Journal a step's completion with its output (in its execution's batch)."""
-        _, output = job.result  # (`wrap_step`'s function returned it)
-        self._runs.log_step(self.run_id, job.name, STEP_COMPLETED, output, job.task_id)
-
     def _set(self, sid: str, state: StepState) -> None:
         old = self._states[sid]
         counts = self._counts
@@ -348,9 +341,8 @@ class WorkflowRun:
     def _step_failed(self, sid: str) -> None:
         self._set(sid, STEP_FAILED)
         runs = self._runs
-        if runs.journaled:
-            job = self._jobs.get(sid)
-            runs.log_step(self.run_id, sid, STEP_FAILED, None, job and job.task_id)
+        job = self._jobs.get(sid)
+        runs.log_step(self.run_id, sid, STEP_FAILED, None, job and job.task_id)
         for dependent in self.workflow.dependents(sid):
             if self._states[dependent] is STEP_PENDING:
                 self._set(dependent, STEP_SKIPPED)
@@ -382,12 +374,7 @@ class WorkflowRun:
         """Publish a ``workflow_progress`` event if the status has changed."""
         counts = self._counts
         # (With the run and its workflow, these decide every field of the status.)
-        key = (
-            *self._progress(),
-            counts[STEP_COMPLETED],
-            counts[STEP_FAILED],
-            counts[STEP_SKIPPED],
-        )
+        key = (*self._progress(), counts[STEP_COMPLETED], counts[STEP_FAILED], counts[STEP_SKIPPED])
         if key == self._last_published:
             return
         self._last_published = key
@@ -426,11 +413,7 @@ class WorkflowRun:
             steps={sid: completions[sid] for sid in order if sid in completions},
             error=error,
         )
-        if (
-            not self._is_lost
-            and (run_status is not RunStatus.CANCELLED or finished)
-            and self._runs.journaled
-        ):
+        if finished and not self._is_lost:
             # A run cut short by a shutdown stays 'running' in the store, so that
             # recovery resumes it; one that ended is recorded as ended.
             self._runs.log_end(self.run_id, run_status)
@@ -489,11 +472,6 @@ class WorkflowRuns:
         return f"{self._id_prefix}{next(self._ids):012x}"
 
     @property
-    def journaled(self) -> bool:
-        """True with a store (`log` writes)."""
-        return self._journal is not None
-
-    @property
     def open(self) -> int:
         return len(self.active)
 
@@ -513,9 +491,7 @@ class WorkflowRuns:
         # Exactly one schedule point, as `Executor.submit`: cancelled here, no run.
         await trio.lowlevel.checkpoint_if_cancelled()
         run = WorkflowRun(self, workflow, context, run_id)
-        nursery.start_soon(run._coordinate)
-        self.active[run.run_id] = run
-        run._begin(resumed=False)
+        run._begin(nursery, resumed=False)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return run
 
@@ -532,9 +508,7 @@ class WorkflowRuns:
         assert nursery is not None
         workflow = self._workflows[record.workflow]
         run = WorkflowRun(self, workflow, json.loads(record.context), record.run_id, record)
-        nursery.start_soon(run._coordinate)
-        self.active[run.run_id] = run
-        run._begin(resumed=True)
+        run._begin(nursery, resumed=True)
 
     def finished(self, run: WorkflowRun) -> None:
         self.active.pop(run.run_id, None)
@@ -542,9 +516,11 @@ class WorkflowRuns:
 
     # Journaled with a store (the changes of a run are guarded by our ownership of it).
 
-    def log_created(self, run_id: str, workflow: str, context: str, graph: str) -> None:
+    def log_created(self, run: WorkflowRun) -> None:
         if self._journal is not None:
-            created = (run_id, self._owner_id, workflow, context, self.wall(), graph)
+            wf = run.workflow
+            graph = json.dumps({sid: list(wf.steps[sid].dependencies) for sid in wf.order})
+            created = (run.run_id, self._owner_id, wf.name, run._initial_json, self.wall(), graph)
             self._journal.append(RunCreated(created))
 
     def log_step(
@@ -567,9 +543,10 @@ class WorkflowRuns:
             run._publish()
 
     def step_completed(self, job: Job) -> None:
+        """Journal a completed step with its output (in its execution's batch)."""
         run = self.active.get(job.run_id or "")
-        if run is not None:
-            run._record_completed_step(job)
+        if run is not None:  # (`wrap_step`'s function returned (value, output))
+            self.log_step(run.run_id, job.name, STEP_COMPLETED, job.result[1], job.task_id)
 
     def lost(self, run_ids: Iterable[str]) -> None:
         """Another executor has taken these runs over."""
