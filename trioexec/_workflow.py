@@ -368,12 +368,7 @@ class WorkflowStatus:
 
     def as_attributes(self) -> dict[str, Any]:
         """The fields as a plain dict (what a ``workflow_progress`` event carries)."""
-        out = {name: getattr(self, name) for name in _STATUS_FIELDS}
-        out["execution_status"] = self.execution_status.value
-        return out
-
-
-_STATUS_FIELDS = tuple(field.name for field in attrs.fields(WorkflowStatus))
+        return {**attrs.asdict(self), "execution_status": self.execution_status.value}
 
 
 def count_states(states: Mapping[str, StepState]) -> dict[StepState, int]:
