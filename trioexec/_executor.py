@@ -43,6 +43,11 @@ from ._workflow import Workflow
 
 __all__ = ["Executor", "ExecutorConfig", "open_executor", "split_tasks"]
 
+# Two parameter types of the overloads of `submit_nowait`, `submit` and `run` (made at
+# run time too: the signatures the docs render show what they stand for).
+AsyncWithHandle = Callable[[*Ts, TaskHandle], Awaitable[R]]
+KeywordHandle = TakesHandleKeyword[*Ts] | TakesTaskHandleKeyword[*Ts]
+
 
 class ExecutorOptions(TypedDict, total=False):
     """The options of `open_executor` and `DeterministicExecutor`, keyword-only (their
@@ -113,10 +118,7 @@ class Facade:
 
         @overload
         def submit_nowait(
-            self,
-            fn: Callable[[*Ts, TaskHandle], Awaitable[R]],
-            *args: *Ts,
-            **options: Unpack[SubmitOptions],
+            self, fn: AsyncWithHandle[*Ts, R], *args: *Ts, **options: Unpack[SubmitOptions]
         ) -> TaskRef[R]: ...
 
         @overload
@@ -131,10 +133,7 @@ class Facade:
 
         @overload
         def submit_nowait(
-            self,
-            fn: TakesHandleKeyword[*Ts] | TakesTaskHandleKeyword[*Ts],
-            *args: *Ts,
-            **options: Unpack[SubmitOptions],
+            self, fn: KeywordHandle[*Ts], *args: *Ts, **options: Unpack[SubmitOptions]
         ) -> TaskRef[Any]: ...
 
     def submit_nowait(
@@ -267,10 +266,7 @@ class Executor(Facade):
 
         @overload
         async def submit(
-            self,
-            fn: Callable[[*Ts, TaskHandle], Awaitable[R]],
-            *args: *Ts,
-            **options: Unpack[SubmitOptions],
+            self, fn: AsyncWithHandle[*Ts, R], *args: *Ts, **options: Unpack[SubmitOptions]
         ) -> TaskRef[R]: ...
 
         @overload
@@ -285,10 +281,7 @@ class Executor(Facade):
 
         @overload
         async def submit(
-            self,
-            fn: TakesHandleKeyword[*Ts] | TakesTaskHandleKeyword[*Ts],
-            *args: *Ts,
-            **options: Unpack[SubmitOptions],
+            self, fn: KeywordHandle[*Ts], *args: *Ts, **options: Unpack[SubmitOptions]
         ) -> TaskRef[Any]: ...
 
     async def submit(
@@ -398,10 +391,7 @@ class Executor(Facade):
 
         @overload
         async def run(
-            self,
-            fn: Callable[[*Ts, TaskHandle], Awaitable[R]],
-            *args: *Ts,
-            **options: Unpack[RunOptions],
+            self, fn: AsyncWithHandle[*Ts, R], *args: *Ts, **options: Unpack[RunOptions]
         ) -> R: ...
 
         @overload
@@ -416,10 +406,7 @@ class Executor(Facade):
 
         @overload
         async def run(
-            self,
-            fn: TakesHandleKeyword[*Ts] | TakesTaskHandleKeyword[*Ts],
-            *args: *Ts,
-            **options: Unpack[RunOptions],
+            self, fn: KeywordHandle[*Ts], *args: *Ts, **options: Unpack[RunOptions]
         ) -> Any: ...
 
     async def run(
