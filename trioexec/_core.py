@@ -51,11 +51,8 @@ from ._workers import Workers
 def check_grace(name: str, value: object) -> None:
     """A shutdown's grace: None (no limit) or a finite number of seconds >= 0."""
     if value is not None:
-        must = "a finite number of seconds >= 0"
-        check_number(name, value, float, must, typed=_SECONDS, ge=0, lt=math.inf, errors=TYPED)
-
-
-_SECONDS = "a number of seconds or None"
+        must, typed = "a finite number of seconds >= 0", "a number of seconds or None"
+        check_number(name, value, float, must, typed=typed, ge=0, lt=math.inf, errors=TYPED)
 
 
 Validator = Callable[[Any, "attrs.Attribute[Any]", object], object]
@@ -84,9 +81,6 @@ def _check_fairness(name: str, value: object) -> None:
     """``fairness=``: None (submission order) or ``"keys"`` (round-robin over keys)."""
     if value is not None and value != "keys":
         raise ValueError(f"{name} must be None or 'keys', got {value!r}")
-
-
-_grace = _validator(check_grace)
 
 
 def check_bool(name: str, value: object) -> None:
@@ -119,7 +113,7 @@ class ExecutorConfig:
         factory=dict, converter=key_limits_for, hash=False
     )
     priority_aging: float | None = attrs.field(default=60.0, validator=_seconds)
-    shutdown_grace: float | None = attrs.field(default=None, validator=_grace)
+    shutdown_grace: float | None = attrs.field(default=None, validator=_validator(check_grace))
     fairness: str | None = attrs.field(default=None, validator=_validator(_check_fairness))
     keep_results: bool = attrs.field(default=False, validator=_validator(check_bool))
 
@@ -170,10 +164,10 @@ class ExecutorCore:
     ) -> None:
         self.config = config
         self.store = store
-        self.owner_id = uuid.uuid4().hex
-        self.wall: Callable[[], float] = time.time if store is None else store.clock
+        self.owner_id = owner = uuid.uuid4().hex
+        self.wall = wall = time.time if store is None else store.clock
         self.tally = tally = Tally()
-        self.events = EventStream(config.event_capacity)
+        self.events = events = EventStream(config.event_capacity)
         # With a store, limited keys are shared with every executor on it.
         shared = share_keys and store is not None and bool(config.key_limits)
         # Each part is made after the parts it calls, and told of them as it is made;
@@ -199,20 +193,11 @@ class ExecutorCore:
                 pending, journal, self.owner_id, lambda: slots.available - pending.startable
             )
         )
-        self.gate = Gate(config.capacity, config.overflow, tally, pending, journal, self.events)
+        self.gate = gate = Gate(config.capacity, config.overflow, tally, pending, journal, events)
         # (The workflow runs are made first: the lifecycle tells them of their steps.)
         self.runs = None if runs is None else runs(self)
         self.lifecycle = lifecycle = Lifecycle(
-            tally,
-            pending,
-            self.gate,
-            self.events,
-            journal,
-            self.wall,
-            self.owner_id,
-            self,
-            self.runs,
-            config.keep_results,
+            tally, pending, gate, events, journal, wall, owner, self, self.runs, config.keep_results
         )
         self.waits = LifecycleWaits(lifecycle)
         self.deadline_timer = Timer(lifecycle.next_deadline, lifecycle.expire, "trioexec deadlines")
@@ -542,7 +527,6 @@ class ExecutorCore:
         checkpoints as it waits for its steps)."""
         # (every argument positional: a keyword costs a search of the parameters)
         job = self.new_job(
-            # (a step's value is its run's: never kept as the step's result)
             spec,
             args,
             spec.id,
@@ -553,7 +537,7 @@ class ExecutorCore:
             run_id,
             None,
             None,
-            False if self.config.keep_results else None,  # (a step's value is its run's)
+            False if self.config.keep_results else None,  # (a step's value is its run's: not kept)
             False,
             None,
             on_done,
