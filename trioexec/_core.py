@@ -310,14 +310,21 @@ class ExecutorCore:
                     priority = spec.priority
                 if keep_result is None:
                     keep_result = spec.keep_result
-            if run_id is None and not (  # (a step's spec and run id were checked as made)
-                timeout is None
-                and budget is None
-                and name is None
-                and correlation_id is None
-                and task_id is None
-            ):
-                self._check_options(timeout, budget, name, correlation_id, task_id, deduping)
+            if run_id is None:  # (a step's spec and run id were checked as made)
+                if timeout is not None:
+                    check_seconds("timeout", timeout)
+                if budget is not None:
+                    check_seconds("budget", budget)
+                if name is not None:
+                    check_id("name", name)
+                if correlation_id is not None:
+                    check_id("correlation_id", correlation_id)
+                if task_id is not None:
+                    # New: not live here, not in the store (else the same execution
+                    # would run twice under one record).
+                    check_id("task_id", task_id)
+                    if deduping is None:
+                        self.check_new_id(task_id, self.store is not None)
             if key is not None and (type(key) is not str or key not in self._good_keys):
                 check_key(key)
                 if len(self._good_keys) >= 4096:  # (a cache of keys checked lately)
@@ -386,30 +393,6 @@ class ExecutorCore:
         plain = spec is None and info.is_async and self.config.task_budget is None
         position = info.handle_position
         self._last_plain = -1 if not plain else sys.maxsize if position is None else position
-
-    def _check_options(
-        self,
-        timeout: float | None,
-        budget: float | None,
-        name: str | None,
-        correlation_id: str | None,
-        task_id: str | None,
-        deduping: object = None,
-    ) -> None:
-        if timeout is not None:
-            check_seconds("timeout", timeout)
-        if budget is not None:
-            check_seconds("budget", budget)
-        if name is not None:
-            check_id("name", name)
-        if correlation_id is not None:
-            check_id("correlation_id", correlation_id)
-        if task_id is not None:
-            # New: not live here, not in the store (else the same execution
-            # would run twice under one record).
-            check_id("task_id", task_id)
-            if deduping is None:
-                self.check_new_id(task_id, self.store is not None)
 
     def check_new_id(self, task_id: str, in_store: bool) -> None:
         """Refuse a chosen ``task_id`` live here, or (``in_store``) in the store."""
