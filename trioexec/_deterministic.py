@@ -73,12 +73,37 @@ class DeterministicExecutor(Facade):
         if max_tasks is not None and max_tasks < 0:
             raise ValueError(f"max_tasks must be >= 0 or None, got {max_tasks!r}")
         core = self._core
+        journal = core.journal
         completions: list[TaskCompletion[Any]] = []
         body_error: list[BaseException] = []
         async with one_level(body_error), trio.open_nursery() as nursery:
             core.workers.start(nursery, inline=True)
             try:
-                await self._run_ready(max_tasks, cancel, completions)
+                ran = 0
+                await trio.lowlevel.checkpoint()
+                while max_tasks is None or ran < max_tasks:
+                    if cancel is not None and cancel.is_set():
+                        cancelled: list[Job] = []
+                        core.lifecycle.cancel_pending(cancelled)
+                        if journal is not None:
+                            journal.write_inline()
+                        completions.extend(job.make_completion() for job in cancelled)
+                        break
+                    pending = core.pending
+                    pending.keys.tick()
+                    job = await core.workers.run_next()
+                    if job is None:
+                        if not pending.keys.held or math.isinf(pending.keys.timers.next()):
+                            break
+                        with trio.move_on_at(pending.keys.timers.next()):  # its key's next token...
+                            if cancel is None:
+                                await trio.sleep_forever()
+                            await cancel.wait()  # ...or the cancel
+                        continue
+                    ran += 1
+                    if journal is not None:
+                        journal.write_inline()
+                    completions.append(job.make_completion())
             except BaseException as exc:
                 body_error.append(exc)
                 raise
@@ -86,40 +111,6 @@ class DeterministicExecutor(Facade):
                 core.key_timer.close()  # (the timer tasks end)
                 core.deadline_timer.close()
         return completions
-
-    async def _run_ready(
-        self,
-        max_tasks: int | None,
-        cancel: trio.Event | None,
-        completions: list[TaskCompletion[Any]],
-    ) -> None:
-        core = self._core
-        journal = core.journal
-        ran = 0
-        await trio.lowlevel.checkpoint()
-        while max_tasks is None or ran < max_tasks:
-            if cancel is not None and cancel.is_set():
-                cancelled: list[Job] = []
-                core.lifecycle.cancel_pending(cancelled)
-                if journal is not None:
-                    journal.write_inline()
-                completions.extend(job.make_completion() for job in cancelled)
-                break
-            pending = core.pending
-            pending.keys.tick()
-            job = await core.workers.run_next()
-            if job is None:
-                if not pending.keys.held or math.isinf(pending.keys.timers.next()):
-                    break
-                with trio.move_on_at(pending.keys.timers.next()):  # its key's next token...
-                    if cancel is None:
-                        await trio.sleep_forever()
-                    await cancel.wait()  # ...or the cancel
-                continue
-            ran += 1
-            if journal is not None:
-                journal.write_inline()
-            completions.append(job.make_completion())
 
     @property
     def pending(self) -> int:
