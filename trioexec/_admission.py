@@ -25,33 +25,25 @@ class Gate(Admission):
         """Park in the line until there may be space, and decide again, until the
         decision is not to wait; ``check_open`` raises if shutdown began meanwhile.
         The caller applies the decision, then calls `wake_next`."""
-        front = False
-        while True:
-            if await self._park(front):
-                self.reserved -= 1  # a finished task handed us the place it freed
-            # (or the store caught up, or shutdown began: decide again)
-            check_open()
-            decision = self.decide(True, woken=True)
-            if decision is not Admit.WAIT:
-                return decision
-            front = True  # still first in line
-
-    async def _park(self, front: bool) -> bool:
-        """Park, first in line or last, until woken: True if handed a freed place."""
         task = trio.lowlevel.current_task()
         waiters = self.waiters
-        if front:
-            waiters.appendleft(task)
-        else:
-            waiters.append(task)
 
         def abort(_: object) -> trio.lowlevel.Abort:
             waiters.remove(task)
             self.wake_next()  # the one behind may fit now
             return trio.lowlevel.Abort.SUCCEEDED
 
-        woken: bool = await trio.lowlevel.wait_task_rescheduled(abort)
-        return woken
+        waiters.append(task)  # last in line...
+        while True:
+            # (woken with True: a finished task handed us the place it freed)
+            if await trio.lowlevel.wait_task_rescheduled(abort):
+                self.reserved -= 1
+            # (or the store caught up, or shutdown began: decide again)
+            check_open()
+            decision = self.decide(True, woken=True)
+            if decision is not Admit.WAIT:
+                return decision
+            waiters.appendleft(task)  # ...then first, to wait again
 
     def hold(self, places: int) -> None:
         """Hold ``places`` back from submitters (recovery's room while it claims,
