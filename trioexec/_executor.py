@@ -730,7 +730,7 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
         # Two nurseries: the workers in the inner one, the writer and the heartbeat in
         # the outer, so the last completions are written after the last worker ends,
         # whatever ended the block.
-        async with trio.open_nursery() as infra:
+        async with one_level(body_error), trio.open_nursery() as infra:
             ex = Executor(setup)
             core = ex._core
             # The writer and the heartbeat keep going, whatever cancels the block,
@@ -769,9 +769,6 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
                 finally:
                     keepalive.cancel()
                     infra.cancel_scope.cancel()
-    except BaseExceptionGroup as group:
-        _raise_single(group, body_error)
-        raise
     finally:
         if setup.report_unread_failures and core is not None:
             _report_unread(core)
