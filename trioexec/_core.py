@@ -189,9 +189,7 @@ class ExecutorCore:
         self.keyshare = keyshare = (
             None
             if journal is None or not shared
-            else KeyBroker(
-                pending, journal, self.owner_id, lambda: slots.available - pending.startable
-            )
+            else KeyBroker(pending, journal, owner, lambda: slots.available - pending.startable)
         )
         self.gate = gate = Gate(config.capacity, config.overflow, tally, pending, journal, events)
         # (The workflow runs are made first: the lifecycle tells them of their steps.)
