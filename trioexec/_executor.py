@@ -769,9 +769,11 @@ async def open_executor(**options: Unpack[ExecutorOptions]) -> AsyncIterator[Exe
                 finally:
                     keepalive.cancel()
                     infra.cancel_scope.cancel()
-    finally:
+    finally:  # (say once, on stderr, which failures nobody read: `UnreadFailures`)
         if setup.report_unread_failures and core is not None:
-            _report_unread(core)
+            report = core.lifecycle.unread.report()
+            if report is not None and sys.stderr is not None:
+                print(report, file=sys.stderr, flush=True)
     if core.lifecycle.failure is not None:
         # Whatever the body was doing was cancelled by the failure: this is the error.
         raise core.lifecycle.failure
@@ -784,13 +786,6 @@ def _interrupted(exc: BaseException) -> str:
     if isinstance(exc, trio.Cancelled):
         return "interrupted: the executor's block was cancelled"
     return f"interrupted: the executor's block raised {type(exc).__name__}"
-
-
-def _report_unread(core: ExecutorCore) -> None:
-    """Say once, on stderr, which failures nobody read (`UnreadFailures`)."""
-    report = core.lifecycle.unread.report()
-    if report is not None and sys.stderr is not None:
-        print(report, file=sys.stderr, flush=True)
 
 
 async def _store_services(
@@ -822,38 +817,31 @@ async def _close_events_when_done(core: ExecutorCore) -> None:
 @asynccontextmanager
 async def one_level(body_error: list[BaseException]) -> AsyncIterator[None]:
     """Take away the one group layer the nursery inside this block adds around a
-    lone exception (the body's, say), and no more: a user's own group passes."""
+    lone exception (the body's, say), and no more: a user's own group passes.
+
+    The group's only exception is re-raised with its own context kept; a group of
+    more than one passes, unless the body raised nothing and they are all
+    `StoreError`s (one failure of the store, met by several tasks at once): then
+    the first is raised. A group the body raised comes back from Trio's cancel
+    scopes as a copy (``split`` derives a new group); the user gets their own
+    object back.
+    """
     try:
         yield
     except BaseExceptionGroup as group:
-        _raise_single(group, body_error)
-        raise
-
-
-def _raise_single(
-    group: BaseExceptionGroup[BaseException], body_error: list[BaseException]
-) -> None:
-    """Re-raise the only exception of ``group`` (one nursery's layer), with its
-    own context kept; return if the group holds more than one, unless the body
-    raised nothing and they are all `StoreError`s (one failure of the store, met
-    by several tasks at once): then the first.
-
-    A group the body raised comes back from Trio's cancel scopes as a copy
-    (``split`` derives a new group); the user gets their own object back.
-    """
-    if len(group.exceptions) == 1:
-        exc = group.exceptions[0]
-        if body_error and _same_leaves(exc, body_error[0]):
-            exc = body_error[0]
-    elif not body_error and group.split(StoreError)[1] is None:
-        exc = group
-        while isinstance(exc, BaseExceptionGroup):
-            exc = exc.exceptions[0]
-    else:
-        return
-    context = exc.__context__
-    try:
-        raise exc
-    finally:
-        exc.__context__ = context
-        del exc, context
+        if len(group.exceptions) == 1:
+            exc = group.exceptions[0]
+            if body_error and _same_leaves(exc, body_error[0]):
+                exc = body_error[0]
+        elif not body_error and group.split(StoreError)[1] is None:
+            exc = group
+            while isinstance(exc, BaseExceptionGroup):
+                exc = exc.exceptions[0]
+        else:
+            raise
+        context = exc.__context__
+        try:
+            raise exc
+        finally:
+            exc.__context__ = context
+            del exc, context
