@@ -65,13 +65,9 @@ def _validator(check: Callable[[str, object], object]) -> Validator:
 
 def _int_at_least(minimum: int) -> Validator:
     """An attrs validator: an int (not a bool) >= ``minimum``."""
-
-    def check(name: str, value: object) -> int:
-        return check_number(
-            name, value, int, f">= {minimum}", typed="an int", ge=minimum, errors=TYPED
-        )
-
-    return _validator(check)
+    return lambda _, attribute, value: check_number(
+        attribute.name, value, int, f">= {minimum}", typed="an int", ge=minimum, errors=TYPED
+    )
 
 
 _seconds = _validator(check_seconds)
