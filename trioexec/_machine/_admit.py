@@ -65,24 +65,18 @@ def admit(
     default: all pending). ``backlogged``: the store is too far behind; only
     ``BLOCK`` waits, every other policy refuses (dropping would write more).
     """
-    if backlogged:
-        if policy is Overflow.BLOCK:
-            return Admit.WAIT if can_wait else Admit.REJECT
-        return Admit.FAIL if policy is Overflow.FAIL_FAST else Admit.REJECT
-    if pending + active + deferred < capacity:
+    if not backlogged and pending + active + deferred < capacity:
         return Admit.ACCEPT
     if policy is Overflow.BLOCK:
         return Admit.WAIT if can_wait else Admit.REJECT
-    if policy is Overflow.REJECT:
-        return Admit.REJECT
     if policy is Overflow.FAIL_FAST:
         return Admit.FAIL
+    if backlogged or policy is Overflow.REJECT:
+        return Admit.REJECT
     if policy is Overflow.DROP_NEWEST:
         return Admit.DROP_NEW
     # DROP_OLDEST needs someone pending to drop; with nothing queued it rejects.
-    if droppable is None:
-        droppable = pending
-    return Admit.DROP_OLDEST if droppable > 0 else Admit.REJECT
+    return Admit.DROP_OLDEST if (pending if droppable is None else droppable) > 0 else Admit.REJECT
 
 
 def rejection_reason(decision: Admit, policy: Overflow, *, backlogged: bool = False) -> str:
@@ -174,19 +168,16 @@ class Admission:
         reason = rejection_reason(decision, self.overflow, backlogged=behind)
         self.publish_refusal(HealthEventKind.TASK_REJECT, job, reason)
         cls = CapacityExceeded if decision is Admit.FAIL else TaskRejected
+        tally, journal = self._tally, self._journal
         if behind:
-            assert self._journal is not None
-            backlog, limit = len(self._journal.changes), self._journal.limit
-            return cls(
-                f"the store is {backlog} changes behind (limit {limit}); "
-                f"overflow={self.overflow.value}; task {job.name!r} not accepted"
+            assert journal is not None
+            why = f"the store is {len(journal.changes)} changes behind (limit {journal.limit})"
+        else:
+            why = (
+                f"executor at capacity ({self.capacity}: {tally.queue_depth} pending, "
+                f"{tally.active_count} active, {tally.deferred_count} deferred)"
             )
-        tally = self._tally
-        return cls(
-            f"executor at capacity ({self.capacity}: {tally.queue_depth} pending, "
-            f"{tally.active_count} active, {tally.deferred_count} deferred); "
-            f"overflow={self.overflow.value}; task {job.name!r} not accepted"
-        )
+        return cls(f"{why}; overflow={self.overflow.value}; task {job.name!r} not accepted")
 
     def publish_refusal(self, kind: HealthEventKind, job: Job, reason: str) -> None:
         tally = self._tally
