@@ -37,8 +37,7 @@ class Closing:
         Returns what to cancel now: the tasks not started, the running ones.
         (What a pause holds is cancelled under every policy: it would never start.)"""
         self.closing = True
-        if policy is not ShutdownPolicy.DRAIN:
-            self.drain_runs = False
+        self.drain_runs &= policy is ShutdownPolicy.DRAIN
         return policy is not ShutdownPolicy.DRAIN, policy is ShutdownPolicy.CANCEL
 
     def grace_deadline(
@@ -47,9 +46,7 @@ class Closing:
         """When a timer is to cancel what is left, for a ``grace`` given at
         ``now``; None if none is needed (no grace, ``CANCEL``, idle already, a
         grace that ran out, or an earlier timer covers it)."""
-        if grace is None or policy is ShutdownPolicy.CANCEL:
+        if grace is None or policy is ShutdownPolicy.CANCEL or self.expired or idle:
             return None
         deadline = now + grace
-        if self.expired or deadline >= self.grace_ends or idle:
-            return None
-        return deadline
+        return None if deadline >= self.grace_ends else deadline

@@ -47,12 +47,9 @@ class Pauses:
         """Pause exactly these ``names`` and ``keys``. Returns the parked entries
         they no longer hold (unparked, in the queue's order) for the queue to put
         back; None if nothing was or is paused."""
-        if not names and not keys:
-            if self.now is None:
-                return None
-            self.now = None
-        else:
-            self.now = (names, keys)
+        if not names and not keys and self.now is None:
+            return None
+        self.now = (names, keys) if names or keys else None
         back = sorted(entry for job, entry in self.parked.items() if not self.holds(job))
         for entry in back:
             self.unpark(entry[2])
