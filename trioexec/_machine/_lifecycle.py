@@ -112,6 +112,7 @@ class Runs(Protocol):
 
 
 _STOPPED = (CANCELLED, TIMED_OUT)  # (what ends a task's descendants)
+_OVERRULED = (COMPLETED, FAILED, TIMED_OUT, DROPPED)  # (the ends `overrule` takes back)
 
 
 @final
@@ -423,15 +424,7 @@ class Lifecycle:
             dead = job.error is not None and status in FAILURES
             # (a dead letter keeps what operators look at: its traceback and arguments)
             traceback, args = journal.dead_letter(job) if dead else (None, None)
-            change = (
-                job.task_id,
-                job.version,
-                status,
-                job.finished_at,
-                error,
-                traceback,
-                args,
-            )
+            change = (job.task_id, job.version, status, job.finished_at, error, traceback, args)
             journal.fold(job, Finish(change))
             job.row = None
             if job.run_id is not None and status is COMPLETED and self.runs is not None:
@@ -587,13 +580,11 @@ class Lifecycle:
         did; nothing if it has ended, or is being cancelled, already."""
         if job.ended or job.cancel_requested:
             return
-        where = f"task {job.name!r} ({job.task_id})"
         if status is TIMED_OUT:
             job.error = past_deadline(job, origin)
         else:
-            job.error = TaskCancelled(
-                f"{where} was cancelled: its ancestor {origin!r} was cancelled"
-            )
+            why = f"its ancestor {origin!r} was cancelled"
+            job.error = TaskCancelled(f"task {job.name!r} ({job.task_id}) was cancelled: {why}")
         assert job.extras is not None  # (a descendant: it has a parent)
         job.extras.ended_by = origin
         self._interrupt(job, descendants=False)
@@ -672,18 +663,12 @@ class Lifecycle:
         result that was never recorded."""
         tally = self.tally
         told = job.status  # (what the observers were told)
-        if job.status is COMPLETED:
-            tally.completed_count -= 1
-        elif job.status is FAILED:
-            tally.failed_count -= 1
+        if told not in _OVERRULED:
+            return  # already cancelled (or never admitted)
+        counter = f"{told.value}_count"  # (the `Tally` counter `finish` added it to)
+        setattr(tally, counter, getattr(tally, counter) - 1)
+        if told in FAILURES:
             self.unread.forget(job)
-        elif job.status is TIMED_OUT:
-            tally.timed_out_count -= 1
-            self.unread.forget(job)
-        elif job.status is DROPPED:
-            tally.dropped_count -= 1
-        else:
-            return  # already cancelled
         tally.cancelled_count += 1
         job.status = CANCELLED
         job.result = None
