@@ -150,13 +150,11 @@ class KeyGate:
         """``job`` (of a key, queued) leaves the queue for a pause's parking:
         its key's room or line place is free (the caller grants it after)."""
         state = self._state_of(job)
-        if state.limit is None:
-            self._queue.startable -= 1
-        elif job in state.earmarked:
-            del state.earmarked[job]
-            self._queue.startable -= 1
+        if state.limit is not None and job not in state.earmarked:
+            self.held -= 1  # (in its key's line)
         else:
-            self.held -= 1
+            state.earmarked.pop(job, None)
+            self._queue.startable -= 1
         return state
 
     def parked_gone(self, job: Job) -> None:

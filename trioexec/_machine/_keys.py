@@ -304,13 +304,10 @@ class KeyState:
     def refill(self, now: float) -> None:
         """Bring the bucket up to ``now``."""
         limit = self.limit
-        if limit is None or limit.rate is None:
+        if limit is None or limit.rate is None or now <= self.stamp:
             return
-        if now > self.stamp:
-            self.tokens = min(
-                limit.burst, self.tokens + (now - self.stamp) * limit.rate / limit.per
-            )
-            self.stamp = now
+        self.tokens = min(limit.burst, self.tokens + (now - self.stamp) * limit.rate / limit.per)
+        self.stamp = now
 
     def room(self, start: bool = True) -> bool:
         """One more task of the key may hold a slot now (and, with ``start``,

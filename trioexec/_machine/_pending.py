@@ -249,10 +249,8 @@ class Pending:
         entry = (rank, seq, job)
         order = self._order
         order.append(job)
-        if (
-            len(order)
-            > 2 * (self.startable + self.keys.held + len(self.pauses.parked)) + _COMPACT_AFTER
-        ):
+        queued = self.startable + self.keys.held + len(self.pauses.parked)
+        if len(order) > 2 * queued + _COMPACT_AFTER:
             # It keeps started tasks until the oldest queued one goes: drop them
             # when they dominate (amortized O(1) a task).
             self._order = deque(j for j in order if _queued(j))
@@ -266,14 +264,12 @@ class Pending:
     def _forget_rounds(self) -> None:
         """(fair order) Forget the last round of each key with nothing queued: it
         joins the current round again when it comes back (amortized O(1) a task)."""
-        states = self.keys.states
-        current = self._round
-
-        def queued_or_ahead(key: str | None, turn: int) -> bool:
-            state = None if key is None else states.get(key)
-            return turn > current or key is None or (state is not None and state.pending > 0)
-
-        self._rounds = {k: r for k, r in self._rounds.items() if queued_or_ahead(k, r)}
+        states, current = self.keys.states, self._round
+        self._rounds = {
+            k: r
+            for k, r in self._rounds.items()
+            if r > current or k is None or (k in states and states[k].pending > 0)
+        }
         self._keep_rounds = max(_KEEP_ROUNDS, 2 * len(self._rounds))
 
     def _place(self, entry: Entry) -> None:
@@ -345,13 +341,8 @@ class Pending:
             self._place(entry)
             self.listener.waiting(job)
         if pauses.now is not None:
-            found: dict[Job, Entry] = {}
-            for entry in self.ready:
-                if _queued(entry[2]) and self._current(entry) and pauses.holds(entry[2]):
-                    found[entry[2]] = entry
-            for entry in self.keys.lined():
-                if _queued(entry[2]) and pauses.holds(entry[2]):
-                    found[entry[2]] = entry
+            queue = [*filter(self._current, self.ready), *self.keys.lined()]
+            found = {e[2]: e for e in queue if _queued(e[2]) and pauses.holds(e[2])}
             # Out of the queue first, all of them (their entries too), then the
             # room they leave in their keys goes to who waits there.
             touched: dict[str, KeyState] = {}
