@@ -104,7 +104,6 @@ class Runs(Protocol):
     @property
     def open(self) -> int:
         """Runs not finished (an executor with one is not idle)."""
-        ...
 
     def step_changed(self, run_id: str) -> None: ...
     def step_completed(self, job: Job) -> None: ...
@@ -374,11 +373,10 @@ class Lifecycle:
         if job.status is RUNNING:
             self.tally.active_count -= 1
             self.finish(job, status)
-        elif job.status is PENDING:  # cancelled between attempts
+        else:  # cancelled between attempts (PENDING), or finished already
             self.tally.queue_depth -= 1
-            self.finish(job, status)
-        else:  # (finished already)
-            self.tally.queue_depth -= 1
+            if job.status is PENDING:
+                self.finish(job, status)
 
     # ------------------------------------------------------------ finished
 

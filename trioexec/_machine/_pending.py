@@ -228,12 +228,7 @@ class Pending:
         # Its key's state first: what may raise does so before anything changed.
         state = None if job.key is None else self.keys.state(job.key)
         seq = self._seq = self._seq + 1
-        if t is None:
-            t = self.clock()
-        if t < self._last:
-            t = self._last
-        else:
-            self._last = t
+        t = self._last = max(self.clock() if t is None else t, self._last)
         aging = self._aging
         if self._fair:
             rounds = self._rounds
@@ -317,9 +312,7 @@ class Pending:
     def waiting_on(self, job: Job) -> str | None:
         """Why a queued or rejoining task waits, if for a pause (``"paused"``) or its
         key; else None."""
-        if job.paused:
-            return "paused"
-        return None if job.key is None else self.keys.waiting_on(job)
+        return "paused" if job.paused else self.keys.waiting_on(job)
 
     # ------------------------------------------------------------ paused
 
