@@ -683,12 +683,8 @@ class Lifecycle:
 
     def is_idle(self) -> bool:
         tally = self.tally
-        return (
-            tally.queue_depth == 0
-            and tally.active_count == 0
-            and tally.deferred_count == 0
-            and (self.runs is None or self.runs.open == 0)
-        )
+        idle = tally.queue_depth == tally.active_count == tally.deferred_count == 0
+        return idle and (self.runs is None or self.runs.open == 0)
 
     def maybe_idle(self) -> None:
         """Something other than a task ended (a run, the store): wake the
