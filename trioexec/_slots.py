@@ -9,7 +9,6 @@ for the first time and tasks resuming after a deferral stand in the same line.
 from __future__ import annotations
 
 from collections.abc import Callable
-from types import TracebackType
 from typing import final
 
 import trio
@@ -195,12 +194,7 @@ class SlotToken:
     def __enter__(self) -> SlotToken:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.release()
 
     def __repr__(self) -> str:
