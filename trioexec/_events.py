@@ -80,24 +80,18 @@ class EventStream:
         assert not callable(attributes)
         key = (kind, policy, reason)
         box = self._unread.get(key)
-        if box is not None:
-            old = box[0]
-            box[0] = attrs.evolve(
-                old,
-                task_id=task_id,
-                attributes=attributes or {},
-                occurrence_count=old.occurrence_count + 1,
-                at=self._clock(),
-            )
-            return
         event = HealthEvent(
             kind=kind,
             task_id=task_id,
             policy=policy,
             reason=reason,
             attributes=attributes or {},
+            occurrence_count=1 if box is None else box[0].occurrence_count + 1,
             at=self._clock(),
         )
+        if box is not None:
+            box[0] = event
+            return
         box = [event]
         self._push(box)
         self._unread[key] = box
@@ -111,21 +105,18 @@ class EventStream:
         buffer = self._buffer
         if len(buffer) >= self._capacity:
             old = buffer.popleft()
-            if type(old) is not tuple:  # (a tuple is forgotten as it goes)
+            if not isinstance(old, tuple):  # (a tuple is forgotten as it goes)
                 self._forget(old)
             self.dropped += 1
         buffer.append(box)
         if self._lot:
             self._lot.unpark_all()
 
-    def _forget(self, box: list[HealthEvent] | tuple[Any, ...]) -> None:
-        if isinstance(box, tuple):
-            return
+    def _forget(self, box: list[HealthEvent]) -> None:
         event = box[0]
-        if event.kind in _COALESCING:
-            key = (event.kind, event.policy, event.reason)
-            if self._unread.get(key) is box:
-                del self._unread[key]
+        key = (event.kind, event.policy, event.reason)
+        if self._unread.get(key) is box:
+            del self._unread[key]
 
     def close(self) -> None:
         """No more events will come; readers finish once the buffer is empty."""
