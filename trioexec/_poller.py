@@ -79,11 +79,7 @@ class Poller:
         while True:
             if self._closed and all(entry.cancelled for _, _, entry in heap):
                 return  # nobody waits any more (cancelled entries would only linger)
-            if not heap:
-                await self._changed.wait()
-                self._changed = trio.Event()
-                continue
-            deadline = heap[0][0]
+            deadline = heap[0][0] if heap else math.inf
             if deadline > trio.current_time():
                 with trio.move_on_at(deadline):
                     await self._changed.wait()
