@@ -225,14 +225,8 @@ class Workers:
 
     def started_jobs(self) -> list[Job]:
         """The jobs started and not ended: running, deferred or between attempts."""
-        registry = self.registry or {}
-        lifecycle = self._lifecycle
-        taken = self.taken
-        simple = [
-            job
-            for job in registry.values()
-            if job.simple and job.owner is lifecycle and job not in taken
-        ]
+        taken, lifecycle, jobs = self.taken, self._lifecycle, (self.registry or {}).values()
+        simple = [j for j in jobs if j.simple and j.owner is lifecycle and j not in taken]
         return [*taken, *simple]
 
     def _leave_idle(self, task: trio.lowlevel.Task, _: object) -> trio.lowlevel.Abort:
