@@ -50,14 +50,6 @@ def _check_poll_interval(interval: float | Backoff) -> None:
         )
 
 
-def _deadline(condition: object) -> float | None:
-    """A number as a deadline on Trio's clock, a float (an int past a float's range
-    is ±inf: never, or passed); None for anything else."""
-    if isinstance(condition, bool) or not isinstance(condition, int | float):
-        return None
-    return check_number("defer_until's deadline", condition, float, "a number", ge=-math.inf)
-
-
 class _Waiter:
     """A condition, classified once: how to check it now and how to wait for it."""
 
@@ -75,8 +67,12 @@ class _Waiter:
         self._sync = False  # a predicate that returned a plain value when first checked
         if isinstance(condition, AsyncValue):
             self._kind = self.VALUE
-        elif (deadline := _deadline(condition)) is not None:
-            self._condition = deadline
+        elif isinstance(condition, int | float) and not isinstance(condition, bool):
+            # A deadline on Trio's clock, as a float (an int past a float's range is
+            # ±inf: never, or passed).
+            self._condition = check_number(
+                "defer_until's deadline", condition, float, "a number", ge=-math.inf
+            )
             self._kind = self.DEADLINE
         elif inspect.iscoroutinefunction(getattr(condition, "wait", None)):
             self._kind = self.WAITABLE
