@@ -23,93 +23,85 @@ class Transition(tuple[Any, ...]):
     __slots__ = ()
     kind: ClassVar[str]  #: its entry in `TRANSITIONS`
 
+    def __init_subclass__(cls, kind: str) -> None:
+        cls.kind = kind
 
-class Start(Transition):
+
+class Start(Transition, kind="start"):
     """(task id, version, attempt, started_at): an attempt began."""
 
     __slots__ = ()
-    kind = "start"
 
 
-class Sub(Transition):
+class Sub(Transition, kind="sub"):
     """(task id, version, sub_status, deferred_since, waiting_on): it deferred
     (waiting on its condition) or resumed (waiting on nothing)."""
 
     __slots__ = ()
-    kind = "sub"
 
 
-class Wait(Transition):
+class Wait(Transition, kind="wait"):
     """(task id, version, waiting_on): only what it waits on changed (journaled
     off the hot path: a key let it through or held it back, a pause)."""
 
     __slots__ = ()
-    kind = "wait"
 
 
-class Retry(Transition):
+class Retry(Transition, kind="retry"):
     """(task id, version, error): back to pending for its next attempt."""
 
     __slots__ = ()
-    kind = "retry"
 
 
-class Finish(Transition):
+class Finish(Transition, kind="finish"):
     """(task id, version, status, finished_at, error, traceback, args): it ended.
     ``traceback``: of the exception that ended it, or None; ``args``: the
     arguments' JSON, kept only if the row has none (a dead letter shows them)."""
 
     __slots__ = ()
-    kind = "finish"
 
 
-class Kept(Transition):
+class Kept(Transition, kind="kept"):
     """(task id, version, result): its value's JSON, kept with its completion
     (journaled right after its `Finish`, for the tasks that keep one)."""
 
     __slots__ = ()
-    kind = "kept"
 
 
 # What a store does on its own (never journaled by an executor).
 
 
-class End(Transition):
+class End(Transition, kind="end"):
     """(task id, version, status, finished_at, error): a recovery verdict, or a
     run's superseded step."""
 
     __slots__ = ()
-    kind = "end"
 
 
-class Cancel(Transition):
+class Cancel(Transition, kind="cancel"):
     """(task id, version, finished_at, error): a cancel command for an execution
     no live executor owns."""
 
     __slots__ = ()
-    kind = "cancel"
 
 
-class Claim(Transition):
+class Claim(Transition, kind="claim"):
     """(task id, version, owner, recovery_attempts): recovery takes it over."""
 
     __slots__ = ()
-    kind = "claim"
 
 
-class Release(Transition):
+class Release(Transition, kind="release"):
     """(task id, version): a claim given back before it ran (its executor began
     to close meanwhile): ownerless, so the next claim counts no recovery more."""
 
     __slots__ = ()
-    kind = "release"
 
 
-class Requeue(Transition):
+class Requeue(Transition, kind="requeue"):
     """(task id, version): an operator's retry of a dead letter."""
 
     __slots__ = ()
-    kind = "requeue"
 
 
 #: A new execution: its whole row, in `ROW_COLUMNS`' order (refused if the
@@ -127,26 +119,26 @@ class RunChange(tuple[Any, ...]):
     __slots__ = ()
     kind: ClassVar[str]
 
+    def __init_subclass__(cls, kind: str) -> None:
+        cls.kind = kind
 
-class RunCreated(RunChange):
+
+class RunCreated(RunChange, kind="run"):
     """(run id, owner, workflow, context JSON, created_at, graph JSON)."""
 
     __slots__ = ()
-    kind = "run"
 
 
-class StepRecorded(RunChange):
+class StepRecorded(RunChange, kind="step"):
     """(run id, owner, step id, state: a `StepState` value, output JSON, task id)."""
 
     __slots__ = ()
-    kind = "step"
 
 
-class RunEnded(RunChange):
+class RunEnded(RunChange, kind="run_end"):
     """(run id, owner, status, finished_at): status a `RunStatus` value."""
 
     __slots__ = ()
-    kind = "run_end"
 
 
 Change = Transition | ExecutionRow | RunChange
