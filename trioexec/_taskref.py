@@ -53,8 +53,17 @@ Ts = TypeVarTuple("Ts")
 R = TypeVar("R")
 
 
-class SubmitOptions(TypedDict, total=False):
-    """`Executor.submit`'s keyword options, as its overloads type them."""
+class RunOptions(TypedDict, total=False):
+    """`Executor.run`'s keyword options, as its overloads type them."""
+
+    keep_result: bool | None
+    dedupe_key: str | None
+    dedupe_window: float | None
+    detached: bool
+
+
+class SubmitOptions(RunOptions, total=False):
+    """`Executor.submit`'s keyword options (`RunOptions`' and these), as its overloads type them."""
 
     name: str | None
     task_id: str | None
@@ -63,19 +72,6 @@ class SubmitOptions(TypedDict, total=False):
     correlation_id: str | None
     key: str | None
     priority: int | None
-    keep_result: bool | None
-    dedupe_key: str | None
-    dedupe_window: float | None
-    detached: bool
-
-
-class RunOptions(TypedDict, total=False):
-    """`Executor.run`'s keyword options, as its overloads type them."""
-
-    keep_result: bool | None
-    dedupe_key: str | None
-    dedupe_window: float | None
-    detached: bool
 
 
 class TakesHandleKeyword(Protocol[*Ts]):
