@@ -6,13 +6,12 @@
 
 from __future__ import annotations
 
-import functools
+import json
 import math
 import os
 import sqlite3
 import time
 from collections.abc import Callable
-from itertools import chain
 from typing import final
 
 from .._changes import DENSE, R_ID, ExecutionRow, widen
@@ -171,46 +170,61 @@ class MemoryStore(_OnSQLite):
         return "<MemoryStore>"
 
 
-# A batch's rows go in by multi-row ``INSERT ... VALUES`` statements of a few
-# fixed sizes (each prepared once, then taken from sqlite3's statement cache): a
-# statement a chunk, not a row (``executemany`` lets go of the GIL and waits to get
-# it back for every row, while the Trio thread wants it), and no per-value Python
-# work (a JSON batch paid for its text, then SQLite's parse of it). SQLite before
-# 3.32 binds at most 999 values a statement.
-_CHUNKS = (256, 64, 16, 4, 1) if sqlite3.sqlite_version_info >= (3, 32) else (32, 8, 2, 1)
+# A batch's rows go in as one JSON parameter, and json.dumps would write each time
+# as its shortest decimal text: the largest part of a row's cost (then SQLite's
+# parse of it). A time goes times 2**22 instead (exact: a power of two), which
+# SQLite divides back to the same float; from 2**30 (a Unix time after 2004) a
+# float is a multiple of 2**-22, so that is an integer, and written as one.
 _TIMES = tuple(i for i, c in enumerate(EXECUTIONS) if c.kind == "real")
-_FAR = 2.0**1000  # a time past it (or inf, or NaN) is no clock's: refused
+_SCALE, _WHOLE = 2.0**22, 2.0**52
 
 
-@functools.cache
-def _values(columns: int, count: int) -> str:
-    """The insert of ``count`` rows of ``columns`` values (the first columns)."""
-    row = f"({', '.join('?' * columns)})"
+def _read(i: int) -> str:
+    """The SQL reading column ``i`` of a row sent as JSON (``value``)."""
+    return f"(value ->> {i}) / {_SCALE}" if i in _TIMES else f"value ->> {i}"
+
+
+def _insert_json(columns: list[int]) -> str:
+    """The insert of a batch's rows (JSON arrays) naming these columns (indexes)."""
     return (
-        f"INSERT INTO executions ({', '.join(ROW_COLUMNS[:columns])})"
-        f" VALUES {', '.join([row] * count)}"
+        f"INSERT INTO executions ({', '.join(ROW_COLUMNS[i] for i in columns)}) SELECT "
+        + ", ".join(_read(i) for i in columns)
+        + " FROM json_each(?)"
     )
 
 
-def _insert(conn: sqlite3.Connection, rows: list[ExecutionRow]) -> None:
-    # (a batch whose rows have no sparse value, plain tasks' rows, names only the
-    # dense columns; otherwise every row is sent whole)
-    if not rows:
-        return
+def _as_json(rows: list[ExecutionRow]) -> str:
+    sent = []
     for row in rows:
+        row = list(row)  # (the journal's row is left as it is)
         for i in _TIMES:
             at = row[i]
-            if at is not None and not -_FAR < at < _FAR:
-                raise sqlite3.DataError(
-                    f"{ROW_COLUMNS[i]} = {at!r} of task {row[R_ID]!r}: no clock gives it"
-                )
-    columns = max(map(len, rows))
-    if columns != DENSE:
-        rows = [widen(list(row)) for row in rows]  # (the journal's rows are left as they are)
-    done, left = 0, len(rows)
-    for count in _CHUNKS:
-        insert = _values(columns, count)
-        while left >= count:
-            conn.execute(insert, [*chain.from_iterable(rows[done : done + count])])
-            done += count
-            left -= count
+            if at is not None:
+                at *= _SCALE  # (inf past 2**1000: refused as JSON, as inf always was)
+                row[i] = int(at) if _WHOLE <= at < math.inf else at
+        sent.append(row)
+    return json.dumps(sent)
+
+
+# (SQLite before 3.42 parses a row's JSON again for every value it reads: a
+# batch whose rows have no sparse value, plain tasks' rows, reads none of them)
+_INSERT_ROWS = _insert_json(list(range(len(ROW_COLUMNS))))
+_INSERT_DENSE = _insert_json(list(range(DENSE)))
+_INSERT_EACH = (
+    f"INSERT INTO executions ({', '.join(ROW_COLUMNS)})"
+    f" VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
+)
+_JSON_ARROW = sqlite3.sqlite_version_info >= (3, 38)  # the ->> operator
+
+
+def _insert(conn: sqlite3.Connection, rows: list[ExecutionRow]) -> None:
+    # One statement for all the rows: sqlite3's executemany would let go of the
+    # GIL and wait to get it back for every row, while the Trio thread wants it
+    # (statuses are StrEnums: JSON text).
+    if not rows:
+        return
+    if _JSON_ARROW:
+        dense = max(map(len, rows)) == DENSE
+        conn.execute(_INSERT_DENSE if dense else _INSERT_ROWS, (_as_json(rows),))
+    else:
+        conn.executemany(_INSERT_EACH, [widen(list(row)) for row in rows])
