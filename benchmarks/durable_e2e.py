@@ -14,6 +14,12 @@ together); procrastinate, ``batch_defer_async`` of 500 jobs at a time. The rate
 is N over the time from the first create to the last completed task in any
 worker (``time.monotonic``: one clock for every process on Linux).
 
+``--workers 0`` measures the producer alone (N creates, no worker: the rate no
+number of workers can pass on this machine). Each case also says how many of
+the machine's CPUs were busy from the first create to the last completed task
+(``busy_cpus``, from ``/proc/stat``, every process counted: the server's too),
+which tells a machine-bound rate from a slow one.
+
 Prints one JSON line per case, then a table. ``--systems`` is a comma-separated
 list of ``trioexec`` and ``procrastinate``. Needs the ``bench`` and
 ``postgres`` extras.
@@ -185,6 +191,18 @@ def _completed(system: str, url: str) -> int:
     return int(row[0]) if row else 0
 
 
+def _cpu_ticks() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of every CPU so far, from ``/proc/stat``; None
+    where there is none (not Linux)."""
+    try:
+        with open("/proc/stat") as stat:
+            ticks = [int(t) for t in stat.readline().split()[1:]]
+    except OSError:
+        return None
+    idle = ticks[3] + ticks[4]  # idle, iowait
+    return sum(ticks) - idle, sum(ticks)
+
+
 def measure(server: str, system: str, n: int, workers: int) -> dict[str, Any]:
     name = f"bench_{uuid.uuid4().hex[:12]}"
     with psycopg.connect(server, autocommit=True) as conn:
@@ -206,17 +224,19 @@ def measure(server: str, system: str, n: int, workers: int) -> dict[str, Any]:
         for p in procs:
             _read(p, "READY")
         time.sleep(0.5)  # (the workers open their connections and start waiting)
-        start = time.monotonic()
+        start, ticks = time.monotonic(), _cpu_ticks()
         create(url, n)
         created = time.monotonic() - start
         deadline = time.monotonic() + 600
-        while _completed(system, url) < n:  # other processes' progress: poll the database
+        # (other processes' progress: poll the database)
+        while workers and _completed(system, url) < n:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{system}: not all {n} tasks completed in 600 s")
             time.sleep(0.05)
         for p in procs:
             assert p.stdin is not None
             p.stdin.close()
+        ticks_after = _cpu_ticks()
         done = [json.loads(_read(p, "DONE")) for p in procs]
         for p in procs:
             if p.wait(timeout=60) != 0:
@@ -229,9 +249,13 @@ def measure(server: str, system: str, n: int, workers: int) -> dict[str, Any]:
         with psycopg.connect(server, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
     total = sum(d["done"] for d in done)
-    if total != n:
+    if workers and total != n:
         raise RuntimeError(f"{system}: {total} of {n} tasks ran ({done})")
-    seconds = max(d["last"] for d in done if d["last"] is not None) - start
+    seconds = max(d["last"] for d in done if d["last"] is not None) - start if done else created
+    busy = None
+    if ticks is not None and ticks_after is not None and ticks_after[1] > ticks[1]:
+        share = (ticks_after[0] - ticks[0]) / (ticks_after[1] - ticks[1])
+        busy = round(share * (os.cpu_count() or 1), 2)
     return {
         "bench": "durable_e2e",
         "system": system,
@@ -243,6 +267,7 @@ def measure(server: str, system: str, n: int, workers: int) -> dict[str, Any]:
         "per_worker": [d["done"] for d in done],
         "conflicts": sum(d["conflicts"] for d in done),
         "cpus": os.cpu_count(),
+        "busy_cpus": busy,
     }
 
 
@@ -262,11 +287,14 @@ def main(argv: list[str]) -> None:
             result = measure(args.server, system, args.n, workers)
             print(json.dumps(result), flush=True)
             results.append(result)
-    print(f"\n{'system':>14} {'workers':>7} {'tasks':>6} {'seconds':>8} {'tasks/s':>9}")
+    print(
+        f"\n{'system':>14} {'workers':>7} {'tasks':>6} {'seconds':>8} {'tasks/s':>9}"
+        f" {'busy CPUs':>9}"
+    )
     for r in results:
         print(
             f"{r['system']:>14} {r['workers']:>7} {r['tasks']:>6} {r['seconds']:>8.2f}"
-            f" {r['tasks_per_s']:>9.1f}"
+            f" {r['tasks_per_s']:>9.1f} {r['busy_cpus'] or '?':>9}"
         )
 
 
