@@ -72,7 +72,7 @@ async def floor(n: int) -> Snapshots:
 
         async def park(k: int) -> None:
             for _ in range(k):
-                await pool.submit(suite.takes_handle, one)
+                await pool.submit(one)
 
         found = await _measured(park, n)
         event.set()

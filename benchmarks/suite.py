@@ -77,6 +77,7 @@ import argparse
 import gc
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import platform
@@ -311,32 +312,111 @@ def shaped_pool(n: int, limit: int) -> Result:
     return out
 
 
+# (a constant name for each worker task: otherwise Trio formats one per spawn, and
+# each deferral spawns a worker: 71 bytes a parked task, and its time)
+_WORKER = "floor worker"
+
+
+class FloorInfo:
+    """What `FloorPool` learns once per function, as trioexec does: its name, and the
+    parameter its handle goes in (None: it takes none; "": the `takes_handle`
+    marker, the handle first)."""
+
+    __slots__ = ("handle", "name")
+
+    def __init__(self, fn: Any) -> None:
+        self.name, self.handle = fn.__qualname__, handle_param(fn)
+
+
+def handle_param(fn: Any) -> str | None:
+    """The parameter of ``fn`` a handle goes in (API.md §2: ``handle`` or
+    ``task_handle``), "" for the `takes_handle` marker, None if it takes none."""
+    if fn is takes_handle:
+        return ""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    return next((p for p in ("handle", "task_handle") if p in params), None)
+
+
 class FloorRef:
-    """`FloorPool`'s task: what a `TaskRef` and its completion must hold."""
+    """`FloorPool`'s task: what a `TaskRef` and its completion must hold.
+    ``scope``: its pool while it is pending (`cancel` takes it out of the queue),
+    then its worker's cancel scope. ``deferring``: True from its slot's release in
+    `FloorHandle.defer_until` until it has one again (``sub_status`` reads it: a
+    task that never defers writes no sub-status)."""
 
     __slots__ = (
-        "args", "causation_id", "deferred_at", "deferred_s", "error", "finished_at", "fn",
-        "handle", "name", "result", "row", "scope", "started_at", "status", "sub_status",
-        "submitted_at", "task_id", "waiter",
+        "args", "causation_id", "deferred_at", "deferred_s", "deferring", "error",
+        "finished_at", "fn", "handle", "info", "result", "row", "scope", "started_at",
+        "status", "submitted_at", "task_id", "waiter",
     )  # fmt: skip
 
-    def __init__(self, task_id: str, name: str, fn: Any, args: Any, causation: Any) -> None:
-        self.task_id, self.name, self.fn, self.args = task_id, name, fn, args
+    def __init__(
+        self, task_id: str, info: FloorInfo, fn: Any, args: Any, causation: Any, pool: Any
+    ) -> None:
+        self.task_id, self.info, self.fn, self.args = task_id, info, fn, args
         self.causation_id, self.status, self.result, self.error = causation, "pending", None, None
         self.submitted_at = time.time()  # (the completion's times are Unix times)
         self.started_at = self.finished_at = self.deferred_s = self.deferred_at = 0.0
-        self.scope = self.waiter = self.handle = self.sub_status = self.row = None
+        self.scope, self.deferring = pool, False
+        self.waiter = self.handle = self.row = None
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+    @property
+    def sub_status(self) -> str | None:
+        if self.status != "running":
+            return None
+        return "deferred" if self.deferring else "active"
+
+    @property
+    def waiting_on(self) -> str | None:
+        """API.md §9: "slot" while pending or in line for a slot again, "event"
+        while deferred on one, None while it runs or once it ended."""
+        if self.status == "pending":
+            return "slot"
+        if self.status != "running" or not self.deferring or self.handle is None:
+            return None
+        return "slot" if self.handle.waiting is None else "event"
+
+    def cancel(self) -> None:
+        """Cancel this task alone. A pending one leaves the queue. A running or
+        deferred one is cancelled through its worker's cancel scope: in Trio a
+        cancel scope around it is the only way to interrupt whatever it awaits
+        without cancelling others, and only this task is in that scope (a worker
+        runs one job at a time; a deferred task keeps its worker, scope and all)."""
+        if self.status == "pending":
+            self.scope.cancel_pending(self)
+        elif self.status == "running":
+            self.scope.cancel()  # (its worker counts the request once the task ends)
+
+    async def wait(self) -> FloorRef:
+        """Return once the task has ended (its ``waiter``: made only if one waits)."""
+        if self.status in ("pending", "running"):
+            if self.waiter is None:
+                self.waiter = trio.Event()
+            await self.waiter.wait()
+        else:
+            await trio.lowlevel.checkpoint()
+        return self
 
 
 class FloorHandle:
     """`FloorPool`'s task handle: ``defer_until(event)`` gives the slot back while
-    the event is unset (sub-status, counters, deferred time), then takes one back
-    in line (FIFO); a freed slot gets a worker at once."""
+    the event is unset (sub-status, counters, deferred time, what it waits on),
+    then takes one back in line (FIFO); a freed slot gets a worker at once. As
+    API.md §2 asks, a wait cancelled from inside the task takes a slot back
+    (shielded) before the exception goes on; one cancelled by ``ref.cancel()``
+    ends at once, without a slot. Only those exceptional paths pay for a scope."""
 
-    __slots__ = ("pool", "ref", "token")
+    __slots__ = ("pool", "ref", "token", "waiting")
 
     def __init__(self, pool: FloorPool, ref: FloorRef, token: object) -> None:
-        self.pool, self.ref, self.token = pool, ref, token
+        self.pool, self.ref, self.token, self.waiting = pool, ref, token, None
 
     async def defer_until(self, event: trio.Event) -> None:
         if event.is_set():
@@ -344,8 +424,9 @@ class FloorHandle:
             return
         pool, ref = self.pool, self.ref
         counts = pool.counts
-        ref.sub_status = "deferred"
+        ref.deferring = True
         ref.deferred_at = trio.current_time()
+        self.waiting = event
         counts.active -= 1
         counts.deferred += 1
         counts.deferrals += 1
@@ -356,38 +437,60 @@ class FloorHandle:
         pool.left_slot()
         try:
             await event.wait()
-        finally:
-            with trio.CancelScope(shield=True):  # (as defer_until: back with a slot)
+            self.waiting = None
+            await pool.limiter.acquire_on_behalf_of(self.token)  # (in line: FIFO)
+        except BaseException:
+            self.waiting = None
+            if ref.scope.cancel_called:  # ref.cancel(): it ends now, holding no slot
+                counts.deferred -= 1
+                raise
+            with trio.CancelScope(shield=True):
                 await pool.limiter.acquire_on_behalf_of(self.token)
-            pool.workers += 1
-            counts.deferred -= 1
-            counts.active += 1
-            counts.resumed += 1
-            if counts.active > counts.max_inflight:
-                counts.max_inflight = counts.active
-            pool.event("task_resumed", ref.task_id)
-            ref.sub_status = "active"
-            ref.deferred_s += trio.current_time() - ref.deferred_at
+            self.back()
+            raise
+        self.back()
+
+    def back(self) -> None:
+        """The deferred task holds a slot again: active."""
+        pool, ref, counts = self.pool, self.ref, self.pool.counts
+        pool.workers += 1
+        counts.deferred -= 1
+        counts.active += 1
+        counts.resumed += 1
+        if counts.active > counts.max_inflight:
+            counts.max_inflight = counts.active
+        pool.event("task_resumed", ref.task_id)
+        ref.deferring = False
+        ref.deferred_s += trio.current_time() - ref.deferred_at
 
 
 class FloorCounts:
     submitted = queued = active = deferred = completed = failed = outstanding = 0
     deferrals = resumed = max_inflight = max_outstanding = max_deferred = 0
+    cancelled = cancel_requested = cancel_observed = 0
 
 
 class FloorPool:
     """Issue 32's floor: `shaped_pool` plus, written by hand, only the work API.md
     §2-§3 asks of every task ``await ex.submit(fn)`` makes (and of a deferral).
     Submit: the closed check, the admission bound (BLOCK: wait for room), a ref (a
-    task id from a counter, the function's name, the submitting task's id as
-    causation when a task submits, a status), ``submitted_at``, the counters
-    `statistics()` reads (submitted, queued, outstanding and its maximum). A
-    worker: one cancel scope kept across jobs (``ref.cancel()`` cancels it),
-    ``started_at``, the running task's registry entry (causation), a handle for a
-    function that takes one, the result or error, ``finished_at``, the counters
-    (active and its maximum, completed or failed), a waiter woken only if there
-    is one; a worker more than the slots (one came back from a deferral) retires.
-    A deferral and a resumption each put a health event in a bounded stream.
+    task id from a counter, the function's name and whether it takes a handle,
+    learnt once per function, the submitting task's id as causation when a task
+    submits, a status), ``submitted_at``, the counters `statistics()` reads
+    (submitted, queued, outstanding and its maximum). A worker: one cancel scope
+    kept across jobs, ``started_at``, the running task's registry entry
+    (causation), a handle for a function that takes one, the result or error,
+    ``finished_at``, the counters (active and its maximum, completed or failed),
+    a waiter woken only if there is one; a worker more than the slots (one came
+    back from a deferral) retires. A deferral and a resumption each put a health
+    event in a bounded stream.
+
+    The cancel scope is the one cost here a bare task on ``Event.wait()`` does
+    not have, and it cannot go: ``ref.cancel()`` must stop one running or
+    deferred task alone (API.md §3), wherever it awaits, and in Trio only a
+    cancel scope around that task's code does that; so each task that is live at
+    once (running, or deferred: it keeps its worker) has one. Kept across a
+    worker's jobs, a task that never defers costs no scope of its own.
     ``rows`` (the stored floor, `floor_pool`'s ``store``): each task's execution
     row from its submission on, its start and end folded in (`write_rows`
     writes them)."""
@@ -408,7 +511,7 @@ class FloorPool:
         self.room = trio.lowlevel.ParkingLot()
         self.running: dict[trio.lowlevel.Task, FloorRef] = {}
         self.ids = iter(range(1, 1 << 62))
-        self.names: dict[Any, str] = {}
+        self.infos: dict[Any, FloorInfo] = {}
         self.closed = False
         self.limiter = trio.CapacityLimiter(limit)
         self.workers = 0  # worker tasks holding or looking for a slot
@@ -429,16 +532,16 @@ class FloorPool:
         counts = self.counts
         while counts.outstanding >= self.capacity:
             await self.room.park()
-        name = self.names.get(fn)
-        if name is None:
-            name = self.names[fn] = fn.__qualname__
+        info = self.infos.get(fn)
+        if info is None:
+            info = self.infos[fn] = FloorInfo(fn)
         running = self.running
         parent = running.get(trio.lowlevel.current_task()) if running else None
         causation = None if parent is None else parent.task_id
-        ref = FloorRef("run-" + str(next(self.ids)), name, fn, args, causation)
+        ref = FloorRef("run-" + str(next(self.ids)), info, fn, args, causation, self)
         if self.rows is not None:  # (its row: trioexec's columns, in their order)
             ref.row = [
-                ref.task_id, name, None, "pending", None, 0, 0, _OWNER, 1, ref.submitted_at,
+                ref.task_id, info.name, None, "pending", None, 0, 0, _OWNER, 1, ref.submitted_at,
                 None, None, None, None, None, None, None, 0, "slot", None, None, None, None,
             ]  # fmt: skip
             self.rows.append(ref.row)
@@ -452,7 +555,7 @@ class FloorPool:
             trio.lowlevel.reschedule(self.idle.pop())
         elif self.workers < self.limit:
             self.workers += 1
-            self.nursery.start_soon(self.worker)
+            self.nursery.start_soon(self.worker, name=_WORKER)
         await trio.lowlevel.cancel_shielded_checkpoint()
         return ref
 
@@ -461,9 +564,44 @@ class FloorPool:
         self.workers -= 1
         if self.queue and not self.idle:
             self.workers += 1
-            self.nursery.start_soon(self.worker)
+            self.nursery.start_soon(self.worker, name=_WORKER)
         elif self.queue:
             trio.lowlevel.reschedule(self.idle.pop())
+
+    def cancel_pending(self, ref: FloorRef) -> None:
+        """``ref.cancel()`` of a queued task: out of the queue, ended cancelled."""
+        self.queue.remove(ref)
+        counts = self.counts
+        counts.queued -= 1
+        counts.cancel_requested += 1
+        self.ended(ref, "cancelled")
+
+    def cancelled(self, ref: FloorRef) -> bool:
+        """``ref.cancel()`` ended a running or deferred task: its Cancelled leaves
+        its worker's scope. True if the worker still holds its slot (a deferred
+        task's worker gave it away: it retires)."""
+        counts = self.counts
+        counts.cancel_requested += 1
+        counts.cancel_observed += 1
+        deferred = ref.deferring
+        if not deferred:
+            counts.active -= 1
+        self.ended(ref, "cancelled")
+        return not deferred
+
+    def ended(self, ref: FloorRef, status: str) -> None:
+        """A task ended off the workers' hot path (which does this inline)."""
+        counts = self.counts
+        ref.status, ref.finished_at = status, time.time()
+        counts.outstanding -= 1
+        counts.cancelled += status == "cancelled"
+        row = ref.row
+        if row is not None:
+            row[3], row[4], row[11], row[12], row[18] = status, None, ref.finished_at, None, None
+        if ref.waiter is not None:
+            ref.waiter.set()
+        if self.room:
+            self.room.unpark()
 
     async def worker(self) -> None:
         me, token, held = trio.lowlevel.current_task(), object(), False
@@ -504,23 +642,34 @@ class FloorPool:
                     row = ref.row
                     if row is not None:
                         row[3], row[5], row[10], row[18] = "running", 1, ref.started_at, None
+                        row[4] = "active"  # (not in the line above: a deeper stack, a bigger frame)
                     try:
-                        if ref.fn is takes_handle:
-                            ref.handle = FloorHandle(self, ref, token)
-                            ref.result = await ref.args[0](ref.handle, *ref.args[1:])
-                        else:
+                        # (no local more: a deferred task keeps this frame, 8 bytes each)
+                        if ref.info.handle is None:
                             ref.result = await ref.fn(*ref.args)
+                        else:
+                            ref.handle = FloorHandle(self, ref, token)
+                            if ref.info.handle:
+                                ref.result = await ref.fn(
+                                    *ref.args, **{ref.info.handle: ref.handle}
+                                )
+                            else:  # (the `takes_handle` marker)
+                                ref.result = await ref.args[0](ref.handle, *ref.args[1:])
                         ref.status = "completed"
                         counts.completed += 1
                     except Exception as exc:
                         ref.error = exc
                         ref.status = "failed"
                         counts.failed += 1
+                    except BaseException:
+                        if scope.cancel_called:  # (ref.cancel(): its scope absorbs this)
+                            held = self.cancelled(ref)
+                        raise
                     finally:
                         del running[me]
                     ref.finished_at = time.time()
                     if row is not None:
-                        row[3], row[11] = ref.status, ref.finished_at
+                        row[3], row[4], row[11] = ref.status, None, ref.finished_at
                         if ref.error is not None:
                             row[13] = repr(ref.error)
                     counts.active -= 1
@@ -533,13 +682,17 @@ class FloorPool:
                         self.workers -= 1
                         limiter.release_on_behalf_of(token)
                         return
-                    if ref.status == "cancelled":
+                    if scope.cancel_called:  # (cancelled as it ended: a fresh scope)
+                        counts.cancel_requested += 1
                         break
+            if not held:  # (its deferred task was cancelled: it gave its slot away)
+                return
 
 
 def takes_handle(fn: Any, *args: Any) -> Any:
-    """`FloorPool.submit(takes_handle, fn, ...)`: ``fn`` takes a handle first (what
-    trioexec learns once per function by looking at its signature)."""
+    """``FloorPool.submit(takes_handle, fn, ...)``: ``fn`` takes a handle first, as
+    its first positional argument (the pool otherwise finds a parameter named
+    ``handle`` or ``task_handle`` itself, once per function, as trioexec does)."""
     raise AssertionError("a marker, never called")
 
 
@@ -604,7 +757,7 @@ def floor_defer(n: int) -> Result:
             pool = FloorPool(nursery, SLOTS, queue_capacity=n)
             t0 = time.perf_counter()
             for _ in range(n):
-                await pool.submit(takes_handle, one)
+                await pool.submit(one)
             while pool.counts.deferred < n:
                 await trio.testing.wait_all_tasks_blocked()
             out["park_s"] = time.perf_counter() - t0
