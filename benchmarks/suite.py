@@ -463,7 +463,7 @@ class FloorHandle:
             await pool.limiter.acquire_on_behalf_of(self.token)  # (in line: FIFO)
         except BaseException:
             self.waiting = None
-            if ref.scope.cancel_called:  # ref.cancel(): it ends now, holding no slot
+            if ref.scope._cancel_called:  # ref.cancel(): it ends now, holding no slot
                 counts.deferred -= 1
                 raise
             with trio.CancelScope(shield=True):
@@ -704,7 +704,7 @@ class FloorPool:
                         ref.status = "failed"
                         counts.failed += 1
                     except BaseException:
-                        if scope.cancel_called:  # (ref.cancel(): its scope absorbs this)
+                        if scope._cancel_called:  # (ref.cancel(): its scope absorbs this)
                             held = self.cancelled(ref)
                         raise
                     finally:
@@ -728,7 +728,10 @@ class FloorPool:
                         self.workers -= 1
                         limiter.release_on_behalf_of(token)
                         return
-                    if scope.cancel_called:  # (cancelled as it ended: a fresh scope)
+                    # (cancelled as it ended: a fresh scope. The flag, not the
+                    # `cancel_called` property: that reads Trio's clock each time
+                    # for a deadline these scopes never have; trioexec reads a flag)
+                    if scope._cancel_called:
                         counts.cancel_requested += 1
                         break
             if not held:  # (its deferred task was cancelled: it gave its slot away)
