@@ -146,6 +146,7 @@ Change = Transition | ExecutionRow | RunChange
 #: Where a field sits in an `ExecutionRow`.
 R_ID = ROW_COLUMNS.index("task_id")
 R_VERSION = ROW_COLUMNS.index("version")
+R_OWNER = ROW_COLUMNS.index("owner")
 R_WAITING = ROW_COLUMNS.index("waiting_on")
 R_STATUS = ROW_COLUMNS.index("status")
 R_DEDUPE = ROW_COLUMNS.index("dedupe_key")

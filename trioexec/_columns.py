@@ -48,6 +48,9 @@ class Column:
     #: NULL in nearly every row (what a few tasks use): a batch's insert names
     #: it only if one of its rows has a value for it
     sparse: bool = False
+    #: A plain task's row leaves it as the table would (its DEFAULT, or NULL): a
+    #: batch's rows that all do go in without naming it (SQLite's insert)
+    rare: bool = False
 
     @property
     def postgres_type(self) -> str:
@@ -64,25 +67,25 @@ class Column:
 EXECUTIONS = (
     Column("task_id", "text"),
     Column("name", "text", not_null=True),
-    Column("run_id", "text"),
+    Column("run_id", "text", rare=True),
     Column("status", "text", not_null=True, initial=TaskStatus.PENDING),
     Column("sub_status", "text"),
     Column("attempt", "integer", not_null=True, default=0, initial=0),
-    Column("recovery_attempts", "integer", not_null=True, default=0, initial=0),
+    Column("recovery_attempts", "integer", not_null=True, default=0, initial=0, rare=True),
     Column("owner", "text"),
-    Column("version", "bigint", not_null=True, default=1),
+    Column("version", "bigint", not_null=True, default=1, rare=True),
     Column("submitted_at", "real"),
     Column("started_at", "real"),
     Column("finished_at", "real"),
     Column("deferred_since", "real"),
     Column("error", "text"),
-    Column("spec_id", "text"),
-    Column("args", "text"),
-    Column("key", "text", since=(6, 3)),
+    Column("spec_id", "text", rare=True),
+    Column("args", "text", rare=True),
+    Column("key", "text", since=(6, 3), rare=True),
     # (a priority may be up to 2**62 either way)
-    Column("priority", "bigint", since=(6, 3), not_null=True, default=0, initial=0),
+    Column("priority", "bigint", since=(6, 3), not_null=True, default=0, initial=0, rare=True),
     Column("waiting_on", "text", since=(9, 6), initial="slot"),
-    Column("traceback", "text", since=(10, 7)),
+    Column("traceback", "text", since=(10, 7), rare=True),
     # (a kept result, JSON; NULL: none kept)
     Column("result", "text", since=(14, 11), sparse=True),
     # (`submit(dedupe_key=...)`: one live or recently completed execution per key)

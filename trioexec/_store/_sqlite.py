@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import json
 import math
+import operator
 import os
 import sqlite3
 import time
 from collections.abc import Callable
-from typing import final
+from typing import Any, final
 
-from .._changes import DENSE, R_ID, ExecutionRow, widen
+from .._changes import DENSE, R_ID, R_OWNER, ExecutionRow, widen
 from .._columns import EXECUTIONS, ROW_COLUMNS
 from .._errors import StoreError
 from .._records import check_number
@@ -177,39 +178,49 @@ class MemoryStore(_OnSQLite):
 # float is a multiple of 2**-22, so that is an integer, and written as one.
 _TIMES = tuple(i for i, c in enumerate(EXECUTIONS) if c.kind == "real")
 _SCALE, _WHOLE = 2.0**22, 2.0**52
+_Send = Callable[[list[ExecutionRow]], str]
 
 
-def _read(i: int) -> str:
-    """The SQL reading column ``i`` of a row sent as JSON (``value``)."""
-    return f"(value ->> {i}) / {_SCALE}" if i in _TIMES else f"value ->> {i}"
-
-
-def _insert_json(columns: list[int]) -> str:
-    """The insert of a batch's rows (JSON arrays) naming these columns (indexes)."""
-    return (
-        f"INSERT INTO executions ({', '.join(ROW_COLUMNS[i] for i in columns)}) SELECT "
-        + ", ".join(_read(i) for i in columns)
-        + " FROM json_each(?)"
+def _layout(columns: list[int], *, owner: bool = False) -> tuple[str, _Send]:
+    """How a batch's rows go in naming these columns (by index in a row): the insert,
+    whose first parameter is the rows as JSON arrays of those columns' values, and
+    the function that writes that JSON, compiled (as the folds are: one list
+    display a row, the journal's rows left as they are); ``owner``: the second
+    parameter is the owner of all the rows."""
+    names = [ROW_COLUMNS[i] for i in columns] + ["owner"] * owner
+    reads = [
+        f"(value ->> {at}) / {_SCALE}" if i in _TIMES else f"value ->> {at}"
+        for at, i in enumerate(columns)
+    ] + ["?2"] * owner
+    sql = (
+        f"INSERT INTO executions ({', '.join(names)}) SELECT {', '.join(reads)} FROM json_each(?1)"
     )
-
-
-def _as_json(rows: list[ExecutionRow]) -> str:
-    sent = []
-    for row in rows:
-        row = list(row)  # (the journal's row is left as it is)
-        for i in _TIMES:
-            at = row[i]
-            if at is not None:
-                at *= _SCALE  # (inf past 2**1000: refused as JSON, as inf always was)
-                row[i] = int(at) if _WHOLE <= at < math.inf else at
-        sent.append(row)
-    return json.dumps(sent)
+    values = [
+        # (inf past 2**1000: refused as JSON, as inf always was)
+        f"None if (t := r[{i}]) is None else int(t) if WHOLE <= (t := t * SCALE) < inf else t"
+        if i in _TIMES
+        else f"r[{i}]"
+        for i in columns
+    ]
+    scope: dict[str, Any] = {"dumps": json.dumps, "WHOLE": _WHOLE, "SCALE": _SCALE, "inf": math.inf}
+    source = f"def send(rows):\n    return dumps([[{', '.join(values)}] for r in rows])\n"
+    exec(compile(source, f"<send {len(columns)} columns>", "exec"), scope)
+    send: _Send = scope["send"]
+    return sql, send
 
 
 # (SQLite before 3.42 parses a row's JSON again for every value it reads: a
-# batch whose rows have no sparse value, plain tasks' rows, reads none of them)
-_INSERT_ROWS = _insert_json(list(range(len(ROW_COLUMNS))))
-_INSERT_DENSE = _insert_json(list(range(DENSE)))
+# batch whose rows have no sparse value, plain tasks' rows, reads none of them;
+# nor, if its rows are all plain tasks' (their `Column.rare` columns as the table
+# would have them, and one owner), does it read those)
+_INSERT_ROWS, _send_rows = _layout(list(range(len(ROW_COLUMNS))))
+_INSERT_DENSE, _send_dense = _layout(list(range(DENSE)))
+_RARE = [i for i, c in enumerate(EXECUTIONS[:DENSE]) if c.rare]
+_USUAL = tuple(EXECUTIONS[i].default for i in _RARE)
+_rare = operator.itemgetter(*_RARE, R_OWNER)
+_INSERT_PLAIN, _send_plain = _layout(
+    [i for i in range(DENSE) if i not in _RARE and i != R_OWNER], owner=True
+)
 _INSERT_EACH = (
     f"INSERT INTO executions ({', '.join(ROW_COLUMNS)})"
     f" VALUES ({', '.join('?' * len(ROW_COLUMNS))})"
@@ -224,7 +235,11 @@ def _insert(conn: sqlite3.Connection, rows: list[ExecutionRow]) -> None:
     if not rows:
         return
     if _JSON_ARROW:
-        dense = max(map(len, rows)) == DENSE
-        conn.execute(_INSERT_DENSE if dense else _INSERT_ROWS, (_as_json(rows),))
+        if max(map(len, rows)) > DENSE:
+            conn.execute(_INSERT_ROWS, (_send_rows([widen(list(row)) for row in rows]),))
+        elif all(map((*_USUAL, owner := rows[0][R_OWNER]).__eq__, map(_rare, rows))):
+            conn.execute(_INSERT_PLAIN, (_send_plain(rows), owner))
+        else:
+            conn.execute(_INSERT_DENSE, (_send_dense(rows),))
     else:
         conn.executemany(_INSERT_EACH, [widen(list(row)) for row in rows])
