@@ -21,7 +21,7 @@ from ._changes import R_PARENT, R_VERSION, ExecutionRow, Transition, submitted, 
 from ._errors import StoreError
 from ._records import safe_repr, storable_text
 from ._spec import TaskSpec
-from ._store._base import fold_row
+from ._store._base import ROW_FOLDS
 
 if TYPE_CHECKING:
     from ._store import Change, Store
@@ -133,7 +133,7 @@ class Journal:
         row = job.row
         if row is not None:
             if job.row_batch == self.batch and row[R_VERSION] == job.version:
-                if fold_row(row, change):
+                if ROW_FOLDS[change.kind](row, change):
                     return
                 # (else a change the row refuses: the store fences it too)
             else:

@@ -295,13 +295,14 @@ class Lifecycle:
         tally.active_count += 1
         job.status = RUNNING
         job.attempts += 1
+        now = self.wall()
         journal = self.journal
         if journal is not None:
-            journal.fold(job, Start((job.task_id, job.version, job.attempts, self.wall())))
+            journal.fold(job, Start((job.task_id, job.version, job.attempts, now)))
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
         if job.started_at is None:
-            job.started_at = self.wall()
+            job.started_at = now
         if self.observer is not None:
             self.observer.started(job)
 
