@@ -183,7 +183,6 @@ def update_sql(kind: str, mark: str, by: str = "task_id = {m} AND version = {m}"
     )
 
 
-@functools.cache
 @functools.cache  # (a keyed task's settle and every lease renewal ask for one)
 def upsert_sql(mark: str, table: str, columns: str, keys: str) -> str:
     """The SQL stores' ``INSERT`` of a row of ``columns`` (``"a, b"``) into
