@@ -15,7 +15,8 @@ the interpreter's (its caches, the GC), not work the change added.
 
 Cases: ``noop`` (a no-op task through ``await ex.submit``, limit 4), ``defer``
 (a task that parks once in ``handle.defer_until(event)`` and is woken),
-``keyed`` (suite.py's ``keyed``: 4 keys, limit 8), ``workflow`` (a step of 50
+``floor`` and ``defer-floor`` (issue 32's floor, ``noop``'s and ``defer``'s
+workloads by hand), ``keyed`` (suite.py's ``keyed``: 4 keys, limit 8), ``workflow`` (a step of 50
 four-step chain workflows, suite.py's ``chain_steps``), ``store`` (``noop`` with a
 SQLiteStore in a temporary directory; the store's writer thread is counted too).
 A case runs once, small, before counting, so that what is done once per process
@@ -104,6 +105,7 @@ CASES: dict[str, tuple[Callable[[int], Any], int]] = {
     "workflow": (lambda n: suite.CASES["chain_steps"](runs=50, rounds=n, mode="workflow"), 200),
     "store": (_stored, 1),
     "floor": (lambda n: suite.CASES["floor_pool"](n=n, limit=4), 1),
+    "defer-floor": (lambda n: suite.CASES["floor_defer"](n=n), 1),
     "channel": (lambda n: suite.CASES["channel_pool"](n=n, limit=4), 1),
 }
 _tracer: list[Any] = [None]  # (the running count's, for other threads)
