@@ -480,3 +480,52 @@ async def test_group_with_cancelled_and_an_error_is_kept_on_record(autojump_cloc
         assert c.status is TaskStatus.CANCELLED
         assert isinstance(c.error, BaseExceptionGroup)
         assert await ex.run(trio.sleep, 1) is None  # the worker survived
+
+
+class _Spawns(trio.abc.Instrument):
+    """Counts the Trio tasks spawned, by name, and the steps workers take."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.worker_steps = 0
+
+    def task_spawned(self, task: trio.lowlevel.Task) -> None:
+        self.names.append(task.name)
+
+    def before_task_step(self, task: trio.lowlevel.Task) -> None:
+        self.worker_steps += task.name == "trioexec worker"
+
+
+@pytest.mark.parametrize("limit", [1, 4])
+async def test_a_deferral_starts_no_worker_that_only_parks(limit):
+    """Each task defers as it starts, so each keeps its worker and the slot it gave
+    back needs another: submitted one at a time, n tasks take n workers, each in
+    one step (start, run the task, park in its deferral): no spare worker per
+    deferral that parks idle and is woken for the next submission. The slot bound
+    holds throughout."""
+    n = 40
+    spawns = _Spawns()
+    event = trio.Event()
+    active = most = 0
+
+    async def one(handle: trioexec.TaskHandle) -> None:
+        nonlocal active, most
+        active += 1
+        most = max(most, active)
+        active -= 1
+        await handle.defer_until(event)
+
+    async with trioexec.open_executor(max_concurrent_tasks=limit, queue_capacity=n) as ex:
+        trio.lowlevel.add_instrument(spawns)
+        try:
+            for _ in range(n):
+                await ex.submit(one)
+            await trio.testing.wait_all_tasks_blocked()
+            assert ex.statistics().deferred_count == n
+        finally:
+            trio.lowlevel.remove_instrument(spawns)
+        event.set()
+    assert spawns.names.count("trioexec worker") == n
+    assert spawns.worker_steps == n, spawns.worker_steps
+    assert most <= limit
+    assert ex.statistics().completed_count == n

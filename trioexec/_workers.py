@@ -120,10 +120,7 @@ class Workers:
         """This worker stays with a task that holds no slot now (deferred, or
         between attempts); the freed slot needs another worker."""
         self._count -= 1
-        if self._tally.queue_depth > len(self._idle) and self._count < self._total:
-            self._spawn()
-        elif self._idle and self._pending.startable:
-            self._wake()
+        self.work_arrived()  # (unless a worker already coming takes what may start)
 
     async def _worker(self) -> None:
         """Run jobs until the worker should stop. It queues for a slot *before*
