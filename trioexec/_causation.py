@@ -30,14 +30,16 @@ def running() -> dict[trio.lowlevel.Task, Job]:
         return registry
 
 
-def current_job() -> Job | None:
+def current_job(registry: dict[trio.lowlevel.Task, Job] | None = None) -> Job | None:
     """The execution whose code is calling: the one a worker of this Trio task, or
     of the nearest ancestor task, is running (so child tasks of a task and code
-    in its threads count as it; `trio.from_thread` runs in the host task)."""
-    try:
-        registry = _REGISTRY.get()
-    except (LookupError, RuntimeError):  # nothing ran yet, or not in a Trio run
-        return None
+    in its threads count as it; `trio.from_thread` runs in the host task).
+    ``registry``: this run's (`running`), if the caller has it at hand."""
+    if registry is None:
+        try:
+            registry = _REGISTRY.get()
+        except (LookupError, RuntimeError):  # nothing ran yet, or not in a Trio run
+            return None
     if not registry:
         return None
     task = trio.lowlevel.current_task()

@@ -285,7 +285,7 @@ class ExecutorCore:
             and deduping is None
             and registry is not None
             # (no task of this Trio run calls: no causation, no parent)
-            and (not registry or current_job() is None)
+            and (not registry or current_job(registry) is None)
         ):
             # Most submissions: nothing to check or inherit, only the record to make.
             info, causation_id, simple = self._last_info, None, True
@@ -329,7 +329,7 @@ class ExecutorCore:
             causation_id = None
             # Nothing running in this Trio run (the usual producer): no caller to look up.
             if registry is None or registry:
-                parent = current_job()
+                parent = current_job(registry)
             if parent is not None:
                 causation_id = parent.task_id
                 if correlation_id is None:

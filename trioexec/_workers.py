@@ -407,7 +407,8 @@ class Workers:
 
     async def reclaim(self, job: Job, slot: SlotToken) -> None:
         """A deferred task takes its key back (if any), then a slot; cancelled, it holds neither."""
-        journal_waiting(self._lifecycle, job)  # (its condition held: a slot next)
+        if self._lifecycle.journal is not None:
+            journal_waiting(self._lifecycle, job)  # (its condition held: a slot next)
         if job.key is None:
             await slot.reclaim()
             return

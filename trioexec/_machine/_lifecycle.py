@@ -356,7 +356,8 @@ class Lifecycle:
             journal.fold(job, Sub((job.task_id, job.version, ACTIVE, None, None)))
         if job.run_id is not None and self.runs is not None:
             self.runs.step_changed(job.run_id)
-        tally.note_high_water()
+        if tally.queue_depth + tally.active_count > tally.max_inflight_count:
+            tally.note_high_water()  # (one more in flight; as many outstanding)
         if self.observer is not None:
             self.observer.resumed(job)
 
