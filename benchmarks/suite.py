@@ -63,7 +63,7 @@ Scenarios (targets from the issue):
 12. PostgreSQL (issue 16), on a throwaway server on this machine
     (tests/pg_server.py; fsync on): scenario 6's workload (limit 64) with a
     ``PostgresStore``, >= 0.5x of the same without a store; durable tasks end to end
-    (benchmarks/durable_e2e.py: create -> claim -> fulfil, 5k tasks, 1 and 4 worker
+    (benchmarks/durable_e2e.py: create -> claim -> fulfil, 20k tasks, 1 and 4 worker
     processes), >= 10,000/s with 4 workers and >= 20x procrastinate's on the same
     server (procrastinate from the ``bench`` extra; without it that row is missing).
 
@@ -1698,7 +1698,7 @@ FULL = Sizes(
     parked_tasks=10_000,
     parked_noops=100_000,
     backlog_n=100_000,
-    pg_durable_n=5_000,
+    pg_durable_n=20_000,  # (5,000 took under a second: start-up weighed on 4 workers)
     key_backlog_ns=(100_000, 1_000_000),
 )
 QUICK = Sizes(
@@ -2412,6 +2412,19 @@ def scenario_12(run: Runner, sizes: Sizes) -> Result:
         rate = ours[4]["tasks_per_s"]
         what = "durable tasks/s, 4 worker processes, vs 10,000/s"
         ratios.append(ratio(what, rate / 1e4, ">= 1.0x", rate >= 1e4))
+        what = "durable tasks/s, 4 worker processes, vs issue 32's 5,000/s"
+        ratios.append(ratio(what, rate / 5e3, ">= 1.0x", rate >= 5e3))
+    if ours[1] is not None and ours[4] is not None:
+        # Issue 32 asks 4 workers >= 1.5x one. The machine's ceiling for that: its
+        # CPUs over those one worker's run keeps busy (every process: the server,
+        # the producer), were four to spend no more CPU a task than one.
+        vs_one = ours[4]["tasks_per_s"] / ours[1]["tasks_per_s"]
+        ratios.append(ratio("durable tasks/s, 4 workers vs 1", vs_one, ">= 1.5x", vs_one >= 1.5))
+        busy = ours[1].get("busy_cpus")
+        if busy:
+            ceiling = (ours[1].get("cpus") or 1) / busy
+            what = "the same, the machine's ceiling (its CPUs / those 1 worker's run keeps busy)"
+            ratios.append(ratio(what, ceiling, "context", None))
     if ours[4] is not None and theirs[4] is not None:
         vs = ours[4]["tasks_per_s"] / theirs[4]["tasks_per_s"]
         what = "durable tasks/s vs procrastinate, 4 workers each"
@@ -2420,13 +2433,18 @@ def scenario_12(run: Runner, sizes: Sizes) -> Result:
         12,
         "PostgreSQL",
         f"executor with PostgresStore >= 0.5x of no store (limit {lim}); durable tasks"
-        " end to end >= 10,000/s with 4 workers and >= 20x procrastinate",
+        " end to end >= 10,000/s with 4 workers and >= 20x procrastinate; issue 32:"
+        " >= 5,000/s with 4 workers, and 4 workers >= 1.5x one",
         ratios,
         tasks=n,
         postgres_tasks_per_s=round(n / stored["seconds"]),
         postgres_transactions=stored["store_writes"],
         memory_tasks_per_s=round(n / plain["seconds"]),
         durable_tasks=sizes.pg_durable_n,
+        durable_busy_cpus={
+            f"trioexec_{w}": None if row is None else row.get("busy_cpus")
+            for w, row in ours.items()
+        },
         durable_tasks_per_s={
             f"{system}_{w}": None if row is None else row["tasks_per_s"]
             for system, rows in (("trioexec", ours), ("procrastinate", theirs))
