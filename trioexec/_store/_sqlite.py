@@ -183,18 +183,17 @@ _Send = Callable[[list[ExecutionRow]], str]
 
 def _layout(columns: list[int], *, owner: bool = False) -> tuple[str, _Send]:
     """How a batch's rows go in naming these columns (by index in a row): the insert,
-    whose first parameter is the rows as JSON arrays of those columns' values, and
+    whose last parameter is the rows as JSON arrays of those columns' values, and
     the function that writes that JSON, compiled (as the folds are: one list
-    display a row, the journal's rows left as they are); ``owner``: the second
-    parameter is the owner of all the rows."""
+    display a row, the journal's rows left as they are); ``owner``: the first
+    parameter is the owner of all the rows (``?`` placeholders: Python 3.12 warns
+    of numbered ones given a sequence)."""
     names = [ROW_COLUMNS[i] for i in columns] + ["owner"] * owner
     reads = [
         f"(value ->> {at}) / {_SCALE}" if i in _TIMES else f"value ->> {at}"
         for at, i in enumerate(columns)
-    ] + ["?2"] * owner
-    sql = (
-        f"INSERT INTO executions ({', '.join(names)}) SELECT {', '.join(reads)} FROM json_each(?1)"
-    )
+    ] + ["?"] * owner
+    sql = f"INSERT INTO executions ({', '.join(names)}) SELECT {', '.join(reads)} FROM json_each(?)"
     values = [
         # (inf past 2**1000: refused as JSON, as inf always was)
         f"None if (t := r[{i}]) is None else int(t) if WHOLE <= (t := t * SCALE) < inf else t"
@@ -238,7 +237,7 @@ def _insert(conn: sqlite3.Connection, rows: list[ExecutionRow]) -> None:
         if max(map(len, rows)) > DENSE:
             conn.execute(_INSERT_ROWS, (_send_rows([widen(list(row)) for row in rows]),))
         elif all(map((*_USUAL, owner := rows[0][R_OWNER]).__eq__, map(_rare, rows))):
-            conn.execute(_INSERT_PLAIN, (_send_plain(rows), owner))
+            conn.execute(_INSERT_PLAIN, (owner, _send_plain(rows)))
         else:
             conn.execute(_INSERT_DENSE, (_send_dense(rows),))
     else:
