@@ -154,7 +154,7 @@ def _folds(
 
 #: For each kind, its fold into an `ExecutionRow` (`fold_row`; the journal calls
 #: them directly: one call less for each change a stored task makes)
-ROW_FOLDS = _BY_INDEX = _folds(ROW_COLUMNS.index, widen)
+ROW_FOLDS = _folds(ROW_COLUMNS.index, widen)
 _BY_NAME = _folds(lambda column: column)  # (values by column name)
 
 
@@ -197,7 +197,7 @@ def upsert_sql(mark: str, table: str, columns: str, keys: str) -> str:
 def fold_row(row: ExecutionRow, change: Transition) -> bool:
     """`apply_change` for an `ExecutionRow` not written yet: fold ``change`` into it.
     Returns False (and changes nothing) if the change is fenced out."""
-    return _BY_INDEX[change.kind](row, change)
+    return ROW_FOLDS[change.kind](row, change)
 
 
 def fold_batch(

@@ -234,9 +234,10 @@ def _insert(conn: sqlite3.Connection, rows: list[ExecutionRow]) -> None:
     if not rows:
         return
     if _JSON_ARROW:
+        owner = rows[0][R_OWNER]
         if max(map(len, rows)) > DENSE:
             conn.execute(_INSERT_ROWS, (_send_rows([widen(list(row)) for row in rows]),))
-        elif all(map((*_USUAL, owner := rows[0][R_OWNER]).__eq__, map(_rare, rows))):
+        elif all(map((*_USUAL, owner).__eq__, map(_rare, rows))):  # (plain tasks' rows)
             conn.execute(_INSERT_PLAIN, (owner, _send_plain(rows)))
         else:
             conn.execute(_INSERT_DENSE, (_send_dense(rows),))
